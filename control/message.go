@@ -1,0 +1,63 @@
+// Package control is fpt's control plane: small messages between the
+// scheduler and the other nodes over ZeroMQ (registration, node table,
+// barriers, heartbeats, failure notices, termination, and later the LB's
+// reports and decisions).
+//
+// Every node binds one ROUTER socket and keeps one DEALER per peer it talks
+// to, all owned by a single goroutine, since goczmq sockets are not safe for
+// concurrent use. The message codec (this file) is pure and fuzzed.
+package control
+
+import "github.com/fptps/fpt/node"
+
+// Command says what a control message asks or announces.
+type Command uint8
+
+// Commands.
+const (
+	// AddNode registers a node with the scheduler: Nodes[0] describes the
+	// sender (its ID still 0).
+	AddNode Command = 1 + iota
+	// NodeTable answers AddNode once every node has registered: Nodes is
+	// the full table (scheduler included) and Recipient the receiver's id.
+	NodeTable
+	// Barrier asks the scheduler to release Group's barrier number Seq once
+	// every member has asked. FlagFinal marks the shut-down barrier.
+	Barrier
+	// BarrierDone releases barrier Seq of Group.
+	BarrierDone
+	// Heartbeat tells the scheduler that the sender is alive.
+	Heartbeat
+	// HeartbeatAck tells a node that the scheduler is alive.
+	HeartbeatAck
+	// NodeFailed says that node Target died or was lost; Text says why.
+	// A node sends it to the scheduler when it loses a peer; the scheduler
+	// sends it to every live node, which then exits non-zero.
+	NodeFailed
+	// Terminate, from the scheduler after the final barrier, shuts a node down.
+	Terminate
+	// Report and Decision carry the LB's measurements and decisions in Body.
+	Report
+	Decision
+	lastCommand = Decision
+)
+
+// Flags.
+const (
+	// FlagFinal marks the barrier that ends the cluster's life.
+	FlagFinal uint8 = 1 << iota
+)
+
+// Message is one control message.
+type Message struct {
+	Command   Command
+	Flags     uint8
+	Sender    node.ID // 0 before the node table assigned ids
+	Recipient node.ID // 0 when the recipient has no id yet
+	Group     node.Group
+	Seq       uint64
+	Target    node.ID // NodeFailed: the node that died
+	Nodes     []node.Info
+	Text      string
+	Body      []byte
+}

@@ -1,0 +1,151 @@
+// Package van is fpt's data plane: framed TCP between the servers and
+// workers of a cluster, one connection per pair of nodes, carrying tensor
+// partitions.
+//
+// Two implementations sit behind Transport. The epoll van (the default) runs
+// one receiver goroutine, locked to its OS thread, over a level-triggered
+// epoll set of every peer connection, and one sender goroutine that drains
+// the node's send pool and writes header and payload with a single writev.
+// Its goroutine count does not grow with the number of peers. The netconn
+// van uses the standard library (a reader goroutine per connection, writes
+// through net.Buffers); it is the honest baseline the epoll van is measured
+// against, and a simple transport for tests.
+//
+// Every outgoing frame goes through the pool (package pool): within a
+// destination the most urgent first, across destinations by weight.
+package van
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/fptps/fpt/frame"
+)
+
+// Message is one outgoing frame. The van never copies Payload: the slice
+// must stay untouched until Done has been called.
+type Message struct {
+	Header  frame.Header // Length is set by the van from len(Payload)
+	Payload []byte
+	// Done, if set, is called exactly once, on the sender goroutine, when
+	// the frame has been written to the socket (err == nil) or can no longer
+	// be (err != nil: the peer is gone or the van closed). It must not block.
+	Done func(err error)
+}
+
+// Handler receives what arrives. The epoll van calls it from its single
+// receiver goroutine; the netconn van from one goroutine per peer, so an
+// implementation must be safe for concurrent use. Calls must not block for
+// long: the receiver serves every peer.
+type Handler interface {
+	// HandleFrame is called once per complete, validated frame other than
+	// Hello and Bye. payload is only valid during the call.
+	HandleFrame(h *frame.Header, payload []byte)
+	// PeerLost is called once when the connection to a peer that had said
+	// Hello ends without a Bye, or is closed for a protocol error.
+	PeerLost(peer uint32, err error)
+}
+
+// Transport is a node's end of the data plane.
+type Transport interface {
+	// Addr is the address the van listens on ("host:port").
+	Addr() string
+	// Dial connects to a peer's data address and introduces this node with
+	// a Hello frame. One connection per pair of nodes carries both
+	// directions; by convention the node with the smaller id dials.
+	Dial(ctx context.Context, peer uint32, addr string) error
+	// AwaitPeers returns once every listed peer has a connection (dialled
+	// or accepted and introduced), or with ctx's error.
+	AwaitPeers(ctx context.Context, peers []uint32) error
+	// Send queues m for its Header.Recipient, blocking while the pool holds
+	// more than its byte limit (back-pressure). It fails at once for a
+	// peer without a connection or after Close.
+	Send(m *Message) error
+	// Forward queues m like Send but never blocks: the receive path uses it
+	// (an aggregator's broadcast), since a receiver waiting on its own pool
+	// could deadlock two nodes that send to each other. Its volume is bounded
+	// by what the node's peers sent it.
+	Forward(m *Message) error
+	// SetWeight sets the share of the sender given to one destination (1 by
+	// default; 0 pauses it). See package pool.
+	SetWeight(peer uint32, weight float64)
+	// Stats reports bytes moved per peer and direction so far.
+	Stats() []PeerStats
+	// Close drains the pool (up to the configured timeout), says Bye to
+	// every peer, and releases every socket, goroutine and fd.
+	Close() error
+}
+
+// PeerStats counts what moved between this node and one peer.
+type PeerStats struct {
+	Peer           uint32
+	SentBytes      uint64 // header and payload bytes written
+	ReceivedBytes  uint64 // header and payload bytes read
+	SentFrames     uint64
+	ReceivedFrames uint64
+}
+
+// Config configures a Transport.
+type Config struct {
+	// Self is this node's id, sent in Hello and checked on every frame.
+	Self uint32
+	// ListenAddr is "host:port" to listen on ("host:0" picks a port).
+	ListenAddr string
+	// Handler receives frames; required.
+	Handler Handler
+	// MaxPayload bounds a frame's payload; a header announcing more closes
+	// the connection. Default DefaultMaxPayload.
+	MaxPayload uint64
+	// PoolBytes bounds the bytes queued for sending. Default DefaultPoolBytes.
+	PoolBytes int64
+	// IOTimeout bounds how long a write may make no progress, and how long
+	// Close waits for the pool to drain. Default DefaultIOTimeout.
+	IOTimeout time.Duration
+	// Logger; slog.Default() when nil.
+	Logger *slog.Logger
+}
+
+// Defaults.
+const (
+	DefaultMaxPayload = 1 << 30
+	DefaultPoolBytes  = 512 << 20
+	DefaultIOTimeout  = 30 * time.Second
+)
+
+// Kinds of Transport, as FPT_VAN names them.
+const (
+	KindEpoll   = "epoll"
+	KindNetConn = "netconn"
+)
+
+// ErrClosed is returned by calls on a closed van.
+var ErrClosed = errors.New("van: closed")
+
+// New starts a Transport of the named kind, listening on cfg.ListenAddr.
+func New(kind string, cfg Config) (Transport, error) {
+	if cfg.Handler == nil {
+		return nil, errors.New("van: Config.Handler is nil")
+	}
+	if cfg.MaxPayload == 0 {
+		cfg.MaxPayload = DefaultMaxPayload
+	}
+	if cfg.PoolBytes == 0 {
+		cfg.PoolBytes = DefaultPoolBytes
+	}
+	if cfg.IOTimeout == 0 {
+		cfg.IOTimeout = DefaultIOTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	switch kind {
+	case KindEpoll, "":
+		return newEpoll(cfg)
+	case KindNetConn:
+		return newNetConn(cfg)
+	}
+	return nil, fmt.Errorf("van: unknown kind %q (want %s or %s)", kind, KindEpoll, KindNetConn)
+}
