@@ -5,7 +5,10 @@
 //
 // Every node binds one ROUTER socket and keeps one DEALER per peer it talks
 // to, all owned by a single goroutine, since goczmq sockets are not safe for
-// concurrent use. The message codec (this file) is pure and fuzzed.
+// concurrent use (plane.go: Listen, Plane.Send, Plane.Incoming, Plane.Close).
+// The message type (this file) and its codec (codec.go: MarshalBinary,
+// AppendBinary, Unmarshal) are pure and fuzzed; one encoded Message is one
+// ZeroMQ frame.
 package control
 
 import "github.com/fptps/fpt/node"

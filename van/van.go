@@ -28,11 +28,12 @@ import (
 // Message is one outgoing frame. The van never copies Payload: the slice
 // must stay untouched until Done has been called.
 type Message struct {
-	Header  frame.Header // Length is set by the van from len(Payload)
+	Header  frame.Header // Sender and Length are set by the van (Self, len(Payload))
 	Payload []byte
 	// Done, if set, is called exactly once, on the sender goroutine, when
 	// the frame has been written to the socket (err == nil) or can no longer
 	// be (err != nil: the peer is gone or the van closed). It must not block.
+	// It is not called when Send or Forward return an error.
 	Done func(err error)
 }
 
@@ -69,6 +70,10 @@ type Transport interface {
 	// could deadlock two nodes that send to each other. Its volume is bounded
 	// by what the node's peers sent it.
 	Forward(m *Message) error
+	// SetSelf sets this node's id once the scheduler has assigned it (the
+	// van listens before that, so that its port can be registered). Call it
+	// before Dial, and before any peer may dial in.
+	SetSelf(id uint32)
 	// SetWeight sets the share of the sender given to one destination (1 by
 	// default; 0 pauses it). See package pool.
 	SetWeight(peer uint32, weight float64)
@@ -90,7 +95,8 @@ type PeerStats struct {
 
 // Config configures a Transport.
 type Config struct {
-	// Self is this node's id, sent in Hello and checked on every frame.
+	// Self is this node's id, sent in Hello and checked on every frame
+	// (0 until SetSelf when it is not known yet).
 	Self uint32
 	// ListenAddr is "host:port" to listen on ("host:0" picks a port).
 	ListenAddr string
@@ -123,6 +129,11 @@ const (
 
 // ErrClosed is returned by calls on a closed van.
 var ErrClosed = errors.New("van: closed")
+
+// ErrNoPeer is returned (wrapped) by Send and Forward for a node without a
+// connection, and passed to Done for a frame whose peer was lost before it
+// could be written.
+var ErrNoPeer = errors.New("van: no connection to node")
 
 // New starts a Transport of the named kind, listening on cfg.ListenAddr.
 func New(kind string, cfg Config) (Transport, error) {

@@ -1,0 +1,539 @@
+// Package cluster is a server's or worker's membership in an fpt cluster
+// (ps-lite's Postoffice): it registers with the scheduler over the control
+// plane, learns the node table, connects the data plane to every peer, and
+// offers barriers, failure detection and an orderly shut-down.
+//
+// Failure is all-or-nothing, as in synchronous training: when any node dies
+// (its data connection drops without a goodbye, or the scheduler stops
+// hearing its heartbeats) every other node's Done channel closes and Err
+// names the dead node, so that no call waits forever for a value that will
+// never come.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/control"
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/van"
+)
+
+// ErrTerminated is returned by calls made after the cluster shut down.
+var ErrTerminated = errors.New("cluster: terminated")
+
+// lostPeerGrace is how long a node that saw a peer's connection drop waits
+// for the scheduler's verdict before failing on its own account: when one
+// node dies, its peers' connections to each other may drop too (they are
+// exiting), and the scheduler's notice names the node that died first.
+const lostPeerGrace = 2 * time.Second
+
+// portAttempts bounds the search for a free control port whose successor
+// (the data port) is free as well.
+const portAttempts = 32
+
+// Node is this process's membership in a cluster.
+type Node struct {
+	cfg     config.Config
+	log     *slog.Logger
+	handler van.Handler
+
+	plane *control.Plane
+	van   van.Transport
+	sched string
+	// topo is published once, when the node table arrives; the van's
+	// callbacks may read it from other goroutines before that.
+	topo atomic.Pointer[topology]
+
+	mu          sync.Mutex
+	barrierSeq  map[node.Group]uint64
+	barrierWait map[barrierKey]chan struct{}
+	lastAck     time.Time
+	finished    bool // the final barrier is over: peers may leave
+	onControl   func(*control.Message)
+
+	failOnce   sync.Once
+	failed     chan struct{}
+	err        error
+	termOnce   sync.Once
+	terminated chan struct{}
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	closeOnce  sync.Once
+}
+
+type topology struct {
+	self  node.Info
+	table []node.Info // sorted by id
+	byID  map[node.ID]node.Info
+}
+
+type barrierKey struct {
+	group node.Group
+	seq   uint64
+}
+
+// New prepares a node. Nothing is bound until Start.
+func New(cfg config.Config, log *slog.Logger) *Node {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Node{
+		cfg:         cfg,
+		log:         log,
+		sched:       cfg.SchedulerEndpoint(),
+		barrierSeq:  make(map[node.Group]uint64),
+		barrierWait: make(map[barrierKey]chan struct{}),
+		failed:      make(chan struct{}),
+		terminated:  make(chan struct{}),
+		stop:        make(chan struct{}),
+	}
+}
+
+// OnControl installs a handler for control messages the node does not
+// handle itself (the LB's reports and decisions). Call it before Start.
+func (n *Node) OnControl(f func(*control.Message)) { n.onControl = f }
+
+// Start joins the cluster: it binds both planes, registers, waits for the
+// node table, connects to every peer and passes the start barrier. h
+// receives the data plane's frames; it may be called as soon as Start has
+// bound the van, but frames only arrive once peers passed the barrier.
+func (n *Node) Start(ctx context.Context, h van.Handler) error {
+	if n.cfg.Role != node.Server && n.cfg.Role != node.Worker {
+		return fmt.Errorf("cluster: Start is for servers and workers, not the %s", n.cfg.Role)
+	}
+	n.handler = h
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.StartTimeout)
+	defer cancel()
+	host, err := n.cfg.ResolveHost()
+	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	if err := n.bind(host); err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			n.shutdown()
+		}
+	}()
+	self := n.Self()
+	n.log.Info("registering", "role", n.cfg.Role, "control", self.ControlEndpoint(), "data", self.DataAddr(), "scheduler", n.sched)
+	if err := n.plane.Send(n.sched, &control.Message{Command: control.AddNode, Nodes: []node.Info{self}}); err != nil {
+		return fmt.Errorf("cluster: register: %w", err)
+	}
+	if err := n.awaitTable(ctx); err != nil {
+		return err
+	}
+	n.van.SetSelf(uint32(n.Self().ID))
+	n.lastAck = time.Now()
+	n.wg.Add(2)
+	go n.controlLoop()
+	go n.heartbeatLoop()
+	// Every node knows its id before anyone dials: a Hello must find its
+	// recipient ready to check it.
+	if err := n.Barrier(ctx, node.AllGroup); err != nil {
+		return fmt.Errorf("cluster: table barrier: %w", err)
+	}
+	if err := n.connectPeers(ctx); err != nil {
+		return err
+	}
+	if err := n.Barrier(ctx, node.AllGroup); err != nil {
+		return fmt.Errorf("cluster: start barrier: %w", err)
+	}
+	ok = true
+	n.log.Info("started", "id", n.Self().ID, "servers", n.cfg.NumServers, "workers", n.cfg.NumWorkers)
+	return nil
+}
+
+// bind opens the control socket and the van on ports p and p+1.
+func (n *Node) bind(host string) error {
+	var lastErr error
+	for attempt := 0; attempt < portAttempts; attempt++ {
+		plane, err := control.Listen(control.Config{BindHost: "0.0.0.0", Port: n.cfg.NodePort, Logger: n.log})
+		if err != nil {
+			return fmt.Errorf("cluster: %w", err)
+		}
+		port := plane.Port()
+		tr, err := van.New(n.cfg.Van, van.Config{
+			ListenAddr: "0.0.0.0:" + strconv.Itoa(port+1),
+			Handler:    (*vanHandler)(n),
+			MaxPayload: n.cfg.MaxFrameBytes,
+			PoolBytes:  n.cfg.PoolBytes,
+			Logger:     n.log,
+		})
+		if err == nil {
+			n.plane, n.van = plane, tr
+			n.topo.Store(&topology{self: node.Info{Role: n.cfg.Role, Host: host, ControlPort: port, DataPort: port + 1}})
+			return nil
+		}
+		plane.Close()
+		lastErr = err
+		if n.cfg.NodePort != 0 {
+			break // the user chose the port; do not wander off it
+		}
+	}
+	return fmt.Errorf("cluster: data port: %w", lastErr)
+}
+
+func (n *Node) awaitTable(ctx context.Context) error {
+	for {
+		select {
+		case <-ctx.Done():
+			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return fmt.Errorf("cluster: interrupted while waiting for the node table: %w", ctx.Err())
+			}
+			return fmt.Errorf("cluster: no node table from the scheduler at %s after %s (is it running, and were DMLC_NUM_SERVER=%d and DMLC_NUM_WORKER=%d nodes started?): %w",
+				n.sched, n.cfg.StartTimeout, n.cfg.NumServers, n.cfg.NumWorkers, ctx.Err())
+		case m, ok := <-n.plane.Incoming():
+			if !ok {
+				return fmt.Errorf("cluster: control plane closed while registering")
+			}
+			switch m.Command {
+			case control.NodeTable:
+				return n.setTable(m)
+			case control.NodeFailed:
+				return fmt.Errorf("cluster: the scheduler refused this node: %s", m.Text)
+			case control.Terminate:
+				return fmt.Errorf("cluster: terminated by the scheduler while registering")
+			default:
+				n.log.Debug("ignoring control message before the node table", "command", m.Command)
+			}
+		}
+	}
+}
+
+func (n *Node) setTable(m *control.Message) error {
+	table := slices.Clone(m.Nodes)
+	slices.SortFunc(table, func(a, b node.Info) int { return int(a.ID) - int(b.ID) })
+	byID := make(map[node.ID]node.Info, len(table))
+	var servers, workers int
+	for _, info := range table {
+		if r, ok := info.ID.Role(); !ok || r != info.Role {
+			return fmt.Errorf("cluster: node table: id %d does not fit role %s", info.ID, info.Role)
+		}
+		if _, dup := byID[info.ID]; dup {
+			return fmt.Errorf("cluster: node table: id %d twice", info.ID)
+		}
+		byID[info.ID] = info
+		switch info.Role {
+		case node.Server:
+			servers++
+		case node.Worker:
+			workers++
+		}
+	}
+	self := n.Self()
+	me, ok := byID[m.Recipient]
+	if !ok || me.Host != self.Host || me.ControlPort != self.ControlPort {
+		return fmt.Errorf("cluster: node table does not list this node (%s) as id %d", self, m.Recipient)
+	}
+	if servers != n.cfg.NumServers || workers != n.cfg.NumWorkers {
+		return fmt.Errorf("cluster: node table has %d servers and %d workers; DMLC_NUM_SERVER=%d, DMLC_NUM_WORKER=%d",
+			servers, workers, n.cfg.NumServers, n.cfg.NumWorkers)
+	}
+	n.topo.Store(&topology{self: me, table: table, byID: byID})
+	return nil
+}
+
+// connectPeers dials every data-plane peer with a larger id and waits for
+// the others to dial in: one connection per pair.
+func (n *Node) connectPeers(ctx context.Context) error {
+	var lower []uint32
+	self := n.Self()
+	for _, info := range n.Nodes() {
+		if info.Role == node.Scheduler || info.ID == self.ID {
+			continue
+		}
+		if info.ID < self.ID {
+			lower = append(lower, uint32(info.ID))
+			continue
+		}
+		if err := n.van.Dial(ctx, uint32(info.ID), info.DataAddr()); err != nil {
+			return fmt.Errorf("cluster: connect to %s: %w", info, err)
+		}
+	}
+	if err := n.van.AwaitPeers(ctx, lower); err != nil {
+		return fmt.Errorf("cluster: waiting for %d peers to connect: %w", len(lower), err)
+	}
+	return nil
+}
+
+// Self describes this node (its ID is 0 until the node table arrived).
+func (n *Node) Self() node.Info {
+	if t := n.topo.Load(); t != nil {
+		return t.self
+	}
+	return node.Info{Role: n.cfg.Role}
+}
+
+// Nodes is the node table, sorted by id (empty before Start registered).
+func (n *Node) Nodes() []node.Info {
+	if t := n.topo.Load(); t != nil {
+		return t.table
+	}
+	return nil
+}
+
+// Info describes the node with id; ok is false for an unknown id.
+func (n *Node) Info(id node.ID) (node.Info, bool) {
+	if t := n.topo.Load(); t != nil {
+		info, ok := t.byID[id]
+		return info, ok
+	}
+	return node.Info{}, false
+}
+
+// Servers lists the servers' ids by rank.
+func (n *Node) Servers() []node.ID { return n.idsOf(node.Server) }
+
+// Workers lists the workers' ids by rank.
+func (n *Node) Workers() []node.ID { return n.idsOf(node.Worker) }
+
+func (n *Node) idsOf(r node.Role) []node.ID {
+	var ids []node.ID
+	for _, info := range n.Nodes() {
+		if info.Role == r {
+			ids = append(ids, info.ID)
+		}
+	}
+	return ids
+}
+
+// Config is the configuration the node started with.
+func (n *Node) Config() config.Config { return n.cfg }
+
+// Logger is the node's logger, tagged with its id.
+func (n *Node) Logger() *slog.Logger { return n.log }
+
+// Van is the node's data plane.
+func (n *Node) Van() van.Transport { return n.van }
+
+// Done is closed when the node fails or the cluster terminates.
+func (n *Node) Done() <-chan struct{} { return n.failed }
+
+// Err is why the node failed, or nil.
+func (n *Node) Err() error {
+	select {
+	case <-n.failed:
+		return n.err
+	default:
+		return nil
+	}
+}
+
+// Fail records a fatal error, wakes every waiting call, and tells the
+// scheduler (which tells everyone else). The first error wins.
+func (n *Node) Fail(err error) {
+	n.fail(err, 0)
+}
+
+func (n *Node) fail(err error, lost node.ID) {
+	n.failOnce.Do(func() {
+		n.err = err
+		close(n.failed)
+		n.log.Error("node failed", "err", err)
+		if n.plane != nil {
+			// The scheduler relays this to every node, naming the lost peer
+			// when there is one, so their messages point at the culprit.
+			self := n.Self().ID
+			target := lost
+			if target == 0 {
+				target = self
+			}
+			_ = n.plane.Send(n.sched, &control.Message{
+				Command: control.NodeFailed, Sender: self, Target: target, Text: err.Error(),
+			})
+		}
+	})
+}
+
+// Barrier blocks until every node of group g has called Barrier the same
+// number of times, the node fails, or ctx ends.
+func (n *Node) Barrier(ctx context.Context, g node.Group) error {
+	return n.barrier(ctx, g, 0)
+}
+
+func (n *Node) barrier(ctx context.Context, g node.Group, flags uint8) error {
+	self := n.Self().ID
+	if !self.InGroup(g) {
+		return fmt.Errorf("cluster: barrier: %s is not in group %d", self, g)
+	}
+	n.mu.Lock()
+	seq := n.barrierSeq[g]
+	n.barrierSeq[g] = seq + 1
+	ch := make(chan struct{})
+	n.barrierWait[barrierKey{g, seq}] = ch
+	n.mu.Unlock()
+	err := n.plane.Send(n.sched, &control.Message{Command: control.Barrier, Flags: flags, Sender: self, Group: g, Seq: seq})
+	if err != nil {
+		return fmt.Errorf("cluster: barrier: %w", err)
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-n.failed:
+		return n.err
+	case <-n.terminated:
+		if flags&control.FlagFinal != 0 {
+			return nil // Terminate is the final barrier's release
+		}
+		return ErrTerminated
+	case <-ctx.Done():
+		return fmt.Errorf("cluster: barrier over group %d: %w", g, ctx.Err())
+	}
+}
+
+// Finalize passes the final barrier over all nodes, waits for the
+// scheduler's Terminate, and releases every socket and goroutine. It
+// returns the node's failure, if any.
+func (n *Node) Finalize(ctx context.Context) error {
+	err := n.barrier(ctx, node.AllGroup, control.FlagFinal)
+	if err == nil {
+		n.mu.Lock()
+		n.finished = true
+		n.mu.Unlock()
+	}
+	n.shutdown()
+	if ferr := n.Err(); ferr != nil {
+		return ferr
+	}
+	return err
+}
+
+// Close leaves at once without the final barrier (after a failure).
+func (n *Node) Close() { n.shutdown() }
+
+func (n *Node) shutdown() {
+	n.closeOnce.Do(func() {
+		close(n.stop)
+		if n.van != nil {
+			if err := n.van.Close(); err != nil {
+				n.log.Warn("closing the data plane", "err", err)
+			}
+		}
+		if n.plane != nil {
+			if err := n.plane.Close(); err != nil {
+				n.log.Warn("closing the control plane", "err", err)
+			}
+		}
+		n.wg.Wait()
+	})
+}
+
+func (n *Node) controlLoop() {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case m, ok := <-n.plane.Incoming():
+			if !ok {
+				return
+			}
+			n.handleControl(m)
+		}
+	}
+}
+
+func (n *Node) handleControl(m *control.Message) {
+	switch m.Command {
+	case control.BarrierDone:
+		n.mu.Lock()
+		k := barrierKey{m.Group, m.Seq}
+		ch := n.barrierWait[k]
+		delete(n.barrierWait, k)
+		n.mu.Unlock()
+		if ch != nil {
+			close(ch)
+		}
+	case control.HeartbeatAck:
+		n.mu.Lock()
+		n.lastAck = time.Now()
+		n.mu.Unlock()
+	case control.NodeFailed:
+		n.fail(fmt.Errorf("cluster: %s failed: %s", n.describe(m.Target), m.Text), m.Target)
+	case control.Terminate:
+		// Confirm, so that the scheduler knows it may exit.
+		_ = n.plane.Send(n.sched, &control.Message{Command: control.Terminate, Sender: n.Self().ID})
+		n.termOnce.Do(func() { close(n.terminated) })
+	default:
+		if n.onControl != nil {
+			n.onControl(m)
+			return
+		}
+		n.log.Warn("unexpected control message", "command", m.Command, "from", m.Sender)
+	}
+}
+
+func (n *Node) heartbeatLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-n.terminated:
+			return
+		case <-t.C:
+		}
+		_ = n.plane.Send(n.sched, &control.Message{Command: control.Heartbeat, Sender: n.Self().ID})
+		n.mu.Lock()
+		silent := time.Since(n.lastAck)
+		n.mu.Unlock()
+		if silent > n.cfg.HeartbeatTimeout {
+			n.fail(fmt.Errorf("cluster: scheduler at %s unreachable: no heartbeat answer for %s", n.sched, silent.Round(time.Second)), node.SchedulerID)
+		}
+	}
+}
+
+// describe names a node for an error message: id, role, rank and address.
+func (n *Node) describe(id node.ID) string {
+	if info, ok := n.Info(id); ok {
+		return info.String()
+	}
+	return id.String()
+}
+
+// vanHandler adapts the node to van.Handler: frames go to the role's
+// handler, lost peers become a cluster failure.
+type vanHandler Node
+
+func (h *vanHandler) HandleFrame(hdr *frame.Header, payload []byte) {
+	h.handler.HandleFrame(hdr, payload)
+}
+
+func (h *vanHandler) PeerLost(peer uint32, err error) {
+	n := (*Node)(h)
+	id := node.ID(peer)
+	if _, known := n.Info(id); !known {
+		n.log.Warn("connection from a node not in the table dropped", "peer", peer, "err", err)
+		return
+	}
+	n.mu.Lock()
+	finished := n.finished
+	n.mu.Unlock()
+	select {
+	case <-n.terminated:
+		finished = true
+	default:
+	}
+	if finished {
+		return
+	}
+	lostErr := fmt.Errorf("cluster: lost %s: %w", n.describe(id), err)
+	n.log.Warn("peer lost; waiting for the scheduler's verdict", "peer", n.describe(id), "err", err)
+	_ = n.plane.Send(n.sched, &control.Message{Command: control.NodeFailed, Sender: n.Self().ID, Target: id, Text: lostErr.Error()})
+	time.AfterFunc(lostPeerGrace, func() { n.fail(lostErr, id) })
+}

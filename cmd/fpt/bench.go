@@ -1,0 +1,271 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fptps/fpt/launch"
+	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/worker"
+)
+
+// benchChildEnv marks a child process that "fpt bench" started as one of
+// its cluster's workers.
+const benchChildEnv = "FPT_BENCH_CHILD"
+
+type benchOptions struct {
+	vans           []string
+	workers        int
+	servers        int
+	tensorBytes    int64
+	iters          int
+	partitionBytes int64
+	jsonOut        bool
+}
+
+// benchResult is one line of "fpt bench --json".
+type benchResult struct {
+	Van         string  `json:"van"`
+	Workers     int     `json:"workers"`
+	Servers     int     `json:"servers"`
+	TensorBytes int64   `json:"tensor_bytes"`
+	Iters       int     `json:"iters"`
+	GoodputGbps float64 `json:"goodput_gbps"`
+	RawTCPGbps  float64 `json:"raw_tcp_gbps"`
+	Ratio       float64 `json:"ratio"`
+}
+
+// workerReport is what worker 0 of the bench cluster prints.
+type workerReport struct {
+	Seconds float64 `json:"seconds"`
+}
+
+func benchMain(args []string) int {
+	fs := flag.NewFlagSet("fpt bench", flag.ContinueOnError)
+	var o benchOptions
+	van := fs.String("van", "epoll,netconn", "vans to measure, comma-separated (epoll, netconn)")
+	fs.IntVar(&o.workers, "workers", 1, "workers")
+	fs.IntVar(&o.servers, "servers", 1, "servers")
+	fs.Int64Var(&o.tensorBytes, "tensor-bytes", 64<<20, "size of the one float32 tensor pushed and pulled")
+	fs.IntVar(&o.iters, "iters", 20, "timed iterations (after init and two warm-up iterations)")
+	fs.Int64Var(&o.partitionBytes, "partition-bytes", 0, "FPT_PARTITION_BYTES for the cluster (0: the default)")
+	fs.BoolVar(&o.jsonOut, "json", false, "one JSON object per line")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: fpt bench [flags]\n\nRuns a cluster on loopback (separate processes), pushes and pulls one tensor, and\nreports goodput (bytes pushed plus pulled by one worker per second) against raw TCP\nmoving the same bytes both ways at once between two Go sockets, measured in the same run.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return launch.ExitUsage
+	}
+	o.vans = strings.Split(*van, ",")
+	if o.workers < 1 || o.servers < 1 || o.iters < 1 || o.tensorBytes < 4 || o.tensorBytes%4 != 0 {
+		fmt.Fprintln(os.Stderr, "fpt bench: workers, servers and iters must be positive, tensor-bytes a positive multiple of 4")
+		return launch.ExitUsage
+	}
+	if os.Getenv(benchChildEnv) != "" {
+		return launch.Main("fpt bench", os.LookupEnv, os.Stderr, func(ctx context.Context, w *worker.Worker) error {
+			return benchWorker(ctx, w, o, os.Stdout)
+		})
+	}
+	for _, v := range o.vans {
+		res, err := benchOne(v, o)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "fpt bench: %s: %v\n", v, err)
+			return launch.ExitFailed
+		}
+		if o.jsonOut {
+			line, _ := json.Marshal(res)
+			fmt.Println(string(line))
+		} else {
+			fmt.Printf("van=%-8s workers=%d servers=%d tensor=%d MiB iters=%d  goodput %.2f Gbit/s  raw TCP %.2f Gbit/s  ratio %.2f\n",
+				res.Van, res.Workers, res.Servers, res.TensorBytes>>20, res.Iters, res.GoodputGbps, res.RawTCPGbps, res.Ratio)
+		}
+	}
+	return launch.ExitOK
+}
+
+// benchOne measures raw TCP, then a cluster on one van.
+func benchOne(van string, o benchOptions) (benchResult, error) {
+	volume := o.tensorBytes * int64(o.iters)
+	raw, err := rawTCP(volume)
+	if err != nil {
+		return benchResult{}, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return benchResult{}, err
+	}
+	args := []string{self, "bench",
+		"-tensor-bytes", strconv.FormatInt(o.tensorBytes, 10), "-iters", strconv.Itoa(o.iters)}
+	env := []string{"FPT_VAN=" + van, benchChildEnv + "=1"}
+	if o.partitionBytes > 0 {
+		env = append(env, "FPT_PARTITION_BYTES="+strconv.FormatInt(o.partitionBytes, 10))
+	}
+	c, err := localcluster.Start(localcluster.Spec{
+		Servers: o.servers, Workers: o.workers,
+		Scheduler: []string{self}, Server: []string{self}, Worker: args, Env: env,
+	})
+	if err != nil {
+		return benchResult{}, err
+	}
+	defer c.Kill()
+	if err := c.Wait(10 * time.Minute); err != nil {
+		return benchResult{}, err
+	}
+	var rep workerReport
+	for _, p := range c.Procs {
+		if out := strings.TrimSpace(p.Stdout.String()); strings.HasPrefix(p.Name, "worker") && out != "" {
+			if err := json.Unmarshal([]byte(out), &rep); err != nil {
+				return benchResult{}, fmt.Errorf("%s printed %q: %w", p.Name, out, err)
+			}
+		}
+	}
+	if rep.Seconds <= 0 {
+		return benchResult{}, errors.New("no worker reported a time")
+	}
+	goodput := float64(2*volume) * 8 / rep.Seconds / 1e9
+	return benchResult{
+		Van: van, Workers: o.workers, Servers: o.servers, TensorBytes: o.tensorBytes, Iters: o.iters,
+		GoodputGbps: goodput, RawTCPGbps: raw, Ratio: goodput / raw,
+	}, nil
+}
+
+// benchWorker pushes and pulls one tensor; worker 0 prints the time of the
+// timed iterations as JSON. The sums are spot-checked: a fast wrong answer
+// is no benchmark.
+func benchWorker(ctx context.Context, w *worker.Worker, o benchOptions, out io.Writer) error {
+	kv := worker.NewKV[float32](w)
+	n := int(o.tensorBytes / 4)
+	if err := kv.Declare(0, n, 0); err != nil {
+		return err
+	}
+	grads := make([]float32, n)
+	sums := make([]float32, n)
+	for i := range grads {
+		grads[i] = float32(i%251 + w.Rank())
+	}
+	keys, lens := []uint64{0}, []int{n}
+	if err := kv.Init(ctx, keys, sums, lens); err != nil {
+		return err
+	}
+	step := func() error {
+		push, err := kv.FPTPush(keys, grads, lens, 0, nil)
+		if err != nil {
+			return err
+		}
+		pull, err := kv.FPTPull(keys, sums, lens, nil)
+		if err != nil {
+			return err
+		}
+		if err := kv.Wait(pull); err != nil {
+			return err
+		}
+		return kv.Wait(push)
+	}
+	for range 2 {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	if err := w.Barrier(ctx, 4); err != nil {
+		return err
+	}
+	start := time.Now()
+	for range o.iters {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	elapsed := time.Since(start)
+	workers := w.NumWorkers()
+	for _, i := range []int{0, n / 2, n - 1} {
+		want := float32(workers*(i%251) + workers*(workers-1)/2)
+		if sums[i] != want {
+			return fmt.Errorf("bench: element %d = %v, want %v", i, sums[i], want)
+		}
+	}
+	if w.Rank() == 0 {
+		line, _ := json.Marshal(workerReport{Seconds: elapsed.Seconds()})
+		fmt.Fprintln(out, string(line))
+	}
+	return nil
+}
+
+// rawTCP moves volume bytes each way at once between two loopback TCP
+// sockets and returns the total rate in Gbit/s: the ceiling a push (one way)
+// overlapped with a pull (the other way) could reach.
+func rawTCP(volume int64) (float64, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			close(accepted)
+			return
+		}
+		accepted <- c
+	}()
+	a, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		return 0, err
+	}
+	defer a.Close()
+	b, ok := <-accepted
+	if !ok {
+		return 0, errors.New("raw tcp: accept failed")
+	}
+	defer b.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	start := time.Now()
+	for _, c := range []net.Conn{a, b} {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 4<<20)
+			for left := volume; left > 0; {
+				n, err := c.Write(buf[:min(int64(len(buf)), left)])
+				if err != nil {
+					errs <- err
+					return
+				}
+				left -= int64(n)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			// A large read buffer, as the vans use: io.Discard's small one
+			// would understate the baseline.
+			buf := make([]byte, 4<<20)
+			for left := volume; left > 0; {
+				n, err := c.Read(buf[:min(int64(len(buf)), left)])
+				if err != nil {
+					errs <- err
+					return
+				}
+				left -= int64(n)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, fmt.Errorf("raw tcp: %w", err)
+	}
+	return float64(2*volume) * 8 / elapsed.Seconds() / 1e9, nil
+}

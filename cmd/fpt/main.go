@@ -1,0 +1,33 @@
+// Command fpt runs the scheduler or a server of an fpt cluster, as the
+// ps-lite launch environment (DMLC_ROLE and friends) says, and measures
+// clusters with "fpt bench". Workers are training programs that use package
+// worker, such as tests/test_kv_app.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/fptps/fpt/launch"
+)
+
+const usage = `usage:
+  fpt                 run the node DMLC_ROLE names (scheduler or server)
+  fpt bench [flags]   run a local cluster and print throughput (fpt bench -h)
+`
+
+func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "bench":
+			os.Exit(benchMain(os.Args[2:]))
+		case "-h", "-help", "--help", "help":
+			fmt.Fprint(os.Stdout, usage)
+			return
+		default:
+			fmt.Fprintf(os.Stderr, "fpt: unknown command %q\n%s", os.Args[1], usage)
+			os.Exit(launch.ExitUsage)
+		}
+	}
+	os.Exit(launch.Main("fpt", os.LookupEnv, os.Stderr, nil))
+}

@@ -1,0 +1,244 @@
+// Package config reads a node's launch settings from the environment, the
+// way ps-lite and dmlc-tracker pass them (DMLC_*, PS_*), plus fpt's own FPT_*
+// settings. It only parses and checks: every problem names the variable at
+// fault, so that a mistyped launch script is a one-line fix.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fptps/fpt/node"
+)
+
+// Config is everything a node needs to join a cluster.
+type Config struct {
+	Role       node.Role // DMLC_ROLE
+	RootURI    string    // DMLC_PS_ROOT_URI: the scheduler's host
+	RootPort   int       // DMLC_PS_ROOT_PORT: the scheduler's control port
+	NumServers int       // DMLC_NUM_SERVER
+	NumWorkers int       // DMLC_NUM_WORKER
+
+	// NodeHost is the address other nodes reach this one at
+	// (DMLC_NODE_HOST; else the address of DMLC_INTERFACE; else the local
+	// address that routes to the scheduler).
+	NodeHost  string
+	Interface string // DMLC_INTERFACE
+	// NodePort is this node's control port (FPT_NODE_PORT; 0 picks a free
+	// one). Its data port is always NodePort+1.
+	NodePort int
+	Verbose  int // PS_VERBOSE: 0 warnings, 1 progress, 2 debug
+
+	Van               string        // FPT_VAN: epoll (default) or netconn
+	HeartbeatInterval time.Duration // PS_HEARTBEAT_INTERVAL, seconds (default 1)
+	HeartbeatTimeout  time.Duration // PS_HEARTBEAT_TIMEOUT, seconds (default 10)
+	StartTimeout      time.Duration // FPT_START_TIMEOUT, seconds (default 300)
+	PartitionBytes    uint64        // FPT_PARTITION_BYTES: largest tensor partition (default 1 MiB)
+	MaxFrameBytes     uint64        // FPT_MAX_FRAME_BYTES: largest frame payload accepted (default 1 GiB)
+	PoolBytes         int64         // FPT_POOL_BYTES: send pool limit (default 512 MiB)
+	MetricsAddr       string        // FPT_METRICS_ADDR: serve Prometheus metrics here when set
+}
+
+// Defaults for the optional settings.
+const (
+	DefaultHeartbeatInterval = time.Second
+	DefaultHeartbeatTimeout  = 10 * time.Second
+	DefaultStartTimeout      = 300 * time.Second
+	DefaultPartitionBytes    = 1 << 20
+	DefaultMaxFrameBytes     = 1 << 30
+	DefaultPoolBytes         = 512 << 20
+)
+
+// VarError is a problem with one environment variable.
+type VarError struct {
+	Var    string
+	Value  string
+	Reason string
+}
+
+func (e *VarError) Error() string {
+	if e.Value == "" {
+		return e.Var + ": " + e.Reason
+	}
+	return fmt.Sprintf("%s=%q: %s", e.Var, e.Value, e.Reason)
+}
+
+// FromEnv reads a Config through lookup (os.LookupEnv in production). It
+// reports every bad or missing variable at once, joined; each is a *VarError.
+func FromEnv(lookup func(string) (string, bool)) (Config, error) {
+	p := parser{lookup: lookup}
+	var c Config
+	if v, ok := p.required("DMLC_ROLE"); ok {
+		r, err := node.ParseRole(v)
+		if err != nil {
+			p.fail("DMLC_ROLE", v, "must be scheduler, server or worker")
+		}
+		c.Role = r
+	}
+	if v, ok := p.required("DMLC_PS_ROOT_URI"); ok {
+		c.RootURI = v
+	}
+	c.RootPort = p.port("DMLC_PS_ROOT_PORT", true)
+	c.NumServers = p.positive("DMLC_NUM_SERVER")
+	c.NumWorkers = p.positive("DMLC_NUM_WORKER")
+	c.NodeHost, _ = p.optional("DMLC_NODE_HOST")
+	c.Interface, _ = p.optional("DMLC_INTERFACE")
+	c.NodePort = p.port("FPT_NODE_PORT", false)
+	if c.NodePort == 65535 {
+		p.fail("FPT_NODE_PORT", "65535", "the data port is NodePort+1, so it must be below 65535")
+	}
+	c.Verbose = int(p.integer("PS_VERBOSE", 0, 0, 2))
+	c.Van = "epoll"
+	if v, ok := p.optional("FPT_VAN"); ok {
+		if v != "epoll" && v != "netconn" {
+			p.fail("FPT_VAN", v, "must be epoll or netconn")
+		}
+		c.Van = v
+	}
+	c.HeartbeatInterval = p.seconds("PS_HEARTBEAT_INTERVAL", DefaultHeartbeatInterval)
+	c.HeartbeatTimeout = p.seconds("PS_HEARTBEAT_TIMEOUT", DefaultHeartbeatTimeout)
+	if c.HeartbeatTimeout <= c.HeartbeatInterval {
+		p.fail("PS_HEARTBEAT_TIMEOUT", p.raw("PS_HEARTBEAT_TIMEOUT"), "must be longer than PS_HEARTBEAT_INTERVAL")
+	}
+	c.StartTimeout = p.seconds("FPT_START_TIMEOUT", DefaultStartTimeout)
+	c.PartitionBytes = uint64(p.integer("FPT_PARTITION_BYTES", DefaultPartitionBytes, 8, 1<<40))
+	c.MaxFrameBytes = uint64(p.integer("FPT_MAX_FRAME_BYTES", DefaultMaxFrameBytes, 1<<10, 1<<48))
+	if c.PartitionBytes > c.MaxFrameBytes {
+		p.fail("FPT_PARTITION_BYTES", p.raw("FPT_PARTITION_BYTES"), "must not exceed FPT_MAX_FRAME_BYTES")
+	}
+	c.PoolBytes = p.integer("FPT_POOL_BYTES", DefaultPoolBytes, 1<<16, 1<<50)
+	c.MetricsAddr, _ = p.optional("FPT_METRICS_ADDR")
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			p.fail("FPT_METRICS_ADDR", c.MetricsAddr, "must be host:port")
+		}
+	}
+	return c, errors.Join(p.errs...)
+}
+
+type parser struct {
+	lookup func(string) (string, bool)
+	errs   []error
+}
+
+func (p *parser) fail(name, value, reason string) {
+	p.errs = append(p.errs, &VarError{Var: name, Value: value, Reason: reason})
+}
+
+func (p *parser) raw(name string) string {
+	v, _ := p.lookup(name)
+	return v
+}
+
+func (p *parser) optional(name string) (string, bool) {
+	v, ok := p.lookup(name)
+	v = strings.TrimSpace(v)
+	return v, ok && v != ""
+}
+
+func (p *parser) required(name string) (string, bool) {
+	v, ok := p.optional(name)
+	if !ok {
+		p.fail(name, "", "required but not set")
+	}
+	return v, ok
+}
+
+func (p *parser) positive(name string) int {
+	v, ok := p.required(name)
+	if !ok {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 1<<15 {
+		p.fail(name, v, "must be an integer from 1 to 32768")
+		return 0
+	}
+	return n
+}
+
+func (p *parser) port(name string, required bool) int {
+	var v string
+	var ok bool
+	if required {
+		v, ok = p.required(name)
+	} else {
+		v, ok = p.optional(name)
+	}
+	if !ok {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 65535 {
+		p.fail(name, v, "must be a port number from 1 to 65535")
+		return 0
+	}
+	return n
+}
+
+func (p *parser) integer(name string, def, lo, hi int64) int64 {
+	v, ok := p.optional(name)
+	if !ok {
+		return def
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < lo || n > hi {
+		p.fail(name, v, fmt.Sprintf("must be an integer from %d to %d", lo, hi))
+		return def
+	}
+	return n
+}
+
+func (p *parser) seconds(name string, def time.Duration) time.Duration {
+	v, ok := p.optional(name)
+	if !ok {
+		return def
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f <= 0 || f > 86400 {
+		p.fail(name, v, "must be a number of seconds, above 0 and at most 86400")
+		return def
+	}
+	return time.Duration(f * float64(time.Second))
+}
+
+// ResolveHost works out the address other nodes should use to reach this
+// one: DMLC_NODE_HOST if set; else the first IPv4 address of DMLC_INTERFACE;
+// else the local address the kernel would use to reach the scheduler (a UDP
+// "dial" sends nothing, it only consults the routing table).
+func (c *Config) ResolveHost() (string, error) {
+	if c.NodeHost != "" {
+		return c.NodeHost, nil
+	}
+	if c.Interface != "" {
+		ifi, err := net.InterfaceByName(c.Interface)
+		if err != nil {
+			return "", &VarError{Var: "DMLC_INTERFACE", Value: c.Interface, Reason: err.Error()}
+		}
+		addrs, err := ifi.Addrs()
+		if err != nil {
+			return "", &VarError{Var: "DMLC_INTERFACE", Value: c.Interface, Reason: err.Error()}
+		}
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+				return ipn.IP.String(), nil
+			}
+		}
+		return "", &VarError{Var: "DMLC_INTERFACE", Value: c.Interface, Reason: "interface has no IPv4 address"}
+	}
+	conn, err := net.Dial("udp", net.JoinHostPort(c.RootURI, strconv.Itoa(c.RootPort)))
+	if err != nil {
+		return "", &VarError{Var: "DMLC_PS_ROOT_URI", Value: c.RootURI, Reason: "no route to the scheduler: " + err.Error()}
+	}
+	defer conn.Close()
+	return conn.LocalAddr().(*net.UDPAddr).IP.String(), nil
+}
+
+// SchedulerEndpoint is the scheduler's ZeroMQ endpoint.
+func (c *Config) SchedulerEndpoint() string {
+	return "tcp://" + net.JoinHostPort(c.RootURI, strconv.Itoa(c.RootPort))
+}

@@ -1,0 +1,119 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/node"
+)
+
+func env(kv map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := kv[k]; return v, ok }
+}
+
+func base() map[string]string {
+	return map[string]string{
+		"DMLC_ROLE":         "worker",
+		"DMLC_PS_ROOT_URI":  "127.0.0.1",
+		"DMLC_PS_ROOT_PORT": "9000",
+		"DMLC_NUM_SERVER":   "2",
+		"DMLC_NUM_WORKER":   "3",
+	}
+}
+
+func TestFromEnvDefaults(t *testing.T) {
+	c, err := FromEnv(env(base()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		Role: node.Worker, RootURI: "127.0.0.1", RootPort: 9000, NumServers: 2, NumWorkers: 3,
+		Van: "epoll", HeartbeatInterval: DefaultHeartbeatInterval, HeartbeatTimeout: DefaultHeartbeatTimeout,
+		StartTimeout: DefaultStartTimeout, PartitionBytes: DefaultPartitionBytes,
+		MaxFrameBytes: DefaultMaxFrameBytes, PoolBytes: DefaultPoolBytes,
+	}
+	if c != want {
+		t.Fatalf("got %+v\nwant %+v", c, want)
+	}
+	if got := c.SchedulerEndpoint(); got != "tcp://127.0.0.1:9000" {
+		t.Errorf("SchedulerEndpoint = %q", got)
+	}
+}
+
+func TestFromEnvOptional(t *testing.T) {
+	e := base()
+	e["FPT_VAN"] = "netconn"
+	e["PS_HEARTBEAT_INTERVAL"] = "0.5"
+	e["PS_HEARTBEAT_TIMEOUT"] = "3"
+	e["FPT_PARTITION_BYTES"] = "65536"
+	e["DMLC_NODE_HOST"] = "198.18.0.2"
+	e["FPT_NODE_PORT"] = "7000"
+	e["PS_VERBOSE"] = "2"
+	c, err := FromEnv(env(e))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Van != "netconn" || c.HeartbeatInterval != 500*time.Millisecond || c.HeartbeatTimeout != 3*time.Second ||
+		c.PartitionBytes != 65536 || c.NodeHost != "198.18.0.2" || c.NodePort != 7000 || c.Verbose != 2 {
+		t.Fatalf("unexpected %+v", c)
+	}
+	if h, err := c.ResolveHost(); err != nil || h != "198.18.0.2" {
+		t.Errorf("ResolveHost = %q, %v", h, err)
+	}
+}
+
+func TestFromEnvErrorsNameTheVariable(t *testing.T) {
+	tests := []struct {
+		name  string
+		edit  func(map[string]string)
+		wants []string
+	}{
+		{"missing role", func(e map[string]string) { delete(e, "DMLC_ROLE") }, []string{"DMLC_ROLE"}},
+		{"bad role", func(e map[string]string) { e["DMLC_ROLE"] = "boss" }, []string{"DMLC_ROLE"}},
+		{"missing uri", func(e map[string]string) { e["DMLC_PS_ROOT_URI"] = "  " }, []string{"DMLC_PS_ROOT_URI"}},
+		{"bad port", func(e map[string]string) { e["DMLC_PS_ROOT_PORT"] = "70000" }, []string{"DMLC_PS_ROOT_PORT"}},
+		{"zero servers", func(e map[string]string) { e["DMLC_NUM_SERVER"] = "0" }, []string{"DMLC_NUM_SERVER"}},
+		{"word workers", func(e map[string]string) { e["DMLC_NUM_WORKER"] = "two" }, []string{"DMLC_NUM_WORKER"}},
+		{"several", func(e map[string]string) { delete(e, "DMLC_NUM_WORKER"); e["FPT_VAN"] = "rdma" }, []string{"DMLC_NUM_WORKER", "FPT_VAN"}},
+		{"timeout below interval", func(e map[string]string) { e["PS_HEARTBEAT_INTERVAL"] = "5"; e["PS_HEARTBEAT_TIMEOUT"] = "2" }, []string{"PS_HEARTBEAT_TIMEOUT"}},
+		{"partition above frame", func(e map[string]string) { e["FPT_PARTITION_BYTES"] = "4096"; e["FPT_MAX_FRAME_BYTES"] = "2048" }, []string{"FPT_PARTITION_BYTES"}},
+		{"bad metrics", func(e map[string]string) { e["FPT_METRICS_ADDR"] = "9100" }, []string{"FPT_METRICS_ADDR"}},
+		{"verbose", func(e map[string]string) { e["PS_VERBOSE"] = "9" }, []string{"PS_VERBOSE"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := base()
+			tt.edit(e)
+			_, err := FromEnv(env(e))
+			if err == nil {
+				t.Fatal("no error")
+			}
+			var ve *VarError
+			if !errors.As(err, &ve) {
+				t.Fatalf("error %v is not a *VarError", err)
+			}
+			for _, w := range tt.wants {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not name %s", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestResolveHostLoopback(t *testing.T) {
+	c, err := FromEnv(env(base()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.ResolveHost()
+	if err != nil || h != "127.0.0.1" {
+		t.Fatalf("ResolveHost = %q, %v; want 127.0.0.1", h, err)
+	}
+	c.Interface = "no-such-if0"
+	if _, err := c.ResolveHost(); err == nil || !strings.Contains(err.Error(), "DMLC_INTERFACE") {
+		t.Fatalf("bad interface error = %v", err)
+	}
+}

@@ -1,0 +1,692 @@
+package control
+
+/*
+#cgo pkg-config: libczmq libzmq
+#include <czmq.h>
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"reflect"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/zeromq/goczmq"
+)
+
+// Tuning of the sockets and the loop.
+const (
+	// incomingBuffer is the capacity of the Incoming channel.
+	incomingBuffer = 4096
+	// hwm bounds the messages libzmq queues per pipe in each direction.
+	// Control messages are small and rare, so this is generous: reaching it
+	// means a peer has been unreachable for a very long time.
+	hwm = 100_000
+	// linger is how long libzmq keeps delivering a closed DEALER's queued
+	// messages, and how long Close waits for a backlog to drain.
+	linger = 2 * time.Second
+	// maxPending bounds the per-peer backlog kept in Go once libzmq's queue
+	// for that peer is full (hwm); beyond it messages are dropped and logged.
+	maxPending = 65536
+	// idleWait is the poll timeout with nothing to retry. The loop is woken
+	// by the inproc wake-up socket, so this only bounds how long a lost
+	// wake-up (which should not happen) could delay a message.
+	idleWait = time.Second
+	// retryWait is the poll timeout while some peer has a backlog.
+	retryWait = 10 * time.Millisecond
+	// recvBatch bounds the messages taken from the ROUTER per round, so a
+	// flood of incoming messages cannot starve outgoing ones.
+	recvBatch = 256
+)
+
+// ErrClosed is returned by Send after Close.
+var ErrClosed = errors.New("control: plane closed")
+
+// zsysInit serialises czmq's lazy process-wide initialisation: zsys_init is
+// not thread-safe and every zsock_new calls it, so two planes starting at
+// once on different threads could each create a global context. This is
+// process-wide state on purpose: it guards a process-wide C singleton.
+var zsysInit sync.Once
+
+// Config says where a Plane listens.
+type Config struct {
+	// BindHost is the host or IP the ROUTER binds ("0.0.0.0", "127.0.0.1",
+	// "::1"...); empty means "0.0.0.0".
+	BindHost string
+	// Port is the TCP port to bind; 0 picks a free one (see Plane.Port).
+	Port int
+	// Logger receives warnings about dropped messages; slog.Default() if nil.
+	Logger *slog.Logger
+}
+
+// Plane is one node's control-plane endpoint: a ROUTER bound on Config's
+// address whose decoded messages come out of Incoming, and one DEALER per
+// peer endpoint that Send has been asked to reach.
+//
+// All sockets belong to a single goroutine locked to its OS thread, which
+// creates, uses and destroys them; other goroutines only append to a queue
+// under mu and poke the loop through an inproc PAIR (the only socket used
+// off the loop's thread, always under mu, which is the full memory barrier
+// libzmq asks for when a socket changes threads).
+//
+// Delivery is what ZeroMQ gives: in order per sender and peer, queued while
+// the peer is not up yet, lost if a process dies with messages in flight.
+//
+// If the consumer of Incoming falls more than incomingBuffer messages
+// behind, the loop blocks on it and stops sending and receiving until the
+// consumer catches up (or Close is called). Send never blocks on that: it
+// queues in memory.
+type Plane struct {
+	log  *slog.Logger
+	port int
+
+	in   chan *Message
+	stop chan struct{} // closed by Close; frees a loop blocked on in
+	done chan struct{} // closed when the loop has released everything
+
+	closeOnce sync.Once
+	closeErr  error // set by the loop before done is closed
+
+	mu          sync.Mutex
+	queue       []outgoing
+	closed      bool
+	wakePending bool         // a wake-up frame is in flight to the loop
+	wakeTx      *goczmq.Sock // owned by the loop; used by others under mu
+}
+
+type outgoing struct {
+	endpoint string
+	data     []byte
+}
+
+// Listen binds the control plane's ROUTER on tcp://BindHost:Port and starts
+// the goroutine that owns its sockets.
+func Listen(cfg Config) (*Plane, error) {
+	host := cfg.BindHost
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	// czmq expands endpoints as printf formats, so a '%' (an IPv6 zone)
+	// would be misread; ZeroMQ cannot bind a zone-qualified address anyway.
+	if strings.ContainsAny(host, "%/ ") {
+		return nil, fmt.Errorf("control: listen: invalid bind host %q", host)
+	}
+	if cfg.Port < 0 || cfg.Port > maxPort {
+		return nil, fmt.Errorf("control: listen: port %d out of range", cfg.Port)
+	}
+	host, err := bindAddress(host)
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	p := &Plane{
+		log:  log,
+		in:   make(chan *Message, incomingBuffer),
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+	ready := make(chan error, 1)
+	go p.run(host, cfg.Port, ready)
+	if err := <-ready; err != nil {
+		<-p.done
+		return nil, err
+	}
+	return p, nil
+}
+
+// bindAddress turns a host name into an address libzmq can bind. libzmq
+// binds IP addresses and interface names ("lo", "eth0") but reads any other
+// name as an interface, so "localhost" would fail with ENODEV.
+func bindAddress(host string) (string, error) {
+	if host == "*" || net.ParseIP(host) != nil {
+		return host, nil
+	}
+	if _, err := net.InterfaceByName(host); err == nil {
+		return host, nil
+	}
+	ips, err := net.LookupIP(host)
+	if err != nil {
+		return "", fmt.Errorf("control: listen: bind host %q: %w", host, err)
+	}
+	// Prefer IPv4, as ps-lite's tooling does.
+	for _, ip := range ips {
+		if ip.To4() != nil {
+			return ip.String(), nil
+		}
+	}
+	if len(ips) == 0 {
+		return "", fmt.Errorf("control: listen: bind host %q has no address", host)
+	}
+	return ips[0].String(), nil
+}
+
+// Port is the TCP port the ROUTER is bound to.
+func (p *Plane) Port() int { return p.port }
+
+// Incoming yields every well-formed message received, in arrival order. It
+// is closed once Close has stopped the plane. Malformed messages are logged
+// at Warn and dropped.
+func (p *Plane) Incoming() <-chan *Message { return p.in }
+
+// Send queues m for the node whose ROUTER listens at endpoint
+// ("tcp://host:port") and returns at once: encoding happens here, the
+// network I/O on the plane's goroutine, which connects one DEALER per
+// endpoint on first use. A peer that is not up yet is fine: ZeroMQ queues
+// and connects when it appears.
+//
+// Send fails only after Close (ErrClosed), or when m cannot be encoded or
+// endpoint is not a tcp://host:port address, since those would otherwise be
+// dropped silently on the loop. It is safe for concurrent use; m is not
+// retained.
+func (p *Plane) Send(endpoint string, m *Message) error {
+	if err := checkEndpoint(endpoint); err != nil {
+		return err
+	}
+	b, err := m.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	p.queue = append(p.queue, outgoing{endpoint: endpoint, data: b})
+	if !p.wakePending {
+		p.wakePending = true
+		p.wakeLocked()
+	}
+	return nil
+}
+
+// Close hands every message queued by Send to libzmq, closes all sockets
+// (DEALERs with a linger of about 2 s, during which libzmq's I/O thread
+// keeps delivering in the background), closes Incoming and stops the
+// goroutine. It is idempotent and always returns the first call's result:
+// an error only if messages had to be dropped because a peer never took
+// them.
+func (p *Plane) Close() error {
+	p.closeOnce.Do(func() {
+		p.mu.Lock()
+		p.closed = true
+		if !p.wakePending {
+			p.wakePending = true
+			p.wakeLocked()
+		}
+		p.mu.Unlock()
+		close(p.stop)
+	})
+	<-p.done
+	return p.closeErr
+}
+
+// wakeLocked pokes the loop. It runs under mu, on the caller's goroutine.
+func (p *Plane) wakeLocked() {
+	// errno is per thread: stay on this one between the call and the check.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	for {
+		err := p.wakeTx.SendFrame(nil, goczmq.FlagDontWait)
+		if err == nil {
+			return
+		}
+		if zmqErrno() == syscall.EINTR {
+			continue
+		}
+		// Cannot fill up (one frame at most is in flight); should it fail
+		// anyway, the loop's idle poll timeout still picks the queue up.
+		p.log.Error("control: waking the control loop failed", "err", zmqErrno())
+		return
+	}
+}
+
+func checkEndpoint(ep string) error {
+	rest, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return fmt.Errorf("control: send: endpoint %q: want tcp://host:port", ep)
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil {
+		return fmt.Errorf("control: send: endpoint %q: %w", ep, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > maxPort {
+		return fmt.Errorf("control: send: endpoint %q: bad port %q", ep, port)
+	}
+	// See Listen about '%'.
+	if host == "" || strings.ContainsAny(host, "%/ ") {
+		return fmt.Errorf("control: send: endpoint %q: bad host %q", ep, host)
+	}
+	return nil
+}
+
+// zmqErrno reads errno as libzmq left it on this thread. goczmq reports
+// failures as bare sentinel errors, so this is the only way to tell EINTR
+// (retry) from EAGAIN (come back later) or a real failure. The caller must
+// be locked to its OS thread, and nothing but free() (which preserves errno
+// in glibc ≥ 2.33) runs between the failing call and this one.
+func zmqErrno() syscall.Errno { return syscall.Errno(C.zmq_errno()) }
+
+// zmqError turns an errno into an error that prints like the C library's
+// message and still matches syscall errnos with errors.Is.
+func zmqError(e syscall.Errno) error {
+	if uintptr(e) >= C.ZMQ_HAUSNUMERO {
+		return errors.New(C.GoString(C.zmq_strerror(C.int(e))))
+	}
+	return e
+}
+
+// sockOK reports whether goczmq managed to create s. NewSock wraps a NULL
+// zsock_t when zsock_new fails (e.g. ZMQ_MAX_SOCKETS reached) and gives no
+// other sign; every later call on it would abort the process inside czmq.
+func sockOK(s *goczmq.Sock) bool {
+	f := reflect.ValueOf(s).Elem().FieldByName("zsockT")
+	return !f.IsValid() || f.Kind() != reflect.Pointer || !f.IsNil()
+}
+
+func newSock(kind int) (*goczmq.Sock, error) {
+	s := goczmq.NewSock(kind)
+	if !sockOK(s) {
+		return nil, fmt.Errorf("control: creating a ZeroMQ socket failed: %w", zmqError(zmqErrno()))
+	}
+	return s, nil
+}
+
+// loop is the state of the plane's goroutine; nothing else touches it.
+type loop struct {
+	p       *Plane
+	router  *goczmq.Sock
+	wakeRx  *goczmq.Sock
+	wakeTx  *goczmq.Sock
+	poller  *goczmq.Poller
+	dealers map[string]*dealer
+	waiting int // dealers with a backlog
+
+	spare []outgoing // recycled queue buffer
+
+	partial  [][]byte // first frames of a ROUTER message not fully read yet
+	partialN int      // frames of that message read so far
+}
+
+type dealer struct {
+	endpoint string
+	sock     *goczmq.Sock
+	pending  [][]byte // encoded messages libzmq could not take yet
+	dropped  int      // messages dropped in the current backlog episode
+}
+
+func (p *Plane) run(host string, port int, ready chan<- error) {
+	// Every socket is created, used and destroyed on this one thread.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer close(p.done)
+	defer close(p.in)
+
+	l, err := p.open(host, port)
+	if err != nil {
+		ready <- err
+		return
+	}
+	ready <- nil
+	l.serve()
+	p.closeErr = l.shutdown()
+}
+
+// open creates the ROUTER, the wake-up pair and the poller.
+func (p *Plane) open(host string, port int) (_ *loop, err error) {
+	zsysInit.Do(func() { C.zsys_init() })
+	l := &loop{p: p, dealers: make(map[string]*dealer)}
+	defer func() {
+		if err != nil {
+			l.destroy()
+		}
+	}()
+
+	if l.router, err = newSock(goczmq.Router); err != nil {
+		return nil, err
+	}
+	l.router.SetLinger(0) // the ROUTER never sends
+	l.router.SetRcvhwm(hwm)
+	l.router.SetRcvtimeo(0) // reads never block: the poller says when to read
+	l.router.SetMaxmsgsize(MaxMessageLen)
+	setKeepalive(l.router)
+	if strings.Contains(host, ":") {
+		l.router.SetIpv6(1)
+	}
+	endpoint := "tcp://" + net.JoinHostPort(host, strconv.Itoa(port))
+	if err := retryEINTR(func() error { _, err := l.router.Bind(endpoint); return err }); err != nil {
+		return nil, fmt.Errorf("control: bind %s: %w", endpoint, err)
+	}
+	// Port 0 asks libzmq for an ephemeral port (czmq's own "*" syntax would
+	// scan a fixed range instead); the bound address says which.
+	last := l.router.LastEndpoint()
+	i := strings.LastIndexByte(last, ':')
+	if p.port, err = strconv.Atoi(last[i+1:]); err != nil || i < 0 {
+		return nil, fmt.Errorf("control: bind %s: cannot read the bound port from %q", endpoint, last)
+	}
+
+	// The wake-up channel: an inproc PAIR. inproc names are global to the
+	// (shared) context, hence the random suffix.
+	wake := fmt.Sprintf("inproc://fpt-control-wake-%016x", rand.Uint64())
+	if l.wakeRx, err = newSock(goczmq.Pair); err != nil {
+		return nil, err
+	}
+	l.wakeRx.SetLinger(0)
+	l.wakeRx.SetRcvtimeo(0)
+	if err := retryEINTR(func() error { _, err := l.wakeRx.Bind(wake); return err }); err != nil {
+		return nil, fmt.Errorf("control: bind %s: %w", wake, err)
+	}
+	if l.wakeTx, err = newSock(goczmq.Pair); err != nil {
+		return nil, err
+	}
+	l.wakeTx.SetLinger(0)
+	if err := retryEINTR(func() error { return l.wakeTx.Connect(wake) }); err != nil {
+		return nil, fmt.Errorf("control: connect %s: %w", wake, err)
+	}
+	if l.poller, err = goczmq.NewPoller(l.router, l.wakeRx); err != nil {
+		return nil, fmt.Errorf("control: poller: %w", err)
+	}
+	// Published under mu: Send reaches wakeTx only through the lock.
+	p.mu.Lock()
+	p.wakeTx = l.wakeTx
+	p.mu.Unlock()
+	return l, nil
+}
+
+// retryEINTR runs a goczmq call until it fails with something else than
+// EINTR, and turns a failure into the C library's errno.
+func retryEINTR(call func() error) error {
+	for {
+		if call() == nil {
+			return nil
+		}
+		if e := zmqErrno(); e != syscall.EINTR {
+			return zmqError(e)
+		}
+	}
+}
+
+func setKeepalive(s *goczmq.Sock) {
+	// Notices a peer that vanished without closing (power loss, cable) on
+	// an otherwise idle connection; heartbeats do the same at a higher level.
+	s.SetTcpKeepalive(1)
+	s.SetTcpKeepaliveIdle(30)
+	s.SetTcpKeepaliveIntvl(10)
+	s.SetTcpKeepaliveCnt(3)
+}
+
+// serve runs until Close.
+func (l *loop) serve() {
+	wait := idleWait
+	for {
+		// Which socket woke us does not matter: every round services both,
+		// so a busy ROUTER cannot starve Send (zpoller reports only the
+		// first ready socket). A nil result is a timeout or EINTR; either
+		// way the next round simply polls again.
+		l.poller.Wait(int(wait / time.Millisecond))
+		delivered, ok := l.receive()
+		if !ok {
+			return
+		}
+		if delivered {
+			// The consumer we just woke sits in this P's run queue, and
+			// the blocking poll below would keep the P in a cgo call
+			// until sysmon retakes it (tens of µs to ms). Yielding lets
+			// it run now; it halved ping-pong latency on a 2-core box.
+			runtime.Gosched()
+		}
+		if l.sendQueued() {
+			return
+		}
+		l.retryBacklogs()
+		wait = idleWait
+		if l.waiting > 0 {
+			wait = retryWait
+		}
+	}
+}
+
+// receive reads up to recvBatch messages from the ROUTER and delivers them.
+// It reports whether it delivered any, and ok false once Close has been
+// called while it waited on Incoming.
+func (l *loop) receive() (delivered, ok bool) {
+	for range recvBatch {
+		frames, count, ok := l.recvMessage()
+		if !ok {
+			return delivered, true
+		}
+		if m := l.decode(frames, count); m != nil {
+			select {
+			case l.p.in <- m:
+				delivered = true
+			case <-l.p.stop:
+				return delivered, false
+			}
+		}
+	}
+	return delivered, true
+}
+
+// recvMessage reads one complete message from the ROUTER without blocking
+// and returns its first two frames and its frame count. A message
+// interrupted part-way (EINTR) is kept and resumed next time.
+func (l *loop) recvMessage() (frames [][]byte, count int, ok bool) {
+	for {
+		f, more, err := l.router.RecvFrame()
+		if err != nil {
+			if zmqErrno() == syscall.EINTR {
+				continue
+			}
+			return nil, 0, false // EAGAIN: nothing (more) to read now
+		}
+		// A well-formed message is [identity, payload]; keep no more than
+		// that of a longer one, which is dropped anyway.
+		if len(l.partial) < 2 {
+			l.partial = append(l.partial, f)
+		}
+		l.partialN++
+		if more == 0 {
+			frames, count = l.partial, l.partialN
+			l.partial, l.partialN = nil, 0
+			return frames, count, true
+		}
+	}
+}
+
+func (l *loop) decode(frames [][]byte, count int) *Message {
+	if count != 2 {
+		l.p.log.Warn("control: dropping a message with the wrong number of frames",
+			"frames", count, "want", 2)
+		return nil
+	}
+	m, err := Unmarshal(frames[1])
+	if err != nil {
+		l.p.log.Warn("control: dropping a malformed message",
+			"err", err, "bytes", len(frames[1]), "peer", fmt.Sprintf("%x", frames[0]))
+		return nil
+	}
+	return m
+}
+
+// sendQueued takes everything Send queued and hands it to the DEALERs. It
+// reports whether Close has been called.
+func (l *loop) sendQueued() (closed bool) {
+	for {
+		if _, _, err := l.wakeRx.RecvFrame(); err != nil && zmqErrno() != syscall.EINTR {
+			break
+		}
+	}
+	p := l.p
+	p.mu.Lock()
+	q := p.queue
+	p.queue = l.spare[:0]
+	p.wakePending = false
+	closed = p.closed
+	p.mu.Unlock()
+
+	for _, o := range q {
+		l.send(o)
+	}
+	clear(q)
+	l.spare = q
+	return closed
+}
+
+func (l *loop) send(o outgoing) {
+	d := l.dealer(o.endpoint)
+	if d == nil {
+		return
+	}
+	if len(d.pending) == 0 && l.trySend(d, o.data) {
+		return
+	}
+	if len(d.pending) >= maxPending {
+		if d.dropped == 0 {
+			l.p.log.Warn("control: peer backlog full, dropping messages",
+				"peer", d.endpoint, "queued", len(d.pending)+hwm)
+		}
+		d.dropped++
+		return
+	}
+	if len(d.pending) == 0 {
+		l.waiting++
+	}
+	d.pending = append(d.pending, o.data)
+}
+
+// trySend hands data to libzmq without blocking. It reports false when the
+// peer's queue is full (try again later); a message it cannot send for any
+// other reason is logged and counts as consumed.
+func (l *loop) trySend(d *dealer, data []byte) bool {
+	for {
+		// Check first: goczmq leaks the frame of a failed send, so avoid
+		// sends that would fail with EAGAIN.
+		if d.sock.Events()&goczmq.Pollout == 0 {
+			return false
+		}
+		err := d.sock.SendFrame(data, goczmq.FlagDontWait)
+		if err == nil {
+			return true
+		}
+		switch e := zmqErrno(); e {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		default:
+			l.p.log.Error("control: send failed, message dropped", "peer", d.endpoint, "err", zmqError(e))
+			return true
+		}
+	}
+}
+
+func (l *loop) retryBacklogs() {
+	if l.waiting == 0 {
+		return
+	}
+	for _, d := range l.dealers {
+		if len(d.pending) == 0 {
+			continue
+		}
+		n := 0
+		for n < len(d.pending) && l.trySend(d, d.pending[n]) {
+			n++
+		}
+		clear(d.pending[:n])
+		d.pending = d.pending[n:]
+		if len(d.pending) == 0 {
+			d.pending = nil
+			l.waiting--
+			if d.dropped > 0 {
+				l.p.log.Warn("control: peer backlog drained", "peer", d.endpoint, "dropped", d.dropped)
+				d.dropped = 0
+			}
+		}
+	}
+}
+
+// dealer returns the DEALER connected to endpoint, creating it on first use.
+func (l *loop) dealer(endpoint string) *dealer {
+	if d := l.dealers[endpoint]; d != nil {
+		return d
+	}
+	s, err := newSock(goczmq.Dealer)
+	if err != nil {
+		l.p.log.Error("control: message dropped", "peer", endpoint, "err", err)
+		return nil
+	}
+	s.SetLinger(int(linger / time.Millisecond))
+	s.SetSndhwm(hwm)
+	s.SetImmediate(0) // queue while the peer is not up yet
+	setKeepalive(s)
+	if strings.Contains(endpoint, "[") {
+		s.SetIpv6(1)
+	}
+	if err := retryEINTR(func() error { return s.Connect(endpoint) }); err != nil {
+		s.Destroy()
+		l.p.log.Error("control: message dropped", "peer", endpoint,
+			"err", fmt.Errorf("control: connect %s: %w", endpoint, err))
+		return nil
+	}
+	d := &dealer{endpoint: endpoint, sock: s}
+	l.dealers[endpoint] = d
+	return d
+}
+
+// shutdown flushes and releases everything; it returns Close's result.
+func (l *loop) shutdown() error {
+	// Messages queued before Close but not taken yet (the loop may have
+	// stopped while blocked on Incoming).
+	l.sendQueued()
+	// A backlog only exists for peers that have not taken hwm messages; give
+	// them the linger time to show up, then give up.
+	for end := time.Now().Add(linger); l.waiting > 0 && time.Now().Before(end); {
+		time.Sleep(retryWait)
+		l.retryBacklogs()
+	}
+	dropped := 0
+	for _, d := range l.dealers {
+		dropped += len(d.pending) + d.dropped
+	}
+	l.destroy()
+	if dropped > 0 {
+		return fmt.Errorf("control: close: %d messages dropped: their peers took nothing", dropped)
+	}
+	return nil
+}
+
+// destroy releases every socket. Send cannot be using wakeTx: the loop
+// stops only after seeing closed under mu, and open fails before
+// publishing it.
+func (l *loop) destroy() {
+	if l.poller != nil {
+		l.poller.Destroy()
+	}
+	for _, d := range l.dealers {
+		d.sock.Destroy()
+	}
+	clear(l.dealers)
+	for _, s := range []*goczmq.Sock{l.router, l.wakeRx, l.wakeTx} {
+		if s != nil {
+			s.Destroy()
+		}
+	}
+}
+
+// Compile-time check that the codec satisfies the standard interfaces.
+var _ interface {
+	MarshalBinary() ([]byte, error)
+	AppendBinary([]byte) ([]byte, error)
+	UnmarshalBinary([]byte) error
+} = (*Message)(nil)

@@ -1,0 +1,105 @@
+// Package launch turns a ps-lite launch environment (DMLC_*) into a
+// running node: it reads the configuration, sets up logging, runs the
+// scheduler or a server, or starts a worker and hands it to the training
+// program, and maps the outcome to an exit code (0 done, 1 failed, 2 bad
+// configuration), so that every fpt binary launches the same way.
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/scheduler"
+	"github.com/fptps/fpt/server"
+	"github.com/fptps/fpt/worker"
+)
+
+// Exit codes.
+const (
+	ExitOK     = 0
+	ExitFailed = 1
+	ExitUsage  = 2
+)
+
+// Train is a training program's body, run on a started worker. Returning
+// nil leaves the cluster in order (final barrier); an error fails the node.
+type Train func(ctx context.Context, w *worker.Worker) error
+
+// Main runs the node DMLC_ROLE names, reading the environment through
+// lookup, logging to stderr, and returns the exit code. A nil train makes a
+// worker role a usage error: workers are training programs.
+func Main(name string, lookup func(string) (string, bool), stderr io.Writer, train Train) int {
+	cfg, err := config.FromEnv(lookup)
+	if err != nil {
+		for _, e := range unjoin(err) {
+			fmt.Fprintf(stderr, "%s: %v\n", name, e)
+		}
+		return ExitUsage
+	}
+	if cfg.Role == node.Worker && train == nil {
+		fmt.Fprintf(stderr, "%s: DMLC_ROLE=worker: workers are training programs (e.g. test_kv_app); %s runs the scheduler and servers\n", name, name)
+		return ExitUsage
+	}
+	log := Logger(stderr, cfg)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := Run(ctx, cfg, log, train); err != nil {
+		fmt.Fprintf(stderr, "%s: %s: %v\n", name, cfg.Role, err)
+		var ve *config.VarError
+		if errors.As(err, &ve) {
+			return ExitUsage
+		}
+		return ExitFailed
+	}
+	return ExitOK
+}
+
+// Run runs one node of the given configuration until it leaves the cluster.
+func Run(ctx context.Context, cfg config.Config, log *slog.Logger, train Train) error {
+	switch cfg.Role {
+	case node.Scheduler:
+		return scheduler.Run(ctx, cfg, log)
+	case node.Server:
+		return server.Run(ctx, cluster.New(cfg, log))
+	}
+	n := cluster.New(cfg, log)
+	w, err := worker.Start(ctx, n)
+	if err != nil {
+		return err
+	}
+	if err := train(ctx, w); err != nil {
+		n.Fail(err)
+		n.Close()
+		return err
+	}
+	return w.Finalize(ctx)
+}
+
+// Logger is the node's logger: text to w, at a level set by PS_VERBOSE
+// (0 warnings and errors, 1 progress, 2 debug), tagged with the role.
+func Logger(w io.Writer, cfg config.Config) *slog.Logger {
+	level := slog.LevelWarn
+	switch cfg.Verbose {
+	case 1:
+		level = slog.LevelInfo
+	case 2:
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})).With("role", cfg.Role.String())
+}
+
+func unjoin(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}

@@ -1,0 +1,89 @@
+// Package lb holds the load balancer's decisions: which aggregator sums which
+// bytes of every tensor, from which iteration on.
+//
+// FPT balances aggregation over nodes of unequal bandwidth by giving each
+// aggregator a share of every large tensor. Every node (the workers that cut
+// and send the tensors, the aggregators that sum them) must agree exactly on
+// where each partition goes, and must switch to a new decision at the same
+// iteration boundary: FPT misrouted packets when workers switched at
+// different moments. So a Decision is versioned and names the iteration it
+// takes effect at, the Schedule keeps decisions by that iteration, and
+// Layout is a deterministic pure function of (decision, key, size), computed
+// independently on every node with integer arithmetic only, so that no two
+// machines can disagree by a rounding step.
+//
+// The scheduler's state machine (default even split, probing, balanced
+// shares from measured capacity) builds on these types; for now Even
+// provides the default decision.
+package lb
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Decision maps tensor bytes onto aggregators. It is versioned and takes
+// effect at the start of Iteration; every node switches at that boundary.
+// Treat a Decision as immutable once made: its slices may be shared.
+type Decision struct {
+	Version     uint32
+	Iteration   uint64    // first iteration it applies to
+	Aggregators []uint32  // node ids (servers now; workers too later)
+	Shares      []float64 // same length; non-negative; sum 1
+}
+
+// ShareTolerance is how far from 1 the shares of a valid decision may sum.
+const ShareTolerance = 1e-9
+
+// ErrInvalid is wrapped by every error Validate returns.
+var ErrInvalid = errors.New("lb: invalid decision")
+
+// Even returns the default decision: equal shares over the given
+// aggregators, in their order. The slice is copied.
+func Even(version uint32, iteration uint64, aggregators []uint32) Decision {
+	d := Decision{
+		Version:     version,
+		Iteration:   iteration,
+		Aggregators: append([]uint32(nil), aggregators...),
+		Shares:      make([]float64, len(aggregators)),
+	}
+	for i := range d.Shares {
+		d.Shares[i] = 1 / float64(len(aggregators))
+	}
+	return d
+}
+
+// Validate checks that d can be used: at least one aggregator, as many
+// shares as aggregators, every share finite and non-negative, the shares
+// summing to 1 (within ShareTolerance), and no aggregator named twice.
+func (d Decision) Validate() error {
+	if len(d.Aggregators) == 0 {
+		return fmt.Errorf("%w: version %d (iteration %d) has no aggregators", ErrInvalid, d.Version, d.Iteration)
+	}
+	if len(d.Shares) != len(d.Aggregators) {
+		return fmt.Errorf("%w: version %d has %d aggregators but %d shares", ErrInvalid, d.Version, len(d.Aggregators), len(d.Shares))
+	}
+	sum := 0.0
+	for i, s := range d.Shares {
+		if math.IsNaN(s) || math.IsInf(s, 0) || s < 0 {
+			return fmt.Errorf("%w: version %d gives aggregator %d share %g", ErrInvalid, d.Version, d.Aggregators[i], s)
+		}
+		sum += s
+	}
+	if math.Abs(sum-1) > ShareTolerance {
+		return fmt.Errorf("%w: version %d's shares sum to %.12g, not 1", ErrInvalid, d.Version, sum)
+	}
+	seen := make(map[uint32]bool, len(d.Aggregators))
+	for _, a := range d.Aggregators {
+		if seen[a] {
+			return fmt.Errorf("%w: version %d names aggregator %d twice", ErrInvalid, d.Version, a)
+		}
+		seen[a] = true
+	}
+	return nil
+}
+
+func (d Decision) String() string {
+	return fmt.Sprintf("decision v%d from iteration %d: aggregators %v shares %v", d.Version, d.Iteration, d.Aggregators, d.Shares)
+}

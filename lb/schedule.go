@@ -1,0 +1,90 @@
+package lb
+
+import (
+	"fmt"
+	"sort"
+)
+
+// Schedule holds decisions by the iteration they take effect at, so that a
+// node can look up the decision for any iteration still in flight (a slow
+// worker's contributions to iteration i may arrive after the decision for
+// i+1 is known). Versions strictly increase and iterations never go
+// backwards along the schedule. A Schedule is not safe for concurrent use.
+type Schedule struct {
+	ds []Decision // Version increasing, Iteration non-decreasing; never empty
+}
+
+// NewSchedule returns a schedule starting with initial, which must be
+// valid. The initial decision is in force from its Iteration on, and for
+// any earlier iteration too.
+func NewSchedule(initial Decision) (*Schedule, error) {
+	if err := initial.Validate(); err != nil {
+		return nil, fmt.Errorf("lb: new schedule: %w", err)
+	}
+	return &Schedule{ds: []Decision{clone(initial)}}, nil
+}
+
+// Add appends d. It must be valid, its Version must be greater than the
+// latest's and its Iteration not earlier than the latest's; otherwise Add
+// returns an error and the schedule is unchanged. A decision taking effect
+// at the same iteration as the latest supersedes it there.
+func (s *Schedule) Add(d Decision) error {
+	if err := d.Validate(); err != nil {
+		return fmt.Errorf("lb: schedule: %w", err)
+	}
+	last := s.ds[len(s.ds)-1]
+	if d.Version <= last.Version {
+		return fmt.Errorf("lb: schedule: decision version %d is not after the latest, %d", d.Version, last.Version)
+	}
+	if d.Iteration < last.Iteration {
+		return fmt.Errorf("lb: schedule: decision version %d takes effect at iteration %d, before the latest (version %d at iteration %d)",
+			d.Version, d.Iteration, last.Version, last.Iteration)
+	}
+	s.ds = append(s.ds, clone(d))
+	return nil
+}
+
+// At returns the decision in force at iteration: the latest decision whose
+// Iteration is at most iteration, or the earliest one kept if there is none.
+// The result shares its slices with the schedule: do not modify them.
+func (s *Schedule) At(iteration uint64) Decision {
+	return s.ds[s.index(iteration)]
+}
+
+// index returns the index of the decision in force at iteration.
+func (s *Schedule) index(iteration uint64) int {
+	// The first decision taking effect after iteration; the one before it
+	// is in force.
+	i := sort.Search(len(s.ds), func(i int) bool { return s.ds[i].Iteration > iteration })
+	return max(i-1, 0)
+}
+
+// Latest returns the most recently added decision (which may not be in
+// force yet). The result shares its slices with the schedule.
+func (s *Schedule) Latest() Decision {
+	return s.ds[len(s.ds)-1]
+}
+
+// Forget drops the decisions that no iteration from before on can need:
+// those superseded at or before before. The decision in force at before,
+// and every later one, are kept.
+func (s *Schedule) Forget(before uint64) {
+	i := s.index(before)
+	if i == 0 {
+		return
+	}
+	n := copy(s.ds, s.ds[i:])
+	clear(s.ds[n:])
+	s.ds = s.ds[:n]
+}
+
+// Len returns the number of decisions held.
+func (s *Schedule) Len() int { return len(s.ds) }
+
+// clone copies d's slices, so that the schedule's decisions cannot be
+// changed through the caller's.
+func clone(d Decision) Decision {
+	d.Aggregators = append([]uint32(nil), d.Aggregators...)
+	d.Shares = append([]float64(nil), d.Shares...)
+	return d
+}

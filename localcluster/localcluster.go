@@ -1,0 +1,203 @@
+// Package localcluster starts a whole fpt cluster of separate processes on
+// loopback, each configured only through the ps-lite launch environment
+// (DMLC_*), and collects their output and exit status. The integration tests
+// and "fpt bench" use it; it is how a user would start a cluster by hand.
+package localcluster
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Spec describes a cluster.
+type Spec struct {
+	Servers, Workers int
+	// Scheduler and Server are the command (path and arguments) that runs
+	// those roles; Worker runs a worker. The role comes from DMLC_ROLE.
+	Scheduler, Server, Worker []string
+	// Env is extra KEY=VALUE settings for every process.
+	Env []string
+}
+
+// Proc is one process of the cluster.
+type Proc struct {
+	Name     string
+	Cmd      *exec.Cmd
+	Stdout   Buffer
+	Stderr   Buffer
+	done     chan struct{}
+	code     int
+	exitedAt time.Time
+}
+
+// Done is closed when the process has exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// ExitCode is the exit status once Done is closed (-1 if killed by a signal).
+func (p *Proc) ExitCode() int { <-p.done; return p.code }
+
+// ExitedAt is when the process exited, once Done is closed.
+func (p *Proc) ExitedAt() time.Time { <-p.done; return p.exitedAt }
+
+// Wait waits up to timeout for the process to exit.
+func (p *Proc) Wait(timeout time.Duration) bool {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-p.done:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// Kill sends SIGKILL.
+func (p *Proc) Kill() error { return p.Cmd.Process.Signal(syscall.SIGKILL) }
+
+// Cluster is a running cluster.
+type Cluster struct {
+	Port  int     // the scheduler's port
+	Procs []*Proc // scheduler, servers, then workers
+}
+
+// Start starts the scheduler, the servers and the workers, named
+// "scheduler", "server0".., "worker0".. (process names, not ranks: the
+// scheduler assigns ranks).
+func Start(s Spec) (*Cluster, error) {
+	port, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	env := append(os.Environ(),
+		"DMLC_PS_ROOT_URI=127.0.0.1",
+		"DMLC_PS_ROOT_PORT="+strconv.Itoa(port),
+		"DMLC_NUM_SERVER="+strconv.Itoa(s.Servers),
+		"DMLC_NUM_WORKER="+strconv.Itoa(s.Workers),
+	)
+	env = append(env, s.Env...)
+	c := &Cluster{Port: port}
+	start := func(name, role string, argv []string) error {
+		if len(argv) == 0 {
+			return fmt.Errorf("localcluster: no command for the %s", role)
+		}
+		p := &Proc{Name: name, done: make(chan struct{})}
+		p.Cmd = exec.Command(argv[0], argv[1:]...)
+		p.Cmd.Env = append(append([]string(nil), env...), "DMLC_ROLE="+role)
+		p.Cmd.Stdout, p.Cmd.Stderr = &p.Stdout, &p.Stderr
+		// Children die with the parent, whatever kills it.
+		p.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := p.Cmd.Start(); err != nil {
+			return fmt.Errorf("localcluster: start %s: %w", name, err)
+		}
+		go func() {
+			err := p.Cmd.Wait()
+			p.exitedAt = time.Now()
+			var ee *exec.ExitError
+			switch {
+			case err == nil:
+			case errors.As(err, &ee):
+				p.code = ee.ExitCode()
+			default:
+				p.code = -1
+			}
+			close(p.done)
+		}()
+		c.Procs = append(c.Procs, p)
+		return nil
+	}
+	err = start("scheduler", "scheduler", s.Scheduler)
+	for i := 0; err == nil && i < s.Servers; i++ {
+		err = start(fmt.Sprintf("server%d", i), "server", s.Server)
+	}
+	for i := 0; err == nil && i < s.Workers; i++ {
+		err = start(fmt.Sprintf("worker%d", i), "worker", s.Worker)
+	}
+	if err != nil {
+		c.Kill()
+		return nil, err
+	}
+	return c, nil
+}
+
+// Proc returns the process with the given name, or nil.
+func (c *Cluster) Proc(name string) *Proc {
+	for _, p := range c.Procs {
+		if p.Name == name {
+			return p
+		}
+	}
+	return nil
+}
+
+// Wait waits up to timeout for every process and reports the first that
+// is still running or exited non-zero.
+func (c *Cluster) Wait(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for _, p := range c.Procs {
+		if !p.Wait(time.Until(deadline)) {
+			return fmt.Errorf("localcluster: %s still running after %s", p.Name, timeout)
+		}
+	}
+	for _, p := range c.Procs {
+		if p.code != 0 {
+			return fmt.Errorf("localcluster: %s exited with status %d: %s", p.Name, p.code, lastLine(p.Stderr.String()))
+		}
+	}
+	return nil
+}
+
+// Kill kills every process still running and waits for them.
+func (c *Cluster) Kill() {
+	for _, p := range c.Procs {
+		select {
+		case <-p.done:
+		default:
+			_ = p.Kill()
+			<-p.done
+		}
+	}
+}
+
+// FreePort asks the kernel for a free TCP port on loopback.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("localcluster: free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Buffer collects a process's output while it runs.
+type Buffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func lastLine(s string) string {
+	s = string(bytes.TrimSpace([]byte(s)))
+	if i := bytes.LastIndexByte([]byte(s), '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}

@@ -1,0 +1,213 @@
+// Package scheduler runs the scheduler node of an fpt cluster: it registers
+// the servers and workers, assigns their ids and hands everyone the node
+// table, runs barriers, watches heartbeats, relays failures so that the
+// whole cluster stops when one node dies, and terminates the cluster after
+// the final barrier.
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/control"
+	"github.com/fptps/fpt/node"
+)
+
+// Run runs the scheduler until the cluster terminates (nil) or a node fails
+// (an error naming it). It returns at once with a clear error when the
+// scheduler's port is taken.
+func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	plane, err := control.Listen(control.Config{BindHost: "0.0.0.0", Port: cfg.RootPort, Logger: log})
+	if err != nil {
+		return fmt.Errorf("scheduler: DMLC_PS_ROOT_PORT=%d: %w", cfg.RootPort, err)
+	}
+	s := &sched{cfg: cfg, log: log, plane: plane}
+	defer plane.Close()
+	log.Info("scheduler listening", "port", plane.Port(), "servers", cfg.NumServers, "workers", cfg.NumWorkers)
+	if err := s.register(ctx); err != nil {
+		s.abort(err.Error())
+		return err
+	}
+	return s.serve(ctx)
+}
+
+type sched struct {
+	cfg      config.Config
+	log      *slog.Logger
+	plane    *control.Plane
+	table    []node.Info
+	byID     map[node.ID]node.Info
+	lastSeen map[node.ID]time.Time
+}
+
+func (s *sched) register(ctx context.Context) error {
+	reg := registry{servers: s.cfg.NumServers, workers: s.cfg.NumWorkers}
+	deadline := time.NewTimer(s.cfg.StartTimeout)
+	defer deadline.Stop()
+	for !reg.complete() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("scheduler: interrupted while registering: %w", ctx.Err())
+		case <-deadline.C:
+			return fmt.Errorf("scheduler: only %d of %d servers and %d of %d workers registered within %s",
+				reg.count(node.Server), s.cfg.NumServers, reg.count(node.Worker), s.cfg.NumWorkers, s.cfg.StartTimeout)
+		case m, ok := <-s.plane.Incoming():
+			if !ok {
+				return errors.New("scheduler: control plane closed")
+			}
+			if m.Command != control.AddNode || len(m.Nodes) != 1 {
+				s.log.Debug("ignoring message while registering", "command", m.Command)
+				continue
+			}
+			info := m.Nodes[0]
+			if err := reg.add(info); err != nil {
+				s.log.Warn("registration refused", "node", info, "err", err)
+				_ = s.plane.Send(info.ControlEndpoint(), &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Text: "registration refused: " + err.Error()})
+				continue
+			}
+			s.log.Info("node registered", "node", info, "servers", reg.count(node.Server), "workers", reg.count(node.Worker))
+		}
+	}
+	s.table = reg.assign(node.Info{Host: s.cfg.RootURI, ControlPort: s.plane.Port()})
+	s.byID = make(map[node.ID]node.Info, len(s.table))
+	s.lastSeen = make(map[node.ID]time.Time, len(s.table))
+	now := time.Now()
+	for _, info := range s.table {
+		s.byID[info.ID] = info
+		if info.ID != node.SchedulerID {
+			s.lastSeen[info.ID] = now
+		}
+	}
+	for _, info := range s.table[1:] {
+		s.send(info.ID, &control.Message{Command: control.NodeTable, Recipient: info.ID, Nodes: s.table})
+	}
+	s.log.Info("node table sent", "nodes", len(s.table))
+	return nil
+}
+
+func (s *sched) serve(ctx context.Context) error {
+	bars := newBarriers(s.table)
+	tick := time.NewTicker(s.cfg.HeartbeatInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			err := fmt.Errorf("scheduler: interrupted: %w", ctx.Err())
+			s.abort(err.Error())
+			return err
+		case now := <-tick.C:
+			for id, seen := range s.lastSeen {
+				if silent := now.Sub(seen); silent > s.cfg.HeartbeatTimeout {
+					return s.failed(id, fmt.Sprintf("no heartbeat for %s", silent.Round(time.Second)))
+				}
+			}
+		case m, ok := <-s.plane.Incoming():
+			if !ok {
+				return errors.New("scheduler: control plane closed")
+			}
+			if _, known := s.lastSeen[m.Sender]; known {
+				s.lastSeen[m.Sender] = time.Now()
+			}
+			switch m.Command {
+			case control.Heartbeat:
+				if _, known := s.lastSeen[m.Sender]; known {
+					s.send(m.Sender, &control.Message{Command: control.HeartbeatAck, Sender: node.SchedulerID})
+				}
+			case control.Barrier:
+				release, err := bars.arrive(m.Sender, m.Group, m.Seq)
+				if err != nil {
+					s.log.Warn("bad barrier request", "from", m.Sender, "err", err)
+					continue
+				}
+				if release == nil {
+					continue
+				}
+				if m.Flags&control.FlagFinal != 0 && m.Group == node.AllGroup {
+					s.log.Info("final barrier passed; terminating the cluster")
+					s.terminate(release)
+					return nil
+				}
+				for _, id := range release {
+					s.send(id, &control.Message{Command: control.BarrierDone, Sender: node.SchedulerID, Group: m.Group, Seq: m.Seq})
+				}
+			case control.NodeFailed:
+				return s.failed(m.Target, m.Text)
+			case control.AddNode:
+				if len(m.Nodes) == 1 {
+					_ = s.plane.Send(m.Nodes[0].ControlEndpoint(), &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Text: "registration refused: the cluster has already started"})
+				}
+			default:
+				s.log.Warn("unexpected control message", "command", m.Command, "from", m.Sender)
+			}
+		}
+	}
+}
+
+// terminate sends Terminate to every node and waits, for a bounded time,
+// for each to echo it: a process that exits right after queueing a ZeroMQ
+// message may lose it, and a node that never hears Terminate would wait for
+// its heartbeat timeout and fail.
+func (s *sched) terminate(ids []node.ID) {
+	waiting := make(map[node.ID]bool, len(ids))
+	for _, id := range ids {
+		waiting[id] = true
+		s.send(id, &control.Message{Command: control.Terminate, Sender: node.SchedulerID})
+	}
+	deadline := time.NewTimer(s.cfg.HeartbeatTimeout)
+	defer deadline.Stop()
+	for len(waiting) > 0 {
+		select {
+		case <-deadline.C:
+			s.log.Warn("nodes did not confirm termination", "nodes", len(waiting))
+			return
+		case m, ok := <-s.plane.Incoming():
+			if !ok {
+				return
+			}
+			if m.Command == control.Terminate {
+				delete(waiting, m.Sender)
+			}
+		}
+	}
+}
+
+// failed tells every node that target died, and ends the scheduler.
+func (s *sched) failed(target node.ID, reason string) error {
+	name := target.String()
+	if info, ok := s.byID[target]; ok {
+		name = info.String()
+	}
+	s.log.Error("node failed; stopping the cluster", "node", name, "reason", reason)
+	for _, info := range s.table[1:] {
+		if info.ID != target {
+			s.send(info.ID, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: target, Text: reason})
+		}
+	}
+	return fmt.Errorf("scheduler: %s failed: %s", name, reason)
+}
+
+// abort tells every known node that the scheduler is giving up.
+func (s *sched) abort(reason string) {
+	for _, info := range s.table {
+		if info.ID != node.SchedulerID {
+			s.send(info.ID, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: node.SchedulerID, Text: reason})
+		}
+	}
+}
+
+func (s *sched) send(id node.ID, m *control.Message) {
+	info, ok := s.byID[id]
+	if !ok {
+		return
+	}
+	if err := s.plane.Send(info.ControlEndpoint(), m); err != nil {
+		s.log.Warn("control send failed", "to", info, "command", m.Command, "err", err)
+	}
+}

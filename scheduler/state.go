@@ -1,0 +1,130 @@
+package scheduler
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+
+	"github.com/fptps/fpt/node"
+)
+
+// registry collects registrations until the cluster is complete, then
+// assigns ids the ps-lite way: ranks in (host, port) order per role, so
+// that a relaunch on the same machines gives the same ids.
+type registry struct {
+	servers, workers int
+	pending          []node.Info
+}
+
+func (r *registry) add(info node.Info) error {
+	switch info.Role {
+	case node.Server, node.Worker:
+	default:
+		return fmt.Errorf("role %s cannot register", info.Role)
+	}
+	if info.Host == "" || info.ControlPort <= 0 || info.ControlPort > 65535 || info.DataPort <= 0 || info.DataPort > 65535 {
+		return fmt.Errorf("bad address %s (data port %d)", info, info.DataPort)
+	}
+	for _, p := range r.pending {
+		if p.Host == info.Host && p.ControlPort == info.ControlPort {
+			return fmt.Errorf("%s registered twice", info)
+		}
+	}
+	if r.count(info.Role) >= r.want(info.Role) {
+		return fmt.Errorf("one %s too many: the cluster has %d", info.Role, r.want(info.Role))
+	}
+	r.pending = append(r.pending, info)
+	return nil
+}
+
+func (r *registry) count(role node.Role) int {
+	n := 0
+	for _, p := range r.pending {
+		if p.Role == role {
+			n++
+		}
+	}
+	return n
+}
+
+func (r *registry) want(role node.Role) int {
+	if role == node.Server {
+		return r.servers
+	}
+	return r.workers
+}
+
+func (r *registry) complete() bool {
+	return r.count(node.Server) == r.servers && r.count(node.Worker) == r.workers
+}
+
+// assign gives every registered node its id; the scheduler itself is added
+// as id 1 at the given address.
+func (r *registry) assign(self node.Info) []node.Info {
+	nodes := slices.Clone(r.pending)
+	slices.SortFunc(nodes, func(a, b node.Info) int {
+		return cmp.Or(cmp.Compare(a.Role, b.Role), cmp.Compare(a.Host, b.Host), cmp.Compare(a.ControlPort, b.ControlPort))
+	})
+	ranks := map[node.Role]int{}
+	for i := range nodes {
+		rank := ranks[nodes[i].Role]
+		ranks[nodes[i].Role]++
+		if nodes[i].Role == node.Server {
+			nodes[i].ID = node.ServerID(rank)
+		} else {
+			nodes[i].ID = node.WorkerID(rank)
+		}
+	}
+	self.ID, self.Role = node.SchedulerID, node.Scheduler
+	return append([]node.Info{self}, nodes...)
+}
+
+// barriers counts arrivals per (group, sequence number). The scheduler
+// belongs to every group that includes it without having to arrive.
+type barriers struct {
+	members map[node.Group][]node.ID
+	arrived map[barrierKey]map[node.ID]bool
+}
+
+type barrierKey struct {
+	group node.Group
+	seq   uint64
+}
+
+func newBarriers(table []node.Info) *barriers {
+	b := &barriers{members: map[node.Group][]node.ID{}, arrived: map[barrierKey]map[node.ID]bool{}}
+	for g := node.Group(1); g <= node.AllGroup; g++ {
+		for _, info := range table {
+			if info.ID != node.SchedulerID && info.ID.InGroup(g) {
+				b.members[g] = append(b.members[g], info.ID)
+			}
+		}
+	}
+	return b
+}
+
+// arrive records that id reached barrier seq of group g. When it was the
+// last member, it returns the members to release.
+func (b *barriers) arrive(id node.ID, g node.Group, seq uint64) (release []node.ID, err error) {
+	if g == 0 || g > node.AllGroup {
+		return nil, fmt.Errorf("barrier: unknown group %d", g)
+	}
+	if !id.InGroup(g) || id == node.SchedulerID {
+		return nil, fmt.Errorf("barrier: %s is not a member of group %d", id, g)
+	}
+	k := barrierKey{g, seq}
+	set := b.arrived[k]
+	if set == nil {
+		set = map[node.ID]bool{}
+		b.arrived[k] = set
+	}
+	if set[id] {
+		return nil, fmt.Errorf("barrier: %s arrived twice at barrier %d of group %d", id, seq, g)
+	}
+	set[id] = true
+	if len(set) < len(b.members[g]) {
+		return nil, nil
+	}
+	delete(b.arrived, k)
+	return b.members[g], nil
+}

@@ -1,0 +1,114 @@
+package scheduler
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/fptps/fpt/node"
+)
+
+func TestRegistryAssignsPsLiteIDs(t *testing.T) {
+	r := registry{servers: 2, workers: 2}
+	in := []node.Info{
+		{Role: node.Worker, Host: "10.0.0.2", ControlPort: 100, DataPort: 101},
+		{Role: node.Server, Host: "10.0.0.3", ControlPort: 50, DataPort: 51},
+		{Role: node.Worker, Host: "10.0.0.1", ControlPort: 200, DataPort: 201},
+		{Role: node.Server, Host: "10.0.0.3", ControlPort: 40, DataPort: 41},
+	}
+	for i, info := range in {
+		if r.complete() {
+			t.Fatalf("complete after %d registrations", i)
+		}
+		if err := r.add(info); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !r.complete() {
+		t.Fatal("not complete")
+	}
+	got := r.assign(node.Info{Host: "10.0.0.9", ControlPort: 9000})
+	want := []struct {
+		id   node.ID
+		host string
+		port int
+	}{
+		{1, "10.0.0.9", 9000},
+		{node.ServerID(0), "10.0.0.3", 40},
+		{node.ServerID(1), "10.0.0.3", 50},
+		{node.WorkerID(0), "10.0.0.1", 200},
+		{node.WorkerID(1), "10.0.0.2", 100},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d nodes", len(got))
+	}
+	for i, w := range want {
+		if got[i].ID != w.id || got[i].Host != w.host || got[i].ControlPort != w.port {
+			t.Errorf("node %d = %+v; want id %d at %s:%d", i, got[i], w.id, w.host, w.port)
+		}
+	}
+}
+
+func TestRegistryRejects(t *testing.T) {
+	ok := node.Info{Role: node.Server, Host: "h", ControlPort: 1, DataPort: 2}
+	tests := []struct {
+		name string
+		info node.Info
+	}{
+		{"scheduler role", node.Info{Role: node.Scheduler, Host: "h", ControlPort: 1, DataPort: 2}},
+		{"no host", node.Info{Role: node.Server, ControlPort: 1, DataPort: 2}},
+		{"bad port", node.Info{Role: node.Server, Host: "h", ControlPort: 70000, DataPort: 2}},
+		{"twice", ok},
+		{"too many", node.Info{Role: node.Server, Host: "h", ControlPort: 5, DataPort: 6}},
+	}
+	for _, tt := range tests {
+		r := registry{servers: 1, workers: 1}
+		if tt.name == "twice" || tt.name == "too many" {
+			if err := r.add(ok); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := r.add(tt.info); err == nil {
+			t.Errorf("%s: accepted %+v", tt.name, tt.info)
+		}
+	}
+}
+
+func TestBarriers(t *testing.T) {
+	table := []node.Info{{ID: 1}, {ID: 8}, {ID: 10}, {ID: 9}, {ID: 11}}
+	b := newBarriers(table)
+	// Workers only: released by the second worker.
+	if rel, err := b.arrive(9, node.WorkerGroup, 0); err != nil || rel != nil {
+		t.Fatalf("first arrival: %v %v", rel, err)
+	}
+	rel, err := b.arrive(11, node.WorkerGroup, 0)
+	if err != nil || !slices.Equal(rel, []node.ID{9, 11}) {
+		t.Fatalf("release = %v, %v", rel, err)
+	}
+	// Different sequence numbers are different barriers.
+	if rel, _ := b.arrive(9, node.WorkerGroup, 1); rel != nil {
+		t.Fatal("released early")
+	}
+	if rel, _ := b.arrive(11, node.WorkerGroup, 2); rel != nil {
+		t.Fatal("seq 2 released seq 1")
+	}
+	// All nodes: the scheduler does not arrive.
+	for _, id := range []node.ID{8, 9, 10} {
+		if rel, _ := b.arrive(id, node.AllGroup, 0); rel != nil {
+			t.Fatalf("released before %d", id)
+		}
+	}
+	if rel, _ := b.arrive(11, node.AllGroup, 0); len(rel) != 4 {
+		t.Fatalf("all-group release = %v", rel)
+	}
+	for _, tc := range []struct {
+		id node.ID
+		g  node.Group
+	}{{8, node.WorkerGroup}, {1, node.AllGroup}, {9, 0}, {9, 8}} {
+		if _, err := b.arrive(tc.id, tc.g, 5); err == nil {
+			t.Errorf("arrive(%d, group %d) accepted", tc.id, tc.g)
+		}
+	}
+	if _, err := b.arrive(9, node.WorkerGroup, 1); err == nil {
+		t.Error("double arrival accepted")
+	}
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what building fpt needs on Debian (ZeroMQ's czmq headers and
+# pkg-config for goczmq's cgo), when it is missing, and fetches Go modules.
+# Idempotent; safe to run before every build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+pkg-config --exists libczmq 2>/dev/null || need+=(libczmq-dev)
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}" >&2
+    exit 1
+  fi
+  echo "setup: installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+if ! command -v go >/dev/null 2>&1; then
+  for d in /usr/local/go/bin /usr/lib/go/bin; do [ -x "$d/go" ] && export PATH="$d:$PATH"; done
+fi
+command -v go >/dev/null 2>&1 || { echo "setup: no Go toolchain on PATH (Go 1.26 or later)" >&2; exit 1; }
+go mod download

@@ -1,0 +1,210 @@
+package tests
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A whole cluster of real processes trains and every worker verifies
+// every value, on both vans and both float types.
+func TestClusterTrainsAndVerifies(t *testing.T) {
+	tests := []struct {
+		name string
+		env  []string
+		args []string
+	}{
+		{"epoll-float32", []string{"FPT_VAN=epoll"}, nil},
+		{"netconn-float32", []string{"FPT_VAN=netconn"}, nil},
+		{"epoll-float64-small-partitions", []string{"FPT_VAN=epoll", "FPT_PARTITION_BYTES=65536"}, []string{"-dtype", "float64", "-tensors", "5"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append([]string{"-iters", "5", "-max-bytes", "4194304"}, tt.args...)
+			c := startCluster(t, spec{servers: 2, workers: 2, env: tt.env, appArgs: args})
+			c.waitAll(3 * time.Minute)
+			for _, w := range []string{"worker0", "worker1"} {
+				out := c.proc(w).Stdout.String()
+				mustContain(t, w+" stdout", out, "iteration 5/5 verified", "PASS", "classic Push/Pull/PushPull over 2 servers verified")
+			}
+		})
+	}
+}
+
+// Uneven clusters: more servers than workers and a single worker.
+func TestClusterShapes(t *testing.T) {
+	for _, s := range []spec{{servers: 3, workers: 1}, {servers: 1, workers: 3}} {
+		t.Run(fmt.Sprintf("%ds%dw", s.servers, s.workers), func(t *testing.T) {
+			s.appArgs = []string{"-iters", "3", "-max-bytes", "1048576", "-quiet"}
+			c := startCluster(t, s)
+			c.waitAll(3 * time.Minute)
+			for i := range s.workers {
+				mustContain(t, "worker stdout", c.proc(fmt.Sprintf("worker%d", i)).Stdout.String(), "PASS")
+			}
+		})
+	}
+}
+
+// kill -9 of a server mid-run: every other process exits non-zero within
+// 30 s, naming the dead server.
+func TestKillServerStopsEveryone(t *testing.T) {
+	c := startCluster(t, spec{servers: 2, workers: 2, appArgs: []string{"-iters", "100000", "-max-bytes", "1048576"}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	victim := c.proc("server1")
+	m, err := waitOutput(ctx, victim, controlRe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := m[1]
+	if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(`iteration 3/`)); err != nil {
+		c.dump()
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	if err := victim.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range c.Procs {
+		if p == victim {
+			continue
+		}
+		if !p.Wait(30*time.Second - time.Since(killed)) {
+			c.dump()
+			t.Fatalf("%s still running 30 s after server1 was killed", p.Name)
+		}
+		if p.ExitCode() == 0 {
+			t.Errorf("%s exited 0 after a server died", p.Name)
+		}
+		t.Logf("%s exited %d after %s", p.Name, p.ExitCode(), p.ExitedAt().Sub(killed).Round(time.Millisecond))
+		mustContain(t, p.Name+" stderr", p.Stderr.String(), addr)
+	}
+}
+
+// kill -9 of the scheduler: the servers and workers notice the silence and
+// exit non-zero within 30 s.
+func TestKillSchedulerStopsEveryone(t *testing.T) {
+	c := startCluster(t, spec{servers: 1, workers: 2, appArgs: []string{"-iters", "100000", "-max-bytes", "65536", "-quiet"},
+		env: []string{"PS_HEARTBEAT_TIMEOUT=5"}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(`init: `)); err != nil {
+		c.dump()
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	if err := c.proc("scheduler").Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range c.Procs[1:] {
+		if !p.Wait(30*time.Second - time.Since(killed)) {
+			c.dump()
+			t.Fatalf("%s still running 30 s after the scheduler was killed", p.Name)
+		}
+		if p.ExitCode() == 0 {
+			t.Errorf("%s exited 0 after the scheduler died", p.Name)
+		}
+		mustContain(t, p.Name+" stderr", p.Stderr.String(), "scheduler")
+	}
+}
+
+// Random bytes, a truncated header and a header announcing a huge payload,
+// sent to a server's data port while the cluster trains, do not bring it
+// down: the run completes and verifies.
+func TestGarbageOnDataPort(t *testing.T) {
+	c := startCluster(t, spec{servers: 2, workers: 2, appArgs: []string{"-iters", "20", "-max-bytes", "1048576", "-quiet"}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m, err := waitOutput(ctx, c.proc("server0"), dataRe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	junk := make([]byte, 1<<20)
+	rand.Read(junk)
+	huge := make([]byte, 72)
+	binary.LittleEndian.PutUint32(huge, 0x31545046)
+	huge[4] = 1
+	binary.LittleEndian.PutUint64(huge[48:], 1<<62)
+	for _, payload := range [][]byte{junk, junk[:13], huge, []byte("GET / HTTP/1.0\r\n\r\n")} {
+		conn, err := net.Dial("tcp", m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Write(payload)
+		conn.Close()
+	}
+	c.waitAll(3 * time.Minute)
+	mustContain(t, "worker0 stdout", c.proc("worker0").Stdout.String(), "PASS")
+}
+
+// A missing or invalid variable: a message naming it and exit code 2.
+func TestBadEnvironment(t *testing.T) {
+	full := []string{"DMLC_ROLE=server", "DMLC_PS_ROOT_URI=127.0.0.1", "DMLC_PS_ROOT_PORT=9000", "DMLC_NUM_SERVER=1", "DMLC_NUM_WORKER=1"}
+	tests := []struct {
+		name   string
+		bin    string
+		drop   string
+		set    string
+		expect string
+	}{
+		{"no role", bin.fpt, "DMLC_ROLE", "", "DMLC_ROLE"},
+		{"no root", bin.fpt, "DMLC_PS_ROOT_URI", "", "DMLC_PS_ROOT_URI"},
+		{"bad port", bin.fpt, "", "DMLC_PS_ROOT_PORT=http", "DMLC_PS_ROOT_PORT"},
+		{"bad workers", bin.app, "", "DMLC_NUM_WORKER=-1", "DMLC_NUM_WORKER"},
+		{"bad van", bin.app, "", "FPT_VAN=rdma", "FPT_VAN"},
+		{"worker role for fpt", bin.fpt, "", "DMLC_ROLE=worker", "workers are training programs"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var env []string
+			for _, kv := range full {
+				if tt.drop == "" || !strings.HasPrefix(kv, tt.drop+"=") {
+					env = append(env, kv)
+				}
+			}
+			if tt.set != "" {
+				env = append(env, tt.set)
+			}
+			cmd := exec.Command(tt.bin)
+			cmd.Env = env
+			out, err := cmd.CombinedOutput()
+			ee, ok := err.(*exec.ExitError)
+			if !ok || ee.ExitCode() != 2 {
+				t.Fatalf("exit = %v; want status 2\n%s", err, out)
+			}
+			mustContain(t, "output", string(out), tt.expect)
+		})
+	}
+}
+
+// A scheduler whose port is taken says so and exits non-zero at once.
+func TestSchedulerPortInUse(t *testing.T) {
+	l, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	port := l.Addr().(*net.TCPAddr).Port
+	cmd := exec.Command(bin.fpt)
+	cmd.Env = []string{"DMLC_ROLE=scheduler", "DMLC_PS_ROOT_URI=127.0.0.1", fmt.Sprintf("DMLC_PS_ROOT_PORT=%d", port), "DMLC_NUM_SERVER=1", "DMLC_NUM_WORKER=1"}
+	done := make(chan struct{})
+	var out []byte
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("scheduler did not exit with its port taken")
+	}
+	if err == nil {
+		t.Fatal("scheduler exited 0 with its port taken")
+	}
+	mustContain(t, "output", string(out), "DMLC_PS_ROOT_PORT", "in use")
+}

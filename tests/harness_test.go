@@ -1,0 +1,133 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/localcluster"
+)
+
+// binaries built once for the whole package by TestMain.
+type binaries struct{ fpt, app string }
+
+var bin binaries
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "fpt-tests-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/fpt", "./tests/test_kv_app")
+	build.Dir = ".."
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building the binaries:", err)
+		os.Exit(1)
+	}
+	bin = binaries{fpt: filepath.Join(dir, "fpt"), app: filepath.Join(dir, "test_kv_app")}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// spec describes a test cluster: fpt runs the scheduler and servers,
+// test_kv_app the workers.
+type spec struct {
+	servers, workers int
+	env              []string // extra KEY=VALUE
+	appArgs          []string // test_kv_app flags
+}
+
+type cluster struct {
+	*localcluster.Cluster
+	t *testing.T
+}
+
+func startCluster(t *testing.T, s spec) *cluster {
+	t.Helper()
+	lc, err := localcluster.Start(localcluster.Spec{
+		Servers: s.servers, Workers: s.workers,
+		Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
+		Worker: append([]string{bin.app}, s.appArgs...),
+		Env:    append([]string{"PS_VERBOSE=1", "FPT_START_TIMEOUT=60"}, s.env...),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lc.Kill)
+	return &cluster{Cluster: lc, t: t}
+}
+
+func (c *cluster) proc(name string) *localcluster.Proc {
+	c.t.Helper()
+	p := c.Proc(name)
+	if p == nil {
+		c.t.Fatalf("no process %s", name)
+	}
+	return p
+}
+
+// waitAll fails the test, showing every process's output, unless all exit 0
+// within timeout.
+func (c *cluster) waitAll(timeout time.Duration) {
+	c.t.Helper()
+	if err := c.Wait(timeout); err != nil {
+		c.dump()
+		c.t.Fatal(err)
+	}
+}
+
+func (c *cluster) dump() {
+	for _, p := range c.Procs {
+		c.t.Logf("---- %s stdout:\n%s\n---- %s stderr:\n%s", p.Name, tail(p.Stdout.String()), p.Name, tail(p.Stderr.String()))
+	}
+}
+
+func tail(s string) string {
+	const max = 4000
+	if len(s) > max {
+		return "..." + s[len(s)-max:]
+	}
+	return s
+}
+
+// waitOutput waits until p's stdout or stderr matches re.
+func waitOutput(ctx context.Context, p *localcluster.Proc, re *regexp.Regexp) ([]string, error) {
+	for {
+		if m := re.FindStringSubmatch(p.Stdout.String() + p.Stderr.String()); m != nil {
+			return m, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%s never printed %q: %w", p.Name, re, ctx.Err())
+		case <-p.Done():
+			if m := re.FindStringSubmatch(p.Stdout.String() + p.Stderr.String()); m != nil {
+				return m, nil
+			}
+			return nil, fmt.Errorf("%s exited (%d) without printing %q", p.Name, p.ExitCode(), re)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+var (
+	controlRe = regexp.MustCompile(`msg=registering .*control=tcp://([0-9.]+:[0-9]+)`)
+	dataRe    = regexp.MustCompile(`msg=registering .*data=([0-9.]+:[0-9]+)`)
+)
+
+func mustContain(t *testing.T, what, s string, subs ...string) {
+	t.Helper()
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			t.Errorf("%s does not contain %q:\n%s", what, sub, tail(s))
+		}
+	}
+}

@@ -1,0 +1,44 @@
+// Command test_kv_app is fpt's simulated trainer, a program that, like
+// ps-lite's test programs, runs as whichever role DMLC_ROLE names: the
+// scheduler, a server, or a worker that trains for N iterations over T
+// tensors of mixed sizes and priorities and checks every pulled value
+// exactly. It exits non-zero on any mismatch or failure.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/launch"
+	"github.com/fptps/fpt/trainer"
+	"github.com/fptps/fpt/worker"
+)
+
+func main() {
+	o := trainer.DefaultOptions()
+	fs := flag.NewFlagSet("test_kv_app", flag.ExitOnError)
+	fs.IntVar(&o.Iterations, "iters", o.Iterations, "training iterations after init")
+	fs.IntVar(&o.Tensors, "tensors", o.Tensors, "tensors per iteration")
+	fs.IntVar(&o.MinBytes, "min-bytes", o.MinBytes, "smallest tensor in bytes")
+	fs.IntVar(&o.MaxBytes, "max-bytes", o.MaxBytes, "largest tensor in bytes")
+	fs.IntVar(&o.Classic, "classic", o.Classic, "rounds of classic Push/Pull/PushPull after training")
+	fs.BoolVar(&o.Quiet, "quiet", false, "no line per iteration")
+	dtype := fs.String("dtype", "float32", "float32 or float64")
+	fs.Parse(os.Args[1:])
+	d, err := frame.ParseDType(*dtype)
+	if err == nil {
+		o.DType = d
+		err = o.Validate()
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "test_kv_app: %v\n", err)
+		os.Exit(launch.ExitUsage)
+	}
+	os.Exit(launch.Main("test_kv_app", os.LookupEnv, os.Stderr, func(ctx context.Context, w *worker.Worker) error {
+		_, err := trainer.Run(ctx, w, o, os.Stdout)
+		return err
+	}))
+}

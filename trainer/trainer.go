@@ -1,0 +1,354 @@
+// Package trainer is fpt's simulated trainer: it drives a worker the way a
+// data-parallel training loop does (declare the model's tensors, init them,
+// then each iteration push every gradient and pull every sum) with values
+// that are a pure function of (worker rank, iteration, key, element), so
+// that every value pulled can be checked exactly against the expected sum.
+//
+// Values are small integers, so float sums are exact whatever the order of
+// addition: a mismatch is a real routing, aggregation or iteration bug.
+package trainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"time"
+
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/worker"
+)
+
+// Options shapes a simulated model and run.
+type Options struct {
+	Iterations int         // FPT iterations after init
+	Tensors    int         // tensors per iteration
+	MinBytes   int         // smallest tensor
+	MaxBytes   int         // largest tensor; sizes are spaced geometrically between
+	DType      frame.DType // Float32 or Float64
+	Classic    int         // rounds of classic Push/Pull/PushPull after the FPT iterations
+	Quiet      bool        // no per-iteration lines
+}
+
+// DefaultOptions is a small model of mixed tensor sizes (4 KiB to 16 MiB).
+func DefaultOptions() Options {
+	return Options{Iterations: 10, Tensors: 8, MinBytes: 4 << 10, MaxBytes: 16 << 20, DType: frame.Float32, Classic: 2}
+}
+
+// Validate checks the options.
+func (o Options) Validate() error {
+	switch {
+	case o.Iterations < 0 || o.Classic < 0:
+		return errors.New("trainer: iterations must not be negative")
+	case o.Tensors < 1:
+		return errors.New("trainer: at least one tensor")
+	case o.MinBytes < 0 || o.MaxBytes < o.MinBytes:
+		return fmt.Errorf("trainer: sizes %d..%d bytes are not a range", o.MinBytes, o.MaxBytes)
+	case o.DType != frame.Float32 && o.DType != frame.Float64:
+		return fmt.Errorf("trainer: dtype %s (want float32 or float64)", o.DType)
+	}
+	return nil
+}
+
+// Summary is what one worker measured.
+type Summary struct {
+	Rank       int
+	Iterations int
+	Tensors    int
+	ModelBytes int64         // bytes of one iteration's tensors
+	Elapsed    time.Duration // the FPT iterations (after init)
+	Values     int64         // values checked
+}
+
+// GoodputGbps is bytes pushed plus bytes pulled per second, in Gbit/s.
+func (s Summary) GoodputGbps() float64 {
+	if s.Elapsed <= 0 {
+		return 0
+	}
+	return float64(2*s.ModelBytes*int64(s.Iterations)) * 8 / s.Elapsed.Seconds() / 1e9
+}
+
+// Sizes returns the tensors' sizes in elements: geometric from MinBytes to
+// MaxBytes, largest last, as in a network whose later layers are wider.
+func (o Options) Sizes() []int {
+	es := o.DType.Size()
+	sizes := make([]int, o.Tensors)
+	for i := range sizes {
+		b := float64(o.MinBytes)
+		if o.Tensors > 1 && o.MinBytes > 0 {
+			b *= math.Pow(float64(o.MaxBytes)/float64(o.MinBytes), float64(i)/float64(o.Tensors-1))
+		} else if o.MinBytes == 0 {
+			b = float64(o.MaxBytes) * float64(i) / float64(max(o.Tensors-1, 1))
+		}
+		sizes[i] = int(b) / es
+	}
+	return sizes
+}
+
+// Value is the gradient element j of key on worker rank at iteration iter.
+func Value(rank, iter int, key uint64, j int) float64 {
+	return float64((rank*7 + iter*13 + int(key%97)*3 + j) % 61)
+}
+
+// Expected is the sum the workers' FPTPull must return: the sum over the
+// W workers, except iteration 0, where every worker gets worker 0's value.
+func Expected(workers, iter int, key uint64, j int) float64 {
+	if iter == 0 {
+		return Value(0, 0, key, j)
+	}
+	s := 0.0
+	for r := range workers {
+		s += Value(r, iter, key, j)
+	}
+	return s
+}
+
+// Run trains on w and writes progress to out. It returns an error on the
+// first iteration with a wrong value.
+func Run(ctx context.Context, w *worker.Worker, o Options, out io.Writer) (Summary, error) {
+	if err := o.Validate(); err != nil {
+		return Summary{}, err
+	}
+	if o.DType == frame.Float64 {
+		return run[float64](ctx, w, o, out)
+	}
+	return run[float32](ctx, w, o, out)
+}
+
+func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out io.Writer) (Summary, error) {
+	kv := worker.NewKV[T](w)
+	rank, workers := w.Rank(), w.NumWorkers()
+	sizes := o.Sizes()
+	keys := make([]uint64, len(sizes))
+	var model int64
+	total := 0
+	for i, n := range sizes {
+		keys[i] = uint64(i)
+		model += int64(n) * int64(o.DType.Size())
+		total += n
+	}
+	if err := w.SetTensorsPerIteration(len(keys)); err != nil {
+		return Summary{}, err
+	}
+	for i, k := range keys {
+		// Earlier layers are needed first by the next forward pass.
+		if err := kv.Declare(k, sizes[i], -int32(i)); err != nil {
+			return Summary{}, err
+		}
+	}
+	grads := make([]T, total)
+	sums := make([]T, total)
+	sum := Summary{Rank: rank, Tensors: len(keys), ModelBytes: model}
+	label := fmt.Sprintf("worker %d", rank)
+
+	fill(grads, sizes, keys, rank, 0)
+	if err := kv.Init(ctx, keys, grads, sizes); err != nil {
+		return sum, fmt.Errorf("init: %w", err)
+	}
+	n, err := check(grads, sizes, keys, workers, 0)
+	if err != nil {
+		return sum, fmt.Errorf("%s: init: %w", label, err)
+	}
+	sum.Values += n
+	if !o.Quiet {
+		fmt.Fprintf(out, "%s: init: %d tensors, %s, every value is worker 0's\n", label, len(keys), human(model))
+	}
+
+	start := time.Now()
+	for it := 1; it <= o.Iterations; it++ {
+		t0 := time.Now()
+		fill(grads, sizes, keys, rank, it)
+		// Push every tensor on its own, like a backward pass producing
+		// gradients layer by layer, then pull them all.
+		var pushes []int
+		off := 0
+		for i, k := range keys {
+			ts, err := kv.FPTPush(keys[i:i+1], grads[off:off+sizes[i]], sizes[i:i+1], -int32(i), nil)
+			if err != nil {
+				return sum, err
+			}
+			pushes = append(pushes, ts)
+			off += sizes[i]
+			_ = k
+		}
+		ts, err := kv.FPTPull(keys, sums, sizes, nil)
+		if err != nil {
+			return sum, err
+		}
+		if err := kv.Wait(ts); err != nil {
+			return sum, fmt.Errorf("%s: iteration %d: %w", label, it, err)
+		}
+		for _, p := range pushes {
+			if err := kv.Wait(p); err != nil {
+				return sum, fmt.Errorf("%s: iteration %d: %w", label, it, err)
+			}
+		}
+		n, err := check(sums, sizes, keys, workers, it)
+		if err != nil {
+			return sum, fmt.Errorf("%s: iteration %d: %w", label, it, err)
+		}
+		sum.Values += n
+		sum.Iterations = it
+		if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
+			return sum, err
+		}
+		if !o.Quiet {
+			d := time.Since(t0)
+			fmt.Fprintf(out, "%s: iteration %d/%d verified: %d tensors, %s pushed and pulled in %s (%.2f Gbit/s)\n",
+				label, it, o.Iterations, len(keys), human(2*model), d.Round(time.Millisecond), float64(2*model)*8/d.Seconds()/1e9)
+		}
+	}
+	sum.Elapsed = time.Since(start)
+	n, err = classic(ctx, kv, o, keys, sizes, out)
+	sum.Values += n
+	if err != nil {
+		return sum, fmt.Errorf("%s: classic: %w", label, err)
+	}
+	fmt.Fprintf(out, "%s: PASS: %d iterations x %d tensors (%s per iteration) and %d classic rounds, %d values checked exactly; goodput %.2f Gbit/s\n",
+		label, sum.Iterations, len(keys), human(model), o.Classic, sum.Values, sum.GoodputGbps())
+	return sum, nil
+}
+
+// classic exercises ps-lite's Push, Pull and PushPull. The servers'
+// stored values accumulate every push, so each round is fenced by barriers
+// and the expected values are sums over all rounds so far.
+func classic[T worker.Float](ctx context.Context, kv *worker.KV[T], o Options, keys []uint64, sizes []int, out io.Writer) (int64, error) {
+	w := kv.Worker()
+	rank, workers := w.Rank(), w.NumWorkers()
+	// Keys far apart in the key space, so that range slicing spreads them
+	// over the servers.
+	ckeys := make([]uint64, len(keys))
+	for i := range keys {
+		ckeys[i] = uint64(i) * (math.MaxUint64 / uint64(len(keys)))
+	}
+	total := 0
+	for _, n := range sizes {
+		total += n
+	}
+	vals := make([]T, total)
+	got := make([]T, total)
+	var checked int64
+	for round := 0; round < o.Classic; round++ {
+		fill(vals, sizes, ckeys, rank, 1000+round)
+		ts, err := kv.Push(ckeys, vals, sizes, nil)
+		if err != nil {
+			return checked, err
+		}
+		if err := kv.Wait(ts); err != nil {
+			return checked, err
+		}
+		if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
+			return checked, err
+		}
+		if ts, err = kv.Pull(ckeys, got, sizes, nil); err != nil {
+			return checked, err
+		}
+		if err := kv.Wait(ts); err != nil {
+			return checked, err
+		}
+		n, err := verify(got, sizes, ckeys, func(key uint64, j int) float64 {
+			s := 0.0
+			for r2 := 0; r2 <= round; r2++ {
+				for r := range workers {
+					s += Value(r, 1000+r2, key, j)
+				}
+			}
+			return s
+		})
+		checked += n
+		if err != nil {
+			return checked, fmt.Errorf("round %d: pull: %w", round, err)
+		}
+		if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
+			return checked, err
+		}
+	}
+	if o.Classic > 0 {
+		// PushPull by one worker at a time has an exact answer: the stored
+		// value plus its own push.
+		fill(vals, sizes, ckeys, rank, 2000)
+		for turn := range workers {
+			if turn == rank {
+				before := append([]T(nil), got...)
+				ts, err := kv.PushPull(ckeys, vals, got, sizes, nil)
+				if err != nil {
+					return checked, err
+				}
+				if err := kv.Wait(ts); err != nil {
+					return checked, err
+				}
+				for j := range got {
+					if got[j] != before[j]+vals[j] {
+						return checked, fmt.Errorf("pushpull: element %d = %v, want %v", j, got[j], before[j]+vals[j])
+					}
+				}
+				checked += int64(len(got))
+			}
+			if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
+				return checked, err
+			}
+			if turn != rank {
+				// Follow the other worker's push in the local copy.
+				var other []T = make([]T, len(vals))
+				fill(other, sizes, ckeys, turn, 2000)
+				for j := range got {
+					got[j] += other[j]
+				}
+			}
+		}
+		fmt.Fprintf(out, "worker %d: classic Push/Pull/PushPull over %d servers verified\n", rank, w.NumServers())
+	}
+	return checked, nil
+}
+
+func fill[T worker.Float](vals []T, sizes []int, keys []uint64, rank, iter int) {
+	off := 0
+	for i, n := range sizes {
+		k := keys[i]
+		for j := range n {
+			vals[off+j] = T(Value(rank, iter, k, j))
+		}
+		off += n
+	}
+}
+
+func check[T worker.Float](vals []T, sizes []int, keys []uint64, workers, iter int) (int64, error) {
+	return verify(vals, sizes, keys, func(key uint64, j int) float64 { return Expected(workers, iter, key, j) })
+}
+
+// verify compares every value with want and reports the first mismatches.
+func verify[T worker.Float](vals []T, sizes []int, keys []uint64, want func(key uint64, j int) float64) (int64, error) {
+	off := 0
+	var bad []string
+	mismatches := 0
+	for i, n := range sizes {
+		k := keys[i]
+		for j := range n {
+			if w := T(want(k, j)); vals[off+j] != w {
+				mismatches++
+				if len(bad) < 5 {
+					bad = append(bad, fmt.Sprintf("key %d element %d = %v, want %v", k, j, vals[off+j], w))
+				}
+			}
+		}
+		off += n
+	}
+	if mismatches > 0 {
+		return int64(off), fmt.Errorf("%d of %d values wrong: %v", mismatches, off, bad)
+	}
+	return int64(off), nil
+}
+
+func human(b int64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
+}

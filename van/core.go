@@ -1,0 +1,379 @@
+package van
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fptps/fpt/frame"
+)
+
+// byeTimeout bounds the write of a Bye on Close: a peer that does not take
+// 72 bytes within it is not worth waiting for.
+const byeTimeout = time.Second
+
+// link is a connection as the sender sees it.
+type link interface {
+	// writeFrame writes hdr then payload, in one writev where the kernel
+	// allows, failing once no byte has moved for timeout.
+	writeFrame(hdr, payload []byte, timeout time.Duration) error
+	// abort breaks the connection so that its reader sees an end soon and
+	// a write in progress fails. Safe from any goroutine, repeatedly.
+	abort()
+}
+
+// counters are one peer's statistics; they outlive reconnections.
+type counters struct {
+	sentBytes, recvBytes, sentFrames, recvFrames atomic.Uint64
+}
+
+// peer is a connected node that has been introduced (dialled, or accepted
+// and said Hello).
+type peer struct {
+	id   uint32
+	link link
+	st   *counters
+	bye  atomic.Bool // the peer said Bye: its EOF is not a loss
+
+	mu      sync.Mutex
+	failure error // why this side broke the connection, if it did
+}
+
+// fail records why the connection is being broken and breaks it; the
+// reader then reports the loss with this reason.
+func (p *peer) fail(err error) {
+	p.mu.Lock()
+	if p.failure == nil {
+		p.failure = err
+	}
+	p.mu.Unlock()
+	p.link.abort()
+}
+
+func (p *peer) reason(readErr error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failure != nil {
+		return p.failure
+	}
+	return readErr
+}
+
+// core is what both vans share: the peer table, the send queue and its
+// sender goroutine, statistics, and the Close sequence up to the point
+// where sockets are closed.
+type core struct {
+	cfg   Config
+	self  atomic.Uint32 // cfg.Self until SetSelf
+	log   *slog.Logger
+	q     *sendQueue
+	quiet atomic.Bool // closing: lost connections are not reported
+
+	mu      sync.Mutex
+	peers   map[uint32]*peer
+	stats   map[uint32]*counters
+	changed chan struct{} // closed and replaced whenever a peer is added
+
+	senderDone chan struct{}
+}
+
+func newCore(cfg Config) *core {
+	c := &core{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		q:          newSendQueue(cfg.PoolBytes),
+		peers:      make(map[uint32]*peer),
+		stats:      make(map[uint32]*counters),
+		changed:    make(chan struct{}),
+		senderDone: make(chan struct{}),
+	}
+	c.self.Store(cfg.Self)
+	return c
+}
+
+// SetSelf implements Transport.
+func (c *core) SetSelf(id uint32) { c.self.Store(id) }
+
+// addPeer makes a connection that has been introduced usable.
+func (c *core) addPeer(id uint32, l link) (*peer, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.quiet.Load() {
+		return nil, ErrClosed
+	}
+	if _, ok := c.peers[id]; ok {
+		return nil, fmt.Errorf("van: node %d already has a connection to node %d", c.self.Load(), id)
+	}
+	st := c.stats[id]
+	if st == nil {
+		st = new(counters)
+		c.stats[id] = st
+	}
+	p := &peer{id: id, link: l, st: st}
+	c.peers[id] = p
+	close(c.changed)
+	c.changed = make(chan struct{})
+	c.log.Debug("van: peer connected", "peer", id)
+	return p, nil
+}
+
+// dropPeer is called exactly once per peer, by the goroutine that owns its
+// connection, after the connection has ended; err is why (from the reader's
+// side). It reports the loss unless the peer said Bye or we are closing.
+func (c *core) dropPeer(p *peer, err error) {
+	c.mu.Lock()
+	if c.peers[p.id] == p {
+		delete(c.peers, p.id)
+	}
+	c.mu.Unlock()
+	c.q.purgeFlow(p.id)
+	switch {
+	case p.bye.Load():
+		c.log.Debug("van: peer left", "peer", p.id)
+	case c.quiet.Load():
+		c.log.Debug("van: connection closed while closing", "peer", p.id, "err", err)
+	default:
+		err = fmt.Errorf("van: connection to node %d lost: %w", p.id, p.reason(err))
+		c.log.Warn("van: peer lost", "peer", p.id, "err", err)
+		c.cfg.Handler.PeerLost(p.id, err)
+	}
+}
+
+func (c *core) lookup(id uint32) *peer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.peers[id]
+}
+
+// onFrame handles a complete frame from an introduced peer.
+func (c *core) onFrame(p *peer, h *frame.Header, payload []byte) {
+	p.st.recvFrames.Add(1)
+	if h.Type == frame.Bye {
+		p.bye.Store(true)
+		c.log.Debug("van: peer said bye", "peer", p.id)
+		return
+	}
+	c.cfg.Handler.HandleFrame(h, payload)
+}
+
+// enqueue is Send (block) and Forward (!block).
+func (c *core) enqueue(m *Message, block bool) error {
+	id := m.Header.Recipient
+	if uint64(len(m.Payload)) > c.cfg.MaxPayload {
+		return fmt.Errorf("van: send to node %d: payload of %d bytes exceeds the maximum of %d", id, len(m.Payload), c.cfg.MaxPayload)
+	}
+	if c.lookup(id) == nil {
+		if c.quiet.Load() {
+			return ErrClosed
+		}
+		return fmt.Errorf("van: send to node %d: %w", id, ErrNoPeer)
+	}
+	return c.q.put(m, block)
+}
+
+// Send implements Transport.
+func (c *core) Send(m *Message) error { return c.enqueue(m, true) }
+
+// Forward implements Transport.
+func (c *core) Forward(m *Message) error { return c.enqueue(m, false) }
+
+// SetWeight implements Transport.
+func (c *core) SetWeight(peer uint32, weight float64) { c.q.setWeight(peer, weight) }
+
+// Stats implements Transport; peers are listed in id order.
+func (c *core) Stats() []PeerStats {
+	c.mu.Lock()
+	out := make([]PeerStats, 0, len(c.stats))
+	for id, st := range c.stats {
+		out = append(out, PeerStats{
+			Peer:           id,
+			SentBytes:      st.sentBytes.Load(),
+			ReceivedBytes:  st.recvBytes.Load(),
+			SentFrames:     st.sentFrames.Load(),
+			ReceivedFrames: st.recvFrames.Load(),
+		})
+	}
+	c.mu.Unlock()
+	slices.SortFunc(out, func(a, b PeerStats) int { return int(int64(a.Peer) - int64(b.Peer)) })
+	return out
+}
+
+// AwaitPeers implements Transport.
+func (c *core) AwaitPeers(ctx context.Context, peers []uint32) error {
+	for {
+		c.mu.Lock()
+		var missing []uint32
+		for _, id := range peers {
+			if _, ok := c.peers[id]; !ok {
+				missing = append(missing, id)
+			}
+		}
+		changed := c.changed
+		c.mu.Unlock()
+		if len(missing) == 0 {
+			return nil
+		}
+		if c.quiet.Load() {
+			return ErrClosed
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("van: waiting for nodes %v: %w", missing, ctx.Err())
+		}
+	}
+}
+
+// runSender is the one sender goroutine.
+func (c *core) runSender() {
+	defer close(c.senderDone)
+	var hdr [frame.HeaderSize]byte
+	for {
+		j := c.q.next()
+		if j.stop {
+			if j.sayBye {
+				c.sayBye(&hdr)
+			}
+			failAll(j.failed, ErrClosed)
+			return
+		}
+		if j.msg != nil {
+			c.write(j.msg, &hdr)
+		} else {
+			failAll(j.failed, ErrNoPeer)
+		}
+		c.q.done()
+	}
+}
+
+// failAll calls the Done callbacks of entries that will not be sent.
+func failAll(es []entry, err error) {
+	for _, e := range es {
+		if e.Value.Done != nil {
+			e.Value.Done(fmt.Errorf("van: frame for node %d not sent: %w", e.Flow, err))
+		}
+	}
+}
+
+func (c *core) write(m *Message, hdr *[frame.HeaderSize]byte) {
+	id := m.Header.Recipient
+	p := c.lookup(id)
+	if p == nil {
+		if m.Done != nil {
+			m.Done(fmt.Errorf("van: frame for node %d not sent: %w", id, ErrNoPeer))
+		}
+		return
+	}
+	m.Header.Sender = c.self.Load()
+	m.Header.Length = uint64(len(m.Payload))
+	m.Header.Encode(hdr[:])
+	if err := p.link.writeFrame(hdr[:], m.Payload, c.cfg.IOTimeout); err != nil {
+		err = fmt.Errorf("van: write to node %d: %w", id, err)
+		p.fail(err)
+		if m.Done != nil {
+			m.Done(err)
+		}
+		return
+	}
+	p.st.sentBytes.Add(uint64(frame.HeaderSize + len(m.Payload)))
+	p.st.sentFrames.Add(1)
+	if m.Done != nil {
+		m.Done(nil)
+	}
+}
+
+func (c *core) sayBye(hdr *[frame.HeaderSize]byte) {
+	c.mu.Lock()
+	peers := make([]*peer, 0, len(c.peers))
+	for _, p := range c.peers {
+		peers = append(peers, p)
+	}
+	c.mu.Unlock()
+	for _, p := range peers {
+		h := frame.Header{Type: frame.Bye, Sender: c.self.Load(), Recipient: p.id}
+		h.Encode(hdr[:])
+		if err := p.link.writeFrame(hdr[:], nil, min(byeTimeout, c.cfg.IOTimeout)); err != nil {
+			c.log.Debug("van: bye not sent", "peer", p.id, "err", err)
+			continue
+		}
+		p.st.sentBytes.Add(frame.HeaderSize)
+		p.st.sentFrames.Add(1)
+	}
+}
+
+// closeSend is the first half of Close, common to both vans: refuse new
+// frames, let the pool drain (up to IOTimeout), say Bye, stop the sender
+// (failing what is left with ErrClosed). Afterwards lost connections are no
+// longer reported; the caller closes the sockets.
+func (c *core) closeSend() {
+	drained := c.q.closeAndDrain(c.cfg.IOTimeout)
+	c.quiet.Store(true)
+	if !drained {
+		c.log.Warn("van: closing with frames still queued", "timeout", c.cfg.IOTimeout)
+		// Break every connection so that a write stuck on a peer that
+		// does not read fails now rather than after another IOTimeout.
+		c.mu.Lock()
+		for _, p := range c.peers {
+			p.link.abort()
+		}
+		c.mu.Unlock()
+	}
+	c.q.stop(drained)
+	<-c.senderDone
+}
+
+// dialHello connects to addr and introduces self to peer with a Hello,
+// using a blocking net.Conn: nothing else knows of the connection yet.
+func dialHello(ctx context.Context, cfg *Config, self, peer uint32, addr string) (*net.TCPConn, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("van: dial node %d at %s: %w", peer, addr, err)
+	}
+	tc, ok := nc.(*net.TCPConn)
+	if !ok {
+		nc.Close()
+		return nil, fmt.Errorf("van: dial node %d at %s: not a TCP connection", peer, addr)
+	}
+	deadline := time.Now().Add(cfg.IOTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	var hdr [frame.HeaderSize]byte
+	h := frame.Header{Type: frame.Hello, Sender: self, Recipient: peer}
+	h.Encode(hdr[:])
+	if err := tc.SetWriteDeadline(deadline); err == nil {
+		_, err = tc.Write(hdr[:])
+		if err == nil {
+			err = tc.SetWriteDeadline(time.Time{})
+		}
+		if err == nil {
+			return tc, nil
+		}
+	}
+	tc.Close()
+	return nil, fmt.Errorf("van: hello to node %d at %s: %w", peer, addr, err)
+}
+
+// listen opens the listening socket with the standard library, for its
+// clear errors ("address already in use").
+func listen(addr string) (*net.TCPListener, error) {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("van: %w", err)
+	}
+	return l.(*net.TCPListener), nil
+}
+
+// Reasons for closing a connection.
+var (
+	errNoHello    = errors.New("no hello before the deadline")
+	errConnClosed = errors.New("connection closed")
+	errStalled    = errors.New("write stalled")
+)

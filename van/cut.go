@@ -1,0 +1,140 @@
+package van
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/fptps/fpt/frame"
+)
+
+// errProtocol marks a peer that broke the wire protocol (as opposed to a
+// connection that broke); its connection is closed.
+var errProtocol = errors.New("van: protocol error")
+
+// maxChunk bounds one read or write: Linux moves at most 0x7ffff000 bytes
+// per call, and a bounded slice keeps every length an int on any platform.
+const maxChunk = 1 << 30
+
+// cutter is the receive state machine of one connection: it cuts a byte
+// stream into validated frames. It is pure (the caller does the reads) so
+// that both vans share it and it can be fuzzed without sockets.
+//
+// The caller reads into next() and reports the count to advance. Reading
+// straight into the header array and then into the payload buffer costs no
+// copy; the payload buffer is reused across frames and only grows.
+//
+// Until the peer is known (an accepted connection), the first frame must be
+// a Hello addressed to self with an empty payload; it names the peer. After
+// that every frame must come from the peer and be addressed to self, and a
+// second Hello is an error.
+type cutter struct {
+	self       uint32
+	peer       uint32
+	known      bool
+	maxPayload uint64
+
+	hdr       [frame.HeaderSize]byte
+	hn        int // header bytes filled
+	h         frame.Header
+	inPayload bool
+	buf       []byte // payload storage, reused
+	pn        uint64 // payload bytes filled
+}
+
+// newCutter returns a cutter for a connection to peer (known after a Dial),
+// or, with known false, for an accepted connection awaiting its Hello.
+func newCutter(self, peer uint32, known bool, maxPayload uint64) cutter {
+	return cutter{self: self, peer: peer, known: known, maxPayload: maxPayload}
+}
+
+// next is the buffer the next read should fill; never empty.
+func (c *cutter) next() []byte {
+	if !c.inPayload {
+		return c.hdr[c.hn:]
+	}
+	end := c.h.Length
+	if end-c.pn > maxChunk {
+		end = c.pn + maxChunk
+	}
+	return c.buf[c.pn:end]
+}
+
+// advance records that n bytes were read into next(). When a frame is
+// complete it returns its header and payload, valid until the next call of
+// next or advance. An error is final: the connection must be closed.
+func (c *cutter) advance(n int) (h *frame.Header, payload []byte, err error) {
+	if !c.inPayload {
+		c.hn += n
+		if c.hn < frame.HeaderSize {
+			return nil, nil, nil
+		}
+		c.hn = 0
+		if c.h, err = frame.Decode(c.hdr[:], c.maxPayload); err != nil {
+			return nil, nil, fmt.Errorf("%w: %w", errProtocol, err)
+		}
+		if err := c.check(&c.h); err != nil {
+			return nil, nil, err
+		}
+		if c.h.Length == 0 {
+			return &c.h, nil, nil
+		}
+		// Decode bounded Length by maxPayload: allocating is safe now.
+		if uint64(cap(c.buf)) < c.h.Length {
+			c.buf = make([]byte, c.h.Length)
+		}
+		c.buf = c.buf[:c.h.Length]
+		c.inPayload, c.pn = true, 0
+		return nil, nil, nil
+	}
+	c.pn += uint64(n)
+	if c.pn < c.h.Length {
+		return nil, nil, nil
+	}
+	c.inPayload = false
+	return &c.h, c.buf, nil
+}
+
+// check applies the connection rules to a decoded header.
+func (c *cutter) check(h *frame.Header) error {
+	if h.Recipient != c.self {
+		return fmt.Errorf("%w: %s frame for node %d arrived at node %d", errProtocol, h.Type, h.Recipient, c.self)
+	}
+	if !c.known {
+		if h.Type != frame.Hello {
+			return fmt.Errorf("%w: first frame is %s, want hello", errProtocol, h.Type)
+		}
+		if h.Sender == c.self || h.Sender == 0 {
+			return fmt.Errorf("%w: hello from invalid node id %d", errProtocol, h.Sender)
+		}
+		c.peer, c.known = h.Sender, true
+	} else {
+		if h.Sender != c.peer {
+			return fmt.Errorf("%w: %s frame claims sender %d on the connection of node %d", errProtocol, h.Type, h.Sender, c.peer)
+		}
+		if h.Type == frame.Hello {
+			return fmt.Errorf("%w: second hello from node %d", errProtocol, h.Sender)
+		}
+	}
+	if (h.Type == frame.Hello || h.Type == frame.Bye) && h.Length != 0 {
+		return fmt.Errorf("%w: %s frame with a %d-byte payload", errProtocol, h.Type, h.Length)
+	}
+	return nil
+}
+
+// feed pushes data through the cutter as if it had been read, calling emit
+// per complete frame; it stops at the first error. The fuzz target and the
+// unit tests use it; the vans read straight into next() instead.
+func (c *cutter) feed(data []byte, emit func(h *frame.Header, payload []byte)) error {
+	for len(data) > 0 {
+		n := copy(c.next(), data)
+		data = data[n:]
+		h, p, err := c.advance(n)
+		if err != nil {
+			return err
+		}
+		if h != nil {
+			emit(h, p)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,136 @@
+package van
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/fptps/fpt/frame"
+)
+
+func TestCutterStream(t *testing.T) {
+	const self, peer = 8, 9
+	sizes := []int{0, 4, 100, 65536, 4}
+	var stream []byte
+	stream = append(stream, encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: self}, nil)...)
+	for i, n := range sizes {
+		p := make([]byte, n)
+		fill(p, uint64(i))
+		stream = append(stream, encode(pushHeader(peer, self, uint64(i), n), p)...)
+	}
+	stream = append(stream, encode(frame.Header{Type: frame.Bye, Sender: peer, Recipient: self}, nil)...)
+
+	r := rand.New(rand.NewPCG(5, 6))
+	for trial := 0; trial < 50; trial++ {
+		c := newCutter(self, 0, false, 1<<20)
+		var got []rx
+		// Feed in random pieces, as reads would return them.
+		data := stream
+		for len(data) > 0 {
+			k := min(len(data), 1+r.IntN(3*frame.HeaderSize))
+			if err := c.feed(data[:k], func(h *frame.Header, p []byte) {
+				got = append(got, rx{*h, append([]byte(nil), p...)})
+			}); err != nil {
+				t.Fatal(err)
+			}
+			data = data[k:]
+		}
+		if len(got) != len(sizes)+2 {
+			t.Fatalf("cut %d frames, want %d", len(got), len(sizes)+2)
+		}
+		if got[0].h.Type != frame.Hello || c.peer != peer || got[len(got)-1].h.Type != frame.Bye {
+			t.Fatalf("hello/bye not cut: first %v last %v", got[0].h.Type, got[len(got)-1].h.Type)
+		}
+		for i, n := range sizes {
+			f := got[i+1]
+			if len(f.p) != n || f.h.Key != uint64(i) || check(f.p, uint64(i)) >= 0 {
+				t.Fatalf("frame %d: key %d, %d bytes (want %d), content mismatch at %d", i, f.h.Key, len(f.p), n, check(f.p, uint64(i)))
+			}
+		}
+	}
+}
+
+func TestCutterRejects(t *testing.T) {
+	const self, peer = 8, 9
+	hello := encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: self}, nil)
+	badSum := bytes.Clone(hello)
+	badSum[70] ^= 1
+	tooBig := pushHeader(peer, self, 1, 0)
+	tooBig.Length, tooBig.Total = 1<<21, 1<<21
+	tooBigBytes := make([]byte, frame.HeaderSize)
+	tooBig.Encode(tooBigBytes)
+	tests := []struct {
+		name  string
+		known bool
+		data  []byte
+		want  error
+	}{
+		{"garbage", false, bytes.Repeat([]byte{0xab}, 100), frame.ErrMagic},
+		{"bad checksum", false, badSum, frame.ErrChecksum},
+		{"data before hello", false, encode(pushHeader(peer, self, 1, 4), make([]byte, 4)), errProtocol},
+		{"hello to another node", false, encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: 77}, nil), errProtocol},
+		{"hello from self", false, encode(frame.Header{Type: frame.Hello, Sender: self, Recipient: self}, nil), errProtocol},
+		{"hello with payload", false, encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: self}, make([]byte, 8)), errProtocol},
+		{"second hello", false, append(bytes.Clone(hello), hello...), errProtocol},
+		{"hello on a dialled connection", true, hello, errProtocol},
+		{"wrong sender", true, encode(pushHeader(10, self, 1, 4), make([]byte, 4)), errProtocol},
+		{"oversized length", true, tooBigBytes, frame.ErrTooLarge},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCutter(self, peer, tc.known, 1<<20)
+			err := c.feed(tc.data, func(*frame.Header, []byte) {})
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("error %v, want %v", err, tc.want)
+			}
+			if len(c.buf) != 0 {
+				t.Fatalf("allocated %d bytes for a rejected frame", len(c.buf))
+			}
+		})
+	}
+}
+
+// TestCutterReusesBuffer: steady state cuts without allocating.
+func TestCutterReusesBuffer(t *testing.T) {
+	const self, peer = 8, 9
+	f := encode(pushHeader(peer, self, 1, 4096), make([]byte, 4096))
+	c := newCutter(self, peer, true, 1<<20)
+	emit := func(*frame.Header, []byte) {}
+	c.feed(f, emit)
+	if n := testing.AllocsPerRun(100, func() { c.feed(f, emit) }); n != 0 {
+		t.Fatalf("%v allocations per frame", n)
+	}
+}
+
+// FuzzReceive feeds arbitrary bytes, in arbitrary pieces, to the receive
+// state machine of an accepted and of a dialled connection: it must never
+// panic, and what it emits must be consistent.
+func FuzzReceive(f *testing.F) {
+	const self, peer = 8, 9
+	hello := encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: self}, nil)
+	data := encode(pushHeader(peer, self, 3, 8), []byte{1, 2, 3, 4, 5, 6, 7, 8})
+	bye := encode(frame.Header{Type: frame.Bye, Sender: peer, Recipient: self}, nil)
+	f.Add(uint8(7), append(append(bytes.Clone(hello), data...), bye...))
+	f.Add(uint8(1), hello[:40])
+	f.Add(uint8(0), []byte("GET / HTTP/1.1\r\n\r\n"))
+	f.Add(uint8(200), append(bytes.Clone(data), data...))
+	f.Fuzz(func(t *testing.T, step uint8, in []byte) {
+		for _, known := range []bool{false, true} {
+			c := newCutter(self, peer, known, 1<<16)
+			chunk := int(step) + 1
+			for data := in; len(data) > 0; {
+				k := min(chunk, len(data))
+				err := c.feed(data[:k], func(h *frame.Header, p []byte) {
+					if uint64(len(p)) != h.Length || h.Recipient != self || h.Sender != c.peer {
+						t.Fatalf("inconsistent frame %v with %d bytes", h, len(p))
+					}
+				})
+				if err != nil {
+					break
+				}
+				data = data[k:]
+			}
+		}
+	})
+}

@@ -1,0 +1,520 @@
+package van
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fptps/fpt/frame"
+)
+
+// readBudget bounds the bytes read from one connection per readiness event,
+// so that a peer streaming a huge frame cannot starve the others: the epoll
+// set is level-triggered, so what is left is reported again.
+const readBudget = 4 << 20
+
+// frameBudget bounds the frames handled per connection and readiness event:
+// tiny frames would otherwise cost up to readBudget/HeaderSize handler calls
+// before the next peer's turn.
+const frameBudget = 16
+
+// acceptBatch bounds the connections accepted per readiness event of the
+// listening socket, for the same reason.
+const acceptBatch = 16
+
+// epollVan is the default Transport. Its goroutines are exactly two
+// whatever the number of peers: the receiver (an epoll loop locked to its
+// OS thread, which also accepts) and the sender (core.runSender).
+type epollVan struct {
+	*core
+	addr string
+	lfd  int // listening socket
+	epfd int
+	evfd int // eventfd waking the receiver
+
+	// Requests to the receiver, which alone touches conns and closes fds.
+	reqMu    sync.Mutex
+	adds     []*epConn
+	stopping bool
+
+	// Owned by the receiver goroutine.
+	conns   map[int]*epConn // by fd
+	pending map[*epConn]struct{}
+	gen     int32
+
+	recvDone chan struct{}
+	once     sync.Once
+}
+
+// epConn is one connection of the epoll van.
+type epConn struct {
+	fd     int   // the receiver's copy; -1 once closed
+	gen    int32 // tells a reused fd number from this connection in events
+	remote string
+	cut    cutter
+	peer   *peer     // nil until the Hello
+	expiry time.Time // the Hello deadline of an accepted connection
+
+	// fdMu keeps wfd from being closed (and its number reused) under a
+	// writer or an abort: they hold it shared; close holds it exclusively,
+	// after a shutdown has made any writer return.
+	fdMu sync.RWMutex
+	wfd  int
+}
+
+func newEpoll(cfg Config) (Transport, error) {
+	l, err := listen(cfg.ListenAddr)
+	if err != nil {
+		return nil, err
+	}
+	addr := l.Addr().String()
+	lfd, err := ownFD(l)
+	l.Close() // the dup keeps the socket listening
+	if err != nil {
+		return nil, fmt.Errorf("van: listen %s: %w", addr, err)
+	}
+	v := &epollVan{
+		core:     newCore(cfg),
+		addr:     addr,
+		lfd:      lfd,
+		epfd:     -1,
+		evfd:     -1,
+		conns:    make(map[int]*epConn),
+		pending:  make(map[*epConn]struct{}),
+		recvDone: make(chan struct{}),
+	}
+	if err := v.setup(); err != nil {
+		for _, fd := range []int{v.lfd, v.epfd, v.evfd} {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+		return nil, fmt.Errorf("van: epoll on %s: %w", addr, err)
+	}
+	go v.runSender()
+	go v.receive()
+	return v, nil
+}
+
+func (v *epollVan) setup() error {
+	var err error
+	if v.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
+		v.epfd = -1
+		return fmt.Errorf("epoll_create1: %w", err)
+	}
+	if v.evfd, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
+		v.evfd = -1
+		return fmt.Errorf("eventfd: %w", err)
+	}
+	for _, fd := range []int{v.lfd, v.evfd} {
+		ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+		if err := unix.EpollCtl(v.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+			return fmt.Errorf("epoll_ctl: %w", err)
+		}
+	}
+	return nil
+}
+
+// ownFD takes a socket out of the standard library: it duplicates the fd
+// (close-on-exec, non-blocking) so that the net object can be closed and
+// the van owns the socket alone. No *os.File is kept, whose finalizer would
+// close the fd behind the van's back.
+func ownFD(sc syscall.Conn) (int, error) {
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	fd := -1
+	var derr error
+	if err := rc.Control(func(s uintptr) {
+		fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0)
+	}); err != nil {
+		return -1, err
+	}
+	if derr != nil {
+		return -1, fmt.Errorf("dup: %w", derr)
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("set non-blocking: %w", err)
+	}
+	return fd, nil
+}
+
+func (v *epollVan) Addr() string { return v.addr }
+
+func (v *epollVan) Dial(ctx context.Context, id uint32, addr string) error {
+	if v.quiet.Load() {
+		return ErrClosed
+	}
+	if v.lookup(id) != nil {
+		return fmt.Errorf("van: dial node %d at %s: already connected", id, addr)
+	}
+	tc, err := dialHello(ctx, &v.cfg, v.self.Load(), id, addr)
+	if err != nil {
+		return err
+	}
+	fd, err := ownFD(tc)
+	tc.Close()
+	if err != nil {
+		return fmt.Errorf("van: dial node %d at %s: %w", id, addr, err)
+	}
+	c := &epConn{fd: fd, wfd: fd, remote: addr, cut: newCutter(v.self.Load(), id, true, v.cfg.MaxPayload)}
+	p, err := v.addPeer(id, c)
+	if err != nil {
+		unix.Close(fd)
+		return err
+	}
+	c.peer = p
+	p.st.sentBytes.Add(frame.HeaderSize)
+	p.st.sentFrames.Add(1)
+	// Hand the connection to the receiver, which registers it.
+	v.reqMu.Lock()
+	if v.stopping {
+		v.reqMu.Unlock()
+		c.close()
+		return ErrClosed
+	}
+	v.adds = append(v.adds, c)
+	v.reqMu.Unlock()
+	v.wake()
+	return nil
+}
+
+// wake interrupts the receiver's epoll_wait.
+func (v *epollVan) wake() {
+	one := [8]byte{1}
+	if _, err := unix.Write(v.evfd, one[:]); err != nil && !errors.Is(err, unix.EAGAIN) {
+		v.log.Error("van: eventfd write", "err", err)
+	}
+}
+
+func (v *epollVan) Close() error {
+	v.once.Do(func() {
+		v.closeSend()
+		v.reqMu.Lock()
+		v.stopping = true
+		v.reqMu.Unlock()
+		v.wake()
+		<-v.recvDone
+		unix.Close(v.evfd)
+		unix.Close(v.epfd)
+	})
+	return nil
+}
+
+// receive is the receiver goroutine: one epoll loop over the listening
+// socket, the eventfd and every connection. It is locked to its OS thread
+// since it spends its life in epoll_wait and read, and moving between
+// threads would only cost cache.
+func (v *epollVan) receive() {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer close(v.recvDone)
+	events := make([]unix.EpollEvent, 128)
+	for {
+		n, err := unix.EpollWait(v.epfd, events, v.waitMillis())
+		if err != nil && !errors.Is(err, unix.EINTR) {
+			// Cannot happen with valid arguments; stop serving rather
+			// than spin.
+			v.log.Error("van: epoll_wait failed, receiver stops", "err", err)
+			v.shutdown()
+			return
+		}
+		for _, ev := range events[:max(n, 0)] {
+			switch int(ev.Fd) {
+			case v.evfd:
+				var buf [8]byte
+				unix.Read(v.evfd, buf[:])
+			case v.lfd:
+				v.accept()
+			default:
+				if c := v.conns[int(ev.Fd)]; c != nil && c.gen == ev.Pad {
+					v.serve(c)
+				}
+			}
+		}
+		v.reqMu.Lock()
+		adds, stopping := v.adds, v.stopping
+		v.adds = nil
+		v.reqMu.Unlock()
+		for _, c := range adds {
+			if err := v.register(c); err != nil {
+				v.drop(c, err)
+			}
+		}
+		if stopping {
+			v.shutdown()
+			return
+		}
+		v.expire()
+	}
+}
+
+// waitMillis is epoll_wait's timeout: until the nearest Hello deadline.
+func (v *epollVan) waitMillis() int {
+	if len(v.pending) == 0 {
+		return -1
+	}
+	var first time.Time
+	for c := range v.pending {
+		if first.IsZero() || c.expiry.Before(first) {
+			first = c.expiry
+		}
+	}
+	d := time.Until(first)
+	if d <= 0 {
+		return 0
+	}
+	return int(min(d.Milliseconds()+1, math.MaxInt32))
+}
+
+// expire closes accepted connections that did not say Hello in time.
+func (v *epollVan) expire() {
+	now := time.Now()
+	for c := range v.pending {
+		if now.After(c.expiry) {
+			v.drop(c, errNoHello)
+		}
+	}
+}
+
+func (v *epollVan) register(c *epConn) error {
+	v.gen++
+	c.gen = v.gen
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP, Fd: int32(c.fd), Pad: c.gen}
+	if err := unix.EpollCtl(v.epfd, unix.EPOLL_CTL_ADD, c.fd, &ev); err != nil {
+		return fmt.Errorf("epoll_ctl add: %w", err)
+	}
+	v.conns[c.fd] = c
+	return nil
+}
+
+func (v *epollVan) accept() {
+	for range acceptBatch {
+		fd, sa, err := unix.Accept4(v.lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+		switch {
+		case errors.Is(err, unix.EAGAIN):
+			return
+		case errors.Is(err, unix.EINTR), errors.Is(err, unix.ECONNABORTED):
+			continue
+		case err != nil:
+			// EMFILE and the like: the pending connection stays queued
+			// and is retried on the next event.
+			v.log.Warn("van: accept", "err", err)
+			return
+		}
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+			v.log.Debug("van: TCP_NODELAY", "err", err)
+		}
+		c := &epConn{
+			fd:     fd,
+			wfd:    fd,
+			remote: sockaddrString(sa),
+			cut:    newCutter(v.self.Load(), 0, false, v.cfg.MaxPayload),
+			expiry: time.Now().Add(v.cfg.IOTimeout),
+		}
+		if err := v.register(c); err != nil {
+			v.log.Warn("van: accepted connection not registered", "remote", c.remote, "err", err)
+			c.close()
+			continue
+		}
+		v.pending[c] = struct{}{}
+	}
+}
+
+func sockaddrString(sa unix.Sockaddr) string {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return fmt.Sprintf("%d.%d.%d.%d:%d", a.Addr[0], a.Addr[1], a.Addr[2], a.Addr[3], a.Port)
+	case *unix.SockaddrInet6:
+		return fmt.Sprintf("[%x]:%d", a.Addr, a.Port)
+	}
+	return "?"
+}
+
+// serve reads from a ready connection until it would block, or readBudget
+// bytes or frameBudget frames have been read, so that every ready peer gets
+// its turn: the set is
+// level-triggered, so a connection with more to read is reported again.
+// (Stopping after one frame instead costs an epoll_wait per small frame.)
+func (v *epollVan) serve(c *epConn) {
+	budget, frames := readBudget, frameBudget
+	for {
+		buf := c.cut.next()
+		if len(buf) > budget {
+			buf = buf[:budget]
+		}
+		n, err := unix.Read(c.fd, buf)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			return
+		case err != nil:
+			v.drop(c, fmt.Errorf("read: %w", err))
+			return
+		case n == 0:
+			v.drop(c, io.ErrUnexpectedEOF)
+			return
+		}
+		if c.peer != nil {
+			c.peer.st.recvBytes.Add(uint64(n))
+		}
+		h, payload, err := c.cut.advance(n)
+		if err != nil {
+			v.drop(c, err)
+			return
+		}
+		if h != nil {
+			if c.peer == nil {
+				v.hello(c)
+			} else {
+				v.onFrame(c.peer, h, payload)
+			}
+			if frames--; frames == 0 || c.fd < 0 {
+				return // c.fd < 0: a refused hello dropped the connection
+			}
+		}
+		if budget -= n; budget <= 0 {
+			return
+		}
+	}
+}
+
+// hello makes an accepted connection a peer.
+func (v *epollVan) hello(c *epConn) {
+	delete(v.pending, c)
+	p, err := v.addPeer(c.cut.peer, c)
+	if err != nil {
+		v.drop(c, err)
+		return
+	}
+	c.peer = p
+	p.st.recvBytes.Add(frame.HeaderSize)
+	p.st.recvFrames.Add(1)
+}
+
+// drop closes a connection on the receiver goroutine and reports why.
+func (v *epollVan) drop(c *epConn, err error) {
+	if c.fd < 0 {
+		return
+	}
+	if err := unix.EpollCtl(v.epfd, unix.EPOLL_CTL_DEL, c.fd, nil); err != nil && !errors.Is(err, unix.ENOENT) {
+		v.log.Debug("van: epoll_ctl del", "err", err)
+	}
+	if v.conns[c.fd] == c {
+		delete(v.conns, c.fd)
+	}
+	delete(v.pending, c)
+	c.close()
+	if c.peer == nil {
+		if !errors.Is(err, ErrClosed) {
+			v.log.Warn("van: closed a connection before its hello", "remote", c.remote, "err", err)
+		}
+		return
+	}
+	v.dropPeer(c.peer, err)
+}
+
+// shutdown closes everything the receiver owns; it runs as it exits.
+func (v *epollVan) shutdown() {
+	v.reqMu.Lock()
+	v.stopping = true
+	adds := v.adds
+	v.adds = nil
+	v.reqMu.Unlock()
+	for _, c := range adds {
+		v.drop(c, ErrClosed)
+	}
+	for _, c := range v.conns {
+		v.drop(c, ErrClosed)
+	}
+	unix.Close(v.lfd)
+}
+
+// close releases the socket; safe against a concurrent writer or abort.
+func (c *epConn) close() {
+	c.abort() // makes a writer blocked in poll or writev return
+	c.fdMu.Lock()
+	if c.wfd >= 0 {
+		unix.Close(c.wfd)
+		c.wfd = -1
+	}
+	c.fdMu.Unlock()
+	c.fd = -1
+}
+
+func (c *epConn) abort() {
+	c.fdMu.RLock()
+	if c.wfd >= 0 {
+		unix.Shutdown(c.wfd, unix.SHUT_RDWR)
+	}
+	c.fdMu.RUnlock()
+}
+
+// writeFrame writes header and payload with writev, resuming after partial
+// writes and waiting in poll while the socket buffer is full.
+func (c *epConn) writeFrame(hdr, payload []byte, timeout time.Duration) error {
+	c.fdMu.RLock()
+	defer c.fdMu.RUnlock()
+	if c.wfd < 0 {
+		return errConnClosed
+	}
+	var iov [2][]byte
+	for len(hdr) > 0 || len(payload) > 0 {
+		bufs := iov[:0]
+		if len(hdr) > 0 {
+			bufs = append(bufs, hdr)
+		}
+		if len(payload) > 0 {
+			bufs = append(bufs, payload[:min(len(payload), maxChunk)])
+		}
+		n, err := unix.Writev(c.wfd, bufs)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			if err := waitWritable(c.wfd, timeout); err != nil {
+				return err
+			}
+			continue
+		case err != nil:
+			return fmt.Errorf("writev: %w", err)
+		}
+		if k := min(n, len(hdr)); k > 0 {
+			hdr, n = hdr[k:], n-k
+		}
+		payload = payload[n:]
+	}
+	return nil
+}
+
+// waitWritable polls fd for POLLOUT, failing after timeout without it.
+func waitWritable(fd int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ms := time.Until(deadline).Milliseconds()
+		if ms <= 0 {
+			return fmt.Errorf("%w: no progress for %v", errStalled, timeout)
+		}
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		n, err := unix.Poll(pfd, int(min(ms, math.MaxInt32)))
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return fmt.Errorf("poll: %w", err)
+		case n > 0:
+			return nil // writable, or an error the next writev reports
+		}
+	}
+}

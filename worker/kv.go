@@ -1,0 +1,180 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"unsafe"
+
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/node"
+)
+
+// Float is an element type KV can carry.
+type Float interface{ ~float32 | ~float64 }
+
+// KV is the typed face of a Worker for one element type, like ps-lite's
+// KVWorker<Val>. Values are laid end to end in one slice; lens[i] is the
+// number of elements of keys[i] (nil: the values split evenly over the keys).
+// Every call that returns a timestamp is asynchronous: vals must stay
+// untouched (pushes) or unread (pulls) until Wait(ts) returns or cb runs.
+type KV[T Float] struct {
+	w     *Worker
+	dtype frame.DType
+}
+
+// NewKV returns w's typed face for T.
+func NewKV[T Float](w *Worker) *KV[T] {
+	d := frame.Float32
+	if unsafe.Sizeof(T(0)) == 8 {
+		d = frame.Float64
+	}
+	return &KV[T]{w: w, dtype: d}
+}
+
+// Worker is the worker underneath.
+func (kv *KV[T]) Worker() *Worker { return kv.w }
+
+// Declare declares a tensor: its key, its number of elements and its
+// priority (larger is more urgent; MXNet uses minus the layer index). Every
+// worker must declare the same tensors before any of them pushes.
+func (kv *KV[T]) Declare(key uint64, elems int, priority int32) error {
+	if elems < 0 {
+		return fmt.Errorf("worker: Declare(%d): negative size %d", key, elems)
+	}
+	return kv.w.declare(key, kv.dtype, uint64(elems)*uint64(kv.dtype.Size()), priority)
+}
+
+// FPTPush pushes one iteration's values of keys: each aggregator sums the
+// workers' contributions and sends the sum to every worker. cb, if set,
+// runs once the values have been sent (vals is free again).
+func (kv *KV[T]) FPTPush(keys []uint64, vals []T, lens []int, priority int32, cb func()) (int, error) {
+	byteLens, err := kv.byteLens(keys, vals, lens)
+	if err != nil {
+		return 0, err
+	}
+	return kv.w.fptPush(keys, asBytes(vals), byteLens, kv.dtype, priority, cb)
+}
+
+// FPTPull copies the keys' sums for the next iteration into vals, once
+// they have arrived. cb, if set, runs when vals holds them.
+func (kv *KV[T]) FPTPull(keys []uint64, vals []T, lens []int, cb func()) (int, error) {
+	byteLens, err := kv.byteLens(keys, vals, lens)
+	if err != nil {
+		return 0, err
+	}
+	return kv.w.fptPull(keys, asBytes(vals), byteLens, kv.dtype, cb)
+}
+
+// Init sets the keys' starting values on every worker to worker 0's vals
+// (MXNet's kvstore init): it must be the keys' first push. It is collective:
+// every worker calls it with the same keys, and it returns once every worker
+// holds the value, between two barriers over the workers.
+func (kv *KV[T]) Init(ctx context.Context, keys []uint64, vals []T, lens []int) error {
+	// The first barrier makes sure every worker declared the keys before
+	// worker 0's values reach them.
+	if err := kv.w.Barrier(ctx, node.WorkerGroup); err != nil {
+		return err
+	}
+	kv.w.mu.Lock()
+	for _, k := range keys {
+		if t := kv.w.tensors[k]; t != nil && t.pushed > 0 {
+			kv.w.mu.Unlock()
+			return fmt.Errorf("worker: Init: key %d was pushed already", k)
+		}
+	}
+	kv.w.mu.Unlock()
+	ts, err := kv.FPTPush(keys, vals, lens, 0, nil)
+	if err != nil {
+		return err
+	}
+	if err := kv.w.Wait(ts); err != nil {
+		return err
+	}
+	if ts, err = kv.FPTPull(keys, vals, lens, nil); err != nil {
+		return err
+	}
+	if err := kv.w.Wait(ts); err != nil {
+		return err
+	}
+	return kv.w.Barrier(ctx, node.WorkerGroup)
+}
+
+// Push adds vals into the servers' stored values of keys (ps-lite's Push;
+// keys sorted, sliced by range over the servers).
+func (kv *KV[T]) Push(keys []uint64, vals []T, lens []int, cb func()) (int, error) {
+	byteLens, err := kv.byteLens(keys, vals, lens)
+	if err != nil {
+		return 0, err
+	}
+	return kv.w.kvRequest(frame.KVPush, keys, asBytes(vals), nil, byteLens, kv.dtype, cb)
+}
+
+// Pull copies the servers' stored values of keys into vals (ps-lite's Pull).
+func (kv *KV[T]) Pull(keys []uint64, vals []T, lens []int, cb func()) (int, error) {
+	byteLens, err := kv.byteLens(keys, vals, lens)
+	if err != nil {
+		return 0, err
+	}
+	b := asBytes(vals)
+	return kv.w.kvRequest(frame.KVPull, keys, b, b, byteLens, kv.dtype, cb)
+}
+
+// PushPull adds vals into the stored values and copies the new values into
+// outs, in one round trip (ps-lite's PushPull).
+func (kv *KV[T]) PushPull(keys []uint64, vals, outs []T, lens []int, cb func()) (int, error) {
+	byteLens, err := kv.byteLens(keys, vals, lens)
+	if err != nil {
+		return 0, err
+	}
+	if len(outs) != len(vals) {
+		return 0, fmt.Errorf("worker: PushPull: %d outputs for %d values", len(outs), len(vals))
+	}
+	return kv.w.kvRequest(frame.KVPushPull, keys, asBytes(vals), asBytes(outs), byteLens, kv.dtype, cb)
+}
+
+// Wait blocks until request ts completes; see Worker.Wait.
+func (kv *KV[T]) Wait(ts int) error { return kv.w.Wait(ts) }
+
+func (kv *KV[T]) byteLens(keys []uint64, vals []T, lens []int) ([]int, error) {
+	size := kv.dtype.Size()
+	out := make([]int, len(keys))
+	if lens == nil {
+		if len(keys) == 0 {
+			if len(vals) != 0 {
+				return nil, fmt.Errorf("worker: %d values for no keys", len(vals))
+			}
+			return out, nil
+		}
+		if len(vals)%len(keys) != 0 {
+			return nil, fmt.Errorf("worker: %d values do not split evenly over %d keys; pass lens", len(vals), len(keys))
+		}
+		for i := range out {
+			out[i] = len(vals) / len(keys) * size
+		}
+		return out, nil
+	}
+	if len(lens) != len(keys) {
+		return nil, fmt.Errorf("worker: %d lens for %d keys", len(lens), len(keys))
+	}
+	total := 0
+	for i, n := range lens {
+		if n < 0 {
+			return nil, fmt.Errorf("worker: key %d: negative length %d", keys[i], n)
+		}
+		out[i] = n * size
+		total += n
+	}
+	if total != len(vals) {
+		return nil, fmt.Errorf("worker: lens add up to %d elements, vals has %d", total, len(vals))
+	}
+	return out, nil
+}
+
+// asBytes views a float slice as its bytes, without copying: the van sends
+// the caller's memory as it is.
+func asBytes[T Float](v []T) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), len(v)*int(unsafe.Sizeof(v[0])))
+}

@@ -1,0 +1,682 @@
+// Package worker is the API a training program uses on a worker node.
+//
+// FPT's calls: FPTPush sends each tensor's partitions to the aggregators
+// that own them; each aggregator sums the W workers' contributions and sends
+// the sum to every worker on its own, so FPTPull only waits for and copies
+// the local result (no extra round trip). Tensors are declared up front
+// (key, size, dtype, priority), which makes every key's iteration number
+// known to every node: a key's n-th FPTPush belongs to iteration n.
+// Iteration 0 is the key's init round: every worker ends up with worker 0's
+// value (ps-lite/MXNet init semantics); Init wraps it in barriers.
+//
+// ps-lite's classic calls are here too: Push, Pull and PushPull over keys
+// sliced by range across the servers, with Wait(timestamp) and callbacks.
+//
+// KV[T] is the typed face (like ps-lite's KVWorker<Val>) for float32 and
+// float64; the Worker underneath works on bytes.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+
+	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/van"
+)
+
+// Worker is a running worker node.
+type Worker struct {
+	node      *cluster.Node
+	partBytes uint64
+
+	mu         sync.Mutex
+	ready      bool // Start finished: the fields below it are set
+	rank       int
+	servers    []node.ID
+	schedule   *lb.Schedule
+	perIter    int // SetTensorsPerIteration; 0 = not announced
+	tensors    map[uint64]*tensor
+	results    map[resultKey]*result
+	requests   map[int]*request
+	failedReqs map[int]error
+	nextTS     int
+}
+
+type tensor struct {
+	key      uint64
+	dtype    frame.DType
+	bytes    uint64
+	priority int32
+	pushed   uint64 // iterations pushed
+	pulled   uint64 // iterations claimed by FPTPull
+	// layout caches the partitions under one decision version.
+	layoutVersion uint32
+	layout        []lb.Partition
+	spare         [][]byte // result buffers to reuse
+}
+
+type resultKey struct{ key, iter uint64 }
+
+// result gathers the partitions of one key's sum for one iteration.
+type result struct {
+	t        *tensor
+	iter     uint64
+	buf      []byte
+	parts    []lb.Partition
+	seen     []bool
+	left     int
+	complete bool
+	waiter   *pullWait // the FPTPull waiting for it, if it was called first
+}
+
+type pullWait struct {
+	req *request
+	dst []byte
+}
+
+// request is an asynchronous call's completion: left counts what is still
+// outstanding (frames written, results or replies received).
+type request struct {
+	ts   int
+	left int
+	done chan struct{}
+	err  error
+	cb   func()
+	// classic Pull and PushPull: where each key's reply goes.
+	dst map[uint64]*kvDst
+}
+
+type kvDst struct {
+	buf []byte
+	got uint64
+}
+
+// Start joins the cluster as a worker and returns once every node has.
+func Start(ctx context.Context, n *cluster.Node) (*Worker, error) {
+	w := &Worker{
+		node:       n,
+		partBytes:  n.Config().PartitionBytes,
+		tensors:    make(map[uint64]*tensor),
+		results:    make(map[resultKey]*result),
+		requests:   make(map[int]*request),
+		failedReqs: make(map[int]error),
+	}
+	if err := n.Start(ctx, w); err != nil {
+		return nil, err
+	}
+	servers := n.Servers()
+	aggs := make([]uint32, len(servers))
+	for i, id := range servers {
+		aggs[i] = uint32(id)
+	}
+	sched, err := lb.NewSchedule(lb.Even(0, 0, aggs))
+	if err != nil {
+		n.Close()
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	w.mu.Lock()
+	w.rank, w.servers, w.schedule, w.ready = n.Self().ID.Rank(), servers, sched, true
+	w.mu.Unlock()
+	return w, nil
+}
+
+// Rank is this worker's rank, 0..NumWorkers-1.
+func (w *Worker) Rank() int { return w.node.Self().ID.Rank() }
+
+// NumWorkers is the number of workers in the cluster.
+func (w *Worker) NumWorkers() int { return w.node.Config().NumWorkers }
+
+// NumServers is the number of servers in the cluster.
+func (w *Worker) NumServers() int { return w.node.Config().NumServers }
+
+// Node is the worker's cluster membership.
+func (w *Worker) Node() *cluster.Node { return w.node }
+
+// Barrier waits for every worker (group node.WorkerGroup) or any other group.
+func (w *Worker) Barrier(ctx context.Context, g node.Group) error { return w.node.Barrier(ctx, g) }
+
+// Finalize waits for the worker's outstanding requests, passes the final
+// barrier and leaves the cluster.
+func (w *Worker) Finalize(ctx context.Context) error {
+	w.mu.Lock()
+	pending := make([]int, 0, len(w.requests))
+	for ts := range w.requests {
+		pending = append(pending, ts)
+	}
+	w.mu.Unlock()
+	for _, ts := range pending {
+		if err := w.Wait(ts); err != nil {
+			w.node.Close()
+			return err
+		}
+	}
+	return w.node.Finalize(ctx)
+}
+
+// SetTensorsPerIteration announces how many tensors one iteration pushes
+// (FPT's kvstore announces it the same way). Declaring more keys than that
+// is then an error, which catches a model and a launch script that disagree.
+func (w *Worker) SetTensorsPerIteration(n int) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if n < 1 {
+		return fmt.Errorf("worker: SetTensorsPerIteration(%d): must be at least 1", n)
+	}
+	if len(w.tensors) > n {
+		return fmt.Errorf("worker: SetTensorsPerIteration(%d): %d tensors are already declared", n, len(w.tensors))
+	}
+	w.perIter = n
+	return nil
+}
+
+// declare registers a tensor of the given size in bytes.
+func (w *Worker) declare(key uint64, dtype frame.DType, bytes uint64, priority int32) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if t, ok := w.tensors[key]; ok {
+		if t.dtype == dtype && t.bytes == bytes {
+			t.priority = priority
+			return nil
+		}
+		return fmt.Errorf("worker: key %d is already declared as %d bytes of %s", key, t.bytes, t.dtype)
+	}
+	if w.perIter > 0 && len(w.tensors) >= w.perIter {
+		return fmt.Errorf("worker: declaring key %d would exceed the %d tensors per iteration announced", key, w.perIter)
+	}
+	w.tensors[key] = &tensor{key: key, dtype: dtype, bytes: bytes, priority: priority}
+	return nil
+}
+
+// layoutFor returns t's partitions for an iteration under the decision in
+// force then. Caller holds w.mu.
+func (w *Worker) layoutFor(t *tensor, iter uint64) (lb.Decision, []lb.Partition) {
+	d := w.schedule.At(iter)
+	if t.layout == nil || t.layoutVersion != d.Version {
+		t.layout = d.Layout(t.key, t.bytes, t.dtype.Size(), w.partBytes)
+		t.layoutVersion = d.Version
+	}
+	return d, t.layout
+}
+
+// split checks keys, data and byte lengths against the declarations and
+// returns each key's slice of data. Caller holds w.mu.
+func (w *Worker) split(keys []uint64, data []byte, byteLens []int, dtype frame.DType) ([]*tensor, [][]byte, error) {
+	if !w.ready {
+		return nil, nil, errors.New("worker: not started")
+	}
+	ts := make([]*tensor, len(keys))
+	parts := make([][]byte, len(keys))
+	off := 0
+	for i, k := range keys {
+		t := w.tensors[k]
+		if t == nil {
+			return nil, nil, fmt.Errorf("worker: key %d is not declared", k)
+		}
+		if t.dtype != dtype {
+			return nil, nil, fmt.Errorf("worker: key %d is declared as %s, not %s", k, t.dtype, dtype)
+		}
+		if uint64(byteLens[i]) != t.bytes {
+			return nil, nil, fmt.Errorf("worker: key %d is declared as %d bytes, the call gives %d", k, t.bytes, byteLens[i])
+		}
+		if slices.Contains(keys[:i], k) {
+			return nil, nil, fmt.Errorf("worker: key %d appears twice in one call", k)
+		}
+		ts[i], parts[i] = t, data[off:off+byteLens[i]]
+		off += byteLens[i]
+	}
+	if off != len(data) {
+		return nil, nil, fmt.Errorf("worker: lengths add up to %d bytes, the values have %d", off, len(data))
+	}
+	return ts, parts, nil
+}
+
+// newRequest registers a request. Caller holds w.mu.
+func (w *Worker) newRequest(cb func()) *request {
+	w.nextTS++
+	r := &request{ts: w.nextTS, done: make(chan struct{}), cb: cb}
+	w.requests[r.ts] = r
+	return r
+}
+
+// settle records progress on r (n fewer outstanding items, or a failure)
+// and returns a function to run after unlocking when r finished. Caller
+// holds w.mu.
+func (w *Worker) settle(r *request, n int, err error) (after func()) {
+	if r.err != nil || r.left == 0 {
+		return nil // already finished
+	}
+	r.left -= n
+	if err != nil {
+		r.err = err
+	}
+	if r.left > 0 && r.err == nil {
+		return nil
+	}
+	delete(w.requests, r.ts)
+	if r.err != nil {
+		w.failedReqs[r.ts] = r.err
+		r.left = 0
+	}
+	close(r.done)
+	if r.err == nil && r.cb != nil {
+		return r.cb
+	}
+	return nil
+}
+
+func (w *Worker) settleUnlocked(r *request, n int, err error) {
+	w.mu.Lock()
+	after := w.settle(r, n, err)
+	w.mu.Unlock()
+	if after != nil {
+		after()
+	}
+}
+
+// finishEmpty completes a request with nothing outstanding. Caller holds w.mu.
+func (w *Worker) finishEmpty(r *request) (after func()) {
+	r.left = 1
+	return w.settle(r, 1, nil)
+}
+
+// Wait blocks until the request with timestamp ts has completed, and
+// returns its error or the node's failure.
+func (w *Worker) Wait(ts int) error {
+	w.mu.Lock()
+	r := w.requests[ts]
+	if r == nil {
+		err, failed := w.failedReqs[ts]
+		delete(w.failedReqs, ts)
+		known := ts > 0 && ts <= w.nextTS
+		w.mu.Unlock()
+		switch {
+		case failed:
+			return err
+		case !known:
+			return fmt.Errorf("worker: Wait(%d): no such request", ts)
+		}
+		return nil
+	}
+	w.mu.Unlock()
+	select {
+	case <-r.done:
+		w.mu.Lock()
+		err := r.err
+		delete(w.failedReqs, ts)
+		w.mu.Unlock()
+		return err
+	case <-w.node.Done():
+		return w.node.Err()
+	}
+}
+
+// send queues messages (blocking on a full pool) and settles r for any that
+// could not be queued.
+func (w *Worker) send(r *request, msgs []*van.Message) {
+	for i, m := range msgs {
+		if err := w.node.Van().Send(m); err != nil {
+			w.settleUnlocked(r, len(msgs)-i, fmt.Errorf("worker: send %s: %w", &m.Header, err))
+			return
+		}
+	}
+}
+
+// fptPush is FPTPush on bytes: byteLens[i] bytes of data belong to keys[i].
+func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame.DType, priority int32, cb func()) (int, error) {
+	w.mu.Lock()
+	ts, parts, err := w.split(keys, data, byteLens, dtype)
+	if err != nil {
+		w.mu.Unlock()
+		return 0, err
+	}
+	req := w.newRequest(cb)
+	self := uint32(w.node.Self().ID)
+	done := func(err error) {
+		if err != nil {
+			err = fmt.Errorf("worker: push: %w", err)
+		}
+		w.settleUnlocked(req, 1, err)
+	}
+	var msgs []*van.Message
+	for i, t := range ts {
+		iter := t.pushed
+		t.pushed++
+		var flags uint8
+		if iter == 0 {
+			// The init round: only worker 0's value is sent and kept.
+			if w.rank != 0 {
+				continue
+			}
+			flags = frame.FlagInit
+		}
+		d, layout := w.layoutFor(t, iter)
+		for _, p := range layout {
+			msgs = append(msgs, &van.Message{
+				Header: frame.Header{
+					Type: frame.Push, DType: t.dtype, Flags: flags,
+					Sender: self, Recipient: p.Aggregator,
+					Key: t.key, Partition: p.Index, Iteration: iter,
+					Offset: p.Offset, Total: t.bytes, Priority: priority, Aux: d.Version,
+				},
+				Payload: parts[i][p.Offset : p.Offset+p.Length],
+				Done:    done,
+			})
+		}
+	}
+	req.left = len(msgs)
+	var after func()
+	if len(msgs) == 0 {
+		after = w.finishEmpty(req)
+	}
+	w.mu.Unlock()
+	if after != nil {
+		after()
+	}
+	w.send(req, msgs)
+	return req.ts, nil
+}
+
+// fptPull is FPTPull on bytes.
+func (w *Worker) fptPull(keys []uint64, data []byte, byteLens []int, dtype frame.DType, cb func()) (int, error) {
+	w.mu.Lock()
+	ts, parts, err := w.split(keys, data, byteLens, dtype)
+	if err == nil {
+		for _, t := range ts {
+			if t.pulled >= t.pushed {
+				err = fmt.Errorf("worker: FPTPull of key %d for iteration %d before its FPTPush", t.key, t.pulled)
+				break
+			}
+		}
+	}
+	if err != nil {
+		w.mu.Unlock()
+		return 0, err
+	}
+	req := w.newRequest(cb)
+	req.left = len(ts)
+	type ready struct {
+		r   *result
+		dst []byte
+	}
+	var now []ready
+	for i, t := range ts {
+		iter := t.pulled
+		t.pulled++
+		r := w.resultFor(t, iter)
+		if r.complete {
+			now = append(now, ready{r, parts[i]})
+		} else {
+			r.waiter = &pullWait{req: req, dst: parts[i]}
+		}
+	}
+	var after func()
+	if len(ts) == 0 {
+		after = w.finishEmpty(req)
+	}
+	w.mu.Unlock()
+	if after != nil {
+		after()
+	}
+	for _, c := range now {
+		w.deliver(c.r, req, c.dst)
+	}
+	return req.ts, nil
+}
+
+// resultFor finds or creates the result of t's iteration. Caller holds w.mu.
+func (w *Worker) resultFor(t *tensor, iter uint64) *result {
+	k := resultKey{t.key, iter}
+	if r := w.results[k]; r != nil {
+		return r
+	}
+	_, layout := w.layoutFor(t, iter)
+	r := &result{t: t, iter: iter, parts: layout, seen: make([]bool, len(layout)), left: len(layout)}
+	if n := len(t.spare); n > 0 {
+		r.buf, t.spare = t.spare[n-1], t.spare[:n-1]
+	} else {
+		r.buf = make([]byte, t.bytes)
+	}
+	r.complete = r.left == 0
+	w.results[k] = r
+	return r
+}
+
+// deliver copies a complete result into an FPTPull's buffer and recycles it.
+func (w *Worker) deliver(r *result, req *request, dst []byte) {
+	copy(dst, r.buf)
+	w.mu.Lock()
+	delete(w.results, resultKey{r.t.key, r.iter})
+	if len(r.t.spare) < 2 {
+		r.t.spare = append(r.t.spare, r.buf)
+	}
+	after := w.settle(req, 1, nil)
+	w.mu.Unlock()
+	if after != nil {
+		after()
+	}
+}
+
+// HandleFrame implements van.Handler.
+func (w *Worker) HandleFrame(h *frame.Header, payload []byte) {
+	var err error
+	switch h.Type {
+	case frame.Result:
+		err = w.handleResult(h, payload)
+	case frame.KVAck, frame.KVData, frame.KVError:
+		err = w.handleKV(h, payload)
+	default:
+		err = fmt.Errorf("unexpected %s frame", h.Type)
+	}
+	if err != nil {
+		w.node.Fail(fmt.Errorf("worker: from %s: %s: %w", node.ID(h.Sender), h, err))
+	}
+}
+
+// PeerLost implements van.Handler; the cluster node handles it.
+func (w *Worker) PeerLost(uint32, error) {}
+
+func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
+	w.mu.Lock()
+	if !w.ready {
+		w.mu.Unlock()
+		return errors.New("result before the worker started")
+	}
+	t := w.tensors[h.Key]
+	if t == nil {
+		w.mu.Unlock()
+		return errors.New("result for an undeclared key (declare every key on every worker before the first push)")
+	}
+	r := w.results[resultKey{h.Key, h.Iteration}]
+	if r == nil {
+		if h.Iteration < t.pulled || h.Iteration > t.pushed {
+			w.mu.Unlock()
+			return fmt.Errorf("result for iteration %d, but this worker pushed %d and pulled %d", h.Iteration, t.pushed, t.pulled)
+		}
+		r = w.resultFor(t, h.Iteration)
+	}
+	if err := r.check(h); err != nil {
+		w.mu.Unlock()
+		return err
+	}
+	r.seen[h.Partition] = true
+	w.mu.Unlock()
+
+	copy(r.buf[h.Offset:h.Offset+h.Length], payload)
+
+	w.mu.Lock()
+	r.left--
+	var wait *pullWait
+	if r.left == 0 {
+		r.complete = true
+		wait, r.waiter = r.waiter, nil
+	}
+	w.mu.Unlock()
+	if wait != nil {
+		w.deliver(r, wait.req, wait.dst)
+	}
+	return nil
+}
+
+// check verifies that a result frame is the partition the layout expects
+// from the aggregator that owns it: a misrouted or stale partition is a
+// protocol error, never a silently wrong value.
+func (r *result) check(h *frame.Header) error {
+	if int(h.Partition) >= len(r.parts) {
+		return fmt.Errorf("partition %d of %d", h.Partition, len(r.parts))
+	}
+	p := r.parts[h.Partition]
+	switch {
+	case h.DType != r.t.dtype || h.Total != r.t.bytes:
+		return fmt.Errorf("key is %d bytes of %s", r.t.bytes, r.t.dtype)
+	case p.Offset != h.Offset || p.Length != h.Length:
+		return fmt.Errorf("partition %d is [%d,+%d)", p.Index, p.Offset, p.Length)
+	case p.Aggregator != h.Sender:
+		return fmt.Errorf("partition %d belongs to %s", p.Index, node.ID(p.Aggregator))
+	case r.seen[h.Partition]:
+		return fmt.Errorf("partition %d received twice", h.Partition)
+	}
+	return nil
+}
+
+// ServerFor returns the server owning key under ps-lite's range slicing:
+// the key space is cut into NumServers equal ranges.
+func ServerFor(key uint64, servers int) int {
+	span := math.MaxUint64 / uint64(servers)
+	return int(min(key/span, uint64(servers-1)))
+}
+
+// kvRequest sends a classic request: one frame per partition-sized chunk of
+// every key (a pull sends one empty frame per key).
+func (w *Worker) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byteLens []int, dtype frame.DType, cb func()) (int, error) {
+	if dtype.Size() == 0 {
+		return 0, fmt.Errorf("worker: unknown dtype %d", dtype)
+	}
+	for i := 1; i < len(keys); i++ {
+		if keys[i] <= keys[i-1] {
+			return 0, fmt.Errorf("worker: keys must be sorted and unique, as in ps-lite (key %d after %d)", keys[i], keys[i-1])
+		}
+	}
+	total := 0
+	for i, n := range byteLens {
+		if n < 0 || n%dtype.Size() != 0 {
+			return 0, fmt.Errorf("worker: key %d: %d bytes is not a whole number of %s", keys[i], n, dtype)
+		}
+		total += n
+	}
+	if total != len(data) || (out != nil && len(out) != len(data)) {
+		return 0, fmt.Errorf("worker: lengths add up to %d bytes, the values have %d", total, len(data))
+	}
+	w.mu.Lock()
+	if !w.ready {
+		w.mu.Unlock()
+		return 0, errors.New("worker: not started")
+	}
+	req := w.newRequest(cb)
+	self := uint32(w.node.Self().ID)
+	chunk := w.partBytes - w.partBytes%uint64(dtype.Size())
+	var msgs []*van.Message
+	if out != nil {
+		req.dst = make(map[uint64]*kvDst, len(keys))
+	}
+	off := 0
+	for i, k := range keys {
+		n := uint64(byteLens[i])
+		if out != nil {
+			req.dst[k] = &kvDst{buf: out[off : off+int(n)]}
+		}
+		base := frame.Header{
+			Type: typ, DType: dtype, Sender: self, Recipient: uint32(w.servers[ServerFor(k, len(w.servers))]),
+			Key: k, Total: n, Aux: uint32(req.ts),
+		}
+		val := data[off : off+int(n)]
+		off += int(n)
+		if typ == frame.KVPull {
+			msgs = append(msgs, &van.Message{Header: base})
+			continue
+		}
+		for c, part := uint64(0), uint32(0); ; part++ {
+			end := min(c+chunk, n)
+			m := &van.Message{Header: base, Payload: val[c:end]}
+			m.Header.Offset, m.Header.Partition = c, part
+			msgs = append(msgs, m)
+			if end == n {
+				break
+			}
+			c = end
+		}
+	}
+	if out != nil {
+		req.left = len(keys) // one per key's complete reply
+	} else {
+		req.left = len(msgs) // one ack per frame
+	}
+	var after func()
+	if req.left == 0 {
+		after = w.finishEmpty(req)
+	}
+	w.mu.Unlock()
+	if after != nil {
+		after()
+	}
+	w.send(req, msgs)
+	return req.ts, nil
+}
+
+func (w *Worker) handleKV(h *frame.Header, payload []byte) error {
+	w.mu.Lock()
+	req := w.requests[int(h.Aux)]
+	if req == nil {
+		w.mu.Unlock()
+		return fmt.Errorf("reply to request %d, which is not outstanding", h.Aux)
+	}
+	switch h.Type {
+	case frame.KVError:
+		after := w.settle(req, 0, fmt.Errorf("worker: %s refused key %d: %s", node.ID(h.Sender), h.Key, payload))
+		w.mu.Unlock()
+		if after != nil {
+			after()
+		}
+		return nil
+	case frame.KVAck:
+		if req.dst != nil {
+			w.mu.Unlock()
+			return errors.New("ack for a request that expects data")
+		}
+		after := w.settle(req, 1, nil)
+		w.mu.Unlock()
+		if after != nil {
+			after()
+		}
+		return nil
+	}
+	var d *kvDst
+	if req.dst != nil {
+		d = req.dst[h.Key]
+	}
+	if d == nil || uint64(len(d.buf)) != h.Total {
+		w.mu.Unlock()
+		return fmt.Errorf("data for key %d that request %d does not expect at that size", h.Key, h.Aux)
+	}
+	w.mu.Unlock()
+	copy(d.buf[h.Offset:h.Offset+h.Length], payload)
+	w.mu.Lock()
+	d.got += h.Length
+	var after func()
+	if d.got == h.Total {
+		after = w.settle(req, 1, nil)
+	} else if d.got > h.Total {
+		after = w.settle(req, 0, fmt.Errorf("worker: key %d: more data than its %d bytes", h.Key, h.Total))
+	}
+	w.mu.Unlock()
+	if after != nil {
+		after()
+	}
+	return nil
+}
