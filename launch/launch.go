@@ -17,6 +17,7 @@ import (
 
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/scheduler"
 	"github.com/fptps/fpt/server"
@@ -52,7 +53,10 @@ func Main(name string, lookup func(string) (string, bool), stderr io.Writer, tra
 	log := Logger(stderr, cfg)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := Run(ctx, cfg, log, train); err != nil {
+	err = Run(ctx, cfg, log, train)
+	// Deliver the last control messages before the process exits.
+	control.Shutdown()
+	if err != nil {
 		fmt.Fprintf(stderr, "%s: %s: %v\n", name, cfg.Role, err)
 		var ve *config.VarError
 		if errors.As(err, &ve) {
