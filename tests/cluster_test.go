@@ -91,7 +91,7 @@ func TestKillServerStopsEveryone(t *testing.T) {
 // kill -9 of the scheduler: the servers and workers notice the silence and
 // exit non-zero within 30 s.
 func TestKillSchedulerStopsEveryone(t *testing.T) {
-	c := startCluster(t, spec{servers: 1, workers: 2, appArgs: []string{"-iters", "100000", "-max-bytes", "65536", "-quiet"},
+	c := startCluster(t, spec{servers: 1, workers: 2, appArgs: []string{"-iters", "100000", "-max-bytes", "65536"},
 		env: []string{"PS_HEARTBEAT_TIMEOUT=5"}})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

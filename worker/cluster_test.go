@@ -1,0 +1,311 @@
+package worker_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/scheduler"
+	"github.com/fptps/fpt/server"
+	"github.com/fptps/fpt/trainer"
+	"github.com/fptps/fpt/worker"
+)
+
+// inProcess is a whole cluster in this process (every node with its own
+// sockets on loopback), so that the race detector sees the worker, the
+// server and the cluster code together.
+type inProcess struct {
+	workers []*worker.Worker
+	errs    chan error // from the scheduler and servers
+	nodes   int
+}
+
+func startInProcess(servers, workers int, extra map[string]string) (*inProcess, error) {
+	port, err := localcluster.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	env := map[string]string{
+		"DMLC_PS_ROOT_URI":  "127.0.0.1",
+		"DMLC_PS_ROOT_PORT": strconv.Itoa(port),
+		"DMLC_NUM_SERVER":   strconv.Itoa(servers),
+		"DMLC_NUM_WORKER":   strconv.Itoa(workers),
+		"FPT_START_TIMEOUT": "30",
+	}
+	for k, v := range extra {
+		env[k] = v
+	}
+	cfgFor := func(role string) config.Config {
+		env["DMLC_ROLE"] = role
+		cfg, err := config.FromEnv(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+		if err != nil {
+			panic(err) // the test's own settings are wrong
+		}
+		return cfg
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx := context.Background()
+	c := &inProcess{errs: make(chan error, servers+1), nodes: servers + 1}
+	sched := cfgFor("scheduler")
+	go func() { c.errs <- scheduler.Run(ctx, sched, log) }()
+	for range servers {
+		cfg := cfgFor("server")
+		go func() { c.errs <- server.Run(ctx, cluster.New(cfg, log)) }()
+	}
+	wcfg := cfgFor("worker")
+	ws := make(chan *worker.Worker, workers)
+	werrs := make(chan error, workers)
+	for range workers {
+		go func() {
+			w, err := worker.Start(ctx, cluster.New(wcfg, log))
+			if err != nil {
+				werrs <- err
+				return
+			}
+			ws <- w
+		}()
+	}
+	for range workers {
+		select {
+		case w := <-ws:
+			c.workers = append(c.workers, w)
+		case err := <-werrs:
+			return nil, err
+		case <-time.After(30 * time.Second):
+			return nil, fmt.Errorf("cluster did not start")
+		}
+	}
+	return c, nil
+}
+
+func mustStart(t *testing.T, servers, workers int, extra map[string]string) *inProcess {
+	t.Helper()
+	c, err := startInProcess(servers, workers, extra)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// each runs f on every worker at once and returns the first error.
+func (c *inProcess) each(f func(w *worker.Worker) error) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, len(c.workers))
+	for _, w := range c.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(w); err != nil {
+				errs <- fmt.Errorf("worker %d: %w", w.Rank(), err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// finish finalizes every worker and checks that every node left cleanly.
+func (c *inProcess) finish() error {
+	if err := c.each(func(w *worker.Worker) error { return w.Finalize(context.Background()) }); err != nil {
+		return err
+	}
+	for range c.nodes {
+		select {
+		case err := <-c.errs:
+			if err != nil {
+				return err
+			}
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("a server or the scheduler did not exit")
+		}
+	}
+	return nil
+}
+
+func mustFinish(t *testing.T, c *inProcess) {
+	t.Helper()
+	if err := c.finish(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The simulated trainer on an in-process cluster, under the race detector:
+// every pulled value is checked exactly, FPT and classic.
+func TestTrainerInProcess(t *testing.T) {
+	tests := []struct {
+		name             string
+		servers, workers int
+		env              map[string]string
+		o                trainer.Options
+	}{
+		{"2s3w-float32", 2, 3, map[string]string{"FPT_PARTITION_BYTES": "16384"},
+			trainer.Options{Iterations: 4, Tensors: 6, MinBytes: 0, MaxBytes: 300 << 10, DType: frame.Float32, Classic: 2, Quiet: true}},
+		{"1s2w-float64-netconn", 1, 2, map[string]string{"FPT_VAN": "netconn"},
+			trainer.Options{Iterations: 3, Tensors: 4, MinBytes: 8, MaxBytes: 1 << 20, DType: frame.Float64, Classic: 1, Quiet: true}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := mustStart(t, tt.servers, tt.workers, tt.env)
+			err := c.each(func(w *worker.Worker) error {
+				_, err := trainer.Run(context.Background(), w, tt.o, io.Discard)
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustFinish(t, c)
+		})
+	}
+}
+
+// Many iterations of small tensors, each value checked exactly: the stress
+// run for the iteration bookkeeping (results that arrive before their pull,
+// buffers reused across iterations, partitions of many sizes).
+func TestStressManyIterations(t *testing.T) {
+	iters := 200
+	if testing.Short() {
+		iters = 30
+	}
+	c := mustStart(t, 2, 2, map[string]string{"FPT_PARTITION_BYTES": "4096"})
+	o := trainer.Options{Iterations: iters, Tensors: 5, MinBytes: 4, MaxBytes: 40 << 10, DType: frame.Float32, Quiet: true}
+	err := c.each(func(w *worker.Worker) error {
+		s, err := trainer.Run(context.Background(), w, o, io.Discard)
+		if err == nil && s.Iterations != iters {
+			err = fmt.Errorf("ran %d iterations", s.Iterations)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustFinish(t, c)
+}
+
+// Bad calls get clear errors and leave the worker usable.
+func TestWorkerRejectsBadCalls(t *testing.T) {
+	c := mustStart(t, 2, 1, nil)
+	w := c.workers[0]
+	kv := worker.NewKV[float32](w)
+	kv64 := worker.NewKV[float64](w)
+	if err := w.SetTensorsPerIteration(2); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Declare(1, 4, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Declare(2, 2, -1); err != nil {
+		t.Fatal(err)
+	}
+	four := []float32{1, 2, 3, 4}
+	calls := []struct {
+		name string
+		call func() error
+	}{
+		{"third tensor beyond SetTensorsPerIteration", func() error { return kv.Declare(3, 1, 0) }},
+		{"redeclare with another size", func() error { return kv.Declare(1, 5, 0) }},
+		{"undeclared key", func() error { _, err := kv.FPTPush([]uint64{9}, four, nil, 0, nil); return err }},
+		{"wrong size", func() error { _, err := kv.FPTPush([]uint64{1}, four[:3], nil, 0, nil); return err }},
+		{"wrong dtype", func() error { _, err := kv64.FPTPush([]uint64{1}, []float64{1, 2, 3, 4}, nil, 0, nil); return err }},
+		{"lens do not add up", func() error { _, err := kv.FPTPush([]uint64{1, 2}, four, []int{4, 1}, 0, nil); return err }},
+		{"key twice", func() error { _, err := kv.FPTPush([]uint64{2, 2}, four, []int{2, 2}, 0, nil); return err }},
+		{"pull before push", func() error { _, err := kv.FPTPull([]uint64{1}, four, nil, nil); return err }},
+		{"wait on unknown request", func() error { return kv.Wait(12345) }},
+		{"classic keys unsorted", func() error { _, err := kv.Push([]uint64{5, 3}, four, nil, nil); return err }},
+		{"pushpull outputs short", func() error { _, err := kv.PushPull([]uint64{5}, four, four[:2], nil, nil); return err }},
+	}
+	for _, cl := range calls {
+		if err := cl.call(); err == nil {
+			t.Errorf("%s: no error", cl.name)
+		} else {
+			t.Logf("%s: %v", cl.name, err)
+		}
+	}
+	// A pull of a key no one pushed is refused by its server; the request
+	// fails, the server carries on.
+	ts, err := kv.Pull([]uint64{77}, four, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Wait(ts); err == nil {
+		t.Error("pull of a never-pushed key succeeded")
+	}
+	// The worker still works: init, then one FPT round.
+	if err := kv.Init(context.Background(), []uint64{1}, four, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Init(context.Background(), []uint64{1}, four, nil); err == nil {
+		t.Error("second Init of a key accepted")
+	}
+	ts, err = kv.FPTPush([]uint64{1}, []float32{10, 20, 30, 40}, nil, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, 4)
+	pull, err := kv.FPTPull([]uint64{1}, got, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Wait(pull); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Wait(ts); err != nil {
+		t.Fatal(err)
+	}
+	if got[0] != 10 || got[3] != 40 {
+		t.Errorf("FPTPull = %v; want the one worker's push", got)
+	}
+	mustFinish(t, c)
+}
+
+// Two workers push; each gets the sum by itself.
+func ExampleKV_FPTPush() {
+	c, err := startInProcess(1, 2, nil)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	err = c.each(func(w *worker.Worker) error {
+		kv := worker.NewKV[float32](w)
+		if err := kv.Declare(7, 3, 0); err != nil {
+			return err
+		}
+		if err := kv.Init(context.Background(), []uint64{7}, make([]float32, 3), nil); err != nil {
+			return err
+		}
+		r := float32(w.Rank() + 1)
+		grad := []float32{r, 10 * r, 100 * r}
+		if _, err := kv.FPTPush([]uint64{7}, grad, nil, 0, nil); err != nil {
+			return err
+		}
+		sum := make([]float32, 3)
+		ts, err := kv.FPTPull([]uint64{7}, sum, nil, nil)
+		if err != nil {
+			return err
+		}
+		if err := kv.Wait(ts); err != nil {
+			return err
+		}
+		if w.Rank() == 0 {
+			fmt.Println(sum)
+		}
+		return w.Barrier(context.Background(), node.WorkerGroup)
+	})
+	if err == nil {
+		err = c.finish()
+	}
+	if err != nil {
+		fmt.Println(err)
+	}
+	// Output: [3 30 300]
+}
