@@ -3,7 +3,6 @@ module github.com/fptps/fpt
 go 1.26.0
 
 require (
-	github.com/prometheus/client_golang v1.25.0
 	github.com/zeromq/goczmq v4.1.0+incompatible
 	golang.org/x/sys v0.49.0
 )

@@ -128,7 +128,7 @@ func (n *Node) Start(ctx context.Context, h van.Handler) error {
 		}
 	}()
 	self := n.Self()
-	n.log.Info("registering", "role", n.cfg.Role, "control", self.ControlEndpoint(), "data", self.DataAddr(), "scheduler", n.sched)
+	n.log.Info("registering", "control", self.ControlEndpoint(), "data", self.DataAddr(), "scheduler", n.sched)
 	if err := n.plane.Send(n.sched, &control.Message{Command: control.AddNode, Nodes: []node.Info{self}}); err != nil {
 		return fmt.Errorf("cluster: register: %w", err)
 	}

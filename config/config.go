@@ -40,7 +40,6 @@ type Config struct {
 	PartitionBytes    uint64        // FPT_PARTITION_BYTES: largest tensor partition (default 1 MiB)
 	MaxFrameBytes     uint64        // FPT_MAX_FRAME_BYTES: largest frame payload accepted (default 1 GiB)
 	PoolBytes         int64         // FPT_POOL_BYTES: send pool limit (default 512 MiB)
-	MetricsAddr       string        // FPT_METRICS_ADDR: serve Prometheus metrics here when set
 }
 
 // Defaults for the optional settings.
@@ -111,12 +110,6 @@ func FromEnv(lookup func(string) (string, bool)) (Config, error) {
 		p.fail("FPT_PARTITION_BYTES", p.raw("FPT_PARTITION_BYTES"), "must not exceed FPT_MAX_FRAME_BYTES")
 	}
 	c.PoolBytes = p.integer("FPT_POOL_BYTES", DefaultPoolBytes, 1<<16, 1<<50)
-	c.MetricsAddr, _ = p.optional("FPT_METRICS_ADDR")
-	if c.MetricsAddr != "" {
-		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
-			p.fail("FPT_METRICS_ADDR", c.MetricsAddr, "must be host:port")
-		}
-	}
 	return c, errors.Join(p.errs...)
 }
 

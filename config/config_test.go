@@ -79,7 +79,6 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		{"several", func(e map[string]string) { delete(e, "DMLC_NUM_WORKER"); e["FPT_VAN"] = "rdma" }, []string{"DMLC_NUM_WORKER", "FPT_VAN"}},
 		{"timeout below interval", func(e map[string]string) { e["PS_HEARTBEAT_INTERVAL"] = "5"; e["PS_HEARTBEAT_TIMEOUT"] = "2" }, []string{"PS_HEARTBEAT_TIMEOUT"}},
 		{"partition above frame", func(e map[string]string) { e["FPT_PARTITION_BYTES"] = "4096"; e["FPT_MAX_FRAME_BYTES"] = "2048" }, []string{"FPT_PARTITION_BYTES"}},
-		{"bad metrics", func(e map[string]string) { e["FPT_METRICS_ADDR"] = "9100" }, []string{"FPT_METRICS_ADDR"}},
 		{"verbose", func(e map[string]string) { e["PS_VERBOSE"] = "9" }, []string{"PS_VERBOSE"}},
 	}
 	for _, tt := range tests {

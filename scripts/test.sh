@@ -9,5 +9,5 @@ echo "== go vet"
 go vet ./...
 echo "== go test -race (all packages)"
 go test -race -timeout 20m ./...
-echo "== go test -tags integration_big (tensors over 2 GiB, no race detector)"
+echo "== go test, tensors over 2 GiB (too large for the race detector)"
 go test -timeout 20m -run 'Big' -count=1 ./van/ ./tests/
