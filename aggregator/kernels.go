@@ -109,32 +109,18 @@ func asUint16(b []byte) ([]uint16, bool) {
 }
 
 // AddFloat32 adds src into dst elementwise. It panics if the lengths differ.
-func AddFloat32(dst, src []float32) {
-	if len(src) != len(dst) {
-		panic(fmt.Sprintf("aggregator: AddFloat32: len(dst)=%d != len(src)=%d", len(dst), len(src)))
-	}
-	for len(dst) >= 8 && len(src) >= 8 {
-		d, s := dst[:8:8], src[:8:8]
-		d[0] += s[0]
-		d[1] += s[1]
-		d[2] += s[2]
-		d[3] += s[3]
-		d[4] += s[4]
-		d[5] += s[5]
-		d[6] += s[6]
-		d[7] += s[7]
-		dst, src = dst[8:], src[8:]
-	}
-	src = src[:len(dst)]
-	for i := range dst {
-		dst[i] += src[i]
-	}
-}
+func AddFloat32(dst, src []float32) { addFloats("AddFloat32", dst, src) }
 
 // AddFloat64 adds src into dst elementwise. It panics if the lengths differ.
-func AddFloat64(dst, src []float64) {
+func AddFloat64(dst, src []float64) { addFloats("AddFloat64", dst, src) }
+
+// addFloats is the float32 and float64 kernel: unrolled by eight, with
+// fixed-length subslices so that the compiler drops the bounds checks.
+// (float32 and float64 have different GC shapes, so each gets its own
+// compiled body: the generic costs nothing.)
+func addFloats[T float32 | float64](name string, dst, src []T) {
 	if len(src) != len(dst) {
-		panic(fmt.Sprintf("aggregator: AddFloat64: len(dst)=%d != len(src)=%d", len(dst), len(src)))
+		panic(fmt.Sprintf("aggregator: %s: len(dst)=%d != len(src)=%d", name, len(dst), len(src)))
 	}
 	for len(dst) >= 8 && len(src) >= 8 {
 		d, s := dst[:8:8], src[:8:8]

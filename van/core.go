@@ -328,6 +328,17 @@ func (c *core) closeSend() {
 	<-c.senderDone
 }
 
+// dial connects to a peer that has no connection yet and says Hello.
+func (c *core) dial(ctx context.Context, id uint32, addr string) (*net.TCPConn, error) {
+	if c.quiet.Load() {
+		return nil, ErrClosed
+	}
+	if c.lookup(id) != nil {
+		return nil, fmt.Errorf("van: dial node %d at %s: already connected", id, addr)
+	}
+	return dialHello(ctx, &c.cfg, c.self.Load(), id, addr)
+}
+
 // dialHello connects to addr and introduces self to peer with a Hello,
 // using a blocking net.Conn: nothing else knows of the connection yet.
 func dialHello(ctx context.Context, cfg *Config, self, peer uint32, addr string) (*net.TCPConn, error) {

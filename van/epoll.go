@@ -152,13 +152,7 @@ func ownFD(sc syscall.Conn) (int, error) {
 func (v *epollVan) Addr() string { return v.addr }
 
 func (v *epollVan) Dial(ctx context.Context, id uint32, addr string) error {
-	if v.quiet.Load() {
-		return ErrClosed
-	}
-	if v.lookup(id) != nil {
-		return fmt.Errorf("van: dial node %d at %s: already connected", id, addr)
-	}
-	tc, err := dialHello(ctx, &v.cfg, v.self.Load(), id, addr)
+	tc, err := v.dial(ctx, id, addr)
 	if err != nil {
 		return err
 	}

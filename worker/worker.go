@@ -280,10 +280,21 @@ func (w *Worker) settleUnlocked(r *request, n int, err error) {
 	}
 }
 
-// finishEmpty completes a request with nothing outstanding. Caller holds w.mu.
-func (w *Worker) finishEmpty(r *request) (after func()) {
-	r.left = 1
-	return w.settle(r, 1, nil)
+// start sets how many items r waits for, releases w.mu (which the caller
+// holds), and queues msgs. A request waiting for nothing completes at once.
+func (w *Worker) start(r *request, left int, msgs []*van.Message) int {
+	r.left = left
+	var after func()
+	if left == 0 {
+		r.left = 1
+		after = w.settle(r, 1, nil)
+	}
+	w.mu.Unlock()
+	if after != nil {
+		after()
+	}
+	w.send(r, msgs)
+	return r.ts
 }
 
 // Wait blocks until the request with timestamp ts has completed, and
@@ -370,17 +381,7 @@ func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame
 			})
 		}
 	}
-	req.left = len(msgs)
-	var after func()
-	if len(msgs) == 0 {
-		after = w.finishEmpty(req)
-	}
-	w.mu.Unlock()
-	if after != nil {
-		after()
-	}
-	w.send(req, msgs)
-	return req.ts, nil
+	return w.start(req, len(msgs), msgs), nil
 }
 
 // fptPull is FPTPull on bytes.
@@ -400,7 +401,6 @@ func (w *Worker) fptPull(keys []uint64, data []byte, byteLens []int, dtype frame
 		return 0, err
 	}
 	req := w.newRequest(cb)
-	req.left = len(ts)
 	type ready struct {
 		r   *result
 		dst []byte
@@ -416,14 +416,7 @@ func (w *Worker) fptPull(keys []uint64, data []byte, byteLens []int, dtype frame
 			r.waiter = &pullWait{req: req, dst: parts[i]}
 		}
 	}
-	var after func()
-	if len(ts) == 0 {
-		after = w.finishEmpty(req)
-	}
-	w.mu.Unlock()
-	if after != nil {
-		after()
-	}
+	w.start(req, len(ts), nil)
 	for _, c := range now {
 		w.deliver(c.r, req, c.dst)
 	}
@@ -612,21 +605,11 @@ func (w *Worker) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byte
 			c = end
 		}
 	}
+	left := len(msgs) // one ack per frame
 	if out != nil {
-		req.left = len(keys) // one per key's complete reply
-	} else {
-		req.left = len(msgs) // one ack per frame
+		left = len(keys) // one per key's complete reply
 	}
-	var after func()
-	if req.left == 0 {
-		after = w.finishEmpty(req)
-	}
-	w.mu.Unlock()
-	if after != nil {
-		after()
-	}
-	w.send(req, msgs)
-	return req.ts, nil
+	return w.start(req, left, msgs), nil
 }
 
 func (w *Worker) handleKV(h *frame.Header, payload []byte) error {
