@@ -23,6 +23,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/frame"
@@ -142,20 +143,36 @@ func (w *Worker) Node() *cluster.Node { return w.node }
 // Barrier waits for every worker (group node.WorkerGroup) or any other group.
 func (w *Worker) Barrier(ctx context.Context, g node.Group) error { return w.node.Barrier(ctx, g) }
 
+// finalizeWait bounds how long Finalize waits for outstanding requests: an
+// FPTPull of an iteration the other workers never push would otherwise
+// hold this worker, and with it the final barrier, forever.
+const finalizeWait = 30 * time.Second
+
 // Finalize waits for the worker's outstanding requests, passes the final
 // barrier and leaves the cluster.
 func (w *Worker) Finalize(ctx context.Context) error {
 	w.mu.Lock()
-	pending := make([]int, 0, len(w.requests))
-	for ts := range w.requests {
-		pending = append(pending, ts)
+	pending := make([]*request, 0, len(w.requests))
+	for _, r := range w.requests {
+		pending = append(pending, r)
 	}
 	w.mu.Unlock()
-	for _, ts := range pending {
-		if err := w.Wait(ts); err != nil {
+	deadline := time.NewTimer(finalizeWait)
+	defer deadline.Stop()
+	for _, r := range pending {
+		select {
+		case <-r.done:
+		case <-w.node.Done():
+		case <-deadline.C:
+			err := fmt.Errorf("worker: Finalize: request %d still outstanding after %s (an FPTPull of an iteration the other workers did not push?)", r.ts, finalizeWait)
+			w.node.Fail(err)
 			w.node.Close()
 			return err
 		}
+	}
+	if err := w.node.Err(); err != nil {
+		w.node.Close()
+		return err
 	}
 	return w.node.Finalize(ctx)
 }
