@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"testing"
@@ -308,4 +310,46 @@ func ExampleKV_FPTPush() {
 		fmt.Println(err)
 	}
 	// Output: [3 30 300]
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// A cluster that shuts down releases every goroutine, socket and fd: a
+// second whole cluster in the same process ends where the first ended (the
+// first pays for ZeroMQ's process-wide context, which stays).
+func TestShutdownReleasesEverything(t *testing.T) {
+	o := trainer.Options{Iterations: 2, Tensors: 3, MinBytes: 4, MaxBytes: 64 << 10, DType: frame.Float32, Classic: 1, Quiet: true}
+	run := func() {
+		c := mustStart(t, 2, 2, nil)
+		err := c.each(func(w *worker.Worker) error {
+			_, err := trainer.Run(context.Background(), w, o, io.Discard)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustFinish(t, c)
+	}
+	settle := func(want func() bool) {
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && !want(); {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	run()
+	goroutines, fds := runtime.NumGoroutine(), openFDs(t)
+	for i := range 2 {
+		run()
+		settle(func() bool { return runtime.NumGoroutine() <= goroutines && openFDs(t) <= fds })
+		if g, f := runtime.NumGoroutine(), openFDs(t); g > goroutines || f > fds {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("after run %d: %d goroutines (was %d), %d fds (was %d)\n%s", i+2, g, goroutines, f, fds, buf[:runtime.Stack(buf, true)])
+		}
+	}
 }
