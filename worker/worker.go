@@ -65,13 +65,17 @@ type tensor struct {
 
 type resultKey struct{ key, iter uint64 }
 
-// result gathers the partitions of one key's sum for one iteration.
+// result gathers the partitions of one key's sum for one iteration. Once
+// an FPTPull waits for it, partitions land straight in the caller's buffer;
+// those that arrive before are staged in buf (taken from the tensor's
+// spares only when needed) and copied over when the pull comes.
 type result struct {
 	t        *tensor
 	iter     uint64
-	buf      []byte
+	buf      []byte // staging; nil until a partition arrives with no waiter
 	parts    []lb.Partition
-	seen     []bool
+	seen     []bool // partition claimed by an arriving frame
+	staged   []bool // partition complete in buf, not yet in the waiter's buffer
 	left     int
 	complete bool
 	waiter   *pullWait // the FPTPull waiting for it, if it was called first
@@ -430,12 +434,12 @@ func (w *Worker) fptPull(keys []uint64, data []byte, byteLens []int, dtype frame
 		if r.complete {
 			now = append(now, ready{r, parts[i]})
 		} else {
-			r.waiter = &pullWait{req: req, dst: parts[i]}
+			r.wait(&pullWait{req: req, dst: parts[i]})
 		}
 	}
 	w.start(req, len(ts), nil)
 	for _, c := range now {
-		w.deliver(c.r, req, c.dst)
+		w.deliver(c.r, req, c.dst, true)
 	}
 	return req.ts, nil
 }
@@ -447,23 +451,48 @@ func (w *Worker) resultFor(t *tensor, iter uint64) *result {
 		return r
 	}
 	_, layout := w.layoutFor(t, iter)
-	r := &result{t: t, iter: iter, parts: layout, seen: make([]bool, len(layout)), left: len(layout)}
-	if n := len(t.spare); n > 0 {
-		r.buf, t.spare = t.spare[n-1], t.spare[:n-1]
-	} else {
-		r.buf = make([]byte, t.bytes)
-	}
+	r := &result{t: t, iter: iter, parts: layout, seen: make([]bool, len(layout)),
+		staged: make([]bool, len(layout)), left: len(layout)}
 	r.complete = r.left == 0
 	w.results[k] = r
 	return r
 }
 
-// deliver copies a complete result into an FPTPull's buffer and recycles it.
-func (w *Worker) deliver(r *result, req *request, dst []byte) {
-	copy(dst, r.buf)
+// stage returns r's staging buffer, taking a spare if it has none. Caller
+// holds w.mu.
+func (r *result) stage() []byte {
+	if r.buf == nil {
+		if n := len(r.t.spare); n > 0 {
+			r.buf, r.t.spare = r.t.spare[n-1], r.t.spare[:n-1]
+		} else {
+			r.buf = make([]byte, r.t.bytes)
+		}
+	}
+	return r.buf
+}
+
+// wait makes an FPTPull's buffer the destination of r's partitions,
+// copying over those already staged. Caller holds w.mu.
+func (r *result) wait(pw *pullWait) {
+	for i, ok := range r.staged {
+		if ok {
+			p := r.parts[i]
+			copy(pw.dst[p.Offset:p.Offset+p.Length], r.buf[p.Offset:p.Offset+p.Length])
+			r.staged[i] = false
+		}
+	}
+	r.waiter = pw
+}
+
+// deliver completes an FPTPull's share of a complete result, copying it
+// from staging when it was complete before the pull came, and recycles it.
+func (w *Worker) deliver(r *result, req *request, dst []byte, fromStaging bool) {
+	if fromStaging {
+		copy(dst, r.buf)
+	}
 	w.mu.Lock()
 	delete(w.results, resultKey{r.t.key, r.iter})
-	if len(r.t.spare) < 2 {
+	if r.buf != nil && len(r.t.spare) < 2 {
 		r.t.spare = append(r.t.spare, r.buf)
 	}
 	after := w.settle(req, 1, nil)
@@ -516,11 +545,27 @@ func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
 		return err
 	}
 	r.seen[h.Partition] = true
+	staging := r.waiter == nil
+	var into []byte
+	if staging {
+		into = r.stage()
+	} else {
+		into = r.waiter.dst
+	}
 	w.mu.Unlock()
 
-	copy(r.buf[h.Offset:h.Offset+h.Length], payload)
+	span := into[h.Offset : h.Offset+h.Length]
+	copy(span, payload)
 
 	w.mu.Lock()
+	if staging {
+		if r.waiter != nil {
+			// The pull came while this partition was being staged.
+			copy(r.waiter.dst[h.Offset:h.Offset+h.Length], span)
+		} else {
+			r.staged[h.Partition] = true
+		}
+	}
 	r.left--
 	var wait *pullWait
 	if r.left == 0 {
@@ -529,7 +574,7 @@ func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
 	}
 	w.mu.Unlock()
 	if wait != nil {
-		w.deliver(r, wait.req, wait.dst)
+		w.deliver(r, wait.req, wait.dst, false)
 	}
 	return nil
 }

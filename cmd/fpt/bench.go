@@ -57,7 +57,7 @@ func benchMain(args []string) int {
 	fs.IntVar(&o.workers, "workers", 1, "workers")
 	fs.IntVar(&o.servers, "servers", 1, "servers")
 	fs.Int64Var(&o.tensorBytes, "tensor-bytes", 64<<20, "size of the one float32 tensor pushed and pulled")
-	fs.IntVar(&o.iters, "iters", 20, "timed iterations (after init and two warm-up iterations)")
+	fs.IntVar(&o.iters, "iters", 50, "timed iterations (after init and two warm-up iterations)")
 	fs.Int64Var(&o.partitionBytes, "partition-bytes", 0, "FPT_PARTITION_BYTES for the cluster (0: the default)")
 	fs.BoolVar(&o.jsonOut, "json", false, "one JSON object per line")
 	fs.Usage = func() {
@@ -94,16 +94,35 @@ func benchMain(args []string) int {
 	return launch.ExitOK
 }
 
-// benchOne measures raw TCP, then a cluster on one van.
+// benchOne measures a cluster on one van between two measurements of raw
+// TCP; the baseline is their mean, so that a shift in the machine's load
+// during the run does not favour either side.
 func benchOne(van string, o benchOptions) (benchResult, error) {
 	volume := o.tensorBytes * int64(o.iters)
-	raw, err := rawTCP(volume)
+	before, err := rawTCP(volume)
 	if err != nil {
 		return benchResult{}, err
 	}
-	self, err := os.Executable()
+	goodput, err := benchCluster(van, o, volume)
 	if err != nil {
 		return benchResult{}, err
+	}
+	after, err := rawTCP(volume)
+	if err != nil {
+		return benchResult{}, err
+	}
+	raw := (before + after) / 2
+	return benchResult{
+		Van: van, Workers: o.workers, Servers: o.servers, TensorBytes: o.tensorBytes, Iters: o.iters,
+		GoodputGbps: goodput, RawTCPGbps: raw, Ratio: goodput / raw,
+	}, nil
+}
+
+// benchCluster runs the cluster and returns worker 0's goodput in Gbit/s.
+func benchCluster(van string, o benchOptions, volume int64) (float64, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return 0, err
 	}
 	args := []string{self, "bench",
 		"-tensor-bytes", strconv.FormatInt(o.tensorBytes, 10), "-iters", strconv.Itoa(o.iters)}
@@ -116,28 +135,24 @@ func benchOne(van string, o benchOptions) (benchResult, error) {
 		Scheduler: []string{self}, Server: []string{self}, Worker: args, Env: env,
 	})
 	if err != nil {
-		return benchResult{}, err
+		return 0, err
 	}
 	defer c.Kill()
 	if err := c.Wait(10 * time.Minute); err != nil {
-		return benchResult{}, err
+		return 0, err
 	}
 	var rep workerReport
 	for _, p := range c.Procs {
 		if out := strings.TrimSpace(p.Stdout.String()); strings.HasPrefix(p.Name, "worker") && out != "" {
 			if err := json.Unmarshal([]byte(out), &rep); err != nil {
-				return benchResult{}, fmt.Errorf("%s printed %q: %w", p.Name, out, err)
+				return 0, fmt.Errorf("%s printed %q: %w", p.Name, out, err)
 			}
 		}
 	}
 	if rep.Seconds <= 0 {
-		return benchResult{}, errors.New("no worker reported a time")
+		return 0, errors.New("no worker reported a time")
 	}
-	goodput := float64(2*volume) * 8 / rep.Seconds / 1e9
-	return benchResult{
-		Van: van, Workers: o.workers, Servers: o.servers, TensorBytes: o.tensorBytes, Iters: o.iters,
-		GoodputGbps: goodput, RawTCPGbps: raw, Ratio: goodput / raw,
-	}, nil
+	return float64(2*volume) * 8 / rep.Seconds / 1e9, nil
 }
 
 // benchWorker pushes and pulls one tensor; worker 0 prints the time of the
