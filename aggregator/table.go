@@ -24,7 +24,12 @@ type Contribution struct {
 	// Init marks the key's init round: only worker 0 contributes and its
 	// value is the result (ps-lite/MXNet init semantics).
 	Init bool
-	Data []byte // only read during Table.Add; never retained
+	Data []byte // only read during Table.Add; never retained, unless Adopt
+	// Adopt says that Data was handed out by the table's Buffer: the table
+	// takes it back, as the partition's sum buffer when c opens the round
+	// (saving a copy: the van read the payload straight into it) and to its
+	// free list otherwise, or on error.
+	Adopt bool
 }
 
 // Sum is a completed partition, ready to broadcast to every worker.
@@ -100,9 +105,10 @@ func NewTable(workers int) *Table {
 // new round. The Sum must be passed to Release when the caller is done with
 // it.
 //
-// c.Data is copied or added into the table's buffer; it is not retained.
-// On error the table is unchanged. Errors: the worker rank is out of range
-// (ErrWorker); the dtype is unknown or Data, Offset and Total disagree with
+// c.Data is copied or added into the table's buffer; it is not retained
+// (unless adopted: see Contribution.Adopt). On error the table is unchanged,
+// but for taking back an adopted buffer. Errors: the worker rank is out of
+// range (ErrWorker); the dtype is unknown or Data, Offset and Total disagree with
 // it or with each other (ErrData); the worker already contributed to this
 // PartID (ErrDuplicate); DType, Offset, Total or len(Data) differ from the
 // partition's first contribution (ErrMismatch); an init contribution comes
@@ -112,6 +118,9 @@ func NewTable(workers int) *Table {
 // one.
 func (t *Table) Add(c Contribution) (*Sum, error) {
 	if err := t.check(c); err != nil {
+		if c.Adopt {
+			t.recycle(c.Data)
+		}
 		return nil, fmt.Errorf("key %d partition %d iteration %d worker %d: %w",
 			c.Key, c.Partition, c.Iteration, c.Worker, err)
 	}
@@ -130,6 +139,9 @@ func (t *Table) Add(c Contribution) (*Sum, error) {
 	}
 	// check has validated dtype and lengths: Add cannot fail here.
 	_ = Add(c.DType, s.sum.Data, c.Data)
+	if c.Adopt {
+		t.recycle(c.Data)
+	}
 	s.seen[c.Worker/64] |= 1 << (c.Worker % 64)
 	s.count++
 	if s.count < t.workers {
@@ -186,8 +198,11 @@ func (t *Table) check(c Contribution) error {
 // holds a copy of c.Data.
 func (t *Table) start(c Contribution) *slot {
 	s := t.newSlot()
-	buf := t.buffer(len(c.Data))
-	copy(buf, c.Data)
+	buf := c.Data
+	if !c.Adopt {
+		buf = t.buffer(len(c.Data))
+		copy(buf, c.Data)
+	}
 	s.sum = Sum{
 		PartID: c.PartID,
 		DType:  c.DType,
@@ -210,6 +225,17 @@ func (t *Table) newSlot() *slot {
 		return s
 	}
 	return &slot{owner: t, seen: make([]uint64, (t.workers+63)/64)}
+}
+
+// Buffer hands out a buffer of exactly n bytes (idle or new, contents
+// arbitrary) for a contribution to be received into and then given to Add
+// with Adopt set, which takes it back whatever happens.
+func (t *Table) Buffer(n int) []byte { return t.buffer(n) }
+
+// recycle puts a buffer on the free list.
+func (t *Table) recycle(buf []byte) {
+	t.free[len(buf)] = append(t.free[len(buf)], buf)
+	t.idleBytes += int64(len(buf))
 }
 
 // buffer returns a buffer of exactly n bytes, idle or new. Its contents are
@@ -260,8 +286,7 @@ func (t *Table) Release(s *Sum) {
 	}
 	buf := s.Data
 	*s = Sum{slot: sl}
-	t.free[len(buf)] = append(t.free[len(buf)], buf)
-	t.idleBytes += int64(len(buf))
+	t.recycle(buf)
 	t.slots = append(t.slots, sl)
 }
 

@@ -1,8 +1,10 @@
 package aggregator
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -468,5 +470,51 @@ func TestTableIdleBound(t *testing.T) {
 	}
 	if max := int64(8 * 1100); peak > max || tb.idleBytes > max {
 		t.Fatalf("held up to %d bytes, idle %d; the working set is at most %d", peak, tb.idleBytes, max)
+	}
+}
+
+// Adopted buffers become the sum without a copy when they open a round,
+// are summed and recycled otherwise, and come back on error: a steady loop
+// of adopting contributions allocates nothing.
+func TestTableAdopt(t *testing.T) {
+	tab := NewTable(2)
+	id := PartID{Key: 1, Partition: 0, Iteration: 1}
+	contrib := func(worker int, v float32) Contribution {
+		buf := tab.Buffer(8)
+		binary.LittleEndian.PutUint32(buf, math.Float32bits(v))
+		binary.LittleEndian.PutUint32(buf[4:], math.Float32bits(v))
+		return Contribution{PartID: id, Worker: worker, DType: frame.Float32, Total: 8, Data: buf, Adopt: true}
+	}
+	first := contrib(0, 1)
+	if sum, err := tab.Add(first); err != nil || sum != nil {
+		t.Fatalf("first: %v, %v", sum, err)
+	}
+	second := contrib(1, 2)
+	sum, err := tab.Add(second)
+	if err != nil || sum == nil {
+		t.Fatalf("second: %v, %v", sum, err)
+	}
+	if &sum.Data[0] != &first.Data[0] {
+		t.Error("the round's first adopted buffer is not the sum buffer")
+	}
+	if got := decode(frame.Float32, sum.Data); got[0] != 3 || got[1] != 3 {
+		t.Errorf("sum = %v", got)
+	}
+	tab.Release(sum)
+	// An adopted contribution that fails comes back to the free list.
+	bad := contrib(5, 1)
+	if _, err := tab.Add(bad); !errors.Is(err, ErrWorker) {
+		t.Fatalf("bad worker: %v", err)
+	}
+	if n := testing.AllocsPerRun(50, func() {
+		id.Iteration++
+		a, _ := tab.Add(contrib(0, 1))
+		b, _ := tab.Add(contrib(1, 1))
+		if a != nil || b == nil {
+			t.Fatal("round did not complete")
+		}
+		tab.Release(b)
+	}); n != 0 {
+		t.Errorf("%v allocations per adopted round", n)
 	}
 }

@@ -25,9 +25,16 @@ type Server struct {
 	node    *cluster.Node
 	workers int
 
-	mu    sync.Mutex // guards table and store (the netconn van calls in parallel)
-	table *aggregator.Table
-	store map[uint64]*stored
+	mu      sync.Mutex // guards the fields below (the netconn van calls in parallel)
+	table   *aggregator.Table
+	store   map[uint64]*stored
+	adopted map[adoptKey]bool // pushes being read straight into a table buffer
+}
+
+// adoptKey names one worker's contribution to one partition.
+type adoptKey struct {
+	part   aggregator.PartID
+	worker uint32
 }
 
 type stored struct {
@@ -48,7 +55,26 @@ func Run(ctx context.Context, n *cluster.Node) error {
 // New makes the server's frame handler for n; pass it to n.Start.
 func New(n *cluster.Node) *Server {
 	w := n.Config().NumWorkers
-	return &Server{node: n, workers: w, table: aggregator.NewTable(w), store: make(map[uint64]*stored)}
+	return &Server{node: n, workers: w, table: aggregator.NewTable(w), store: make(map[uint64]*stored),
+		adopted: make(map[adoptKey]bool)}
+}
+
+// PayloadBuffer implements van.Sink: a pushed partition is read straight
+// into a buffer of the aggregation table, which becomes the partition's sum
+// when it is the first contribution (no copy) and is summed and recycled
+// otherwise.
+func (s *Server) PayloadBuffer(h *frame.Header) []byte {
+	if h.Type != frame.Push {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.adopted[adoptKey{partID(h), h.Sender}] = true
+	return s.table.Buffer(int(h.Length))
+}
+
+func partID(h *frame.Header) aggregator.PartID {
+	return aggregator.PartID{Key: h.Key, Partition: h.Partition, Iteration: h.Iteration}
 }
 
 // HandleFrame implements van.Handler.
@@ -79,8 +105,12 @@ func (s *Server) PeerLost(uint32, error) {}
 
 func (s *Server) aggregate(h *frame.Header, payload []byte) error {
 	s.mu.Lock()
+	k := adoptKey{partID(h), h.Sender}
+	adopt := s.adopted[k]
+	delete(s.adopted, k)
 	sum, err := s.table.Add(aggregator.Contribution{
-		PartID: aggregator.PartID{Key: h.Key, Partition: h.Partition, Iteration: h.Iteration},
+		PartID: k.part,
+		Adopt:  adopt,
 		Worker: node.ID(h.Sender).Rank(),
 		DType:  h.DType,
 		Offset: h.Offset,

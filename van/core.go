@@ -97,6 +97,16 @@ func newCore(cfg Config) *core {
 	return c
 }
 
+// newCutter starts the receive state of a connection, with the handler's
+// sink when it has one.
+func (c *core) newCutter(peer uint32, known bool) cutter {
+	var sink func(*frame.Header) []byte
+	if s, ok := c.cfg.Handler.(Sink); ok {
+		sink = s.PayloadBuffer
+	}
+	return newCutter(c.self.Load(), peer, known, c.cfg.MaxPayload, sink)
+}
+
 // SetSelf implements Transport.
 func (c *core) SetSelf(id uint32) { c.self.Store(id) }
 

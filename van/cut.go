@@ -21,7 +21,8 @@ const maxChunk = 1 << 30
 //
 // The caller reads into next() and reports the count to advance. Reading
 // straight into the header array and then into the payload buffer costs no
-// copy; the payload buffer is reused across frames and only grows.
+// copy; the payload buffer is reused across frames and only grows. With a
+// sink, the payload goes where the sink says instead (see Sink).
 //
 // Until the peer is known (an accepted connection), the first frame must be
 // a Hello addressed to self with an empty payload; it names the peer. After
@@ -38,13 +39,16 @@ type cutter struct {
 	h         frame.Header
 	inPayload bool
 	buf       []byte // payload storage, reused
+	cur       []byte // the current frame's payload: buf or the sink's buffer
 	pn        uint64 // payload bytes filled
+
+	sink func(h *frame.Header) []byte // nil: always buf
 }
 
 // newCutter returns a cutter for a connection to peer (known after a Dial),
 // or, with known false, for an accepted connection awaiting its Hello.
-func newCutter(self, peer uint32, known bool, maxPayload uint64) cutter {
-	return cutter{self: self, peer: peer, known: known, maxPayload: maxPayload}
+func newCutter(self, peer uint32, known bool, maxPayload uint64, sink func(*frame.Header) []byte) cutter {
+	return cutter{self: self, peer: peer, known: known, maxPayload: maxPayload, sink: sink}
 }
 
 // next is the buffer the next read should fill; never empty.
@@ -56,7 +60,7 @@ func (c *cutter) next() []byte {
 	if end-c.pn > maxChunk {
 		end = c.pn + maxChunk
 	}
-	return c.buf[c.pn:end]
+	return c.cur[c.pn:end]
 }
 
 // advance records that n bytes were read into next(). When a frame is
@@ -78,11 +82,19 @@ func (c *cutter) advance(n int) (h *frame.Header, payload []byte, err error) {
 		if c.h.Length == 0 {
 			return &c.h, nil, nil
 		}
-		// Decode bounded Length by maxPayload: allocating is safe now.
-		if uint64(cap(c.buf)) < c.h.Length {
-			c.buf = make([]byte, c.h.Length)
+		c.cur = nil
+		if c.sink != nil {
+			if b := c.sink(&c.h); uint64(len(b)) == c.h.Length {
+				c.cur = b
+			}
 		}
-		c.buf = c.buf[:c.h.Length]
+		if c.cur == nil {
+			// Decode bounded Length by maxPayload: allocating is safe now.
+			if uint64(cap(c.buf)) < c.h.Length {
+				c.buf = make([]byte, c.h.Length)
+			}
+			c.cur = c.buf[:c.h.Length]
+		}
 		c.inPayload, c.pn = true, 0
 		return nil, nil, nil
 	}
@@ -91,7 +103,7 @@ func (c *cutter) advance(n int) (h *frame.Header, payload []byte, err error) {
 		return nil, nil, nil
 	}
 	c.inPayload = false
-	return &c.h, c.buf, nil
+	return &c.h, c.cur, nil
 }
 
 // check applies the connection rules to a decoded header.

@@ -23,7 +23,7 @@ func TestCutterStream(t *testing.T) {
 
 	r := rand.New(rand.NewPCG(5, 6))
 	for trial := 0; trial < 50; trial++ {
-		c := newCutter(self, 0, false, 1<<20)
+		c := newCutter(self, 0, false, 1<<20, nil)
 		var got []rx
 		// Feed in random pieces, as reads would return them.
 		data := stream
@@ -79,7 +79,7 @@ func TestCutterRejects(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCutter(self, peer, tc.known, 1<<20)
+			c := newCutter(self, peer, tc.known, 1<<20, nil)
 			err := c.feed(tc.data, func(*frame.Header, []byte) {})
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("error %v, want %v", err, tc.want)
@@ -95,7 +95,7 @@ func TestCutterRejects(t *testing.T) {
 func TestCutterReusesBuffer(t *testing.T) {
 	const self, peer = 8, 9
 	f := encode(pushHeader(peer, self, 1, 4096), make([]byte, 4096))
-	c := newCutter(self, peer, true, 1<<20)
+	c := newCutter(self, peer, true, 1<<20, nil)
 	emit := func(*frame.Header, []byte) {}
 	c.feed(f, emit)
 	if n := testing.AllocsPerRun(100, func() { c.feed(f, emit) }); n != 0 {
@@ -117,7 +117,7 @@ func FuzzReceive(f *testing.F) {
 	f.Add(uint8(200), append(bytes.Clone(data), data...))
 	f.Fuzz(func(t *testing.T, step uint8, in []byte) {
 		for _, known := range []bool{false, true} {
-			c := newCutter(self, peer, known, 1<<16)
+			c := newCutter(self, peer, known, 1<<16, nil)
 			chunk := int(step) + 1
 			for data := in; len(data) > 0; {
 				k := min(chunk, len(data))
@@ -133,4 +133,45 @@ func FuzzReceive(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCutterSink: a sink's buffer of the right length receives the
+// payload in place; nil or a wrong length falls back to the cutter's own.
+func TestCutterSink(t *testing.T) {
+	const self, peer = 8, 9
+	tests := []struct {
+		name    string
+		sinkLen func(n int) int // -1: nil
+		inPlace bool
+	}{
+		{"exact", func(n int) int { return n }, true},
+		{"nil", func(int) int { return -1 }, false},
+		{"short", func(n int) int { return n - 4 }, false},
+		{"long", func(n int) int { return n + 4 }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var given []byte
+			sink := func(h *frame.Header) []byte {
+				if n := tt.sinkLen(int(h.Length)); n >= 0 {
+					given = make([]byte, n)
+					return given
+				}
+				return nil
+			}
+			c := newCutter(self, peer, true, 1<<20, sink)
+			p := make([]byte, 4096)
+			fill(p, 7)
+			var got []byte
+			if err := c.feed(encode(pushHeader(peer, self, 1, len(p)), p), func(_ *frame.Header, b []byte) { got = b }); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, p) {
+				t.Fatal("payload differs")
+			}
+			if inPlace := len(given) > 0 && &got[0] == &given[0]; inPlace != tt.inPlace {
+				t.Fatalf("payload in the sink's buffer: %v, want %v", inPlace, tt.inPlace)
+			}
+		})
+	}
 }

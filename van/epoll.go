@@ -177,7 +177,7 @@ func (v *epollVan) Dial(ctx context.Context, id uint32, addr string) error {
 	if err != nil {
 		return fmt.Errorf("van: dial node %d at %s: %w", id, addr, err)
 	}
-	c := newEpConn(fd, v.epfd, addr, newCutter(v.self.Load(), id, true, v.cfg.MaxPayload))
+	c := newEpConn(fd, v.epfd, addr, v.newCutter(id, true))
 	p, err := v.addPeer(id, c)
 	if err != nil {
 		unix.Close(fd)
@@ -336,7 +336,7 @@ func (v *epollVan) accept() {
 		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 			v.log.Debug("van: TCP_NODELAY", "err", err)
 		}
-		c := newEpConn(fd, v.epfd, sockaddrString(sa), newCutter(v.self.Load(), 0, false, v.cfg.MaxPayload))
+		c := newEpConn(fd, v.epfd, sockaddrString(sa), v.newCutter(0, false))
 		c.expiry = time.Now().Add(v.cfg.IOTimeout)
 		if err := v.register(c); err != nil {
 			v.log.Warn("van: accepted connection not registered", "remote", c.remote, "err", err)

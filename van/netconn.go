@@ -65,7 +65,7 @@ func (v *netConnVan) Dial(ctx context.Context, id uint32, addr string) error {
 	if err != nil {
 		return err
 	}
-	c := &ncConn{tc: tc, remote: addr, cut: newCutter(v.self.Load(), id, true, v.cfg.MaxPayload)}
+	c := &ncConn{tc: tc, remote: addr, cut: v.newCutter(id, true)}
 	p, err := v.addPeer(id, c)
 	if err != nil {
 		tc.Close()
@@ -109,7 +109,7 @@ func (v *netConnVan) acceptLoop() {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		c := &ncConn{tc: tc, remote: tc.RemoteAddr().String(), cut: newCutter(v.self.Load(), 0, false, v.cfg.MaxPayload)}
+		c := &ncConn{tc: tc, remote: tc.RemoteAddr().String(), cut: v.newCutter(0, false)}
 		if err := tc.SetReadDeadline(time.Now().Add(v.cfg.IOTimeout)); err != nil {
 			tc.Close()
 			continue

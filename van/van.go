@@ -50,6 +50,19 @@ type Handler interface {
 	PeerLost(peer uint32, err error)
 }
 
+// Sink may be implemented by a Handler to choose where a frame's payload
+// is read to, saving the copy from the van's buffer into its destination
+// (the aggregator's sum buffer, the caller's FPTPull buffer).
+type Sink interface {
+	// PayloadBuffer is called, on the goroutine that then calls
+	// HandleFrame, once a frame's header has been validated and before its
+	// payload is read. It returns a buffer of exactly h.Length bytes to read
+	// the payload into, or nil to use the van's own. When it returns one,
+	// the frame's HandleFrame gets that buffer as its payload, unless the
+	// connection fails first (PeerLost follows then).
+	PayloadBuffer(h *frame.Header) []byte
+}
+
 // Transport is a node's end of the data plane.
 type Transport interface {
 	// Addr is the address the van listens on ("host:port").

@@ -47,6 +47,7 @@ type Worker struct {
 	results    map[resultKey]*result
 	requests   map[int]*request
 	failedReqs map[int]error
+	sunk       map[partKey]landing // result partitions being read in place
 	nextTS     int
 }
 
@@ -112,6 +113,7 @@ func Start(ctx context.Context, n *cluster.Node) (*Worker, error) {
 		results:    make(map[resultKey]*result),
 		requests:   make(map[int]*request),
 		failedReqs: make(map[int]error),
+		sunk:       make(map[partKey]landing),
 	}
 	if err := n.Start(ctx, w); err != nil {
 		return nil, err
@@ -522,48 +524,99 @@ func (w *Worker) HandleFrame(h *frame.Header, payload []byte) {
 func (w *Worker) PeerLost(uint32, error) {}
 
 func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
+	k := partKey{h.Key, h.Iteration, h.Partition}
 	w.mu.Lock()
+	l, sunk := w.sunk[k]
+	if sunk {
+		delete(w.sunk, k) // PayloadBuffer claimed it; the bytes are in place
+	} else {
+		var err error
+		if l, err = w.claim(h); err != nil {
+			w.mu.Unlock()
+			return err
+		}
+	}
+	w.mu.Unlock()
+	if !sunk {
+		copy(l.span, payload)
+	}
+	w.land(l, h.Partition)
+	return nil
+}
+
+// PayloadBuffer implements van.Sink: a result partition is read straight
+// into the FPTPull's buffer (or the staging buffer), not copied there.
+func (w *Worker) PayloadBuffer(h *frame.Header) []byte {
+	if h.Type != frame.Result {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	l, err := w.claim(h)
+	if err != nil {
+		return nil // HandleFrame meets the same error and reports it
+	}
+	w.sunk[partKey{h.Key, h.Iteration, h.Partition}] = l
+	return l.span
+}
+
+// partKey names one partition of one key's iteration.
+type partKey struct {
+	key, iter uint64
+	part      uint32
+}
+
+// landing is where a claimed result partition's bytes go.
+type landing struct {
+	r       *result
+	staging bool   // span is in r's staging buffer, not the waiter's
+	span    []byte // exactly the partition's bytes
+}
+
+// claim validates a result frame and reserves its partition. Caller holds
+// w.mu.
+func (w *Worker) claim(h *frame.Header) (landing, error) {
 	if !w.ready {
-		w.mu.Unlock()
-		return errors.New("result before the worker started")
+		return landing{}, errors.New("result before the worker started")
 	}
 	t := w.tensors[h.Key]
 	if t == nil {
-		w.mu.Unlock()
-		return errors.New("result for an undeclared key (declare every key on every worker before the first push)")
+		return landing{}, errors.New("result for an undeclared key (declare every key on every worker before the first push)")
 	}
 	r := w.results[resultKey{h.Key, h.Iteration}]
 	if r == nil {
 		if h.Iteration < t.pulled || h.Iteration > t.pushed {
-			w.mu.Unlock()
-			return fmt.Errorf("result for iteration %d, but this worker pushed %d and pulled %d", h.Iteration, t.pushed, t.pulled)
+			return landing{}, fmt.Errorf("result for iteration %d, but this worker pushed %d and pulled %d", h.Iteration, t.pushed, t.pulled)
 		}
 		r = w.resultFor(t, h.Iteration)
 	}
 	if err := r.check(h); err != nil {
-		w.mu.Unlock()
-		return err
+		return landing{}, err
 	}
 	r.seen[h.Partition] = true
-	staging := r.waiter == nil
+	l := landing{r: r, staging: r.waiter == nil}
 	var into []byte
-	if staging {
+	if l.staging {
 		into = r.stage()
 	} else {
 		into = r.waiter.dst
 	}
-	w.mu.Unlock()
+	l.span = into[h.Offset : h.Offset+h.Length]
+	return l, nil
+}
 
-	span := into[h.Offset : h.Offset+h.Length]
-	copy(span, payload)
-
+// land accounts for a partition whose bytes are in place, and completes
+// the result (and the FPTPull waiting for it) with its last partition.
+func (w *Worker) land(l landing, part uint32) {
+	r := l.r
 	w.mu.Lock()
-	if staging {
+	if l.staging {
 		if r.waiter != nil {
 			// The pull came while this partition was being staged.
-			copy(r.waiter.dst[h.Offset:h.Offset+h.Length], span)
+			p := r.parts[part]
+			copy(r.waiter.dst[p.Offset:p.Offset+p.Length], l.span)
 		} else {
-			r.staged[h.Partition] = true
+			r.staged[part] = true
 		}
 	}
 	r.left--
@@ -576,7 +629,6 @@ func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
 	if wait != nil {
 		w.deliver(r, wait.req, wait.dst, false)
 	}
-	return nil
 }
 
 // check verifies that a result frame is the partition the layout expects
