@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -352,4 +353,73 @@ func TestShutdownReleasesEverything(t *testing.T) {
 			t.Fatalf("after run %d: %d goroutines (was %d), %d fds (was %d)\n%s", i+2, g, goroutines, f, fds, buf[:runtime.Stack(buf, true)])
 		}
 	}
+}
+
+// Callbacks run once per request, before Wait returns (ps-lite's order),
+// and may call back into the worker.
+func TestCallbacks(t *testing.T) {
+	c := mustStart(t, 2, 1, nil)
+	w := c.workers[0]
+	kv := worker.NewKV[float64](w)
+	if err := kv.Declare(3, 1000, 0); err != nil {
+		t.Fatal(err)
+	}
+	vals := make([]float64, 1000)
+	for i := range vals {
+		vals[i] = float64(i)
+	}
+	if err := kv.Init(context.Background(), []uint64{3}, vals, nil); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	count := func() { calls.Add(1) }
+	sum := make([]float64, 1000)
+	// A push whose callback pulls: it runs off the van's goroutines.
+	pulled := make(chan int, 1)
+	push, err := kv.FPTPush([]uint64{3}, vals, nil, 0, func() {
+		calls.Add(1)
+		ts, err := kv.FPTPull([]uint64{3}, sum, nil, count)
+		if err != nil {
+			t.Error(err)
+		}
+		pulled <- ts
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Wait(push); err != nil {
+		t.Fatal(err)
+	}
+	if n := calls.Load(); n < 1 {
+		t.Fatalf("Wait returned before the push's callback ran (%d calls)", n)
+	}
+	if err := kv.Wait(<-pulled); err != nil {
+		t.Fatal(err)
+	}
+	if n := calls.Load(); n != 2 {
+		t.Fatalf("%d callbacks ran, want 2", n)
+	}
+	if sum[999] != 999 {
+		t.Errorf("sum[999] = %v", sum[999])
+	}
+	// Classic calls too.
+	keys := []uint64{1, 1 << 63}
+	ts, err := kv.Push(keys, vals, []int{400, 600}, count)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Wait(ts); err != nil || calls.Load() != 3 {
+		t.Fatalf("classic push: %v, %d callbacks", err, calls.Load())
+	}
+	got := make([]float64, 1000)
+	if ts, err = kv.Pull(keys, got, []int{400, 600}, count); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Wait(ts); err != nil || calls.Load() != 4 {
+		t.Fatalf("classic pull: %v, %d callbacks", err, calls.Load())
+	}
+	if got[0] != 0 || got[999] != 999 {
+		t.Errorf("classic pull got %v .. %v", got[0], got[999])
+	}
+	mustFinish(t, c)
 }

@@ -90,11 +90,12 @@ type pullWait struct {
 // request is an asynchronous call's completion: left counts what is still
 // outstanding (frames written, results or replies received).
 type request struct {
-	ts   int
-	left int
-	done chan struct{}
-	err  error
-	cb   func()
+	ts       int
+	left     int
+	finished bool // settled: done closes once the callback returned
+	done     chan struct{}
+	err      error
+	cb       func()
 	// classic Pull and PushPull: where each key's reply goes.
 	dst map[uint64]*kvDst
 }
@@ -272,8 +273,8 @@ func (w *Worker) newRequest(cb func()) *request {
 // and returns a function to run after unlocking when r finished. Caller
 // holds w.mu.
 func (w *Worker) settle(r *request, n int, err error) (after func()) {
-	if r.err != nil || r.left == 0 {
-		return nil // already finished
+	if r.finished {
+		return nil
 	}
 	r.left -= n
 	if err != nil {
@@ -282,16 +283,33 @@ func (w *Worker) settle(r *request, n int, err error) (after func()) {
 	if r.left > 0 && r.err == nil {
 		return nil
 	}
+	r.finished = true
+	return func() { w.finish(r) }
+}
+
+// finish runs a successful request's callback, then releases its waiters:
+// as in ps-lite, Wait returns after the callback. The callback runs on a
+// goroutine of its own, since it may call back into the worker (push again)
+// and must not hold up the van's goroutine that completed the request.
+func (w *Worker) finish(r *request) {
+	if r.err == nil && r.cb != nil {
+		go func() {
+			r.cb()
+			w.release(r)
+		}()
+		return
+	}
+	w.release(r)
+}
+
+func (w *Worker) release(r *request) {
+	w.mu.Lock()
 	delete(w.requests, r.ts)
 	if r.err != nil {
 		w.failedReqs[r.ts] = r.err
-		r.left = 0
 	}
+	w.mu.Unlock()
 	close(r.done)
-	if r.err == nil && r.cb != nil {
-		return r.cb
-	}
-	return nil
 }
 
 func (w *Worker) settleUnlocked(r *request, n int, err error) {
