@@ -203,7 +203,7 @@ func (n *Node) awaitTable(ctx context.Context) error {
 			case control.NodeTable:
 				return n.setTable(m)
 			case control.NodeFailed:
-				return fmt.Errorf("cluster: the scheduler refused this node: %s", m.Text)
+				return fmt.Errorf("cluster: the scheduler gave up before the cluster started: %s", m.Text)
 			case control.Terminate:
 				return fmt.Errorf("cluster: terminated by the scheduler while registering")
 			default:

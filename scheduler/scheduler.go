@@ -31,8 +31,13 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	s := &sched{cfg: cfg, log: log, plane: plane}
 	defer plane.Close()
 	log.Info("scheduler listening", "port", plane.Port(), "servers", cfg.NumServers, "workers", cfg.NumWorkers)
-	if err := s.register(ctx); err != nil {
-		s.abort(err.Error())
+	reg := registry{servers: cfg.NumServers, workers: cfg.NumWorkers}
+	if err := s.register(ctx, &reg); err != nil {
+		// Registered nodes have no table yet: tell them directly, or they
+		// wait out their own start timeout.
+		for _, info := range reg.pending {
+			_ = s.plane.Send(info.ControlEndpoint(), &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: node.SchedulerID, Text: err.Error()})
+		}
 		return err
 	}
 	return s.serve(ctx)
@@ -47,8 +52,7 @@ type sched struct {
 	lastSeen map[node.ID]time.Time
 }
 
-func (s *sched) register(ctx context.Context) error {
-	reg := registry{servers: s.cfg.NumServers, workers: s.cfg.NumWorkers}
+func (s *sched) register(ctx context.Context, reg *registry) error {
 	deadline := time.NewTimer(s.cfg.StartTimeout)
 	defer deadline.Stop()
 	for !reg.complete() {

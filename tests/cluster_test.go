@@ -6,11 +6,14 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fptps/fpt/localcluster"
 )
 
 // A whole cluster of real processes trains and every worker verifies
@@ -52,39 +55,43 @@ func TestClusterShapes(t *testing.T) {
 	}
 }
 
-// kill -9 of a server mid-run: every other process exits non-zero within
-// 30 s, naming the dead server.
-func TestKillServerStopsEveryone(t *testing.T) {
-	c := startCluster(t, spec{servers: 2, workers: 2, appArgs: []string{"-iters", "100000", "-max-bytes", "1048576"}})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	victim := c.proc("server1")
-	m, err := waitOutput(ctx, victim, controlRe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := m[1]
-	if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(`iteration 3/`)); err != nil {
-		c.dump()
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	if err := victim.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range c.Procs {
-		if p == victim {
-			continue
-		}
-		if !p.Wait(30*time.Second - time.Since(killed)) {
-			c.dump()
-			t.Fatalf("%s still running 30 s after server1 was killed", p.Name)
-		}
-		if p.ExitCode() == 0 {
-			t.Errorf("%s exited 0 after a server died", p.Name)
-		}
-		t.Logf("%s exited %d after %s", p.Name, p.ExitCode(), p.ExitedAt().Sub(killed).Round(time.Millisecond))
-		mustContain(t, p.Name+" stderr", p.Stderr.String(), addr)
+// kill -9 of a server or a worker mid-run: every other process exits
+// non-zero within 30 s, naming the dead node.
+func TestKillNodeStopsEveryone(t *testing.T) {
+	for _, victimName := range []string{"server1", "worker1"} {
+		t.Run(victimName, func(t *testing.T) {
+			c := startCluster(t, spec{servers: 2, workers: 2, appArgs: []string{"-iters", "100000", "-max-bytes", "1048576"}})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			victim := c.proc(victimName)
+			m, err := waitOutput(ctx, victim, controlRe)
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := m[1]
+			if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(`iteration 3/`)); err != nil {
+				c.dump()
+				t.Fatal(err)
+			}
+			killed := time.Now()
+			if err := victim.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range c.Procs {
+				if p == victim {
+					continue
+				}
+				if !p.Wait(30*time.Second - time.Since(killed)) {
+					c.dump()
+					t.Fatalf("%s still running 30 s after %s was killed", p.Name, victimName)
+				}
+				if p.ExitCode() == 0 {
+					t.Errorf("%s exited 0 after %s died", p.Name, victimName)
+				}
+				t.Logf("%s exited %d after %s", p.Name, p.ExitCode(), p.ExitedAt().Sub(killed).Round(time.Millisecond))
+				mustContain(t, p.Name+" stderr", p.Stderr.String(), addr)
+			}
+		})
 	}
 }
 
@@ -207,4 +214,44 @@ func TestSchedulerPortInUse(t *testing.T) {
 		t.Fatal("scheduler exited 0 with its port taken")
 	}
 	mustContain(t, "output", string(out), "DMLC_PS_ROOT_PORT", "in use")
+}
+
+// A cluster that never completes (one worker of two never comes): when the
+// scheduler gives up, the nodes that did register exit at once, saying why,
+// instead of waiting out their own start timeout.
+func TestIncompleteClusterGivesUp(t *testing.T) {
+	port, err := localcluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"DMLC_PS_ROOT_URI=127.0.0.1", fmt.Sprintf("DMLC_PS_ROOT_PORT=%d", port), "DMLC_NUM_SERVER=1", "DMLC_NUM_WORKER=2"}
+	run := func(role, path, timeout string) *exec.Cmd {
+		cmd := exec.Command(path)
+		cmd.Env = append(append([]string{"DMLC_ROLE=" + role, "FPT_START_TIMEOUT=" + timeout}, env...), "PATH="+os.Getenv("PATH"))
+		return cmd
+	}
+	sched := run("scheduler", bin.fpt, "2")
+	server := run("server", bin.fpt, "60")
+	worker := run("worker", bin.app, "60")
+	var outs [3]localcluster.Buffer
+	start := time.Now()
+	for i, cmd := range []*exec.Cmd{sched, server, worker} {
+		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer cmd.Process.Kill()
+	}
+	for i, cmd := range []*exec.Cmd{sched, server, worker} {
+		err := cmd.Wait()
+		if err == nil {
+			t.Errorf("%s exited 0", cmd.Args[0])
+		}
+		if i > 0 {
+			mustContain(t, "node output", outs[i].String(), "gave up", "1 of 2 workers")
+		}
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("took %s to give up", d)
+	}
 }

@@ -2,8 +2,9 @@
 //
 // FPT's calls: FPTPush sends each tensor's partitions to the aggregators
 // that own them; each aggregator sums the W workers' contributions and sends
-// the sum to every worker on its own, so FPTPull only waits for and copies
-// the local result (no extra round trip). Tensors are declared up front
+// the sum to every worker on its own, so FPTPull only waits for the local
+// result (no extra round trip); partitions that arrive while an FPTPull
+// waits are read by the van straight into the caller's buffer. Tensors are declared up front
 // (key, size, dtype, priority), which makes every key's iteration number
 // known to every node: a key's n-th FPTPush belongs to iteration n.
 // Iteration 0 is the key's init round: every worker ends up with worker 0's
