@@ -2,6 +2,7 @@ package frame
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 )
 
@@ -129,6 +130,33 @@ func BenchmarkDecode(b *testing.B) {
 	for b.Loop() {
 		if _, err := Decode(buf, maxPayload); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+func TestChunks(t *testing.T) {
+	tests := []struct {
+		n, limit uint64
+		es       int
+		want     [][2]uint64
+	}{
+		{0, 8, 4, [][2]uint64{{0, 0}}},
+		{8, 8, 4, [][2]uint64{{0, 8}}},
+		{20, 8, 4, [][2]uint64{{0, 8}, {8, 16}, {16, 20}}},
+		{16, 10, 4, [][2]uint64{{0, 8}, {8, 16}}}, // limit rounded down to elements
+		{16, 2, 8, [][2]uint64{{0, 8}, {8, 16}}},  // at least one element
+		{5 << 30, 2 << 30, 4, [][2]uint64{{0, 2 << 30}, {2 << 30, 4 << 30}, {4 << 30, 5 << 30}}},
+	}
+	for _, tt := range tests {
+		var got [][2]uint64
+		for i, c := range Chunks(tt.n, tt.limit, tt.es) {
+			if int(i) != len(got) {
+				t.Fatalf("index %d at chunk %d", i, len(got))
+			}
+			got = append(got, c)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+			t.Errorf("Chunks(%d, %d, %d) = %v, want %v", tt.n, tt.limit, tt.es, got, tt.want)
 		}
 	}
 }

@@ -200,19 +200,12 @@ func (s *Server) kvPull(h *frame.Header) error {
 		return s.kvError(h, err)
 	}
 	// Large values go back in partition-sized chunks, like pushes.
-	chunk := s.node.Config().PartitionBytes
-	chunk -= chunk % uint64(h.DType.Size())
-	for off, part := uint64(0), uint32(0); off < uint64(len(data)) || off == 0; part++ {
-		end := min(off+chunk, uint64(len(data)))
-		r := s.reply(h, frame.KVData, data[off:end])
-		r.Header.Offset, r.Header.Partition = off, part
+	for part, c := range frame.Chunks(uint64(len(data)), s.node.Config().PartitionBytes, h.DType.Size()) {
+		r := s.reply(h, frame.KVData, data[c[0]:c[1]])
+		r.Header.Offset, r.Header.Partition = c[0], part
 		if err := s.node.Van().Forward(r); err != nil {
 			return err
 		}
-		if end == uint64(len(data)) {
-			break
-		}
-		off = end
 	}
 	return nil
 }

@@ -706,7 +706,6 @@ func (w *Worker) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byte
 	}
 	req := w.newRequest(cb)
 	self := uint32(w.node.Self().ID)
-	chunk := w.partBytes - w.partBytes%uint64(dtype.Size())
 	var msgs []*van.Message
 	if out != nil {
 		req.dst = make(map[uint64]*kvDst, len(keys))
@@ -727,15 +726,10 @@ func (w *Worker) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byte
 			msgs = append(msgs, &van.Message{Header: base})
 			continue
 		}
-		for c, part := uint64(0), uint32(0); ; part++ {
-			end := min(c+chunk, n)
-			m := &van.Message{Header: base, Payload: val[c:end]}
-			m.Header.Offset, m.Header.Partition = c, part
+		for part, c := range frame.Chunks(n, w.partBytes, dtype.Size()) {
+			m := &van.Message{Header: base, Payload: val[c[0]:c[1]]}
+			m.Header.Offset, m.Header.Partition = c[0], part
 			msgs = append(msgs, m)
-			if end == n {
-				break
-			}
-			c = end
 		}
 	}
 	left := len(msgs) // one ack per frame
