@@ -133,8 +133,9 @@ func (s *Server) aggregate(h *frame.Header, payload []byte) error {
 		}
 	}
 	self := uint32(s.node.Self().ID)
-	for rank := range s.workers {
-		m := &van.Message{
+	msgs := make([]van.Message, s.workers) // live until their Done
+	for rank := range msgs {
+		msgs[rank] = van.Message{
 			Header: frame.Header{
 				Type: frame.Result, DType: sum.DType, Flags: h.Flags,
 				Sender: self, Recipient: uint32(node.WorkerID(rank)),
@@ -144,8 +145,11 @@ func (s *Server) aggregate(h *frame.Header, payload []byte) error {
 			Payload: sum.Data,
 			Done:    release,
 		}
-		if err := s.node.Van().Forward(m); err != nil {
-			release(err) // Forward failed: Done will not be called
+		if err := s.node.Van().Forward(&msgs[rank]); err != nil {
+			// Neither this frame nor the ones after it will call Done.
+			for range s.workers - rank {
+				release(err)
+			}
 			return fmt.Errorf("broadcast to worker %d: %w", rank, err)
 		}
 	}

@@ -324,7 +324,7 @@ func (w *Worker) settleUnlocked(r *request, n int, err error) {
 
 // start sets how many items r waits for, releases w.mu (which the caller
 // holds), and queues msgs. A request waiting for nothing completes at once.
-func (w *Worker) start(r *request, left int, msgs []*van.Message) int {
+func (w *Worker) start(r *request, left int, msgs []van.Message) int {
 	r.left = left
 	var after func()
 	if left == 0 {
@@ -372,8 +372,9 @@ func (w *Worker) Wait(ts int) error {
 
 // send queues messages (blocking on a full pool) and settles r for any that
 // could not be queued.
-func (w *Worker) send(r *request, msgs []*van.Message) {
-	for i, m := range msgs {
+func (w *Worker) send(r *request, msgs []van.Message) {
+	for i := range msgs {
+		m := &msgs[i]
 		if err := w.node.Van().Send(m); err != nil {
 			w.settleUnlocked(r, len(msgs)-i, fmt.Errorf("worker: send %s: %w", &m.Header, err))
 			return
@@ -397,7 +398,8 @@ func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame
 		}
 		w.settleUnlocked(req, 1, err)
 	}
-	var msgs []*van.Message
+	// One slice holds the request's frames: they live until their Done.
+	var msgs []van.Message
 	for i, t := range ts {
 		iter := t.pushed
 		t.pushed++
@@ -411,7 +413,7 @@ func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame
 		}
 		d, layout := w.layoutFor(t, iter)
 		for _, p := range layout {
-			msgs = append(msgs, &van.Message{
+			msgs = append(msgs, van.Message{
 				Header: frame.Header{
 					Type: frame.Push, DType: t.dtype, Flags: flags,
 					Sender: self, Recipient: p.Aggregator,
@@ -706,7 +708,7 @@ func (w *Worker) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byte
 	}
 	req := w.newRequest(cb)
 	self := uint32(w.node.Self().ID)
-	var msgs []*van.Message
+	var msgs []van.Message
 	if out != nil {
 		req.dst = make(map[uint64]*kvDst, len(keys))
 	}
@@ -723,11 +725,11 @@ func (w *Worker) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byte
 		val := data[off : off+int(n)]
 		off += int(n)
 		if typ == frame.KVPull {
-			msgs = append(msgs, &van.Message{Header: base})
+			msgs = append(msgs, van.Message{Header: base})
 			continue
 		}
 		for part, c := range frame.Chunks(n, w.partBytes, dtype.Size()) {
-			m := &van.Message{Header: base, Payload: val[c[0]:c[1]]}
+			m := van.Message{Header: base, Payload: val[c[0]:c[1]]}
 			m.Header.Offset, m.Header.Partition = c[0], part
 			msgs = append(msgs, m)
 		}
