@@ -58,7 +58,6 @@ type Node struct {
 	barrierSeq  map[node.Group]uint64
 	barrierWait map[barrierKey]chan struct{}
 	lastAck     time.Time
-	finished    bool // the final barrier is over: peers may leave
 	onControl   func(*control.Message)
 
 	failOnce   sync.Once
@@ -338,24 +337,37 @@ func (n *Node) Fail(err error) {
 	n.fail(err, 0)
 }
 
+// fail records err and reports it, naming the lost peer when there is one.
 func (n *Node) fail(err error, lost node.ID) {
+	if n.record(err) {
+		n.report(lost, err)
+	}
+}
+
+// record makes err the node's failure unless it already failed, and wakes
+// every waiting call. It reports whether err was the first.
+func (n *Node) record(err error) (first bool) {
 	n.failOnce.Do(func() {
 		n.err = err
 		close(n.failed)
 		n.log.Error("node failed", "err", err)
-		if n.plane != nil {
-			// The scheduler relays this to every node, naming the lost peer
-			// when there is one, so their messages point at the culprit.
-			self := n.Self().ID
-			target := lost
-			if target == 0 {
-				target = self
-			}
-			_ = n.plane.Send(n.sched, &control.Message{
-				Command: control.NodeFailed, Sender: self, Target: target, Text: err.Error(),
-			})
-		}
+		first = true
 	})
+	return first
+}
+
+// report tells the scheduler, which relays it to every node: naming the
+// lost peer (target), rather than this node, points their messages at the
+// culprit.
+func (n *Node) report(target node.ID, err error) {
+	if n.plane == nil {
+		return
+	}
+	self := n.Self().ID
+	if target == 0 {
+		target = self
+	}
+	_ = n.plane.Send(n.sched, &control.Message{Command: control.NodeFailed, Sender: self, Target: target, Text: err.Error()})
 }
 
 // Barrier blocks until every node of group g has called Barrier the same
@@ -399,11 +411,6 @@ func (n *Node) barrier(ctx context.Context, g node.Group, flags uint8) error {
 // returns the node's failure, if any.
 func (n *Node) Finalize(ctx context.Context) error {
 	err := n.barrier(ctx, node.AllGroup, control.FlagFinal)
-	if err == nil {
-		n.mu.Lock()
-		n.finished = true
-		n.mu.Unlock()
-	}
 	n.shutdown()
 	if ferr := n.Err(); ferr != nil {
 		return ferr
@@ -521,19 +528,13 @@ func (h *vanHandler) PeerLost(peer uint32, err error) {
 		n.log.Warn("connection from a node not in the table dropped", "peer", peer, "err", err)
 		return
 	}
-	n.mu.Lock()
-	finished := n.finished
-	n.mu.Unlock()
 	select {
 	case <-n.terminated:
-		finished = true
+		return // the final barrier is over: peers may leave
 	default:
-	}
-	if finished {
-		return
 	}
 	lostErr := fmt.Errorf("cluster: lost %s: %w", n.describe(id), err)
 	n.log.Warn("peer lost; waiting for the scheduler's verdict", "peer", n.describe(id), "err", err)
-	_ = n.plane.Send(n.sched, &control.Message{Command: control.NodeFailed, Sender: n.Self().ID, Target: id, Text: lostErr.Error()})
-	time.AfterFunc(lostPeerGrace, func() { n.fail(lostErr, id) })
+	n.report(id, lostErr)
+	time.AfterFunc(lostPeerGrace, func() { n.record(lostErr) })
 }
