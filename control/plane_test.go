@@ -1,7 +1,6 @@
 package control
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fptps/fpt/localcluster"
 	"github.com/fptps/fpt/node"
 	"github.com/zeromq/goczmq"
 )
@@ -24,24 +24,6 @@ import (
 const waitTime = 10 * time.Second
 
 func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-// syncBuffer collects log output from the plane's goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func listen(tb testing.TB, port int, log *slog.Logger) *Plane {
 	tb.Helper()
@@ -178,7 +160,7 @@ func TestSendBeforePeerBinds(t *testing.T) {
 }
 
 func TestMalformedDropped(t *testing.T) {
-	var logs syncBuffer
+	var logs localcluster.Buffer
 	b := listen(t, 0, slog.New(slog.NewTextHandler(&logs, nil)))
 	a := listen(t, 0, nil)
 

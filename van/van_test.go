@@ -309,19 +309,27 @@ func TestPeerMisbehaves(t *testing.T) {
 	})
 }
 
+// stalledPeer returns a van with a short IOTimeout connected to a raw peer
+// that never reads, with a small receive buffer so that writes stall soon.
+func stalledPeer(t *testing.T, kind string, self, peer uint32) (Transport, *collector) {
+	t.Helper()
+	v, col := newVan(t, kind, self, func(c *Config) { c.IOTimeout = 300 * time.Millisecond })
+	nc := rawPeer(t, v.Addr(), peer, self)
+	nc.SetReadBuffer(4 << 10)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := v.AwaitPeers(ctx, []uint32{peer}); err != nil {
+		t.Fatal(err)
+	}
+	return v, col
+}
+
 // TestStalledPeer: a peer that stops reading is lost after IOTimeout
 // without progress, and the frames for it fail.
 func TestStalledPeer(t *testing.T) {
 	forKinds(t, func(t *testing.T, kind string) {
 		const self, peer = 8, 9
-		v, col := newVan(t, kind, self, func(c *Config) { c.IOTimeout = 300 * time.Millisecond })
-		nc := rawPeer(t, v.Addr(), peer, self)
-		nc.SetReadBuffer(4 << 10)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := v.AwaitPeers(ctx, []uint32{peer}); err != nil {
-			t.Fatal(err)
-		}
+		v, col := stalledPeer(t, kind, self, peer)
 		var ok, failed atomic.Int32
 		payload := make([]byte, 16<<20)
 		const n = 8
@@ -411,14 +419,7 @@ func TestGracefulClose(t *testing.T) {
 func TestCloseFailsWhatCannotBeSent(t *testing.T) {
 	forKinds(t, func(t *testing.T, kind string) {
 		const self, peer = 8, 9
-		v, _ := newVan(t, kind, self, func(c *Config) { c.IOTimeout = 300 * time.Millisecond })
-		nc := rawPeer(t, v.Addr(), peer, self)
-		nc.SetReadBuffer(4 << 10)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := v.AwaitPeers(ctx, []uint32{peer}); err != nil {
-			t.Fatal(err)
-		}
+		v, _ := stalledPeer(t, kind, self, peer)
 		var calls, failed atomic.Int32
 		payload := make([]byte, 4<<20)
 		const n = 16
