@@ -248,33 +248,15 @@ func rawTCP(volume int64) (float64, error) {
 	errs := make(chan error, 4)
 	start := time.Now()
 	for _, c := range []net.Conn{a, b} {
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, 4<<20)
-			for left := volume; left > 0; {
-				n, err := c.Write(buf[:min(int64(len(buf)), left)])
-				if err != nil {
+		// Large buffers both ways, as the vans use: io.Copy's small ones
+		// would understate the baseline.
+		for _, op := range []func([]byte) (int, error){c.Write, c.Read} {
+			wg.Go(func() {
+				if err := pump(volume, op); err != nil {
 					errs <- err
-					return
 				}
-				left -= int64(n)
-			}
-		}()
-		go func() {
-			defer wg.Done()
-			// A large read buffer, as the vans use: io.Discard's small one
-			// would understate the baseline.
-			buf := make([]byte, 4<<20)
-			for left := volume; left > 0; {
-				n, err := c.Read(buf[:min(int64(len(buf)), left)])
-				if err != nil {
-					errs <- err
-					return
-				}
-				left -= int64(n)
-			}
-		}()
+			})
+		}
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
@@ -283,4 +265,17 @@ func rawTCP(volume int64) (float64, error) {
 		return 0, fmt.Errorf("raw tcp: %w", err)
 	}
 	return float64(2*volume) * 8 / elapsed.Seconds() / 1e9, nil
+}
+
+// pump moves volume bytes through op (a Write or a Read) in 4 MiB calls.
+func pump(volume int64, op func([]byte) (int, error)) error {
+	buf := make([]byte, 4<<20)
+	for left := volume; left > 0; {
+		n, err := op(buf[:min(int64(len(buf)), left)])
+		if err != nil {
+			return err
+		}
+		left -= int64(n)
+	}
+	return nil
 }
