@@ -291,7 +291,7 @@ func classic[T worker.Float](ctx context.Context, kv *worker.KV[T], o Options, k
 			}
 			if turn != rank {
 				// Follow the other worker's push in the local copy.
-				var other []T = make([]T, len(vals))
+				other := make([]T, len(vals))
 				fill(other, sizes, ckeys, turn, 2000)
 				for j := range got {
 					got[j] += other[j]
