@@ -24,6 +24,7 @@ import (
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
 )
@@ -47,9 +48,10 @@ type Node struct {
 	log     *slog.Logger
 	handler van.Handler
 
-	plane *control.Plane
-	van   van.Transport
-	sched string
+	plane   *control.Plane
+	van     van.Transport
+	metrics *metrics.Node // nil: none
+	sched   string
 	// topo is published once, when the node table arrives; the van's
 	// callbacks may read it from other goroutines before that.
 	topo atomic.Pointer[topology]
@@ -97,6 +99,13 @@ func New(cfg config.Config, log *slog.Logger) *Node {
 		stop:        make(chan struct{}),
 	}
 }
+
+// SetMetrics makes the node record its figures in m (nil: none). Call it
+// before Start.
+func (n *Node) SetMetrics(m *metrics.Node) { n.metrics = m }
+
+// Metrics is the node's metrics, nil when it has none.
+func (n *Node) Metrics() *metrics.Node { return n.metrics }
 
 // OnControl installs a handler for control messages the node does not
 // handle itself (the LB's reports and decisions). Call it before Start.
@@ -173,6 +182,7 @@ func (n *Node) bind(host string) error {
 		})
 		if err == nil {
 			n.plane, n.van = plane, tr
+			n.metrics.Watch(tr)
 			n.topo.Store(&topology{self: node.Info{Role: n.cfg.Role, Host: host, ControlPort: port, DataPort: port + 1}})
 			return nil
 		}

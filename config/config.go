@@ -40,6 +40,10 @@ type Config struct {
 	PartitionBytes    uint64        // FPT_PARTITION_BYTES: largest tensor partition (default 1 MiB)
 	MaxFrameBytes     uint64        // FPT_MAX_FRAME_BYTES: largest frame payload accepted (default 1 GiB)
 	PoolBytes         int64         // FPT_POOL_BYTES: send pool limit (default 512 MiB)
+	// MetricsAddr is where the node serves Prometheus metrics
+	// (FPT_METRICS_ADDR, "host:port", ":port" for every interface, port 0
+	// for any free one); empty: no metrics served.
+	MetricsAddr string
 }
 
 // Defaults for the optional settings.
@@ -110,6 +114,13 @@ func FromEnv(lookup func(string) (string, bool)) (Config, error) {
 		p.fail("FPT_PARTITION_BYTES", p.raw("FPT_PARTITION_BYTES"), "must not exceed FPT_MAX_FRAME_BYTES")
 	}
 	c.PoolBytes = p.integer("FPT_POOL_BYTES", DefaultPoolBytes, 1<<16, 1<<50)
+	if v, ok := p.optional("FPT_METRICS_ADDR"); ok {
+		_, port, err := net.SplitHostPort(v)
+		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
+			p.fail("FPT_METRICS_ADDR", v, "must be host:port or :port, with a port from 0 to 65535")
+		}
+		c.MetricsAddr = v
+	}
 	return c, errors.Join(p.errs...)
 }
 

@@ -51,11 +51,12 @@ func TestFromEnvOptional(t *testing.T) {
 	e["DMLC_NODE_HOST"] = "198.18.0.2"
 	e["FPT_NODE_PORT"] = "7000"
 	e["PS_VERBOSE"] = "2"
+	e["FPT_METRICS_ADDR"] = ":9100"
 	c, err := FromEnv(env(e))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Van != "netconn" || c.HeartbeatInterval != 500*time.Millisecond || c.HeartbeatTimeout != 3*time.Second ||
+	if c.Van != "netconn" || c.MetricsAddr != ":9100" || c.HeartbeatInterval != 500*time.Millisecond || c.HeartbeatTimeout != 3*time.Second ||
 		c.PartitionBytes != 65536 || c.NodeHost != "198.18.0.2" || c.NodePort != 7000 || c.Verbose != 2 {
 		t.Fatalf("unexpected %+v", c)
 	}
@@ -80,6 +81,9 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		{"timeout below interval", func(e map[string]string) { e["PS_HEARTBEAT_INTERVAL"] = "5"; e["PS_HEARTBEAT_TIMEOUT"] = "2" }, []string{"PS_HEARTBEAT_TIMEOUT"}},
 		{"partition above frame", func(e map[string]string) { e["FPT_PARTITION_BYTES"] = "4096"; e["FPT_MAX_FRAME_BYTES"] = "2048" }, []string{"FPT_PARTITION_BYTES"}},
 		{"verbose", func(e map[string]string) { e["PS_VERBOSE"] = "9" }, []string{"PS_VERBOSE"}},
+		{"metrics without port", func(e map[string]string) { e["FPT_METRICS_ADDR"] = "localhost" }, []string{"FPT_METRICS_ADDR"}},
+		{"metrics bad port", func(e map[string]string) { e["FPT_METRICS_ADDR"] = ":99999" }, []string{"FPT_METRICS_ADDR"}},
+		{"metrics word port", func(e map[string]string) { e["FPT_METRICS_ADDR"] = "0.0.0.0:http" }, []string{"FPT_METRICS_ADDR"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

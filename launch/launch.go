@@ -15,9 +15,13 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
+	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/scheduler"
 	"github.com/fptps/fpt/server"
@@ -67,15 +71,33 @@ func Main(name string, lookup func(string) (string, bool), stderr io.Writer, tra
 	return ExitOK
 }
 
-// Run runs one node of the given configuration until it leaves the cluster.
+// Run runs one node of the given configuration until it leaves the cluster,
+// serving its metrics at cfg.MetricsAddr if set.
 func Run(ctx context.Context, cfg config.Config, log *slog.Logger, train Train) error {
+	var m *metrics.Node
+	if cfg.MetricsAddr != "" {
+		reg := prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+		var err error
+		if m, err = metrics.New(reg, cfg.Role); err != nil {
+			return err
+		}
+		srv, err := metrics.Serve(cfg.MetricsAddr, reg, log)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+	}
 	switch cfg.Role {
 	case node.Scheduler:
 		return scheduler.Run(ctx, cfg, log)
 	case node.Server:
-		return server.Run(ctx, cluster.New(cfg, log))
+		n := cluster.New(cfg, log)
+		n.SetMetrics(m)
+		return server.Run(ctx, n)
 	}
 	n := cluster.New(cfg, log)
+	n.SetMetrics(m)
 	w, err := worker.Start(ctx, n)
 	if err != nil {
 		return err

@@ -23,6 +23,10 @@
 //     entries stay queued and are not popped until the weight is raised
 //     again. Negative or NaN weights count as 0, and weights are capped at
 //     MaxWeight so that a quantum always fits in an int64.
+//   - Shaping can be switched off (SetShaping): every flow is then served
+//     as if its weight were 1, paused flows included, while the weights set
+//     are remembered for when it is switched on again. The LB switches it
+//     off to measure what each link can carry unshaped.
 //
 // The pool is bounded in bytes by its owner, not by itself: Admit says
 // whether an entry fits under the limit, and Push never refuses, because
@@ -84,6 +88,8 @@ type Pool[T any] struct {
 	// joining is inserted just before cur, i.e. at the tail of the round.
 	ring []*flow[T]
 	cur  int
+	// unshaped: every flow is served at weight 1 (SetShaping(false)).
+	unshaped bool
 }
 
 // New returns an empty pool whose owner intends to hold at most limitBytes.
@@ -123,9 +129,17 @@ func (p *Pool[T]) Push(e Entry[T]) {
 	f.push(item[T]{e: e, seq: p.seq})
 	p.bytes += e.Bytes
 	p.n++
-	if !f.active && f.weight > 0 {
+	if !f.active && p.weightOf(f) > 0 {
 		p.activate(f)
 	}
+}
+
+// weightOf is the weight f is served at now.
+func (p *Pool[T]) weightOf(f *flow[T]) float64 {
+	if p.unshaped {
+		return 1
+	}
+	return f.weight
 }
 
 // activate puts f at the tail of the current round.
@@ -163,8 +177,8 @@ func (p *Pool[T]) deactivate(f *flow[T]) {
 }
 
 // quantum is the credit f receives per turn.
-func (f *flow[T]) quantum() int64 {
-	q := int64(BaseQuantum * f.weight)
+func (p *Pool[T]) quantum(f *flow[T]) int64 {
+	q := int64(BaseQuantum * p.weightOf(f))
 	if q < 1 {
 		q = 1
 	}
@@ -180,7 +194,7 @@ func (p *Pool[T]) Pop() (Entry[T], bool) {
 		f := p.ring[p.cur]
 		if !f.granted {
 			f.granted = true
-			f.deficit = addSat(f.deficit, f.quantum())
+			f.deficit = addSat(f.deficit, p.quantum(f))
 		}
 		if head := f.heap[0].e.Bytes; head <= f.deficit {
 			e := f.pop()
@@ -214,7 +228,7 @@ func (p *Pool[T]) skipRounds() {
 	var k int64 = math.MaxInt64
 	for _, f := range p.ring {
 		need := f.heap[0].e.Bytes - f.deficit
-		q := f.quantum()
+		q := p.quantum(f)
 		if r := (need + q - 1) / q; r < k {
 			k = r
 		}
@@ -225,7 +239,7 @@ func (p *Pool[T]) skipRounds() {
 		return
 	}
 	for _, f := range p.ring {
-		f.deficit = addSat(f.deficit, mulSat(f.quantum(), k-1))
+		f.deficit = addSat(f.deficit, mulSat(p.quantum(f), k-1))
 	}
 }
 
@@ -238,6 +252,13 @@ func (p *Pool[T]) SetWeight(id uint32, w float64) {
 	w = min(w, MaxWeight)
 	f := p.flow(id)
 	f.weight = w
+	p.reconsider(f)
+}
+
+// reconsider puts f on or takes it off the active list after its weight,
+// or the shaping mode, changed.
+func (p *Pool[T]) reconsider(f *flow[T]) {
+	w := p.weightOf(f)
 	switch {
 	case w == 0 && f.active:
 		p.deactivate(f)
@@ -245,6 +266,23 @@ func (p *Pool[T]) SetWeight(id uint32, w float64) {
 		p.activate(f)
 	}
 }
+
+// SetShaping switches weighted shaping on (the default) or off. Off, every
+// flow is served at weight 1 and paused flows are served too; the weights
+// set stay recorded and apply again once shaping is back on. Priorities
+// within a flow hold either way.
+func (p *Pool[T]) SetShaping(on bool) {
+	if p.unshaped == !on {
+		return
+	}
+	p.unshaped = !on
+	for _, f := range p.flows {
+		p.reconsider(f)
+	}
+}
+
+// Shaping reports whether weighted shaping is on.
+func (p *Pool[T]) Shaping() bool { return !p.unshaped }
 
 // Weight reports a flow's current weight.
 func (p *Pool[T]) Weight(id uint32) float64 {

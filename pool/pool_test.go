@@ -105,15 +105,23 @@ func shares(t *testing.T, r *rand.Rand, weights []float64, total int64, maxEntry
 	for i, w := range weights {
 		p.SetWeight(uint32(i), w)
 	}
+	return backlogged(t, p, r, len(weights), total, maxEntry)
+}
+
+// backlogged keeps flows 0..flows-1 of p backlogged with entries of random
+// sizes and priorities while total bytes are popped, and returns each
+// flow's share of those bytes.
+func backlogged(t *testing.T, p *Pool[struct{}], r *rand.Rand, flows int, total int64, maxEntry int) []float64 {
+	t.Helper()
 	refill := func(fl uint32) {
-		for k := 0; k < 4; k++ {
+		for p.flows[fl] == nil || len(p.flows[fl].heap) < 4 {
 			p.Push(Entry[struct{}]{Flow: fl, Priority: int32(r.IntN(3)), Bytes: int64(1 + r.IntN(maxEntry))})
 		}
 	}
-	for i := range weights {
+	for i := range flows {
 		refill(uint32(i))
 	}
-	sent := make([]int64, len(weights))
+	sent := make([]int64, flows)
 	var all int64
 	for all < total {
 		e, ok := p.Pop()
@@ -122,7 +130,6 @@ func shares(t *testing.T, r *rand.Rand, weights []float64, total int64, maxEntry
 		}
 		sent[e.Flow] += e.Bytes
 		all += e.Bytes
-		// Keep every flow backlogged.
 		refill(e.Flow)
 	}
 	out := make([]float64, len(sent))
@@ -130,6 +137,21 @@ func shares(t *testing.T, r *rand.Rand, weights []float64, total int64, maxEntry
 		out[i] = float64(s) / float64(all)
 	}
 	return out
+}
+
+// within reports whether every share is within 2 % of weight/sum(weights).
+func within(t *testing.T, what string, got, weights []float64) {
+	t.Helper()
+	var sum float64
+	for _, w := range weights {
+		sum += w
+	}
+	for i, w := range weights {
+		want := w / sum
+		if math.Abs(got[i]-want) > 0.02*want {
+			t.Errorf("%s: flow %d share %.4f, want %.4f ±2%% (all %v)", what, i, got[i], want, got)
+		}
+	}
 }
 
 func TestWeightedShares(t *testing.T) {
@@ -147,19 +169,44 @@ func TestWeightedShares(t *testing.T) {
 	r := rand.New(rand.NewPCG(42, 7))
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := shares(t, r, tc.weights, 1<<30, tc.maxEntry)
-			var sum float64
-			for _, w := range tc.weights {
-				sum += w
-			}
-			for i, w := range tc.weights {
-				want := w / sum
-				if math.Abs(got[i]-want) > 0.02*want {
-					t.Errorf("flow %d share %.4f, want %.4f ±2%% (all %v)", i, got[i], want, got)
-				}
-			}
+			within(t, tc.name, shares(t, r, tc.weights, 1<<30, tc.maxEntry), tc.weights)
 		})
 	}
+}
+
+// TestWeightChangesAndShaping changes weights and the shaping mode in the
+// middle of a backlogged run: each phase's shares follow the weights in
+// force (all equal while shaping is off, a paused flow included), and the
+// weights set while shaping was off apply when it comes back on.
+func TestWeightChangesAndShaping(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 9))
+	p := New[struct{}](math.MaxInt64)
+	const phase = 256 << 20
+	p.SetWeight(0, 3)
+	p.SetWeight(1, 1)
+	within(t, "3:1", backlogged(t, p, r, 3, phase, 64<<10), []float64{3, 1, 1})
+	p.SetWeight(2, 0)
+	got := backlogged(t, p, r, 3, phase, 64<<10)
+	if got[2] != 0 {
+		t.Errorf("paused flow 2 got share %.4f", got[2])
+	}
+	within(t, "3:1 with 2 paused", got[:2], []float64{3, 1})
+	p.SetShaping(false)
+	if p.Shaping() {
+		t.Fatal("Shaping() true after SetShaping(false)")
+	}
+	within(t, "shaping off", backlogged(t, p, r, 3, phase, 64<<10), []float64{1, 1, 1})
+	p.SetWeight(1, 5) // recorded, not applied while off
+	if p.Weight(1) != 5 {
+		t.Errorf("Weight(1) = %v while shaping is off, want 5", p.Weight(1))
+	}
+	within(t, "still off", backlogged(t, p, r, 3, phase, 64<<10), []float64{1, 1, 1})
+	p.SetShaping(true)
+	got = backlogged(t, p, r, 3, phase, 64<<10)
+	if got[2] != 0 {
+		t.Errorf("flow 2 paused again: share %.4f", got[2])
+	}
+	within(t, "3:5 after shaping on", got[:2], []float64{3, 5})
 }
 
 func TestPauseAndResume(t *testing.T) {

@@ -10,11 +10,15 @@
 #
 #   scripts/run_test.sh [--scheduler] [-s N] [-w N] [--root HOST:PORT]
 #                       [--num-servers N] [--num-workers N] [--iface IF]
-#                       [--no-monitor] [-- test_kv_app flags...]
+#                       [--metrics-port P] [--no-monitor]
+#                       [-- test_kv_app flags...]
+#
+# --metrics-port P serves each node's Prometheus metrics (FPT_METRICS_ADDR)
+# on ports P, P+1, ... in the order the nodes start (the scheduler first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 run_sched=0
 share_given=0
@@ -25,6 +29,7 @@ nserv="${DMLC_NUM_SERVER:-2}"
 nwork="${DMLC_NUM_WORKER:-2}"
 iface="${DMLC_INTERFACE:-}"
 monitor=1
+metrics_port=""
 app_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,6 +41,7 @@ while [ $# -gt 0 ]; do
     --num-workers) nwork="$2"; shift ;;
     --iface) iface="$2"; shift ;;
     --no-monitor) monitor=0 ;;
+    --metrics-port) metrics_port="$2"; shift ;;
     --) shift; app_args=("$@"); break ;;
     -h|--help) usage ;;
     *) echo "run_test.sh: unknown argument $1" >&2; usage ;;
@@ -96,7 +102,12 @@ trap 'echo "run_test.sh: interrupted" >&2; exit 130' INT TERM
 
 start() { # name role cmd...
   local name=$1 role=$2; shift 2
-  DMLC_ROLE=$role "$@" > >(sed -u "s/^/[$name] /") 2> >(sed -u "s/^/[$name] /" >&2) &
+  local metrics_addr="${FPT_METRICS_ADDR:-}"
+  if [ -n "$metrics_port" ]; then
+    metrics_addr=":$((metrics_port + ${#pids[@]}))"
+    echo "run_test.sh: $name serves metrics at http://localhost$metrics_addr/metrics"
+  fi
+  DMLC_ROLE=$role FPT_METRICS_ADDR="$metrics_addr" "$@" > >(sed -u "s/^/[$name] /") 2> >(sed -u "s/^/[$name] /" >&2) &
   pids+=($!); names+=("$name")
 }
 

@@ -31,6 +31,28 @@ type link interface {
 // counters are one peer's statistics; they outlive reconnections.
 type counters struct {
 	sentBytes, recvBytes, sentFrames, recvFrames atomic.Uint64
+	sentBusy, recvBusy                           atomic.Int64 // nanoseconds
+}
+
+// recvClock measures the time a connection spends receiving frames: from
+// the read that starts a frame to the read that leaves no frame partly
+// received. Gaps between frames are idle, not slow, and are not counted,
+// so that bytes over busy time estimates what the link can carry.
+type recvClock struct {
+	since time.Time // zero: no frame in progress
+}
+
+// read is called after each read that moved bytes; midFrame tells whether
+// a frame is still partly received afterwards.
+func (r *recvClock) read(st *counters, midFrame bool) {
+	now := time.Now()
+	if r.since.IsZero() {
+		r.since = now
+	}
+	if !midFrame {
+		st.recvBusy.Add(int64(now.Sub(r.since)))
+		r.since = time.Time{}
+	}
 }
 
 // peer is a connected node that has been introduced (dialled, or accepted
@@ -74,6 +96,7 @@ type core struct {
 	log   *slog.Logger
 	q     *sendQueue
 	quiet atomic.Bool // closing: lost connections are not reported
+	recv  recvShaper
 
 	mu      sync.Mutex
 	peers   map[uint32]*peer
@@ -92,6 +115,7 @@ func newCore(cfg Config) *core {
 		stats:      make(map[uint32]*counters),
 		changed:    make(chan struct{}),
 		senderDone: make(chan struct{}),
+		recv:       recvShaper{weights: make(map[uint32]float64)},
 	}
 	c.self.Store(cfg.Self)
 	return c
@@ -196,6 +220,18 @@ func (c *core) Forward(m *Message) error { return c.enqueue(m, false) }
 // SetWeight implements Transport.
 func (c *core) SetWeight(peer uint32, weight float64) { c.q.setWeight(peer, weight) }
 
+// SetReceiveWeight implements Transport.
+func (c *core) SetReceiveWeight(peer uint32, weight float64) { c.recv.setWeight(peer, weight) }
+
+// SetShaping implements Transport.
+func (c *core) SetShaping(on bool) {
+	c.q.setShaping(on)
+	c.recv.setShaping(on)
+}
+
+// QueuedBytes implements Transport.
+func (c *core) QueuedBytes() int64 { return c.q.queued() }
+
 // Stats implements Transport; peers are listed in id order.
 func (c *core) Stats() []PeerStats {
 	c.mu.Lock()
@@ -207,6 +243,8 @@ func (c *core) Stats() []PeerStats {
 			ReceivedBytes:  st.recvBytes.Load(),
 			SentFrames:     st.sentFrames.Load(),
 			ReceivedFrames: st.recvFrames.Load(),
+			SentBusy:       time.Duration(st.sentBusy.Load()),
+			ReceivedBusy:   time.Duration(st.recvBusy.Load()),
 		})
 	}
 	c.mu.Unlock()
@@ -283,7 +321,10 @@ func (c *core) write(m *Message, hdr *[frame.HeaderSize]byte) {
 	m.Header.Sender = c.self.Load()
 	m.Header.Length = uint64(len(m.Payload))
 	m.Header.Encode(hdr[:])
-	if err := p.link.writeFrame(hdr[:], m.Payload, c.cfg.IOTimeout); err != nil {
+	start := time.Now()
+	err := p.link.writeFrame(hdr[:], m.Payload, c.cfg.IOTimeout)
+	p.st.sentBusy.Add(int64(time.Since(start)))
+	if err != nil {
 		err = fmt.Errorf("van: write to node %d: %w", id, err)
 		p.fail(err)
 		if m.Done != nil {

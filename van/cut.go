@@ -63,6 +63,9 @@ func (c *cutter) next() []byte {
 	return c.cur[c.pn:end]
 }
 
+// midFrame reports whether a frame has been partly received.
+func (c *cutter) midFrame() bool { return c.hn > 0 || c.inPayload }
+
 // advance records that n bytes were read into next(). When a frame is
 // complete it returns its header and payload, valid until the next call of
 // next or advance. An error is final: the connection must be closed.

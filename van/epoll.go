@@ -62,6 +62,7 @@ type epConn struct {
 	epfd   int          // the van's epoll set, where a blocked writer asks for EPOLLOUT
 	remote string
 	cut    cutter
+	clock  recvClock
 	peer   *peer     // nil until the Hello
 	expiry time.Time // the Hello deadline of an accepted connection
 
@@ -362,8 +363,13 @@ func sockaddrString(sa unix.Sockaddr) string {
 // its turn: the set is
 // level-triggered, so a connection with more to read is reported again.
 // (Stopping after one frame instead costs an epoll_wait per small frame.)
+//
+// The byte budget is the peer's share under receive shaping (recvShaper).
 func (v *epollVan) serve(c *epConn) {
 	budget, frames := readBudget, frameBudget
+	if c.peer != nil {
+		budget = v.recv.budget(c.peer.id)
+	}
 	for {
 		buf := c.cut.next()
 		if len(buf) > budget {
@@ -382,13 +388,14 @@ func (v *epollVan) serve(c *epConn) {
 			v.drop(c, io.ErrUnexpectedEOF)
 			return
 		}
-		if c.peer != nil {
-			c.peer.st.recvBytes.Add(uint64(n))
-		}
 		h, payload, err := c.cut.advance(n)
 		if err != nil {
 			v.drop(c, err)
 			return
+		}
+		if c.peer != nil {
+			c.peer.st.recvBytes.Add(uint64(n))
+			c.clock.read(c.peer.st, c.cut.midFrame())
 		}
 		if h != nil {
 			if c.peer == nil {

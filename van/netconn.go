@@ -38,6 +38,7 @@ type ncConn struct {
 	tc     *net.TCPConn
 	remote string
 	cut    cutter
+	clock  recvClock
 	peer   *peer
 }
 
@@ -139,12 +140,13 @@ func (v *netConnVan) readLoop(c *ncConn) error {
 	for {
 		n, err := c.tc.Read(c.cut.next())
 		if n > 0 {
-			if c.peer != nil {
-				c.peer.st.recvBytes.Add(uint64(n))
-			}
 			h, payload, perr := c.cut.advance(n)
 			if perr != nil {
 				return perr
+			}
+			if c.peer != nil {
+				c.peer.st.recvBytes.Add(uint64(n))
+				c.clock.read(c.peer.st, c.cut.midFrame())
 			}
 			if h != nil {
 				if c.peer != nil {

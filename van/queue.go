@@ -18,12 +18,11 @@ type sendQueue struct {
 	idle  sync.Cond // Close waiting for the pool to drain
 
 	p       *pool.Pool[*Message]
-	weights map[uint32]struct{} // flows whose weight was ever set
-	purge   []uint32            // flows to fail (peer lost), in order
-	busy    bool                // the sender is handling a job
-	closed  bool                // refuse new messages
-	stopped bool                // the sender should finish
-	sayBye  bool                // ... after saying Bye to every peer
+	purge   []uint32 // flows to fail (peer lost), in order
+	busy    bool     // the sender is handling a job
+	closed  bool     // refuse new messages
+	stopped bool     // the sender should finish
+	sayBye  bool     // ... after saying Bye to every peer
 }
 
 // entry is a queued message.
@@ -38,7 +37,7 @@ type job struct {
 }
 
 func newSendQueue(limit int64) *sendQueue {
-	q := &sendQueue{p: pool.New[*Message](limit), weights: make(map[uint32]struct{})}
+	q := &sendQueue{p: pool.New[*Message](limit)}
 	q.space.L, q.work.L, q.idle.L = &q.mu, &q.mu, &q.mu
 	return q
 }
@@ -62,9 +61,22 @@ func (q *sendQueue) put(m *Message, block bool) error {
 func (q *sendQueue) setWeight(flow uint32, w float64) {
 	q.mu.Lock()
 	q.p.SetWeight(flow, w)
-	q.weights[flow] = struct{}{}
 	q.work.Signal() // a resumed flow may be eligible now
 	q.mu.Unlock()
+}
+
+func (q *sendQueue) setShaping(on bool) {
+	q.mu.Lock()
+	q.p.SetShaping(on)
+	q.work.Signal()
+	q.mu.Unlock()
+}
+
+// queued is the bytes waiting in the pool.
+func (q *sendQueue) queued() int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.p.Bytes()
 }
 
 // purgeFlow asks the sender to fail what is queued for a lost peer. The
@@ -124,9 +136,7 @@ func (q *sendQueue) closeAndDrain(timeout time.Duration) bool {
 	defer q.mu.Unlock()
 	q.closed = true
 	q.space.Broadcast()
-	for f := range q.weights {
-		q.p.SetWeight(f, 1)
-	}
+	q.p.SetShaping(false)
 	q.work.Signal()
 	expired := false
 	t := time.AfterFunc(timeout, func() {

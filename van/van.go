@@ -90,20 +90,44 @@ type Transport interface {
 	// SetWeight sets the share of the sender given to one destination (1 by
 	// default; 0 pauses it). See package pool.
 	SetWeight(peer uint32, weight float64)
-	// Stats reports bytes moved per peer and direction so far.
+	// SetReceiveWeight sets the share of the receiver given to one source
+	// (1 by default) when several have data ready: each turn of the epoll
+	// loop reads up to a budget proportional to the weight. The receive
+	// side never pauses a source: weight 0 gets the minimum budget. The
+	// netconn van, a reader per connection, records it without effect.
+	SetReceiveWeight(peer uint32, weight float64)
+	// SetShaping switches weighted shaping off (every flow and source
+	// served alike, paused flows too) or back on, in both directions; the
+	// weights set are kept. The LB switches it off while it probes.
+	SetShaping(on bool)
+	// Stats reports what moved per peer and direction so far: bytes,
+	// frames, and busy time (see PeerStats).
 	Stats() []PeerStats
+	// QueuedBytes is the bytes waiting in the send pool (headers included).
+	QueuedBytes() int64
 	// Close drains the pool (up to the configured timeout), says Bye to
 	// every peer, and releases every socket, goroutine and fd.
 	Close() error
 }
 
-// PeerStats counts what moved between this node and one peer.
+// PeerStats counts what moved between this node and one peer. The busy
+// times count only while the direction was moving a frame, so that
+// SentBytes/SentBusy and ReceivedBytes/ReceivedBusy estimate what the link
+// carries when in use, and an idle link does not look like a slow one:
+//
+//   - SentBusy adds up the time the sender spent writing frames to the
+//     peer, waiting for room in the socket buffer included.
+//   - ReceivedBusy adds up the time from the read that began a frame to
+//     the read that completed the last frame in progress. A frame that
+//     arrives within one read adds nothing.
 type PeerStats struct {
 	Peer           uint32
 	SentBytes      uint64 // header and payload bytes written
 	ReceivedBytes  uint64 // header and payload bytes read
 	SentFrames     uint64
 	ReceivedFrames uint64
+	SentBusy       time.Duration
+	ReceivedBusy   time.Duration
 }
 
 // Config configures a Transport.

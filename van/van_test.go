@@ -19,6 +19,7 @@ import (
 
 func TestRoundTrip(t *testing.T) {
 	forKinds(t, func(t *testing.T, kind string) {
+		start := time.Now()
 		a, ca := newVan(t, kind, 8, nil)
 		b, cb := newVan(t, kind, 9, nil)
 		connect(t, a, 8, b, 9)
@@ -73,6 +74,17 @@ func TestRoundTrip(t *testing.T) {
 			if len(sa) != 1 || len(sb) != 1 {
 				return fmt.Errorf("stats %v / %v", sa, sb)
 			}
+			// Frames with a payload take two reads at least (the
+			// header is read on its own) and a write each: every busy
+			// time has been counted, and none can exceed the test's age.
+			for _, st := range []PeerStats{sa[0], sb[0]} {
+				for _, busy := range []time.Duration{st.SentBusy, st.ReceivedBusy} {
+					if busy <= 0 || busy > time.Since(start) {
+						return fmt.Errorf("busy time %v, want within (0, %v]: %+v", busy, time.Since(start), st)
+					}
+				}
+			}
+			sa[0].SentBusy, sa[0].ReceivedBusy, sb[0].SentBusy, sb[0].ReceivedBusy = 0, 0, 0, 0
 			// One Hello from a to b on top of the data frames.
 			want := PeerStats{Peer: 9, SentBytes: total + frame.HeaderSize, ReceivedBytes: total, SentFrames: uint64(len(sizes)) + 1, ReceivedFrames: uint64(len(sizes))}
 			if sa[0] != want {
@@ -519,6 +531,48 @@ func TestBackPressure(t *testing.T) {
 			t.Fatal("Send still blocked after the sender drained the pool")
 		}
 		cb.waitFrames(t, 3)
+	})
+}
+
+// TestShapingSwitch: a paused flow holds its frames in the pool (counted
+// by QueuedBytes) until shaping is switched off, and pauses again when it is
+// switched back on.
+func TestShapingSwitch(t *testing.T) {
+	forKinds(t, func(t *testing.T, kind string) {
+		a, _ := newVan(t, kind, 8, nil)
+		b, cb := newVan(t, kind, 9, nil)
+		connect(t, a, 8, b, 9)
+		a.SetWeight(9, 0)
+		const n = 1000
+		send := func(k uint64) {
+			if err := a.Send(&Message{Header: pushHeader(8, 9, k, n), Payload: make([]byte, n)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		queued := func(want int64) {
+			eventually(t, 5*time.Second, func() error {
+				if got := a.QueuedBytes(); got != want {
+					return fmt.Errorf("QueuedBytes %d, want %d", got, want)
+				}
+				return nil
+			})
+		}
+		send(1)
+		send(2)
+		queued(2 * (frame.HeaderSize + n))
+		a.SetShaping(false)
+		cb.waitFrames(t, 2)
+		queued(0)
+		a.SetShaping(true)
+		send(3)
+		queued(frame.HeaderSize + n)
+		time.Sleep(50 * time.Millisecond)
+		if got := len(cb.waitFrames(t, 2)); got != 2 {
+			t.Fatalf("%d frames arrived with the flow paused again, want 2", got)
+		}
+		a.SetWeight(9, 1)
+		cb.waitFrames(t, 3)
+		queued(0)
 	})
 }
 

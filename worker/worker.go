@@ -29,6 +29,7 @@ import (
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
 )
@@ -37,6 +38,7 @@ import (
 type Worker struct {
 	node      *cluster.Node
 	partBytes uint64
+	metrics   *metrics.Node // nil: none
 
 	mu         sync.Mutex
 	ready      bool // Start finished: the fields below it are set
@@ -97,6 +99,9 @@ type request struct {
 	done     chan struct{}
 	err      error
 	cb       func()
+	// began and observe time the request for the latency metrics.
+	began   time.Time
+	observe func(time.Duration)
 	// classic Pull and PushPull: where each key's reply goes.
 	dst map[uint64]*kvDst
 }
@@ -111,6 +116,7 @@ func Start(ctx context.Context, n *cluster.Node) (*Worker, error) {
 	w := &Worker{
 		node:       n,
 		partBytes:  n.Config().PartitionBytes,
+		metrics:    n.Metrics(),
 		tensors:    make(map[uint64]*tensor),
 		results:    make(map[resultKey]*result),
 		requests:   make(map[int]*request),
@@ -262,10 +268,11 @@ func (w *Worker) split(keys []uint64, data []byte, byteLens []int, dtype frame.D
 	return ts, parts, nil
 }
 
-// newRequest registers a request. Caller holds w.mu.
-func (w *Worker) newRequest(cb func()) *request {
+// newRequest registers a request; observe receives its latency if it
+// succeeds. Caller holds w.mu.
+func (w *Worker) newRequest(cb func(), observe func(time.Duration)) *request {
 	w.nextTS++
-	r := &request{ts: w.nextTS, done: make(chan struct{}), cb: cb}
+	r := &request{ts: w.nextTS, done: make(chan struct{}), cb: cb, began: time.Now(), observe: observe}
 	w.requests[r.ts] = r
 	return r
 }
@@ -285,6 +292,9 @@ func (w *Worker) settle(r *request, n int, err error) (after func()) {
 		return nil
 	}
 	r.finished = true
+	if r.err == nil {
+		r.observe(time.Since(r.began))
+	}
 	return func() { w.finish(r) }
 }
 
@@ -390,7 +400,7 @@ func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame
 		w.mu.Unlock()
 		return 0, err
 	}
-	req := w.newRequest(cb)
+	req := w.newRequest(cb, w.metrics.ObservePush)
 	self := uint32(w.node.Self().ID)
 	done := func(err error) {
 		if err != nil {
@@ -444,7 +454,7 @@ func (w *Worker) fptPull(keys []uint64, data []byte, byteLens []int, dtype frame
 		w.mu.Unlock()
 		return 0, err
 	}
-	req := w.newRequest(cb)
+	req := w.newRequest(cb, w.metrics.ObservePull)
 	type ready struct {
 		r   *result
 		dst []byte
@@ -706,7 +716,11 @@ func (w *Worker) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byte
 		w.mu.Unlock()
 		return 0, errors.New("worker: not started")
 	}
-	req := w.newRequest(cb)
+	observe := w.metrics.ObservePull // a reply carries values back
+	if typ == frame.KVPush {
+		observe = w.metrics.ObservePush
+	}
+	req := w.newRequest(cb, observe)
 	self := uint32(w.node.Self().ID)
 	var msgs []van.Message
 	if out != nil {

@@ -1,0 +1,218 @@
+package launch_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/launch"
+	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/trainer"
+	"github.com/fptps/fpt/worker"
+)
+
+// TestMetricsMatchTraining runs a cluster (scheduler, 2 servers, 2
+// workers, each node through launch.Run with its own FPT_METRICS_ADDR),
+// trains, and then scrapes every server and worker over HTTP while they
+// are still up: the payload bytes the counters report (bytes minus a
+// header per frame) are exactly what the trainer pushed and pulled, each
+// server received what the workers sent it, and the latency histograms
+// counted every push and pull.
+func TestMetricsMatchTraining(t *testing.T) {
+	const servers, workers = 2, 2
+	o := trainer.Options{Iterations: 3, Tensors: 4, MinBytes: 4 << 10, MaxBytes: 3 << 20, DType: frame.Float32, Quiet: true}
+	port, err := localcluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{
+		"DMLC_PS_ROOT_URI":  "127.0.0.1",
+		"DMLC_PS_ROOT_PORT": strconv.Itoa(port),
+		"DMLC_NUM_SERVER":   strconv.Itoa(servers),
+		"DMLC_NUM_WORKER":   strconv.Itoa(workers),
+		"FPT_START_TIMEOUT": "60",
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	var (
+		mu         sync.Mutex
+		addrs      = map[string]string{} // "server 0" etc. → metrics address
+		summaries  = map[int]trainer.Summary{}
+		serversIn  = map[string]map[string]*dto.MetricFamily{}
+		workersOut = map[int]map[string]*dto.MetricFamily{}
+	)
+	start := func(role, name string, train launch.Train) <-chan error {
+		p, err := localcluster.FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := map[string]string{"DMLC_ROLE": role, "FPT_METRICS_ADDR": fmt.Sprintf("127.0.0.1:%d", p)}
+		for k, v := range env {
+			e[k] = v
+		}
+		cfg, err := config.FromEnv(func(k string) (string, bool) { v, ok := e[k]; return v, ok })
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		addrs[name] = cfg.MetricsAddr
+		mu.Unlock()
+		done := make(chan error, 1)
+		go func() { done <- launch.Run(ctx, cfg, log, train) }()
+		return done
+	}
+	var ends []<-chan error
+	ends = append(ends, start("scheduler", "scheduler", nil))
+	for i := range servers {
+		ends = append(ends, start("server", fmt.Sprintf("server %d", i), nil))
+	}
+	var trained sync.WaitGroup
+	trained.Add(workers)
+	scraped := make(chan struct{})
+	for i := range workers {
+		ends = append(ends, start("worker", fmt.Sprintf("worker %d", i), func(ctx context.Context, w *worker.Worker) error {
+			s, err := trainer.Run(ctx, w, o, io.Discard)
+			if err != nil {
+				trained.Done()
+				return err
+			}
+			// Every node is still up until the final barrier: scrape now.
+			if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
+				trained.Done()
+				return err
+			}
+			mu.Lock()
+			summaries[w.Rank()] = s
+			addr := addrs[fmt.Sprintf("worker %d", i)]
+			mu.Unlock()
+			mfs, err := scrape(addr)
+			if err != nil {
+				trained.Done()
+				return err
+			}
+			mu.Lock()
+			workersOut[w.Rank()] = mfs
+			mu.Unlock()
+			trained.Done()
+			<-scraped
+			return nil
+		}))
+	}
+	trained.Wait()
+	for i := range servers {
+		mfs, err := scrape(addrs[fmt.Sprintf("server %d", i)])
+		if err != nil {
+			t.Fatal(err)
+		}
+		serversIn[fmt.Sprintf("server %d", i)] = mfs
+	}
+	close(scraped)
+	for _, end := range ends {
+		if err := <-end; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(summaries) != workers || len(workersOut) != workers {
+		t.Fatalf("%d summaries and %d scrapes, want %d", len(summaries), len(workersOut), workers)
+	}
+
+	var sentToServers float64
+	for rank, mfs := range workersOut {
+		s := summaries[rank]
+		// Worker 0 also pushes the init round; every worker pulls it.
+		pushed := float64(s.ModelBytes) * float64(o.Iterations)
+		if rank == 0 {
+			pushed += float64(s.ModelBytes)
+		}
+		pulled := float64(s.ModelBytes) * float64(o.Iterations+1)
+		sent := value(t, mfs, "fpt_van_sent_bytes_total", "server")
+		sentFrames := value(t, mfs, "fpt_van_sent_frames_total", "server")
+		if got := sent - frame.HeaderSize*sentFrames; got != pushed {
+			t.Errorf("worker %d: %v payload bytes sent to servers, the trainer pushed %v", rank, got, pushed)
+		}
+		recv := value(t, mfs, "fpt_van_received_bytes_total", "server")
+		recvFrames := value(t, mfs, "fpt_van_received_frames_total", "server")
+		if got := recv - frame.HeaderSize*recvFrames; got != pulled {
+			t.Errorf("worker %d: %v payload bytes received from servers, the trainer pulled %v", rank, got, pulled)
+		}
+		sentToServers += sent
+		// One FPTPush for the init, one per tensor per iteration; one
+		// FPTPull for the init and one per iteration.
+		if n := histCount(t, mfs, "fpt_push_latency_seconds"); n != uint64(1+o.Tensors*o.Iterations) {
+			t.Errorf("worker %d: %d push latencies, want %d", rank, n, 1+o.Tensors*o.Iterations)
+		}
+		if n := histCount(t, mfs, "fpt_pull_latency_seconds"); n != uint64(1+o.Iterations) {
+			t.Errorf("worker %d: %d pull latencies, want %d", rank, n, 1+o.Iterations)
+		}
+		if b := value(t, mfs, "fpt_van_busy_seconds_total", "server", "sent"); !(b > 0) {
+			t.Errorf("worker %d: busy sending to servers %v s", rank, b)
+		}
+	}
+	var recvByServers float64
+	for _, mfs := range serversIn {
+		recvByServers += value(t, mfs, "fpt_van_received_bytes_total", "worker")
+	}
+	if recvByServers != sentToServers {
+		t.Errorf("servers received %v bytes from workers, workers sent %v", recvByServers, sentToServers)
+	}
+}
+
+// scrape GETs a node's /metrics and parses it.
+func scrape(addr string) (map[string]*dto.MetricFamily, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("scrape %s: %s", addr, resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	return p.TextToMetricFamilies(resp.Body)
+}
+
+// value is the counter of the series with the given peer_role (and
+// direction, if given).
+func value(t *testing.T, mfs map[string]*dto.MetricFamily, name, peerRole string, direction ...string) float64 {
+	t.Helper()
+	mf := mfs[name]
+	if mf == nil {
+		t.Fatalf("no %s in the scrape", name)
+	}
+	for _, m := range mf.GetMetric() {
+		labels := map[string]string{}
+		for _, l := range m.GetLabel() {
+			labels[l.GetName()] = l.GetValue()
+		}
+		if labels["peer_role"] != peerRole || (len(direction) > 0 && labels["direction"] != direction[0]) {
+			continue
+		}
+		return m.GetCounter().GetValue()
+	}
+	t.Fatalf("no %s{peer_role=%q} in the scrape", name, peerRole)
+	return 0
+}
+
+func histCount(t *testing.T, mfs map[string]*dto.MetricFamily, name string) uint64 {
+	t.Helper()
+	mf := mfs[name]
+	if mf == nil || len(mf.GetMetric()) != 1 {
+		t.Fatalf("%s: want one histogram in the scrape, got %v", name, mf)
+	}
+	return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+}
