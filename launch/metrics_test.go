@@ -5,20 +5,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
 	"strconv"
 	"sync"
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/trainer"
 	"github.com/fptps/fpt/worker"
@@ -53,8 +49,8 @@ func TestMetricsMatchTraining(t *testing.T) {
 		mu         sync.Mutex
 		addrs      = map[string]string{} // "server 0" etc. → metrics address
 		summaries  = map[int]trainer.Summary{}
-		serversIn  = map[string]map[string]*dto.MetricFamily{}
-		workersOut = map[int]map[string]*dto.MetricFamily{}
+		serversIn  = map[string]metrics.Families{}
+		workersOut = map[int]metrics.Families{}
 	)
 	start := func(role, name string, train launch.Train) <-chan error {
 		p, err := localcluster.FreePort()
@@ -100,7 +96,7 @@ func TestMetricsMatchTraining(t *testing.T) {
 			summaries[w.Rank()] = s
 			addr := addrs[fmt.Sprintf("worker %d", i)]
 			mu.Unlock()
-			mfs, err := scrape(addr)
+			mfs, err := metrics.Scrape(ctx, addr)
 			if err != nil {
 				trained.Done()
 				return err
@@ -115,7 +111,7 @@ func TestMetricsMatchTraining(t *testing.T) {
 	}
 	trained.Wait()
 	for i := range servers {
-		mfs, err := scrape(addrs[fmt.Sprintf("server %d", i)])
+		mfs, err := metrics.Scrape(ctx, addrs[fmt.Sprintf("server %d", i)])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,6 +127,7 @@ func TestMetricsMatchTraining(t *testing.T) {
 		t.Fatalf("%d summaries and %d scrapes, want %d", len(summaries), len(workersOut), workers)
 	}
 
+	toServers := map[string]string{"peer_role": "server"}
 	var sentToServers float64
 	for rank, mfs := range workersOut {
 		s := summaries[rank]
@@ -140,79 +137,44 @@ func TestMetricsMatchTraining(t *testing.T) {
 			pushed += float64(s.ModelBytes)
 		}
 		pulled := float64(s.ModelBytes) * float64(o.Iterations+1)
-		sent := value(t, mfs, "fpt_van_sent_bytes_total", "server")
-		sentFrames := value(t, mfs, "fpt_van_sent_frames_total", "server")
+		sent := value(t, mfs, "fpt_van_sent_bytes_total", toServers)
+		sentFrames := value(t, mfs, "fpt_van_sent_frames_total", toServers)
 		if got := sent - frame.HeaderSize*sentFrames; got != pushed {
 			t.Errorf("worker %d: %v payload bytes sent to servers, the trainer pushed %v", rank, got, pushed)
 		}
-		recv := value(t, mfs, "fpt_van_received_bytes_total", "server")
-		recvFrames := value(t, mfs, "fpt_van_received_frames_total", "server")
+		recv := value(t, mfs, "fpt_van_received_bytes_total", toServers)
+		recvFrames := value(t, mfs, "fpt_van_received_frames_total", toServers)
 		if got := recv - frame.HeaderSize*recvFrames; got != pulled {
 			t.Errorf("worker %d: %v payload bytes received from servers, the trainer pulled %v", rank, got, pulled)
 		}
 		sentToServers += sent
 		// One FPTPush for the init, one per tensor per iteration; one
 		// FPTPull for the init and one per iteration.
-		if n := histCount(t, mfs, "fpt_push_latency_seconds"); n != uint64(1+o.Tensors*o.Iterations) {
-			t.Errorf("worker %d: %d push latencies, want %d", rank, n, 1+o.Tensors*o.Iterations)
+		if n := value(t, mfs, "fpt_push_latency_seconds", nil); n != float64(1+o.Tensors*o.Iterations) {
+			t.Errorf("worker %d: %v push latencies, want %d", rank, n, 1+o.Tensors*o.Iterations)
 		}
-		if n := histCount(t, mfs, "fpt_pull_latency_seconds"); n != uint64(1+o.Iterations) {
-			t.Errorf("worker %d: %d pull latencies, want %d", rank, n, 1+o.Iterations)
+		if n := value(t, mfs, "fpt_pull_latency_seconds", nil); n != float64(1+o.Iterations) {
+			t.Errorf("worker %d: %v pull latencies, want %d", rank, n, 1+o.Iterations)
 		}
-		if b := value(t, mfs, "fpt_van_busy_seconds_total", "server", "sent"); !(b > 0) {
+		if b := value(t, mfs, "fpt_van_busy_seconds_total", map[string]string{"peer_role": "server", "direction": "sent"}); !(b > 0) {
 			t.Errorf("worker %d: busy sending to servers %v s", rank, b)
 		}
 	}
 	var recvByServers float64
 	for _, mfs := range serversIn {
-		recvByServers += value(t, mfs, "fpt_van_received_bytes_total", "worker")
+		recvByServers += value(t, mfs, "fpt_van_received_bytes_total", map[string]string{"peer_role": "worker"})
 	}
 	if recvByServers != sentToServers {
 		t.Errorf("servers received %v bytes from workers, workers sent %v", recvByServers, sentToServers)
 	}
 }
 
-// scrape GETs a node's /metrics and parses it.
-func scrape(addr string) (map[string]*dto.MetricFamily, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("scrape %s: %s", addr, resp.Status)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	return p.TextToMetricFamilies(resp.Body)
-}
-
-// value is the counter of the series with the given peer_role (and
-// direction, if given).
-func value(t *testing.T, mfs map[string]*dto.MetricFamily, name, peerRole string, direction ...string) float64 {
+// value is a series' value that must be in the scrape.
+func value(t *testing.T, f metrics.Families, name string, labels map[string]string) float64 {
 	t.Helper()
-	mf := mfs[name]
-	if mf == nil {
-		t.Fatalf("no %s in the scrape", name)
+	v, ok := f.Value(name, labels)
+	if !ok {
+		t.Fatalf("no %s%v in the scrape", name, labels)
 	}
-	for _, m := range mf.GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
-		if labels["peer_role"] != peerRole || (len(direction) > 0 && labels["direction"] != direction[0]) {
-			continue
-		}
-		return m.GetCounter().GetValue()
-	}
-	t.Fatalf("no %s{peer_role=%q} in the scrape", name, peerRole)
-	return 0
-}
-
-func histCount(t *testing.T, mfs map[string]*dto.MetricFamily, name string) uint64 {
-	t.Helper()
-	mf := mfs[name]
-	if mf == nil || len(mf.GetMetric()) != 1 {
-		t.Fatalf("%s: want one histogram in the scrape, got %v", name, mf)
-	}
-	return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+	return v
 }

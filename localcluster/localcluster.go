@@ -25,6 +25,12 @@ type Spec struct {
 	Scheduler, Server, Worker []string
 	// Env is extra KEY=VALUE settings for every process.
 	Env []string
+	// RootURI is the scheduler's address as the others reach it
+	// (default 127.0.0.1).
+	RootURI string
+	// Command, if set, makes the command of each named process, to run
+	// it elsewhere (in an emulated host, say); nil runs argv as it is.
+	Command func(name string, argv []string) *exec.Cmd
 }
 
 // Proc is one process of the cluster.
@@ -76,8 +82,16 @@ func Start(s Spec) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	root := s.RootURI
+	if root == "" {
+		root = "127.0.0.1"
+	}
+	command := s.Command
+	if command == nil {
+		command = func(_ string, argv []string) *exec.Cmd { return exec.Command(argv[0], argv[1:]...) }
+	}
 	env := append(os.Environ(),
-		"DMLC_PS_ROOT_URI=127.0.0.1",
+		"DMLC_PS_ROOT_URI="+root,
 		"DMLC_PS_ROOT_PORT="+strconv.Itoa(port),
 		"DMLC_NUM_SERVER="+strconv.Itoa(s.Servers),
 		"DMLC_NUM_WORKER="+strconv.Itoa(s.Workers),
@@ -89,7 +103,7 @@ func Start(s Spec) (*Cluster, error) {
 			return fmt.Errorf("localcluster: no command for the %s", role)
 		}
 		p := &Proc{Name: name, done: make(chan struct{})}
-		p.Cmd = exec.Command(argv[0], argv[1:]...)
+		p.Cmd = command(name, argv)
 		p.Cmd.Env = append(append([]string(nil), env...), "DMLC_ROLE="+role)
 		p.Cmd.Stdout, p.Cmd.Stderr = &p.Stdout, &p.Stderr
 		// Children die with the parent, whatever kills it.

@@ -60,12 +60,19 @@ func benchMain(args []string) int {
 	fs.IntVar(&o.iters, "iters", 50, "timed iterations (after init and two warm-up iterations)")
 	fs.Int64Var(&o.partitionBytes, "partition-bytes", 0, "FPT_PARTITION_BYTES for the cluster (0: the default)")
 	fs.BoolVar(&o.jsonOut, "json", false, "one JSON object per line")
+	var so scenarioOptions
+	fs.StringVar(&so.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping or priority")
+	fs.StringVar(&so.rate, "rate", "200mbit", "scenarios: the worker host's link rate, both ways (tc syntax)")
+	weights := fs.String("weights", "3:1", "shaping scenario: the worker's flow weights for server 0 and server 1")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: fpt bench [flags]\n\nRuns a cluster on loopback (separate processes), pushes and pulls one tensor, and\nreports goodput (bytes pushed plus pulled by one worker per second) against raw TCP\nmoving the same bytes both ways at once between two Go sockets, measured in the same run.\n\n")
+		fmt.Fprintf(fs.Output(), "usage: fpt bench [flags]\n\nRuns a cluster on loopback (separate processes), pushes and pulls one tensor, and\nreports goodput (bytes pushed plus pulled by one worker per second) against raw TCP\nmoving the same bytes both ways at once between two Go sockets, measured in the same run.\n\nWith --scenario, runs a cluster in an emulated network (network namespaces, tbf) instead\nand prints one JSON line:\n  shaping   one worker behind a --rate link pushes to two servers with flow weights\n            --weights; byte_ratio is what the servers received while both flows were\n            backlogged (unshaped_byte_ratio: the same run with shaping off)\n  priority  a low- and a high-priority tensor pushed together; when each sum arrived,\n            next to the same push with equal priorities\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		return launch.ExitUsage
+	}
+	if so.name != "" {
+		return scenarioMain(fs, so, *weights, o)
 	}
 	o.vans = strings.Split(*van, ",")
 	if o.workers < 1 || o.servers < 1 || o.iters < 1 || o.tensorBytes < 4 || o.tensorBytes%4 != 0 {

@@ -1,0 +1,500 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fptps/fpt/launch"
+	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/metrics"
+	"github.com/fptps/fpt/netem"
+	"github.com/fptps/fpt/worker"
+)
+
+// The scenarios of "fpt bench --scenario": each runs a small cluster in an
+// emulated network (package netem), one node per host, the worker's host
+// behind a rate-limited link, and prints one JSON line.
+const (
+	scenarioShaping  = "shaping"
+	scenarioPriority = "priority"
+)
+
+// scenarioMetricsPort is where every node of a scenario serves its metrics:
+// one node per host, so one port does for all.
+const scenarioMetricsPort = 9100
+
+// sampleEvery is how often the shaping scenario reads the servers' counters.
+const sampleEvery = 100 * time.Millisecond
+
+type scenarioOptions struct {
+	name        string
+	rate        string     // the worker's link, tc syntax
+	weights     [2]float64 // shaping: the worker's weights for server ranks 0 and 1
+	tensorBytes int64
+	iters       int // shaping: tensors queued at once; priority: rounds
+}
+
+// shapingResult is the shaping scenario's line.
+type shapingResult struct {
+	Scenario   string     `json:"scenario"`
+	Rate       string     `json:"rate"`
+	Weights    [2]float64 `json:"weights"`
+	ByteRatio  float64    `json:"byte_ratio"`
+	WantRatio  float64    `json:"want_ratio"`
+	Bytes      [2]uint64  `json:"window_bytes"`
+	WindowSecs float64    `json:"window_seconds"`
+	Unshaped   float64    `json:"unshaped_byte_ratio"`
+}
+
+// priorityResult is the priority scenario's line (medians over rounds).
+type priorityResult struct {
+	Scenario          string  `json:"scenario"`
+	Rate              string  `json:"rate"`
+	TensorBytes       int64   `json:"tensor_bytes"`
+	Rounds            int     `json:"rounds"`
+	HighDoneMs        float64 `json:"high_done_ms"`
+	LowDoneMs         float64 `json:"low_done_ms"`
+	NoPriorityDoneMs  float64 `json:"nopriority_done_ms"`
+	NoPriorityLowMs   float64 `json:"nopriority_low_done_ms"`
+	HighFirstInRounds int     `json:"high_first_rounds"`
+}
+
+// scenarioLayout places the nodes: host 0 is the worker's (rate-limited),
+// then one host per server, then the scheduler's.
+func scenarioLayout(o scenarioOptions) (hosts []netem.HostSpec, servers int) {
+	servers = 1
+	if o.name == scenarioShaping {
+		servers = 2
+	}
+	hosts = []netem.HostSpec{{Up: o.rate, Down: o.rate}}
+	for range servers + 1 {
+		hosts = append(hosts, netem.HostSpec{})
+	}
+	return hosts, servers
+}
+
+// runScenario builds the emulated network, runs the scenario's cluster in
+// it, and prints the result line. The network is torn down on every path,
+// Ctrl-C included.
+func runScenario(o scenarioOptions, stdout io.Writer) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	hosts, servers := scenarioLayout(o)
+	net, err := netem.New(ctx, hosts)
+	if err != nil {
+		return err
+	}
+	defer net.Close()
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	// Processes are named scheduler, server0.., worker0 by localcluster.
+	hostOf := map[string]int{"worker0": 0, "scheduler": servers + 1}
+	for i := range servers {
+		hostOf["server"+strconv.Itoa(i)] = 1 + i
+	}
+	workerArgs := []string{self, "bench", "--scenario", o.name, "--rate", o.rate,
+		"--weights", fmt.Sprintf("%g:%g", o.weights[0], o.weights[1]),
+		"--tensor-bytes", strconv.FormatInt(o.tensorBytes, 10), "--iters", strconv.Itoa(o.iters)}
+	c, err := localcluster.Start(localcluster.Spec{
+		Servers: servers, Workers: 1,
+		Scheduler: []string{self}, Server: []string{self}, Worker: workerArgs,
+		RootURI: net.Addr(servers + 1),
+		Env: []string{
+			benchChildEnv + "=1",
+			"DMLC_INTERFACE=" + net.Iface(),
+			"FPT_METRICS_ADDR=:" + strconv.Itoa(scenarioMetricsPort),
+			// Smaller partitions than the default 1 MiB: the pool's
+			// shares are exact to within a frame, and a slow link moves
+			// few frames a second.
+			"FPT_PARTITION_BYTES=" + strconv.Itoa(256<<10),
+		},
+		Command: func(name string, argv []string) *exec.Cmd {
+			return net.Command(ctx, hostOf[name], argv[0], argv[1:]...)
+		},
+	})
+	if err != nil {
+		return err
+	}
+	defer c.Kill()
+	waited := make(chan error, 1)
+	go func() { waited <- c.Wait(10 * time.Minute) }()
+	select {
+	case err = <-waited:
+	case <-ctx.Done():
+		return fmt.Errorf("interrupted")
+	}
+	if err != nil {
+		return err
+	}
+	out := strings.TrimSpace(c.Proc("worker0").Stdout.String())
+	if out == "" {
+		return errors.New("the worker printed no result")
+	}
+	// The worker printed the line; check it parses, then pass it on.
+	var probe map[string]any
+	if err := json.Unmarshal([]byte(out), &probe); err != nil {
+		return fmt.Errorf("worker printed %q: %w", out, err)
+	}
+	_, err = fmt.Fprintln(stdout, out)
+	return err
+}
+
+// scenarioWorker is the worker's side of a scenario, run inside the
+// emulated network; it prints the result line.
+func scenarioWorker(ctx context.Context, w *worker.Worker, o scenarioOptions, out io.Writer) error {
+	var (
+		line any
+		err  error
+	)
+	switch o.name {
+	case scenarioShaping:
+		line, err = shapingWorker(ctx, w, o)
+	case scenarioPriority:
+		line, err = priorityWorker(ctx, w, o)
+	default:
+		err = fmt.Errorf("unknown scenario %q", o.name)
+	}
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(line)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(out, string(b))
+	return err
+}
+
+// sample is what the servers had received from workers at one moment.
+type sample struct {
+	at    time.Time
+	bytes [2]float64
+}
+
+// shapingWorker queues o.iters tensors at once, each split evenly over the
+// two servers, with the van's weights for the servers set to o.weights,
+// and reads the servers' received-bytes counters every sampleEvery while
+// they drain. The ratio is taken over the window in which both flows were
+// backlogged: from 10 % to 85 % of the bytes of the faster one.
+func shapingWorker(ctx context.Context, w *worker.Worker, o scenarioOptions) (shapingResult, error) {
+	res := shapingResult{Scenario: scenarioShaping, Rate: o.rate, Weights: o.weights, WantRatio: o.weights[0] / o.weights[1]}
+	servers := w.Node().Servers()
+	if len(servers) != 2 {
+		return res, fmt.Errorf("shaping: %d servers, want 2", len(servers))
+	}
+	addrs := make([]string, 2)
+	for i, id := range servers {
+		info, ok := w.Node().Info(id)
+		if !ok {
+			return res, fmt.Errorf("shaping: no address for server %d", id)
+		}
+		addrs[i] = info.Host + ":" + strconv.Itoa(scenarioMetricsPort)
+	}
+	v := w.Node().Van()
+	kv := worker.NewKV[float32](w)
+	n := int(o.tensorBytes / 4)
+	keys := make([]uint64, o.iters)
+	for i := range keys {
+		keys[i] = uint64(i)
+		if err := kv.Declare(keys[i], n, 0); err != nil {
+			return res, err
+		}
+	}
+	grads := make([]float32, n*len(keys))
+	for i := range grads {
+		grads[i] = float32(i % 1021)
+	}
+	sums := make([]float32, len(grads))
+	lens := slices.Repeat([]int{n}, len(keys))
+	if err := kv.Init(ctx, keys, sums, lens); err != nil {
+		return res, err
+	}
+	read := func() (sample, error) {
+		s := sample{at: time.Now()}
+		var wg sync.WaitGroup
+		var errs [2]error
+		for i, a := range addrs {
+			wg.Go(func() {
+				f, err := metrics.Scrape(ctx, a)
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				s.bytes[i], _ = f.Value("fpt_van_received_bytes_total", map[string]string{"peer_role": "worker"})
+			})
+		}
+		wg.Wait()
+		return s, errors.Join(errs[:]...)
+	}
+	run := func(shaped bool) (ratio float64, bytes [2]float64, window time.Duration, err error) {
+		v.SetShaping(shaped)
+		v.SetWeight(uint32(servers[0]), o.weights[0])
+		v.SetWeight(uint32(servers[1]), o.weights[1])
+		base, err := read()
+		if err != nil {
+			return 0, bytes, 0, err
+		}
+		// One FPTPush per tensor, all queued at once.
+		var pushes []int
+		for i := range keys {
+			ts, err := kv.FPTPush(keys[i:i+1], grads[i*n:(i+1)*n], nil, 0, nil)
+			if err != nil {
+				return 0, bytes, 0, err
+			}
+			pushes = append(pushes, ts)
+		}
+		samples := []sample{base}
+		pull, err := kv.FPTPull(keys, sums, lens, nil)
+		if err != nil {
+			return 0, bytes, 0, err
+		}
+		pulled := make(chan error, 1)
+		go func() { pulled <- kv.Wait(pull) }()
+		tick := time.NewTicker(sampleEvery)
+		defer tick.Stop()
+	loop:
+		for {
+			select {
+			case err := <-pulled:
+				if err != nil {
+					return 0, bytes, 0, err
+				}
+				break loop
+			case <-tick.C:
+				s, err := read()
+				if err != nil {
+					return 0, bytes, 0, err
+				}
+				samples = append(samples, s)
+			}
+		}
+		for _, p := range pushes {
+			if err := kv.Wait(p); err != nil {
+				return 0, bytes, 0, err
+			}
+		}
+		final, err := read()
+		if err != nil {
+			return 0, bytes, 0, err
+		}
+		return backloggedRatio(base, samples, final)
+	}
+	// The same run unshaped first: the baseline the ratio is read against.
+	var err error
+	if res.Unshaped, _, _, err = run(false); err != nil {
+		return res, fmt.Errorf("shaping: unshaped run: %w", err)
+	}
+	ratio, bytes, window, err := run(true)
+	if err != nil {
+		return res, fmt.Errorf("shaping: shaped run: %w", err)
+	}
+	// One worker: each sum is the value it pushed, element for element.
+	for i, s := range sums {
+		if s != grads[i] {
+			return res, fmt.Errorf("shaping: element %d of the pulled sums is %v, want %v", i, s, grads[i])
+		}
+	}
+	res.ByteRatio, res.WindowSecs = ratio, window.Seconds()
+	res.Bytes = [2]uint64{uint64(bytes[0]), uint64(bytes[1])}
+	return res, nil
+}
+
+// backloggedRatio picks, from samples taken while two flows drained, the
+// window in which both were still sending: from the first sample where the
+// flow that ends first had 10 % of its bytes to the last where it had at
+// most 85 %. It returns the ratio of the bytes delivered in that window.
+func backloggedRatio(base sample, samples []sample, final sample) (float64, [2]float64, time.Duration, error) {
+	var total [2]float64
+	for i := range total {
+		total[i] = final.bytes[i] - base.bytes[i]
+	}
+	// The flow that finishes first reaches 85 % of its total first.
+	first := 0
+	for _, s := range samples {
+		f0, f1 := (s.bytes[0]-base.bytes[0])/total[0], (s.bytes[1]-base.bytes[1])/total[1]
+		if f0 >= 0.85 || f1 >= 0.85 {
+			if f1 > f0 {
+				first = 1
+			}
+			break
+		}
+	}
+	from, to := -1, -1
+	for i, s := range samples {
+		f := (s.bytes[first] - base.bytes[first]) / total[first]
+		if from < 0 && f >= 0.10 {
+			from = i
+		}
+		if f <= 0.85 {
+			to = i
+		}
+	}
+	if from < 0 || to <= from {
+		return 0, [2]float64{}, 0, fmt.Errorf("too few samples in the backlogged window (%d samples over %v): queue more bytes (--iters, --tensor-bytes) or lower --rate",
+			len(samples), final.at.Sub(base.at).Round(time.Millisecond))
+	}
+	var d [2]float64
+	for i := range d {
+		d[i] = samples[to].bytes[i] - samples[from].bytes[i]
+	}
+	if d[1] <= 0 {
+		return 0, d, 0, errors.New("the second server received nothing in the window")
+	}
+	return d[0] / d[1], d, samples[to].at.Sub(samples[from].at), nil
+}
+
+// priorityWorker pushes a low- and a high-priority tensor of equal size at
+// the same moment (low first) and times, from then, when each one's sum
+// arrives; then the same two with equal priorities. Medians over o.iters
+// rounds.
+func priorityWorker(ctx context.Context, w *worker.Worker, o scenarioOptions) (priorityResult, error) {
+	res := priorityResult{Scenario: scenarioPriority, Rate: o.rate, TensorBytes: o.tensorBytes, Rounds: o.iters}
+	kv := worker.NewKV[float32](w)
+	n := int(o.tensorBytes / 4)
+	const low, high = 0, 1
+	keys := []uint64{low, high}
+	for _, k := range keys {
+		if err := kv.Declare(k, n, 0); err != nil {
+			return res, err
+		}
+	}
+	vals := make([]float32, 2*n)
+	for i := range vals {
+		vals[i] = float32(i % 509)
+	}
+	sums := make([]float32, 2*n)
+	lens := []int{n, n}
+	if err := kv.Init(ctx, keys, sums, lens); err != nil {
+		return res, err
+	}
+	// round pushes low then high with the given priorities and returns
+	// when each sum had arrived, counted from the first push.
+	round := func(lowPrio, highPrio int32) (lowDone, highDone time.Duration, err error) {
+		var mu sync.Mutex
+		start := time.Now()
+		var pushes []int
+		for i, p := range []int32{lowPrio, highPrio} {
+			ts, err := kv.FPTPush(keys[i:i+1], vals[i*n:(i+1)*n], nil, p, nil)
+			if err != nil {
+				return 0, 0, err
+			}
+			pushes = append(pushes, ts)
+		}
+		var pulls []int
+		for i, done := range []*time.Duration{&lowDone, &highDone} {
+			ts, err := kv.FPTPull(keys[i:i+1], sums[i*n:(i+1)*n], nil, func() {
+				mu.Lock()
+				*done = time.Since(start)
+				mu.Unlock()
+			})
+			if err != nil {
+				return 0, 0, err
+			}
+			pulls = append(pulls, ts)
+		}
+		for _, ts := range append(pushes, pulls...) {
+			if err := kv.Wait(ts); err != nil {
+				return 0, 0, err
+			}
+		}
+		for i, s := range sums {
+			if s != vals[i] {
+				return 0, 0, fmt.Errorf("priority: element %d of the sums is %v, want %v", i, s, vals[i])
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return lowDone, highDone, nil
+	}
+	var highs, lows, noprio, noprioLow []float64
+	for range o.iters {
+		l, h, err := round(0, 100)
+		if err != nil {
+			return res, err
+		}
+		if h < l {
+			res.HighFirstInRounds++
+		}
+		lows, highs = append(lows, ms(l)), append(highs, ms(h))
+		l, h, err = round(0, 0)
+		if err != nil {
+			return res, err
+		}
+		noprioLow, noprio = append(noprioLow, ms(l)), append(noprio, ms(h))
+	}
+	res.HighDoneMs, res.LowDoneMs = median(highs), median(lows)
+	res.NoPriorityDoneMs, res.NoPriorityLowMs = median(noprio), median(noprioLow)
+	return res, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
+}
+
+// scenarioMain runs "fpt bench --scenario": in the parent, the emulated
+// network and the cluster; in the bench's worker process, the scenario's
+// worker. --tensor-bytes and --iters get the scenario's own defaults unless
+// given.
+func scenarioMain(fs *flag.FlagSet, so scenarioOptions, weights string, o benchOptions) int {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	switch so.name {
+	case scenarioShaping:
+		so.tensorBytes, so.iters = 16<<20, 6
+	case scenarioPriority:
+		so.tensorBytes, so.iters = 16<<20, 3
+	default:
+		fmt.Fprintf(os.Stderr, "fpt bench: unknown scenario %q (want %s or %s)\n", so.name, scenarioShaping, scenarioPriority)
+		return launch.ExitUsage
+	}
+	if set["tensor-bytes"] {
+		so.tensorBytes = o.tensorBytes
+	}
+	if set["iters"] {
+		so.iters = o.iters
+	}
+	w0, w1, ok := strings.Cut(weights, ":")
+	var err0, err1 error
+	so.weights[0], err0 = strconv.ParseFloat(w0, 64)
+	so.weights[1], err1 = strconv.ParseFloat(w1, 64)
+	if !ok || err0 != nil || err1 != nil || !(so.weights[0] > 0) || !(so.weights[1] > 0) {
+		fmt.Fprintf(os.Stderr, "fpt bench: --weights %q: want two positive numbers, as 3:1\n", weights)
+		return launch.ExitUsage
+	}
+	if _, err := netem.ParseHostSpec(so.rate); err != nil || strings.Contains(so.rate, "/") {
+		fmt.Fprintf(os.Stderr, "fpt bench: --rate %q: want one tc rate, as 200mbit\n", so.rate)
+		return launch.ExitUsage
+	}
+	if os.Getenv(benchChildEnv) != "" {
+		return launch.Main("fpt bench", os.LookupEnv, os.Stderr, func(ctx context.Context, w *worker.Worker) error {
+			return scenarioWorker(ctx, w, so, os.Stdout)
+		})
+	}
+	if err := runScenario(so, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "fpt bench: %s: %v\n", so.name, err)
+		return launch.ExitFailed
+	}
+	return launch.ExitOK
+}
