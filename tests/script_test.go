@@ -18,7 +18,13 @@ import (
 // survivors lists processes whose environment names the cluster's
 // scheduler port: whatever run_test.sh started and left behind.
 func survivors(port int) []string {
-	needle := []byte(fmt.Sprintf("DMLC_PS_ROOT_PORT=%d\x00", port))
+	return processesWithEnv(fmt.Sprintf("DMLC_PS_ROOT_PORT=%d", port))
+}
+
+// processesWithEnv lists the processes whose environment holds the setting
+// kv ("KEY=VALUE").
+func processesWithEnv(kv string) []string {
+	needle := []byte(kv + "\x00")
 	var found []string
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {

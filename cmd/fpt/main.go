@@ -14,6 +14,7 @@ import (
 const usage = `usage:
   fpt                 run the node DMLC_ROLE names (scheduler or server)
   fpt bench [flags]   run a local cluster and print throughput (fpt bench -h)
+  fpt netem [flags]   run a command or a cluster on emulated hosts with shaped links (fpt netem -h)
 `
 
 func main() {
@@ -21,6 +22,8 @@ func main() {
 		switch os.Args[1] {
 		case "bench":
 			os.Exit(benchMain(os.Args[2:]))
+		case "netem":
+			os.Exit(netemMain(os.Args[2:]))
 		case "-h", "-help", "--help", "help":
 			fmt.Fprint(os.Stdout, usage)
 			return

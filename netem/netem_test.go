@@ -1,0 +1,293 @@
+package netem
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// SkipRootTestsEnv, set to 1, skips the tests that need root instead of
+// failing them.
+const skipRootTestsEnv = "FPT_SKIP_ROOT_TESTS"
+
+// The test binary doubles as the traffic generator: run inside a host with
+// helperEnv set, TestMain runs the helper instead of the tests.
+const (
+	helperEnv  = "FPT_NETEM_TEST_HELPER" // sink or source
+	helperAddr = "FPT_NETEM_TEST_ADDR"   // host:port
+	helperSize = "FPT_NETEM_TEST_BYTES"  // bytes the source sends
+)
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(helperEnv); mode != "" {
+		if err := helper(mode, os.Getenv(helperAddr), os.Getenv(helperSize)); err != nil {
+			fmt.Fprintln(os.Stderr, "helper:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// helper is a sink (accepts one connection, reads it to the end, prints
+// "ready" once listening and then "BYTES SECONDS") or a source (sends
+// size bytes).
+func helper(mode, addr, size string) error {
+	switch mode {
+	case "sink":
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return err
+		}
+		fmt.Println("ready")
+		c, err := l.Accept()
+		if err != nil {
+			return err
+		}
+		t0 := time.Now()
+		n, err := io.Copy(io.Discard, c)
+		if err != nil {
+			return err
+		}
+		fmt.Println(n, time.Since(t0).Seconds())
+		return nil
+	case "source":
+		bytes, err := strconv.Atoi(size)
+		if err != nil {
+			return err
+		}
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return err
+		}
+		if _, err := c.Write(make([]byte, bytes)); err != nil {
+			return err
+		}
+		return c.Close()
+	}
+	return fmt.Errorf("unknown mode %q", mode)
+}
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if err := Available(); err != nil {
+		if os.Getenv(skipRootTestsEnv) == "1" {
+			t.Skipf("%v (%s=1)", err, skipRootTestsEnv)
+		}
+		t.Fatalf("this test needs root, iproute2 and tc (CI runs as root); set %s=1 to skip it: %v", skipRootTestsEnv, err)
+	}
+}
+
+// transfer sends bytes from host src to host dst and returns the rate the
+// receiver saw, in bits per second.
+func transfer(t *testing.T, n *Network, src, dst, bytes int) float64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	addr := n.Addr(dst) + ":5001"
+	sink := n.Command(ctx, dst, os.Args[0])
+	sink.Env = append(os.Environ(), helperEnv+"=sink", helperAddr+"="+addr)
+	sink.Stderr = os.Stderr
+	out, err := sink.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sink.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Wait()
+	lines := bufio.NewScanner(out)
+	if !lines.Scan() || lines.Text() != "ready" {
+		t.Fatalf("sink in host %d did not start: %q %v", dst, lines.Text(), lines.Err())
+	}
+	source := n.Command(ctx, src, os.Args[0])
+	source.Env = append(os.Environ(), helperEnv+"=source", helperAddr+"="+addr, helperSize+"="+strconv.Itoa(bytes))
+	if b, err := source.CombinedOutput(); err != nil {
+		t.Fatalf("source in host %d: %v\n%s", src, err, b)
+	}
+	if !lines.Scan() {
+		t.Fatalf("sink in host %d printed no result: %v", dst, lines.Err())
+	}
+	var got int
+	var secs float64
+	if _, err := fmt.Sscan(lines.Text(), &got, &secs); err != nil || got != bytes {
+		t.Fatalf("sink in host %d printed %q (%v), want %d bytes", dst, lines.Text(), err, bytes)
+	}
+	return float64(got) * 8 / secs
+}
+
+// ours lists the namespaces and links of the network named n that exist.
+func ours(t *testing.T, n names) []string {
+	t.Helper()
+	var found []string
+	for _, args := range [][]string{{"ip", "netns", "list"}, {"ip", "-o", "link", "show"}} {
+		out, err := exec.Command(args[0], args[1:]...).Output()
+		if err != nil {
+			t.Fatalf("%q: %v", args, err)
+		}
+		list := parseNetnsList(string(out))
+		if args[1] != "netns" {
+			list = parseLinkList(string(out))
+		}
+		for _, name := range list {
+			if strings.HasPrefix(name, n.prefix) {
+				found = append(found, name)
+			}
+		}
+	}
+	return found
+}
+
+// Host 0 is shaped both ways, hosts 1 and 2 are not: a transfer from or to
+// host 0 runs near the rate; one between hosts 1 and 2, the control, far
+// above it. A functional check that tbf sits on both sides, not a speed
+// assertion: the bounds are loose.
+func TestNetemShapesLinks(t *testing.T) {
+	needRoot(t)
+	const rate = 50e6
+	n, err := New(context.Background(), []HostSpec{{"50mbit", "50mbit"}, {}, {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if got := ours(t, n.names); len(got) != 3+3+1 {
+		t.Errorf("found %q, want 3 namespaces, 3 veths and a bridge", got)
+	}
+	const size = 4 << 20 // about 0.7 s at 50 Mbit/s
+	for _, tc := range []struct {
+		name     string
+		src, dst int
+		limited  bool
+	}{
+		{"upload of the shaped host", 0, 1, true},
+		{"download of the shaped host", 1, 0, true},
+		{"between unshaped hosts", 1, 2, false},
+	} {
+		got := transfer(t, n, tc.src, tc.dst, size)
+		t.Logf("%s: %.1f Mbit/s", tc.name, got/1e6)
+		if tc.limited && got > 2*rate {
+			t.Errorf("%s: %.1f Mbit/s, want about %.0f", tc.name, got/1e6, rate/1e6)
+		}
+		if !tc.limited && got < 2*rate {
+			t.Errorf("%s: %.1f Mbit/s, want far more than %.0f", tc.name, got/1e6, rate/1e6)
+		}
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left := ours(t, n.names); len(left) > 0 {
+		t.Errorf("left behind: %q", left)
+	}
+}
+
+// Two networks at once in one process get different names; Close kills
+// what runs in a host.
+func TestNetemTwoNetworksAndClose(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	a, err := New(ctx, []HostSpec{{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := New(ctx, []HostSpec{{"1gbit", "1gbit"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if a.Namespace(0) == b.Namespace(0) {
+		t.Fatalf("both networks use %s", a.Namespace(0))
+	}
+	sleep := b.Command(ctx, 0, "sleep", "60")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- sleep.Wait() }()
+	for _, n := range []*Network{a, b} {
+		if err := n.Close(); err != nil {
+			t.Error(err)
+		}
+		if left := ours(t, n.names); len(left) > 0 {
+			t.Errorf("left behind: %q", left)
+		}
+	}
+	select {
+	case <-waited:
+	case <-time.After(10 * time.Second):
+		sleep.Process.Kill()
+		t.Error("a process in a host survived Close")
+	}
+}
+
+// A network whose owner died (here: made by hand under the name of a
+// process that has exited) goes at the next New, with what ran in it.
+func TestNetemSweepsLeftovers(t *testing.T) {
+	needRoot(t)
+	ctx := context.Background()
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	stale := namesFor(dead.Process.Pid, 0)
+	for _, args := range [][]string{
+		{"ip", "netns", "add", stale.namespace(0)},
+		{"ip", "link", "add", stale.veth(0), "type", "veth", "peer", "name", "eth0", "netns", stale.namespace(0)},
+		{"ip", "link", "add", stale.bridge(), "type", "bridge"},
+	} {
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%q: %v: %s", args, err, out)
+		}
+	}
+	t.Cleanup(func() {
+		for _, args := range teardownPlan(stale, 1) {
+			exec.Command(args.args[0], args.args[1:]...).Run()
+		}
+	})
+	orphan := exec.Command("ip", "netns", "exec", stale.namespace(0), "sleep", "60")
+	if err := orphan.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- orphan.Wait() }()
+
+	n, err := New(ctx, []HostSpec{{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if left := ours(t, stale); len(left) > 0 {
+		t.Errorf("leftovers of a dead process survived New: %q", left)
+	}
+	select {
+	case <-waited:
+	case <-time.After(10 * time.Second):
+		orphan.Process.Kill()
+		t.Error("a process in a leftover namespace survived the sweep")
+	}
+}
+
+// Bad specs fail before anything is made, root or not.
+func TestNetemNewRejectsBadSpecs(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		hosts []HostSpec
+	}{
+		{"no hosts", nil},
+		{"bad rate", []HostSpec{{Up: "lots"}}},
+		{"too many", make([]HostSpec, MaxHosts+1)},
+	} {
+		if n, err := New(context.Background(), tc.hosts); err == nil {
+			n.Close()
+			t.Errorf("%s: New succeeded", tc.name)
+		}
+	}
+}

@@ -1,0 +1,199 @@
+package netem
+
+import (
+	"bytes"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+const (
+	// MaxHosts is the most hosts a Network has: addresses 198.18.0.1 to
+	// 198.18.0.254.
+	MaxHosts = 254
+	// iface is every host's interface, the same everywhere so that one
+	// command line fits every host.
+	iface = "eth0"
+	// prefixLen is the network's mask: the whole benchmarking range
+	// 198.18.0.0/15 (RFC 2544), which nothing real routes.
+	prefixLen = 15
+	// ifNameMax is IFNAMSIZ less the terminating NUL.
+	ifNameMax = 15
+	// maxSlots is how many networks one process can hold at once, one
+	// letter each.
+	maxSlots = 26
+)
+
+// addr is host i's address.
+func addr(i int) string { return "198.18.0." + strconv.Itoa(i+1) }
+
+// names are a network's object names. They all start with "fpt", the
+// owning process's pid and a letter (the slot) telling that process's
+// networks apart, so that a later process can tell leftovers of a dead
+// one from a live network.
+type names struct{ prefix string }
+
+func namesFor(pid, slot int) names {
+	return names{prefix: "fpt" + strconv.Itoa(pid) + string(rune('a'+slot))}
+}
+
+func (n names) bridge() string         { return n.prefix + "b" }
+func (n names) namespace(i int) string { return n.prefix + "h" + strconv.Itoa(i) }
+
+// veth is the root side of host i's veth pair, enslaved to the bridge; the
+// other side is iface inside the host's namespace.
+func (n names) veth(i int) string { return n.prefix + "v" + strconv.Itoa(i) }
+
+// leftoverRe matches every name the package gives; the group is the pid.
+var leftoverRe = regexp.MustCompile(`^fpt([0-9]+)[a-z][bhv][0-9]*$`)
+
+// ownerPid returns the pid in a name the package gave, or false for any
+// other name.
+func ownerPid(name string) (int, bool) {
+	m := leftoverRe.FindStringSubmatch(name)
+	if m == nil {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(m[1])
+	return pid, err == nil && pid > 0
+}
+
+// step is one command of a plan: what it does, in words for errors, and
+// its argument vector (args[0] is "ip" or "tc").
+type step struct {
+	what string
+	args []string
+}
+
+// setupPlan lists the commands that build a network of len(hosts) hosts.
+// The first one creates the bridge, which claims the names: it fails if
+// another network holds them. tbf shapes egress only, so a host's upload
+// is shaped on its own interface and its download on the root side of its
+// veth, which sends into the host.
+func setupPlan(n names, hosts []HostSpec) ([]step, error) {
+	if len(hosts) < 1 || len(hosts) > MaxHosts {
+		return nil, fmt.Errorf("netem: %d hosts (want 1 to %d)", len(hosts), MaxHosts)
+	}
+	if name := n.veth(len(hosts) - 1); len(name) > ifNameMax {
+		return nil, fmt.Errorf("netem: interface name %s is longer than %d bytes", name, ifNameMax)
+	}
+	br := n.bridge()
+	plan := []step{
+		{"add bridge " + br, []string{"ip", "link", "add", br, "type", "bridge"}},
+		{"bring up bridge " + br, []string{"ip", "link", "set", br, "up"}},
+	}
+	for i, h := range hosts {
+		up, down, err := hostRates(h)
+		if err != nil {
+			return nil, fmt.Errorf("netem: host %d: %w", i, err)
+		}
+		ns, veth := n.namespace(i), n.veth(i)
+		plan = append(plan,
+			step{"add namespace " + ns, []string{"ip", "netns", "add", ns}},
+			step{"add veth pair " + veth + " to " + ns, []string{"ip", "link", "add", veth, "type", "veth", "peer", "name", iface, "netns", ns}},
+			step{"attach " + veth + " to " + br, []string{"ip", "link", "set", veth, "master", br}},
+			step{"bring up " + veth, []string{"ip", "link", "set", veth, "up"}},
+			step{"address " + iface + " in " + ns, []string{"ip", "-n", ns, "addr", "add", addr(i) + "/" + strconv.Itoa(prefixLen), "dev", iface}},
+			step{"bring up " + iface + " in " + ns, []string{"ip", "-n", ns, "link", "set", iface, "up"}},
+			step{"bring up lo in " + ns, []string{"ip", "-n", ns, "link", "set", "lo", "up"}},
+		)
+		if up > 0 {
+			plan = append(plan, step{"shape upload of " + ns + " to " + h.Up,
+				append([]string{"tc", "-n", ns, "qdisc", "add", "dev", iface, "root"}, tbfArgs(up)...)})
+		}
+		if down > 0 {
+			plan = append(plan, step{"shape download of " + ns + " to " + h.Down,
+				append([]string{"tc", "qdisc", "add", "dev", veth, "root"}, tbfArgs(down)...)})
+		}
+	}
+	return plan, nil
+}
+
+// hostRates returns a host's rates in bits per second, 0 for unlimited.
+func hostRates(h HostSpec) (up, down uint64, err error) {
+	if h.Up != "" {
+		if up, err = parseRate(h.Up); err != nil {
+			return 0, 0, fmt.Errorf("upload: %w", err)
+		}
+	}
+	if h.Down != "" {
+		if down, err = parseRate(h.Down); err != nil {
+			return 0, 0, fmt.Errorf("download: %w", err)
+		}
+	}
+	return up, down, nil
+}
+
+// teardownPlan lists the commands that remove a network of k hosts,
+// whatever part of it exists: the executor ignores objects already gone.
+// Deleting a namespace deletes the veth inside it and so the pair, unless a
+// process still holds the namespace; deleting the root side is then what
+// removes the pair.
+func teardownPlan(n names, k int) []step {
+	var plan []step
+	for i := range k {
+		plan = append(plan, step{"delete namespace " + n.namespace(i), []string{"ip", "netns", "del", n.namespace(i)}})
+	}
+	for i := range k {
+		plan = append(plan, step{"delete veth " + n.veth(i), []string{"ip", "link", "del", n.veth(i)}})
+	}
+	return append(plan, step{"delete bridge " + n.bridge(), []string{"ip", "link", "del", n.bridge()}})
+}
+
+// parseNetnsList returns the names in "ip netns list" output, whose lines
+// are "NAME" or "NAME (id: N)".
+func parseNetnsList(out string) []string {
+	var list []string
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			list = append(list, f[0])
+		}
+	}
+	return list
+}
+
+// parseLinkList returns the interface names in "ip -o link show" output,
+// whose lines are "N: NAME[@PEER]: <FLAGS> ...".
+func parseLinkList(out string) []string {
+	var list []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+		list = append(list, name)
+	}
+	return list
+}
+
+// parsePids returns the pids in "ip netns pids" output, one a line.
+func parsePids(out string) []int {
+	var pids []int
+	for _, f := range strings.Fields(out) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 0 {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// leftovers picks, out of existing names, those a dead process of this
+// package left behind.
+func leftovers(existing []string, alive func(pid int) bool) []string {
+	var stale []string
+	for _, name := range existing {
+		if pid, ok := ownerPid(name); ok && !alive(pid) {
+			stale = append(stale, name)
+		}
+	}
+	return stale
+}
+
+// zombie tells whether /proc/PID/stat content is a zombie's: the state
+// follows the command name, which is in parentheses and may hold any byte.
+func zombie(stat []byte) bool {
+	i := bytes.LastIndexByte(stat, ')')
+	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
+}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs a command, or a whole fpt cluster, on K emulated hosts: network
+# namespaces joined by a bridge, addressed 198.18.0.1, 198.18.0.2, ...,
+# each host's link shaped with tc tbf to its own rate (up and down). The
+# network is removed when the run ends, fails or is interrupted. Needs root.
+# A thin wrapper: builds bin/fpt, then runs "bin/fpt netem" (fpt netem -h).
+#
+#   # a cluster of 3 hosts, one slow, each running a server and a worker
+#   scripts/netem.sh --hosts 1gbit,200mbit,1gbit --cluster -- --iters 20
+#   # any command in every host; its environment says where it runs
+#   scripts/netem.sh --host 1gbit --host 100mbit/1gbit -- sh -c 'echo $FPT_NETEM_HOST $FPT_NETEM_ADDR'
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+"$repo/scripts/build.sh"
+exec "$repo/bin/fpt" netem "$@"

@@ -1,0 +1,161 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/netem"
+)
+
+// skipRootTestsEnv, set to 1, skips the tests that need root instead of
+// failing them.
+const skipRootTestsEnv = "FPT_SKIP_ROOT_TESTS"
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if err := netem.Available(); err != nil {
+		if os.Getenv(skipRootTestsEnv) == "1" {
+			t.Skipf("%v (%s=1)", err, skipRootTestsEnv)
+		}
+		t.Fatalf("this test needs root, iproute2 and tc (CI runs as root); set %s=1 to skip it: %v", skipRootTestsEnv, err)
+	}
+}
+
+// netemRun is one "fpt netem" process; mark is in the environment of
+// everything it starts, to find what it leaves behind.
+type netemRun struct {
+	cmd  *exec.Cmd
+	out  localcluster.Buffer
+	mark string
+}
+
+func startNetem(t *testing.T, args ...string) *netemRun {
+	t.Helper()
+	r := &netemRun{cmd: exec.Command(bin.fpt, append([]string{"netem"}, args...)...)}
+	r.mark = fmt.Sprintf("FPT_NETEM_TEST_RUN=%s-%d", t.Name(), time.Now().UnixNano())
+	r.cmd.Env = append(os.Environ(), "PS_VERBOSE=0", r.mark)
+	r.cmd.Stdout, r.cmd.Stderr = &r.out, &r.out
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// wait returns the exit status, failing the test if it takes over timeout.
+func (r *netemRun) wait(t *testing.T, timeout time.Duration) int {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- r.cmd.Wait() }()
+	select {
+	case <-done:
+		return r.cmd.ProcessState.ExitCode()
+	case <-time.After(timeout):
+		r.cmd.Process.Signal(syscall.SIGTERM)
+		<-done
+		t.Fatalf("fpt netem still running after %s:\n%s", timeout, tail(r.out.String()))
+		return -1
+	}
+}
+
+// checkGone fails the test if the run left namespaces, links or processes.
+func (r *netemRun) checkGone(t *testing.T) {
+	t.Helper()
+	// Names of the package's objects: "fpt", the owner's pid, a letter.
+	ours := regexp.MustCompile(`^fpt` + strconv.Itoa(r.cmd.Process.Pid) + `[a-z]`)
+	for _, args := range [][]string{{"ip", "netns", "list"}, {"ip", "-o", "link", "show"}} {
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%q: %v: %s", args, err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			if args[1] == "-o" && len(f) > 1 {
+				f = f[1:]
+			}
+			if len(f) > 0 && ours.MatchString(f[0]) {
+				t.Errorf("left behind (%s): %s", strings.Join(args, " "), line)
+			}
+		}
+	}
+	if left := processesWithEnv(r.mark); len(left) > 0 {
+		t.Errorf("processes left behind: %v", left)
+	}
+}
+
+// The issue's acceptance run: three hosts, one of them slow, each running a
+// server and a worker through run_test.sh; every worker verifies every
+// value and nothing is left afterwards.
+func TestNetemCluster(t *testing.T) {
+	needRoot(t)
+	r := startNetem(t, "--hosts", "1gbit,200mbit,1gbit", "--cluster", "--script", "../scripts/run_test.sh",
+		"--", "--iters", "5", "--max-bytes", "4194304")
+	code := r.wait(t, 3*time.Minute)
+	out := r.out.String()
+	if code != 0 {
+		t.Fatalf("fpt netem exited %d:\n%s", code, tail(out))
+	}
+	passed := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^\[h(\d)\] \[worker1\] worker \d: PASS: 5 iterations`).FindAllStringSubmatch(out, -1) {
+		passed[m[1]] = true
+	}
+	if len(passed) != 3 {
+		t.Errorf("hosts whose worker passed: %v, want 0, 1 and 2:\n%s", passed, tail(out))
+	}
+	mustContain(t, "output", out, "fpt netem: h1 198.18.0.2 in ", "up 200mbit, down 200mbit",
+		"iteration 5/5 verified", "[h0] run_test.sh: all 3 processes finished cleanly",
+		"[h2] run_test.sh: all 2 processes finished cleanly", "network of 3 hosts removed")
+	r.checkGone(t)
+}
+
+// One host's command fails: fpt netem exits with its status at once,
+// stopping the others (which would sleep for 30 s), and tears down.
+func TestNetemFailedRun(t *testing.T) {
+	needRoot(t)
+	start := time.Now()
+	r := startNetem(t, "--hosts", "none,50mbit,none", "--",
+		"sh", "-c", `if [ "$FPT_NETEM_HOST" = 1 ]; then exit 3; fi; exec sleep 30`)
+	code := r.wait(t, time.Minute)
+	took := time.Since(start)
+	if code != 3 {
+		t.Errorf("exit status %d, want 3 (the failing host's):\n%s", code, tail(r.out.String()))
+	}
+	if took > 15*time.Second {
+		t.Errorf("took %s: the other hosts were not stopped", took)
+	}
+	mustContain(t, "output", r.out.String(), "h1 failed", "network of 3 hosts removed")
+	r.checkGone(t)
+}
+
+// SIGINT to a running fpt netem: the hosts' commands stop, the network
+// goes, the status says so.
+func TestNetemInterrupted(t *testing.T) {
+	needRoot(t)
+	r := startNetem(t, "--hosts", "100mbit,none", "--", "sh", "-c", "echo ready; exec sleep 60")
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(r.out.String(), "[h0] ready") || !strings.Contains(r.out.String(), "[h1] ready") {
+		if time.Now().After(deadline) {
+			r.cmd.Process.Kill()
+			t.Fatalf("hosts never started:\n%s", tail(r.out.String()))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// The checks below must be able to fail: they see the running hosts.
+	if running := processesWithEnv(r.mark); len(running) < 2 {
+		t.Errorf("found %d processes of the run, want at least 2: %v", len(running), running)
+	}
+	if err := r.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(t, 30*time.Second); code != 130 {
+		t.Errorf("exit status %d, want 130:\n%s", code, tail(r.out.String()))
+	}
+	r.checkGone(t)
+}
