@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -39,7 +40,14 @@ type netemRun struct {
 
 func startNetem(t *testing.T, args ...string) *netemRun {
 	t.Helper()
-	r := &netemRun{cmd: exec.Command(bin.fpt, append([]string{"netem"}, args...)...)}
+	return startFPT(t, append([]string{"netem"}, args...)...)
+}
+
+// startFPT runs bin/fpt with args, as a run whose leftovers checkGone finds
+// (fpt netem, or fpt bench --scenario).
+func startFPT(t *testing.T, args ...string) *netemRun {
+	t.Helper()
+	r := &netemRun{cmd: exec.Command(bin.fpt, args...)}
 	r.mark = fmt.Sprintf("FPT_NETEM_TEST_RUN=%s-%d", t.Name(), time.Now().UnixNano())
 	r.cmd.Env = append(os.Environ(), "PS_VERBOSE=0", r.mark)
 	r.cmd.Stdout, r.cmd.Stderr = &r.out, &r.out
@@ -158,4 +166,42 @@ func TestNetemInterrupted(t *testing.T) {
 		t.Errorf("exit status %d, want 130:\n%s", code, tail(r.out.String()))
 	}
 	r.checkGone(t)
+}
+
+// The bench scenarios run end to end in their emulated network, print
+// their JSON line, and leave nothing behind. Their figures are reported,
+// not asserted: speeds are for the benchmark's reader (see the README).
+func TestBenchScenarios(t *testing.T) {
+	needRoot(t)
+	for _, tc := range []struct {
+		args   []string
+		fields []string
+	}{
+		{[]string{"--scenario", "shaping", "--rate", "50mbit", "--tensor-bytes", "4194304", "--iters", "4"},
+			[]string{"byte_ratio", "unshaped_byte_ratio", "window_seconds"}},
+		{[]string{"--scenario", "priority", "--rate", "50mbit", "--tensor-bytes", "2097152", "--iters", "1"},
+			[]string{"high_done_ms", "low_done_ms", "nopriority_done_ms"}},
+	} {
+		t.Run(tc.args[1], func(t *testing.T) {
+			r := startFPT(t, append([]string{"bench"}, tc.args...)...)
+			if code := r.wait(t, 3*time.Minute); code != 0 {
+				t.Fatalf("fpt bench %v exited %d:\n%s", tc.args, code, tail(r.out.String()))
+			}
+			var line map[string]any
+			out := strings.TrimSpace(r.out.String())
+			if err := json.Unmarshal([]byte(out[strings.LastIndexByte(out, '\n')+1:]), &line); err != nil {
+				t.Fatalf("last line is not JSON (%v):\n%s", err, tail(out))
+			}
+			if line["scenario"] != tc.args[1] {
+				t.Errorf("scenario %v, want %s", line["scenario"], tc.args[1])
+			}
+			for _, f := range tc.fields {
+				if v, ok := line[f].(float64); !ok || !(v > 0) {
+					t.Errorf("%s = %v, want a positive number: %s", f, line[f], out)
+				}
+			}
+			t.Logf("%s", out)
+			r.checkGone(t)
+		})
+	}
 }

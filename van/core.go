@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fptps/fpt/frame"
 )
 
@@ -377,6 +379,37 @@ func (c *core) closeSend() {
 	}
 	c.q.stop(drained)
 	<-c.senderDone
+}
+
+// limitUnsent bounds the bytes a connection's socket holds that TCP has
+// not sent yet (TCP_NOTSENT_LOWAT): a write stops, and the socket is not
+// reported writable, while more than n are waiting. Without the bound the
+// kernel buffers megabytes per connection in the order they were written,
+// and the pool's priorities and weights would only apply to what is left
+// over: a high-priority frame would wait behind the socket's backlog, and
+// two backlogged sockets would share a slow link equally, whatever their
+// weights. n <= 0 leaves the kernel's default.
+func limitUnsent(fd, n int) error {
+	if n <= 0 {
+		return nil
+	}
+	if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NOTSENT_LOWAT, n); err != nil {
+		return fmt.Errorf("van: TCP_NOTSENT_LOWAT: %w", err)
+	}
+	return nil
+}
+
+// limitUnsentConn is limitUnsent for a connection the standard library owns.
+func limitUnsentConn(tc *net.TCPConn, n int) error {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("van: TCP_NOTSENT_LOWAT: %w", err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = limitUnsent(int(fd), n) }); err != nil {
+		return fmt.Errorf("van: TCP_NOTSENT_LOWAT: %w", err)
+	}
+	return serr
 }
 
 // dial connects to a peer that has no connection yet and says Hello.

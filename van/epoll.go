@@ -175,6 +175,11 @@ func (v *epollVan) Dial(ctx context.Context, id uint32, addr string) error {
 	}
 	fd, err := ownFD(tc)
 	tc.Close()
+	if err == nil {
+		if err = limitUnsent(fd, v.cfg.UnsentBytes); err != nil {
+			unix.Close(fd)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("van: dial node %d at %s: %w", id, addr, err)
 	}
@@ -336,6 +341,9 @@ func (v *epollVan) accept() {
 		}
 		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
 			v.log.Debug("van: TCP_NODELAY", "err", err)
+		}
+		if err := limitUnsent(fd, v.cfg.UnsentBytes); err != nil {
+			v.log.Warn("van: accepted connection", "err", err)
 		}
 		c := newEpConn(fd, v.epfd, sockaddrString(sa), v.newCutter(0, false))
 		c.expiry = time.Now().Add(v.cfg.IOTimeout)

@@ -66,6 +66,10 @@ func (v *netConnVan) Dial(ctx context.Context, id uint32, addr string) error {
 	if err != nil {
 		return err
 	}
+	if err := limitUnsentConn(tc, v.cfg.UnsentBytes); err != nil {
+		tc.Close()
+		return fmt.Errorf("van: dial node %d at %s: %w", id, addr, err)
+	}
 	c := &ncConn{tc: tc, remote: addr, cut: v.newCutter(id, true)}
 	p, err := v.addPeer(id, c)
 	if err != nil {
@@ -109,6 +113,9 @@ func (v *netConnVan) acceptLoop() {
 			v.log.Warn("van: accept", "err", err)
 			time.Sleep(50 * time.Millisecond)
 			continue
+		}
+		if err := limitUnsentConn(tc, v.cfg.UnsentBytes); err != nil {
+			v.log.Warn("van: accepted connection", "err", err)
 		}
 		c := &ncConn{tc: tc, remote: tc.RemoteAddr().String(), cut: v.newCutter(0, false)}
 		if err := tc.SetReadDeadline(time.Now().Add(v.cfg.IOTimeout)); err != nil {

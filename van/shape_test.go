@@ -1,8 +1,12 @@
 package van
 
 import (
+	"io"
 	"math"
+	"net"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestReadBudgetFor(t *testing.T) {
@@ -58,5 +62,47 @@ func TestRecvShaper(t *testing.T) {
 	s.setWeight(8, 1) // the largest weight drops: 12 stays at the floor, the rest equal
 	if got := s.budget(10); got != readBudget {
 		t.Errorf("after lowering the max: budget(10) = %d, want %d", got, readBudget)
+	}
+}
+
+// TestLimitUnsent: the bound is set on a connection (and left alone for
+// n <= 0), as the kernel reports it back.
+func TestLimitUnsent(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		if c, err := l.Accept(); err == nil {
+			defer c.Close()
+			io.Copy(io.Discard, c)
+		}
+	}()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	tc := c.(*net.TCPConn)
+	get := func() int {
+		rc, err := tc.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v int
+		var gerr error
+		rc.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_NOTSENT_LOWAT) })
+		if gerr != nil {
+			t.Fatal(gerr)
+		}
+		return v
+	}
+	before := get()
+	if err := limitUnsentConn(tc, -1); err != nil || get() != before {
+		t.Fatalf("n = -1 changed the setting to %d (%v), want %d", get(), err, before)
+	}
+	if err := limitUnsentConn(tc, 123456); err != nil || get() != 123456 {
+		t.Fatalf("TCP_NOTSENT_LOWAT = %d (%v), want 123456", get(), err)
 	}
 }

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+func TestBackloggedRatio(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	// Flow 0 gets 3 units per tick and has 30 in all; flow 1 gets 1 per
+	// tick while flow 0 sends, then all the link (4 per tick) to its 30.
+	var samples []sample
+	var b0, b1 float64
+	for i := 0; b0 < 30 || b1 < 30; i++ {
+		samples = append(samples, sample{at: at(100 * i), bytes: [2]float64{b0, b1}})
+		if b0 < 30 {
+			b0, b1 = b0+3, b1+1
+		} else {
+			b1 = min(b1+4, 30)
+		}
+	}
+	base, final := samples[0], sample{at: at(100 * len(samples)), bytes: [2]float64{30, 30}}
+	ratio, bytes, window, err := backloggedRatio(base, samples, final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Abs(ratio-3) > 1e-9 {
+		t.Errorf("ratio %v, want 3 (bytes %v)", ratio, bytes)
+	}
+	// From 10 % (3 units: tick 1) to 85 % (25.5: tick 8) of flow 0.
+	if window != 700*time.Millisecond {
+		t.Errorf("window %v, want 700ms", window)
+	}
+
+	// The same with the roles swapped: flow 1 is the one that ends first.
+	swapped := make([]sample, len(samples))
+	for i, s := range samples {
+		swapped[i] = sample{at: s.at, bytes: [2]float64{s.bytes[1], s.bytes[0]}}
+	}
+	if ratio, _, _, err := backloggedRatio(base, swapped, final); err != nil || math.Abs(ratio-1.0/3) > 1e-9 {
+		t.Errorf("swapped: ratio %v (%v), want 1/3", ratio, err)
+	}
+
+	// Too few samples: a clear error rather than a ratio from nothing.
+	if _, _, _, err := backloggedRatio(base, samples[:1], final); err == nil {
+		t.Error("one sample: no error")
+	}
+}
