@@ -98,6 +98,13 @@ type Lib struct {
 	w        *worker.Worker // workers
 	sched    chan error     // the scheduler's outcome
 
+	// submit is held for reading while a call hands a request to the
+	// worker, and taken for writing by Finalize once the state says
+	// finalizing: every request a call started is then known to the
+	// worker's Finalize, which settles it, and every callback is counted
+	// in settles before Finalize waits for them.
+	submit sync.RWMutex
+
 	reqMu   sync.Mutex
 	pending map[int]chan struct{} // request → closed once it settled and its callback returned
 	failed  map[int]error         // settled with an error, until a Wait collects it
@@ -182,6 +189,9 @@ func (l *Lib) Finalize() error {
 	}
 	l.state = finalizing
 	l.mu.Unlock()
+	// A fence: calls already submitting finish, later ones see finalizing.
+	l.submit.Lock()
+	l.submit.Unlock()
 
 	var err error
 	ctx := context.Background()
@@ -343,6 +353,8 @@ type Callback func(ts int, err error)
 // goroutine of its own, when it does, successful or not.
 func (l *Lib) Push(t Tensors, priority int, cb Callback) (int, error) {
 	const op = "fpt_push"
+	l.submit.RLock()
+	defer l.submit.RUnlock()
 	w, err := l.worker(op)
 	if err != nil {
 		return 0, err
@@ -365,6 +377,8 @@ func (l *Lib) Push(t Tensors, priority int, cb Callback) (int, error) {
 // iteration, once they arrived. Asynchronous, like Push.
 func (l *Lib) Pull(t Tensors, cb Callback) (int, error) {
 	const op = "fpt_pull"
+	l.submit.RLock()
+	defer l.submit.RUnlock()
 	w, err := l.worker(op)
 	if err != nil {
 		return 0, err

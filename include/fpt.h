@@ -89,8 +89,11 @@ int fpt_start(void);
 
 /*
  * Leaves the cluster (see the life cycle above) and releases every thread,
- * socket and buffer the library holds. When it returns, every callback has
- * returned. Call it once; not from a callback.
+ * socket and buffer the library holds. A worker first waits for its
+ * outstanding requests (for at most 30 s; then the node fails and they
+ * complete with FPT_ERR_CLUSTER). When it returns, every callback has
+ * returned. Calls made once it has begun return FPT_ERR_STATE. Call it
+ * once; not from a callback.
  */
 int fpt_finalize(void);
 
