@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -424,5 +426,46 @@ func TestLibClusterFailure(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("Finalize hung after a failure")
+	}
+}
+
+// fpt.h's enums must carry the values the Go side uses: cgo checks the
+// functions' prototypes against the header, not the constants.
+func TestHeaderConstants(t *testing.T) {
+	src, err := os.ReadFile("../include/fpt.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	header := map[string]int{}
+	for _, m := range regexp.MustCompile(`(?m)^\s*(FPT_[A-Z0-9_]+) = (\d+),?`).FindAllStringSubmatch(string(src), -1) {
+		v, _ := strconv.Atoi(m[2])
+		header[m[1]] = v
+	}
+	want := []struct {
+		name  string
+		value int
+	}{
+		{"FPT_OK", int(CodeOK)},
+		{"FPT_ERR_ARG", int(CodeArg)},
+		{"FPT_ERR_STATE", int(CodeState)},
+		{"FPT_ERR_KEY", int(CodeKey)},
+		{"FPT_ERR_SIZE", int(CodeSize)},
+		{"FPT_ERR_CONFIG", int(CodeConfig)},
+		{"FPT_ERR_CLUSTER", int(CodeCluster)},
+		{"FPT_ERR_INTERNAL", int(CodeInternal)},
+		{"FPT_ROLE_SCHEDULER", int(node.Scheduler)},
+		{"FPT_ROLE_SERVER", int(node.Server)},
+		{"FPT_ROLE_WORKER", int(node.Worker)},
+		{"FPT_FLOAT32", int(frame.Float32)},
+		{"FPT_FLOAT64", int(frame.Float64)},
+		{"FPT_FLOAT16", int(frame.Float16)},
+	}
+	for _, w := range want {
+		if v, ok := header[w.name]; !ok || v != w.value {
+			t.Errorf("fpt.h: %s = %d (found %v), Go uses %d", w.name, v, ok, w.value)
+		}
+	}
+	if len(header) != len(want) {
+		t.Errorf("fpt.h has %d constants, the test knows %d: %v", len(header), len(want), header)
 	}
 }
