@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building fpt needs on Debian (ZeroMQ's czmq headers and
-# pkg-config for goczmq's cgo), when it is missing, and fetches Go modules.
+# pkg-config for goczmq's cgo; g++ for the C++ client of the C library),
+# when it is missing, and fetches Go modules.
 # Idempotent; safe to run before every build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +10,7 @@ need=()
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 pkg-config --exists libczmq 2>/dev/null || need+=(libczmq-dev)
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v g++ >/dev/null 2>&1 || need+=(g++)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: missing ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}" >&2

@@ -14,8 +14,8 @@ import (
 	"github.com/fptps/fpt/localcluster"
 )
 
-// binaries built once for the whole package by TestMain.
-type binaries struct{ fpt, app string }
+// binaries built once for the whole package by TestMain, in dir.
+type binaries struct{ dir, fpt, app string }
 
 var bin binaries
 
@@ -32,7 +32,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "building the binaries:", err)
 		os.Exit(1)
 	}
-	bin = binaries{fpt: filepath.Join(dir, "fpt"), app: filepath.Join(dir, "test_kv_app")}
+	bin = binaries{dir: dir, fpt: filepath.Join(dir, "fpt"), app: filepath.Join(dir, "test_kv_app")}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

@@ -6,7 +6,6 @@ import (
 	"unsafe"
 
 	"github.com/fptps/fpt/frame"
-	"github.com/fptps/fpt/node"
 )
 
 // Float is an element type KV can carry.
@@ -70,33 +69,11 @@ func (kv *KV[T]) FPTPull(keys []uint64, vals []T, lens []int, cb func()) (int, e
 // every worker calls it with the same keys, and it returns once every worker
 // holds the value, between two barriers over the workers.
 func (kv *KV[T]) Init(ctx context.Context, keys []uint64, vals []T, lens []int) error {
-	// The first barrier makes sure every worker declared the keys before
-	// worker 0's values reach them.
-	if err := kv.w.Barrier(ctx, node.WorkerGroup); err != nil {
-		return err
-	}
-	kv.w.mu.Lock()
-	for _, k := range keys {
-		if t := kv.w.tensors[k]; t != nil && t.pushed > 0 {
-			kv.w.mu.Unlock()
-			return fmt.Errorf("worker: Init: key %d was pushed already", k)
-		}
-	}
-	kv.w.mu.Unlock()
-	ts, err := kv.FPTPush(keys, vals, lens, 0, nil)
+	byteLens, err := kv.byteLens(keys, vals, lens)
 	if err != nil {
 		return err
 	}
-	if err := kv.w.Wait(ts); err != nil {
-		return err
-	}
-	if ts, err = kv.FPTPull(keys, vals, lens, nil); err != nil {
-		return err
-	}
-	if err := kv.w.Wait(ts); err != nil {
-		return err
-	}
-	return kv.w.Barrier(ctx, node.WorkerGroup)
+	return kv.w.initBytes(ctx, keys, asBytes(vals), byteLens, kv.dtype)
 }
 
 // Push adds vals into the servers' stored values of keys (ps-lite's Push;

@@ -1,0 +1,506 @@
+// Package capi is the Go half of libfpt, fpt's C library (include/fpt.h,
+// built from cmd/libfpt): one node per process, started from the DMLC_*
+// environment, with status codes instead of Go errors, and asynchronous
+// FPTPush/FPTPull on memory the caller owns.
+//
+// The package is plain Go so that its logic (the node's life cycle, the
+// checks on every argument, request tracking, callbacks) is tested with go
+// test and the race detector; cmd/libfpt is the thin cgo shell that turns C
+// pointers into the Go slices this package takes and its errors back into
+// status codes and a last-error string.
+package capi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"sync"
+
+	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/launch"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/scheduler"
+	"github.com/fptps/fpt/server"
+	"github.com/fptps/fpt/worker"
+)
+
+// Code is a call's status, as the C caller sees it (fpt_status in fpt.h;
+// the values must stay equal).
+type Code int
+
+// Status codes.
+const (
+	CodeOK       Code = 0 // success
+	CodeArg      Code = 1 // a null pointer, a bad dtype or count, a duplicate key
+	CodeState    Code = 2 // before fpt_start, after fpt_finalize, twice, the wrong role, or out of order
+	CodeKey      Code = 3 // a key that was not declared
+	CodeSize     Code = 4 // a length that disagrees with the declaration
+	CodeConfig   Code = 5 // a missing or malformed DMLC_*/PS_*/FPT_* variable
+	CodeCluster  Code = 6 // the cluster failed, timed out or terminated
+	CodeInternal Code = 7 // a bug in fpt (a recovered Go panic)
+)
+
+// Error is a failed call: the code the C caller gets and why.
+type Error struct {
+	Code Code
+	Err  error
+}
+
+func (e *Error) Error() string { return e.Err.Error() }
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// CodeOf is err's status code: CodeOK for nil, CodeInternal for an error
+// that does not carry one.
+func CodeOf(err error) Code {
+	if err == nil {
+		return CodeOK
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return CodeInternal
+}
+
+func fail(code Code, op, format string, args ...any) error {
+	return &Error{Code: code, Err: fmt.Errorf("capi: "+op+": "+format, args...)}
+}
+
+// state is where the library's single node is in its life.
+type state int
+
+const (
+	idle       state = iota // nothing started; fpt_start may be called
+	starting                // fpt_start is joining the cluster
+	running                 // started
+	broken                  // fpt_start failed after binding sockets: only fpt_finalize is left
+	finalizing              // fpt_finalize is leaving the cluster
+	finished                // finalized; the process cannot start another node
+)
+
+// Lib is one process's node, as the C library drives it. Its methods are
+// safe for concurrent use by any number of C threads.
+type Lib struct {
+	lookup   func(string) (string, bool)
+	stderr   io.Writer
+	shutdown func()
+
+	mu       sync.Mutex
+	state    state
+	cfg      config.Config
+	startErr error
+	node     *cluster.Node  // servers and workers
+	w        *worker.Worker // workers
+	sched    chan error     // the scheduler's outcome
+
+	// submit is held for reading while a call hands a request to the
+	// worker, and taken for writing by Finalize once the state says
+	// finalizing: every request a call started is then known to the
+	// worker's Finalize, which settles it, and every callback is counted
+	// in settles before Finalize waits for them.
+	submit sync.RWMutex
+
+	reqMu   sync.Mutex
+	pending map[int]chan struct{} // request → closed once it settled and its callback returned
+	failed  map[int]error         // settled with an error, until a Wait collects it
+	maxTS   int
+	settles sync.WaitGroup // one per tracked request: Finalize waits for every callback
+}
+
+// New returns a library that reads its configuration through lookup (the
+// C environment), logs to stderr, and calls shutdown once at the end of
+// Finalize (control.Shutdown, which must run once per process; tests, which
+// run many nodes in one process, pass a no-op).
+func New(lookup func(string) (string, bool), stderr io.Writer, shutdown func()) *Lib {
+	return &Lib{lookup: lookup, stderr: stderr, shutdown: shutdown,
+		pending: make(map[int]chan struct{}), failed: make(map[int]error)}
+}
+
+// Start joins the cluster in the role DMLC_ROLE names. A server or worker
+// returns once the whole cluster has started; the scheduler runs in the
+// background and returns at once (its outcome, such as a taken port, is
+// Finalize's). A configuration error leaves the library as it was, so the
+// environment can be fixed and Start called again; any other failure is
+// final and only Finalize is left.
+func (l *Lib) Start() error {
+	const op = "fpt_start"
+	l.mu.Lock()
+	if l.state != idle {
+		err := l.stateErr(op)
+		l.mu.Unlock()
+		return err
+	}
+	cfg, err := config.FromEnv(l.lookup)
+	if err != nil {
+		l.mu.Unlock()
+		return &Error{Code: CodeConfig, Err: fmt.Errorf("capi: %s: %w", op, err)}
+	}
+	l.state, l.cfg = starting, cfg
+	l.mu.Unlock()
+
+	log := launch.Logger(l.stderr, cfg)
+	ctx := context.Background() // the node bounds its start with FPT_START_TIMEOUT
+	var (
+		n     *cluster.Node
+		w     *worker.Worker
+		sched chan error
+	)
+	switch cfg.Role {
+	case node.Scheduler:
+		sched = make(chan error, 1)
+		go func() { sched <- scheduler.Run(ctx, cfg, log) }()
+	case node.Server:
+		n = cluster.New(cfg, log)
+		err = n.Start(ctx, server.New(n))
+	default:
+		n = cluster.New(cfg, log)
+		w, err = worker.Start(ctx, n)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		if n != nil {
+			n.Close()
+		}
+		l.state, l.startErr = broken, err
+		return &Error{Code: classify(err, CodeCluster), Err: fmt.Errorf("capi: %s: %w", op, err)}
+	}
+	l.state, l.node, l.w, l.sched = running, n, w, sched
+	return nil
+}
+
+// Finalize leaves the cluster: a worker waits for its outstanding requests
+// and passes the final barrier, a server or the scheduler serves until the
+// cluster terminates. When it returns, every callback has returned and the
+// process's ZeroMQ context is flushed; no node can be started again.
+func (l *Lib) Finalize() error {
+	const op = "fpt_finalize"
+	l.mu.Lock()
+	prev := l.state
+	if prev != running && prev != broken {
+		err := l.stateErr(op)
+		l.mu.Unlock()
+		return err
+	}
+	l.state = finalizing
+	l.mu.Unlock()
+	// A fence: calls already submitting finish, later ones see finalizing.
+	l.submit.Lock()
+	l.submit.Unlock()
+
+	var err error
+	ctx := context.Background()
+	switch {
+	case prev == broken: // Start closed the node already
+	case l.w != nil:
+		err = l.w.Finalize(ctx)
+	case l.node != nil:
+		err = l.node.Finalize(ctx)
+	default:
+		err = <-l.sched
+	}
+	l.settles.Wait()
+	l.shutdown()
+	l.mu.Lock()
+	l.state = finished
+	l.mu.Unlock()
+	if err != nil {
+		return &Error{Code: classify(err, CodeCluster), Err: fmt.Errorf("capi: %s: %w", op, err)}
+	}
+	return nil
+}
+
+// stateErr says why a call is not allowed now. Caller holds l.mu.
+func (l *Lib) stateErr(op string) error {
+	switch l.state {
+	case idle:
+		return fail(CodeState, op, "fpt_start has not been called")
+	case starting:
+		return fail(CodeState, op, "fpt_start is still joining the cluster")
+	case running:
+		return fail(CodeState, op, "fpt_start was called already (one node per process)")
+	case broken:
+		return &Error{Code: CodeState, Err: fmt.Errorf("capi: %s: fpt_start failed, only fpt_finalize is left: %w", op, l.startErr)}
+	case finalizing:
+		return fail(CodeState, op, "fpt_finalize is in progress")
+	}
+	return fail(CodeState, op, "fpt_finalize was called (a process runs one node; it cannot start again)")
+}
+
+// Role is the node's role (node.Role values): DMLC_ROLE before Start.
+func (l *Lib) Role() (node.Role, error) {
+	cfg, err := l.config("fpt_role")
+	return cfg.Role, err
+}
+
+// NumWorkers is DMLC_NUM_WORKER; it is readable before Start.
+func (l *Lib) NumWorkers() (int, error) {
+	cfg, err := l.config("fpt_num_workers")
+	return cfg.NumWorkers, err
+}
+
+// NumServers is DMLC_NUM_SERVER; it is readable before Start.
+func (l *Lib) NumServers() (int, error) {
+	cfg, err := l.config("fpt_num_servers")
+	return cfg.NumServers, err
+}
+
+// config is the running node's configuration or, before Start, the
+// environment's: MXNet asks a process's role before it starts the node.
+func (l *Lib) config(op string) (config.Config, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch l.state {
+	case idle:
+		cfg, err := config.FromEnv(l.lookup)
+		if err != nil {
+			return config.Config{}, &Error{Code: CodeConfig, Err: fmt.Errorf("capi: %s: %w", op, err)}
+		}
+		return cfg, nil
+	case finished:
+		return config.Config{}, l.stateErr(op)
+	}
+	return l.cfg, nil
+}
+
+// Rank is the node's rank among the workers or the servers (0 for the
+// scheduler), once started.
+func (l *Lib) Rank() (int, error) {
+	const op = "fpt_rank"
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != running && l.state != finalizing {
+		return 0, l.stateErr(op)
+	}
+	if l.node == nil {
+		return 0, nil
+	}
+	return l.node.Self().ID.Rank(), nil
+}
+
+// worker returns the running worker, or why op cannot run.
+func (l *Lib) worker(op string) (*worker.Worker, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != running {
+		return nil, l.stateErr(op)
+	}
+	if l.w == nil {
+		return nil, fail(CodeState, op, "only a worker can call it; this node is the %s", l.cfg.Role)
+	}
+	return l.w, nil
+}
+
+// SetTensorsPerIteration announces how many tensors one iteration pushes.
+func (l *Lib) SetTensorsPerIteration(n int) error {
+	const op = "fpt_set_tensors_per_iteration"
+	w, err := l.worker(op)
+	if err != nil {
+		return err
+	}
+	if err := w.SetTensorsPerIteration(n); err != nil {
+		return &Error{Code: CodeArg, Err: fmt.Errorf("capi: %s: %w", op, err)}
+	}
+	return nil
+}
+
+// Declare declares a tensor: its key, size in bytes, dtype (frame.DType
+// values) and priority (larger first; MXNet uses minus the layer index).
+func (l *Lib) Declare(key, bytes uint64, dtype, priority int) error {
+	const op = "fpt_declare"
+	w, err := l.worker(op)
+	if err != nil {
+		return err
+	}
+	d := frame.DType(dtype)
+	if dtype < 0 || dtype > math.MaxUint8 || d.Size() == 0 {
+		return fail(CodeArg, op, "key %d: unknown dtype %d (FPT_FLOAT32, FPT_FLOAT64 or FPT_FLOAT16)", key, dtype)
+	}
+	if priority < math.MinInt32 || priority > math.MaxInt32 {
+		return fail(CodeArg, op, "key %d: priority %d out of range", key, priority)
+	}
+	if err := w.DeclareBytes(key, bytes, d, int32(priority)); err != nil {
+		return wrap(op, w, err)
+	}
+	return nil
+}
+
+// Init sets t's keys to worker 0's values on every worker, in t.Data
+// (collective: every worker calls it with the same keys, before their
+// first push).
+func (l *Lib) Init(t Tensors) error {
+	const op = "fpt_init"
+	w, err := l.worker(op)
+	if err != nil {
+		return err
+	}
+	if err := w.InitBytes(context.Background(), t.Keys, t.Data, t.Lens); err != nil {
+		return wrap(op, w, err)
+	}
+	return nil
+}
+
+// Callback learns that request ts settled; err is nil on success.
+type Callback func(ts int, err error)
+
+// Push is FPTPush of t at priority: asynchronous, t.Data must stay
+// untouched until the request settles. cb, if not nil, runs once, on a
+// goroutine of its own, when it does, successful or not.
+func (l *Lib) Push(t Tensors, priority int, cb Callback) (int, error) {
+	const op = "fpt_push"
+	l.submit.RLock()
+	defer l.submit.RUnlock()
+	w, err := l.worker(op)
+	if err != nil {
+		return 0, err
+	}
+	if priority < math.MinInt32 || priority > math.MaxInt32 {
+		return 0, fail(CodeArg, op, "priority %d out of range", priority)
+	}
+	if err := l.alive(w, op); err != nil {
+		return 0, err
+	}
+	ts, err := w.FPTPushBytes(t.Keys, t.Data, t.Lens, int32(priority), nil)
+	if err != nil {
+		return 0, wrap(op, w, err)
+	}
+	l.track(w, ts, cb)
+	return ts, nil
+}
+
+// Pull is FPTPull into t.Data: the sums of the keys' next unpulled
+// iteration, once they arrived. Asynchronous, like Push.
+func (l *Lib) Pull(t Tensors, cb Callback) (int, error) {
+	const op = "fpt_pull"
+	l.submit.RLock()
+	defer l.submit.RUnlock()
+	w, err := l.worker(op)
+	if err != nil {
+		return 0, err
+	}
+	if err := l.alive(w, op); err != nil {
+		return 0, err
+	}
+	ts, err := w.FPTPullBytes(t.Keys, t.Data, t.Lens, nil)
+	if err != nil {
+		return 0, wrap(op, w, err)
+	}
+	l.track(w, ts, cb)
+	return ts, nil
+}
+
+// alive refuses new requests once the node has failed: they could only
+// fail later, and each would hold a record until someone waits for it.
+func (l *Lib) alive(w *worker.Worker, op string) error {
+	if err := w.Node().Err(); err != nil {
+		return &Error{Code: CodeCluster, Err: fmt.Errorf("capi: %s: %w", op, err)}
+	}
+	return nil
+}
+
+// track follows request ts until it settles, runs cb, and keeps its error
+// for Wait. A goroutine per request waits on the worker, so that the
+// callback runs on failure too (the worker runs callbacks only on success)
+// and Wait can be answered by this package alone.
+func (l *Lib) track(w *worker.Worker, ts int, cb Callback) {
+	done := make(chan struct{})
+	l.reqMu.Lock()
+	l.pending[ts] = done
+	l.maxTS = max(l.maxTS, ts)
+	l.reqMu.Unlock()
+	l.settles.Add(1)
+	go func() {
+		defer l.settles.Done()
+		var err error
+		if werr := w.Wait(ts); werr != nil {
+			err = &Error{Code: CodeCluster, Err: fmt.Errorf("capi: request %d: %w", ts, werr)}
+		}
+		if cb != nil {
+			cb(ts, err)
+		}
+		l.reqMu.Lock()
+		delete(l.pending, ts)
+		if err != nil {
+			l.failed[ts] = err
+		}
+		l.reqMu.Unlock()
+		close(done)
+	}()
+}
+
+// Wait blocks until request ts has settled and its callback returned, and
+// returns its error. A failed request's error goes to the first Wait that
+// asks; later ones, like Waits for requests that succeeded, return nil.
+func (l *Lib) Wait(ts int) error {
+	const op = "fpt_wait"
+	l.mu.Lock()
+	st := l.state
+	if st != running && st != finalizing {
+		err := l.stateErr(op)
+		l.mu.Unlock()
+		return err
+	}
+	l.mu.Unlock()
+	l.reqMu.Lock()
+	done, ok := l.pending[ts]
+	known := ts > 0 && ts <= l.maxTS
+	l.reqMu.Unlock()
+	if !known {
+		return fail(CodeArg, op, "no request %d", ts)
+	}
+	if ok {
+		<-done
+	}
+	l.reqMu.Lock()
+	err := l.failed[ts]
+	delete(l.failed, ts)
+	l.reqMu.Unlock()
+	return err
+}
+
+// Barrier waits for every worker to call it.
+func (l *Lib) Barrier() error {
+	const op = "fpt_barrier"
+	w, err := l.worker(op)
+	if err != nil {
+		return err
+	}
+	if err := w.Barrier(context.Background(), node.WorkerGroup); err != nil {
+		return &Error{Code: CodeCluster, Err: fmt.Errorf("capi: %s: %w", op, err)}
+	}
+	return nil
+}
+
+// wrap gives a worker's error its code: the worker's sentinels name bad
+// keys, sizes and order; a failed node is the cluster's fault; anything
+// else the worker refused is a bad argument.
+func wrap(op string, w *worker.Worker, err error) error {
+	code := CodeArg
+	if w.Node().Err() != nil {
+		code = CodeCluster
+	}
+	return &Error{Code: classify(err, code), Err: fmt.Errorf("capi: %s: %w", op, err)}
+}
+
+// classify maps the errors fpt's packages wrap to codes, else def.
+func classify(err error, def Code) Code {
+	var ve *config.VarError
+	switch {
+	case errors.Is(err, worker.ErrNotDeclared):
+		return CodeKey
+	case errors.Is(err, worker.ErrSizeMismatch):
+		return CodeSize
+	case errors.Is(err, worker.ErrPullBeforePush):
+		return CodeState
+	case errors.Is(err, cluster.ErrTerminated):
+		return CodeCluster
+	case errors.As(err, &ve):
+		return CodeConfig
+	}
+	return def
+}

@@ -1,0 +1,206 @@
+/*
+ * fpt_bad_calls calls every entry point of libfpt wrongly, before
+ * fpt_start, while running and after fpt_finalize, and checks that each
+ * returns the documented status with a message, never crashing or hanging;
+ * in between it checks that correct calls still work. Written in C, so
+ * that fpt.h is compiled as C as well as C++.
+ *
+ * Run it as the only worker of a cluster (DMLC_NUM_WORKER=1, one or more
+ * servers). It prints "BAD CALLS PASS" and exits 0, or lists what failed
+ * and exits 1.
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+
+#include <fpt.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+
+/* expect checks a call's status and message: want_msg must appear in
+ * fpt_last_error() on failure; on success the message must be empty. */
+static void expect(int line, const char* call, int got, int want, const char* want_msg) {
+  const char* msg = fpt_last_error();
+  int ok = got == want;
+  if (want == FPT_OK) {
+    ok = ok && msg[0] == '\0';
+  } else {
+    ok = ok && msg[0] != '\0' && (want_msg == NULL || strstr(msg, want_msg) != NULL);
+  }
+  printf("%s line %d: %s = %d: %s\n", ok ? "ok  " : "FAIL", line, call, got, msg);
+  if (!ok) {
+    fprintf(stderr, "line %d: %s = %d (%s), want %d containing \"%s\"\n", line, call, got, msg, want,
+            want_msg ? want_msg : "");
+    failures++;
+  }
+}
+
+#define EXPECT(call, want, msg) expect(__LINE__, #call, (call), (want), (msg))
+
+static int callbacks;
+static int callback_status = -1;
+
+static void on_done(int64_t ts, int status, void* user) {
+  (void)ts;
+  callbacks++;
+  callback_status = status;
+  *(int*)user = 1;
+}
+
+/* The calls that need a started worker, each of which must fail with the
+ * same status and message in the current state. */
+static void every_worker_call(int want, const char* want_msg) {
+  uint64_t key = 1, len = 4;
+  float v = 0;
+  int64_t ts = 0;
+  int out = 0;
+  EXPECT(fpt_rank(&out), want, want_msg);
+  EXPECT(fpt_set_tensors_per_iteration(1), want, want_msg);
+  EXPECT(fpt_declare(1, 4, FPT_FLOAT32, 0), want, want_msg);
+  EXPECT(fpt_init(&key, 1, &v, &len), want, want_msg);
+  EXPECT(fpt_push(&key, 1, &v, &len, 0, NULL, NULL, &ts), want, want_msg);
+  EXPECT(fpt_pull(&key, 1, &v, &len, NULL, NULL, &ts), want, want_msg);
+  EXPECT(fpt_wait(1), want, want_msg);
+  EXPECT(fpt_barrier(), want, want_msg);
+}
+
+int main(void) {
+  int out = -1;
+  int role = 0;
+  /* Before fpt_start: the role and sizes come from the environment. */
+  EXPECT(fpt_role(NULL), FPT_ERR_ARG, "NULL");
+  EXPECT(fpt_role(&role), FPT_OK, NULL);
+  if (role != FPT_ROLE_WORKER) {
+    fprintf(stderr, "fpt_bad_calls runs as a worker (DMLC_ROLE=worker), not role %d\n", role);
+    return 1;
+  }
+  EXPECT(fpt_num_workers(NULL), FPT_ERR_ARG, "NULL");
+  EXPECT(fpt_num_servers(&out), FPT_OK, NULL);
+  every_worker_call(FPT_ERR_STATE, "fpt_start has not been called");
+  EXPECT(fpt_finalize(), FPT_ERR_STATE, "fpt_start has not been called");
+
+  /* A bad environment: FPT_ERR_CONFIG naming the variable, and the library
+   * can still start once it is fixed. */
+  const char* nw = getenv("DMLC_NUM_WORKER");
+  char saved[32];
+  snprintf(saved, sizeof saved, "%s", nw ? nw : "");
+  setenv("DMLC_NUM_WORKER", "many", 1);
+  EXPECT(fpt_num_workers(&out), FPT_ERR_CONFIG, "DMLC_NUM_WORKER");
+  EXPECT(fpt_start(), FPT_ERR_CONFIG, "DMLC_NUM_WORKER");
+  setenv("DMLC_NUM_WORKER", saved, 1);
+
+  EXPECT(fpt_start(), FPT_OK, NULL);
+  if (failures > 0) {
+    return 1; /* without a node the rest means nothing */
+  }
+  EXPECT(fpt_start(), FPT_ERR_STATE, "already");
+  EXPECT(fpt_rank(&out), FPT_OK, NULL);
+  EXPECT(fpt_num_workers(&out), FPT_OK, NULL);
+  if (out != 1) {
+    fprintf(stderr, "fpt_bad_calls needs DMLC_NUM_WORKER=1, got %d\n", out);
+    return 1;
+  }
+
+  /* Declarations. */
+  EXPECT(fpt_set_tensors_per_iteration(0), FPT_ERR_ARG, "at least 1");
+  EXPECT(fpt_set_tensors_per_iteration(3), FPT_OK, NULL);
+  enum { N1 = 1000, N2 = 300000 }; /* key 2: 2.3 MiB, three partitions */
+  EXPECT(fpt_declare(1, N1 * sizeof(float), FPT_FLOAT32, 0), FPT_OK, NULL);
+  EXPECT(fpt_declare(2, N2 * sizeof(double), FPT_FLOAT64, -1), FPT_OK, NULL);
+  EXPECT(fpt_declare(3, 10, FPT_FLOAT32, 0), FPT_ERR_SIZE, "whole number");
+  EXPECT(fpt_declare(3, 16, 0, 0), FPT_ERR_ARG, "dtype");
+  EXPECT(fpt_declare(3, 16, 99, 0), FPT_ERR_ARG, "dtype");
+  EXPECT(fpt_declare(1, 8, FPT_FLOAT32, 0), FPT_ERR_SIZE, "already declared");
+  EXPECT(fpt_declare(1, N1 * sizeof(float), FPT_FLOAT64, 0), FPT_ERR_SIZE, "already declared");
+  EXPECT(fpt_declare(1, N1 * sizeof(float), FPT_FLOAT32, 5), FPT_OK, NULL); /* a new priority */
+  EXPECT(fpt_declare(3, 64, FPT_FLOAT16, -2), FPT_OK, NULL);
+  EXPECT(fpt_declare(4, 64, FPT_FLOAT32, 0), FPT_ERR_ARG, "3 tensors per iteration");
+
+  static float a[N1], a_sum[N1];
+  static double b[N2], b_sum[N2];
+  uint64_t k1 = 1, k2 = 2, k99 = 99;
+  uint64_t l1 = sizeof a, l2 = sizeof b;
+  uint64_t keys12[2] = {1, 2}, lens12[2] = {sizeof a, sizeof b};
+  uint64_t keys11[2] = {1, 1}, lens11[2] = {sizeof a, sizeof a};
+  uint64_t huge[2] = {UINT64_MAX, 8};
+  int64_t ts = 0;
+
+  /* Null pointers, unknown keys, sizes that disagree, bad counts. */
+  EXPECT(fpt_push(NULL, 1, a, &l1, 0, NULL, NULL, &ts), FPT_ERR_ARG, "keys is NULL");
+  EXPECT(fpt_push(&k1, 1, a, NULL, 0, NULL, NULL, &ts), FPT_ERR_ARG, "lens is NULL");
+  EXPECT(fpt_push(&k1, 1, NULL, &l1, 0, NULL, NULL, &ts), FPT_ERR_ARG, "vals is NULL");
+  EXPECT(fpt_pull(&k1, 1, NULL, &l1, NULL, NULL, &ts), FPT_ERR_ARG, "vals is NULL");
+  EXPECT(fpt_init(&k1, 1, NULL, &l1), FPT_ERR_ARG, "vals is NULL");
+  EXPECT(fpt_push(&k1, SIZE_MAX, a, &l1, 0, NULL, NULL, &ts), FPT_ERR_ARG, "keys in one call");
+  EXPECT(fpt_push(&k99, 1, a, &l1, 0, NULL, NULL, &ts), FPT_ERR_KEY, "key 99");
+  EXPECT(fpt_pull(&k99, 1, a, &l1, NULL, NULL, &ts), FPT_ERR_KEY, "key 99");
+  EXPECT(fpt_init(&k99, 1, a, &l1), FPT_ERR_KEY, "key 99");
+  EXPECT(fpt_push(&k1, 1, a, &l2, 0, NULL, NULL, &ts), FPT_ERR_SIZE, "declared as 4000 bytes");
+  EXPECT(fpt_push(keys12, 2, a, huge, 0, NULL, NULL, &ts), FPT_ERR_SIZE, "overflows");
+  EXPECT(fpt_push(keys12, 2, b, lens12, 0, NULL, NULL, &ts), FPT_ERR_ARG, "one dtype");
+  EXPECT(fpt_push(keys11, 2, b, lens11, 0, NULL, NULL, &ts), FPT_ERR_ARG, "twice");
+  EXPECT(fpt_pull(&k1, 1, a_sum, &l1, NULL, NULL, &ts), FPT_ERR_STATE, "not pushed");
+  EXPECT(fpt_wait(0), FPT_ERR_ARG, "no request 0");
+  EXPECT(fpt_wait(12345), FPT_ERR_ARG, "no request 12345");
+  EXPECT(fpt_push(NULL, 0, NULL, NULL, 0, NULL, NULL, NULL), FPT_OK, NULL); /* nothing to push is fine */
+
+  /* The library still works: init, then one iteration with callbacks. */
+  for (int i = 0; i < N1; i++) a[i] = (float)(i % 100);
+  for (int i = 0; i < N2; i++) b[i] = (double)(i % 1000);
+  EXPECT(fpt_init(&k1, 1, a, &l1), FPT_OK, NULL);
+  EXPECT(fpt_init(&k2, 1, b, &l2), FPT_OK, NULL);
+  uint64_t k3 = 3, l3 = 64;
+  uint16_t h[32] = {0};
+  EXPECT(fpt_init(&k3, 1, h, &l3), FPT_OK, NULL);
+  EXPECT(fpt_init(&k1, 1, a, &l1), FPT_ERR_ARG, "pushed already");
+
+  int pushed = 0, pulled = 0;
+  int64_t push_ts = 0, pull_ts = 0, b_ts = 0;
+  EXPECT(fpt_push(&k1, 1, a, &l1, 0, on_done, &pushed, &push_ts), FPT_OK, NULL);
+  EXPECT(fpt_pull(&k1, 1, a_sum, &l1, on_done, &pulled, &pull_ts), FPT_OK, NULL);
+  EXPECT(fpt_push(&k2, 1, b, &l2, -1, NULL, NULL, NULL), FPT_OK, NULL); /* no ts, no callback */
+  EXPECT(fpt_pull(&k2, 1, b_sum, &l2, NULL, NULL, &b_ts), FPT_OK, NULL);
+  EXPECT(fpt_pull(&k2, 1, b_sum, &l2, NULL, NULL, &ts), FPT_ERR_STATE, "not pushed");
+  EXPECT(fpt_wait(pull_ts), FPT_OK, NULL);
+  EXPECT(fpt_wait(push_ts), FPT_OK, NULL);
+  EXPECT(fpt_wait(push_ts), FPT_OK, NULL); /* twice is fine */
+  EXPECT(fpt_wait(b_ts), FPT_OK, NULL);
+  if (!pushed || !pulled || callbacks != 2 || callback_status != FPT_OK) {
+    fprintf(stderr, "callbacks: pushed %d pulled %d, %d calls, last status %d\n", pushed, pulled, callbacks,
+            callback_status);
+    failures++;
+  }
+  for (int i = 0; i < N1; i++) {
+    if (a_sum[i] != a[i]) { /* one worker: the sum is its own push */
+      fprintf(stderr, "key 1 element %d = %g, want %g\n", i, a_sum[i], a[i]);
+      failures++;
+      break;
+    }
+  }
+  for (int i = 0; i < N2; i++) {
+    if (b_sum[i] != (double)(i % 1000)) {
+      fprintf(stderr, "key 2 element %d = %g, want %d\n", i, b_sum[i], i % 1000);
+      failures++;
+      break;
+    }
+  }
+  EXPECT(fpt_barrier(), FPT_OK, NULL);
+  EXPECT(fpt_finalize(), FPT_OK, NULL);
+
+  /* After fpt_finalize: everything is refused, nothing hangs. */
+  every_worker_call(FPT_ERR_STATE, "fpt_finalize was called");
+  EXPECT(fpt_role(&out), FPT_ERR_STATE, "fpt_finalize was called");
+  EXPECT(fpt_num_servers(&out), FPT_ERR_STATE, "fpt_finalize was called");
+  EXPECT(fpt_start(), FPT_ERR_STATE, "cannot start again");
+  EXPECT(fpt_finalize(), FPT_ERR_STATE, "fpt_finalize was called");
+
+  if (failures > 0) {
+    printf("BAD CALLS FAIL: %d\n", failures);
+    return 1;
+  }
+  printf("BAD CALLS PASS\n");
+  return 0;
+}

@@ -1,0 +1,214 @@
+// Command libfpt is fpt's C library, the interface include/fpt.h
+// documents, for programs in C and C++ such as MXNet's kvstore:
+//
+//	go build -buildmode=c-shared -o build/lib/libfpt.so ./cmd/libfpt
+//
+// (scripts/build-lib.sh also installs the header and a pkg-config file).
+// A c-shared library must be package main; main never runs.
+//
+// This is the cgo shell over package capi, which holds the logic: each
+// export turns C pointers into Go slices over the caller's memory (never
+// copying a tensor), calls capi, and turns the result into a status code
+// and this thread's last error. A recover in every export keeps a Go panic
+// from crossing into C. cgo's pointer rules hold without pinning: the only
+// Go pointer handed to C is an error message's bytes, for the duration of
+// a call that copies them; C's pointers (tensors, user data, callbacks) are
+// held by Go, which the rules allow, and user data only as an integer.
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../../include
+#include <stdlib.h>
+#include "shim.h"
+
+// Const-qualified names for the exports' parameter types. cgo has no const,
+// and with these the prototypes it generates match fpt.h's exactly; cgo
+// compiles them in one unit with fpt.h, so any drift between the header
+// and the exports below fails the build.
+typedef const uint64_t fpt_const_u64;
+typedef const void fpt_const_void;
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"runtime/debug"
+	"unsafe"
+
+	"github.com/fptps/fpt/capi"
+	"github.com/fptps/fpt/control"
+)
+
+// lib is the process's node. The C interface, like ps-lite's process-wide
+// Postoffice, has no handle for the caller to pass around, and a process
+// can run only one node (one ZeroMQ context, shut down once), so it lives
+// here; capi.Lib guards its own state with a mutex.
+var lib = capi.New(getenv, os.Stderr, control.Shutdown)
+
+func main() {}
+
+// getenv reads the C environment when asked, rather than the copy Go took
+// when the library was loaded, so that a program's setenv before fpt_start
+// counts.
+func getenv(name string) (string, bool) {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	v := C.getenv(cs)
+	if v == nil {
+		return "", false
+	}
+	return C.GoString(v), true
+}
+
+// guard runs an export's body: it sets the thread's last error from the
+// outcome and returns the status code, turning a panic into
+// FPT_ERR_INTERNAL instead of a crash of the C program.
+func guard(op string, body func() error) (code C.int) {
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(os.Stderr, "libfpt: %s: panic: %v\n%s", op, r, debug.Stack())
+			code = status(&capi.Error{Code: capi.CodeInternal, Err: fmt.Errorf("capi: %s: internal error (Go panic): %v", op, r)})
+		}
+	}()
+	return status(body())
+}
+
+// status records err as the thread's last error ("" for success) and
+// returns its code.
+func status(err error) C.int {
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	C.fpt_set_last_error(cstr(msg), C.size_t(len(msg)))
+	return C.int(capi.CodeOf(err))
+}
+
+// cstr points at s's bytes for a C call that copies them (it is not
+// NUL-terminated; the length goes along).
+func cstr(s string) *C.char {
+	return (*C.char)(unsafe.Pointer(unsafe.StringData(s)))
+}
+
+func nullArg(op, name string) error {
+	return &capi.Error{Code: capi.CodeArg, Err: fmt.Errorf("capi: %s: %s is NULL", op, name)}
+}
+
+// intOut stores get's value through out.
+func intOut(op string, out *C.int, get func() (int, error)) C.int {
+	return guard(op, func() error {
+		if out == nil {
+			return nullArg(op, "the output pointer")
+		}
+		v, err := get()
+		if err == nil {
+			*out = C.int(v)
+		}
+		return err
+	})
+}
+
+// callback wraps a C callback for capi; nil when the caller gave none.
+func callback(cb C.fpt_callback, user unsafe.Pointer) capi.Callback {
+	if cb == nil {
+		return nil
+	}
+	u := C.uintptr_t(uintptr(user))
+	return func(ts int, err error) {
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+		}
+		C.fpt_invoke(cb, C.int64_t(ts), C.int(capi.CodeOf(err)), cstr(msg), C.size_t(len(msg)), u)
+	}
+}
+
+//export fpt_start
+func fpt_start() C.int { return guard("fpt_start", lib.Start) }
+
+//export fpt_finalize
+func fpt_finalize() C.int { return guard("fpt_finalize", lib.Finalize) }
+
+//export fpt_role
+func fpt_role(role *C.int) C.int {
+	return intOut("fpt_role", role, func() (int, error) {
+		r, err := lib.Role()
+		return int(r), err
+	})
+}
+
+//export fpt_rank
+func fpt_rank(rank *C.int) C.int { return intOut("fpt_rank", rank, lib.Rank) }
+
+//export fpt_num_workers
+func fpt_num_workers(n *C.int) C.int { return intOut("fpt_num_workers", n, lib.NumWorkers) }
+
+//export fpt_num_servers
+func fpt_num_servers(n *C.int) C.int { return intOut("fpt_num_servers", n, lib.NumServers) }
+
+//export fpt_set_tensors_per_iteration
+func fpt_set_tensors_per_iteration(n C.int) C.int {
+	return guard("fpt_set_tensors_per_iteration", func() error { return lib.SetTensorsPerIteration(int(n)) })
+}
+
+//export fpt_declare
+func fpt_declare(key, bytes C.uint64_t, dtype, priority C.int) C.int {
+	return guard("fpt_declare", func() error {
+		return lib.Declare(uint64(key), uint64(bytes), int(dtype), int(priority))
+	})
+}
+
+//export fpt_init
+func fpt_init(keys *C.fpt_const_u64, n C.size_t, vals unsafe.Pointer, lens *C.fpt_const_u64) C.int {
+	const op = "fpt_init"
+	return guard(op, func() error {
+		t, err := capi.View(op, unsafe.Pointer(keys), uint64(n), vals, unsafe.Pointer(lens))
+		if err != nil {
+			return err
+		}
+		return lib.Init(t)
+	})
+}
+
+//export fpt_push
+func fpt_push(keys *C.fpt_const_u64, n C.size_t, vals *C.fpt_const_void, lens *C.fpt_const_u64,
+	priority C.int, cb C.fpt_callback, user unsafe.Pointer, ts *C.int64_t) C.int {
+	const op = "fpt_push"
+	return guard(op, func() error {
+		t, err := capi.View(op, unsafe.Pointer(keys), uint64(n), unsafe.Pointer(vals), unsafe.Pointer(lens))
+		if err != nil {
+			return err
+		}
+		id, err := lib.Push(t, int(priority), callback(cb, user))
+		if err == nil && ts != nil {
+			*ts = C.int64_t(id)
+		}
+		return err
+	})
+}
+
+//export fpt_pull
+func fpt_pull(keys *C.fpt_const_u64, n C.size_t, vals unsafe.Pointer, lens *C.fpt_const_u64,
+	cb C.fpt_callback, user unsafe.Pointer, ts *C.int64_t) C.int {
+	const op = "fpt_pull"
+	return guard(op, func() error {
+		t, err := capi.View(op, unsafe.Pointer(keys), uint64(n), vals, unsafe.Pointer(lens))
+		if err != nil {
+			return err
+		}
+		id, err := lib.Pull(t, callback(cb, user))
+		if err == nil && ts != nil {
+			*ts = C.int64_t(id)
+		}
+		return err
+	})
+}
+
+//export fpt_wait
+func fpt_wait(ts C.int64_t) C.int {
+	return guard("fpt_wait", func() error { return lib.Wait(int(ts)) })
+}
+
+//export fpt_barrier
+func fpt_barrier() C.int { return guard("fpt_barrier", lib.Barrier) }

@@ -1,0 +1,25 @@
+#include <string.h>
+
+#include "shim.h"
+
+/* The last error, one buffer per thread: a C caller reads it right after a
+ * failed call, on the thread that made it, so a thread-local buffer needs
+ * no lock and nothing to free. Longer messages are cut. */
+static __thread char last_error[1024];
+
+const char* fpt_last_error(void) { return last_error; }
+
+void fpt_set_last_error(const char* msg, size_t n) {
+  if (n >= sizeof last_error) {
+    n = sizeof last_error - 1;
+  }
+  if (n > 0) {
+    memcpy(last_error, msg, n);
+  }
+  last_error[n] = '\0';
+}
+
+void fpt_invoke(fpt_callback cb, int64_t ts, int status, const char* msg, size_t n, uintptr_t user) {
+  fpt_set_last_error(msg, n);
+  cb(ts, status, (void*)user);
+}

@@ -1,0 +1,21 @@
+/* The C side of libfpt's cgo shell: helpers main.go calls, not part of
+ * the library's interface (fpt.h), hence hidden from the shared library's
+ * symbol table. */
+#ifndef FPT_SHIM_H
+#define FPT_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fpt.h"
+
+/* Sets this thread's last error to the n bytes at msg (n may be 0). */
+__attribute__((visibility("hidden"))) void fpt_set_last_error(const char* msg, size_t n);
+
+/* Calls cb(ts, status, user) with the thread's last error set to msg: Go
+ * cannot call a C function pointer itself. user travels as an integer so
+ * that Go never holds it as a pointer (it may be any value). */
+__attribute__((visibility("hidden"))) void fpt_invoke(fpt_callback cb, int64_t ts, int status,
+                                                      const char* msg, size_t n, uintptr_t user);
+
+#endif

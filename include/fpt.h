@@ -1,0 +1,190 @@
+/*
+ * fpt.h - the C interface of fpt, a parameter server for synchronous
+ * data-parallel training (a Go rewrite of FPT-ps-lite / dmlc ps-lite).
+ *
+ * Link with libfpt (pkg-config --cflags --libs fpt). The library holds one
+ * node per process, configured by the same environment as ps-lite and
+ * dmlc-tracker (DMLC_ROLE, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT,
+ * DMLC_NUM_SERVER, DMLC_NUM_WORKER, and fpt's FPT_* settings; see the
+ * README). It is the Go runtime built as a shared library: keep to one
+ * Go-built shared library per process, as two Go runtimes cannot share one.
+ *
+ * Life cycle, for every role (as ps::StartAsync / ps::Finalize):
+ *
+ *   fpt_start();          join the cluster (a worker or server returns once
+ *                         every node has joined; the scheduler at once)
+ *   ... worker calls ...  (workers only)
+ *   fpt_finalize();       a worker leaves after its requests complete; the
+ *                         scheduler and servers serve until the workers
+ *                         have all finalized, then return
+ *
+ * A process runs one node: after fpt_finalize, fpt_start fails.
+ *
+ * Every function returns an fpt_status. On failure, fpt_last_error() says
+ * why. No call crashes the process or hangs on a bad argument; calls that
+ * wait for the cluster (fpt_start, fpt_init, fpt_wait, fpt_barrier,
+ * fpt_finalize) return FPT_ERR_CLUSTER when a node dies (within
+ * PS_HEARTBEAT_TIMEOUT seconds) instead of waiting forever.
+ *
+ * Every function is safe to call from any thread.
+ */
+#ifndef FPT_H
+#define FPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version of this interface. */
+#define FPT_API_VERSION 1
+
+/* Status codes. */
+typedef enum fpt_status {
+  FPT_OK = 0,
+  FPT_ERR_ARG = 1,      /* a NULL pointer, a bad dtype or count, a key twice in one call */
+  FPT_ERR_STATE = 2,    /* before fpt_start, after fpt_finalize, a worker call on another
+                           role, or out of order (a pull of an iteration not yet pushed) */
+  FPT_ERR_KEY = 3,      /* a key that was not declared with fpt_declare */
+  FPT_ERR_SIZE = 4,     /* a length that disagrees with the key's declaration */
+  FPT_ERR_CONFIG = 5,   /* a missing or malformed DMLC_* / PS_* / FPT_* variable */
+  FPT_ERR_CLUSTER = 6,  /* the cluster failed (a node died), timed out or terminated */
+  FPT_ERR_INTERNAL = 7  /* a bug in fpt; the message says where */
+} fpt_status;
+
+/* Roles, as DMLC_ROLE names them. */
+typedef enum fpt_node_role {
+  FPT_ROLE_SCHEDULER = 1,
+  FPT_ROLE_SERVER = 2,
+  FPT_ROLE_WORKER = 3
+} fpt_node_role;
+
+/* Element types. MXNet's mshadow flags map as kFloat32 -> FPT_FLOAT32,
+ * kFloat64 -> FPT_FLOAT64, kFloat16 -> FPT_FLOAT16 (the values differ, so
+ * that a zeroed field is never a valid type). */
+typedef enum fpt_dtype {
+  FPT_FLOAT32 = 1,
+  FPT_FLOAT64 = 2,
+  FPT_FLOAT16 = 3
+} fpt_dtype;
+
+/*
+ * The message of the last call on this thread that failed, or "" if the
+ * last call succeeded. Every fpt_* function except this one sets it. The
+ * string belongs to the library and stays valid until the next fpt_* call
+ * on the same thread. Inside a callback it is the message of the request
+ * that failed ("" on success).
+ */
+const char* fpt_last_error(void);
+
+/*
+ * Joins the cluster as the node the environment describes. Read when
+ * fpt_start is called (getenv), so setenv before it works.
+ * FPT_ERR_CONFIG leaves the library as it was (fix the environment and call
+ * again); after any other failure only fpt_finalize is left.
+ */
+int fpt_start(void);
+
+/*
+ * Leaves the cluster (see the life cycle above) and releases every thread,
+ * socket and buffer the library holds. A worker first waits for its
+ * outstanding requests (for at most 30 s; then the node fails and they
+ * complete with FPT_ERR_CLUSTER). When it returns, every callback has
+ * returned. Calls made once it has begun return FPT_ERR_STATE. Call it
+ * once; not from a callback.
+ */
+int fpt_finalize(void);
+
+/* The node's role (an fpt_node_role); readable before fpt_start (from DMLC_ROLE). */
+int fpt_role(int* role);
+
+/* The node's rank among the workers, or among the servers; 0 for the
+ * scheduler. Only after fpt_start. */
+int fpt_rank(int* rank);
+
+/* DMLC_NUM_WORKER and DMLC_NUM_SERVER; readable before fpt_start. */
+int fpt_num_workers(int* num_workers);
+int fpt_num_servers(int* num_servers);
+
+/*
+ * Workers only, from here on.
+ *
+ * Announces how many tensors one iteration pushes (FPT's kvstore announces
+ * it once the model's parameters are known). Declaring more keys than that
+ * then fails, which catches a model and a launch that disagree. Optional.
+ */
+int fpt_set_tensors_per_iteration(int num_tensors);
+
+/*
+ * Declares a tensor: its key, its size in bytes (a whole number of
+ * elements of dtype), its element type and its priority (larger goes
+ * first; MXNet uses minus the layer index). Every worker declares the same
+ * tensors before any of them pushes. Declaring a key again with the same
+ * size and type only changes its priority.
+ */
+int fpt_declare(uint64_t key, uint64_t bytes, int dtype, int priority);
+
+/*
+ * Callback of an asynchronous request. Called exactly once for every
+ * request whose fpt_push/fpt_pull returned FPT_OK, with FPT_OK or the
+ * request's failure (fpt_last_error() has the message), on a thread of the
+ * library, before fpt_wait(ts) returns. It may call fpt_push and fpt_pull;
+ * it must not call fpt_wait on its own request or fpt_finalize.
+ */
+typedef void (*fpt_callback)(int64_t ts, int status, void* user_data);
+
+/*
+ * Tensors in calls: keys[i] owns lens[i] bytes of vals, laid end to end
+ * (as ps-lite's ZPush(keys, vals, lens) with byte lengths). lens[i] must
+ * be the key's declared size, and all keys of one call share one dtype.
+ * keys, lens and vals may be NULL only when num_keys (or the byte total)
+ * is 0. The library never copies the tensor: vals must stay valid (and,
+ * for a push, unmodified; for a pull, unread) until the request's callback
+ * runs or fpt_wait(ts) returns. keys and lens are read during the call only.
+ */
+
+/*
+ * Sets the keys' starting values on every worker to worker 0's vals
+ * (MXNet's kvstore init): on every worker vals holds worker 0's values when
+ * it returns. Collective: every worker calls it with the same keys, before
+ * their first push. Blocks.
+ */
+int fpt_init(const uint64_t* keys, size_t num_keys, void* vals, const uint64_t* lens);
+
+/*
+ * FPTPush: sends one iteration's values of the keys (a key's n-th push is
+ * its iteration n; fpt_init is iteration 0) to the aggregators that sum
+ * them over the workers and send every worker the sum. Asynchronous: *ts
+ * (if ts is not NULL) receives the request's timestamp for fpt_wait; cb, if
+ * not NULL, is called once the values have left (vals is free again).
+ */
+int fpt_push(const uint64_t* keys, size_t num_keys, const void* vals, const uint64_t* lens,
+             int priority, fpt_callback cb, void* user_data, int64_t* ts);
+
+/*
+ * FPTPull: the sums of the keys' next unpulled iteration into vals, once
+ * they have arrived (a pull of an iteration not pushed yet is
+ * FPT_ERR_STATE). Asynchronous, like fpt_push; cb is called when vals holds
+ * the sums.
+ */
+int fpt_pull(const uint64_t* keys, size_t num_keys, void* vals, const uint64_t* lens,
+             fpt_callback cb, void* user_data, int64_t* ts);
+
+/*
+ * Blocks until request ts has completed and its callback returned, and
+ * returns its status. A failed request's status goes to the first
+ * fpt_wait that asks; later waits on it return FPT_OK.
+ */
+int fpt_wait(int64_t ts);
+
+/* Blocks until every worker has called it (ps-lite's barrier over the
+ * worker group). */
+int fpt_barrier(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FPT_H */
