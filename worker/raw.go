@@ -49,36 +49,31 @@ func (w *Worker) DeclareBytes(key, bytes uint64, dtype frame.DType, priority int
 // to keys[i], and every key must have been declared with that size and one
 // dtype. data must stay untouched until the request completes.
 func (w *Worker) FPTPushBytes(keys []uint64, data []byte, byteLens []int, priority int32, cb func()) (int, error) {
-	dtype, err := w.checkBytes(keys, data, byteLens, false)
-	if err != nil {
-		return 0, err
-	}
-	return w.fptPush(keys, data, byteLens, dtype, priority, cb)
+	return w.fptPush(keys, data, byteLens, w.dtypeOf(keys), priority, cb)
 }
 
 // FPTPullBytes is FPTPull on raw memory: the keys' sums for their next
 // iteration land in data, laid out as in FPTPushBytes.
 func (w *Worker) FPTPullBytes(keys []uint64, data []byte, byteLens []int, cb func()) (int, error) {
-	dtype, err := w.checkBytes(keys, data, byteLens, true)
-	if err != nil {
-		return 0, err
-	}
-	return w.fptPull(keys, data, byteLens, dtype, cb)
+	return w.fptPull(keys, data, byteLens, w.dtypeOf(keys), cb)
 }
 
 // InitBytes is KV.Init on raw memory: collective, worker 0's values win and
 // land in data on every worker.
 func (w *Worker) InitBytes(ctx context.Context, keys []uint64, data []byte, byteLens []int) error {
-	dtype, err := w.checkBytes(keys, data, byteLens, false)
-	if err != nil {
-		return err
-	}
-	return w.initBytes(ctx, keys, data, byteLens, dtype)
+	return w.initBytes(ctx, keys, data, byteLens, w.dtypeOf(keys))
 }
 
 // initBytes makes the keys' first push worker 0's values, between two
 // barriers over the workers, and pulls them into data.
 func (w *Worker) initBytes(ctx context.Context, keys []uint64, data []byte, byteLens []int, dtype frame.DType) error {
+	// A bad call fails here, before the barrier, rather than after it.
+	w.mu.Lock()
+	_, _, err := w.split(keys, data, byteLens, dtype)
+	w.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("worker: Init: %w", err)
+	}
 	// The first barrier makes sure every worker declared the keys before
 	// worker 0's values reach them.
 	if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
@@ -108,37 +103,16 @@ func (w *Worker) initBytes(ctx context.Context, keys []uint64, data []byte, byte
 	return w.Barrier(ctx, node.WorkerGroup)
 }
 
-// checkBytes checks a byte-level call against the declarations and
-// returns the keys' dtype. The worker checks again when it splits the
-// call; this pass exists to name the fault with a sentinel error.
-func (w *Worker) checkBytes(keys []uint64, data []byte, byteLens []int, pull bool) (frame.DType, error) {
-	if len(byteLens) != len(keys) {
-		return 0, fmt.Errorf("worker: %d lengths for %d keys", len(byteLens), len(keys))
-	}
+// dtypeOf is the declared dtype of a byte-level call's keys: its first
+// key's (split checks that the others agree). Undeclared or no keys: any
+// dtype will do, split reports the fault.
+func (w *Worker) dtypeOf(keys []uint64) frame.DType {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.ready {
-		return 0, errors.New("worker: not started")
-	}
-	var dtype frame.DType
-	total := 0
-	for i, k := range keys {
-		t := w.tensors[k]
-		switch {
-		case t == nil:
-			return 0, fmt.Errorf("worker: key %d: %w", k, ErrNotDeclared)
-		case byteLens[i] < 0 || uint64(byteLens[i]) != t.bytes:
-			return 0, fmt.Errorf("worker: key %d is declared as %d bytes, the call gives %d: %w", k, t.bytes, byteLens[i], ErrSizeMismatch)
-		case i > 0 && t.dtype != dtype:
-			return 0, fmt.Errorf("worker: key %d is %s, key %d is %s: one call carries one dtype", keys[0], dtype, k, t.dtype)
-		case pull && t.pulled >= t.pushed:
-			return 0, fmt.Errorf("worker: key %d, iteration %d: %w", k, t.pulled, ErrPullBeforePush)
+	if len(keys) > 0 {
+		if t := w.tensors[keys[0]]; t != nil {
+			return t.dtype
 		}
-		dtype = t.dtype
-		total += byteLens[i]
 	}
-	if total != len(data) {
-		return 0, fmt.Errorf("worker: lengths add up to %d bytes, the values have %d: %w", total, len(data), ErrSizeMismatch)
-	}
-	return dtype, nil
+	return frame.Float32
 }

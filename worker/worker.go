@@ -242,30 +242,44 @@ func (w *Worker) split(keys []uint64, data []byte, byteLens []int, dtype frame.D
 	if !w.ready {
 		return nil, nil, errors.New("worker: not started")
 	}
+	if len(byteLens) != len(keys) {
+		return nil, nil, fmt.Errorf("worker: %d lengths for %d keys: %w", len(byteLens), len(keys), ErrSizeMismatch)
+	}
 	ts := make([]*tensor, len(keys))
 	parts := make([][]byte, len(keys))
 	off := 0
 	for i, k := range keys {
 		t := w.tensors[k]
 		if t == nil {
-			return nil, nil, fmt.Errorf("worker: key %d is not declared", k)
+			return nil, nil, fmt.Errorf("worker: key %d: %w", k, ErrNotDeclared)
 		}
 		if t.dtype != dtype {
-			return nil, nil, fmt.Errorf("worker: key %d is declared as %s, not %s", k, t.dtype, dtype)
+			return nil, nil, fmt.Errorf("worker: key %d is declared as %s, not %s (one call carries one dtype)", k, t.dtype, dtype)
 		}
-		if uint64(byteLens[i]) != t.bytes {
-			return nil, nil, fmt.Errorf("worker: key %d is declared as %d bytes, the call gives %d", k, t.bytes, byteLens[i])
+		if byteLens[i] < 0 || uint64(byteLens[i]) != t.bytes {
+			return nil, nil, fmt.Errorf("worker: key %d is declared as %d bytes, the call gives %d: %w", k, t.bytes, byteLens[i], ErrSizeMismatch)
 		}
 		if slices.Contains(keys[:i], k) {
 			return nil, nil, fmt.Errorf("worker: key %d appears twice in one call", k)
 		}
+		if off+byteLens[i] > len(data) {
+			break // reported below
+		}
 		ts[i], parts[i] = t, data[off:off+byteLens[i]]
 		off += byteLens[i]
 	}
-	if off != len(data) {
-		return nil, nil, fmt.Errorf("worker: lengths add up to %d bytes, the values have %d", off, len(data))
+	if total := sum(byteLens); total != len(data) {
+		return nil, nil, fmt.Errorf("worker: lengths add up to %d bytes, the values have %d: %w", total, len(data), ErrSizeMismatch)
 	}
 	return ts, parts, nil
+}
+
+func sum(xs []int) int {
+	n := 0
+	for _, x := range xs {
+		n += x
+	}
+	return n
 }
 
 // newRequest registers a request; observe receives its latency if it
@@ -445,7 +459,7 @@ func (w *Worker) fptPull(keys []uint64, data []byte, byteLens []int, dtype frame
 	if err == nil {
 		for _, t := range ts {
 			if t.pulled >= t.pushed {
-				err = fmt.Errorf("worker: FPTPull of key %d for iteration %d before its FPTPush", t.key, t.pulled)
+				err = fmt.Errorf("worker: FPTPull of key %d for iteration %d before its FPTPush: %w", t.key, t.pulled, ErrPullBeforePush)
 				break
 			}
 		}
