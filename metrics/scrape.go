@@ -36,8 +36,9 @@ func Scrape(ctx context.Context, addr string) (Families, error) {
 	return mfs, nil
 }
 
-// Value is the value of the first series of the named counter or gauge
-// whose labels include every one given, and whether there is one.
+// Value is the value of the first series of the named metric whose labels
+// include every one given (a histogram's: its sample count), and whether
+// there is one.
 func (f Families) Value(name string, labels map[string]string) (float64, bool) {
 	mf := f[name]
 	if mf == nil {

@@ -210,8 +210,7 @@ func TestNetemTwoNetworksAndClose(t *testing.T) {
 	if err := sleep.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waited := make(chan error, 1)
-	go func() { waited <- sleep.Wait() }()
+	ended := exits(sleep)
 	for _, n := range []*Network{a, b} {
 		if err := n.Close(); err != nil {
 			t.Error(err)
@@ -220,11 +219,23 @@ func TestNetemTwoNetworksAndClose(t *testing.T) {
 			t.Errorf("left behind: %q", left)
 		}
 	}
-	select {
-	case <-waited:
-	case <-time.After(10 * time.Second):
-		sleep.Process.Kill()
-		t.Error("a process in a host survived Close")
+	ended(t, "a process in a host survived Close")
+}
+
+// exits waits for a started command in the background; the function it
+// returns fails the test with what, and kills the command, unless it ended
+// within 10 s.
+func exits(cmd *exec.Cmd) func(t *testing.T, what string) {
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	return func(t *testing.T, what string) {
+		t.Helper()
+		select {
+		case <-waited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			t.Error(what)
+		}
 	}
 }
 
@@ -256,8 +267,7 @@ func TestNetemSweepsLeftovers(t *testing.T) {
 	if err := orphan.Start(); err != nil {
 		t.Fatal(err)
 	}
-	waited := make(chan error, 1)
-	go func() { waited <- orphan.Wait() }()
+	ended := exits(orphan)
 
 	n, err := New(ctx, []HostSpec{{}})
 	if err != nil {
@@ -267,12 +277,7 @@ func TestNetemSweepsLeftovers(t *testing.T) {
 	if left := ours(t, stale); len(left) > 0 {
 		t.Errorf("leftovers of a dead process survived New: %q", left)
 	}
-	select {
-	case <-waited:
-	case <-time.After(10 * time.Second):
-		orphan.Process.Kill()
-		t.Error("a process in a leftover namespace survived the sweep")
-	}
+	ended(t, "a process in a leftover namespace survived the sweep")
 }
 
 // Bad specs fail before anything is made, root or not.

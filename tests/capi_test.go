@@ -1,7 +1,6 @@
 package tests
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -144,21 +143,7 @@ func TestCAPIClusterFailure(t *testing.T) {
 	c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: 2, Workers: 2,
 		Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
 		Worker: []string{filepath.Join(dir, "kvstore_client"), "-iters", "100000", "-max-bytes", "1048576"}}), t: t}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	victim := c.proc("server1")
-	m, err := waitOutput(ctx, victim, controlRe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(`iteration 3/`)); err != nil {
-		c.dump()
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	if err := victim.Kill(); err != nil {
-		t.Fatal(err)
-	}
+	addr, killed := c.killMidRun("server1")
 	for _, name := range []string{"worker0", "worker1"} {
 		p := c.proc(name)
 		if !p.Wait(30*time.Second - time.Since(killed)) {
@@ -169,7 +154,7 @@ func TestCAPIClusterFailure(t *testing.T) {
 			c.dump()
 			t.Fatalf("%s exited %d, want 1", name, p.ExitCode())
 		}
-		mustContain(t, name+" stderr", p.Stderr.String(), "FPT_ERR_CLUSTER", m[1])
+		mustContain(t, name+" stderr", p.Stderr.String(), "FPT_ERR_CLUSTER", addr)
 		t.Logf("%s exited 1 after %s: %s", name, p.ExitedAt().Sub(killed).Round(time.Millisecond), lastLine(p.Stderr.String()))
 	}
 }

@@ -61,22 +61,8 @@ func TestKillNodeStopsEveryone(t *testing.T) {
 	for _, victimName := range []string{"server1", "worker1"} {
 		t.Run(victimName, func(t *testing.T) {
 			c := startCluster(t, spec{servers: 2, workers: 2, appArgs: []string{"-iters", "100000", "-max-bytes", "1048576"}})
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
+			addr, killed := c.killMidRun(victimName)
 			victim := c.proc(victimName)
-			m, err := waitOutput(ctx, victim, controlRe)
-			if err != nil {
-				t.Fatal(err)
-			}
-			addr := m[1]
-			if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(`iteration 3/`)); err != nil {
-				c.dump()
-				t.Fatal(err)
-			}
-			killed := time.Now()
-			if err := victim.Kill(); err != nil {
-				t.Fatal(err)
-			}
 			for _, p := range c.Procs {
 				if p == victim {
 					continue

@@ -123,6 +123,29 @@ var (
 	dataRe    = regexp.MustCompile(`msg=registering .*data=([0-9.]+:[0-9]+)`)
 )
 
+// killMidRun kills the named process with SIGKILL once worker0 is into its
+// third iteration, and returns the victim's control address (which the
+// survivors' errors name) and when it was killed.
+func (c *cluster) killMidRun(victim string) (addr string, killed time.Time) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := c.proc(victim)
+	m, err := waitOutput(ctx, p, controlRe)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(`iteration 3/`)); err != nil {
+		c.dump()
+		c.t.Fatal(err)
+	}
+	killed = time.Now()
+	if err := p.Kill(); err != nil {
+		c.t.Fatal(err)
+	}
+	return m[1], killed
+}
+
 func mustContain(t *testing.T, what, s string, subs ...string) {
 	t.Helper()
 	for _, sub := range subs {

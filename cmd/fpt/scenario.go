@@ -241,93 +241,110 @@ func shapingWorker(ctx context.Context, w *worker.Worker, o scenarioOptions) (sh
 		wg.Wait()
 		return s, errors.Join(errs[:]...)
 	}
-	run := func(shaped bool) (ratio float64, bytes [2]float64, window time.Duration, err error) {
+	// drain queues every tensor at once (one FPTPush each) and samples the
+	// servers until every sum is back: the first sample is taken before the
+	// pushes, the last after the sums, which it checks.
+	drain := func(shaped bool) ([]sample, error) {
 		v.SetShaping(shaped)
 		v.SetWeight(uint32(servers[0]), o.weights[0])
 		v.SetWeight(uint32(servers[1]), o.weights[1])
 		base, err := read()
 		if err != nil {
-			return 0, bytes, 0, err
+			return nil, err
 		}
-		// One FPTPush per tensor, all queued at once.
-		var pushes []int
+		samples := []sample{base}
+		var reqs []int
 		for i := range keys {
 			ts, err := kv.FPTPush(keys[i:i+1], grads[i*n:(i+1)*n], nil, 0, nil)
 			if err != nil {
-				return 0, bytes, 0, err
+				return nil, err
 			}
-			pushes = append(pushes, ts)
+			reqs = append(reqs, ts)
 		}
-		samples := []sample{base}
 		pull, err := kv.FPTPull(keys, sums, lens, nil)
 		if err != nil {
-			return 0, bytes, 0, err
+			return nil, err
 		}
 		pulled := make(chan error, 1)
 		go func() { pulled <- kv.Wait(pull) }()
 		tick := time.NewTicker(sampleEvery)
 		defer tick.Stop()
-	loop:
-		for {
+		for done := false; !done; {
 			select {
 			case err := <-pulled:
 				if err != nil {
-					return 0, bytes, 0, err
+					return nil, err
 				}
-				break loop
+				done = true
 			case <-tick.C:
 				s, err := read()
 				if err != nil {
-					return 0, bytes, 0, err
+					return nil, err
 				}
 				samples = append(samples, s)
 			}
 		}
-		for _, p := range pushes {
-			if err := kv.Wait(p); err != nil {
-				return 0, bytes, 0, err
+		for _, ts := range reqs {
+			if err := kv.Wait(ts); err != nil {
+				return nil, err
+			}
+		}
+		// One worker: each sum is the value it pushed.
+		for i, s := range sums {
+			if s != grads[i] {
+				return nil, fmt.Errorf("element %d of the pulled sums is %v, want %v", i, s, grads[i])
 			}
 		}
 		final, err := read()
-		if err != nil {
-			return 0, bytes, 0, err
-		}
-		return backloggedRatio(base, samples, final)
+		return append(samples, final), err
 	}
 	// The same run unshaped first: the baseline the ratio is read against.
-	var err error
-	if res.Unshaped, _, _, err = run(false); err != nil {
+	samples, err := drain(false)
+	if err != nil {
 		return res, fmt.Errorf("shaping: unshaped run: %w", err)
 	}
-	ratio, bytes, window, err := run(true)
+	unshaped, err := backloggedWindow(samples)
+	if err != nil {
+		return res, fmt.Errorf("shaping: unshaped run: %w", err)
+	}
+	if samples, err = drain(true); err != nil {
+		return res, fmt.Errorf("shaping: shaped run: %w", err)
+	}
+	shaped, err := backloggedWindow(samples)
 	if err != nil {
 		return res, fmt.Errorf("shaping: shaped run: %w", err)
 	}
-	// One worker: each sum is the value it pushed, element for element.
-	for i, s := range sums {
-		if s != grads[i] {
-			return res, fmt.Errorf("shaping: element %d of the pulled sums is %v, want %v", i, s, grads[i])
-		}
-	}
-	res.ByteRatio, res.WindowSecs = ratio, window.Seconds()
-	res.Bytes = [2]uint64{uint64(bytes[0]), uint64(bytes[1])}
+	res.Unshaped, res.ByteRatio, res.WindowSecs = unshaped.ratio, shaped.ratio, shaped.length.Seconds()
+	res.Bytes = [2]uint64{uint64(shaped.bytes[0]), uint64(shaped.bytes[1])}
 	return res, nil
 }
 
-// backloggedRatio picks, from samples taken while two flows drained, the
+// window is what two flows delivered over part of a run.
+type window struct {
+	ratio  float64    // bytes[0] / bytes[1]
+	bytes  [2]float64 // delivered in the window
+	length time.Duration
+}
+
+// backloggedWindow picks, from samples taken while two flows drained (the
+// first before anything was sent, the last after everything arrived), the
 // window in which both were still sending: from the first sample where the
 // flow that ends first had 10 % of its bytes to the last where it had at
-// most 85 %. It returns the ratio of the bytes delivered in that window.
-func backloggedRatio(base sample, samples []sample, final sample) (float64, [2]float64, time.Duration, error) {
+// most 85 %.
+func backloggedWindow(samples []sample) (window, error) {
+	if len(samples) < 2 {
+		return window{}, errors.New("fewer than two samples")
+	}
+	base, final := samples[0], samples[len(samples)-1]
 	var total [2]float64
 	for i := range total {
 		total[i] = final.bytes[i] - base.bytes[i]
 	}
+	frac := func(s sample, flow int) float64 { return (s.bytes[flow] - base.bytes[flow]) / total[flow] }
 	// The flow that finishes first reaches 85 % of its total first.
 	first := 0
 	for _, s := range samples {
-		f0, f1 := (s.bytes[0]-base.bytes[0])/total[0], (s.bytes[1]-base.bytes[1])/total[1]
-		if f0 >= 0.85 || f1 >= 0.85 {
+		if f0, f1 := frac(s, 0), frac(s, 1); f0 >= 0.85 || f1 >= 0.85 {
 			if f1 > f0 {
 				first = 1
 			}
@@ -336,7 +353,7 @@ func backloggedRatio(base sample, samples []sample, final sample) (float64, [2]f
 	}
 	from, to := -1, -1
 	for i, s := range samples {
-		f := (s.bytes[first] - base.bytes[first]) / total[first]
+		f := frac(s, first)
 		if from < 0 && f >= 0.10 {
 			from = i
 		}
@@ -345,17 +362,18 @@ func backloggedRatio(base sample, samples []sample, final sample) (float64, [2]f
 		}
 	}
 	if from < 0 || to <= from {
-		return 0, [2]float64{}, 0, fmt.Errorf("too few samples in the backlogged window (%d samples over %v): queue more bytes (--iters, --tensor-bytes) or lower --rate",
+		return window{}, fmt.Errorf("too few samples in the backlogged window (%d samples over %v): queue more bytes (--iters, --tensor-bytes) or lower --rate",
 			len(samples), final.at.Sub(base.at).Round(time.Millisecond))
 	}
-	var d [2]float64
-	for i := range d {
-		d[i] = samples[to].bytes[i] - samples[from].bytes[i]
+	w := window{length: samples[to].at.Sub(samples[from].at)}
+	for i := range w.bytes {
+		w.bytes[i] = samples[to].bytes[i] - samples[from].bytes[i]
 	}
-	if d[1] <= 0 {
-		return 0, d, 0, errors.New("the second server received nothing in the window")
+	if w.bytes[1] <= 0 {
+		return w, errors.New("the second server received nothing in the window")
 	}
-	return d[0] / d[1], d, samples[to].at.Sub(samples[from].at), nil
+	w.ratio = w.bytes[0] / w.bytes[1]
+	return w, nil
 }
 
 // priorityWorker pushes a low- and a high-priority tensor of equal size at

@@ -21,17 +21,17 @@ func TestBackloggedRatio(t *testing.T) {
 			b1 = min(b1+4, 30)
 		}
 	}
-	base, final := samples[0], sample{at: at(100 * len(samples)), bytes: [2]float64{30, 30}}
-	ratio, bytes, window, err := backloggedRatio(base, samples, final)
+	samples = append(samples, sample{at: at(100 * len(samples)), bytes: [2]float64{30, 30}})
+	w, err := backloggedWindow(samples)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if math.Abs(ratio-3) > 1e-9 {
-		t.Errorf("ratio %v, want 3 (bytes %v)", ratio, bytes)
+	if math.Abs(w.ratio-3) > 1e-9 {
+		t.Errorf("ratio %v, want 3 (bytes %v)", w.ratio, w.bytes)
 	}
 	// From 10 % (3 units: tick 1) to 85 % (25.5: tick 8) of flow 0.
-	if window != 700*time.Millisecond {
-		t.Errorf("window %v, want 700ms", window)
+	if w.length != 700*time.Millisecond {
+		t.Errorf("window %v, want 700ms", w.length)
 	}
 
 	// The same with the roles swapped: flow 1 is the one that ends first.
@@ -39,12 +39,14 @@ func TestBackloggedRatio(t *testing.T) {
 	for i, s := range samples {
 		swapped[i] = sample{at: s.at, bytes: [2]float64{s.bytes[1], s.bytes[0]}}
 	}
-	if ratio, _, _, err := backloggedRatio(base, swapped, final); err != nil || math.Abs(ratio-1.0/3) > 1e-9 {
-		t.Errorf("swapped: ratio %v (%v), want 1/3", ratio, err)
+	if w, err := backloggedWindow(swapped); err != nil || math.Abs(w.ratio-1.0/3) > 1e-9 {
+		t.Errorf("swapped: ratio %v (%v), want 1/3", w.ratio, err)
 	}
 
 	// Too few samples: a clear error rather than a ratio from nothing.
-	if _, _, _, err := backloggedRatio(base, samples[:1], final); err == nil {
-		t.Error("one sample: no error")
+	for _, few := range [][]sample{samples[:1], {samples[0], samples[len(samples)-1]}} {
+		if _, err := backloggedWindow(few); err == nil {
+			t.Errorf("%d samples: no error", len(few))
+		}
 	}
 }
