@@ -44,6 +44,14 @@ type Config struct {
 	// (FPT_METRICS_ADDR, "host:port", ":port" for every interface, port 0
 	// for any free one); empty: no metrics served.
 	MetricsAddr string
+	// LB says whether the scheduler's load balancer runs (FPT_LB: on, the
+	// default, or off: every tensor stays split evenly over the servers,
+	// as in ps-lite).
+	LB bool
+	// LBProbeEvery makes the LB probe again after this many balanced
+	// iterations (FPT_LB_PROBE_EVERY; 0, the default: only when the
+	// measurements drift).
+	LBProbeEvery uint64
 }
 
 // Defaults for the optional settings.
@@ -121,6 +129,17 @@ func FromEnv(lookup func(string) (string, bool)) (Config, error) {
 		}
 		c.MetricsAddr = v
 	}
+	c.LB = true
+	if v, ok := p.optional("FPT_LB"); ok {
+		switch v {
+		case "on", "1", "true":
+		case "off", "0", "false":
+			c.LB = false
+		default:
+			p.fail("FPT_LB", v, "must be on or off")
+		}
+	}
+	c.LBProbeEvery = uint64(p.integer("FPT_LB_PROBE_EVERY", 0, 0, 1<<40))
 	return c, errors.Join(p.errs...)
 }
 

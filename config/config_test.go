@@ -32,7 +32,7 @@ func TestFromEnvDefaults(t *testing.T) {
 		Role: node.Worker, RootURI: "127.0.0.1", RootPort: 9000, NumServers: 2, NumWorkers: 3,
 		Van: "epoll", HeartbeatInterval: DefaultHeartbeatInterval, HeartbeatTimeout: DefaultHeartbeatTimeout,
 		StartTimeout: DefaultStartTimeout, PartitionBytes: DefaultPartitionBytes,
-		MaxFrameBytes: DefaultMaxFrameBytes, PoolBytes: DefaultPoolBytes,
+		MaxFrameBytes: DefaultMaxFrameBytes, PoolBytes: DefaultPoolBytes, LB: true,
 	}
 	if c != want {
 		t.Fatalf("got %+v\nwant %+v", c, want)
@@ -52,12 +52,14 @@ func TestFromEnvOptional(t *testing.T) {
 	e["FPT_NODE_PORT"] = "7000"
 	e["PS_VERBOSE"] = "2"
 	e["FPT_METRICS_ADDR"] = ":9100"
+	e["FPT_LB"] = "off"
+	e["FPT_LB_PROBE_EVERY"] = "7"
 	c, err := FromEnv(env(e))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Van != "netconn" || c.MetricsAddr != ":9100" || c.HeartbeatInterval != 500*time.Millisecond || c.HeartbeatTimeout != 3*time.Second ||
-		c.PartitionBytes != 65536 || c.NodeHost != "198.18.0.2" || c.NodePort != 7000 || c.Verbose != 2 {
+		c.PartitionBytes != 65536 || c.NodeHost != "198.18.0.2" || c.NodePort != 7000 || c.Verbose != 2 || c.LB || c.LBProbeEvery != 7 {
 		t.Fatalf("unexpected %+v", c)
 	}
 	if h, err := c.ResolveHost(); err != nil || h != "198.18.0.2" {
@@ -83,6 +85,8 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		{"verbose", func(e map[string]string) { e["PS_VERBOSE"] = "9" }, []string{"PS_VERBOSE"}},
 		{"metrics without port", func(e map[string]string) { e["FPT_METRICS_ADDR"] = "localhost" }, []string{"FPT_METRICS_ADDR"}},
 		{"metrics bad port", func(e map[string]string) { e["FPT_METRICS_ADDR"] = ":99999" }, []string{"FPT_METRICS_ADDR"}},
+		{"lb word", func(e map[string]string) { e["FPT_LB"] = "maybe" }, []string{"FPT_LB"}},
+		{"lb probe negative", func(e map[string]string) { e["FPT_LB_PROBE_EVERY"] = "-1" }, []string{"FPT_LB_PROBE_EVERY"}},
 		{"metrics word port", func(e map[string]string) { e["FPT_METRICS_ADDR"] = "0.0.0.0:http" }, []string{"FPT_METRICS_ADDR"}},
 	}
 	for _, tt := range tests {
