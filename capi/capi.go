@@ -96,6 +96,7 @@ type Lib struct {
 	startErr error
 	node     *cluster.Node  // servers and workers
 	w        *worker.Worker // workers
+	srv      *server.Server // servers
 	sched    chan error     // the scheduler's outcome
 
 	// submit is held for reading while a call hands a request to the
@@ -148,15 +149,16 @@ func (l *Lib) Start() error {
 	var (
 		n     *cluster.Node
 		w     *worker.Worker
+		srv   *server.Server
 		sched chan error
 	)
 	switch cfg.Role {
 	case node.Scheduler:
 		sched = make(chan error, 1)
-		go func() { sched <- scheduler.Run(ctx, cfg, log) }()
+		go func() { sched <- scheduler.Run(ctx, cfg, log, l.stderr) }()
 	case node.Server:
 		n = cluster.New(cfg, log)
-		err = n.Start(ctx, server.New(n))
+		srv, err = server.Start(ctx, n)
 	default:
 		n = cluster.New(cfg, log)
 		w, err = worker.Start(ctx, n)
@@ -170,7 +172,7 @@ func (l *Lib) Start() error {
 		l.state, l.startErr = broken, err
 		return &Error{Code: classify(err, CodeCluster), Err: fmt.Errorf("capi: %s: %w", op, err)}
 	}
-	l.state, l.node, l.w, l.sched = running, n, w, sched
+	l.state, l.node, l.w, l.srv, l.sched = running, n, w, srv, sched
 	return nil
 }
 
@@ -199,6 +201,8 @@ func (l *Lib) Finalize() error {
 	case prev == broken: // Start closed the node already
 	case l.w != nil:
 		err = l.w.Finalize(ctx)
+	case l.srv != nil:
+		err = l.srv.Finalize(ctx)
 	case l.node != nil:
 		err = l.node.Finalize(ctx)
 	default:

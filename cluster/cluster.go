@@ -278,6 +278,13 @@ func (n *Node) connectPeers(ctx context.Context) error {
 	return nil
 }
 
+// SendScheduler sends m to the scheduler over the control plane, as this
+// node (the LB's reports use it).
+func (n *Node) SendScheduler(m *control.Message) error {
+	m.Sender = n.Self().ID
+	return n.plane.Send(n.sched, m)
+}
+
 // Self describes this node (its ID is 0 until the node table arrived).
 func (n *Node) Self() node.Info {
 	if t := n.topo.Load(); t != nil {

@@ -90,7 +90,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, train Train) 
 	}
 	switch cfg.Role {
 	case node.Scheduler:
-		return scheduler.Run(ctx, cfg, log)
+		return scheduler.Run(ctx, cfg, log, os.Stdout)
 	case node.Server:
 		n := cluster.New(cfg, log)
 		n.SetMetrics(m)

@@ -9,18 +9,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"time"
 
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
+	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/node"
 )
 
 // Run runs the scheduler until the cluster terminates (nil) or a node fails
 // (an error naming it). It returns at once with a clear error when the
-// scheduler's port is taken.
-func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
+// scheduler's port is taken. With the LB on, every decision it makes is
+// written to decisions as one line, saying which aggregator holds what
+// share and why (nil: only logged).
+func Run(ctx context.Context, cfg config.Config, log *slog.Logger, decisions io.Writer) error {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -28,7 +32,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("scheduler: DMLC_PS_ROOT_PORT=%d: %w", cfg.RootPort, err)
 	}
-	s := &sched{cfg: cfg, log: log, plane: plane}
+	s := &sched{cfg: cfg, log: log, plane: plane, decisions: decisions}
 	defer plane.Close()
 	log.Info("scheduler listening", "port", plane.Port(), "servers", cfg.NumServers, "workers", cfg.NumWorkers)
 	reg := registry{servers: cfg.NumServers, workers: cfg.NumWorkers}
@@ -50,6 +54,8 @@ type sched struct {
 	table    []node.Info
 	byID     map[node.ID]node.Info
 	lastSeen map[node.ID]time.Time
+	lb        *lb.Balancer // nil when the LB is off
+	decisions io.Writer    // nil: decisions are only logged
 }
 
 func (s *sched) register(ctx context.Context, reg *registry) error {
@@ -93,6 +99,11 @@ func (s *sched) register(ctx context.Context, reg *registry) error {
 		s.send(info.ID, &control.Message{Command: control.NodeTable, Recipient: info.ID, Nodes: s.table})
 	}
 	s.log.Info("node table sent", "nodes", len(s.table))
+	if s.cfg.LB {
+		if err := s.startLB(); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -143,6 +154,8 @@ func (s *sched) serve(ctx context.Context) error {
 				}
 			case control.NodeFailed:
 				return s.failed(m.Target, m.Text)
+			case control.Report:
+				s.report(m)
 			case control.AddNode:
 				if len(m.Nodes) == 1 {
 					_ = s.plane.Send(m.Nodes[0].ControlEndpoint(), &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Text: "registration refused: the cluster has already started"})

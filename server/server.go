@@ -11,11 +11,12 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 
+	"github.com/fptps/fpt/aggregation"
 	"github.com/fptps/fpt/aggregator"
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/lbagent"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
 )
@@ -24,17 +25,12 @@ import (
 type Server struct {
 	node    *cluster.Node
 	workers int
+	agg     *aggregation.Aggregator
+	agent   *lbagent.Agent         // nil when the LB is off
+	onPush  func(iteration uint64) // the agent's; nil without one
 
-	mu      sync.Mutex // guards the fields below (the netconn van calls in parallel)
-	table   *aggregator.Table
-	store   map[uint64]*stored
-	adopted map[adoptKey]bool // pushes being read straight into a table buffer
-}
-
-// adoptKey names one worker's contribution to one partition.
-type adoptKey struct {
-	part   aggregator.PartID
-	worker uint32
+	mu    sync.Mutex // guards store (the netconn van calls in parallel)
+	store map[uint64]*stored
 }
 
 type stored struct {
@@ -45,36 +41,51 @@ type stored struct {
 // Run starts a server on n, serves until the cluster terminates, and
 // returns the node's failure, if any.
 func Run(ctx context.Context, n *cluster.Node) error {
-	s := New(n)
-	if err := n.Start(ctx, s); err != nil {
+	s, err := Start(ctx, n)
+	if err != nil {
 		return err
 	}
-	return n.Finalize(ctx)
+	return s.Finalize(ctx)
+}
+
+// Start joins the cluster as a server. With the LB on (config.LB), the
+// server reports its measured rates to the scheduler and follows its
+// directives.
+func Start(ctx context.Context, n *cluster.Node) (*Server, error) {
+	s := New(n)
+	if n.Config().LB {
+		s.agent = lbagent.New(n, nil)
+		s.onPush = s.agent.ServerIterationBegan
+	}
+	if err := n.Start(ctx, s); err != nil {
+		return nil, err
+	}
+	if s.agent != nil {
+		s.agent.Start()
+	}
+	return s, nil
+}
+
+// Finalize serves until the cluster terminates, then leaves it.
+func (s *Server) Finalize(ctx context.Context) error {
+	if s.agent != nil {
+		defer s.agent.Close()
+	}
+	return s.node.Finalize(ctx)
 }
 
 // New makes the server's frame handler for n; pass it to n.Start.
 func New(n *cluster.Node) *Server {
-	w := n.Config().NumWorkers
-	return &Server{node: n, workers: w, table: aggregator.NewTable(w), store: make(map[uint64]*stored),
-		adopted: make(map[adoptKey]bool)}
+	return &Server{node: n, workers: n.Config().NumWorkers, agg: aggregation.New(n, nil), store: make(map[uint64]*stored)}
 }
 
-// PayloadBuffer implements van.Sink: a pushed partition is read straight
-// into a buffer of the aggregation table, which becomes the partition's sum
-// when it is the first contribution (no copy) and is summed and recycled
-// otherwise.
+// PayloadBuffer implements van.Sink: pushed partitions are read straight
+// into the aggregator's buffers.
 func (s *Server) PayloadBuffer(h *frame.Header) []byte {
 	if h.Type != frame.Push {
 		return nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.adopted[adoptKey{partID(h), h.Sender}] = true
-	return s.table.Buffer(int(h.Length))
-}
-
-func partID(h *frame.Header) aggregator.PartID {
-	return aggregator.PartID{Key: h.Key, Partition: h.Partition, Iteration: h.Iteration}
+	return s.agg.PayloadBuffer(h)
 }
 
 // HandleFrame implements van.Handler.
@@ -87,7 +98,10 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 	var err error
 	switch h.Type {
 	case frame.Push:
-		err = s.aggregate(h, payload)
+		if s.onPush != nil {
+			s.onPush(h.Iteration)
+		}
+		err = s.agg.HandlePush(h, payload)
 	case frame.KVPush, frame.KVPushPull:
 		err = s.kvPush(h, payload)
 	case frame.KVPull:
@@ -102,59 +116,6 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 
 // PeerLost implements van.Handler; the cluster node handles it.
 func (s *Server) PeerLost(uint32, error) {}
-
-func (s *Server) aggregate(h *frame.Header, payload []byte) error {
-	s.mu.Lock()
-	k := adoptKey{partID(h), h.Sender}
-	adopt := s.adopted[k]
-	delete(s.adopted, k)
-	sum, err := s.table.Add(aggregator.Contribution{
-		PartID: k.part,
-		Adopt:  adopt,
-		Worker: node.ID(h.Sender).Rank(),
-		DType:  h.DType,
-		Offset: h.Offset,
-		Total:  h.Total,
-		Init:   h.Flags&frame.FlagInit != 0,
-		Data:   payload,
-	})
-	s.mu.Unlock()
-	if err != nil || sum == nil {
-		return err
-	}
-	// Every worker gets the same buffer; it returns to the table when the
-	// last copy has left.
-	remaining := int32(s.workers)
-	release := func(error) {
-		if atomic.AddInt32(&remaining, -1) == 0 {
-			s.mu.Lock()
-			s.table.Release(sum)
-			s.mu.Unlock()
-		}
-	}
-	self := uint32(s.node.Self().ID)
-	msgs := make([]van.Message, s.workers) // live until their Done
-	for rank := range msgs {
-		msgs[rank] = van.Message{
-			Header: frame.Header{
-				Type: frame.Result, DType: sum.DType, Flags: h.Flags,
-				Sender: self, Recipient: uint32(node.WorkerID(rank)),
-				Key: sum.Key, Partition: sum.Partition, Iteration: sum.Iteration,
-				Offset: sum.Offset, Total: sum.Total, Priority: h.Priority, Aux: h.Aux,
-			},
-			Payload: sum.Data,
-			Done:    release,
-		}
-		if err := s.node.Van().Forward(&msgs[rank]); err != nil {
-			// Neither this frame nor the ones after it will call Done.
-			for range s.workers - rank {
-				release(err)
-			}
-			return fmt.Errorf("broadcast to worker %d: %w", rank, err)
-		}
-	}
-	return nil
-}
 
 func (s *Server) kvPush(h *frame.Header, payload []byte) error {
 	s.mu.Lock()

@@ -60,7 +60,7 @@ func startInProcess(servers, workers int, extra map[string]string) (*inProcess, 
 	ctx := context.Background()
 	c := &inProcess{errs: make(chan error, servers+1), nodes: servers + 1}
 	sched := cfgFor("scheduler")
-	go func() { c.errs <- scheduler.Run(ctx, sched, log) }()
+	go func() { c.errs <- scheduler.Run(ctx, sched, log, nil) }()
 	for range servers {
 		cfg := cfgFor("server")
 		go func() { c.errs <- server.Run(ctx, cluster.New(cfg, log)) }()

@@ -26,9 +26,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fptps/fpt/aggregation"
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/lbagent"
 	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
@@ -39,13 +41,21 @@ type Worker struct {
 	node      *cluster.Node
 	partBytes uint64
 	metrics   *metrics.Node // nil: none
+	agg       *aggregation.Aggregator
+	agent     *lbagent.Agent // nil when the LB is off
 
-	mu         sync.Mutex
-	ready      bool // Start finished: the fields below it are set
-	rank       int
-	servers    []node.ID
-	schedule   *lb.Schedule
-	perIter    int // SetTensorsPerIteration; 0 = not announced
+	mu       sync.Mutex
+	ready    bool // Start finished: the fields below it are set
+	rank     int
+	servers  []node.ID
+	schedule *lb.Schedule
+	// horizon is the last iteration the LB allows pushing: every decision
+	// taking effect up to it is in the schedule. moved is closed (and
+	// replaced) when it rises.
+	horizon    uint64
+	moved      chan struct{}
+	modelBytes uint64 // declared bytes: what one iteration pushes
+	perIter    int    // SetTensorsPerIteration; 0 = not announced
 	tensors    map[uint64]*tensor
 	results    map[resultKey]*result
 	requests   map[int]*request
@@ -112,6 +122,8 @@ type kvDst struct {
 }
 
 // Start joins the cluster as a worker and returns once every node has.
+// With the LB on (config.LB), the worker reports its measured rates to
+// the scheduler each iteration and follows its decisions.
 func Start(ctx context.Context, n *cluster.Node) (*Worker, error) {
 	w := &Worker{
 		node:       n,
@@ -122,6 +134,14 @@ func Start(ctx context.Context, n *cluster.Node) (*Worker, error) {
 		requests:   make(map[int]*request),
 		failedReqs: make(map[int]error),
 		sunk:       make(map[partKey]landing),
+		horizon:    math.MaxUint64,
+		moved:      make(chan struct{}),
+	}
+	w.agg = aggregation.New(n, w.deliverLocal)
+	if n.Config().LB {
+		// Until the scheduler's first directive, nothing may be pushed.
+		w.horizon = 0
+		w.agent = lbagent.New(n, w.follow)
 	}
 	if err := n.Start(ctx, w); err != nil {
 		return nil, err
@@ -139,7 +159,38 @@ func Start(ctx context.Context, n *cluster.Node) (*Worker, error) {
 	w.mu.Lock()
 	w.rank, w.servers, w.schedule, w.ready = n.Self().ID.Rank(), servers, sched, true
 	w.mu.Unlock()
+	if w.agent != nil {
+		w.agent.Start()
+	}
 	return w, nil
+}
+
+// follow applies the LB's directive: its decision joins the schedule and
+// the horizon rises. Decisions must come in version order, none missing:
+// a worker that lacked one would cut tensors differently from the others.
+func (w *Worker) follow(d lb.Directive) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if d.Decision != nil {
+		if w.schedule == nil {
+			return fmt.Errorf("worker: decision v%d before the worker started", d.Decision.Version)
+		}
+		if latest := w.schedule.Latest(); d.Decision.Version != latest.Version+1 {
+			return fmt.Errorf("worker: decision v%d follows v%d: one is missing", d.Decision.Version, latest.Version)
+		}
+		if d.Decision.Iteration <= w.horizon && w.horizon != math.MaxUint64 {
+			return fmt.Errorf("worker: decision v%d takes effect at iteration %d, within the horizon already granted (%d)", d.Decision.Version, d.Decision.Iteration, w.horizon)
+		}
+		if err := w.schedule.Add(*d.Decision); err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+	}
+	if d.Horizon > w.horizon {
+		w.horizon = d.Horizon
+		close(w.moved)
+		w.moved = make(chan struct{})
+	}
+	return nil
 }
 
 // Rank is this worker's rank, 0..NumWorkers-1.
@@ -165,6 +216,9 @@ const finalizeWait = 30 * time.Second
 // Finalize waits for the worker's outstanding requests, passes the final
 // barrier and leaves the cluster.
 func (w *Worker) Finalize(ctx context.Context) error {
+	if w.agent != nil {
+		defer w.agent.Close()
+	}
 	w.mu.Lock()
 	pending := make([]*request, 0, len(w.requests))
 	for _, r := range w.requests {
@@ -222,6 +276,7 @@ func (w *Worker) declare(key uint64, dtype frame.DType, bytes uint64, priority i
 		return fmt.Errorf("worker: declaring key %d would exceed the %d tensors per iteration announced", key, w.perIter)
 	}
 	w.tensors[key] = &tensor{key: key, dtype: dtype, bytes: bytes, priority: priority}
+	w.modelBytes += bytes
 	return nil
 }
 
@@ -347,19 +402,22 @@ func (w *Worker) settleUnlocked(r *request, n int, err error) {
 }
 
 // start sets how many items r waits for, releases w.mu (which the caller
-// holds), and queues msgs. A request waiting for nothing completes at once.
-func (w *Worker) start(r *request, left int, msgs []van.Message) int {
-	r.left = left
-	var after func()
-	if left == 0 {
-		r.left = 1
-		after = w.settle(r, 1, nil)
-	}
+// holds), adds this worker's own contributions to the partitions it
+// aggregates, and queues msgs. A request waiting for nothing completes at
+// once; none completes before its local contributions have been copied,
+// since the caller may reuse its buffer then.
+func (w *Worker) start(r *request, left int, msgs []van.Message, locals []van.Message) int {
+	r.left = left + 1 // and one for this call, settled once all is handed over
 	w.mu.Unlock()
-	if after != nil {
-		after()
+	var err error
+	for i := range locals {
+		if err = w.agg.AddLocal(&locals[i].Header, locals[i].Payload); err != nil {
+			err = fmt.Errorf("worker: own contribution to %s: %w", &locals[i].Header, err)
+			break
+		}
 	}
 	w.send(r, msgs)
+	w.settleUnlocked(r, 1, err)
 	return r.ts
 }
 
@@ -407,9 +465,26 @@ func (w *Worker) send(r *request, msgs []van.Message) {
 }
 
 // fptPush is FPTPush on bytes: byteLens[i] bytes of data belong to keys[i].
+// It waits while an iteration it pushes lies beyond the LB's horizon: the
+// decision for it may still be on its way.
 func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame.DType, priority int32, cb func()) (int, error) {
 	w.mu.Lock()
 	ts, parts, err := w.split(keys, data, byteLens, dtype)
+	for err == nil {
+		beyond := slices.ContainsFunc(ts, func(t *tensor) bool { return t.pushed > w.horizon })
+		if !beyond {
+			break
+		}
+		moved := w.moved
+		w.mu.Unlock()
+		select {
+		case <-moved:
+		case <-w.node.Done():
+			return 0, fmt.Errorf("worker: push waiting for the LB's decision: %w", w.node.Err())
+		}
+		w.mu.Lock()
+		ts, parts, err = w.split(keys, data, byteLens, dtype)
+	}
 	if err != nil {
 		w.mu.Unlock()
 		return 0, err
@@ -423,10 +498,13 @@ func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame
 		w.settleUnlocked(req, 1, err)
 	}
 	// One slice holds the request's frames: they live until their Done.
-	var msgs []van.Message
+	// locals are the partitions this worker aggregates itself.
+	var msgs, locals []van.Message
+	began := uint64(0)
 	for i, t := range ts {
 		iter := t.pushed
 		t.pushed++
+		began = max(began, iter)
 		var flags uint8
 		if iter == 0 {
 			// The init round: only worker 0's value is sent and kept.
@@ -437,19 +515,29 @@ func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame
 		}
 		d, layout := w.layoutFor(t, iter)
 		for _, p := range layout {
-			msgs = append(msgs, van.Message{
+			m := van.Message{
 				Header: frame.Header{
 					Type: frame.Push, DType: t.dtype, Flags: flags,
 					Sender: self, Recipient: p.Aggregator,
 					Key: t.key, Partition: p.Index, Iteration: iter,
-					Offset: p.Offset, Total: t.bytes, Priority: priority, Aux: d.Version,
+					Offset: p.Offset, Total: t.bytes, Length: p.Length, Priority: priority, Aux: d.Version,
 				},
 				Payload: parts[i][p.Offset : p.Offset+p.Length],
 				Done:    done,
-			})
+			}
+			if p.Aggregator == self {
+				locals = append(locals, m)
+			} else {
+				msgs = append(msgs, m)
+			}
 		}
 	}
-	return w.start(req, len(msgs), msgs), nil
+	model := w.modelBytes
+	id := w.start(req, len(msgs), msgs, locals)
+	if w.agent != nil {
+		w.agent.IterationBegan(began, model)
+	}
+	return id, nil
 }
 
 // fptPull is FPTPull on bytes.
@@ -484,7 +572,7 @@ func (w *Worker) fptPull(keys []uint64, data []byte, byteLens []int, dtype frame
 			r.wait(&pullWait{req: req, dst: parts[i]})
 		}
 	}
-	w.start(req, len(ts), nil)
+	w.start(req, len(ts), nil, nil)
 	for _, c := range now {
 		w.deliver(c.r, req, c.dst, true)
 	}
@@ -553,6 +641,8 @@ func (w *Worker) deliver(r *result, req *request, dst []byte, fromStaging bool) 
 func (w *Worker) HandleFrame(h *frame.Header, payload []byte) {
 	var err error
 	switch h.Type {
+	case frame.Push:
+		err = w.agg.HandlePush(h, payload)
 	case frame.Result:
 		err = w.handleResult(h, payload)
 	case frame.KVAck, frame.KVData, frame.KVError:
@@ -592,6 +682,9 @@ func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
 // PayloadBuffer implements van.Sink: a result partition is read straight
 // into the FPTPull's buffer (or the staging buffer), not copied there.
 func (w *Worker) PayloadBuffer(h *frame.Header) []byte {
+	if h.Type == frame.Push {
+		return w.agg.PayloadBuffer(h)
+	}
 	if h.Type != frame.Result {
 		return nil
 	}
@@ -603,6 +696,20 @@ func (w *Worker) PayloadBuffer(h *frame.Header) []byte {
 	}
 	w.sunk[partKey{h.Key, h.Iteration, h.Partition}] = l
 	return l.span
+}
+
+// deliverLocal takes this worker's own copy of a sum it aggregated: the
+// same checks and landing as a Result frame, without the network.
+func (w *Worker) deliverLocal(h *frame.Header, data []byte) {
+	w.mu.Lock()
+	l, err := w.claim(h)
+	w.mu.Unlock()
+	if err != nil {
+		w.node.Fail(fmt.Errorf("worker: own sum %s: %w", h, err))
+		return
+	}
+	copy(l.span, data)
+	w.land(l, h.Partition)
 }
 
 // partKey names one partition of one key's iteration.
@@ -766,7 +873,7 @@ func (w *Worker) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byte
 	if out != nil {
 		left = len(keys) // one per key's complete reply
 	}
-	return w.start(req, left, msgs), nil
+	return w.start(req, left, msgs, nil), nil
 }
 
 func (w *Worker) handleKV(h *frame.Header, payload []byte) error {

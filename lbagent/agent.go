@@ -1,0 +1,168 @@
+// Package lbagent is the load balancer's hand on every server and worker
+// (DESIGN §7). It measures the node's send and receive rates from the
+// van's counters, reports them to the LB scheduler once per iteration, and
+// applies the directives that come back: shaping off while probing, pool
+// weights that follow the decision, and (through the worker) new decisions
+// and the horizon of iterations the workers may push.
+//
+// The rate arithmetic is Meter's, which is pure; the decisions are
+// package lb's. This package only moves numbers between the van, the
+// control plane and the node.
+package lbagent
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/control"
+	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/node"
+)
+
+// Timing of the measurements.
+const (
+	// Tick is how often the agent reads the van's counters.
+	Tick = 25 * time.Millisecond
+	// Window is the span over which a rate is taken (see Meter).
+	Window = 250 * time.Millisecond
+)
+
+// Apply is the worker's part of a directive: add its decision to the
+// schedule and raise the horizon. An error (a decision out of sequence)
+// fails the node: pushing on without the decision would misroute.
+type Apply func(lb.Directive) error
+
+// Agent is one node's LB agent.
+type Agent struct {
+	node  *cluster.Node
+	apply Apply // nil on servers
+
+	mu       sync.Mutex
+	meter    *Meter
+	next     uint64 // the next iteration to report
+	shaping  bool
+	quit     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// New makes n's agent and installs its control handler; call it before
+// n.Start. apply is the worker's (nil on a server).
+func New(n *cluster.Node, apply Apply) *Agent {
+	a := &Agent{node: n, apply: apply, meter: NewMeter(Window), shaping: true, quit: make(chan struct{})}
+	n.OnControl(a.handleControl)
+	return a
+}
+
+// Start begins measuring; call it once the node has started.
+func (a *Agent) Start() {
+	a.wg.Add(1)
+	go a.sample()
+}
+
+// Close stops measuring. It is idempotent.
+func (a *Agent) Close() {
+	a.stopOnce.Do(func() { close(a.quit) })
+	a.wg.Wait()
+}
+
+func (a *Agent) sample() {
+	defer a.wg.Done()
+	t := time.NewTicker(Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.quit:
+			return
+		case <-a.node.Done():
+			return
+		case now := <-t.C:
+			var sent, recv uint64
+			for _, p := range a.node.Van().Stats() {
+				sent += p.SentBytes
+				recv += p.ReceivedBytes
+			}
+			a.mu.Lock()
+			a.meter.Add(now, sent, recv)
+			a.mu.Unlock()
+		}
+	}
+}
+
+// IterationBegan tells the agent that the node saw iteration iter begin (a
+// worker pushed it, an aggregator received a push of it); the first time,
+// it reports what the node measured during iteration iter−1. modelBytes is
+// the bytes one iteration pushes (0 on servers). Safe from any goroutine.
+func (a *Agent) IterationBegan(iter, modelBytes uint64) {
+	a.mu.Lock()
+	if iter == 0 || iter < a.next+1 {
+		a.mu.Unlock()
+		return
+	}
+	s := lb.Sample{Node: uint32(a.node.Self().ID), Iteration: iter - 1, ModelBytes: modelBytes}
+	s.UpRate, s.DownRate, s.SentBytes, s.ReceivedBytes = a.meter.Take()
+	a.next = iter
+	a.mu.Unlock()
+	body, err := s.MarshalBinary()
+	if err == nil {
+		err = a.node.SendScheduler(&control.Message{Command: control.Report, Body: body})
+	}
+	if err != nil {
+		a.node.Logger().Warn("lb: report not sent", "iteration", s.Iteration, "err", err)
+	}
+}
+
+// ServerIterationBegan is IterationBegan for a server, which pushes no
+// model of its own.
+func (a *Agent) ServerIterationBegan(iter uint64) { a.IterationBegan(iter, 0) }
+
+func (a *Agent) handleControl(m *control.Message) {
+	if m.Command != control.Decision {
+		a.node.Logger().Warn("unexpected control message", "command", m.Command, "from", m.Sender)
+		return
+	}
+	d, err := lb.UnmarshalDirective(m.Body)
+	if err != nil {
+		a.node.Fail(fmt.Errorf("lbagent: directive from %s: %w", m.Sender, err))
+		return
+	}
+	if a.apply != nil {
+		if err := a.apply(d); err != nil {
+			a.node.Fail(fmt.Errorf("lbagent: %w", err))
+			return
+		}
+	}
+	a.follow(d)
+}
+
+// follow sets the van's shaping and weights for a directive. Weights change
+// as soon as the decision is known, not at its iteration: they only shape
+// how the node's link is shared, never where a byte goes.
+func (a *Agent) follow(d lb.Directive) {
+	v := a.node.Van()
+	a.mu.Lock()
+	changed := a.shaping != d.Shaping
+	a.shaping = d.Shaping
+	a.mu.Unlock()
+	if changed {
+		v.SetShaping(d.Shaping)
+	}
+	if d.Decision == nil {
+		return
+	}
+	self := uint32(a.node.Self().ID)
+	for peer, w := range lb.Weights(*d.Decision, self, ids(a.node.Servers()), ids(a.node.Workers())) {
+		v.SetWeight(peer, w)
+		v.SetReceiveWeight(peer, w)
+	}
+}
+
+func ids(xs []node.ID) []uint32 {
+	out := make([]uint32, len(xs))
+	for i, x := range xs {
+		out[i] = uint32(x)
+	}
+	return out
+}

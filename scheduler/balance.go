@@ -1,0 +1,67 @@
+package scheduler
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/fptps/fpt/control"
+	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/node"
+)
+
+// startLB makes the load balancer and grants the first horizon. The LB's
+// decisions are lb.Balancer's; the scheduler only carries its samples in
+// and its directives out, and logs every decision with its reason.
+func (s *sched) startLB() error {
+	cfg := lb.Config{ProbeEvery: s.cfg.LBProbeEvery}
+	for _, info := range s.table {
+		switch info.Role {
+		case node.Server:
+			cfg.Servers = append(cfg.Servers, uint32(info.ID))
+		case node.Worker:
+			cfg.Workers = append(cfg.Workers, uint32(info.ID))
+		}
+	}
+	b, err := lb.NewBalancer(cfg)
+	if err != nil {
+		return fmt.Errorf("scheduler: %w", err)
+	}
+	s.lb = b
+	s.direct(b.Start())
+	return nil
+}
+
+// report feeds a node's sample to the LB and sends what it directs.
+func (s *sched) report(m *control.Message) {
+	if s.lb == nil {
+		s.log.Warn("lb: report while the LB is off", "from", m.Sender)
+		return
+	}
+	sample, err := lb.UnmarshalSample(m.Body)
+	if err != nil || sample.Node != uint32(m.Sender) {
+		s.log.Warn("lb: bad report ignored", "from", m.Sender, "err", err)
+		return
+	}
+	for _, d := range s.lb.Observe(sample, time.Now()) {
+		s.direct(d)
+	}
+}
+
+// direct sends a directive to every server and worker.
+func (s *sched) direct(d lb.Directive) {
+	if d.Decision != nil {
+		s.log.Info("lb decision", "version", d.Decision.Version, "from_iteration", d.Decision.Iteration,
+			"state", s.lb.State(), "split", d.String(), "reason", d.Reason)
+		if s.decisions != nil {
+			fmt.Fprintf(s.decisions, "lb decision %s\n", d)
+		}
+	}
+	body, err := d.MarshalBinary()
+	if err != nil {
+		s.log.Error("lb: directive not encodable", "err", err)
+		return
+	}
+	for _, info := range s.table[1:] {
+		s.send(info.ID, &control.Message{Command: control.Decision, Sender: node.SchedulerID, Body: body})
+	}
+}

@@ -1,0 +1,7 @@
+package worker
+
+import "github.com/fptps/fpt/lb"
+
+// Follow applies an LB directive as the scheduler's would be: tests use it
+// to force decisions at chosen iterations.
+func (w *Worker) Follow(d lb.Directive) error { return w.follow(d) }
