@@ -94,22 +94,29 @@ func Balance(in Input) (Plan, error) {
 		tol = DefaultTolerance
 	}
 	even := Even(0, 0, in.Servers)
-	evenT := in.predict(even.Aggregators, even.Shares)
 	aggs, shares := in.waterFill()
-	bestT := in.predict(aggs, shares)
-	if float64(evenT) <= float64(bestT)*(1+tol) {
-		return Plan{Aggregators: even.Aggregators, Shares: even.Shares, Predicted: evenT, Even: evenT}, nil
+	// Compare per byte of model, not in Durations: the choice must not
+	// depend on M (0 when unknown would make every split "0 s") nor on
+	// rounding to the nanosecond.
+	evenT := in.perByte(even.Aggregators, even.Shares)
+	bestT := in.perByte(aggs, shares)
+	if evenT <= bestT*(1+tol) {
+		d := in.duration(evenT)
+		return Plan{Aggregators: even.Aggregators, Shares: even.Shares, Predicted: d, Even: d}, nil
 	}
-	return Plan{Aggregators: aggs, Shares: shares, Predicted: bestT, Even: evenT, Balanced: true}, nil
+	return Plan{Aggregators: aggs, Shares: shares, Predicted: in.duration(bestT), Even: in.duration(evenT), Balanced: true}, nil
 }
 
 // Predict returns the iteration time the model predicts for decision d
-// under the capacities of in.
+// under the capacities of in. d must be valid (see Decision.Validate).
 func Predict(in Input, d Decision) (time.Duration, error) {
 	if err := in.check(); err != nil {
 		return 0, err
 	}
-	return in.predict(d.Aggregators, d.Shares), nil
+	if err := d.Validate(); err != nil {
+		return 0, fmt.Errorf("lb: predict: %w", err)
+	}
+	return in.duration(in.perByte(d.Aggregators, d.Shares)), nil
 }
 
 // Bound is the lower bound on the iteration time implied by the nodes'
@@ -121,7 +128,7 @@ func Bound(in Input) (time.Duration, error) {
 		return 0, err
 	}
 	aggs, shares := in.waterFill()
-	return in.predict(aggs, shares), nil
+	return in.duration(in.perByte(aggs, shares)), nil
 }
 
 func (in Input) check() error {
@@ -130,6 +137,9 @@ func (in Input) check() error {
 	}
 	if !(in.ModelBytes >= 0) || math.IsInf(in.ModelBytes, 0) {
 		return fmt.Errorf("%w: model of %g bytes", ErrCapacity, in.ModelBytes)
+	}
+	if !(in.Tolerance >= 0) || math.IsInf(in.Tolerance, 0) { // NaN would mean "always balance"
+		return fmt.Errorf("lb: tolerance %g is not a non-negative fraction", in.Tolerance)
 	}
 	for _, ids := range [][]uint32{in.Servers, in.Workers} {
 		for _, id := range ids {
@@ -145,21 +155,22 @@ func (in Input) check() error {
 	return nil
 }
 
-// cost returns node id's time as an affine function of its share, in
-// seconds: b + g·share.
+// cost returns node id's time per byte of model (seconds per byte of M)
+// as an affine function of its share: b + g·share. Working per byte keeps
+// the shares independent of M, even when M is 0 (unknown).
 func (in Input) cost(id uint32, server bool) (b, g float64) {
-	c, m, w := in.Capacity[id], in.ModelBytes, float64(len(in.Workers))
+	c, w := in.Capacity[id], float64(len(in.Workers))
 	if server {
-		return 0, w * m / c
+		return 0, w / c
 	}
-	return m / c, (w - 2) * m / c
+	return 1 / c, (w - 2) / c
 }
 
-// predict is T(s): the busiest node's time. Nodes absent from aggs have
-// share 0.
-func (in Input) predict(aggs []uint32, shares []float64) time.Duration {
+// perByte is T(s)/M: the busiest node's time per byte of model. Nodes
+// absent from aggs have share 0.
+func (in Input) perByte(aggs []uint32, shares []float64) float64 {
 	share := func(id uint32) float64 {
-		if i := slices.Index(aggs, id); i >= 0 {
+		if i := slices.Index(aggs, id); i >= 0 && i < len(shares) {
 			return shares[i]
 		}
 		return 0
@@ -173,7 +184,18 @@ func (in Input) predict(aggs []uint32, shares []float64) time.Duration {
 		b, g := in.cost(id, false)
 		worst = max(worst, b+g*share(id))
 	}
-	return time.Duration(worst * float64(time.Second))
+	return worst
+}
+
+// duration converts a time per byte of model to the iteration time,
+// saturating: a dead-slow node can predict more than a Duration holds, and
+// a wrapped (negative) prediction would look best.
+func (in Input) duration(perByte float64) time.Duration {
+	ns := perByte * in.ModelBytes * float64(time.Second)
+	if !(ns < math.MaxInt64) { // also NaN, which check rules out
+		return math.MaxInt64
+	}
+	return time.Duration(ns)
 }
 
 // waterFill returns the split minimising T(s), lexicographically: among

@@ -12,9 +12,14 @@
 // independently on every node with integer arithmetic only, so that no two
 // machines can disagree by a rounding step.
 //
-// The scheduler's state machine (default even split, probing, balanced
-// shares from measured capacity) builds on these types; for now Even
-// provides the default decision.
+// The LB scheduler's state machine, Balancer, builds on these types: it
+// starts every node on Even over the servers, probes (every node
+// aggregates, shaping off, capacities measured), then issues the shares
+// Balance works out from the capacities, re-probing on drift. Nodes send
+// it a Sample per iteration and get a Directive back (wire.go has their
+// encoding): the horizon up to which workers may push, and now and then a
+// new decision, which always takes effect after every iteration already
+// granted, so that no node can be past the boundary when it learns of it.
 package lb
 
 import (

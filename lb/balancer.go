@@ -1,0 +1,530 @@
+package lb
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/fptps/fpt/node"
+)
+
+// State is the Balancer's state.
+type State int
+
+// The Balancer's states: the even split over the servers (at the start,
+// and after a failed probe), probing (every server and worker aggregates
+// an equal share, shaping off, capacities measured), and balanced (shares
+// from the measured capacities).
+const (
+	Default State = iota
+	Probe
+	Balanced
+)
+
+func (s State) String() string {
+	switch s {
+	case Default:
+		return "default"
+	case Probe:
+		return "probe"
+	case Balanced:
+		return "balanced"
+	}
+	return fmt.Sprintf("state(%d)", int(s))
+}
+
+// Config configures a Balancer. Zero fields take their defaults.
+type Config struct {
+	// Servers and Workers are the node ids; the initial decision, which
+	// every node starts with on its own, is Even(0, 0, Servers).
+	Servers, Workers []uint32
+	// Lookahead is how many iterations past the last one done workers may
+	// push (default 2). A decision takes effect after every iteration
+	// already granted, so it also sets how late decisions land.
+	Lookahead uint64
+	// Warmup is how many iterations finish on the initial decision before
+	// the first probe (default 2).
+	Warmup uint64
+	// ProbeIterations is the length of a probe's measurement window
+	// (default 2).
+	ProbeIterations uint64
+	// ProbeEvery, if positive, probes again after this many iterations
+	// in Balanced; 0 probes again only on drift.
+	ProbeEvery uint64
+	// Tolerance is passed to Balance, and is the predicted gain a
+	// refinement must show (default DefaultTolerance).
+	Tolerance float64
+	// DriftFactor and DriftIterations: probe again when DriftIterations
+	// iterations in a row take DriftFactor times the baseline (defaults
+	// 1.5 and 3).
+	DriftFactor     float64
+	DriftIterations int
+	// RetryAfter is how many iterations after a failed probe the next one
+	// starts (default 10).
+	RetryAfter uint64
+}
+
+const (
+	defaultLookahead       = 2
+	defaultWarmup          = 2
+	defaultProbeIterations = 2
+	defaultDriftFactor     = 1.5
+	defaultDriftIterations = 3
+	defaultRetryAfter      = 10
+	// Sanity bounds: beyond these a setting is a mistake, not a choice.
+	maxLookahead       = 1 << 16
+	maxProbeIterations = 1 << 16
+	maxDriftIterations = 1 << 16
+	// baselineIterations is how many iteration times the drift baseline
+	// is the median of.
+	baselineIterations = 3
+)
+
+// Balancer is the LB scheduler's state machine. It is fed every node's
+// Sample and answers with the Directives to send every node. It is pure:
+// time comes only from Observe's argument. It is not safe for concurrent
+// use.
+type Balancer struct {
+	cfg      Config
+	isWorker map[uint32]bool // every known node
+	all      []uint32        // servers then workers: the probe's aggregators
+
+	state   State
+	horizon uint64            // the last iteration granted
+	next    uint64            // the next iteration to become done
+	seen    map[uint32]uint64 // per node: 1 + the highest iteration reported (0: none)
+	model   uint64            // M: the largest ModelBytes a worker reported
+
+	current Decision // the latest decision issued
+	good    Decision // the latest non-probe decision: what a failed probe falls back to
+
+	lastStep time.Time // now at the latest step
+	stepped  bool
+
+	probeAt  uint64 // Default: the step that starts the next probe
+	probeWhy string
+
+	// Per-node highest rates, from samples of iterations in [from, to].
+	up, down map[uint32]float64
+	from, to uint64
+
+	enteredAt      uint64 // the step that entered Balanced
+	lastDecisionAt uint64 // the step that issued the latest decision
+
+	// Drift: iteration times from driftFrom on.
+	driftFrom uint64
+	baseline  []time.Duration
+	run       int // iterations in a row above the baseline times DriftFactor
+	runSum    time.Duration
+}
+
+// NewBalancer checks cfg, fills in its defaults and returns a Balancer in
+// Default, before its first grant (see Start).
+func NewBalancer(cfg Config) (*Balancer, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, fmt.Errorf("lb: new balancer: %w", err)
+	}
+	b := &Balancer{
+		cfg:      cfg,
+		isWorker: make(map[uint32]bool, len(cfg.Servers)+len(cfg.Workers)),
+		all:      slices.Concat(cfg.Servers, cfg.Workers),
+		seen:     make(map[uint32]uint64, len(cfg.Servers)+len(cfg.Workers)),
+		horizon:  cfg.Lookahead,
+		current:  Even(0, 0, cfg.Servers),
+		probeAt:  cfg.Warmup,
+		probeWhy: fmt.Sprintf("warm-up done (%d iterations on the even split)", cfg.Warmup),
+		from:     1, // no window yet
+	}
+	b.good = b.current
+	for _, id := range cfg.Servers {
+		b.isWorker[id] = false
+	}
+	for _, id := range cfg.Workers {
+		b.isWorker[id] = true
+	}
+	return b, nil
+}
+
+// fill validates c and sets its defaults; it copies the id slices.
+func (c *Config) fill() error {
+	if len(c.Servers) == 0 || len(c.Workers) == 0 {
+		return fmt.Errorf("need at least one server and one worker, have %d and %d", len(c.Servers), len(c.Workers))
+	}
+	if n := len(c.Servers) + len(c.Workers); n > MaxAggregators {
+		return fmt.Errorf("%d nodes, more than a decision can name (%d)", n, MaxAggregators)
+	}
+	c.Servers, c.Workers = slices.Clone(c.Servers), slices.Clone(c.Workers)
+	seen := make(map[uint32]bool, len(c.Servers)+len(c.Workers))
+	for _, id := range slices.Concat(c.Servers, c.Workers) {
+		if seen[id] {
+			return fmt.Errorf("node %s named twice", node.ID(id))
+		}
+		seen[id] = true
+	}
+	def := func(v *uint64, d uint64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.Lookahead, defaultLookahead)
+	def(&c.Warmup, defaultWarmup)
+	def(&c.ProbeIterations, defaultProbeIterations)
+	def(&c.RetryAfter, defaultRetryAfter)
+	if c.Tolerance == 0 {
+		c.Tolerance = DefaultTolerance
+	}
+	if c.DriftFactor == 0 {
+		c.DriftFactor = defaultDriftFactor
+	}
+	if c.DriftIterations == 0 {
+		c.DriftIterations = defaultDriftIterations
+	}
+	switch {
+	case c.Lookahead > maxLookahead:
+		return fmt.Errorf("lookahead %d, limit %d", c.Lookahead, maxLookahead)
+	case c.ProbeIterations > maxProbeIterations:
+		return fmt.Errorf("probe of %d iterations, limit %d", c.ProbeIterations, maxProbeIterations)
+	case !(c.Tolerance > 0) || math.IsInf(c.Tolerance, 0):
+		return fmt.Errorf("tolerance %g is not a positive fraction", c.Tolerance)
+	case !(c.DriftFactor > 1) || math.IsInf(c.DriftFactor, 0):
+		return fmt.Errorf("drift factor %g is not above 1", c.DriftFactor)
+	case c.DriftIterations < 0 || c.DriftIterations > maxDriftIterations:
+		return fmt.Errorf("drift iterations %d, want 1..%d", c.DriftIterations, maxDriftIterations)
+	}
+	return nil
+}
+
+// Start returns the initial grant: workers may push iterations up to
+// Lookahead, with shaping on. It carries no decision, since every node
+// starts with Even(0, 0, Servers) on its own. Call it once, before Observe.
+func (b *Balancer) Start() Directive {
+	return Directive{
+		Horizon: b.horizon,
+		Shaping: b.state != Probe,
+		Reason:  fmt.Sprintf("start: even split over %d servers", len(b.cfg.Servers)),
+	}
+}
+
+// State returns the Balancer's state.
+func (b *Balancer) State() State { return b.state }
+
+// Current returns the latest decision issued (which may not be in force
+// yet), or the initial one.
+func (b *Balancer) Current() Decision { return clone(b.current) }
+
+// Observe takes one node's sample, received at now, and returns the
+// directives to send every node, in order: one per iteration that the
+// sample completes (every worker has reported it), often none.
+//
+// Samples from unknown nodes, or for an iteration beyond the horizon
+// (which no node can have finished), are ignored. Rates that are NaN,
+// infinite, negative or above MaxCapacity are not used, but the sample
+// still counts as the node's progress: a node with a broken rate counter
+// must not stall training.
+func (b *Balancer) Observe(s Sample, now time.Time) []Directive {
+	worker, known := b.isWorker[s.Node]
+	if !known || s.Iteration > b.horizon {
+		return nil
+	}
+	b.seen[s.Node] = max(b.seen[s.Node], s.Iteration+1)
+	if worker {
+		b.model = max(b.model, s.ModelBytes)
+	}
+	if b.up != nil && s.Iteration >= b.from && s.Iteration <= b.to && usableRate(s.UpRate) && usableRate(s.DownRate) {
+		b.up[s.Node] = max(b.up[s.Node], s.UpRate)
+		b.down[s.Node] = max(b.down[s.Node], s.DownRate)
+	}
+
+	// Iterations done: every worker has reported at least so far.
+	doneTo := uint64(math.MaxUint64) // one past the last done
+	for _, id := range b.cfg.Workers {
+		doneTo = min(doneTo, b.seen[id])
+	}
+	if doneTo <= b.next {
+		return nil
+	}
+	// Iterations that complete together share the time since the last
+	// step: giving all but the first a zero time would fake a speed-up.
+	k := doneTo - b.next
+	var wall time.Duration // 0: unknown
+	if b.stepped && now.After(b.lastStep) {
+		wall = now.Sub(b.lastStep) / time.Duration(k)
+	}
+	b.lastStep, b.stepped = now, true
+	out := make([]Directive, 0, k)
+	for ; b.next < doneTo; b.next++ {
+		out = append(out, b.step(b.next, wall))
+	}
+	return out
+}
+
+// usableRate reports whether r can be a measured rate.
+func usableRate(r float64) bool { return r >= 0 && r <= MaxCapacity } // false for NaN
+
+// step advances past iteration i, now done, which took wall (0: unknown),
+// and returns the directive for it.
+func (b *Balancer) step(i uint64, wall time.Duration) Directive {
+	prev := b.horizon
+	b.horizon = max(prev, i+1+b.cfg.Lookahead)
+	var d Directive
+	switch b.state {
+	case Default:
+		if i >= b.probeAt {
+			d = b.startProbe(i, prev, b.probeWhy)
+		}
+	case Probe:
+		// Wait one iteration at most for the servers' reports of the
+		// window's last iteration, sent as the next one begins.
+		if last := b.to; i > last || i == last && b.allReported(last) {
+			d = b.finishProbe(i, prev)
+		}
+	case Balanced:
+		d = b.balanced(i, prev, wall)
+	}
+	d.Horizon = b.horizon
+	d.Shaping = b.state != Probe
+	return d
+}
+
+// issue makes the next decision from a split: the next version, taking
+// effect right after prev, the last iteration granted before it.
+func (b *Balancer) issue(i, prev uint64, aggs []uint32, shares []float64) (*Decision, error) {
+	d := Decision{
+		Version:     b.current.Version + 1,
+		Iteration:   prev + 1,
+		Aggregators: slices.Clone(aggs),
+		Shares:      slices.Clone(shares),
+	}
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	b.current = d
+	b.lastDecisionAt = i
+	out := clone(d)
+	return &out, nil
+}
+
+func (b *Balancer) startProbe(i, prev uint64, why string) Directive {
+	dec, err := b.issue(i, prev, b.all, Even(0, 0, b.all).Shares)
+	if err != nil { // cannot happen: NewBalancer checked the ids
+		return Directive{Reason: "probe not started: " + err.Error()}
+	}
+	b.state = Probe
+	b.up, b.down = make(map[uint32]float64, len(b.all)), make(map[uint32]float64, len(b.all))
+	b.from, b.to = dec.Iteration, dec.Iteration+b.cfg.ProbeIterations-1
+	return Directive{
+		Decision: dec,
+		Probe:    true,
+		Reason:   clip(fmt.Sprintf("probe: %s; measuring iterations %d to %d", why, b.from, b.to)),
+	}
+}
+
+// allReported reports whether every node has reported iteration it.
+func (b *Balancer) allReported(it uint64) bool {
+	for _, id := range b.all {
+		if b.seen[id] <= it {
+			return false
+		}
+	}
+	return true
+}
+
+func (b *Balancer) finishProbe(i, prev uint64) Directive {
+	in := b.input()
+	plan, err := Balance(in)
+	var dec *Decision
+	if err == nil {
+		dec, err = b.issue(i, prev, plan.Aggregators, plan.Shares)
+	}
+	if err != nil {
+		return b.fallBack(i, prev, err)
+	}
+	b.good = *dec
+	b.enterBalanced(i, dec.Iteration)
+	var why string
+	if plan.Balanced {
+		why = fmt.Sprintf("balanced: %s vs %s for the even split", b.times(plan.Predicted), b.times(plan.Even))
+	} else {
+		why = fmt.Sprintf("balanced: even split over the servers kept, no split predicted %.0f%% faster than %s", 100*b.cfg.Tolerance, b.times(plan.Even))
+	}
+	return Directive{Decision: dec, Reason: clip(why + "; capacities " + b.capacities(in.Capacity))}
+}
+
+// fallBack issues the last good decision again after a failed probe, and
+// schedules the next try.
+func (b *Balancer) fallBack(i, prev uint64, cause error) Directive {
+	was := b.good.Version
+	dec, err := b.issue(i, prev, b.good.Aggregators, b.good.Shares)
+	if err != nil { // cannot happen: good was valid when issued
+		dec = nil
+	} else {
+		b.good = *dec
+	}
+	b.state = Default
+	b.probeAt = satAdd(i, b.cfg.RetryAfter)
+	b.probeWhy = "retrying after a failed probe"
+	b.up, b.down = nil, nil
+	b.from, b.to = 1, 0 // an empty window
+	return Directive{
+		Decision: dec,
+		Reason:   clip(fmt.Sprintf("probe failed: %v; back to the split of v%d, next probe after iteration %d", cause, was, b.probeAt)),
+	}
+}
+
+// enterBalanced switches to Balanced at step i for a decision taking
+// effect at it: the maxima go on from the probe's, with samples from it.
+func (b *Balancer) enterBalanced(i, it uint64) {
+	b.state = Balanced
+	b.enteredAt = i
+	b.from, b.to = it, math.MaxUint64
+	b.resetDrift(it)
+}
+
+// resetDrift starts timing the decision taking effect at it, once it has
+// been in force for a whole iteration.
+func (b *Balancer) resetDrift(it uint64) {
+	b.driftFrom = it + 1
+	b.baseline = b.baseline[:0]
+	b.run, b.runSum = 0, 0
+}
+
+// balanced is a step in Balanced: drift and periodic probes first, then
+// refinements from the rates measured since.
+func (b *Balancer) balanced(i, prev uint64, wall time.Duration) Directive {
+	if i >= b.driftFrom && wall > 0 {
+		if len(b.baseline) < baselineIterations {
+			b.baseline = append(b.baseline, wall)
+		} else if base := median(b.baseline); float64(wall) > float64(base)*b.cfg.DriftFactor {
+			b.run++
+			b.runSum += wall
+			if b.run >= b.cfg.DriftIterations {
+				return b.startProbe(i, prev, fmt.Sprintf("iteration time rose from %s to %s", ms(base), ms(b.runSum/time.Duration(b.run))))
+			}
+		} else {
+			b.run, b.runSum = 0, 0
+		}
+	}
+	if b.cfg.ProbeEvery > 0 && i-b.enteredAt >= b.cfg.ProbeEvery {
+		return b.startProbe(i, prev, fmt.Sprintf("periodic, every %d iterations", b.cfg.ProbeEvery))
+	}
+	if i-b.lastDecisionAt < b.cfg.Lookahead+2 {
+		return Directive{} // let the latest decision land and be measured
+	}
+	in := b.input()
+	plan, err := Balance(in)
+	if err != nil || sameSplit(plan, b.current) {
+		return Directive{}
+	}
+	now, best := in.perByte(b.current.Aggregators, b.current.Shares), in.perByte(plan.Aggregators, plan.Shares)
+	if !(now > best*(1+b.cfg.Tolerance)) {
+		return Directive{}
+	}
+	was := b.current.Version
+	dec, err := b.issue(i, prev, plan.Aggregators, plan.Shares)
+	if err != nil {
+		return Directive{}
+	}
+	b.good = *dec
+	b.resetDrift(dec.Iteration)
+	return Directive{
+		Decision: dec,
+		Reason: clip(fmt.Sprintf("refined: %s vs %s for v%d; capacities %s",
+			b.times(in.duration(best)), b.times(in.duration(now)), was, b.capacities(in.Capacity))),
+	}
+}
+
+// input is what Balance decides from: each node's capacity is the slower
+// of its highest send and receive rates; nodes without both are left out
+// (Balance then fails, naming one).
+func (b *Balancer) input() Input {
+	c := make(map[uint32]float64, len(b.all))
+	for _, id := range b.all {
+		if u, d := b.up[id], b.down[id]; u > 0 && d > 0 {
+			c[id] = min(u, d)
+		}
+	}
+	return Input{
+		Servers:    b.cfg.Servers,
+		Workers:    b.cfg.Workers,
+		Capacity:   c,
+		ModelBytes: float64(b.model),
+		Tolerance:  b.cfg.Tolerance,
+	}
+}
+
+// sameSplit reports whether plan gives the aggregators of d the same
+// shares, to rounding.
+func sameSplit(plan Plan, d Decision) bool {
+	if !slices.Equal(plan.Aggregators, d.Aggregators) || len(plan.Shares) != len(d.Shares) {
+		return false
+	}
+	for i, s := range plan.Shares {
+		if math.Abs(s-d.Shares[i]) > ShareTolerance {
+			return false
+		}
+	}
+	return true
+}
+
+// times formats a predicted time, which means nothing while no worker has
+// reported its model size.
+func (b *Balancer) times(d time.Duration) string {
+	if b.model == 0 {
+		return "(model size unknown)"
+	}
+	return "predicted " + ms(d)
+}
+
+// capacities formats the capacities in Mbit/s, servers then workers.
+func (b *Balancer) capacities(c map[uint32]float64) string {
+	var sb strings.Builder
+	for i, id := range b.all {
+		if i > 0 {
+			sb.WriteString(", ")
+		}
+		if v, ok := c[id]; ok {
+			fmt.Fprintf(&sb, "%s %.1f Mbit/s", node.ID(id), v*8/1e6)
+		} else {
+			fmt.Fprintf(&sb, "%s unmeasured", node.ID(id))
+		}
+	}
+	return sb.String()
+}
+
+func ms(d time.Duration) string {
+	return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
+}
+
+// clip keeps a reason within MaxReason bytes, cutting at a rune boundary,
+// so that the directive always encodes.
+func clip(s string) string {
+	const more = "…"
+	if len(s) <= MaxReason {
+		return s
+	}
+	cut := MaxReason - len(more)
+	for cut > 0 && !utf8.RuneStart(s[cut]) { // s[cut] is the first byte dropped
+		cut--
+	}
+	return s[:cut] + more
+}
+
+// satAdd is a + b, or the largest uint64 if that overflows.
+func satAdd(a, b uint64) uint64 {
+	if a+b < a {
+		return math.MaxUint64
+	}
+	return a + b
+}

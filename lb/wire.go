@@ -1,0 +1,313 @@
+package lb
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/fptps/fpt/node"
+)
+
+// Sample is one node's report to the LB scheduler, sent once per iteration.
+type Sample struct {
+	Node uint32
+	// Iteration is the iteration the node just finished: a worker sends
+	// i when it starts pushing i+1 (iteration 0 is the init round); a
+	// server sends i when it sees iteration i+1 begin.
+	Iteration uint64
+	// UpRate and DownRate, in bytes/s, are the highest rates the node's
+	// send and receive sides sustained over a short window during the
+	// period; 0 means not measured.
+	UpRate, DownRate float64
+	// SentBytes and ReceivedBytes are the bytes moved during the period.
+	SentBytes, ReceivedBytes uint64
+	// ModelBytes is M, the bytes one iteration pushes, from workers; 0
+	// from servers.
+	ModelBytes uint64
+}
+
+// Directive is what the LB scheduler sends every server and worker after
+// each iteration.
+type Directive struct {
+	// Horizon is the last iteration workers may push (inclusive).
+	Horizon uint64
+	// Decision is a new decision, or nil. Its Iteration is after every
+	// Horizon granted before this directive, so every node can switch at
+	// that boundary.
+	Decision *Decision
+	// Shaping turns pool and receive shaping on (false while probing, so
+	// that the nodes' capacities can be measured).
+	Shaping bool
+	// Probe says that Decision is a probe. It needs a Decision.
+	Probe bool
+	// Reason says why, for people reading logs.
+	Reason string
+}
+
+// Wire format, version 1. Little-endian, fixed layout, so the encoding is
+// canonical (decode∘encode is the identity, which the fuzzers check).
+// Sample, 53 bytes:
+//
+//	off size field
+//	0   1    format byte: sampleV1
+//	1   4    Node
+//	5   8    Iteration
+//	13  8    UpRate (IEEE 754 bits)
+//	21  8    DownRate
+//	29  8    SentBytes
+//	37  8    ReceivedBytes
+//	45  8    ModelBytes
+//
+// Directive:
+//
+//	0   1    format byte: directiveV1
+//	1   1    flags: flagShaping | flagProbe | flagDecision; others zero
+//	2   8    Horizon
+//	         if flagDecision: Version u32, Iteration u64, count n u32
+//	         (1..MaxAggregators), then n × (aggregator u32, share f64)
+//	    2    Reason length (≤ MaxReason), then Reason
+//
+// The two format bytes differ, so neither message can be read as the
+// other; a later version changes them.
+const (
+	sampleV1    = 0xA1
+	directiveV1 = 0xA2
+	sampleLen   = 1 + 4 + 8 + 8 + 8 + 8 + 8 + 8
+
+	flagShaping  = 1
+	flagProbe    = 2
+	flagDecision = 4
+	flagsKnown   = flagShaping | flagProbe | flagDecision
+)
+
+// Limits of the wire format; decoding checks them before allocating.
+const (
+	MaxAggregators = 1 << 16   // aggregators in one decision
+	MaxReason      = 4 << 10   // bytes of Directive.Reason
+	aggregatorLen  = 4 + 8     // one aggregator on the wire
+	decisionHead   = 4 + 8 + 4 // Version, Iteration, count
+)
+
+// ErrMalformed is wrapped by every error UnmarshalSample and
+// UnmarshalDirective return.
+var ErrMalformed = errors.New("lb: malformed message")
+
+func malformed(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
+}
+
+// MarshalBinary encodes s (encoding.BinaryMarshaler). It never fails.
+func (s Sample) MarshalBinary() ([]byte, error) {
+	b := make([]byte, 0, sampleLen)
+	b = append(b, sampleV1)
+	b = binary.LittleEndian.AppendUint32(b, s.Node)
+	b = binary.LittleEndian.AppendUint64(b, s.Iteration)
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(s.UpRate))
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(s.DownRate))
+	b = binary.LittleEndian.AppendUint64(b, s.SentBytes)
+	b = binary.LittleEndian.AppendUint64(b, s.ReceivedBytes)
+	b = binary.LittleEndian.AppendUint64(b, s.ModelBytes)
+	return b, nil
+}
+
+// UnmarshalSample decodes a sample. The rates are passed on as sent, even
+// NaN or negative: judging them is the Balancer's business.
+func UnmarshalSample(b []byte) (Sample, error) {
+	if len(b) != sampleLen {
+		return Sample{}, malformed("sample of %d bytes, want %d", len(b), sampleLen)
+	}
+	if b[0] != sampleV1 {
+		return Sample{}, malformed("sample format byte %#x, want %#x", b[0], sampleV1)
+	}
+	le := binary.LittleEndian
+	return Sample{
+		Node:          le.Uint32(b[1:]),
+		Iteration:     le.Uint64(b[5:]),
+		UpRate:        math.Float64frombits(le.Uint64(b[13:])),
+		DownRate:      math.Float64frombits(le.Uint64(b[21:])),
+		SentBytes:     le.Uint64(b[29:]),
+		ReceivedBytes: le.Uint64(b[37:]),
+		ModelBytes:    le.Uint64(b[45:]),
+	}, nil
+}
+
+// check returns why d cannot be encoded, or nil.
+func (d Directive) check() error {
+	if len(d.Reason) > MaxReason {
+		return fmt.Errorf("reason of %d bytes, limit %d", len(d.Reason), MaxReason)
+	}
+	if d.Decision == nil {
+		if d.Probe {
+			return errors.New("probe without a decision")
+		}
+		return nil
+	}
+	if n := len(d.Decision.Aggregators); n > MaxAggregators {
+		return fmt.Errorf("%d aggregators, limit %d", n, MaxAggregators)
+	}
+	return d.Decision.Validate()
+}
+
+// MarshalBinary encodes d (encoding.BinaryMarshaler). It fails when d
+// carries an invalid decision, a probe flag without a decision, or breaks
+// a limit of the wire format; whatever it accepts, UnmarshalDirective
+// accepts.
+func (d Directive) MarshalBinary() ([]byte, error) {
+	if err := d.check(); err != nil {
+		return nil, fmt.Errorf("lb: encode directive: %w", err)
+	}
+	n := 1 + 1 + 8 + 2 + len(d.Reason)
+	var flags byte
+	if d.Shaping {
+		flags |= flagShaping
+	}
+	if d.Probe {
+		flags |= flagProbe
+	}
+	if d.Decision != nil {
+		flags |= flagDecision
+		n += decisionHead + aggregatorLen*len(d.Decision.Aggregators)
+	}
+	b := make([]byte, 0, n)
+	b = append(b, directiveV1, flags)
+	b = binary.LittleEndian.AppendUint64(b, d.Horizon)
+	if dec := d.Decision; dec != nil {
+		b = binary.LittleEndian.AppendUint32(b, dec.Version)
+		b = binary.LittleEndian.AppendUint64(b, dec.Iteration)
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(dec.Aggregators)))
+		for i, a := range dec.Aggregators {
+			b = binary.LittleEndian.AppendUint32(b, a)
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(dec.Shares[i]))
+		}
+	}
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(d.Reason)))
+	b = append(b, d.Reason...)
+	return b, nil
+}
+
+// UnmarshalDirective decodes a directive. It rejects unknown formats and
+// flags, counts beyond the limits or the bytes present, trailing bytes,
+// and a carried decision that does not Validate (the error then wraps
+// ErrInvalid too).
+func UnmarshalDirective(b []byte) (Directive, error) {
+	r := reader{b: b}
+	head, err := r.next(10, "header")
+	if err != nil {
+		return Directive{}, err
+	}
+	if head[0] != directiveV1 {
+		return Directive{}, malformed("directive format byte %#x, want %#x", head[0], directiveV1)
+	}
+	flags := head[1]
+	if flags&^flagsKnown != 0 {
+		return Directive{}, malformed("unknown directive flags %#x", flags)
+	}
+	d := Directive{
+		Horizon: binary.LittleEndian.Uint64(head[2:]),
+		Shaping: flags&flagShaping != 0,
+		Probe:   flags&flagProbe != 0,
+	}
+	if flags&flagDecision != 0 {
+		dh, err := r.next(decisionHead, "decision header")
+		if err != nil {
+			return Directive{}, err
+		}
+		dec := Decision{
+			Version:   binary.LittleEndian.Uint32(dh),
+			Iteration: binary.LittleEndian.Uint64(dh[4:]),
+		}
+		n := int(binary.LittleEndian.Uint32(dh[12:]))
+		// Bound the count by the limit and by the bytes present before
+		// allocating anything.
+		if n > MaxAggregators {
+			return Directive{}, malformed("decision of %d aggregators, limit %d", n, MaxAggregators)
+		}
+		body, err := r.next(n*aggregatorLen, "aggregators")
+		if err != nil {
+			return Directive{}, err
+		}
+		dec.Aggregators = make([]uint32, n)
+		dec.Shares = make([]float64, n)
+		for i := range n {
+			e := body[i*aggregatorLen:]
+			dec.Aggregators[i] = binary.LittleEndian.Uint32(e)
+			dec.Shares[i] = math.Float64frombits(binary.LittleEndian.Uint64(e[4:]))
+		}
+		if err := dec.Validate(); err != nil {
+			return Directive{}, fmt.Errorf("%w: carried decision: %w", ErrMalformed, err)
+		}
+		d.Decision = &dec
+	} else if d.Probe {
+		return Directive{}, malformed("probe flag without a decision")
+	}
+	rl, err := r.next(2, "reason length")
+	if err != nil {
+		return Directive{}, err
+	}
+	n := int(binary.LittleEndian.Uint16(rl))
+	if n > MaxReason {
+		return Directive{}, malformed("reason of %d bytes, limit %d", n, MaxReason)
+	}
+	reason, err := r.next(n, "reason")
+	if err != nil {
+		return Directive{}, err
+	}
+	d.Reason = string(reason)
+	if r.left() != 0 {
+		return Directive{}, malformed("%d trailing bytes after the directive", r.left())
+	}
+	return d, nil
+}
+
+// reader walks an input buffer, checking the bounds before every read, so
+// that decoding cannot index out of range whatever the input.
+type reader struct {
+	b   []byte
+	off int
+}
+
+func (r *reader) left() int { return len(r.b) - r.off }
+
+func (r *reader) next(n int, what string) ([]byte, error) {
+	if n < 0 || n > r.left() {
+		return nil, malformed("%s: need %d bytes at offset %d, have %d", what, n, r.off, r.left())
+	}
+	s := r.b[r.off : r.off+n]
+	r.off += n
+	return s, nil
+}
+
+// String is the one-line description shown in logs, such as
+//
+//	v3 from iteration 12: server0(8) 12.5%, worker0(9) 87.5% (balanced: ...)
+//	horizon 14, no change
+func (d Directive) String() string {
+	var sb strings.Builder
+	if dec := d.Decision; dec != nil {
+		fmt.Fprintf(&sb, "v%d from iteration %d:", dec.Version, dec.Iteration)
+		for i, a := range dec.Aggregators {
+			if i > 0 {
+				sb.WriteByte(',')
+			}
+			share := math.NaN()
+			if i < len(dec.Shares) {
+				share = dec.Shares[i]
+			}
+			fmt.Fprintf(&sb, " %s %.1f%%", node.ID(a), 100*share)
+		}
+		if d.Probe {
+			sb.WriteString("; probe")
+		}
+	} else {
+		fmt.Fprintf(&sb, "horizon %d, no change", d.Horizon)
+	}
+	if !d.Shaping {
+		sb.WriteString("; shaping off")
+	}
+	if d.Reason != "" {
+		fmt.Fprintf(&sb, " (%s)", d.Reason)
+	}
+	return sb.String()
+}
