@@ -165,6 +165,17 @@ func Start(ctx context.Context, n *cluster.Node) (*Worker, error) {
 	return w, nil
 }
 
+// DecisionVersion is the version of the latest LB decision this worker has
+// received (0: the initial even split over the servers).
+func (w *Worker) DecisionVersion() uint32 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.schedule == nil {
+		return 0
+	}
+	return w.schedule.Latest().Version
+}
+
 // follow applies the LB's directive: its decision joins the schedule and
 // the horizon rises. Decisions must come in version order, none missing:
 // a worker that lacked one would cut tensors differently from the others.
