@@ -48,12 +48,12 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, decisions io.
 }
 
 type sched struct {
-	cfg      config.Config
-	log      *slog.Logger
-	plane    *control.Plane
-	table    []node.Info
-	byID     map[node.ID]node.Info
-	lastSeen map[node.ID]time.Time
+	cfg       config.Config
+	log       *slog.Logger
+	plane     *control.Plane
+	table     []node.Info
+	byID      map[node.ID]node.Info
+	lastSeen  map[node.ID]time.Time
 	lb        *lb.Balancer // nil when the LB is off
 	decisions io.Writer    // nil: decisions are only logged
 }
