@@ -136,7 +136,13 @@ func NewBalancer(cfg Config) (*Balancer, error) {
 		current:  Even(0, 0, cfg.Servers),
 		probeAt:  cfg.Warmup,
 		probeWhy: fmt.Sprintf("warm-up done (%d iterations on the even split)", cfg.Warmup),
-		from:     1, // no window yet
+		// The warm-up's rates count towards the first probe's: on the even
+		// split over the servers those carry the most and show their
+		// capacity best, while the probe loads them least.
+		up:   make(map[uint32]float64, len(cfg.Servers)+len(cfg.Workers)),
+		down: make(map[uint32]float64, len(cfg.Servers)+len(cfg.Workers)),
+		from: 1,
+		to:   math.MaxUint64,
 	}
 	b.good = b.current
 	for _, id := range cfg.Servers {
@@ -273,7 +279,7 @@ func (b *Balancer) step(i uint64, wall time.Duration) Directive {
 	switch b.state {
 	case Default:
 		if i >= b.probeAt {
-			d = b.startProbe(i, prev, b.probeWhy)
+			d = b.startProbe(i, prev, b.probeWhy, true)
 		}
 	case Probe:
 		// Wait one iteration at most for the servers' reports of the
@@ -307,14 +313,21 @@ func (b *Balancer) issue(i, prev uint64, aggs []uint32, shares []float64) (*Deci
 	return &out, nil
 }
 
-func (b *Balancer) startProbe(i, prev uint64, why string) Directive {
+// startProbe starts a probe at step i. From Default, the rates measured
+// since the last decision (the warm-up's) count too (keep); a probe for
+// drift or a periodic one starts afresh, since rates seen before may be
+// out of date.
+func (b *Balancer) startProbe(i, prev uint64, why string, keep bool) Directive {
 	dec, err := b.issue(i, prev, b.all, Even(0, 0, b.all).Shares)
 	if err != nil { // cannot happen: NewBalancer checked the ids
 		return Directive{Reason: "probe not started: " + err.Error()}
 	}
 	b.state = Probe
-	b.up, b.down = make(map[uint32]float64, len(b.all)), make(map[uint32]float64, len(b.all))
-	b.from, b.to = dec.Iteration, dec.Iteration+b.cfg.ProbeIterations-1
+	if !keep || b.up == nil {
+		b.up, b.down = make(map[uint32]float64, len(b.all)), make(map[uint32]float64, len(b.all))
+		b.from = dec.Iteration
+	}
+	b.to = dec.Iteration + b.cfg.ProbeIterations - 1
 	return Directive{
 		Decision: dec,
 		Probe:    true,
@@ -366,8 +379,9 @@ func (b *Balancer) fallBack(i, prev uint64, cause error) Directive {
 	b.state = Default
 	b.probeAt = satAdd(i, b.cfg.RetryAfter)
 	b.probeWhy = "retrying after a failed probe"
-	b.up, b.down = nil, nil
-	b.from, b.to = 1, 0 // an empty window
+	// Measure again from the next iteration, on the split fallen back to.
+	b.up, b.down = make(map[uint32]float64, len(b.all)), make(map[uint32]float64, len(b.all))
+	b.from, b.to = i+1, math.MaxUint64
 	return Directive{
 		Decision: dec,
 		Reason:   clip(fmt.Sprintf("probe failed: %v; back to the split of v%d, next probe after iteration %d", cause, was, b.probeAt)),
@@ -401,14 +415,14 @@ func (b *Balancer) balanced(i, prev uint64, wall time.Duration) Directive {
 			b.run++
 			b.runSum += wall
 			if b.run >= b.cfg.DriftIterations {
-				return b.startProbe(i, prev, fmt.Sprintf("iteration time rose from %s to %s", ms(base), ms(b.runSum/time.Duration(b.run))))
+				return b.startProbe(i, prev, fmt.Sprintf("iteration time rose from %s to %s", ms(base), ms(b.runSum/time.Duration(b.run))), false)
 			}
 		} else {
 			b.run, b.runSum = 0, 0
 		}
 	}
 	if b.cfg.ProbeEvery > 0 && i-b.enteredAt >= b.cfg.ProbeEvery {
-		return b.startProbe(i, prev, fmt.Sprintf("periodic, every %d iterations", b.cfg.ProbeEvery))
+		return b.startProbe(i, prev, fmt.Sprintf("periodic, every %d iterations", b.cfg.ProbeEvery), false)
 	}
 	if i-b.lastDecisionAt < b.cfg.Lookahead+2 {
 		return Directive{} // let the latest decision land and be measured
