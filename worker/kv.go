@@ -45,7 +45,10 @@ func (kv *KV[T]) Declare(key uint64, elems int, priority int32) error {
 
 // FPTPush pushes one iteration's values of keys: each aggregator sums the
 // workers' contributions and sends the sum to every worker. cb, if set,
-// runs once the values have been sent (vals is free again).
+// runs once the values have been sent (vals is free again). With the LB on,
+// a push of an iteration beyond the horizon the scheduler has granted waits
+// for the grant (normally already there: the horizon runs two iterations
+// ahead of the slowest worker); like a full send pool, this blocks.
 func (kv *KV[T]) FPTPush(keys []uint64, vals []T, lens []int, priority int32, cb func()) (int, error) {
 	byteLens, err := kv.byteLens(keys, vals, lens)
 	if err != nil {
