@@ -2,7 +2,6 @@ package worker_test
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"testing"
 
@@ -60,42 +59,4 @@ func TestFollowRefusesGaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustFinish(t, c)
-}
-
-// The LB on, probing again every 2 balanced iterations, so that the
-// decision changes every few iterations for 200 iterations, under the race
-// detector: every pulled value is checked exactly by the trainer.
-func TestSwitchingStressInProcess(t *testing.T) {
-	iters := 200
-	if testing.Short() {
-		iters = 40
-	}
-	c := mustStart(t, 2, 3, map[string]string{"FPT_LB_PROBE_EVERY": "2", "FPT_PARTITION_BYTES": "8192"})
-	o := trainer.Options{Iterations: iters, Tensors: 4, MinBytes: 4, MaxBytes: 300 << 10, DType: frame.Float32, Quiet: true}
-	var versions []uint32
-	err := c.each(func(w *worker.Worker) error {
-		s, err := trainer.Run(context.Background(), w, o, io.Discard)
-		if err == nil && s.Iterations != iters {
-			err = fmt.Errorf("ran %d iterations", s.Iterations)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range c.workers {
-		versions = append(versions, w.DecisionVersion())
-	}
-	mustFinish(t, c)
-	t.Logf("%d decisions in %d iterations", versions[0], iters)
-	// Warm-up 2, probe 2, then a probe every 2 balanced iterations: one
-	// switch about every 4 to 8 iterations.
-	for i, v := range versions {
-		if v < uint32(iters/10) {
-			t.Errorf("worker %d saw %d decisions in %d iterations; the LB should have switched more often", i, v, iters)
-		}
-		if v != versions[0] {
-			t.Errorf("workers saw different decisions: %v", versions)
-		}
-	}
 }

@@ -174,25 +174,56 @@ func TestTrainerInProcess(t *testing.T) {
 
 // Many iterations of small tensors, each value checked exactly: the stress
 // run for the iteration bookkeeping (results that arrive before their pull,
-// buffers reused across iterations, partitions of many sizes).
+// buffers reused across iterations, partitions of many sizes), once on the
+// even split and once with the LB probing again every 2 balanced
+// iterations, so that the split changes every few iterations (workers
+// aggregating too), under the race detector.
 func TestStressManyIterations(t *testing.T) {
 	iters := 200
 	if testing.Short() {
-		iters = 30
+		iters = 40
 	}
-	c := mustStart(t, 2, 2, map[string]string{"FPT_PARTITION_BYTES": "4096"})
-	o := trainer.Options{Iterations: iters, Tensors: 5, MinBytes: 4, MaxBytes: 40 << 10, DType: frame.Float32, Quiet: true}
-	err := c.each(func(w *worker.Worker) error {
-		s, err := trainer.Run(context.Background(), w, o, io.Discard)
-		if err == nil && s.Iterations != iters {
-			err = fmt.Errorf("ran %d iterations", s.Iterations)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name             string
+		servers, workers int
+		env              map[string]string
+		minDecisions     uint32
+	}{
+		{"even split", 2, 2, map[string]string{"FPT_LB": "off", "FPT_PARTITION_BYTES": "4096"}, 0},
+		// Warm-up 2, probe 2, then a probe every 2 balanced iterations:
+		// a switch every 4 to 8 iterations.
+		{"lb switching", 2, 3, map[string]string{"FPT_LB_PROBE_EVERY": "2", "FPT_PARTITION_BYTES": "8192"}, uint32(iters / 10)},
 	}
-	mustFinish(t, c)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := mustStart(t, tt.servers, tt.workers, tt.env)
+			o := trainer.Options{Iterations: iters, Tensors: 5, MinBytes: 4, MaxBytes: 200 << 10, DType: frame.Float32, Quiet: true}
+			err := c.each(func(w *worker.Worker) error {
+				s, err := trainer.Run(context.Background(), w, o, io.Discard)
+				if err == nil && s.Iterations != iters {
+					err = fmt.Errorf("ran %d iterations", s.Iterations)
+				}
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var versions []uint32
+			for _, w := range c.workers {
+				versions = append(versions, w.DecisionVersion())
+			}
+			mustFinish(t, c)
+			t.Logf("%d decisions in %d iterations", versions[0], iters)
+			for i, v := range versions {
+				if v < tt.minDecisions {
+					t.Errorf("worker %d saw %d decisions in %d iterations, want at least %d", i, v, iters, tt.minDecisions)
+				}
+				if v != versions[0] {
+					t.Errorf("workers saw different decisions: %v", versions)
+				}
+			}
+		})
+	}
 }
 
 // Bad calls get clear errors and leave the worker usable.
