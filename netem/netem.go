@@ -23,6 +23,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,8 +39,10 @@ const teardownTimeout = time.Minute
 // concurrent use.
 type Network struct {
 	names names
-	hosts []HostSpec
 	run   runner
+
+	mu    sync.Mutex // guards hosts, and orders SetRate calls
+	hosts []HostSpec
 
 	closeOnce sync.Once
 	closeErr  error
@@ -78,6 +81,11 @@ func stderrHas(err error, subs ...string) bool {
 		}
 	}
 	return false
+}
+
+// noQdisc is how tc says a device has no root qdisc to delete.
+func noQdisc(err error) bool {
+	return stderrHas(err, "handle of zero", "No such file or directory", "Invalid handle")
 }
 
 // exists and gone are how ip says an object already exists or is missing.
@@ -222,14 +230,47 @@ func (n *Network) Len() int { return len(n.hosts) }
 // Addr is host i's address, "198.18.0.<i+1>".
 func (n *Network) Addr(i int) string { return addr(i) }
 
+// HostAddr is the address host i of every network gets, as Addr: known
+// before the network is made, to lay nodes out on the hosts.
+func HostAddr(i int) string { return addr(i) }
+
 // Iface is the name of the interface inside every host.
 func (n *Network) Iface() string { return iface }
 
 // Namespace is host i's network namespace, for "ip netns exec" and the like.
 func (n *Network) Namespace(i int) string { return n.names.namespace(i) }
 
-// Host is host i's spec.
-func (n *Network) Host(i int) HostSpec { return n.hosts[i] }
+// Host is host i's spec: the one New was given, or the last SetRate's.
+func (n *Network) Host(i int) HostSpec {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.hosts[i]
+}
+
+// SetRate reshapes host i's link to h while the network runs. Processes in
+// the host keep their connections; the packets the old shapers held
+// queued (at most their latency's worth) are dropped, and TCP resends
+// them. On an error the host may be half reshaped, and Host still reports
+// the old spec.
+func (n *Network) SetRate(ctx context.Context, i int, h HostSpec) error {
+	if i < 0 || i >= n.Len() {
+		return fmt.Errorf("netem: host %d of %d", i, n.Len())
+	}
+	plan, err := ratePlan(n.names, i, h)
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, s := range plan {
+		// Deleting a qdisc that is not there: the side was unlimited.
+		if _, err := n.run(ctx, s.args); err != nil && !(slices.Contains(s.args, "del") && noQdisc(err)) {
+			return fmt.Errorf("netem: %s: %w", s.what, err)
+		}
+	}
+	n.hosts[i] = h
+	return nil
+}
 
 // Command is exec.CommandContext for a command run in host i (through
 // "ip netns exec", which execs it: the process is the command itself).

@@ -296,3 +296,51 @@ func TestNetemNewRejectsBadSpecs(t *testing.T) {
 		}
 	}
 }
+
+// SetRate reshapes a running host: host 0 starts at 200 Mbit/s and drops
+// to 20 Mbit/s in the middle of a transfer, which must still complete (a
+// tbf changed in place would keep a packet too large for its new bucket
+// queued for ever); then it is freed. Loose bounds, as in
+// TestNetemShapesLinks: a functional check, not a speed assertion.
+func TestNetemSetRate(t *testing.T) {
+	needRoot(t)
+	const rate = 20e6
+	ctx := context.Background()
+	n, err := New(ctx, []HostSpec{{"200mbit", "200mbit"}, {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	changed := make(chan error, 1)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		changed <- n.SetRate(ctx, 0, HostSpec{"20mbit", "20mbit"})
+	}()
+	// About 0.3 s at 200 Mbit/s, then some 2 s at 20.
+	got := transfer(t, n, 0, 1, 12<<20)
+	if err := <-changed; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("through the drop: %.1f Mbit/s", got/1e6)
+	const size = 2 << 20 // about 0.8 s at 20 Mbit/s
+	for _, dir := range [][2]int{{0, 1}, {1, 0}} {
+		got := transfer(t, n, dir[0], dir[1], size)
+		t.Logf("limited, %d to %d: %.1f Mbit/s", dir[0], dir[1], got/1e6)
+		if got > 2*rate {
+			t.Errorf("%d to %d after SetRate(20mbit): %.1f Mbit/s", dir[0], dir[1], got/1e6)
+		}
+	}
+	if err := n.SetRate(ctx, 0, HostSpec{}); err != nil {
+		t.Fatal(err)
+	}
+	// Twice: removing what is gone already is not an error.
+	if err := n.SetRate(ctx, 0, HostSpec{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := transfer(t, n, 1, 0, size); got < 2*rate {
+		t.Errorf("after SetRate back to unlimited: %.1f Mbit/s", got/1e6)
+	}
+	if got := n.Host(0); got != (HostSpec{}) {
+		t.Errorf("Host(0) = %v", got)
+	}
+}

@@ -110,6 +110,33 @@ func setupPlan(n names, hosts []HostSpec) ([]step, error) {
 	return plan, nil
 }
 
+// ratePlan lists the commands that reshape host i of a network to h, on
+// the devices setupPlan shapes. Each side's root qdisc is deleted (the
+// executor ignores a delete that finds none: the side was unlimited) and,
+// for a limited side, a new tbf added. Not "tc qdisc change" or "replace":
+// those keep the queued packets, and a packet queued under a larger burst
+// (a 64 KiB GSO segment, say) that no longer fits the new one is never
+// sent, stalling the link for good. Deleting drops what was queued, as a
+// real link that slows down would; TCP sends it again.
+func ratePlan(n names, i int, h HostSpec) ([]step, error) {
+	up, down, err := hostRates(h)
+	if err != nil {
+		return nil, fmt.Errorf("netem: host %d: %w", i, err)
+	}
+	ns, veth := n.namespace(i), n.veth(i)
+	plan := []step{{"unshape upload of " + ns, []string{"tc", "-n", ns, "qdisc", "del", "dev", iface, "root"}}}
+	if up > 0 {
+		plan = append(plan, step{"shape upload of " + ns + " to " + h.Up,
+			append([]string{"tc", "-n", ns, "qdisc", "add", "dev", iface, "root"}, tbfArgs(up)...)})
+	}
+	plan = append(plan, step{"unshape download of " + ns, []string{"tc", "qdisc", "del", "dev", veth, "root"}})
+	if down > 0 {
+		plan = append(plan, step{"shape download of " + ns + " to " + h.Down,
+			append([]string{"tc", "qdisc", "add", "dev", veth, "root"}, tbfArgs(down)...)})
+	}
+	return plan, nil
+}
+
 // hostRates returns a host's rates in bits per second, 0 for unlimited.
 func hostRates(h HostSpec) (up, down uint64, err error) {
 	if h.Up != "" {

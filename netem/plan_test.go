@@ -353,3 +353,107 @@ func TestZombie(t *testing.T) {
 		}
 	}
 }
+
+func TestRatePlan(t *testing.T) {
+	n := namesFor(42, 0)
+	for _, tc := range []struct {
+		name string
+		i    int
+		h    HostSpec
+		want []string
+	}{
+		{"both sides limited", 1, HostSpec{"25mbit", "200mbit"}, []string{
+			"tc -n fpt42ah1 qdisc del dev eth0 root",
+			"tc -n fpt42ah1 qdisc add dev eth0 root tbf rate 25000000bit burst 32768 latency 50ms",
+			"tc qdisc del dev fpt42av1 root",
+			"tc qdisc add dev fpt42av1 root tbf rate 200000000bit burst 250000 latency 50ms",
+		}},
+		{"unlimited", 0, HostSpec{}, []string{
+			"tc -n fpt42ah0 qdisc del dev eth0 root",
+			"tc qdisc del dev fpt42av0 root",
+		}},
+		{"upload only", 3, HostSpec{Up: "1gbit"}, []string{
+			"tc -n fpt42ah3 qdisc del dev eth0 root",
+			"tc -n fpt42ah3 qdisc add dev eth0 root tbf rate 1000000000bit burst 1250000 latency 50ms",
+			"tc qdisc del dev fpt42av3 root",
+		}},
+	} {
+		plan, err := ratePlan(n, tc.i, tc.h)
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		var got []string
+		for _, s := range plan {
+			if s.what == "" {
+				t.Errorf("%s: step %q has no description", tc.name, s.args)
+			}
+			got = append(got, strings.Join(s.args, " "))
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: rate plan\n%s\nwant\n%s", tc.name, strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+		}
+	}
+	// The shaping commands are setupPlan's, for the new rates.
+	setup, err := setupPlan(n, []HostSpec{{}, {"2mbit", "3mbit"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	change, _ := ratePlan(n, 1, HostSpec{"2mbit", "3mbit"})
+	if !slices.Equal(setup[len(setup)-2].args, change[1].args) || !slices.Equal(setup[len(setup)-1].args, change[3].args) {
+		t.Errorf("setup shapes with %q and %q; SetRate with %q and %q",
+			setup[len(setup)-2].args, setup[len(setup)-1].args, change[1].args, change[3].args)
+	}
+	if _, err := ratePlan(n, 0, HostSpec{Up: "fast"}); err == nil || !strings.Contains(err.Error(), "host 0: upload") {
+		t.Errorf("bad rate: error %v", err)
+	}
+}
+
+func TestSetRateExecutor(t *testing.T) {
+	f := &fakeIP{}
+	n, err := create(context.Background(), f.run, 5, func(int) bool { return true }, []HostSpec{{}, {"1mbit", "1mbit"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sides whose qdisc is already gone: not an error.
+	f.fail = map[string]string{"tc -n fpt5ah0 qdisc del": "Error: Cannot delete qdisc with handle of zero.",
+		"tc qdisc del dev fpt5av0": "RTNETLINK answers: No such file or directory"}
+	if err := n.SetRate(context.Background(), 0, HostSpec{}); err != nil {
+		t.Errorf("unshaping an unshaped host: %v", err)
+	}
+	f.fail = nil
+	f.ran = nil
+	if err := n.SetRate(context.Background(), 1, HostSpec{"25mbit", "2mbit"}); err != nil {
+		t.Fatal(err)
+	}
+	f.ranAll(t, "tc -n fpt5ah1 qdisc del dev eth0 root", "tc -n fpt5ah1 qdisc add dev eth0 root tbf rate 25000000bit burst 32768 latency 50ms",
+		"tc qdisc del dev fpt5av1 root", "tc qdisc add dev fpt5av1 root tbf rate 2000000bit burst 32768 latency 50ms")
+	if got := n.Host(1); got != (HostSpec{"25mbit", "2mbit"}) {
+		t.Errorf("Host(1) = %v after SetRate", got)
+	}
+	// A failing tc: the error names it, the spec stays the last good one.
+	f.fail = map[string]string{"tc qdisc add dev fpt5av1": "Error: Specified qdisc kind is unknown."}
+	if err := n.SetRate(context.Background(), 1, HostSpec{"3mbit", "3mbit"}); err == nil || !strings.Contains(err.Error(), "shape download of fpt5ah1 to 3mbit") {
+		t.Errorf("SetRate with a failing tc: %v", err)
+	}
+	if got := n.Host(1); got != (HostSpec{"25mbit", "2mbit"}) {
+		t.Errorf("Host(1) = %v after a failed SetRate", got)
+	}
+	if err := n.SetRate(context.Background(), 2, HostSpec{}); err == nil {
+		t.Error("SetRate of host 2 of 2: no error")
+	}
+	if err := n.SetRate(context.Background(), 0, HostSpec{Down: "0mbit"}); err == nil {
+		t.Error("SetRate with a bad spec: no error")
+	}
+}
+
+func TestParseRateExported(t *testing.T) {
+	if got, err := ParseRate("400mbit"); err != nil || got != 400e6 {
+		t.Errorf("ParseRate(400mbit) = %d, %v", got, err)
+	}
+	for _, bad := range []string{"none", "0", "", "fast"} {
+		if _, err := ParseRate(bad); err == nil {
+			t.Errorf("ParseRate(%q): no error", bad)
+		}
+	}
+}

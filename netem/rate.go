@@ -111,6 +111,17 @@ const (
 	maxRate = 1e12
 )
 
+// ParseRate reads one rate in tc syntax ("200mbit", "1gbit", "100mbps")
+// and returns it in bits per second. It accepts what a HostSpec side
+// accepts, except "0" and "none" (unlimited), which are errors here.
+func ParseRate(s string) (bitsPerSecond uint64, err error) {
+	bits, err := parseRate(s)
+	if err != nil {
+		return 0, fmt.Errorf("netem: %w", err)
+	}
+	return bits, nil
+}
+
 // parseRate reads a rate in tc syntax and returns bits per second.
 func parseRate(s string) (uint64, error) {
 	s = strings.ToLower(strings.TrimSpace(s))

@@ -181,6 +181,10 @@ func TestBenchScenarios(t *testing.T) {
 			[]string{"byte_ratio", "unshaped_byte_ratio", "window_seconds"}},
 		{[]string{"--scenario", "priority", "--rate", "50mbit", "--tensor-bytes", "2097152", "--iters", "1"},
 			[]string{"high_done_ms", "low_done_ms", "nopriority_done_ms"}},
+		// The LB scenarios, small: a 0.4 MB model, 4 iterations a run.
+		{lbScenarioArgs("slow-server"), lbScenarioFields},
+		{lbScenarioArgs("equal"), lbScenarioFields},
+		{lbScenarioArgs("slow-worker"), lbScenarioFields},
 	} {
 		t.Run(tc.args[1], func(t *testing.T) {
 			r := startFPT(t, append([]string{"bench"}, tc.args...)...)
@@ -205,3 +209,15 @@ func TestBenchScenarios(t *testing.T) {
 		})
 	}
 }
+
+// lbScenarioArgs runs an LB scenario of "fpt bench" small enough for a
+// test: 40 Mbit/s links (the slow one 10), a model of 4 tensors (16 KiB to
+// 256 KiB), 4 iterations with the LB off and 4 with it on.
+func lbScenarioArgs(name string) []string {
+	return []string{"--scenario", name, "--rate", "40mbit", "--iters", "4", "--tail", "2",
+		"--tensors", "4", "--min-bytes", "16384", "--max-bytes", "262144", "--json"}
+}
+
+// lbScenarioFields are the LB scenarios' figures that must be positive.
+var lbScenarioFields = []string{"even_iter_ms", "lb_iter_ms", "bound_iter_ms", "even_model_iter_ms",
+	"lb_over_bound", "even_over_lb", "model_bytes", "workers", "servers", "iterations"}

@@ -59,7 +59,19 @@ type Summary struct {
 	Tensors    int
 	ModelBytes int64         // bytes of one iteration's tensors
 	Elapsed    time.Duration // pushing and pulling in the FPT iterations (after init)
-	Values     int64         // values checked
+	// IterTimes is each FPT iteration's communication time, from its
+	// first push until every pull and push was done (IterTimes[0] is
+	// iteration 1); they add up to Elapsed. Synchronous training makes an
+	// iteration take about as long on every worker.
+	IterTimes []time.Duration
+	Values    int64 // values checked
+}
+
+// addIteration records iteration it's communication time d.
+func (s *Summary) addIteration(it int, d time.Duration) {
+	s.Elapsed += d
+	s.IterTimes = append(s.IterTimes, d)
+	s.Iterations = it
 }
 
 // GoodputGbps is bytes pushed plus bytes pulled per second, in Gbit/s.
@@ -140,7 +152,7 @@ func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out i
 	}
 	grads := make([]T, total)
 	sums := make([]T, total)
-	sum := Summary{Rank: rank, Tensors: len(keys), ModelBytes: model}
+	sum := Summary{Rank: rank, Tensors: len(keys), ModelBytes: model, IterTimes: make([]time.Duration, 0, o.Iterations)}
 	label := fmt.Sprintf("worker %d", rank)
 
 	fill(grads, sizes, keys, rank, 0)
@@ -186,13 +198,12 @@ func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out i
 			}
 		}
 		d := time.Since(t0)
-		sum.Elapsed += d
 		n, err := check(sums, sizes, keys, workers, it)
 		if err != nil {
 			return sum, fmt.Errorf("%s: iteration %d: %w", label, it, err)
 		}
 		sum.Values += n
-		sum.Iterations = it
+		sum.addIteration(it, d)
 		if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
 			return sum, err
 		}

@@ -57,19 +57,24 @@ func benchMain(args []string) int {
 	fs.IntVar(&o.workers, "workers", 1, "workers")
 	fs.IntVar(&o.servers, "servers", 1, "servers")
 	fs.Int64Var(&o.tensorBytes, "tensor-bytes", 64<<20, "size of the one float32 tensor pushed and pulled")
-	fs.IntVar(&o.iters, "iters", 50, "timed iterations (after init and two warm-up iterations)")
+	fs.IntVar(&o.iters, "iters", 50, "timed iterations (after init and two warm-up iterations); LB scenarios:\ntraining iterations per run (default 20 there)")
 	fs.Int64Var(&o.partitionBytes, "partition-bytes", 0, "FPT_PARTITION_BYTES for the cluster (0: the default)")
 	fs.BoolVar(&o.jsonOut, "json", false, "one JSON object per line")
 	var so scenarioOptions
-	fs.StringVar(&so.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping or priority")
-	fs.StringVar(&so.rate, "rate", "200mbit", "scenarios: the worker host's link rate, both ways (tc syntax)")
+	fs.StringVar(&so.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor slow-server, equal, slow-worker (comma-separated for several)")
+	fs.StringVar(&so.rate, "rate", "200mbit", "scenarios: the worker host's link rate, both ways (tc syntax); LB scenarios:\nevery host's but the slow one's (default 400mbit there)")
+	var lo lbOptions
+	registerLBFlags(fs, &lo)
 	weights := fs.String("weights", "3:1", "shaping scenario: the worker's flow weights for server 0 and server 1")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: fpt bench [flags]\n\nRuns a cluster on loopback (separate processes), pushes and pulls one tensor, and\nreports goodput (bytes pushed plus pulled by one worker per second) against raw TCP\nmoving the same bytes both ways at once between two Go sockets, measured in the same run.\n\nWith --scenario, runs a cluster in an emulated network (network namespaces, tbf) instead\nand prints one JSON line:\n  shaping   one worker behind a --rate link pushes to two servers with flow weights\n            --weights; byte_ratio is what the servers received while both flows were\n            backlogged (unshaped_byte_ratio: the same run with shaping off)\n  priority  a low- and a high-priority tensor pushed together; when each sum arrived,\n            next to the same push with equal priorities\n\n")
+		fmt.Fprintf(fs.Output(), "usage: fpt bench [flags]\n\nRuns a cluster on loopback (separate processes), pushes and pulls one tensor, and\nreports goodput (bytes pushed plus pulled by one worker per second) against raw TCP\nmoving the same bytes both ways at once between two Go sockets, measured in the same run.\n\nWith --scenario, runs a cluster in an emulated network (network namespaces, tbf) instead\nand prints one JSON line:\n  shaping   one worker behind a --rate link pushes to two servers with flow weights\n            --weights; byte_ratio is what the servers received while both flows were\n            backlogged (unshaped_byte_ratio: the same run with shaping off)\n  priority  a low- and a high-priority tensor pushed together; when each sum arrived,\n            next to the same push with equal priorities\n  slow-server, equal, slow-worker\n            the simulated trainer with the load balancer off (FPT_LB=off, even split over\n            the servers) and on: even_iter_ms, lb_iter_ms and bound_iter_ms (the least\n            the configured rates allow); one host is at --slow-rate in slow-server (server\n            rank 1 of 2, 2 workers) and slow-worker (worker rank 3 of 4, 2 servers); equal\n            has 4 workers and 4 servers\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
 		return launch.ExitUsage
+	}
+	if so.name != "" && isLBScenario(so.name) {
+		return lbScenarioMain(fs, so.name, so.rate, o, lo)
 	}
 	if so.name != "" {
 		return scenarioMain(fs, so, *weights, o)

@@ -484,7 +484,7 @@ func scenarioMain(fs *flag.FlagSet, so scenarioOptions, weights string, o benchO
 	case scenarioPriority:
 		so.tensorBytes, so.iters = 16<<20, 3
 	default:
-		fmt.Fprintf(os.Stderr, "fpt bench: unknown scenario %q (want %s or %s)\n", so.name, scenarioShaping, scenarioPriority)
+		fmt.Fprintf(os.Stderr, "fpt bench: unknown scenario %q (want %s, %s or %s)\n", so.name, scenarioShaping, scenarioPriority, strings.Join(lbScenarios, ", "))
 		return launch.ExitUsage
 	}
 	if set["tensor-bytes"] {

@@ -1,0 +1,534 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"os/signal"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/launch"
+	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/netem"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/trainer"
+	"github.com/fptps/fpt/worker"
+)
+
+// The load-balancing scenarios of "fpt bench --scenario": each runs the
+// simulated trainer (package trainer) on a cluster in an emulated network,
+// one node per host, twice: with the LB off (every tensor split evenly over
+// the servers, as ps-lite does) and on, and prints one JSON line with both
+// iteration times next to the lower bound the links allow.
+const (
+	scenarioSlowServer = "slow-server" // 2 workers, 2 servers; server rank 1 slow
+	scenarioEqual      = "equal"       // 4 workers, 4 servers; all equal
+	scenarioSlowWorker = "slow-worker" // 4 workers, 2 servers; worker rank 3 slow
+)
+
+// lbScenarios are the LB scenarios in the order a list of them runs.
+var lbScenarios = []string{scenarioSlowServer, scenarioEqual, scenarioSlowWorker}
+
+// Defaults of the LB scenarios. The fast rate stays below ~500 Mbit/s: two
+// cores run every process of the cluster, and the emulation must be what
+// limits the links, not the CPU.
+const (
+	lbDefaultRate     = "400mbit"
+	lbDefaultIters    = 20
+	lbDefaultTail     = 8
+	lbDefaultTensors  = 8
+	lbDefaultMinBytes = 64 << 10
+	lbDefaultMaxBytes = 8 << 20
+	// lbSlowDivisor makes the default slow rate a quarter of the fast one.
+	lbSlowDivisor = 4
+)
+
+// lbOptions are the LB scenarios' settings ("fpt bench" flags).
+type lbOptions struct {
+	rate, slowRate string // tc syntax
+	iters, tail    int    // iterations per run; the median is over the last tail
+	tensors        int
+	minBytes       int
+	maxBytes       int
+	partitionBytes int64 // FPT_PARTITION_BYTES (0: the default)
+}
+
+// registerLBFlags adds the LB scenarios' own flags to fs (--rate, --iters,
+// --partition-bytes and --json are the bench's and are shared).
+func registerLBFlags(fs *flag.FlagSet, lo *lbOptions) {
+	fs.StringVar(&lo.slowRate, "slow-rate", "", "LB scenarios: the slow host's rate, both ways (default: a quarter of --rate)")
+	fs.IntVar(&lo.tail, "tail", lbDefaultTail, "LB scenarios: iteration time is the median of the last N iterations of each run")
+	fs.IntVar(&lo.tensors, "tensors", lbDefaultTensors, "LB scenarios: tensors in the model")
+	fs.IntVar(&lo.minBytes, "min-bytes", lbDefaultMinBytes, "LB scenarios: smallest tensor in bytes (sizes are geometric up to --max-bytes)")
+	fs.IntVar(&lo.maxBytes, "max-bytes", lbDefaultMaxBytes, "LB scenarios: largest tensor in bytes")
+}
+
+// isLBScenario tells whether name is one LB scenario or a comma-separated
+// list of them.
+func isLBScenario(name string) bool {
+	for n := range strings.SplitSeq(name, ",") {
+		if !slices.Contains(lbScenarios, n) {
+			return false
+		}
+	}
+	return true
+}
+
+// trainerOptions is the model the scenario's workers train.
+func (lo lbOptions) trainerOptions() trainer.Options {
+	return trainer.Options{Iterations: lo.iters, Tensors: lo.tensors, MinBytes: lo.minBytes, MaxBytes: lo.maxBytes,
+		DType: frame.Float32, Quiet: true}
+}
+
+// lbResult is an LB scenario's line. Times are milliseconds per iteration.
+type lbResult struct {
+	Scenario    string   `json:"scenario"`
+	Rate        string   `json:"rate"`
+	SlowRate    string   `json:"slow_rate"`
+	ServerRates []string `json:"server_rates"` // by rank, up/down when they differ
+	WorkerRates []string `json:"worker_rates"`
+	Servers     int      `json:"servers"`
+	Workers     int      `json:"workers"`
+	Tensors     int      `json:"tensors"`
+	ModelBytes  int64    `json:"model_bytes"`
+	Iterations  int      `json:"iterations"`
+	Tail        int      `json:"tail"`
+	// EvenIterMs and LBIterMs are the medians of the last Tail iterations
+	// with FPT_LB=off and FPT_LB=on.
+	EvenIterMs float64 `json:"even_iter_ms"`
+	LBIterMs   float64 `json:"lb_iter_ms"`
+	// BoundIterMs is lb.Bound under the configured rates; EvenModelIterMs
+	// is the same model's prediction for the even split over the servers.
+	BoundIterMs     float64 `json:"bound_iter_ms"`
+	EvenModelIterMs float64 `json:"even_model_iter_ms"`
+	LBOverBound     float64 `json:"lb_over_bound"`
+	EvenOverLB      float64 `json:"even_over_lb"`
+	// LBDecisions is how many distinct decisions the scheduler logged in
+	// the FPT_LB=on run.
+	LBDecisions int       `json:"lb_decisions"`
+	EvenItersMs []float64 `json:"even_iters_ms"`
+	LBItersMs   []float64 `json:"lb_iters_ms"`
+}
+
+// lbLayout places a scenario's nodes on hosts: servers first, then
+// workers, then the scheduler, one node per host.
+type lbLayout struct {
+	hosts []netem.HostSpec
+	// serverHosts[r] and workerHosts[r] are the hosts of server and worker
+	// rank r. The scheduler ranks each role by address (as a string), so
+	// rank order is address order, not host order, past nine hosts.
+	serverHosts, workerHosts []int
+	schedulerHost            int
+	// procHost maps localcluster's process names (scheduler, server0..,
+	// worker0..; not ranks) to hosts.
+	procHost map[string]int
+}
+
+// lbScenarioLayout lays out scenario name with fast and slow links; the
+// scheduler's host is unlimited.
+func lbScenarioLayout(name string, fast, slow netem.HostSpec) (lbLayout, error) {
+	var servers, workers, slowServer, slowWorker int
+	slowServer, slowWorker = -1, -1
+	switch name {
+	case scenarioSlowServer:
+		servers, workers, slowServer = 2, 2, 1
+	case scenarioEqual:
+		servers, workers = 4, 4
+	case scenarioSlowWorker:
+		servers, workers, slowWorker = 2, 4, 3
+	default:
+		return lbLayout{}, fmt.Errorf("unknown LB scenario %q (want %s)", name, strings.Join(lbScenarios, ", "))
+	}
+	l := lbLayout{hosts: make([]netem.HostSpec, servers+workers+1), schedulerHost: servers + workers,
+		procHost: map[string]int{"scheduler": servers + workers}}
+	for i := range servers {
+		l.serverHosts = append(l.serverHosts, i)
+		l.procHost["server"+strconv.Itoa(i)] = i
+	}
+	for i := range workers {
+		l.workerHosts = append(l.workerHosts, servers+i)
+		l.procHost["worker"+strconv.Itoa(i)] = servers + i
+	}
+	l.serverHosts, l.workerHosts = byAddress(l.serverHosts), byAddress(l.workerHosts)
+	for r, h := range l.serverHosts {
+		l.hosts[h] = fast
+		if r == slowServer {
+			l.hosts[h] = slow
+		}
+	}
+	for r, h := range l.workerHosts {
+		l.hosts[h] = fast
+		if r == slowWorker {
+			l.hosts[h] = slow
+		}
+	}
+	return l, nil
+}
+
+// byAddress sorts hosts the way the scheduler ranks nodes: by address
+// string.
+func byAddress(hosts []int) []int {
+	s := slices.Clone(hosts)
+	slices.SortFunc(s, func(a, b int) int { return cmp.Compare(netem.HostAddr(a), netem.HostAddr(b)) })
+	return s
+}
+
+// rates lists the specs of hosts, as HostSpec.String prints them.
+func (l lbLayout) rates(hosts []int) []string {
+	var rs []string
+	for _, h := range hosts {
+		rs = append(rs, l.hosts[h].String())
+	}
+	return rs
+}
+
+// capacityBytes is a host's capacity as the LB's model counts it: the
+// slower of its two sides, in bytes per second. An unlimited side has no
+// capacity to bound by, so it is an error.
+func capacityBytes(h netem.HostSpec) (float64, error) {
+	if h.Up == "" || h.Down == "" {
+		return 0, fmt.Errorf("host %s: an unlimited side has no capacity", h)
+	}
+	up, err := netem.ParseRate(h.Up)
+	if err != nil {
+		return 0, err
+	}
+	down, err := netem.ParseRate(h.Down)
+	if err != nil {
+		return 0, err
+	}
+	return float64(min(up, down)) / 8, nil
+}
+
+// boundInput is the LB model's input for the layout's configured rates
+// and a model of modelBytes per iteration.
+func (l lbLayout) boundInput(modelBytes float64) (lb.Input, error) {
+	in := lb.Input{Capacity: map[uint32]float64{}, ModelBytes: modelBytes}
+	add := func(id node.ID, host int) error {
+		c, err := capacityBytes(l.hosts[host])
+		in.Capacity[uint32(id)] = c
+		return err
+	}
+	for r, h := range l.serverHosts {
+		in.Servers = append(in.Servers, uint32(node.ServerID(r)))
+		if err := add(node.ServerID(r), h); err != nil {
+			return in, fmt.Errorf("server %d: %w", r, err)
+		}
+	}
+	for r, h := range l.workerHosts {
+		in.Workers = append(in.Workers, uint32(node.WorkerID(r)))
+		if err := add(node.WorkerID(r), h); err != nil {
+			return in, fmt.Errorf("worker %d: %w", r, err)
+		}
+	}
+	return in, nil
+}
+
+// modelTimes are the LB model's times for the layout's configured rates:
+// the bound and the even split's prediction.
+//
+// The bound is lb.Bound, whose formula is the traffic model in
+// lb/balance.go's doc comment: an iteration takes at least the busiest
+// node's bytes over its link rate, T(s) = max_n load_n(s)/c_n, and the
+// bound is that minimised over every split s of the tensors over servers
+// and workers (water-filling). It counts payload only (no TCP/IP or frame
+// headers) and assumes perfect overlap, so measured times sit above it.
+func (l lbLayout) modelTimes(modelBytes float64) (bound, even time.Duration, err error) {
+	in, err := l.boundInput(modelBytes)
+	if err != nil {
+		return 0, 0, err
+	}
+	if bound, err = lb.Bound(in); err != nil {
+		return 0, 0, err
+	}
+	if even, err = lb.Predict(in, lb.Even(0, 0, in.Servers)); err != nil {
+		return 0, 0, err
+	}
+	return bound, even, nil
+}
+
+// tailMedian is the median of the last k of xs (the mean of the middle two
+// when k is even, to three decimals).
+func tailMedian(xs []float64, k int) (float64, error) {
+	if k < 1 || len(xs) < k {
+		return 0, fmt.Errorf("the median of the last %d of %d iterations", k, len(xs))
+	}
+	s := slices.Clone(xs[len(xs)-k:])
+	slices.Sort(s)
+	if k%2 == 1 {
+		return s[k/2], nil
+	}
+	return round3((s[k/2-1] + s[k/2]) / 2), nil
+}
+
+// aggregate fills in the times and ratios from both runs' iteration times
+// (ms) and the model's bound and even-split prediction.
+func (r *lbResult) aggregate(even, balanced []float64, bound, evenModel time.Duration) error {
+	var err error
+	if r.EvenIterMs, err = tailMedian(even, r.Tail); err != nil {
+		return fmt.Errorf("LB off: %w", err)
+	}
+	if r.LBIterMs, err = tailMedian(balanced, r.Tail); err != nil {
+		return fmt.Errorf("LB on: %w", err)
+	}
+	r.EvenItersMs, r.LBItersMs = even, balanced
+	r.BoundIterMs, r.EvenModelIterMs = ms(bound), ms(evenModel)
+	if r.BoundIterMs <= 0 || r.LBIterMs <= 0 {
+		return fmt.Errorf("non-positive times: bound %v ms, LB %v ms", r.BoundIterMs, r.LBIterMs)
+	}
+	r.LBOverBound = round3(r.LBIterMs / r.BoundIterMs)
+	r.EvenOverLB = round3(r.EvenIterMs / r.LBIterMs)
+	return nil
+}
+
+// round3 rounds to three decimals: a microsecond of a time in
+// milliseconds, and all a noisy machine's ratios are worth.
+func round3(x float64) float64 { return math.Round(x*1000) / 1000 }
+
+// formatRate writes bits per second in tc syntax, in the largest unit that
+// keeps it whole.
+func formatRate(bits uint64) string {
+	switch {
+	case bits >= 1e9 && bits%1e9 == 0:
+		return strconv.FormatUint(bits/1e9, 10) + "gbit"
+	case bits >= 1e6 && bits%1e6 == 0:
+		return strconv.FormatUint(bits/1e6, 10) + "mbit"
+	case bits >= 1e3 && bits%1e3 == 0:
+		return strconv.FormatUint(bits/1e3, 10) + "kbit"
+	}
+	return strconv.FormatUint(bits, 10) + "bit"
+}
+
+// divideRate is rate (tc syntax) divided by d, in tc syntax.
+func divideRate(rate string, d uint64) (string, error) {
+	bits, err := netem.ParseRate(rate)
+	if err != nil {
+		return "", err
+	}
+	return formatRate(bits / d), nil
+}
+
+// lbDecisionRe matches the scheduler's log line of a new LB decision.
+var lbDecisionRe = regexp.MustCompile(`msg="lb decision".*?\bversion=(\d+)`)
+
+// countLBDecisions counts the distinct decision versions in a scheduler's
+// log.
+func countLBDecisions(log string) int {
+	versions := map[string]bool{}
+	for _, m := range lbDecisionRe.FindAllStringSubmatch(log, -1) {
+		versions[m[1]] = true
+	}
+	return len(versions)
+}
+
+// lbWorkerReport is what worker rank 0 of a scenario's cluster prints.
+type lbWorkerReport struct {
+	Rank       int       `json:"rank"`
+	Host       string    `json:"host"`
+	ModelBytes int64     `json:"model_bytes"`
+	IterMs     []float64 `json:"iter_ms"`
+}
+
+// lbWorker is a scenario worker's body: train, and on rank 0 print the
+// iteration times.
+func lbWorker(ctx context.Context, w *worker.Worker, lo lbOptions, out io.Writer) error {
+	s, err := trainer.Run(ctx, w, lo.trainerOptions(), os.Stderr)
+	if err != nil || w.Rank() != 0 {
+		return err
+	}
+	rep := lbWorkerReport{Rank: w.Rank(), Host: w.Node().Self().Host, ModelBytes: s.ModelBytes}
+	for _, d := range s.IterTimes {
+		rep.IterMs = append(rep.IterMs, ms(d))
+	}
+	line, err := json.Marshal(rep)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(out, string(line))
+	return err
+}
+
+// lbScenarioMain runs "fpt bench --scenario slow-server|equal|slow-worker"
+// (or a comma-separated list of them): in the parent, for each scenario its
+// network and both runs, one JSON line each; in a worker it starts, the
+// worker's side.
+func lbScenarioMain(fs *flag.FlagSet, name string, rate string, o benchOptions, lo lbOptions) int {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	lo.rate, lo.iters, lo.partitionBytes = lbDefaultRate, lbDefaultIters, o.partitionBytes
+	if set["rate"] {
+		lo.rate = rate
+	}
+	if set["iters"] {
+		lo.iters = o.iters
+	}
+	usage := func(format string, args ...any) int {
+		fmt.Fprintf(os.Stderr, "fpt bench: "+format+"\n", args...)
+		return launch.ExitUsage
+	}
+	if _, err := netem.ParseRate(lo.rate); err != nil {
+		return usage("--rate %q: want one finite tc rate, as 400mbit: %v", lo.rate, err)
+	}
+	if lo.slowRate == "" {
+		s, err := divideRate(lo.rate, lbSlowDivisor)
+		if err != nil {
+			return usage("--rate %q: %v", lo.rate, err)
+		}
+		lo.slowRate = s
+	} else if _, err := netem.ParseRate(lo.slowRate); err != nil {
+		return usage("--slow-rate %q: want one finite tc rate, as 100mbit: %v", lo.slowRate, err)
+	}
+	if lo.tail < 1 || lo.iters < lo.tail {
+		return usage("--iters %d, --tail %d: want 1 <= tail <= iters", lo.iters, lo.tail)
+	}
+	if err := lo.trainerOptions().Validate(); err != nil {
+		return usage("%v", err)
+	}
+	if os.Getenv(benchChildEnv) != "" {
+		return launch.Main("fpt bench", os.LookupEnv, os.Stderr, func(ctx context.Context, w *worker.Worker) error {
+			return lbWorker(ctx, w, lo, os.Stdout)
+		})
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	for n := range strings.SplitSeq(name, ",") {
+		res, err := runLBScenario(ctx, n, lo)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "fpt bench: %s: %v\n", n, err)
+			return launch.ExitFailed
+		}
+		line, err := json.Marshal(res)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "fpt bench: %s: %v\n", n, err)
+			return launch.ExitFailed
+		}
+		fmt.Println(string(line))
+	}
+	return launch.ExitOK
+}
+
+// runLBScenario builds the scenario's network and runs its cluster with
+// the LB off, then on. The network is torn down on every path.
+func runLBScenario(ctx context.Context, name string, lo lbOptions) (lbResult, error) {
+	fast := netem.HostSpec{Up: lo.rate, Down: lo.rate}
+	slow := netem.HostSpec{Up: lo.slowRate, Down: lo.slowRate}
+	l, err := lbScenarioLayout(name, fast, slow)
+	if err != nil {
+		return lbResult{}, err
+	}
+	var model int64
+	for _, n := range lo.trainerOptions().Sizes() {
+		model += int64(n) * 4
+	}
+	bound, evenModel, err := l.modelTimes(float64(model))
+	if err != nil {
+		return lbResult{}, err
+	}
+	res := lbResult{Scenario: name, Rate: lo.rate, SlowRate: lo.slowRate,
+		ServerRates: l.rates(l.serverHosts), WorkerRates: l.rates(l.workerHosts),
+		Servers: len(l.serverHosts), Workers: len(l.workerHosts), Tensors: lo.tensors,
+		ModelBytes: model, Iterations: lo.iters, Tail: lo.tail}
+	net, err := netem.New(ctx, l.hosts)
+	if err != nil {
+		return res, err
+	}
+	defer net.Close()
+	even, _, err := runLBCluster(ctx, net, l, name, lo, false, model)
+	if err != nil {
+		return res, fmt.Errorf("LB off: %w", err)
+	}
+	balanced, decisions, err := runLBCluster(ctx, net, l, name, lo, true, model)
+	if err != nil {
+		return res, fmt.Errorf("LB on: %w", err)
+	}
+	res.LBDecisions = decisions
+	if err := res.aggregate(even, balanced, bound, evenModel); err != nil {
+		return res, err
+	}
+	return res, net.Close()
+}
+
+// runLBCluster runs the scenario's cluster in net once, FPT_LB on or off,
+// and returns worker rank 0's iteration times (ms) and the number of LB
+// decisions the scheduler logged.
+func runLBCluster(ctx context.Context, net *netem.Network, l lbLayout, name string, lo lbOptions, lbOn bool, model int64) ([]float64, int, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, 0, err
+	}
+	args := []string{self, "bench", "--scenario", name, "--rate", lo.rate, "--slow-rate", lo.slowRate,
+		"--iters", strconv.Itoa(lo.iters), "--tail", strconv.Itoa(lo.tail), "--tensors", strconv.Itoa(lo.tensors),
+		"--min-bytes", strconv.Itoa(lo.minBytes), "--max-bytes", strconv.Itoa(lo.maxBytes)}
+	mode := "off"
+	if lbOn {
+		mode = "on"
+	}
+	env := []string{benchChildEnv + "=1", "DMLC_INTERFACE=" + net.Iface(), "FPT_LB=" + mode}
+	if lo.partitionBytes > 0 {
+		env = append(env, "FPT_PARTITION_BYTES="+strconv.FormatInt(lo.partitionBytes, 10))
+	}
+	// The scheduler logs its decisions at PS_VERBOSE=1 or more.
+	schedulerVerbose := os.Getenv("PS_VERBOSE") == "" || os.Getenv("PS_VERBOSE") == "0"
+	c, err := localcluster.Start(localcluster.Spec{
+		Servers: len(l.serverHosts), Workers: len(l.workerHosts),
+		Scheduler: []string{self}, Server: []string{self}, Worker: args,
+		RootURI: net.Addr(l.schedulerHost), Env: env,
+		Command: func(proc string, argv []string) *exec.Cmd {
+			if proc == "scheduler" && schedulerVerbose {
+				argv = append([]string{"env", "PS_VERBOSE=1"}, argv...)
+			}
+			return net.Command(ctx, l.procHost[proc], argv[0], argv[1:]...)
+		},
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	defer c.Kill()
+	waited := make(chan error, 1)
+	go func() { waited <- c.Wait(30 * time.Minute) }()
+	select {
+	case err = <-waited:
+	case <-ctx.Done():
+		return nil, 0, errors.New("interrupted")
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	var rep *lbWorkerReport
+	for i := range len(l.workerHosts) {
+		out := strings.TrimSpace(c.Proc("worker" + strconv.Itoa(i)).Stdout.String())
+		if out == "" {
+			continue
+		}
+		rep = new(lbWorkerReport)
+		if err := json.Unmarshal([]byte(out), rep); err != nil {
+			return nil, 0, fmt.Errorf("worker%d printed %q: %w", i, out, err)
+		}
+	}
+	switch {
+	case rep == nil:
+		return nil, 0, errors.New("no worker reported its iteration times")
+	case rep.Host != net.Addr(l.workerHosts[0]):
+		// The slow host would not be the rank the scenario means.
+		return nil, 0, fmt.Errorf("worker rank 0 ran on %s, want %s: ranks are not in address order", rep.Host, net.Addr(l.workerHosts[0]))
+	case len(rep.IterMs) != lo.iters:
+		return nil, 0, fmt.Errorf("worker 0 reported %d iterations, want %d", len(rep.IterMs), lo.iters)
+	case rep.ModelBytes != model:
+		return nil, 0, fmt.Errorf("worker 0 trained %d bytes per iteration, want %d", rep.ModelBytes, model)
+	}
+	return rep.IterMs, countLBDecisions(c.Proc("scheduler").Stderr.String()), nil
+}
