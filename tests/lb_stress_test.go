@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -150,4 +151,9 @@ func TestLBSwitchingStressNetem(t *testing.T) {
 			slow, dropAt, beforeDrop, restoreAt)
 	}
 	t.Logf("decision versions: %v", versions)
+	for _, line := range strings.Split(c.proc("scheduler").Stdout.String(), "\n") {
+		if strings.HasPrefix(line, "lb decision") {
+			t.Log(line)
+		}
+	}
 }
