@@ -1,15 +1,12 @@
 package worker_test
 
 import (
-	"context"
-	"io"
 	"testing"
 
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/trainer"
-	"github.com/fptps/fpt/worker"
 )
 
 // Decisions that move tensors between servers and workers, forced at
@@ -35,13 +32,7 @@ func TestWorkerAggregatorsAcrossSwitches(t *testing.T) {
 		}
 	}
 	o := trainer.Options{Iterations: 10, Tensors: 6, MinBytes: 4, MaxBytes: 600 << 10, DType: frame.Float32, Classic: 1, Quiet: true}
-	err := c.each(func(w *worker.Worker) error {
-		_, err := trainer.Run(context.Background(), w, o, io.Discard)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c.train(t, o)
 	mustFinish(t, c)
 }
 

@@ -100,6 +100,19 @@ func mustStart(t *testing.T, servers, workers int, extra map[string]string) *inP
 	return c
 }
 
+// train runs the simulated trainer on every worker at once; it fails the
+// test on the first error (a wrong value included).
+func (c *inProcess) train(t *testing.T, o trainer.Options) {
+	t.Helper()
+	err := c.each(func(w *worker.Worker) error {
+		_, err := trainer.Run(context.Background(), w, o, io.Discard)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // each runs f on every worker at once and returns the first error.
 func (c *inProcess) each(f func(w *worker.Worker) error) error {
 	var wg sync.WaitGroup
@@ -160,13 +173,7 @@ func TestTrainerInProcess(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := mustStart(t, tt.servers, tt.workers, tt.env)
-			err := c.each(func(w *worker.Worker) error {
-				_, err := trainer.Run(context.Background(), w, tt.o, io.Discard)
-				return err
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
+			c.train(t, tt.o)
 			mustFinish(t, c)
 		})
 	}
@@ -360,13 +367,7 @@ func TestShutdownReleasesEverything(t *testing.T) {
 	o := trainer.Options{Iterations: 2, Tensors: 3, MinBytes: 4, MaxBytes: 64 << 10, DType: frame.Float32, Classic: 1, Quiet: true}
 	run := func() {
 		c := mustStart(t, 2, 2, nil)
-		err := c.each(func(w *worker.Worker) error {
-			_, err := trainer.Run(context.Background(), w, o, io.Discard)
-			return err
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+		c.train(t, o)
 		mustFinish(t, c)
 	}
 	settle := func(want func() bool) {
