@@ -101,12 +101,33 @@ func mustStart(t *testing.T, servers, workers int, extra map[string]string) *inP
 }
 
 // train runs the simulated trainer on every worker at once; it fails the
-// test on the first error (a wrong value included).
+// test on the first error (a wrong value included) and checks each
+// worker's summary: every iteration run, one positive time each, adding up
+// to Elapsed.
 func (c *inProcess) train(t *testing.T, o trainer.Options) {
 	t.Helper()
 	err := c.each(func(w *worker.Worker) error {
-		_, err := trainer.Run(context.Background(), w, o, io.Discard)
-		return err
+		s, err := trainer.Run(context.Background(), w, o, io.Discard)
+		if err != nil {
+			return err
+		}
+		if s.Iterations != o.Iterations || len(s.IterTimes) != o.Iterations {
+			return fmt.Errorf("%d iterations, %d times; want %d", s.Iterations, len(s.IterTimes), o.Iterations)
+		}
+		var total time.Duration
+		for i, d := range s.IterTimes {
+			if d <= 0 {
+				return fmt.Errorf("iteration %d took %v", i+1, d)
+			}
+			total += d
+		}
+		if total != s.Elapsed {
+			return fmt.Errorf("iteration times add up to %v, Elapsed is %v", total, s.Elapsed)
+		}
+		if s.Values == 0 || (o.Iterations > 0 && s.GoodputGbps() <= 0) {
+			return fmt.Errorf("summary %+v", s)
+		}
+		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -204,17 +225,7 @@ func TestStressManyIterations(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := mustStart(t, tt.servers, tt.workers, tt.env)
-			o := trainer.Options{Iterations: iters, Tensors: 5, MinBytes: 4, MaxBytes: 200 << 10, DType: frame.Float32, Quiet: true}
-			err := c.each(func(w *worker.Worker) error {
-				s, err := trainer.Run(context.Background(), w, o, io.Discard)
-				if err == nil && s.Iterations != iters {
-					err = fmt.Errorf("ran %d iterations", s.Iterations)
-				}
-				return err
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
+			c.train(t, trainer.Options{Iterations: iters, Tensors: 5, MinBytes: 4, MaxBytes: 200 << 10, DType: frame.Float32, Quiet: true})
 			var versions []uint32
 			for _, w := range c.workers {
 				versions = append(versions, w.DecisionVersion())
