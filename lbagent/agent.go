@@ -13,6 +13,7 @@ package lbagent
 import (
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fptps/fpt/cluster"
@@ -39,9 +40,12 @@ type Agent struct {
 	node  *cluster.Node
 	apply Apply // nil on servers
 
-	mu       sync.Mutex
-	meter    *Meter
-	next     uint64 // the next iteration to report
+	mu    sync.Mutex
+	meter *Meter
+	// reported is the last iteration begun that was reported (its
+	// predecessor's sample sent). Atomic: a server calls IterationBegan
+	// for every pushed frame, and all but one per iteration stop here.
+	reported atomic.Uint64
 	shaping  bool
 	quit     chan struct{}
 	stopOnce sync.Once
@@ -96,14 +100,17 @@ func (a *Agent) sample() {
 // it reports what the node measured during iteration iter−1. modelBytes is
 // the bytes one iteration pushes (0 on servers). Safe from any goroutine.
 func (a *Agent) IterationBegan(iter, modelBytes uint64) {
+	if iter <= a.reported.Load() {
+		return
+	}
 	a.mu.Lock()
-	if iter == 0 || iter < a.next+1 {
+	if iter <= a.reported.Load() {
 		a.mu.Unlock()
 		return
 	}
 	s := lb.Sample{Node: uint32(a.node.Self().ID), Iteration: iter - 1, ModelBytes: modelBytes}
 	s.UpRate, s.DownRate, s.SentBytes, s.ReceivedBytes = a.meter.Take()
-	a.next = iter
+	a.reported.Store(iter)
 	a.mu.Unlock()
 	body, err := s.MarshalBinary()
 	if err == nil {
