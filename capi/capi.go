@@ -94,7 +94,7 @@ type Lib struct {
 	state    state
 	cfg      config.Config
 	startErr error
-	node     *cluster.Node  // servers and workers
+	node     *cluster.Member  // servers and workers
 	w        *worker.Worker // workers
 	srv      *server.Server // servers
 	sched    chan error     // the scheduler's outcome
@@ -147,7 +147,7 @@ func (l *Lib) Start() error {
 	log := launch.Logger(l.stderr, cfg)
 	ctx := context.Background() // the node bounds its start with FPT_START_TIMEOUT
 	var (
-		n     *cluster.Node
+		n     *cluster.Member
 		w     *worker.Worker
 		srv   *server.Server
 		sched chan error

@@ -18,7 +18,7 @@ import (
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/frame"
-	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/worker"
 )

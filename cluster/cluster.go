@@ -42,8 +42,8 @@ const lostPeerGrace = 2 * time.Second
 // (the data port) is free as well.
 const portAttempts = 32
 
-// Node is this process's membership in a cluster.
-type Node struct {
+// Member is this process's membership in a cluster.
+type Member struct {
 	cfg     config.Config
 	log     *slog.Logger
 	handler van.Handler
@@ -84,11 +84,11 @@ type barrierKey struct {
 }
 
 // New prepares a node. Nothing is bound until Start.
-func New(cfg config.Config, log *slog.Logger) *Node {
+func New(cfg config.Config, log *slog.Logger) *Member {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Node{
+	return &Member{
 		cfg:         cfg,
 		log:         log,
 		sched:       cfg.SchedulerEndpoint(),
@@ -102,20 +102,20 @@ func New(cfg config.Config, log *slog.Logger) *Node {
 
 // SetMetrics makes the node record its figures in m (nil: none). Call it
 // before Start.
-func (n *Node) SetMetrics(m *metrics.Node) { n.metrics = m }
+func (n *Member) SetMetrics(m *metrics.Node) { n.metrics = m }
 
 // Metrics is the node's metrics, nil when it has none.
-func (n *Node) Metrics() *metrics.Node { return n.metrics }
+func (n *Member) Metrics() *metrics.Node { return n.metrics }
 
 // OnControl installs a handler for control messages the node does not
 // handle itself (the LB's reports and decisions). Call it before Start.
-func (n *Node) OnControl(f func(*control.Message)) { n.onControl = f }
+func (n *Member) OnControl(f func(*control.Message)) { n.onControl = f }
 
 // Start joins the cluster: it binds both planes, registers, waits for the
 // node table, connects to every peer and passes the start barrier. h
 // receives the data plane's frames; it may be called as soon as Start has
 // bound the van, but frames only arrive once peers passed the barrier.
-func (n *Node) Start(ctx context.Context, h van.Handler) error {
+func (n *Member) Start(ctx context.Context, h van.Handler) error {
 	if n.cfg.Role != node.Server && n.cfg.Role != node.Worker {
 		return fmt.Errorf("cluster: Start is for servers and workers, not the %s", n.cfg.Role)
 	}
@@ -143,7 +143,7 @@ func (n *Node) Start(ctx context.Context, h van.Handler) error {
 	if err := n.awaitTable(ctx); err != nil {
 		return err
 	}
-	n.van.SetSelf(uint32(n.Self().ID))
+	n.van.SetSelf(n.Self().ID)
 	n.lastAck = time.Now()
 	n.wg.Add(2)
 	go n.controlLoop()
@@ -165,7 +165,7 @@ func (n *Node) Start(ctx context.Context, h van.Handler) error {
 }
 
 // bind opens the control socket and the van on ports p and p+1.
-func (n *Node) bind(host string) error {
+func (n *Member) bind(host string) error {
 	var lastErr error
 	for attempt := 0; attempt < portAttempts; attempt++ {
 		plane, err := control.Listen(control.Config{BindHost: "0.0.0.0", Port: n.cfg.NodePort, Logger: n.log})
@@ -195,7 +195,7 @@ func (n *Node) bind(host string) error {
 	return fmt.Errorf("cluster: data port: %w", lastErr)
 }
 
-func (n *Node) awaitTable(ctx context.Context) error {
+func (n *Member) awaitTable(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
@@ -222,7 +222,7 @@ func (n *Node) awaitTable(ctx context.Context) error {
 	}
 }
 
-func (n *Node) setTable(m *control.Message) error {
+func (n *Member) setTable(m *control.Message) error {
 	table := slices.Clone(m.Nodes)
 	slices.SortFunc(table, func(a, b node.Info) int { return int(a.ID) - int(b.ID) })
 	byID := make(map[node.ID]node.Info, len(table))
@@ -257,18 +257,18 @@ func (n *Node) setTable(m *control.Message) error {
 
 // connectPeers dials every data-plane peer with a larger id and waits for
 // the others to dial in: one connection per pair.
-func (n *Node) connectPeers(ctx context.Context) error {
-	var lower []uint32
+func (n *Member) connectPeers(ctx context.Context) error {
+	var lower []node.ID
 	self := n.Self()
 	for _, info := range n.Nodes() {
 		if info.Role == node.Scheduler || info.ID == self.ID {
 			continue
 		}
 		if info.ID < self.ID {
-			lower = append(lower, uint32(info.ID))
+			lower = append(lower, info.ID)
 			continue
 		}
-		if err := n.van.Dial(ctx, uint32(info.ID), info.DataAddr()); err != nil {
+		if err := n.van.Dial(ctx, info.ID, info.DataAddr()); err != nil {
 			return fmt.Errorf("cluster: connect to %s: %w", info, err)
 		}
 	}
@@ -280,13 +280,13 @@ func (n *Node) connectPeers(ctx context.Context) error {
 
 // SendScheduler sends m to the scheduler over the control plane, as this
 // node (the LB's reports use it).
-func (n *Node) SendScheduler(m *control.Message) error {
+func (n *Member) SendScheduler(m *control.Message) error {
 	m.Sender = n.Self().ID
 	return n.plane.Send(n.sched, m)
 }
 
 // Self describes this node (its ID is 0 until the node table arrived).
-func (n *Node) Self() node.Info {
+func (n *Member) Self() node.Info {
 	if t := n.topo.Load(); t != nil {
 		return t.self
 	}
@@ -294,7 +294,7 @@ func (n *Node) Self() node.Info {
 }
 
 // Nodes is the node table, sorted by id (empty before Start registered).
-func (n *Node) Nodes() []node.Info {
+func (n *Member) Nodes() []node.Info {
 	if t := n.topo.Load(); t != nil {
 		return t.table
 	}
@@ -302,7 +302,7 @@ func (n *Node) Nodes() []node.Info {
 }
 
 // Info describes the node with id; ok is false for an unknown id.
-func (n *Node) Info(id node.ID) (node.Info, bool) {
+func (n *Member) Info(id node.ID) (node.Info, bool) {
 	if t := n.topo.Load(); t != nil {
 		info, ok := t.byID[id]
 		return info, ok
@@ -311,12 +311,12 @@ func (n *Node) Info(id node.ID) (node.Info, bool) {
 }
 
 // Servers lists the servers' ids by rank.
-func (n *Node) Servers() []node.ID { return n.idsOf(node.Server) }
+func (n *Member) Servers() []node.ID { return n.idsOf(node.Server) }
 
 // Workers lists the workers' ids by rank.
-func (n *Node) Workers() []node.ID { return n.idsOf(node.Worker) }
+func (n *Member) Workers() []node.ID { return n.idsOf(node.Worker) }
 
-func (n *Node) idsOf(r node.Role) []node.ID {
+func (n *Member) idsOf(r node.Role) []node.ID {
 	var ids []node.ID
 	for _, info := range n.Nodes() {
 		if info.Role == r {
@@ -327,19 +327,19 @@ func (n *Node) idsOf(r node.Role) []node.ID {
 }
 
 // Config is the configuration the node started with.
-func (n *Node) Config() config.Config { return n.cfg }
+func (n *Member) Config() config.Config { return n.cfg }
 
 // Logger is the node's logger, tagged with its id.
-func (n *Node) Logger() *slog.Logger { return n.log }
+func (n *Member) Logger() *slog.Logger { return n.log }
 
 // Van is the node's data plane.
-func (n *Node) Van() van.Transport { return n.van }
+func (n *Member) Van() van.Transport { return n.van }
 
 // Done is closed when the node fails or the cluster terminates.
-func (n *Node) Done() <-chan struct{} { return n.failed }
+func (n *Member) Done() <-chan struct{} { return n.failed }
 
 // Err is why the node failed, or nil.
-func (n *Node) Err() error {
+func (n *Member) Err() error {
 	select {
 	case <-n.failed:
 		return n.err
@@ -350,12 +350,12 @@ func (n *Node) Err() error {
 
 // Fail records a fatal error, wakes every waiting call, and tells the
 // scheduler (which tells everyone else). The first error wins.
-func (n *Node) Fail(err error) {
+func (n *Member) Fail(err error) {
 	n.fail(err, 0)
 }
 
 // fail records err and reports it, naming the lost peer when there is one.
-func (n *Node) fail(err error, lost node.ID) {
+func (n *Member) fail(err error, lost node.ID) {
 	if n.record(err) {
 		n.report(lost, err)
 	}
@@ -363,7 +363,7 @@ func (n *Node) fail(err error, lost node.ID) {
 
 // record makes err the node's failure unless it already failed, and wakes
 // every waiting call. It reports whether err was the first.
-func (n *Node) record(err error) (first bool) {
+func (n *Member) record(err error) (first bool) {
 	n.failOnce.Do(func() {
 		n.err = err
 		close(n.failed)
@@ -376,7 +376,7 @@ func (n *Node) record(err error) (first bool) {
 // report tells the scheduler, which relays it to every node: naming the
 // lost peer (target), rather than this node, points their messages at the
 // culprit.
-func (n *Node) report(target node.ID, err error) {
+func (n *Member) report(target node.ID, err error) {
 	if n.plane == nil {
 		return
 	}
@@ -389,11 +389,11 @@ func (n *Node) report(target node.ID, err error) {
 
 // Barrier blocks until every node of group g has called Barrier the same
 // number of times, the node fails, or ctx ends.
-func (n *Node) Barrier(ctx context.Context, g node.Group) error {
+func (n *Member) Barrier(ctx context.Context, g node.Group) error {
 	return n.barrier(ctx, g, 0)
 }
 
-func (n *Node) barrier(ctx context.Context, g node.Group, flags uint8) error {
+func (n *Member) barrier(ctx context.Context, g node.Group, flags uint8) error {
 	self := n.Self().ID
 	if !self.InGroup(g) {
 		return fmt.Errorf("cluster: barrier: %s is not in group %d", self, g)
@@ -426,7 +426,7 @@ func (n *Node) barrier(ctx context.Context, g node.Group, flags uint8) error {
 // Finalize passes the final barrier over all nodes, waits for the
 // scheduler's Terminate, and releases every socket and goroutine. It
 // returns the node's failure, if any.
-func (n *Node) Finalize(ctx context.Context) error {
+func (n *Member) Finalize(ctx context.Context) error {
 	err := n.barrier(ctx, node.AllGroup, control.FlagFinal)
 	n.shutdown()
 	if ferr := n.Err(); ferr != nil {
@@ -436,9 +436,9 @@ func (n *Node) Finalize(ctx context.Context) error {
 }
 
 // Close leaves at once without the final barrier (after a failure).
-func (n *Node) Close() { n.shutdown() }
+func (n *Member) Close() { n.shutdown() }
 
-func (n *Node) shutdown() {
+func (n *Member) shutdown() {
 	n.closeOnce.Do(func() {
 		close(n.stop)
 		if n.van != nil {
@@ -455,7 +455,7 @@ func (n *Node) shutdown() {
 	})
 }
 
-func (n *Node) controlLoop() {
+func (n *Member) controlLoop() {
 	defer n.wg.Done()
 	for {
 		select {
@@ -470,7 +470,7 @@ func (n *Node) controlLoop() {
 	}
 }
 
-func (n *Node) handleControl(m *control.Message) {
+func (n *Member) handleControl(m *control.Message) {
 	switch m.Command {
 	case control.BarrierDone:
 		n.mu.Lock()
@@ -500,7 +500,7 @@ func (n *Node) handleControl(m *control.Message) {
 	}
 }
 
-func (n *Node) heartbeatLoop() {
+func (n *Member) heartbeatLoop() {
 	defer n.wg.Done()
 	t := time.NewTicker(n.cfg.HeartbeatInterval)
 	defer t.Stop()
@@ -523,7 +523,7 @@ func (n *Node) heartbeatLoop() {
 }
 
 // describe names a node for an error message: id, role, rank and address.
-func (n *Node) describe(id node.ID) string {
+func (n *Member) describe(id node.ID) string {
 	if info, ok := n.Info(id); ok {
 		return info.String()
 	}
@@ -532,17 +532,16 @@ func (n *Node) describe(id node.ID) string {
 
 // vanHandler adapts the node to van.Handler: frames go to the role's
 // handler, lost peers become a cluster failure.
-type vanHandler Node
+type vanHandler Member
 
 func (h *vanHandler) HandleFrame(hdr *frame.Header, payload []byte) {
 	h.handler.HandleFrame(hdr, payload)
 }
 
-func (h *vanHandler) PeerLost(peer uint32, err error) {
-	n := (*Node)(h)
-	id := node.ID(peer)
+func (h *vanHandler) PeerLost(id node.ID, err error) {
+	n := (*Member)(h)
 	if _, known := n.Info(id); !known {
-		n.log.Warn("connection from a node not in the table dropped", "peer", peer, "err", err)
+		n.log.Warn("connection from a node not in the table dropped", "peer", id, "err", err)
 		return
 	}
 	select {

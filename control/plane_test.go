@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/node"
 	"github.com/zeromq/goczmq"
 )

@@ -1,6 +1,8 @@
 package lb
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"errors"
 	"fmt"
 	"math"
@@ -55,10 +57,10 @@ var ErrCapacity = errors.New("lb: unusable capacity")
 
 // Input is what Balance decides from.
 type Input struct {
-	Servers, Workers []uint32
+	Servers, Workers []node.ID
 	// Capacity is each node's capacity in bytes per second: the slower of
 	// its send and receive sides. Every server and worker must have one.
-	Capacity map[uint32]float64
+	Capacity map[node.ID]float64
 	// ModelBytes is M, the bytes one worker pushes per iteration. It only
 	// scales the predicted times; the shares do not depend on it.
 	ModelBytes float64
@@ -70,7 +72,7 @@ type Input struct {
 // Plan is Balance's answer: the shares, and the predicted iteration times
 // of the chosen split and of the even split over the servers.
 type Plan struct {
-	Aggregators []uint32
+	Aggregators []node.ID
 	Shares      []float64
 	Predicted   time.Duration
 	Even        time.Duration
@@ -141,7 +143,7 @@ func (in Input) check() error {
 	if !(in.Tolerance >= 0) || math.IsInf(in.Tolerance, 0) { // NaN would mean "always balance"
 		return fmt.Errorf("lb: tolerance %g is not a non-negative fraction", in.Tolerance)
 	}
-	for _, ids := range [][]uint32{in.Servers, in.Workers} {
+	for _, ids := range [][]node.ID{in.Servers, in.Workers} {
 		for _, id := range ids {
 			c, ok := in.Capacity[id]
 			switch {
@@ -158,7 +160,7 @@ func (in Input) check() error {
 // cost returns node id's time per byte of model (seconds per byte of M)
 // as an affine function of its share: b + g·share. Working per byte keeps
 // the shares independent of M, even when M is 0 (unknown).
-func (in Input) cost(id uint32, server bool) (b, g float64) {
+func (in Input) cost(id node.ID, server bool) (b, g float64) {
 	c, w := in.Capacity[id], float64(len(in.Workers))
 	if server {
 		return 0, w / c
@@ -168,8 +170,8 @@ func (in Input) cost(id uint32, server bool) (b, g float64) {
 
 // perByte is T(s)/M: the busiest node's time per byte of model. Nodes
 // absent from aggs have share 0.
-func (in Input) perByte(aggs []uint32, shares []float64) float64 {
-	share := func(id uint32) float64 {
+func (in Input) perByte(aggs []node.ID, shares []float64) float64 {
+	share := func(id node.ID) float64 {
 		if i := slices.Index(aggs, id); i >= 0 && i < len(shares) {
 			return shares[i]
 		}
@@ -202,9 +204,9 @@ func (in Input) duration(perByte float64) time.Duration {
 // splits with the same busiest node, the one that also keeps the others
 // least busy. Aggregators are servers then workers, in input order; those
 // with share 0 are left out.
-func (in Input) waterFill() ([]uint32, []float64) {
+func (in Input) waterFill() ([]node.ID, []float64) {
 	type agg struct {
-		id   uint32
+		id   node.ID
 		b, g float64
 	}
 	var free, paid []agg // g <= 0: aggregating costs nothing; g > 0
@@ -220,7 +222,7 @@ func (in Input) waterFill() ([]uint32, []float64) {
 			paid = append(paid, agg{id, b, g})
 		}
 	}
-	var aggs []uint32
+	var aggs []node.ID
 	var shares []float64
 	if len(free) > 0 {
 		// Only workers when W <= 2. With W == 1 the single worker sums
@@ -286,8 +288,8 @@ func normalize(shares []float64) []float64 {
 // sums to every worker. Peers that d gives no traffic get MinWeight, not
 // 0: a weight of 0 would pause their flow, and the classic Push/Pull calls
 // still use it.
-func Weights(d Decision, self uint32, servers, workers []uint32) map[uint32]float64 {
-	share := func(id uint32) float64 {
+func Weights(d Decision, self node.ID, servers, workers []node.ID) map[node.ID]float64 {
+	share := func(id node.ID) float64 {
 		if i := slices.Index(d.Aggregators, id); i >= 0 && i < len(d.Shares) {
 			return d.Shares[i]
 		}
@@ -295,7 +297,7 @@ func Weights(d Decision, self uint32, servers, workers []uint32) map[uint32]floa
 	}
 	mine := share(self)
 	isWorker := slices.Contains(workers, self)
-	w := make(map[uint32]float64, len(servers)+len(workers))
+	w := make(map[node.ID]float64, len(servers)+len(workers))
 	for _, id := range servers {
 		if id == self {
 			continue

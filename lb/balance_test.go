@@ -1,6 +1,8 @@
 package lb
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"errors"
 	"math"
 	"slices"
@@ -9,8 +11,8 @@ import (
 )
 
 // caps builds a capacity map: every id at c, then the overrides.
-func caps(c float64, ids []uint32, over map[uint32]float64) map[uint32]float64 {
-	m := make(map[uint32]float64, len(ids))
+func caps(c float64, ids []node.ID, over map[node.ID]float64) map[node.ID]float64 {
+	m := make(map[node.ID]float64, len(ids))
 	for _, id := range ids {
 		m[id] = c
 	}
@@ -30,13 +32,13 @@ func TestBalance(t *testing.T) {
 	const gb = 1e9           // bytes/s
 	const model = 1e8        // bytes a worker pushes per iteration
 	unit := time.Second / 10 // model / gb
-	s2, w2 := []uint32{8, 10}, []uint32{9, 11}
-	s4, w4 := []uint32{8, 10, 12, 14}, []uint32{9, 11, 13, 15}
-	all := func(s, w []uint32) []uint32 { return slices.Concat(s, w) }
+	s2, w2 := []node.ID{8, 10}, []node.ID{9, 11}
+	s4, w4 := []node.ID{8, 10, 12, 14}, []node.ID{9, 11, 13, 15}
+	all := func(s, w []node.ID) []node.ID { return slices.Concat(s, w) }
 	cases := []struct {
 		name     string
 		in       Input
-		aggs     []uint32
+		aggs     []node.ID
 		shares   []float64 // nil: not checked exactly
 		balanced bool
 		// predicted and even in units of model/gb, checked if times
@@ -46,7 +48,7 @@ func TestBalance(t *testing.T) {
 	}{
 		{
 			name:     "2w2s one server at a quarter: all to the workers",
-			in:       Input{Servers: s2, Workers: w2, Capacity: caps(gb, all(s2, w2), map[uint32]float64{10: gb / 4}), ModelBytes: model},
+			in:       Input{Servers: s2, Workers: w2, Capacity: caps(gb, all(s2, w2), map[node.ID]float64{10: gb / 4}), ModelBytes: model},
 			aggs:     w2,
 			shares:   []float64{0.5, 0.5},
 			balanced: true, predicted: 1, even: 4, times: true, atBound: true,
@@ -70,7 +72,7 @@ func TestBalance(t *testing.T) {
 		},
 		{
 			name:   "4w2s one worker slow: even over the servers kept",
-			in:     Input{Servers: s2, Workers: w4, Capacity: caps(gb, all(s2, w4), map[uint32]float64{13: gb / 4}), ModelBytes: model},
+			in:     Input{Servers: s2, Workers: w4, Capacity: caps(gb, all(s2, w4), map[node.ID]float64{13: gb / 4}), ModelBytes: model},
 			aggs:   s2,
 			shares: []float64{0.5, 0.5},
 			// the slow worker's own M at a quarter speed bounds every split
@@ -78,27 +80,27 @@ func TestBalance(t *testing.T) {
 		},
 		{
 			name:   "one worker sums everything itself",
-			in:     Input{Servers: s2, Workers: []uint32{9}, Capacity: caps(gb, all(s2, []uint32{9}), nil), ModelBytes: model},
-			aggs:   []uint32{9},
+			in:     Input{Servers: s2, Workers: []node.ID{9}, Capacity: caps(gb, all(s2, []node.ID{9}), nil), ModelBytes: model},
+			aggs:   []node.ID{9},
 			shares: []float64{1},
 			// even: a server carries ½M, the worker sends all of M
 			balanced: true, predicted: 0, even: 1, times: true, atBound: true,
 		},
 		{
 			name:     "2w2s workers split by capacity",
-			in:       Input{Servers: s2, Workers: w2, Capacity: caps(gb, all(s2, w2), map[uint32]float64{8: gb / 8, 10: gb / 8, 11: gb / 2}), ModelBytes: model},
+			in:       Input{Servers: s2, Workers: w2, Capacity: caps(gb, all(s2, w2), map[node.ID]float64{8: gb / 8, 10: gb / 8, 11: gb / 2}), ModelBytes: model},
 			aggs:     w2,
 			shares:   []float64{2.0 / 3, 1.0 / 3},
 			balanced: true, predicted: 2, even: 8, times: true, atBound: true,
 		},
 		{
 			name:     "4w2s one server dead slow: it gets next to nothing",
-			in:       Input{Servers: s2, Workers: w4, Capacity: caps(gb, all(s2, w4), map[uint32]float64{10: 1}), ModelBytes: model},
+			in:       Input{Servers: s2, Workers: w4, Capacity: caps(gb, all(s2, w4), map[node.ID]float64{10: 1}), ModelBytes: model},
 			balanced: true, atBound: true,
 		},
 		{
 			name:   "tolerance keeps a slightly better split away",
-			in:     Input{Servers: s4, Workers: w4, Capacity: caps(gb, all(s4, w4), map[uint32]float64{14: gb * 0.97}), ModelBytes: model},
+			in:     Input{Servers: s4, Workers: w4, Capacity: caps(gb, all(s4, w4), map[node.ID]float64{14: gb * 0.97}), ModelBytes: model},
 			aggs:   s4,
 			shares: []float64{0.25, 0.25, 0.25, 0.25},
 		},
@@ -154,8 +156,8 @@ func TestBalance(t *testing.T) {
 }
 
 func TestBalanceDeadSlowServer(t *testing.T) {
-	s, w := []uint32{8, 10}, []uint32{9, 11, 13, 15}
-	in := Input{Servers: s, Workers: w, Capacity: caps(1e9, slices.Concat(s, w), map[uint32]float64{10: 1}), ModelBytes: 1e8}
+	s, w := []node.ID{8, 10}, []node.ID{9, 11, 13, 15}
+	in := Input{Servers: s, Workers: w, Capacity: caps(1e9, slices.Concat(s, w), map[node.ID]float64{10: 1}), ModelBytes: 1e8}
 	p, err := Balance(in)
 	if err != nil {
 		t.Fatal(err)
@@ -176,8 +178,8 @@ func TestBalanceDeadSlowServer(t *testing.T) {
 // The shares do not depend on the model size, which may be unknown (0),
 // and neither does the choice between the even split and the balanced one.
 func TestBalanceModelSize(t *testing.T) {
-	s, w := []uint32{8, 10}, []uint32{9, 11, 13, 15}
-	c := caps(1e9, slices.Concat(s, w), map[uint32]float64{10: 2e8, 13: 5e8})
+	s, w := []node.ID{8, 10}, []node.ID{9, 11, 13, 15}
+	c := caps(1e9, slices.Concat(s, w), map[node.ID]float64{10: 2e8, 13: 5e8})
 	ref, err := Balance(Input{Servers: s, Workers: w, Capacity: c, ModelBytes: 1e8})
 	if err != nil || !ref.Balanced {
 		t.Fatalf("reference: %v, %+v", err, ref)
@@ -203,7 +205,7 @@ func TestBalanceModelSize(t *testing.T) {
 
 // Predictions too long for a Duration saturate rather than wrap.
 func TestPredictSaturates(t *testing.T) {
-	s, w := []uint32{8}, []uint32{9, 11, 13}
+	s, w := []node.ID{8}, []node.ID{9, 11, 13}
 	in := Input{Servers: s, Workers: w, Capacity: caps(1e-6, slices.Concat(s, w), nil), ModelBytes: 1e18}
 	got, err := Predict(in, Even(1, 0, s))
 	if err != nil {
@@ -215,10 +217,10 @@ func TestPredictSaturates(t *testing.T) {
 }
 
 func TestBalanceErrors(t *testing.T) {
-	s, w := []uint32{8, 10}, []uint32{9, 11}
-	ok := func() map[uint32]float64 { return caps(1e9, slices.Concat(s, w), nil) }
-	with := func(id uint32, c float64) map[uint32]float64 { m := ok(); m[id] = c; return m }
-	without := func(id uint32) map[uint32]float64 { m := ok(); delete(m, id); return m }
+	s, w := []node.ID{8, 10}, []node.ID{9, 11}
+	ok := func() map[node.ID]float64 { return caps(1e9, slices.Concat(s, w), nil) }
+	with := func(id node.ID, c float64) map[node.ID]float64 { m := ok(); m[id] = c; return m }
+	without := func(id node.ID) map[node.ID]float64 { m := ok(); delete(m, id); return m }
 	cases := []struct {
 		name     string
 		in       Input
@@ -254,50 +256,50 @@ func TestBalanceErrors(t *testing.T) {
 	}
 	// A malformed decision is an error, not a panic.
 	in := Input{Servers: s, Workers: w, Capacity: ok(), ModelBytes: 1}
-	bad := Decision{Version: 1, Aggregators: []uint32{8, 10}, Shares: []float64{1}}
+	bad := Decision{Version: 1, Aggregators: []node.ID{8, 10}, Shares: []float64{1}}
 	if _, err := Predict(in, bad); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Predict of a decision with a missing share: %v", err)
 	}
 }
 
 func TestWeights(t *testing.T) {
-	servers, workers := []uint32{8, 10}, []uint32{9, 11}
-	d := Decision{Aggregators: []uint32{8, 10, 9}, Shares: []float64{0.5, 0.25, 0.25}}
+	servers, workers := []node.ID{8, 10}, []node.ID{9, 11}
+	d := Decision{Aggregators: []node.ID{8, 10, 9}, Shares: []float64{0.5, 0.25, 0.25}}
 	cases := []struct {
 		name string
 		d    Decision
-		self uint32
-		want map[uint32]float64
+		self node.ID
+		want map[node.ID]float64
 	}{
 		{
 			// to 8 its half; to 10 its quarter; to worker 11 its own sums (¼)
 			name: "aggregating worker", d: d, self: 9,
-			want: map[uint32]float64{8: 1, 10: 0.5, 11: 0.5},
+			want: map[node.ID]float64{8: 1, 10: 0.5, 11: 0.5},
 		},
 		{
 			// to 8 and 10 its contributions; to worker 9 its contribution to 9's share
 			name: "plain worker", d: d, self: 11,
-			want: map[uint32]float64{8: 1, 10: 0.5, 9: 0.5},
+			want: map[node.ID]float64{8: 1, 10: 0.5, 9: 0.5},
 		},
 		{
 			name: "server: sums to every worker, nothing to servers", d: d, self: 8,
-			want: map[uint32]float64{10: MinWeight, 9: 1, 11: 1},
+			want: map[node.ID]float64{10: MinWeight, 9: 1, 11: 1},
 		},
 		{
-			name: "zero-share server gets MinWeight from a worker", d: Even(1, 0, []uint32{8}), self: 9,
-			want: map[uint32]float64{8: 1, 10: MinWeight, 11: MinWeight},
+			name: "zero-share server gets MinWeight from a worker", d: Even(1, 0, []node.ID{8}), self: 9,
+			want: map[node.ID]float64{8: 1, 10: MinWeight, 11: MinWeight},
 		},
 		{
-			name: "zero-share server sends nothing", d: Even(1, 0, []uint32{8}), self: 10,
-			want: map[uint32]float64{8: MinWeight, 9: MinWeight, 11: MinWeight},
+			name: "zero-share server sends nothing", d: Even(1, 0, []node.ID{8}), self: 10,
+			want: map[node.ID]float64{8: MinWeight, 9: MinWeight, 11: MinWeight},
 		},
 		{
 			name: "even over servers", d: Even(1, 0, servers), self: 11,
-			want: map[uint32]float64{8: 1, 10: 1, 9: MinWeight},
+			want: map[node.ID]float64{8: 1, 10: 1, 9: MinWeight},
 		},
 		{
-			name: "tiny share floored", d: Decision{Aggregators: []uint32{8, 10}, Shares: []float64{0.999, 0.001}}, self: 9,
-			want: map[uint32]float64{8: 1, 10: MinWeight, 11: MinWeight},
+			name: "tiny share floored", d: Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{0.999, 0.001}}, self: 9,
+			want: map[node.ID]float64{8: 1, 10: MinWeight, 11: MinWeight},
 		},
 	}
 	for _, c := range cases {

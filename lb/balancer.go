@@ -40,7 +40,7 @@ func (s State) String() string {
 type Config struct {
 	// Servers and Workers are the node ids; the initial decision, which
 	// every node starts with on its own, is Even(0, 0, Servers).
-	Servers, Workers []uint32
+	Servers, Workers []node.ID
 	// Lookahead is how many iterations past the last one done workers may
 	// push (default 2). A decision takes effect after every iteration
 	// already granted, so it also sets how late decisions land.
@@ -89,14 +89,14 @@ const (
 // use.
 type Balancer struct {
 	cfg      Config
-	isWorker map[uint32]bool // every known node
-	all      []uint32        // servers then workers: the probe's aggregators
+	isWorker map[node.ID]bool // every known node
+	all      []node.ID        // servers then workers: the probe's aggregators
 
 	state   State
-	horizon uint64            // the last iteration granted
-	next    uint64            // the next iteration to become done
-	seen    map[uint32]uint64 // per node: 1 + the highest iteration reported (0: none)
-	model   uint64            // M: the largest ModelBytes a worker reported
+	horizon uint64             // the last iteration granted
+	next    uint64             // the next iteration to become done
+	seen    map[node.ID]uint64 // per node: 1 + the highest iteration reported (0: none)
+	model   uint64             // M: the largest ModelBytes a worker reported
 
 	current Decision // the latest decision issued
 	good    Decision // the latest non-probe decision: what a failed probe falls back to
@@ -108,7 +108,7 @@ type Balancer struct {
 	probeWhy string
 
 	// Per-node highest rates, from samples of iterations in [from, to].
-	up, down map[uint32]float64
+	up, down map[node.ID]float64
 	from, to uint64
 
 	enteredAt      uint64 // the step that entered Balanced
@@ -129,9 +129,9 @@ func NewBalancer(cfg Config) (*Balancer, error) {
 	}
 	b := &Balancer{
 		cfg:      cfg,
-		isWorker: make(map[uint32]bool, len(cfg.Servers)+len(cfg.Workers)),
+		isWorker: make(map[node.ID]bool, len(cfg.Servers)+len(cfg.Workers)),
 		all:      slices.Concat(cfg.Servers, cfg.Workers),
-		seen:     make(map[uint32]uint64, len(cfg.Servers)+len(cfg.Workers)),
+		seen:     make(map[node.ID]uint64, len(cfg.Servers)+len(cfg.Workers)),
 		horizon:  cfg.Lookahead,
 		current:  Even(0, 0, cfg.Servers),
 		probeAt:  cfg.Warmup,
@@ -139,8 +139,8 @@ func NewBalancer(cfg Config) (*Balancer, error) {
 		// The warm-up's rates count towards the first probe's: on the even
 		// split over the servers those carry the most and show their
 		// capacity best, while the probe loads them least.
-		up:   make(map[uint32]float64, len(cfg.Servers)+len(cfg.Workers)),
-		down: make(map[uint32]float64, len(cfg.Servers)+len(cfg.Workers)),
+		up:   make(map[node.ID]float64, len(cfg.Servers)+len(cfg.Workers)),
+		down: make(map[node.ID]float64, len(cfg.Servers)+len(cfg.Workers)),
 		from: 1,
 		to:   math.MaxUint64,
 	}
@@ -163,7 +163,7 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%d nodes, more than a decision can name (%d)", n, MaxAggregators)
 	}
 	c.Servers, c.Workers = slices.Clone(c.Servers), slices.Clone(c.Workers)
-	seen := make(map[uint32]bool, len(c.Servers)+len(c.Workers))
+	seen := make(map[node.ID]bool, len(c.Servers)+len(c.Workers))
 	for _, id := range slices.Concat(c.Servers, c.Workers) {
 		if seen[id] {
 			return fmt.Errorf("node %s named twice", node.ID(id))
@@ -297,7 +297,7 @@ func (b *Balancer) step(i uint64, wall time.Duration) Directive {
 
 // issue makes the next decision from a split: the next version, taking
 // effect right after prev, the last iteration granted before it.
-func (b *Balancer) issue(i, prev uint64, aggs []uint32, shares []float64) (*Decision, error) {
+func (b *Balancer) issue(i, prev uint64, aggs []node.ID, shares []float64) (*Decision, error) {
 	d := Decision{
 		Version:     b.current.Version + 1,
 		Iteration:   prev + 1,
@@ -324,7 +324,7 @@ func (b *Balancer) startProbe(i, prev uint64, why string, keep bool) Directive {
 	}
 	b.state = Probe
 	if !keep || b.up == nil {
-		b.up, b.down = make(map[uint32]float64, len(b.all)), make(map[uint32]float64, len(b.all))
+		b.up, b.down = make(map[node.ID]float64, len(b.all)), make(map[node.ID]float64, len(b.all))
 		b.from = dec.Iteration
 	}
 	b.to = dec.Iteration + b.cfg.ProbeIterations - 1
@@ -380,7 +380,7 @@ func (b *Balancer) fallBack(i, prev uint64, cause error) Directive {
 	b.probeAt = satAdd(i, b.cfg.RetryAfter)
 	b.probeWhy = "retrying after a failed probe"
 	// Measure again from the next iteration, on the split fallen back to.
-	b.up, b.down = make(map[uint32]float64, len(b.all)), make(map[uint32]float64, len(b.all))
+	b.up, b.down = make(map[node.ID]float64, len(b.all)), make(map[node.ID]float64, len(b.all))
 	b.from, b.to = i+1, math.MaxUint64
 	return Directive{
 		Decision: dec,
@@ -454,7 +454,7 @@ func (b *Balancer) balanced(i, prev uint64, wall time.Duration) Directive {
 // of its highest send and receive rates; nodes without both are left out
 // (Balance then fails, naming one).
 func (b *Balancer) input() Input {
-	c := make(map[uint32]float64, len(b.all))
+	c := make(map[node.ID]float64, len(b.all))
 	for _, id := range b.all {
 		if u, d := b.up[id], b.down[id]; u > 0 && d > 0 {
 			c[id] = min(u, d)
@@ -493,7 +493,7 @@ func (b *Balancer) times(d time.Duration) string {
 }
 
 // capacities formats the capacities in Mbit/s, servers then workers.
-func (b *Balancer) capacities(c map[uint32]float64) string {
+func (b *Balancer) capacities(c map[node.ID]float64) string {
 	var sb strings.Builder
 	for i, id := range b.all {
 		if i > 0 {

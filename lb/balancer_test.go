@@ -13,12 +13,12 @@ import (
 )
 
 // ids returns the node ids of n servers and m workers.
-func ids(n, m int) (servers, workers []uint32) {
+func ids(n, m int) (servers, workers []node.ID) {
 	for r := range n {
-		servers = append(servers, uint32(node.ServerID(r)))
+		servers = append(servers, node.ServerID(r))
 	}
 	for r := range m {
-		workers = append(workers, uint32(node.WorkerID(r)))
+		workers = append(workers, node.WorkerID(r))
 	}
 	return servers, workers
 }
@@ -29,11 +29,11 @@ func ids(n, m int) (servers, workers []uint32) {
 type sim struct {
 	t        *testing.T
 	b        *Balancer
-	servers  []uint32
-	workers  []uint32
-	rate     func(id uint32, it uint64) (up, down float64)
+	servers  []node.ID
+	workers  []node.ID
+	rate     func(id node.ID, it uint64) (up, down float64)
 	iterTime func(it uint64) time.Duration
-	skip     func(id uint32, it uint64) bool // samples not sent
+	skip     func(id node.ID, it uint64) bool // samples not sent
 	model    uint64
 	now      time.Time
 	it       uint64 // the next iteration to report
@@ -95,9 +95,9 @@ func newSim(t *testing.T, cfg Config) *sim {
 	}
 	s := &sim{
 		t: t, b: b, servers: cfg.Servers, workers: cfg.Workers,
-		rate:     func(uint32, uint64) (float64, float64) { return 1e9, 1e9 },
+		rate:     func(node.ID, uint64) (float64, float64) { return 1e9, 1e9 },
 		iterTime: func(uint64) time.Duration { return 100 * time.Millisecond },
-		skip:     func(uint32, uint64) bool { return false },
+		skip:     func(node.ID, uint64) bool { return false },
 		model:    100 << 20,
 		now:      time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC),
 	}
@@ -198,8 +198,8 @@ func TestBalancerProbe(t *testing.T) {
 	cases := []struct {
 		name             string
 		servers, workers int
-		rate             func(id uint32, it uint64) (up, down float64)
-		skip             func(id uint32, it uint64) bool
+		rate             func(id node.ID, it uint64) (up, down float64)
+		skip             func(id node.ID, it uint64) bool
 		late             bool // the probe waits an iteration for a server's report
 		state            State
 		check            func(t *testing.T, d Decision)
@@ -215,7 +215,7 @@ func TestBalancerProbe(t *testing.T) {
 		},
 		{
 			name: "one dead-slow server gets next to nothing", servers: 2, workers: 4,
-			rate: func(id uint32, _ uint64) (float64, float64) {
+			rate: func(id node.ID, _ uint64) (float64, float64) {
 				if id == 10 {
 					return 1, 2
 				}
@@ -232,7 +232,7 @@ func TestBalancerProbe(t *testing.T) {
 		},
 		{
 			name: "slow server, two workers: the workers take it all", servers: 2, workers: 2,
-			rate: func(id uint32, _ uint64) (float64, float64) {
+			rate: func(id node.ID, _ uint64) (float64, float64) {
 				if id == 10 {
 					return gb, gb / 4 // the slower side counts
 				}
@@ -247,12 +247,12 @@ func TestBalancerProbe(t *testing.T) {
 		},
 		{
 			name: "all-zero samples: fall back", servers: 2, workers: 2,
-			rate:  func(uint32, uint64) (float64, float64) { return 0, 0 },
+			rate:  func(node.ID, uint64) (float64, float64) { return 0, 0 },
 			state: Default,
 		},
 		{
 			name: "one side never measured: fall back", servers: 2, workers: 2,
-			rate: func(id uint32, _ uint64) (float64, float64) {
+			rate: func(id node.ID, _ uint64) (float64, float64) {
 				if id == 9 {
 					return gb, 0
 				}
@@ -262,7 +262,7 @@ func TestBalancerProbe(t *testing.T) {
 		},
 		{
 			name: "no server samples: fall back", servers: 2, workers: 2,
-			skip:  func(id uint32, _ uint64) bool { return id%2 == 0 },
+			skip:  func(id node.ID, _ uint64) bool { return id%2 == 0 },
 			late:  true,
 			state: Default,
 		},
@@ -270,19 +270,19 @@ func TestBalancerProbe(t *testing.T) {
 			// Its warm-up samples stand for it: they were measured on the
 			// even split, where a server carries the most.
 			name: "one server silent in the probe window: the warm-up's rates count", servers: 2, workers: 3,
-			skip:  func(id uint32, it uint64) bool { return id == 10 && it >= 4 },
+			skip:  func(id node.ID, it uint64) bool { return id == 10 && it >= 4 },
 			late:  true,
 			state: Balanced,
 		},
 		{
 			name: "one server silent from the start: fall back", servers: 2, workers: 3,
-			skip:  func(id uint32, _ uint64) bool { return id == 10 },
+			skip:  func(id node.ID, _ uint64) bool { return id == 10 },
 			late:  true,
 			state: Default,
 		},
 		{
 			name: "NaN, Inf, negative and huge rates are not measurements", servers: 2, workers: 2,
-			rate: func(id uint32, it uint64) (float64, float64) {
+			rate: func(id node.ID, it uint64) (float64, float64) {
 				switch id {
 				case 8:
 					return math.NaN(), gb
@@ -343,7 +343,7 @@ func TestBalancerProbe(t *testing.T) {
 // nothing.
 func TestBalancerIgnoresHostileSamples(t *testing.T) {
 	servers, workers := ids(2, 3)
-	rate := func(id uint32, it uint64) (float64, float64) {
+	rate := func(id node.ID, it uint64) (float64, float64) {
 		if id == 10 {
 			return 3e8, 2e8
 		}
@@ -360,7 +360,7 @@ func TestBalancerIgnoresHostileSamples(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hostile := func(id uint32, it uint64) []Sample {
+	hostile := func(id node.ID, it uint64) []Sample {
 		out := []Sample{
 			{Node: 3, Iteration: it, UpRate: 1, DownRate: 1},
 			{Node: 999, Iteration: it, UpRate: 1e9, DownRate: 1e9, ModelBytes: 1 << 50},
@@ -542,7 +542,7 @@ func TestBalancerProbeEvery(t *testing.T) {
 func TestBalancerRefine(t *testing.T) {
 	servers, workers := ids(2, 4)
 	s := newSim(t, Config{Servers: servers, Workers: workers})
-	s.rate = func(id uint32, it uint64) (float64, float64) {
+	s.rate = func(id node.ID, it uint64) (float64, float64) {
 		if id == 10 && it < 9 {
 			return 2.5e8, 2.5e8 // a quarter, while probing
 		}
@@ -568,7 +568,7 @@ func TestBalancerRefine(t *testing.T) {
 
 	// Rates creeping up each iteration: refinements keep coming, spaced.
 	s = newSim(t, Config{Servers: servers, Workers: workers, Tolerance: 0.01})
-	s.rate = func(id uint32, it uint64) (float64, float64) {
+	s.rate = func(id node.ID, it uint64) (float64, float64) {
 		if id == 10 {
 			return 1e8 * float64(1+it), 1e10
 		}
@@ -593,8 +593,8 @@ func TestNewBalancer(t *testing.T) {
 	bad := map[string]Config{
 		"no servers":          with(func(c *Config) { c.Servers = nil }),
 		"no workers":          with(func(c *Config) { c.Workers = nil }),
-		"duplicate server":    with(func(c *Config) { c.Servers = []uint32{8, 8} }),
-		"server and worker":   with(func(c *Config) { c.Workers = []uint32{9, 8} }),
+		"duplicate server":    with(func(c *Config) { c.Servers = []node.ID{8, 8} }),
+		"server and worker":   with(func(c *Config) { c.Workers = []node.ID{9, 8} }),
 		"NaN tolerance":       with(func(c *Config) { c.Tolerance = math.NaN() }),
 		"negative tolerance":  with(func(c *Config) { c.Tolerance = -0.1 }),
 		"Inf tolerance":       with(func(c *Config) { c.Tolerance = math.Inf(1) }),
@@ -604,7 +604,7 @@ func TestNewBalancer(t *testing.T) {
 		"negative drift runs": with(func(c *Config) { c.DriftIterations = -1 }),
 		"huge lookahead":      with(func(c *Config) { c.Lookahead = 1 << 40 }),
 		"huge probe":          with(func(c *Config) { c.ProbeIterations = 1 << 40 }),
-		"too many nodes":      with(func(c *Config) { c.Workers = make([]uint32, MaxAggregators) }),
+		"too many nodes":      with(func(c *Config) { c.Workers = make([]node.ID, MaxAggregators) }),
 	}
 	for name, cfg := range bad {
 		if _, err := NewBalancer(cfg); err == nil {
@@ -639,7 +639,7 @@ func TestNewBalancer(t *testing.T) {
 func TestBalancerManyNodes(t *testing.T) {
 	servers, workers := ids(200, 200)
 	s := newSim(t, Config{Servers: servers, Workers: workers})
-	s.rate = func(id uint32, _ uint64) (float64, float64) { return 1e9 + float64(id), 1e9 }
+	s.rate = func(id node.ID, _ uint64) (float64, float64) { return 1e9 + float64(id), 1e9 }
 	s.run(10)
 	ds := s.decisions()
 	if len(ds) != 2 || len(ds[1].d.Reason) > MaxReason || !strings.HasSuffix(ds[1].d.Reason, "…") {
@@ -699,11 +699,11 @@ func TestBalancerInvariants(t *testing.T) {
 		c.check(t, b.Start())
 
 		all := slices.Concat(servers, workers)
-		capacity := map[uint32]float64{}
+		capacity := map[node.ID]float64{}
 		for _, id := range all {
 			capacity[id] = []float64{0, 1, 1e6, 1e9, 1e9, 1e9, 5e9}[rng.IntN(7)]
 		}
-		rate := func(id uint32) float64 {
+		rate := func(id node.ID) float64 {
 			switch rng.IntN(40) {
 			case 0:
 				return math.NaN()
@@ -718,8 +718,8 @@ func TestBalancerInvariants(t *testing.T) {
 			}
 			return capacity[id] * (0.5 + rng.Float64())
 		}
-		next := map[uint32]uint64{} // each node's next iteration to report
-		var bag []Sample            // sent, not yet delivered
+		next := map[node.ID]uint64{} // each node's next iteration to report
+		var bag []Sample             // sent, not yet delivered
 		now := time.Unix(1000, 0)
 		const iterations = 60
 		for ticks := 0; ; ticks++ {

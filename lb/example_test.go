@@ -1,6 +1,8 @@
 package lb_test
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"fmt"
 
 	"github.com/fptps/fpt/lb"
@@ -10,7 +12,7 @@ import (
 // 12), in partitions of at most 768 KiB; a 4 KiB tensor goes whole to one
 // server.
 func ExampleDecision_Layout() {
-	d := lb.Even(1, 0, []uint32{8, 10, 12})
+	d := lb.Even(1, 0, []node.ID{8, 10, 12})
 	for _, p := range d.Layout(42, 3<<20, 4, 768<<10) {
 		fmt.Printf("partition %d: [%d, +%d) -> node %d\n", p.Index, p.Offset, p.Length, p.Aggregator)
 	}

@@ -1,6 +1,8 @@
 package lb
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"fmt"
 	"math"
 	"math/bits"
@@ -26,7 +28,7 @@ const shareScale = 1 << 32
 type Partition struct {
 	Index          uint32
 	Offset, Length uint64
-	Aggregator     uint32
+	Aggregator     node.ID
 }
 
 // Layout cuts one tensor of total bytes, made of elemSize-byte elements,
@@ -153,7 +155,7 @@ func (d Decision) Layout(key uint64, total uint64, elemSize int, maxPart uint64)
 
 // cut appends the pieces of [off, off+length) of at most maxPart bytes, all
 // full but the last, assigned to agg and indexed after those in parts.
-func cut(parts []Partition, off, length, maxPart uint64, agg uint32) []Partition {
+func cut(parts []Partition, off, length, maxPart uint64, agg node.ID) []Partition {
 	if parts == nil {
 		parts = make([]Partition, 0, (length+maxPart-1)/maxPart)
 	}

@@ -23,6 +23,8 @@
 package lb
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"errors"
 	"fmt"
 	"math"
@@ -34,7 +36,7 @@ import (
 type Decision struct {
 	Version     uint32
 	Iteration   uint64    // first iteration it applies to
-	Aggregators []uint32  // node ids (servers now; workers too later)
+	Aggregators []node.ID // servers and workers
 	Shares      []float64 // same length; non-negative; sum 1
 }
 
@@ -46,11 +48,11 @@ var ErrInvalid = errors.New("lb: invalid decision")
 
 // Even returns the default decision: equal shares over the given
 // aggregators, in their order. The slice is copied.
-func Even(version uint32, iteration uint64, aggregators []uint32) Decision {
+func Even(version uint32, iteration uint64, aggregators []node.ID) Decision {
 	d := Decision{
 		Version:     version,
 		Iteration:   iteration,
-		Aggregators: append([]uint32(nil), aggregators...),
+		Aggregators: append([]node.ID(nil), aggregators...),
 		Shares:      make([]float64, len(aggregators)),
 	}
 	for i := range d.Shares {
@@ -79,7 +81,7 @@ func (d Decision) Validate() error {
 	if math.Abs(sum-1) > ShareTolerance {
 		return fmt.Errorf("%w: version %d's shares sum to %.12g, not 1", ErrInvalid, d.Version, sum)
 	}
-	seen := make(map[uint32]bool, len(d.Aggregators))
+	seen := make(map[node.ID]bool, len(d.Aggregators))
 	for _, a := range d.Aggregators {
 		if seen[a] {
 			return fmt.Errorf("%w: version %d names aggregator %d twice", ErrInvalid, d.Version, a)

@@ -1,6 +1,8 @@
 package lb
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -10,9 +12,9 @@ import (
 
 func TestEven(t *testing.T) {
 	for n := 1; n <= 5; n++ {
-		aggs := make([]uint32, n)
+		aggs := make([]node.ID, n)
 		for i := range aggs {
-			aggs[i] = uint32(8 + 2*i)
+			aggs[i] = node.ID(8 + 2*i)
 		}
 		d := Even(3, 17, aggs)
 		if err := d.Validate(); err != nil {
@@ -42,20 +44,20 @@ func TestValidate(t *testing.T) {
 		d    Decision
 		ok   bool
 	}{
-		{"even", Even(1, 0, []uint32{8, 10}), true},
-		{"weighted", Decision{Aggregators: []uint32{8, 10, 9}, Shares: []float64{0.5, 0.3, 0.2}}, true},
-		{"zero share allowed", Decision{Aggregators: []uint32{8, 10}, Shares: []float64{1, 0}}, true},
-		{"within tolerance", Decision{Aggregators: []uint32{8, 10}, Shares: []float64{0.5, 0.5 + 1e-10}}, true},
+		{"even", Even(1, 0, []node.ID{8, 10}), true},
+		{"weighted", Decision{Aggregators: []node.ID{8, 10, 9}, Shares: []float64{0.5, 0.3, 0.2}}, true},
+		{"zero share allowed", Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{1, 0}}, true},
+		{"within tolerance", Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{0.5, 0.5 + 1e-10}}, true},
 		{"empty", Decision{}, false},
-		{"shares missing", Decision{Aggregators: []uint32{8, 10}, Shares: []float64{1}}, false},
-		{"too many shares", Decision{Aggregators: []uint32{8}, Shares: []float64{1, 0}}, false},
-		{"negative", Decision{Aggregators: []uint32{8, 10}, Shares: []float64{1.5, -0.5}}, false},
-		{"NaN", Decision{Aggregators: []uint32{8, 10}, Shares: []float64{math.NaN(), 1}}, false},
-		{"Inf", Decision{Aggregators: []uint32{8, 10}, Shares: []float64{math.Inf(1), 1}}, false},
-		{"sum too small", Decision{Aggregators: []uint32{8, 10}, Shares: []float64{0.5, 0.4}}, false},
-		{"sum off by 1e-8", Decision{Aggregators: []uint32{8, 10}, Shares: []float64{0.5, 0.5 + 1e-8}}, false},
-		{"all zero", Decision{Aggregators: []uint32{8, 10}, Shares: []float64{0, 0}}, false},
-		{"duplicate aggregator", Decision{Aggregators: []uint32{8, 10, 8}, Shares: []float64{0.4, 0.3, 0.3}}, false},
+		{"shares missing", Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{1}}, false},
+		{"too many shares", Decision{Aggregators: []node.ID{8}, Shares: []float64{1, 0}}, false},
+		{"negative", Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{1.5, -0.5}}, false},
+		{"NaN", Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{math.NaN(), 1}}, false},
+		{"Inf", Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{math.Inf(1), 1}}, false},
+		{"sum too small", Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{0.5, 0.4}}, false},
+		{"sum off by 1e-8", Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{0.5, 0.5 + 1e-8}}, false},
+		{"all zero", Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{0, 0}}, false},
+		{"duplicate aggregator", Decision{Aggregators: []node.ID{8, 10, 8}, Shares: []float64{0.4, 0.3, 0.3}}, false},
 	}
 	for _, c := range cases {
 		err := c.d.Validate()
@@ -70,17 +72,17 @@ func TestValidate(t *testing.T) {
 
 // checkLayout verifies the invariants every layout must satisfy and returns
 // the bytes each aggregator received.
-func checkLayout(t *testing.T, d Decision, key, total uint64, es int, maxPart uint64, parts []Partition) map[uint32]uint64 {
+func checkLayout(t *testing.T, d Decision, key, total uint64, es int, maxPart uint64, parts []Partition) map[node.ID]uint64 {
 	t.Helper()
 	mp := maxPart - maxPart%uint64(es)
 	if mp < uint64(es) {
 		mp = uint64(es)
 	}
-	known := map[uint32]bool{}
+	known := map[node.ID]bool{}
 	for _, a := range d.Aggregators {
 		known[a] = true
 	}
-	got := map[uint32]uint64{}
+	got := map[node.ID]uint64{}
 	var off uint64
 	for i, p := range parts {
 		switch {
@@ -118,11 +120,11 @@ func checkLayout(t *testing.T, d Decision, key, total uint64, es int, maxPart ui
 // zero shares.
 func randomDecision(rng *rand.Rand) Decision {
 	n := 1 + rng.IntN(6)
-	d := Decision{Aggregators: make([]uint32, n), Shares: make([]float64, n)}
+	d := Decision{Aggregators: make([]node.ID, n), Shares: make([]float64, n)}
 	perm := rng.Perm(20)
 	var sum float64
 	for i := range n {
-		d.Aggregators[i] = uint32(8 + perm[i])
+		d.Aggregators[i] = node.ID(8 + perm[i])
 		if i == 0 || rng.IntN(4) != 0 {
 			d.Shares[i] = rng.Float64() + 0.01
 		}
@@ -189,7 +191,7 @@ func TestLayoutRandom(t *testing.T) {
 }
 
 func TestLayoutBasics(t *testing.T) {
-	d := Even(1, 0, []uint32{8, 10, 12})
+	d := Even(1, 0, []node.ID{8, 10, 12})
 	if p := d.Layout(5, 0, 4, 1<<20); p != nil {
 		t.Fatalf("empty tensor: %v", p)
 	}
@@ -227,12 +229,12 @@ func TestLayoutBasics(t *testing.T) {
 }
 
 func TestLayoutPanics(t *testing.T) {
-	d := Even(1, 0, []uint32{8})
+	d := Even(1, 0, []node.ID{8})
 	for name, f := range map[string]func(){
 		"elemSize 0":        func() { d.Layout(1, 8, 0, 8) },
 		"total not whole":   func() { d.Layout(1, 10, 4, 8) },
-		"no positive share": func() { Decision{Aggregators: []uint32{8}, Shares: []float64{0}}.Layout(1, 8, 4, 8) },
-		"shares missing":    func() { Decision{Aggregators: []uint32{8}}.Layout(1, 8, 4, 8) },
+		"no positive share": func() { Decision{Aggregators: []node.ID{8}, Shares: []float64{0}}.Layout(1, 8, 4, 8) },
+		"shares missing":    func() { Decision{Aggregators: []node.ID{8}}.Layout(1, 8, 4, 8) },
 	} {
 		func() {
 			defer func() {
@@ -247,7 +249,7 @@ func TestLayoutPanics(t *testing.T) {
 
 // TestLayoutHuge: a 5 GiB tensor (lengths past 32 bits) is just arithmetic.
 func TestLayoutHuge(t *testing.T) {
-	d := Decision{Aggregators: []uint32{8, 10, 12}, Shares: []float64{0.5, 0.25, 0.25}}
+	d := Decision{Aggregators: []node.ID{8, 10, 12}, Shares: []float64{0.5, 0.25, 0.25}}
 	const total = 5 << 30
 	parts := d.Layout(99, total, 2, 4<<20)
 	got := checkLayout(t, d, 99, total, 2, 4<<20, parts)
@@ -269,16 +271,16 @@ func TestLayoutSmallSpread(t *testing.T) {
 		name string
 		d    Decision
 	}{
-		{"even 1", Even(1, 0, []uint32{8})},
-		{"even 2", Even(1, 0, []uint32{8, 10})},
-		{"even 3", Even(1, 0, []uint32{8, 10, 12})},
-		{"even 5", Even(1, 0, []uint32{8, 10, 12, 14, 16})},
-		{"weighted with a zero", Decision{Aggregators: []uint32{8, 10, 12, 14}, Shares: []float64{0.5, 0.3, 0, 0.2}}},
+		{"even 1", Even(1, 0, []node.ID{8})},
+		{"even 2", Even(1, 0, []node.ID{8, 10})},
+		{"even 3", Even(1, 0, []node.ID{8, 10, 12})},
+		{"even 5", Even(1, 0, []node.ID{8, 10, 12, 14, 16})},
+		{"weighted with a zero", Decision{Aggregators: []node.ID{8, 10, 12, 14}, Shares: []float64{0.5, 0.3, 0, 0.2}}},
 	}
 	const keys = 20000
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			count := map[uint32]int{}
+			count := map[node.ID]int{}
 			for k := range uint64(keys) {
 				p := c.d.Layout(k, 1000*4, 4, 1<<20)
 				if len(p) != 1 {
@@ -302,8 +304,8 @@ func TestLayoutSmallSpread(t *testing.T) {
 // TestLayoutRotation: over many big tensors, the first segment goes to
 // every aggregator about equally often.
 func TestLayoutRotation(t *testing.T) {
-	d := Even(1, 0, []uint32{8, 10, 12, 14})
-	first := map[uint32]int{}
+	d := Even(1, 0, []node.ID{8, 10, 12, 14})
+	first := map[node.ID]int{}
 	const keys = 4000
 	for k := range uint64(keys) {
 		p := d.Layout(k, 4<<20, 4, 1<<20)
@@ -317,7 +319,7 @@ func TestLayoutRotation(t *testing.T) {
 }
 
 func TestSchedule(t *testing.T) {
-	aggs := []uint32{8, 10}
+	aggs := []node.ID{8, 10}
 	if _, err := NewSchedule(Decision{}); err == nil {
 		t.Fatal("invalid initial decision accepted")
 	}

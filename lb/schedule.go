@@ -1,6 +1,8 @@
 package lb
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"fmt"
 	"sort"
 )
@@ -84,7 +86,7 @@ func (s *Schedule) Len() int { return len(s.ds) }
 // clone copies d's slices, so that the schedule's decisions cannot be
 // changed through the caller's.
 func clone(d Decision) Decision {
-	d.Aggregators = append([]uint32(nil), d.Aggregators...)
+	d.Aggregators = append([]node.ID(nil), d.Aggregators...)
 	d.Shares = append([]float64(nil), d.Shares...)
 	return d
 }

@@ -12,7 +12,7 @@ import (
 
 // Sample is one node's report to the LB scheduler, sent once per iteration.
 type Sample struct {
-	Node uint32
+	Node node.ID
 	// Iteration is the iteration the node just finished: a worker sends
 	// i when it starts pushing i+1 (iteration 0 is the init round); a
 	// server sends i when it sees iteration i+1 begin.
@@ -102,7 +102,7 @@ func malformed(format string, args ...any) error {
 func (s Sample) MarshalBinary() ([]byte, error) {
 	b := make([]byte, 0, sampleLen)
 	b = append(b, sampleV1)
-	b = binary.LittleEndian.AppendUint32(b, s.Node)
+	b = binary.LittleEndian.AppendUint32(b, uint32(s.Node))
 	b = binary.LittleEndian.AppendUint64(b, s.Iteration)
 	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(s.UpRate))
 	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(s.DownRate))
@@ -123,7 +123,7 @@ func UnmarshalSample(b []byte) (Sample, error) {
 	}
 	le := binary.LittleEndian
 	return Sample{
-		Node:          le.Uint32(b[1:]),
+		Node:          node.ID(le.Uint32(b[1:])),
 		Iteration:     le.Uint64(b[5:]),
 		UpRate:        math.Float64frombits(le.Uint64(b[13:])),
 		DownRate:      math.Float64frombits(le.Uint64(b[21:])),
@@ -178,7 +178,7 @@ func (d Directive) MarshalBinary() ([]byte, error) {
 		b = binary.LittleEndian.AppendUint64(b, dec.Iteration)
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(dec.Aggregators)))
 		for i, a := range dec.Aggregators {
-			b = binary.LittleEndian.AppendUint32(b, a)
+			b = binary.LittleEndian.AppendUint32(b, uint32(a))
 			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(dec.Shares[i]))
 		}
 	}
@@ -228,11 +228,11 @@ func UnmarshalDirective(b []byte) (Directive, error) {
 		if err != nil {
 			return Directive{}, err
 		}
-		dec.Aggregators = make([]uint32, n)
+		dec.Aggregators = make([]node.ID, n)
 		dec.Shares = make([]float64, n)
 		for i := range n {
 			e := body[i*aggregatorLen:]
-			dec.Aggregators[i] = binary.LittleEndian.Uint32(e)
+			dec.Aggregators[i] = node.ID(binary.LittleEndian.Uint32(e))
 			dec.Shares[i] = math.Float64frombits(binary.LittleEndian.Uint64(e[4:]))
 		}
 		if err := dec.Validate(); err != nil {

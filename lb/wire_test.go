@@ -1,6 +1,8 @@
 package lb
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -21,11 +23,11 @@ func sampleCases() map[string]Sample {
 }
 
 func directiveCases() map[string]Directive {
-	d := Decision{Version: 3, Iteration: 12, Aggregators: []uint32{8, 10, 9, 11}, Shares: []float64{0.125, 0.375, 0.25, 0.25}}
-	probe := Even(4, 20, []uint32{8, 10, 9, 11})
-	many := make([]uint32, MaxAggregators)
+	d := Decision{Version: 3, Iteration: 12, Aggregators: []node.ID{8, 10, 9, 11}, Shares: []float64{0.125, 0.375, 0.25, 0.25}}
+	probe := Even(4, 20, []node.ID{8, 10, 9, 11})
+	many := make([]node.ID, MaxAggregators)
 	for i := range many {
-		many[i] = uint32(8 + i)
+		many[i] = node.ID(8 + i)
 	}
 	big := Even(1<<32-1, 1<<64-1, many)
 	return map[string]Directive{
@@ -33,8 +35,8 @@ func directiveCases() map[string]Directive {
 		"no change":   {Horizon: 14, Shaping: true},
 		"decision":    {Horizon: 14, Decision: &d, Shaping: true, Reason: "balanced: predicted 12.0 ms vs 20.0 ms even"},
 		"probe":       {Horizon: 19, Decision: &probe, Probe: true, Reason: "probe: warm-up done"},
-		"one":         {Horizon: 1, Decision: &Decision{Version: 1, Iteration: 2, Aggregators: []uint32{8}, Shares: []float64{1}}},
-		"zero share":  {Decision: &Decision{Version: 1, Aggregators: []uint32{8, 10}, Shares: []float64{1, 0}}},
+		"one":         {Horizon: 1, Decision: &Decision{Version: 1, Iteration: 2, Aggregators: []node.ID{8}, Shares: []float64{1}}},
+		"zero share":  {Decision: &Decision{Version: 1, Aggregators: []node.ID{8, 10}, Shares: []float64{1, 0}}},
 		"utf-8":       {Horizon: 3, Reason: "débit ↑ 10 Mbit/s"},
 		"long reason": {Reason: strings.Repeat("x", MaxReason)},
 		"many":        {Horizon: 1<<64 - 1, Decision: &big, Shaping: true},
@@ -106,13 +108,13 @@ func TestDirectiveRoundTrip(t *testing.T) {
 
 func TestMarshalDirectiveRejects(t *testing.T) {
 	cases := map[string]Directive{
-		"NaN share":          {Decision: &Decision{Aggregators: []uint32{8, 10}, Shares: []float64{math.NaN(), 1}}},
-		"sum not 1":          {Decision: &Decision{Aggregators: []uint32{8, 10}, Shares: []float64{0.5, 0.4}}},
-		"missing share":      {Decision: &Decision{Aggregators: []uint32{8, 10}, Shares: []float64{1}}},
+		"NaN share":          {Decision: &Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{math.NaN(), 1}}},
+		"sum not 1":          {Decision: &Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{0.5, 0.4}}},
+		"missing share":      {Decision: &Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{1}}},
 		"no aggregators":     {Decision: &Decision{}},
 		"probe, no decision": {Probe: true},
 		"reason too long":    {Reason: strings.Repeat("x", MaxReason+1)},
-		"too many":           {Decision: func() *Decision { d := Even(1, 0, make([]uint32, MaxAggregators+1)); return &d }()},
+		"too many":           {Decision: func() *Decision { d := Even(1, 0, make([]node.ID, MaxAggregators+1)); return &d }()},
 	}
 	for name, d := range cases {
 		if b, err := d.MarshalBinary(); err == nil {
@@ -179,18 +181,18 @@ func TestDirectiveString(t *testing.T) {
 		want string
 	}{
 		{
-			Directive{Horizon: 14, Shaping: true, Decision: &Decision{Version: 3, Iteration: 12, Aggregators: []uint32{8, 10, 9, 11}, Shares: []float64{0.125, 0.375, 0.25, 0.25}}, Reason: "balanced: predicted 12.0 ms"},
+			Directive{Horizon: 14, Shaping: true, Decision: &Decision{Version: 3, Iteration: 12, Aggregators: []node.ID{8, 10, 9, 11}, Shares: []float64{0.125, 0.375, 0.25, 0.25}}, Reason: "balanced: predicted 12.0 ms"},
 			"v3 from iteration 12: server0(8) 12.5%, server1(10) 37.5%, worker0(9) 25.0%, worker1(11) 25.0% (balanced: predicted 12.0 ms)",
 		},
 		{
-			Directive{Horizon: 19, Probe: true, Decision: &Decision{Version: 4, Iteration: 19, Aggregators: []uint32{8, 9}, Shares: []float64{0.5, 0.5}}, Reason: "probe: warm-up done"},
+			Directive{Horizon: 19, Probe: true, Decision: &Decision{Version: 4, Iteration: 19, Aggregators: []node.ID{8, 9}, Shares: []float64{0.5, 0.5}}, Reason: "probe: warm-up done"},
 			"v4 from iteration 19: server0(8) 50.0%, worker0(9) 50.0%; probe; shaping off (probe: warm-up done)",
 		},
 		{Directive{Horizon: 14, Shaping: true}, "horizon 14, no change"},
 		{Directive{Horizon: 15}, "horizon 15, no change; shaping off"},
 		{Directive{Horizon: 16, Shaping: true, Reason: "waiting"}, "horizon 16, no change (waiting)"},
 		// Malformed decisions still print.
-		{Directive{Shaping: true, Decision: &Decision{Version: 1, Aggregators: []uint32{3, 8}, Shares: []float64{1}}}, "v1 from iteration 0: node(3) 100.0%, server0(8) NaN%"},
+		{Directive{Shaping: true, Decision: &Decision{Version: 1, Aggregators: []node.ID{3, 8}, Shares: []float64{1}}}, "v1 from iteration 0: node(3) 100.0%, server0(8) NaN%"},
 	}
 	for _, c := range cases {
 		if got := c.d.String(); got != c.want {

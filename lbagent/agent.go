@@ -19,7 +19,6 @@ import (
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/lb"
-	"github.com/fptps/fpt/node"
 )
 
 // Timing of the measurements.
@@ -37,7 +36,7 @@ type Apply func(lb.Directive) error
 
 // Agent is one node's LB agent.
 type Agent struct {
-	node  *cluster.Node
+	node  *cluster.Member
 	apply Apply // nil on servers
 
 	mu    sync.Mutex
@@ -54,7 +53,7 @@ type Agent struct {
 
 // New makes n's agent and installs its control handler; call it before
 // n.Start. apply is the worker's (nil on a server).
-func New(n *cluster.Node, apply Apply) *Agent {
+func New(n *cluster.Member, apply Apply) *Agent {
 	a := &Agent{node: n, apply: apply, meter: NewMeter(Window), shaping: true, quit: make(chan struct{})}
 	n.OnControl(a.handleControl)
 	return a
@@ -108,7 +107,7 @@ func (a *Agent) IterationBegan(iter, modelBytes uint64) {
 		a.mu.Unlock()
 		return
 	}
-	s := lb.Sample{Node: uint32(a.node.Self().ID), Iteration: iter - 1, ModelBytes: modelBytes}
+	s := lb.Sample{Node: a.node.Self().ID, Iteration: iter - 1, ModelBytes: modelBytes}
 	s.UpRate, s.DownRate, s.SentBytes, s.ReceivedBytes = a.meter.Take()
 	a.reported.Store(iter)
 	a.mu.Unlock()
@@ -159,17 +158,9 @@ func (a *Agent) follow(d lb.Directive) {
 	if d.Decision == nil {
 		return
 	}
-	self := uint32(a.node.Self().ID)
-	for peer, w := range lb.Weights(*d.Decision, self, ids(a.node.Servers()), ids(a.node.Workers())) {
+	self := a.node.Self().ID
+	for peer, w := range lb.Weights(*d.Decision, self, a.node.Servers(), a.node.Workers()) {
 		v.SetWeight(peer, w)
 		v.SetReceiveWeight(peer, w)
 	}
-}
-
-func ids(xs []node.ID) []uint32 {
-	out := make([]uint32, len(xs))
-	for i, x := range xs {
-		out[i] = uint32(x)
-	}
-	return out
 }

@@ -46,10 +46,10 @@ func TestVanCollector(t *testing.T) {
 		t.Errorf("before Watch: %v", err)
 	}
 	m.Watch(&fakeVan{queued: 4096, stats: []van.PeerStats{
-		{Peer: uint32(node.SchedulerID), SentBytes: 1 << 40},
-		{Peer: uint32(node.ServerID(0)), SentBytes: 1000, ReceivedBytes: 2000, SentFrames: 3, ReceivedFrames: 4, SentBusy: time.Second, ReceivedBusy: 2 * time.Second},
-		{Peer: uint32(node.ServerID(1)), SentBytes: 10, ReceivedBytes: 20, SentFrames: 1, ReceivedFrames: 2, SentBusy: 500 * time.Millisecond},
-		{Peer: uint32(node.WorkerID(1)), SentBytes: 72, ReceivedBytes: 144, SentFrames: 1, ReceivedFrames: 2, ReceivedBusy: 250 * time.Millisecond},
+		{Peer: node.SchedulerID, SentBytes: 1 << 40},
+		{Peer: node.ServerID(0), SentBytes: 1000, ReceivedBytes: 2000, SentFrames: 3, ReceivedFrames: 4, SentBusy: time.Second, ReceivedBusy: 2 * time.Second},
+		{Peer: node.ServerID(1), SentBytes: 10, ReceivedBytes: 20, SentFrames: 1, ReceivedFrames: 2, SentBusy: 500 * time.Millisecond},
+		{Peer: node.WorkerID(1), SentBytes: 72, ReceivedBytes: 144, SentFrames: 1, ReceivedFrames: 2, ReceivedBusy: 250 * time.Millisecond},
 	}})
 	want, err := os.ReadFile("testdata/watched.txt")
 	if err != nil {
@@ -134,7 +134,7 @@ func TestServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Watch(&fakeVan{stats: []van.PeerStats{{Peer: uint32(node.WorkerID(0)), ReceivedBytes: 777}}})
+	m.Watch(&fakeVan{stats: []van.PeerStats{{Peer: node.WorkerID(0), ReceivedBytes: 777}}})
 	srv, err := metrics.Serve("127.0.0.1:0", reg, testLogger(t))
 	if err != nil {
 		t.Fatal(err)

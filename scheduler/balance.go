@@ -17,9 +17,9 @@ func (s *sched) startLB() error {
 	for _, info := range s.table {
 		switch info.Role {
 		case node.Server:
-			cfg.Servers = append(cfg.Servers, uint32(info.ID))
+			cfg.Servers = append(cfg.Servers, info.ID)
 		case node.Worker:
-			cfg.Workers = append(cfg.Workers, uint32(info.ID))
+			cfg.Workers = append(cfg.Workers, info.ID)
 		}
 	}
 	b, err := lb.NewBalancer(cfg)
@@ -38,7 +38,7 @@ func (s *sched) report(m *control.Message) {
 		return
 	}
 	sample, err := lb.UnmarshalSample(m.Body)
-	if err != nil || sample.Node != uint32(m.Sender) {
+	if err != nil || sample.Node != m.Sender {
 		s.log.Warn("lb: bad report ignored", "from", m.Sender, "err", err)
 		return
 	}

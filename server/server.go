@@ -12,8 +12,8 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/fptps/fpt/aggregation"
 	"github.com/fptps/fpt/aggregator"
+	"github.com/fptps/fpt/reduce"
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lbagent"
@@ -23,9 +23,9 @@ import (
 
 // Server is a running server node.
 type Server struct {
-	node    *cluster.Node
+	node    *cluster.Member
 	workers int
-	agg     *aggregation.Aggregator
+	agg     *aggregator.Aggregator
 	agent   *lbagent.Agent         // nil when the LB is off
 	onPush  func(iteration uint64) // the agent's; nil without one
 
@@ -40,7 +40,7 @@ type stored struct {
 
 // Run starts a server on n, serves until the cluster terminates, and
 // returns the node's failure, if any.
-func Run(ctx context.Context, n *cluster.Node) error {
+func Run(ctx context.Context, n *cluster.Member) error {
 	s, err := Start(ctx, n)
 	if err != nil {
 		return err
@@ -51,7 +51,7 @@ func Run(ctx context.Context, n *cluster.Node) error {
 // Start joins the cluster as a server. With the LB on (config.LB), the
 // server reports its measured rates to the scheduler and follows its
 // directives.
-func Start(ctx context.Context, n *cluster.Node) (*Server, error) {
+func Start(ctx context.Context, n *cluster.Member) (*Server, error) {
 	s := New(n)
 	if n.Config().LB {
 		s.agent = lbagent.New(n, nil)
@@ -75,8 +75,8 @@ func (s *Server) Finalize(ctx context.Context) error {
 }
 
 // New makes the server's frame handler for n; pass it to n.Start.
-func New(n *cluster.Node) *Server {
-	return &Server{node: n, workers: n.Config().NumWorkers, agg: aggregation.New(n, nil), store: make(map[uint64]*stored)}
+func New(n *cluster.Member) *Server {
+	return &Server{node: n, workers: n.Config().NumWorkers, agg: aggregator.New(n, nil), store: make(map[uint64]*stored)}
 }
 
 // PayloadBuffer implements van.Sink: pushed partitions are read straight
@@ -115,7 +115,7 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 }
 
 // PeerLost implements van.Handler; the cluster node handles it.
-func (s *Server) PeerLost(uint32, error) {}
+func (s *Server) PeerLost(node.ID, error) {}
 
 func (s *Server) kvPush(h *frame.Header, payload []byte) error {
 	s.mu.Lock()
@@ -129,7 +129,7 @@ func (s *Server) kvPush(h *frame.Header, payload []byte) error {
 	case v.dtype != h.DType || uint64(len(v.data)) != h.Total:
 		err = fmt.Errorf("key %d holds %d bytes of %s, the push has %d bytes of %s", h.Key, len(v.data), v.dtype, h.Total, h.DType)
 	default:
-		err = aggregator.Add(h.DType, v.data[h.Offset:h.Offset+h.Length], payload)
+		err = reduce.Add(h.DType, v.data[h.Offset:h.Offset+h.Length], payload)
 	}
 	var reply *van.Message
 	if err == nil && h.Type == frame.KVPushPull {

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/internal/localcluster"
 )
 
 // The C library: scripts/build-lib.sh builds libfpt.so, installs it with

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/internal/localcluster"
 )
 
 // A whole cluster of real processes trains and every worker verifies

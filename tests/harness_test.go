@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/internal/localcluster"
 )
 
 // binaries built once for the whole package by TestMain, in dir.

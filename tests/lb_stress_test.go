@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/netem"
 )
 

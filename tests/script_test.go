@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/internal/localcluster"
 )
 
 // survivors lists processes whose environment names the cluster's

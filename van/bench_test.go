@@ -1,6 +1,8 @@
 package van
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"context"
 	"fmt"
 	"io"
@@ -26,7 +28,7 @@ func (h *countHandler) HandleFrame(*frame.Header, []byte) {
 	}
 }
 
-func (h *countHandler) PeerLost(uint32, error) {}
+func (h *countHandler) PeerLost(node.ID, error) {}
 
 // BenchmarkVan: N sender vans push frames to one receiver van over
 // loopback; a frame counts once the receiver's handler has it.
@@ -53,7 +55,7 @@ func benchVan(b *testing.B, kind string, size, peers int) {
 	defer recv.Close()
 	senders := make([]Transport, peers)
 	for i := range senders {
-		id := uint32(9 + i)
+		id := node.ID(9 + i)
 		s, _ := newVan(b, kind, id, func(c *Config) { c.PoolBytes = 64 << 20; c.MaxPayload = 64 << 20 })
 		defer s.Close()
 		connect(b, s, id, recv, 8)
@@ -66,7 +68,7 @@ func benchVan(b *testing.B, kind string, size, peers int) {
 	h.target.Store(int64(b.N))
 	var wg sync.WaitGroup
 	for i, s := range senders {
-		id := uint32(9 + i)
+		id := node.ID(9 + i)
 		wg.Go(func() {
 			for k := i; k < b.N; k += peers {
 				if err := s.Send(&Message{Header: pushHeader(id, 8, uint64(k), size), Payload: payload}); err != nil {

@@ -1,6 +1,8 @@
 package van
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"context"
 	"errors"
 	"fmt"
@@ -60,7 +62,7 @@ func (r *recvClock) read(st *counters, midFrame bool) {
 // peer is a connected node that has been introduced (dialled, or accepted
 // and said Hello).
 type peer struct {
-	id   uint32
+	id   node.ID
 	link link
 	st   *counters
 	bye  atomic.Bool // the peer said Bye: its EOF is not a loss
@@ -101,8 +103,8 @@ type core struct {
 	recv  recvShaper
 
 	mu      sync.Mutex
-	peers   map[uint32]*peer
-	stats   map[uint32]*counters
+	peers   map[node.ID]*peer
+	stats   map[node.ID]*counters
 	changed chan struct{} // closed and replaced whenever a peer is added
 
 	senderDone chan struct{}
@@ -113,38 +115,40 @@ func newCore(cfg Config) *core {
 		cfg:        cfg,
 		log:        cfg.Logger,
 		q:          newSendQueue(cfg.PoolBytes),
-		peers:      make(map[uint32]*peer),
-		stats:      make(map[uint32]*counters),
+		peers:      make(map[node.ID]*peer),
+		stats:      make(map[node.ID]*counters),
 		changed:    make(chan struct{}),
 		senderDone: make(chan struct{}),
-		recv:       recvShaper{weights: make(map[uint32]float64)},
+		recv:       recvShaper{weights: make(map[node.ID]float64)},
 	}
-	c.self.Store(cfg.Self)
+	c.self.Store(uint32(cfg.Self))
 	return c
 }
 
 // newCutter starts the receive state of a connection, with the handler's
 // sink when it has one.
-func (c *core) newCutter(peer uint32, known bool) cutter {
+func (c *core) newCutter(peer node.ID, known bool) cutter {
 	var sink func(*frame.Header) []byte
 	if s, ok := c.cfg.Handler.(Sink); ok {
 		sink = s.PayloadBuffer
 	}
-	return newCutter(c.self.Load(), peer, known, c.cfg.MaxPayload, sink)
+	return newCutter(c.selfID(), peer, known, c.cfg.MaxPayload, sink)
 }
 
 // SetSelf implements Transport.
-func (c *core) SetSelf(id uint32) { c.self.Store(id) }
+func (c *core) SetSelf(id node.ID) { c.self.Store(uint32(id)) }
+
+func (c *core) selfID() node.ID { return node.ID(c.self.Load()) }
 
 // addPeer makes a connection that has been introduced usable.
-func (c *core) addPeer(id uint32, l link) (*peer, error) {
+func (c *core) addPeer(id node.ID, l link) (*peer, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.quiet.Load() {
 		return nil, ErrClosed
 	}
 	if _, ok := c.peers[id]; ok {
-		return nil, fmt.Errorf("van: node %d already has a connection to node %d", c.self.Load(), id)
+		return nil, fmt.Errorf("van: node %d already has a connection to node %d", c.selfID(), id)
 	}
 	st := c.stats[id]
 	if st == nil {
@@ -181,7 +185,7 @@ func (c *core) dropPeer(p *peer, err error) {
 	}
 }
 
-func (c *core) lookup(id uint32) *peer {
+func (c *core) lookup(id node.ID) *peer {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.peers[id]
@@ -200,7 +204,7 @@ func (c *core) onFrame(p *peer, h *frame.Header, payload []byte) {
 
 // enqueue is Send (block) and Forward (!block).
 func (c *core) enqueue(m *Message, block bool) error {
-	id := m.Header.Recipient
+	id := node.ID(m.Header.Recipient)
 	if uint64(len(m.Payload)) > c.cfg.MaxPayload {
 		return fmt.Errorf("van: send to node %d: payload of %d bytes exceeds the maximum of %d", id, len(m.Payload), c.cfg.MaxPayload)
 	}
@@ -220,10 +224,10 @@ func (c *core) Send(m *Message) error { return c.enqueue(m, true) }
 func (c *core) Forward(m *Message) error { return c.enqueue(m, false) }
 
 // SetWeight implements Transport.
-func (c *core) SetWeight(peer uint32, weight float64) { c.q.setWeight(peer, weight) }
+func (c *core) SetWeight(peer node.ID, weight float64) { c.q.setWeight(peer, weight) }
 
 // SetReceiveWeight implements Transport.
-func (c *core) SetReceiveWeight(peer uint32, weight float64) { c.recv.setWeight(peer, weight) }
+func (c *core) SetReceiveWeight(peer node.ID, weight float64) { c.recv.setWeight(peer, weight) }
 
 // SetShaping implements Transport.
 func (c *core) SetShaping(on bool) {
@@ -255,10 +259,10 @@ func (c *core) Stats() []PeerStats {
 }
 
 // AwaitPeers implements Transport.
-func (c *core) AwaitPeers(ctx context.Context, peers []uint32) error {
+func (c *core) AwaitPeers(ctx context.Context, peers []node.ID) error {
 	for {
 		c.mu.Lock()
-		var missing []uint32
+		var missing []node.ID
 		for _, id := range peers {
 			if _, ok := c.peers[id]; !ok {
 				missing = append(missing, id)
@@ -312,7 +316,7 @@ func failAll(es []entry, err error) {
 }
 
 func (c *core) write(m *Message, hdr *[frame.HeaderSize]byte) {
-	id := m.Header.Recipient
+	id := node.ID(m.Header.Recipient)
 	p := c.lookup(id)
 	if p == nil {
 		if m.Done != nil {
@@ -320,7 +324,7 @@ func (c *core) write(m *Message, hdr *[frame.HeaderSize]byte) {
 		}
 		return
 	}
-	m.Header.Sender = c.self.Load()
+	m.Header.Sender = uint32(c.selfID())
 	m.Header.Length = uint64(len(m.Payload))
 	m.Header.Encode(hdr[:])
 	start := time.Now()
@@ -349,7 +353,7 @@ func (c *core) sayBye(hdr *[frame.HeaderSize]byte) {
 	}
 	c.mu.Unlock()
 	for _, p := range peers {
-		h := frame.Header{Type: frame.Bye, Sender: c.self.Load(), Recipient: p.id}
+		h := frame.Header{Type: frame.Bye, Sender: uint32(c.selfID()), Recipient: uint32(p.id)}
 		h.Encode(hdr[:])
 		if err := p.link.writeFrame(hdr[:], nil, min(byeTimeout, c.cfg.IOTimeout)); err != nil {
 			c.log.Debug("van: bye not sent", "peer", p.id, "err", err)
@@ -413,19 +417,19 @@ func limitUnsentConn(tc *net.TCPConn, n int) error {
 }
 
 // dial connects to a peer that has no connection yet and says Hello.
-func (c *core) dial(ctx context.Context, id uint32, addr string) (*net.TCPConn, error) {
+func (c *core) dial(ctx context.Context, id node.ID, addr string) (*net.TCPConn, error) {
 	if c.quiet.Load() {
 		return nil, ErrClosed
 	}
 	if c.lookup(id) != nil {
 		return nil, fmt.Errorf("van: dial node %d at %s: already connected", id, addr)
 	}
-	return dialHello(ctx, &c.cfg, c.self.Load(), id, addr)
+	return dialHello(ctx, &c.cfg, c.selfID(), id, addr)
 }
 
 // dialHello connects to addr and introduces self to peer with a Hello,
 // using a blocking net.Conn: nothing else knows of the connection yet.
-func dialHello(ctx context.Context, cfg *Config, self, peer uint32, addr string) (*net.TCPConn, error) {
+func dialHello(ctx context.Context, cfg *Config, self, peer node.ID, addr string) (*net.TCPConn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -441,7 +445,7 @@ func dialHello(ctx context.Context, cfg *Config, self, peer uint32, addr string)
 		deadline = d
 	}
 	var hdr [frame.HeaderSize]byte
-	h := frame.Header{Type: frame.Hello, Sender: self, Recipient: peer}
+	h := frame.Header{Type: frame.Hello, Sender: uint32(self), Recipient: uint32(peer)}
 	h.Encode(hdr[:])
 	if err := tc.SetWriteDeadline(deadline); err == nil {
 		_, err = tc.Write(hdr[:])

@@ -1,6 +1,8 @@
 package van
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"errors"
 	"fmt"
 
@@ -29,8 +31,8 @@ const maxChunk = 1 << 30
 // that every frame must come from the peer and be addressed to self, and a
 // second Hello is an error.
 type cutter struct {
-	self       uint32
-	peer       uint32
+	self       node.ID
+	peer       node.ID
 	known      bool
 	maxPayload uint64
 
@@ -47,7 +49,7 @@ type cutter struct {
 
 // newCutter returns a cutter for a connection to peer (known after a Dial),
 // or, with known false, for an accepted connection awaiting its Hello.
-func newCutter(self, peer uint32, known bool, maxPayload uint64, sink func(*frame.Header) []byte) cutter {
+func newCutter(self, peer node.ID, known bool, maxPayload uint64, sink func(*frame.Header) []byte) cutter {
 	return cutter{self: self, peer: peer, known: known, maxPayload: maxPayload, sink: sink}
 }
 
@@ -111,19 +113,19 @@ func (c *cutter) advance(n int) (h *frame.Header, payload []byte, err error) {
 
 // check applies the connection rules to a decoded header.
 func (c *cutter) check(h *frame.Header) error {
-	if h.Recipient != c.self {
+	if node.ID(h.Recipient) != c.self {
 		return fmt.Errorf("%w: %s frame for node %d arrived at node %d", errProtocol, h.Type, h.Recipient, c.self)
 	}
 	if !c.known {
 		if h.Type != frame.Hello {
 			return fmt.Errorf("%w: first frame is %s, want hello", errProtocol, h.Type)
 		}
-		if h.Sender == c.self || h.Sender == 0 {
+		if node.ID(h.Sender) == c.self || h.Sender == 0 {
 			return fmt.Errorf("%w: hello from invalid node id %d", errProtocol, h.Sender)
 		}
-		c.peer, c.known = h.Sender, true
+		c.peer, c.known = node.ID(h.Sender), true
 	} else {
-		if h.Sender != c.peer {
+		if node.ID(h.Sender) != c.peer {
 			return fmt.Errorf("%w: %s frame claims sender %d on the connection of node %d", errProtocol, h.Type, h.Sender, c.peer)
 		}
 		if h.Type == frame.Hello {

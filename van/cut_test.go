@@ -1,6 +1,8 @@
 package van
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"bytes"
 	"errors"
 	"math/rand/v2"
@@ -122,7 +124,7 @@ func FuzzReceive(f *testing.F) {
 			for data := in; len(data) > 0; {
 				k := min(chunk, len(data))
 				err := c.feed(data[:k], func(h *frame.Header, p []byte) {
-					if uint64(len(p)) != h.Length || h.Recipient != self || h.Sender != c.peer {
+					if uint64(len(p)) != h.Length || h.Recipient != self || node.ID(h.Sender) != c.peer {
 						t.Fatalf("inconsistent frame %v with %d bytes", h, len(p))
 					}
 				})

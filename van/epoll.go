@@ -1,6 +1,8 @@
 package van
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"context"
 	"errors"
 	"fmt"
@@ -168,7 +170,7 @@ func ownFD(sc syscall.Conn) (int, error) {
 
 func (v *epollVan) Addr() string { return v.addr }
 
-func (v *epollVan) Dial(ctx context.Context, id uint32, addr string) error {
+func (v *epollVan) Dial(ctx context.Context, id node.ID, addr string) error {
 	tc, err := v.dial(ctx, id, addr)
 	if err != nil {
 		return err

@@ -1,6 +1,8 @@
 package van
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"context"
 	"fmt"
 	"io"
@@ -38,7 +40,7 @@ type rx struct {
 }
 
 type lost struct {
-	peer uint32
+	peer node.ID
 	err  error
 }
 
@@ -67,7 +69,7 @@ func (c *collector) HandleFrame(h *frame.Header, p []byte) {
 	c.poke()
 }
 
-func (c *collector) PeerLost(peer uint32, err error) {
+func (c *collector) PeerLost(peer node.ID, err error) {
 	c.mu.Lock()
 	c.lost = append(c.lost, lost{peer, err})
 	c.mu.Unlock()
@@ -116,7 +118,7 @@ func (c *collector) lostEvents() []lost {
 }
 
 // newVan starts a van on a free loopback port; mod may adjust the config.
-func newVan(t testing.TB, kind string, self uint32, mod func(*Config)) (Transport, *collector) {
+func newVan(t testing.TB, kind string, self node.ID, mod func(*Config)) (Transport, *collector) {
 	t.Helper()
 	col := newCollector()
 	cfg := Config{Self: self, ListenAddr: "127.0.0.1:0", Handler: col, Logger: testLogger(), IOTimeout: 5 * time.Second}
@@ -132,17 +134,17 @@ func newVan(t testing.TB, kind string, self uint32, mod func(*Config)) (Transpor
 }
 
 // connect has a dial b and waits until both see each other.
-func connect(t testing.TB, a Transport, aID uint32, b Transport, bID uint32) {
+func connect(t testing.TB, a Transport, aID node.ID, b Transport, bID node.ID) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := a.Dial(ctx, bID, b.Addr()); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.AwaitPeers(ctx, []uint32{bID}); err != nil {
+	if err := a.AwaitPeers(ctx, []node.ID{bID}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.AwaitPeers(ctx, []uint32{aID}); err != nil {
+	if err := b.AwaitPeers(ctx, []node.ID{aID}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -168,8 +170,8 @@ func check(p []byte, seed uint64) int {
 }
 
 // pushHeader is a valid header of a float32 tensor frame of n bytes.
-func pushHeader(from, to uint32, key uint64, n int) frame.Header {
-	return frame.Header{Type: frame.Push, DType: frame.Float32, Sender: from, Recipient: to, Key: key, Total: uint64(n), Length: uint64(n)}
+func pushHeader(from, to node.ID, key uint64, n int) frame.Header {
+	return frame.Header{Type: frame.Push, DType: frame.Float32, Sender: uint32(from), Recipient: uint32(to), Key: key, Total: uint64(n), Length: uint64(n)}
 }
 
 // encode returns a frame's bytes as they go on the wire.
@@ -182,7 +184,7 @@ func encode(h frame.Header, payload []byte) []byte {
 }
 
 // rawPeer connects a plain socket to addr and, if from != 0, says Hello.
-func rawPeer(t testing.TB, addr string, from, to uint32) *net.TCPConn {
+func rawPeer(t testing.TB, addr string, from, to node.ID) *net.TCPConn {
 	t.Helper()
 	nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {
@@ -190,7 +192,7 @@ func rawPeer(t testing.TB, addr string, from, to uint32) *net.TCPConn {
 	}
 	t.Cleanup(func() { nc.Close() })
 	if from != 0 {
-		if _, err := nc.Write(encode(frame.Header{Type: frame.Hello, Sender: from, Recipient: to}, nil)); err != nil {
+		if _, err := nc.Write(encode(frame.Header{Type: frame.Hello, Sender: uint32(from), Recipient: uint32(to)}, nil)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -1,6 +1,8 @@
 package van
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"context"
 	"errors"
 	"fmt"
@@ -61,7 +63,7 @@ func newNetConn(cfg Config) (Transport, error) {
 
 func (v *netConnVan) Addr() string { return v.addr }
 
-func (v *netConnVan) Dial(ctx context.Context, id uint32, addr string) error {
+func (v *netConnVan) Dial(ctx context.Context, id node.ID, addr string) error {
 	tc, err := v.dial(ctx, id, addr)
 	if err != nil {
 		return err

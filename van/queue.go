@@ -1,6 +1,8 @@
 package van
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"sync"
 	"time"
 
@@ -18,11 +20,11 @@ type sendQueue struct {
 	idle  sync.Cond // Close waiting for the pool to drain
 
 	p       *pool.Pool[*Message]
-	purge   []uint32 // flows to fail (peer lost), in order
-	busy    bool     // the sender is handling a job
-	closed  bool     // refuse new messages
-	stopped bool     // the sender should finish
-	sayBye  bool     // ... after saying Bye to every peer
+	purge   []node.ID // flows to fail (peer lost), in order
+	busy    bool      // the sender is handling a job
+	closed  bool      // refuse new messages
+	stopped bool      // the sender should finish
+	sayBye  bool      // ... after saying Bye to every peer
 }
 
 // entry is a queued message.
@@ -58,9 +60,9 @@ func (q *sendQueue) put(m *Message, block bool) error {
 	return nil
 }
 
-func (q *sendQueue) setWeight(flow uint32, w float64) {
+func (q *sendQueue) setWeight(flow node.ID, w float64) {
 	q.mu.Lock()
-	q.p.SetWeight(flow, w)
+	q.p.SetWeight(uint32(flow), w)
 	q.work.Signal() // a resumed flow may be eligible now
 	q.mu.Unlock()
 }
@@ -81,7 +83,7 @@ func (q *sendQueue) queued() int64 {
 
 // purgeFlow asks the sender to fail what is queued for a lost peer. The
 // sender does it, so that Done callbacks all run on the sender goroutine.
-func (q *sendQueue) purgeFlow(flow uint32) {
+func (q *sendQueue) purgeFlow(flow node.ID) {
 	q.mu.Lock()
 	q.purge = append(q.purge, flow)
 	q.work.Signal()
@@ -100,7 +102,7 @@ func (q *sendQueue) next() job {
 		if len(q.purge) > 0 {
 			flow := q.purge[0]
 			q.purge = q.purge[1:]
-			if es := q.p.RemoveFlow(flow); len(es) > 0 {
+			if es := q.p.RemoveFlow(uint32(flow)); len(es) > 0 {
 				q.busy = true
 				q.space.Broadcast()
 				return job{failed: es}

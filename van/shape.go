@@ -1,6 +1,8 @@
 package van
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"math"
 	"sync"
 )
@@ -20,11 +22,11 @@ const minReadBudget = 64 << 10
 type recvShaper struct {
 	mu      sync.Mutex
 	off     bool
-	weights map[uint32]float64 // peers without an entry have weight 1
-	max     float64            // the largest weight, at least 1
+	weights map[node.ID]float64 // peers without an entry have weight 1
+	max     float64             // the largest weight, at least 1
 }
 
-func (s *recvShaper) setWeight(peer uint32, w float64) {
+func (s *recvShaper) setWeight(peer node.ID, w float64) {
 	if !(w >= 0) { // negative or NaN
 		w = 0
 	}
@@ -48,7 +50,7 @@ func (s *recvShaper) setShaping(on bool) {
 }
 
 // budget is what peer may read in one turn.
-func (s *recvShaper) budget(peer uint32) int {
+func (s *recvShaper) budget(peer node.ID) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.off || len(s.weights) == 0 {

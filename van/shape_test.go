@@ -1,6 +1,8 @@
 package van
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"io"
 	"math"
 	"net"
@@ -37,7 +39,7 @@ func TestReadBudgetFor(t *testing.T) {
 }
 
 func TestRecvShaper(t *testing.T) {
-	s := recvShaper{weights: make(map[uint32]float64)}
+	s := recvShaper{weights: make(map[node.ID]float64)}
 	if b := s.budget(8); b != readBudget {
 		t.Fatalf("no weights: budget %d, want %d", b, readBudget)
 	}
@@ -45,7 +47,7 @@ func TestRecvShaper(t *testing.T) {
 	s.setWeight(10, 1)
 	s.setWeight(12, math.NaN())
 	for _, tc := range []struct {
-		peer uint32
+		peer node.ID
 		want int
 	}{{8, readBudget}, {10, readBudget / 3}, {12, minReadBudget}, {14, readBudget / 3}} {
 		if got := s.budget(tc.peer); got != tc.want {
@@ -53,7 +55,7 @@ func TestRecvShaper(t *testing.T) {
 		}
 	}
 	s.setShaping(false)
-	for _, p := range []uint32{8, 10, 12} {
+	for _, p := range []node.ID{8, 10, 12} {
 		if got := s.budget(p); got != readBudget {
 			t.Errorf("shaping off: budget(%d) = %d, want %d", p, got, readBudget)
 		}

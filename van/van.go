@@ -16,6 +16,8 @@
 package van
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"context"
 	"errors"
 	"fmt"
@@ -47,7 +49,7 @@ type Handler interface {
 	HandleFrame(h *frame.Header, payload []byte)
 	// PeerLost is called once when the connection to a peer that had said
 	// Hello ends without a Bye, or is closed for a protocol error.
-	PeerLost(peer uint32, err error)
+	PeerLost(peer node.ID, err error)
 }
 
 // Sink may be implemented by a Handler to choose where a frame's payload
@@ -70,10 +72,10 @@ type Transport interface {
 	// Dial connects to a peer's data address and introduces this node with
 	// a Hello frame. One connection per pair of nodes carries both
 	// directions; by convention the node with the smaller id dials.
-	Dial(ctx context.Context, peer uint32, addr string) error
+	Dial(ctx context.Context, peer node.ID, addr string) error
 	// AwaitPeers returns once every listed peer has a connection (dialled
 	// or accepted and introduced), or with ctx's error.
-	AwaitPeers(ctx context.Context, peers []uint32) error
+	AwaitPeers(ctx context.Context, peers []node.ID) error
 	// Send queues m for its Header.Recipient, blocking while the pool holds
 	// more than its byte limit (back-pressure). It fails at once for a
 	// peer without a connection or after Close.
@@ -86,16 +88,16 @@ type Transport interface {
 	// SetSelf sets this node's id once the scheduler has assigned it (the
 	// van listens before that, so that its port can be registered). Call it
 	// before Dial, and before any peer may dial in.
-	SetSelf(id uint32)
+	SetSelf(id node.ID)
 	// SetWeight sets the share of the sender given to one destination (1 by
 	// default; 0 pauses it). See package pool.
-	SetWeight(peer uint32, weight float64)
+	SetWeight(peer node.ID, weight float64)
 	// SetReceiveWeight sets the share of the receiver given to one source
 	// (1 by default) when several have data ready: each turn of the epoll
 	// loop reads up to a budget proportional to the weight. The receive
 	// side never pauses a source: weight 0 gets the minimum budget. The
 	// netconn van, a reader per connection, records it without effect.
-	SetReceiveWeight(peer uint32, weight float64)
+	SetReceiveWeight(peer node.ID, weight float64)
 	// SetShaping switches weighted shaping off (every flow and source
 	// served alike, paused flows too) or back on, in both directions; the
 	// weights set are kept. The LB switches it off while it probes.
@@ -121,7 +123,7 @@ type Transport interface {
 //     the read that completed the last frame in progress. A frame that
 //     arrives within one read adds nothing.
 type PeerStats struct {
-	Peer           uint32
+	Peer           node.ID
 	SentBytes      uint64 // header and payload bytes written
 	ReceivedBytes  uint64 // header and payload bytes read
 	SentFrames     uint64
@@ -134,7 +136,7 @@ type PeerStats struct {
 type Config struct {
 	// Self is this node's id, sent in Hello and checked on every frame
 	// (0 until SetSelf when it is not known yet).
-	Self uint32
+	Self node.ID
 	// ListenAddr is "host:port" to listen on ("host:0" picks a port).
 	ListenAddr string
 	// Handler receives frames; required.

@@ -1,6 +1,8 @@
 package van
 
 import (
+	"github.com/fptps/fpt/node"
+
 	"context"
 	"errors"
 	"fmt"
@@ -25,7 +27,7 @@ func TestRoundTrip(t *testing.T) {
 		connect(t, a, 8, b, 9)
 		sizes := []int{0, 4, 64 << 10, 4 << 20, 12, 0}
 		var doneCalls atomic.Int32
-		send := func(v Transport, from, to uint32) {
+		send := func(v Transport, from, to node.ID) {
 			for i, n := range sizes {
 				p := make([]byte, n)
 				fill(p, uint64(from)<<32|uint64(i))
@@ -47,11 +49,11 @@ func TestRoundTrip(t *testing.T) {
 		send(b, 9, 8)
 		for _, tc := range []struct {
 			c    *collector
-			from uint32
+			from node.ID
 		}{{cb, 8}, {ca, 9}} {
 			got := tc.c.waitFrames(t, len(sizes))
 			for i, f := range got {
-				if f.h.Sender != tc.from || f.h.Key != uint64(i) || len(f.p) != sizes[i] || f.h.Length != uint64(sizes[i]) {
+				if node.ID(f.h.Sender) != tc.from || f.h.Key != uint64(i) || len(f.p) != sizes[i] || f.h.Length != uint64(sizes[i]) {
 					t.Fatalf("frame %d from %d: %v with %d bytes, want key %d and %d bytes", i, tc.from, &f.h, len(f.p), i, sizes[i])
 				}
 				if at := check(f.p, uint64(tc.from)<<32|uint64(i)); at >= 0 {
@@ -136,14 +138,14 @@ func TestMesh(t *testing.T) {
 		const perPair = 25
 		vans := make([]Transport, nodes)
 		cols := make([]*collector, nodes)
-		ids := make([]uint32, nodes)
+		ids := make([]node.ID, nodes)
 		var bad atomic.Int32
 		for i := range vans {
-			ids[i] = uint32(8 + i)
+			ids[i] = node.ID(8 + i)
 			vans[i], cols[i] = newVan(t, kind, ids[i], nil)
 			self := ids[i]
 			cols[i].check = func(h *frame.Header, p []byte) {
-				if h.Recipient != self || check(p, seedOf(h.Sender, h.Recipient, h.Key)) >= 0 || len(p) != sizeOf(h.Key) {
+				if node.ID(h.Recipient) != self || check(p, seedOf(node.ID(h.Sender), node.ID(h.Recipient), h.Key)) >= 0 || len(p) != sizeOf(h.Key) {
 					bad.Add(1)
 				}
 			}
@@ -158,7 +160,7 @@ func TestMesh(t *testing.T) {
 			}
 		}
 		for i := range vans {
-			var others []uint32
+			var others []node.ID
 			for j := range vans {
 				if j != i {
 					others = append(others, ids[j])
@@ -196,7 +198,7 @@ func TestMesh(t *testing.T) {
 	})
 }
 
-func seedOf(from, to uint32, key uint64) uint64 { return uint64(from)<<40 | uint64(to)<<20 | key }
+func seedOf(from, to node.ID, key uint64) uint64 { return uint64(from)<<40 | uint64(to)<<20 | key }
 
 // sizeOf varies frame sizes by key: small, odd and up to 96 KiB.
 func sizeOf(key uint64) int { return int(key*key*157%(96<<10)) &^ 3 }
@@ -300,7 +302,7 @@ func TestPeerMisbehaves(t *testing.T) {
 				nc := rawPeer(t, v.Addr(), peer, self)
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
-				if err := v.AwaitPeers(ctx, []uint32{peer}); err != nil {
+				if err := v.AwaitPeers(ctx, []node.ID{peer}); err != nil {
 					t.Fatal(err)
 				}
 				tc.act(t, nc)
@@ -323,14 +325,14 @@ func TestPeerMisbehaves(t *testing.T) {
 
 // stalledPeer returns a van with a short IOTimeout connected to a raw peer
 // that never reads, with a small receive buffer so that writes stall soon.
-func stalledPeer(t *testing.T, kind string, self, peer uint32) (Transport, *collector) {
+func stalledPeer(t *testing.T, kind string, self, peer node.ID) (Transport, *collector) {
 	t.Helper()
 	v, col := newVan(t, kind, self, func(c *Config) { c.IOTimeout = 300 * time.Millisecond })
 	nc := rawPeer(t, v.Addr(), peer, self)
 	nc.SetReadBuffer(4 << 10)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := v.AwaitPeers(ctx, []uint32{peer}); err != nil {
+	if err := v.AwaitPeers(ctx, []node.ID{peer}); err != nil {
 		t.Fatal(err)
 	}
 	return v, col
@@ -470,7 +472,7 @@ func TestSendErrors(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		defer cancel()
-		if err := v.AwaitPeers(ctx, []uint32{42}); !errors.Is(err, context.DeadlineExceeded) {
+		if err := v.AwaitPeers(ctx, []node.ID{42}); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("AwaitPeers of a node that never comes: %v", err)
 		}
 		// Dialling a port nobody listens on.
@@ -581,7 +583,7 @@ func TestShapingSwitch(t *testing.T) {
 func TestEpollGoroutinesConstant(t *testing.T) {
 	const self = 8
 	v, col := newVan(t, KindEpoll, self, nil)
-	addPeers := func(from, to uint32) {
+	addPeers := func(from, to node.ID) {
 		for id := from; id < to; id++ {
 			nc := rawPeer(t, v.Addr(), id, self)
 			if _, err := nc.Write(encode(pushHeader(id, self, uint64(id), 4), make([]byte, 4))); err != nil {
@@ -641,7 +643,7 @@ func TestCloseReleasesEverything(t *testing.T) {
 			connect(t, a, 8, c, 10)
 			connect(t, b, 9, c, 10)
 			raw := rawPeer(t, a.Addr(), 0, 0) // a connection that never says hello
-			for _, to := range []uint32{9, 10} {
+			for _, to := range []node.ID{9, 10} {
 				if err := a.Send(&Message{Header: pushHeader(8, to, 1, 1024), Payload: make([]byte, 1024)}); err != nil {
 					t.Fatal(err)
 				}

@@ -14,14 +14,14 @@ import (
 // decides): every pulled value is checked exactly, across each switch,
 // with workers aggregating their own share in place.
 func TestWorkerAggregatorsAcrossSwitches(t *testing.T) {
-	s0, s1 := uint32(node.ServerID(0)), uint32(node.ServerID(1))
-	w0, w1, w2 := uint32(node.WorkerID(0)), uint32(node.WorkerID(1)), uint32(node.WorkerID(2))
+	s0, s1 := node.ServerID(0), node.ServerID(1)
+	w0, w1, w2 := node.WorkerID(0), node.WorkerID(1), node.WorkerID(2)
 	decisions := []lb.Decision{
-		{Version: 1, Iteration: 2, Aggregators: []uint32{w0, w1, w2}, Shares: []float64{0.5, 0.3, 0.2}},
-		{Version: 2, Iteration: 4, Aggregators: []uint32{s0, w1, s1}, Shares: []float64{0.1, 0.6, 0.3}},
-		{Version: 3, Iteration: 5, Aggregators: []uint32{w2}, Shares: []float64{1}},
-		{Version: 4, Iteration: 7, Aggregators: []uint32{s0, s1}, Shares: []float64{0.5, 0.5}},
-		{Version: 5, Iteration: 8, Aggregators: []uint32{s1, w0, s0, w2, w1}, Shares: []float64{0.2, 0.2, 0.2, 0.2, 0.2}},
+		{Version: 1, Iteration: 2, Aggregators: []node.ID{w0, w1, w2}, Shares: []float64{0.5, 0.3, 0.2}},
+		{Version: 2, Iteration: 4, Aggregators: []node.ID{s0, w1, s1}, Shares: []float64{0.1, 0.6, 0.3}},
+		{Version: 3, Iteration: 5, Aggregators: []node.ID{w2}, Shares: []float64{1}},
+		{Version: 4, Iteration: 7, Aggregators: []node.ID{s0, s1}, Shares: []float64{0.5, 0.5}},
+		{Version: 5, Iteration: 8, Aggregators: []node.ID{s1, w0, s0, w2, w1}, Shares: []float64{0.2, 0.2, 0.2, 0.2, 0.2}},
 	}
 	c := mustStart(t, 2, 3, map[string]string{"FPT_LB": "off", "FPT_PARTITION_BYTES": "16384"})
 	for _, w := range c.workers {
@@ -41,11 +41,11 @@ func TestWorkerAggregatorsAcrossSwitches(t *testing.T) {
 func TestFollowRefusesGaps(t *testing.T) {
 	c := mustStart(t, 1, 1, map[string]string{"FPT_LB": "off"})
 	w := c.workers[0]
-	d := lb.Even(2, 5, []uint32{uint32(node.ServerID(0))})
+	d := lb.Even(2, 5, []node.ID{node.ServerID(0)})
 	if err := w.Follow(lb.Directive{Decision: &d}); err == nil {
 		t.Fatal("decision v2 after v0 accepted")
 	}
-	d = lb.Even(1, 5, []uint32{uint32(node.ServerID(0))})
+	d = lb.Even(1, 5, []node.ID{node.ServerID(0)})
 	if err := w.Follow(lb.Directive{Decision: &d}); err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/fptps/fpt/aggregation"
+	"github.com/fptps/fpt/aggregator"
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lb"
@@ -38,10 +38,10 @@ import (
 
 // Worker is a running worker node.
 type Worker struct {
-	node      *cluster.Node
+	node      *cluster.Member
 	partBytes uint64
 	metrics   *metrics.Node // nil: none
-	agg       *aggregation.Aggregator
+	agg       *aggregator.Aggregator
 	agent     *lbagent.Agent // nil when the LB is off
 
 	mu       sync.Mutex
@@ -124,7 +124,7 @@ type kvDst struct {
 // Start joins the cluster as a worker and returns once every node has.
 // With the LB on (config.LB), the worker reports its measured rates to
 // the scheduler each iteration and follows its decisions.
-func Start(ctx context.Context, n *cluster.Node) (*Worker, error) {
+func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 	w := &Worker{
 		node:       n,
 		partBytes:  n.Config().PartitionBytes,
@@ -137,7 +137,7 @@ func Start(ctx context.Context, n *cluster.Node) (*Worker, error) {
 		horizon:    math.MaxUint64,
 		moved:      make(chan struct{}),
 	}
-	w.agg = aggregation.New(n, w.deliverLocal)
+	w.agg = aggregator.New(n, w.deliverLocal)
 	if n.Config().LB {
 		// Until the scheduler's first directive, nothing may be pushed.
 		w.horizon = 0
@@ -147,11 +147,7 @@ func Start(ctx context.Context, n *cluster.Node) (*Worker, error) {
 		return nil, err
 	}
 	servers := n.Servers()
-	aggs := make([]uint32, len(servers))
-	for i, id := range servers {
-		aggs[i] = uint32(id)
-	}
-	sched, err := lb.NewSchedule(lb.Even(0, 0, aggs))
+	sched, err := lb.NewSchedule(lb.Even(0, 0, servers))
 	if err != nil {
 		n.Close()
 		return nil, fmt.Errorf("worker: %w", err)
@@ -216,7 +212,7 @@ func (w *Worker) NumWorkers() int { return w.node.Config().NumWorkers }
 func (w *Worker) NumServers() int { return w.node.Config().NumServers }
 
 // Node is the worker's cluster membership.
-func (w *Worker) Node() *cluster.Node { return w.node }
+func (w *Worker) Node() *cluster.Member { return w.node }
 
 // Barrier waits for every worker (group node.WorkerGroup) or any other group.
 func (w *Worker) Barrier(ctx context.Context, g node.Group) error { return w.node.Barrier(ctx, g) }
@@ -503,7 +499,7 @@ func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame
 		return 0, err
 	}
 	req := w.newRequest(cb, w.metrics.ObservePush)
-	self := uint32(w.node.Self().ID)
+	self := w.node.Self().ID
 	done := func(err error) {
 		if err != nil {
 			err = fmt.Errorf("worker: push: %w", err)
@@ -531,7 +527,7 @@ func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame
 			m := van.Message{
 				Header: frame.Header{
 					Type: frame.Push, DType: t.dtype, Flags: flags,
-					Sender: self, Recipient: p.Aggregator,
+					Sender: uint32(self), Recipient: uint32(p.Aggregator),
 					Key: t.key, Partition: p.Index, Iteration: iter,
 					Offset: p.Offset, Total: t.bytes, Length: p.Length, Priority: priority, Aux: d.Version,
 				},
@@ -669,7 +665,7 @@ func (w *Worker) HandleFrame(h *frame.Header, payload []byte) {
 }
 
 // PeerLost implements van.Handler; the cluster node handles it.
-func (w *Worker) PeerLost(uint32, error) {}
+func (w *Worker) PeerLost(node.ID, error) {}
 
 func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
 	k := partKey{h.Key, h.Iteration, h.Partition}
@@ -809,7 +805,7 @@ func (r *result) check(h *frame.Header) error {
 		return fmt.Errorf("key is %d bytes of %s", r.t.bytes, r.t.dtype)
 	case p.Offset != h.Offset || p.Length != h.Length:
 		return fmt.Errorf("partition %d is [%d,+%d)", p.Index, p.Offset, p.Length)
-	case p.Aggregator != h.Sender:
+	case p.Aggregator != node.ID(h.Sender):
 		return fmt.Errorf("partition %d belongs to %s", p.Index, node.ID(p.Aggregator))
 	case r.seen[h.Partition]:
 		return fmt.Errorf("partition %d received twice", h.Partition)

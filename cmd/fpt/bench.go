@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/fptps/fpt/launch"
-	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/worker"
 )
 

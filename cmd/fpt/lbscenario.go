@@ -22,7 +22,7 @@ import (
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/lb"
-	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/netem"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/trainer"
@@ -217,20 +217,20 @@ func capacityBytes(h netem.HostSpec) (float64, error) {
 // boundInput is the LB model's input for the layout's configured rates
 // and a model of modelBytes per iteration.
 func (l lbLayout) boundInput(modelBytes float64) (lb.Input, error) {
-	in := lb.Input{Capacity: map[uint32]float64{}, ModelBytes: modelBytes}
+	in := lb.Input{Capacity: map[node.ID]float64{}, ModelBytes: modelBytes}
 	add := func(id node.ID, host int) error {
 		c, err := capacityBytes(l.hosts[host])
-		in.Capacity[uint32(id)] = c
+		in.Capacity[id] = c
 		return err
 	}
 	for r, h := range l.serverHosts {
-		in.Servers = append(in.Servers, uint32(node.ServerID(r)))
+		in.Servers = append(in.Servers, node.ServerID(r))
 		if err := add(node.ServerID(r), h); err != nil {
 			return in, fmt.Errorf("server %d: %w", r, err)
 		}
 	}
 	for r, h := range l.workerHosts {
-		in.Workers = append(in.Workers, uint32(node.WorkerID(r)))
+		in.Workers = append(in.Workers, node.WorkerID(r))
 		if err := add(node.WorkerID(r), h); err != nil {
 			return in, fmt.Errorf("worker %d: %w", r, err)
 		}

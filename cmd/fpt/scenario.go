@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/fptps/fpt/launch"
-	"github.com/fptps/fpt/localcluster"
+	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/netem"
 	"github.com/fptps/fpt/worker"
@@ -246,8 +246,8 @@ func shapingWorker(ctx context.Context, w *worker.Worker, o scenarioOptions) (sh
 	// pushes, the last after the sums, which it checks.
 	drain := func(shaped bool) ([]sample, error) {
 		v.SetShaping(shaped)
-		v.SetWeight(uint32(servers[0]), o.weights[0])
-		v.SetWeight(uint32(servers[1]), o.weights[1])
+		v.SetWeight(servers[0], o.weights[0])
+		v.SetWeight(servers[1], o.weights[1])
 		base, err := read()
 		if err != nil {
 			return nil, err

@@ -1,11 +1,11 @@
-package aggregator_test
+package reduce_test
 
 import (
 	"encoding/binary"
 	"fmt"
 	"math"
 
-	"github.com/fptps/fpt/aggregator"
+	"github.com/fptps/fpt/reduce"
 	"github.com/fptps/fpt/frame"
 )
 
@@ -20,10 +20,10 @@ func float32s(vals ...float32) []byte {
 // Three workers contribute to partition 0 of key 42 in iteration 5; the
 // third contribution completes the sum.
 func Example() {
-	t := aggregator.NewTable(3)
-	id := aggregator.PartID{Key: 42, Partition: 0, Iteration: 5}
+	t := reduce.NewTable(3)
+	id := reduce.PartID{Key: 42, Partition: 0, Iteration: 5}
 	for w, vals := range [][]float32{{1, 2}, {10, 20}, {100, 200}} {
-		sum, err := t.Add(aggregator.Contribution{
+		sum, err := t.Add(reduce.Contribution{
 			PartID: id, Worker: w, DType: frame.Float32,
 			Offset: 0, Total: 8, Data: float32s(vals...),
 		})
@@ -40,7 +40,7 @@ func Example() {
 		fmt.Printf("worker %d: sum of key %d partition %d = [%g %g]\n", w, sum.Key, sum.Partition, a, b)
 		t.Release(sum) // after broadcasting it
 	}
-	_, err := t.Add(aggregator.Contribution{PartID: id, Worker: 3, DType: frame.Float32, Total: 8, Data: float32s(1, 1)})
+	_, err := t.Add(reduce.Contribution{PartID: id, Worker: 3, DType: frame.Float32, Total: 8, Data: float32s(1, 1)})
 	fmt.Println(err)
 	// Output:
 	// worker 0: waiting (1 pending)

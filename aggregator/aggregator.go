@@ -1,22 +1,22 @@
-// Package aggregation runs an aggregator on a node (DESIGN §6): it takes
-// the workers' pushed partitions off the van, sums them in an
-// aggregator.Table and, when a partition has all W contributions, sends the
-// sum to every worker. Servers run one; so does every worker, since the LB
-// may make a worker the aggregator of part of a tensor. On a worker the
-// node's own contribution to a partition it aggregates is added in place
-// (AddLocal) and its own copy of the sum is handed over in place too: it
-// never crosses the network.
+// Package aggregator is a node's aggregator role (DESIGN §6): it takes
+// the workers' pushed partitions off the van, sums them in a reduce.Table
+// and, when a partition has all W contributions, sends the sum to every
+// worker. Servers run one; so does every worker, since the LB may make a
+// worker the aggregator of part of a tensor. On a worker the node's own
+// contribution to a partition it aggregates is added in place (AddLocal)
+// and its own copy of the sum is handed over in place too: it never
+// crosses the network.
 //
-// The summing and its bookkeeping are aggregator.Table's; this package only
-// moves frames in and out.
-package aggregation
+// The arithmetic and its bookkeeping are package reduce's; this package
+// only moves frames in and out.
+package aggregator
 
 import (
 	"fmt"
 	"sync"
 	"sync/atomic"
 
-	"github.com/fptps/fpt/aggregator"
+	"github.com/fptps/fpt/reduce"
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
@@ -30,26 +30,26 @@ type Deliver func(h *frame.Header, data []byte)
 
 // Aggregator sums the partitions pushed to one node.
 type Aggregator struct {
-	node    *cluster.Node
+	node    *cluster.Member
 	workers int
 	deliver Deliver // nil on servers
 
 	mu      sync.Mutex // the netconn van calls in parallel; workers add locally
-	table   *aggregator.Table
+	table   *reduce.Table
 	adopted map[adoptKey]bool // pushes being read straight into a table buffer
 }
 
 // adoptKey names one worker's contribution to one partition.
 type adoptKey struct {
-	part   aggregator.PartID
+	part   reduce.PartID
 	worker uint32
 }
 
 // New returns the aggregator of node n. deliver receives the node's own copy
 // of each sum when n is a worker; it is nil on a server.
-func New(n *cluster.Node, deliver Deliver) *Aggregator {
+func New(n *cluster.Member, deliver Deliver) *Aggregator {
 	w := n.Config().NumWorkers
-	return &Aggregator{node: n, workers: w, deliver: deliver, table: aggregator.NewTable(w),
+	return &Aggregator{node: n, workers: w, deliver: deliver, table: reduce.NewTable(w),
 		adopted: make(map[adoptKey]bool)}
 }
 
@@ -88,7 +88,7 @@ func (a *Aggregator) AddLocal(h *frame.Header, data []byte) error {
 
 func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
 	a.mu.Lock()
-	sum, err := a.table.Add(aggregator.Contribution{
+	sum, err := a.table.Add(reduce.Contribution{
 		PartID: partID(h),
 		Adopt:  adopt,
 		Worker: node.ID(h.Sender).Rank(),
@@ -108,7 +108,7 @@ func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
 // broadcast sends sum to every worker (handing this node's own copy over
 // in place) and returns its buffer to the table once the last copy has
 // left.
-func (a *Aggregator) broadcast(h *frame.Header, sum *aggregator.Sum) error {
+func (a *Aggregator) broadcast(h *frame.Header, sum *reduce.Sum) error {
 	self := uint32(a.node.Self().ID)
 	remaining := int32(a.workers)
 	release := func(error) {
@@ -150,6 +150,6 @@ func (a *Aggregator) broadcast(h *frame.Header, sum *aggregator.Sum) error {
 	return nil
 }
 
-func partID(h *frame.Header) aggregator.PartID {
-	return aggregator.PartID{Key: h.Key, Partition: h.Partition, Iteration: h.Iteration}
+func partID(h *frame.Header) reduce.PartID {
+	return reduce.PartID{Key: h.Key, Partition: h.Partition, Iteration: h.Iteration}
 }

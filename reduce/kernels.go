@@ -1,4 +1,5 @@
-// Package aggregator sums the workers' contributions to a tensor partition.
+// Package reduce is the arithmetic of aggregation: it sums the workers'
+// contributions to a tensor partition.
 //
 // In FPT every partition of every tensor has one aggregator (a server or a
 // worker, chosen by the LB decision). Each iteration the aggregator receives
@@ -16,7 +17,7 @@
 // Nothing here starts goroutines, touches sockets or takes locks: the caller
 // (one goroutine per node) serializes access, as with the pool and the LB
 // decision arithmetic.
-package aggregator
+package reduce
 
 import (
 	"encoding/binary"
