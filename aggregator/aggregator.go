@@ -16,10 +16,10 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/fptps/fpt/reduce"
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/reduce"
 	"github.com/fptps/fpt/van"
 )
 
