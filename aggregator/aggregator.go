@@ -1,4 +1,4 @@
-// Package aggregator is a node's aggregator role (DESIGN §6): it takes
+// Package aggregator is a node's aggregator role (docs/design.md): it takes
 // the workers' pushed partitions off the van, sums them in a reduce.Table
 // and, when a partition has all W contributions, sends the sum to every
 // worker. Servers run one; so does every worker, since the LB may make a

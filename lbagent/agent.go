@@ -1,5 +1,5 @@
 // Package lbagent is the load balancer's hand on every server and worker
-// (DESIGN §7). It measures the node's send and receive rates from the
+// (docs/design.md). It measures the node's send and receive rates from the
 // van's counters, reports them to the LB scheduler once per iteration, and
 // applies the directives that come back: shaping off while probing, pool
 // weights that follow the decision, and (through the worker) new decisions
