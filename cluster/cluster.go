@@ -46,7 +46,7 @@ const portAttempts = 32
 type Member struct {
 	cfg     config.Config
 	log     *slog.Logger
-	handler van.Handler
+	handler Handler
 
 	plane   *control.Plane
 	van     van.Transport
@@ -111,11 +111,20 @@ func (n *Member) Metrics() *metrics.Node { return n.metrics }
 // handle itself (the LB's reports and decisions). Call it before Start.
 func (n *Member) OnControl(f func(*control.Message)) { n.onControl = f }
 
+// Handler is what a role gives Start to receive the data plane's frames:
+// a van.Handler that also chooses where payloads are read to (van.Sink),
+// so that tensors land in their destination without a copy. A frame it
+// has no buffer for gets nil from PayloadBuffer and is copied.
+type Handler interface {
+	van.Handler
+	van.Sink
+}
+
 // Start joins the cluster: it binds both planes, registers, waits for the
 // node table, connects to every peer and passes the start barrier. h
 // receives the data plane's frames; it may be called as soon as Start has
 // bound the van, but frames only arrive once peers passed the barrier.
-func (n *Member) Start(ctx context.Context, h van.Handler) error {
+func (n *Member) Start(ctx context.Context, h Handler) error {
 	if n.cfg.Role != node.Server && n.cfg.Role != node.Worker {
 		return fmt.Errorf("cluster: Start is for servers and workers, not the %s", n.cfg.Role)
 	}
@@ -530,12 +539,24 @@ func (n *Member) describe(id node.ID) string {
 	return id.String()
 }
 
-// vanHandler adapts the node to van.Handler: frames go to the role's
-// handler, lost peers become a cluster failure.
+// vanHandler adapts the node to van.Handler and van.Sink: frames and the
+// choice of their payload buffers go to the role's handler, lost peers
+// become a cluster failure. The van finds Sink by a type assertion on the
+// handler it is given, so the adapter must have it too: without it every
+// payload would be read into the van's buffer and copied.
 type vanHandler Member
+
+var (
+	_ van.Handler = (*vanHandler)(nil)
+	_ van.Sink    = (*vanHandler)(nil)
+)
 
 func (h *vanHandler) HandleFrame(hdr *frame.Header, payload []byte) {
 	h.handler.HandleFrame(hdr, payload)
+}
+
+func (h *vanHandler) PayloadBuffer(hdr *frame.Header) []byte {
+	return h.handler.PayloadBuffer(hdr)
 }
 
 func (h *vanHandler) PeerLost(id node.ID, err error) {

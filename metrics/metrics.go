@@ -1,6 +1,6 @@
 // Package metrics exports a node's figures to Prometheus: what its van
 // moved (bytes, frames and busy time, by direction and by the role of the
-// peer), how much waits in its send pool, and how long workers' pushes and
+// peer; received payload bytes by whether they were read in place), how much waits in its send pool, and how long workers' pushes and
 // pulls take.
 //
 // Everything is registered on the registry the caller passes in; nothing
@@ -111,6 +111,9 @@ var (
 		"Frames the van wrote to peers.", []string{"peer_role"}, nil)
 	descRecvFrames = prometheus.NewDesc("fpt_van_received_frames_total",
 		"Frames the van read from peers.", []string{"peer_role"}, nil)
+	descRecvPayload = prometheus.NewDesc("fpt_van_received_payload_bytes_total",
+		"Payload bytes the van read from peers: path=\"in_place\" straight into the receiving code's buffer, path=\"copied\" into the van's own buffer and copied from there.",
+		[]string{"peer_role", "path"}, nil)
 	descBusy = prometheus.NewDesc("fpt_van_busy_seconds_total",
 		"Time the van spent moving frames (idle gaps excluded): bytes over busy time is what a link carries when in use.",
 		[]string{"direction", "peer_role"}, nil)
@@ -122,7 +125,7 @@ var (
 type vanCollector Node
 
 func (c *vanCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSentBytes, descRecvBytes, descSentFrames, descRecvFrames, descBusy, descPool} {
+	for _, d := range []*prometheus.Desc{descSentBytes, descRecvBytes, descSentFrames, descRecvFrames, descRecvPayload, descBusy, descPool} {
 		ch <- d
 	}
 }
@@ -130,6 +133,7 @@ func (c *vanCollector) Describe(ch chan<- *prometheus.Desc) {
 // totals is what moved between this node and the peers of one role.
 type totals struct {
 	sentBytes, recvBytes, sentFrames, recvFrames uint64
+	recvInPlace, recvCopied                      uint64
 	sentBusy, recvBusy                           time.Duration
 }
 
@@ -152,6 +156,8 @@ func (c *vanCollector) Collect(ch chan<- prometheus.Metric) {
 			t.recvBytes += st.ReceivedBytes
 			t.sentFrames += st.SentFrames
 			t.recvFrames += st.ReceivedFrames
+			t.recvInPlace += st.ReceivedInPlaceBytes
+			t.recvCopied += st.ReceivedCopiedBytes
 			t.sentBusy += st.SentBusy
 			t.recvBusy += st.ReceivedBusy
 		}
@@ -163,6 +169,8 @@ func (c *vanCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descRecvBytes, prometheus.CounterValue, float64(t.recvBytes), role)
 		ch <- prometheus.MustNewConstMetric(descSentFrames, prometheus.CounterValue, float64(t.sentFrames), role)
 		ch <- prometheus.MustNewConstMetric(descRecvFrames, prometheus.CounterValue, float64(t.recvFrames), role)
+		ch <- prometheus.MustNewConstMetric(descRecvPayload, prometheus.CounterValue, float64(t.recvInPlace), role, "in_place")
+		ch <- prometheus.MustNewConstMetric(descRecvPayload, prometheus.CounterValue, float64(t.recvCopied), role, "copied")
 		ch <- prometheus.MustNewConstMetric(descBusy, prometheus.CounterValue, t.sentBusy.Seconds(), "sent", role)
 		ch <- prometheus.MustNewConstMetric(descBusy, prometheus.CounterValue, t.recvBusy.Seconds(), "received", role)
 	}

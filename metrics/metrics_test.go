@@ -26,6 +26,7 @@ func (f *fakeVan) QueuedBytes() int64     { return f.queued }
 var vanMetrics = []string{
 	"fpt_van_sent_bytes_total", "fpt_van_received_bytes_total",
 	"fpt_van_sent_frames_total", "fpt_van_received_frames_total",
+	"fpt_van_received_payload_bytes_total",
 	"fpt_van_busy_seconds_total", "fpt_pool_queued_bytes",
 }
 
@@ -47,9 +48,9 @@ func TestVanCollector(t *testing.T) {
 	}
 	m.Watch(&fakeVan{queued: 4096, stats: []van.PeerStats{
 		{Peer: node.SchedulerID, SentBytes: 1 << 40},
-		{Peer: node.ServerID(0), SentBytes: 1000, ReceivedBytes: 2000, SentFrames: 3, ReceivedFrames: 4, SentBusy: time.Second, ReceivedBusy: 2 * time.Second},
-		{Peer: node.ServerID(1), SentBytes: 10, ReceivedBytes: 20, SentFrames: 1, ReceivedFrames: 2, SentBusy: 500 * time.Millisecond},
-		{Peer: node.WorkerID(1), SentBytes: 72, ReceivedBytes: 144, SentFrames: 1, ReceivedFrames: 2, ReceivedBusy: 250 * time.Millisecond},
+		{Peer: node.ServerID(0), SentBytes: 1000, ReceivedBytes: 2000, SentFrames: 3, ReceivedFrames: 4, ReceivedInPlaceBytes: 1500, ReceivedCopiedBytes: 212, SentBusy: time.Second, ReceivedBusy: 2 * time.Second},
+		{Peer: node.ServerID(1), SentBytes: 10, ReceivedBytes: 20, SentFrames: 1, ReceivedFrames: 2, ReceivedCopiedBytes: 8, SentBusy: 500 * time.Millisecond},
+		{Peer: node.WorkerID(1), SentBytes: 72, ReceivedBytes: 144, SentFrames: 1, ReceivedFrames: 2, ReceivedInPlaceBytes: 72, ReceivedBusy: 250 * time.Millisecond},
 	}})
 	want, err := os.ReadFile("testdata/watched.txt")
 	if err != nil {

@@ -35,7 +35,8 @@ type link interface {
 // counters are one peer's statistics; they outlive reconnections.
 type counters struct {
 	sentBytes, recvBytes, sentFrames, recvFrames atomic.Uint64
-	sentBusy, recvBusy                           atomic.Int64 // nanoseconds
+	recvInPlace, recvCopied                      atomic.Uint64 // payload bytes
+	sentBusy, recvBusy                           atomic.Int64  // nanoseconds
 }
 
 // recvClock measures the time a connection spends receiving frames: from
@@ -191,9 +192,15 @@ func (c *core) lookup(id node.ID) *peer {
 	return c.peers[id]
 }
 
-// onFrame handles a complete frame from an introduced peer.
-func (c *core) onFrame(p *peer, h *frame.Header, payload []byte) {
+// onFrame handles a complete frame from an introduced peer; inPlace tells
+// whether its payload was read into the handler's Sink buffer.
+func (c *core) onFrame(p *peer, h *frame.Header, payload []byte, inPlace bool) {
 	p.st.recvFrames.Add(1)
+	if inPlace {
+		p.st.recvInPlace.Add(uint64(len(payload)))
+	} else {
+		p.st.recvCopied.Add(uint64(len(payload)))
+	}
 	if h.Type == frame.Bye {
 		p.bye.Store(true)
 		c.log.Debug("van: peer said bye", "peer", p.id)
@@ -244,13 +251,15 @@ func (c *core) Stats() []PeerStats {
 	out := make([]PeerStats, 0, len(c.stats))
 	for id, st := range c.stats {
 		out = append(out, PeerStats{
-			Peer:           id,
-			SentBytes:      st.sentBytes.Load(),
-			ReceivedBytes:  st.recvBytes.Load(),
-			SentFrames:     st.sentFrames.Load(),
-			ReceivedFrames: st.recvFrames.Load(),
-			SentBusy:       time.Duration(st.sentBusy.Load()),
-			ReceivedBusy:   time.Duration(st.recvBusy.Load()),
+			Peer:                 id,
+			SentBytes:            st.sentBytes.Load(),
+			ReceivedBytes:        st.recvBytes.Load(),
+			SentFrames:           st.sentFrames.Load(),
+			ReceivedFrames:       st.recvFrames.Load(),
+			ReceivedInPlaceBytes: st.recvInPlace.Load(),
+			ReceivedCopiedBytes:  st.recvCopied.Load(),
+			SentBusy:             time.Duration(st.sentBusy.Load()),
+			ReceivedBusy:         time.Duration(st.recvBusy.Load()),
 		})
 	}
 	c.mu.Unlock()

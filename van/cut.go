@@ -42,6 +42,7 @@ type cutter struct {
 	inPayload bool
 	buf       []byte // payload storage, reused
 	cur       []byte // the current frame's payload: buf or the sink's buffer
+	sunk      bool   // cur is the sink's buffer
 	pn        uint64 // payload bytes filled
 
 	sink func(h *frame.Header) []byte // nil: always buf
@@ -87,10 +88,10 @@ func (c *cutter) advance(n int) (h *frame.Header, payload []byte, err error) {
 		if c.h.Length == 0 {
 			return &c.h, nil, nil
 		}
-		c.cur = nil
+		c.cur, c.sunk = nil, false
 		if c.sink != nil {
 			if b := c.sink(&c.h); uint64(len(b)) == c.h.Length {
-				c.cur = b
+				c.cur, c.sunk = b, true
 			}
 		}
 		if c.cur == nil {
@@ -110,6 +111,12 @@ func (c *cutter) advance(n int) (h *frame.Header, payload []byte, err error) {
 	c.inPayload = false
 	return &c.h, c.cur, nil
 }
+
+// inPlace reports whether the payload of the frame advance just returned
+// was read into the sink's buffer (true) or into the cutter's own, to be
+// copied by the handler (false). An empty payload is neither; the caller
+// counts bytes, so the answer does not matter then.
+func (c *cutter) inPlace() bool { return c.sunk }
 
 // check applies the connection rules to a decoded header.
 func (c *cutter) check(h *frame.Header) error {

@@ -165,7 +165,9 @@ func TestCutterSink(t *testing.T) {
 			p := make([]byte, 4096)
 			fill(p, 7)
 			var got []byte
-			if err := c.feed(encode(pushHeader(peer, self, 1, len(p)), p), func(_ *frame.Header, b []byte) { got = b }); err != nil {
+			var reported bool
+			emit := func(_ *frame.Header, b []byte) { got, reported = b, c.inPlace() }
+			if err := c.feed(encode(pushHeader(peer, self, 1, len(p)), p), emit); err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(got, p) {
@@ -173,6 +175,9 @@ func TestCutterSink(t *testing.T) {
 			}
 			if inPlace := len(given) > 0 && &got[0] == &given[0]; inPlace != tt.inPlace {
 				t.Fatalf("payload in the sink's buffer: %v, want %v", inPlace, tt.inPlace)
+			}
+			if reported != tt.inPlace {
+				t.Fatalf("inPlace() = %v, want %v", reported, tt.inPlace)
 			}
 		})
 	}

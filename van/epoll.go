@@ -411,7 +411,7 @@ func (v *epollVan) serve(c *epConn) {
 			if c.peer == nil {
 				v.hello(c)
 			} else {
-				v.onFrame(c.peer, h, payload)
+				v.onFrame(c.peer, h, payload, c.cut.inPlace())
 			}
 			if frames--; frames == 0 || c.fd < 0 {
 				return // c.fd < 0: a refused hello dropped the connection

@@ -159,7 +159,7 @@ func (v *netConnVan) readLoop(c *ncConn) error {
 			}
 			if h != nil {
 				if c.peer != nil {
-					v.onFrame(c.peer, h, payload)
+					v.onFrame(c.peer, h, payload, c.cut.inPlace())
 				} else if perr := v.hello(c); perr != nil {
 					return perr
 				}

@@ -103,7 +103,8 @@ type Transport interface {
 	// weights set are kept. The LB switches it off while it probes.
 	SetShaping(on bool)
 	// Stats reports what moved per peer and direction so far: bytes,
-	// frames, and busy time (see PeerStats).
+	// frames, busy time, and received payload bytes by whether they were
+	// read in place (see PeerStats).
 	Stats() []PeerStats
 	// QueuedBytes is the bytes waiting in the send pool (headers included).
 	QueuedBytes() int64
@@ -122,14 +123,21 @@ type Transport interface {
 //   - ReceivedBusy adds up the time from the read that began a frame to
 //     the read that completed the last frame in progress. A frame that
 //     arrives within one read adds nothing.
+//
+// The payload bytes of every complete frame received are counted once more,
+// by where they were read to: ReceivedInPlaceBytes into the buffer the
+// handler's Sink chose (no copy follows), ReceivedCopiedBytes into the
+// van's own buffer, which the handler copies from if it keeps them.
 type PeerStats struct {
-	Peer           node.ID
-	SentBytes      uint64 // header and payload bytes written
-	ReceivedBytes  uint64 // header and payload bytes read
-	SentFrames     uint64
-	ReceivedFrames uint64
-	SentBusy       time.Duration
-	ReceivedBusy   time.Duration
+	Peer                 node.ID
+	SentBytes            uint64 // header and payload bytes written
+	ReceivedBytes        uint64 // header and payload bytes read
+	SentFrames           uint64
+	ReceivedFrames       uint64
+	ReceivedInPlaceBytes uint64 // payload bytes read into a Sink's buffer
+	ReceivedCopiedBytes  uint64 // payload bytes read into the van's buffer
+	SentBusy             time.Duration
+	ReceivedBusy         time.Duration
 }
 
 // Config configures a Transport.

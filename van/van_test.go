@@ -67,9 +67,10 @@ func TestRoundTrip(t *testing.T) {
 			}
 			return nil
 		})
-		var total uint64
+		var total, payload uint64
 		for _, n := range sizes {
 			total += uint64(frame.HeaderSize + n)
+			payload += uint64(n)
 		}
 		eventually(t, 5*time.Second, func() error {
 			sa, sb := a.Stats(), b.Stats()
@@ -88,11 +89,12 @@ func TestRoundTrip(t *testing.T) {
 			}
 			sa[0].SentBusy, sa[0].ReceivedBusy, sb[0].SentBusy, sb[0].ReceivedBusy = 0, 0, 0, 0
 			// One Hello from a to b on top of the data frames.
-			want := PeerStats{Peer: 9, SentBytes: total + frame.HeaderSize, ReceivedBytes: total, SentFrames: uint64(len(sizes)) + 1, ReceivedFrames: uint64(len(sizes))}
+			// The collector has no Sink: every payload byte is copied.
+			want := PeerStats{Peer: 9, SentBytes: total + frame.HeaderSize, ReceivedBytes: total, SentFrames: uint64(len(sizes)) + 1, ReceivedFrames: uint64(len(sizes)), ReceivedCopiedBytes: payload}
 			if sa[0] != want {
 				return fmt.Errorf("a's stats %+v, want %+v", sa[0], want)
 			}
-			want = PeerStats{Peer: 8, SentBytes: total, ReceivedBytes: total + frame.HeaderSize, SentFrames: uint64(len(sizes)), ReceivedFrames: uint64(len(sizes)) + 1}
+			want = PeerStats{Peer: 8, SentBytes: total, ReceivedBytes: total + frame.HeaderSize, SentFrames: uint64(len(sizes)), ReceivedFrames: uint64(len(sizes)) + 1, ReceivedCopiedBytes: payload}
 			if sb[0] != want {
 				return fmt.Errorf("b's stats %+v, want %+v", sb[0], want)
 			}

@@ -13,10 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/internal/localcluster"
+	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/scheduler"
 	"github.com/fptps/fpt/server"
@@ -29,6 +32,9 @@ import (
 // server and the cluster code together.
 type inProcess struct {
 	workers []*worker.Worker
+	// servers holds each server's metrics registry: the test reads a
+	// server's van figures there (it has no other handle on the server).
+	servers []*prometheus.Registry
 	errs    chan error // from the scheduler and servers
 	nodes   int
 }
@@ -62,8 +68,15 @@ func startInProcess(servers, workers int, extra map[string]string) (*inProcess, 
 	sched := cfgFor("scheduler")
 	go func() { c.errs <- scheduler.Run(ctx, sched, log, nil) }()
 	for range servers {
-		cfg := cfgFor("server")
-		go func() { c.errs <- server.Run(ctx, cluster.New(cfg, log)) }()
+		n := cluster.New(cfgFor("server"), log)
+		reg := prometheus.NewRegistry()
+		m, err := metrics.New(reg, node.Server)
+		if err != nil {
+			return nil, err
+		}
+		n.SetMetrics(m)
+		c.servers = append(c.servers, reg)
+		go func() { c.errs <- server.Run(ctx, n) }()
 	}
 	wcfg := cfgFor("worker")
 	ws := make(chan *worker.Worker, workers)
