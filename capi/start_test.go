@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -186,5 +188,59 @@ func TestLibDecisionsOnStdout(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), `msg="lb decision"`) {
 		t.Errorf("the scheduler's log (PS_VERBOSE=1) has no decision:\n%s", stderr.String())
+	}
+}
+
+// Start's failures other than the configuration's are final: only
+// Finalize is left, and it neither hangs nor fails again. A scheduler
+// starts in the background, so its failure (a taken port) is Finalize's.
+func TestLibStartFailures(t *testing.T) {
+	taken, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := taken.Addr().(*net.TCPAddr).Port
+	free, err := localcluster.FreePort() // no scheduler there
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name        string
+		vars        map[string]string
+		startCode   Code
+		finalize    Code
+		finalizeMsg string
+	}{
+		{"scheduler, port taken", env(port, 1, 1, "scheduler"), CodeOK, CodeCluster, "DMLC_PS_ROOT_PORT"},
+		{"worker, no scheduler", env(free, 1, 1, "worker"), CodeCluster, CodeOK, ""},
+		{"server, metrics address taken", env(port, 1, 1, "server"), CodeCluster, CodeOK, ""},
+	}
+	tests[1].vars["FPT_START_TIMEOUT"] = "0.5"
+	tests[2].vars["FPT_METRICS_ADDR"] = taken.Addr().String()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var shutdowns atomic.Int32
+			l := newLib(tt.vars, &shutdowns)
+			err := l.Start()
+			if CodeOf(err) != tt.startCode {
+				t.Fatalf("Start: %v (code %d), want code %d", err, CodeOf(err), tt.startCode)
+			}
+			if err != nil {
+				if again := l.Start(); CodeOf(again) != CodeState || !strings.Contains(again.Error(), "only fpt_finalize is left") {
+					t.Errorf("Start after a failed Start: %v, want CodeState", again)
+				}
+				if _, rerr := l.Rank(); CodeOf(rerr) != CodeState {
+					t.Errorf("Rank after a failed Start: %v, want CodeState", rerr)
+				}
+			}
+			err = l.Finalize()
+			if CodeOf(err) != tt.finalize || (err != nil && !strings.Contains(err.Error(), tt.finalizeMsg)) {
+				t.Errorf("Finalize: %v (code %d), want code %d naming %q", err, CodeOf(err), tt.finalize, tt.finalizeMsg)
+			}
+			if n := shutdowns.Load(); n != 1 {
+				t.Errorf("%d shutdowns, want 1", n)
+			}
+		})
 	}
 }
