@@ -23,8 +23,6 @@ import (
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/node"
-	"github.com/fptps/fpt/scheduler"
-	"github.com/fptps/fpt/server"
 	"github.com/fptps/fpt/worker"
 )
 
@@ -86,18 +84,16 @@ const (
 // Lib is one process's node, as the C library drives it. Its methods are
 // safe for concurrent use by any number of C threads.
 type Lib struct {
-	lookup   func(string) (string, bool)
-	stderr   io.Writer
-	shutdown func()
+	lookup         func(string) (string, bool)
+	stdout, stderr io.Writer
+	shutdown       func()
 
 	mu       sync.Mutex
 	state    state
 	cfg      config.Config
 	startErr error
-	node     *cluster.Member  // servers and workers
-	w        *worker.Worker // workers
-	srv      *server.Server // servers
-	sched    chan error     // the scheduler's outcome
+	node     *launch.Node   // running, finalizing
+	w        *worker.Worker // node.Worker(): nil unless a worker
 
 	// submit is held for reading while a call hands a request to the
 	// worker, and taken for writing by Finalize once the state says
@@ -114,20 +110,23 @@ type Lib struct {
 }
 
 // New returns a library that reads its configuration through lookup (the
-// C environment), logs to stderr, and calls shutdown once at the end of
+// C environment), writes a scheduler's LB decisions to stdout as the fpt
+// binaries do, logs to stderr, and calls shutdown once at the end of
 // Finalize (control.Shutdown, which must run once per process; tests, which
 // run many nodes in one process, pass a no-op).
-func New(lookup func(string) (string, bool), stderr io.Writer, shutdown func()) *Lib {
-	return &Lib{lookup: lookup, stderr: stderr, shutdown: shutdown,
+func New(lookup func(string) (string, bool), stdout, stderr io.Writer, shutdown func()) *Lib {
+	return &Lib{lookup: lookup, stdout: stdout, stderr: stderr, shutdown: shutdown,
 		pending: make(map[int]chan struct{}), failed: make(map[int]error)}
 }
 
-// Start joins the cluster in the role DMLC_ROLE names. A server or worker
-// returns once the whole cluster has started; the scheduler runs in the
-// background and returns at once (its outcome, such as a taken port, is
-// Finalize's). A configuration error leaves the library as it was, so the
-// environment can be fixed and Start called again; any other failure is
-// final and only Finalize is left.
+// Start joins the cluster in the role DMLC_ROLE names, through
+// launch.Start as the fpt binaries do (metrics at FPT_METRICS_ADDR, LB
+// decisions on stdout). A server or worker returns once the whole cluster
+// has started; the scheduler runs in the background and returns at once
+// (its outcome, such as a taken port, is Finalize's). A configuration
+// error leaves the library as it was, so the environment can be fixed and
+// Start called again; any other failure is final and only Finalize is
+// left.
 func (l *Lib) Start() error {
 	const op = "fpt_start"
 	l.mu.Lock()
@@ -144,35 +143,16 @@ func (l *Lib) Start() error {
 	l.state, l.cfg = starting, cfg
 	l.mu.Unlock()
 
-	log := launch.Logger(l.stderr, cfg)
-	ctx := context.Background() // the node bounds its start with FPT_START_TIMEOUT
-	var (
-		n     *cluster.Member
-		w     *worker.Worker
-		srv   *server.Server
-		sched chan error
-	)
-	switch cfg.Role {
-	case node.Scheduler:
-		sched = make(chan error, 1)
-		go func() { sched <- scheduler.Run(ctx, cfg, log, l.stderr) }()
-	case node.Server:
-		n = cluster.New(cfg, log)
-		srv, err = server.Start(ctx, n)
-	default:
-		n = cluster.New(cfg, log)
-		w, err = worker.Start(ctx, n)
-	}
+	// The node bounds its start with FPT_START_TIMEOUT; a failed start has
+	// released what it bound.
+	n, err := launch.Start(context.Background(), cfg, launch.Logger(l.stderr, cfg), l.stdout)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {
-		if n != nil {
-			n.Close()
-		}
 		l.state, l.startErr = broken, err
 		return &Error{Code: classify(err, CodeCluster), Err: fmt.Errorf("capi: %s: %w", op, err)}
 	}
-	l.state, l.node, l.w, l.srv, l.sched = running, n, w, srv, sched
+	l.state, l.node, l.w = running, n, n.Worker()
 	return nil
 }
 
@@ -196,17 +176,8 @@ func (l *Lib) Finalize() error {
 	l.submit.Unlock()
 
 	var err error
-	ctx := context.Background()
-	switch {
-	case prev == broken: // Start closed the node already
-	case l.w != nil:
-		err = l.w.Finalize(ctx)
-	case l.srv != nil:
-		err = l.srv.Finalize(ctx)
-	case l.node != nil:
-		err = l.node.Finalize(ctx)
-	default:
-		err = <-l.sched
+	if prev != broken { // a failed Start released the node already
+		err = l.node.Finalize(context.Background())
 	}
 	l.settles.Wait()
 	l.shutdown()
@@ -281,10 +252,7 @@ func (l *Lib) Rank() (int, error) {
 	if l.state != running && l.state != finalizing {
 		return 0, l.stateErr(op)
 	}
-	if l.node == nil {
-		return 0, nil
-	}
-	return l.node.Self().ID.Rank(), nil
+	return l.node.Rank(), nil
 }
 
 // worker returns the running worker, or why op cannot run.

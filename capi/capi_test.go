@@ -125,7 +125,7 @@ func newLib(vars map[string]string, shutdowns *atomic.Int32) *Lib {
 		v, ok := vars[k]
 		return v, ok
 	}
-	return New(lookup, io.Discard, func() { shutdowns.Add(1) })
+	return New(lookup, io.Discard, io.Discard, func() { shutdowns.Add(1) })
 }
 
 // Every call before Start is refused with CodeState, except the queries
@@ -188,24 +188,39 @@ type libCluster struct {
 
 func startLibs(t *testing.T, servers, workers int) *libCluster {
 	t.Helper()
+	return startLibsWith(t, servers, workers, nil)
+}
+
+// startLibsWith is startLibs with setup, if not nil, run on each node's
+// environment and library before it starts.
+func startLibsWith(t *testing.T, servers, workers int, setup func(role string, vars map[string]string, l *Lib)) *libCluster {
+	t.Helper()
 	port, err := localcluster.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &libCluster{}
-	c.sched = newLib(env(port, servers, workers, "scheduler"), &c.shutdowns)
+	lib := func(role string) *Lib {
+		vars := env(port, servers, workers, role)
+		l := newLib(vars, &c.shutdowns)
+		if setup != nil {
+			setup(role, vars, l)
+		}
+		return l
+	}
+	c.sched = lib("scheduler")
 	if err := c.sched.Start(); err != nil {
 		t.Fatal(err)
 	}
 	all := []*Lib{}
 	for range servers {
-		l := newLib(env(port, servers, workers, "server"), &c.shutdowns)
+		l := lib("server")
 		c.servers = append(c.servers, l)
 		all = append(all, l)
 	}
 	ws := make([]*Lib, workers)
 	for i := range ws {
-		ws[i] = newLib(env(port, servers, workers, "worker"), &c.shutdowns)
+		ws[i] = lib("worker")
 		all = append(all, ws[i])
 	}
 	errs := make(chan error, len(all))

@@ -1,8 +1,11 @@
 // Package launch turns a ps-lite launch environment (DMLC_*) into a
-// running node: it reads the configuration, sets up logging, runs the
-// scheduler or a server, or starts a worker and hands it to the training
-// program, and maps the outcome to an exit code (0 done, 1 failed, 2 bad
-// configuration), so that every fpt binary launches the same way.
+// running node. Start is the one way any program starts a node of any
+// role: the fpt binaries through Main and Run, the C library (package
+// capi) directly. It sets up the node's metrics (FPT_METRICS_ADDR) and
+// where the scheduler's LB decisions go, so that a node behaves the same
+// whichever program runs it. Main also reads the configuration, sets up
+// logging, hands a worker to the training program, and maps the outcome to
+// an exit code (0 done, 1 failed, 2 bad configuration).
 package launch
 
 import (
@@ -15,16 +18,9 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-
-	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
-	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
-	"github.com/fptps/fpt/scheduler"
-	"github.com/fptps/fpt/server"
 	"github.com/fptps/fpt/worker"
 )
 
@@ -57,7 +53,7 @@ func Main(name string, lookup func(string) (string, bool), stderr io.Writer, tra
 	log := Logger(stderr, cfg)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err = Run(ctx, cfg, log, train)
+	err = Run(ctx, cfg, log, os.Stdout, train)
 	// Deliver the last control messages before the process exits.
 	control.Shutdown()
 	if err != nil {
@@ -71,43 +67,24 @@ func Main(name string, lookup func(string) (string, bool), stderr io.Writer, tra
 	return ExitOK
 }
 
-// Run runs one node of the given configuration until it leaves the cluster,
-// serving its metrics at cfg.MetricsAddr if set.
-func Run(ctx context.Context, cfg config.Config, log *slog.Logger, train Train) error {
-	var m *metrics.Node
-	if cfg.MetricsAddr != "" {
-		reg := prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-		var err error
-		if m, err = metrics.New(reg, cfg.Role); err != nil {
-			return err
-		}
-		srv, err := metrics.Serve(cfg.MetricsAddr, reg, log)
-		if err != nil {
-			return err
-		}
-		defer srv.Close()
+// Run runs one node of the given configuration until it leaves the cluster:
+// Start, then for a worker the training program, then Finalize. The
+// scheduler's LB decisions go to decisions (Main: stdout).
+func Run(ctx context.Context, cfg config.Config, log *slog.Logger, decisions io.Writer, train Train) error {
+	if cfg.Role == node.Worker && train == nil {
+		return errors.New("launch: a worker needs a training program")
 	}
-	switch cfg.Role {
-	case node.Scheduler:
-		return scheduler.Run(ctx, cfg, log, os.Stdout)
-	case node.Server:
-		n := cluster.New(cfg, log)
-		n.SetMetrics(m)
-		return server.Run(ctx, n)
-	}
-	n := cluster.New(cfg, log)
-	n.SetMetrics(m)
-	w, err := worker.Start(ctx, n)
+	n, err := Start(ctx, cfg, log, decisions)
 	if err != nil {
 		return err
 	}
-	if err := train(ctx, w); err != nil {
-		n.Fail(err)
-		n.Close()
-		return err
+	if w := n.Worker(); w != nil {
+		if err := train(ctx, w); err != nil {
+			n.Fail(err)
+			return err
+		}
 	}
-	return w.Finalize(ctx)
+	return n.Finalize(ctx)
 }
 
 // Logger is the node's logger: text to w, at a level set by PS_VERBOSE

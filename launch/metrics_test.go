@@ -12,8 +12,8 @@ import (
 
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/frame"
-	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/internal/localcluster"
+	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/trainer"
@@ -69,7 +69,7 @@ func TestMetricsMatchTraining(t *testing.T) {
 		addrs[name] = cfg.MetricsAddr
 		mu.Unlock()
 		done := make(chan error, 1)
-		go func() { done <- launch.Run(ctx, cfg, log, train) }()
+		go func() { done <- launch.Run(ctx, cfg, log, io.Discard, train) }()
 		return done
 	}
 	var ends []<-chan error

@@ -108,6 +108,9 @@ func TestCAPIKVStoreClient(t *testing.T) {
 				mustContain(t, w+" stdout", c.proc(w).Stdout.String(),
 					"every value is worker 0's", "iteration 4/4 verified", "PASS: 4 iterations x 6 tensors")
 			}
+			// fpt's scheduler and libfpt's start the same way: the LB's
+			// decisions (a probe after the warm-up) are on stdout.
+			mustContain(t, "scheduler stdout", c.proc("scheduler").Stdout.String(), "lb decision v1 ")
 			if tt.allCpp {
 				mustContain(t, "scheduler stdout", c.proc("scheduler").Stdout.String(), "scheduler: done")
 				mustContain(t, "server0 stdout", c.proc("server0").Stdout.String(), "server: done")

@@ -44,7 +44,7 @@ import (
 // Postoffice, has no handle for the caller to pass around, and a process
 // can run only one node (one ZeroMQ context, shut down once), so it lives
 // here; capi.Lib guards its own state with a mutex.
-var lib = capi.New(getenv, os.Stderr, control.Shutdown)
+var lib = capi.New(getenv, os.Stdout, os.Stderr, control.Shutdown)
 
 func main() {}
 

@@ -1,0 +1,216 @@
+package launch
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/metrics"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/scheduler"
+	"github.com/fptps/fpt/server"
+	"github.com/fptps/fpt/worker"
+)
+
+// Node is a started node of any role: the scheduler running in the
+// background, a server serving, or a worker ready for its training
+// program. It owns what the node serves besides the cluster: its metrics
+// registry and HTTP server (FPT_METRICS_ADDR). The binaries (Run) and the
+// C library (package capi) start every node through Start, so that a node
+// behaves the same whichever program runs it.
+type Node struct {
+	cfg     config.Config
+	log     *slog.Logger
+	member  *cluster.Member // servers and workers
+	server  *server.Server
+	worker  *worker.Worker
+	metrics *metrics.Server // nil without FPT_METRICS_ADDR
+
+	// The scheduler's run: stop ends it, schedDone is closed when it
+	// returned schedErr.
+	stop      context.CancelFunc
+	schedDone chan struct{}
+	schedErr  error
+
+	closeOnce sync.Once
+}
+
+// Start starts the node cfg.Role names and returns once it runs: a server
+// or worker once the whole cluster has started (ctx bounds that, as does
+// FPT_START_TIMEOUT), the scheduler at once, running in the background
+// until Finalize or Close, its outcome (a taken port, say) Finalize's.
+// With the LB on the scheduler writes each decision to decisions as a
+// line (nil: only logged); the binaries and the C library both pass
+// stdout. With cfg.MetricsAddr set the node serves its metrics there until
+// it is finalized or closed. A failed Start has released everything it
+// bound.
+func Start(ctx context.Context, cfg config.Config, log *slog.Logger, decisions io.Writer) (*Node, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	n := &Node{cfg: cfg, log: log}
+	m, err := n.serveMetrics()
+	if err != nil {
+		return nil, err
+	}
+	switch cfg.Role {
+	case node.Scheduler:
+		n.startScheduler(ctx, decisions)
+		return n, nil
+	case node.Server:
+		n.member = cluster.New(cfg, log)
+		n.member.SetMetrics(m)
+		n.server, err = server.Start(ctx, n.member)
+	case node.Worker:
+		n.member = cluster.New(cfg, log)
+		n.member.SetMetrics(m)
+		n.worker, err = worker.Start(ctx, n.member)
+	default:
+		err = fmt.Errorf("launch: no node of role %s", cfg.Role)
+	}
+	if err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// serveMetrics makes the node's registry and serves it, when asked to: the
+// metrics the cluster member records into (nil: none).
+func (n *Node) serveMetrics() (*metrics.Node, error) {
+	if n.cfg.MetricsAddr == "" {
+		return nil, nil
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m, err := metrics.New(reg, n.cfg.Role)
+	if err != nil {
+		return nil, fmt.Errorf("launch: %w", err)
+	}
+	if n.metrics, err = metrics.Serve(n.cfg.MetricsAddr, reg, n.log); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// startScheduler runs the scheduler in the background. It gets a context of
+// its own, keeping ctx's values but not its end: ctx bounds starting, and
+// the scheduler runs until the cluster terminates, Finalize's context ends
+// or Close.
+func (n *Node) startScheduler(ctx context.Context, decisions io.Writer) {
+	ctx, n.stop = context.WithCancel(context.WithoutCancel(ctx))
+	n.schedDone = make(chan struct{})
+	go func() {
+		defer close(n.schedDone)
+		n.schedErr = scheduler.Run(ctx, n.cfg, n.log, decisions)
+	}()
+}
+
+// Role is the node's role.
+func (n *Node) Role() node.Role { return n.cfg.Role }
+
+// Config is the node's configuration.
+func (n *Node) Config() config.Config { return n.cfg }
+
+// Worker is the started worker, nil unless the node is one.
+func (n *Node) Worker() *worker.Worker { return n.worker }
+
+// Rank is the node's rank among the workers or the servers; 0 for the
+// scheduler.
+func (n *Node) Rank() int {
+	if n.member == nil {
+		return 0
+	}
+	return n.member.Self().ID.Rank()
+}
+
+// MetricsAddr is the address the node serves its metrics at (with the port
+// chosen for port 0), or "" when it serves none.
+func (n *Node) MetricsAddr() string {
+	if n.metrics == nil {
+		return ""
+	}
+	return n.metrics.Addr()
+}
+
+// Done is closed when the node has failed or the cluster terminated (for
+// the scheduler: when it returned).
+func (n *Node) Done() <-chan struct{} {
+	if n.member == nil {
+		return n.schedDone
+	}
+	return n.member.Done()
+}
+
+// Err is why the node failed, or nil.
+func (n *Node) Err() error {
+	if n.member != nil {
+		return n.member.Err()
+	}
+	select {
+	case <-n.schedDone:
+		return n.schedErr
+	default:
+		return nil
+	}
+}
+
+// Finalize leaves the cluster in order: a worker waits for its outstanding
+// requests and passes the final barrier; a server or the scheduler serves
+// until the cluster terminates (the scheduler stops early if ctx ends).
+// Then it stops serving metrics. It returns the node's failure, if any.
+func (n *Node) Finalize(ctx context.Context) error {
+	var err error
+	switch {
+	case n.worker != nil:
+		err = n.worker.Finalize(ctx)
+	case n.server != nil:
+		err = n.server.Finalize(ctx)
+	default:
+		select {
+		case <-n.schedDone:
+		case <-ctx.Done():
+			n.stop()
+			<-n.schedDone
+		}
+		err = n.schedErr
+	}
+	n.Close()
+	return err
+}
+
+// Fail leaves the cluster at once because of err: a server or worker
+// reports it to the scheduler, which stops every other node.
+func (n *Node) Fail(err error) {
+	if n.member != nil {
+		n.member.Fail(err)
+	}
+	n.Close()
+}
+
+// Close leaves at once, without the final barrier (after a failure, or
+// after Finalize): it releases the node's sockets, stops the scheduler and
+// stops serving metrics. It is idempotent.
+func (n *Node) Close() {
+	n.closeOnce.Do(func() {
+		if n.member != nil {
+			n.member.Close()
+		}
+		if n.stop != nil {
+			n.stop()
+			<-n.schedDone
+		}
+		if n.metrics != nil {
+			if err := n.metrics.Close(); err != nil {
+				n.log.Warn("closing the metrics server", "err", err)
+			}
+		}
+	})
+}

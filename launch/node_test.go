@@ -1,0 +1,171 @@
+package launch_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/internal/localcluster"
+	"github.com/fptps/fpt/launch"
+	"github.com/fptps/fpt/metrics"
+)
+
+// nodeConfig is one node's configuration for a loopback cluster whose
+// scheduler listens on port, with extra variables.
+func nodeConfig(t *testing.T, role string, port int, extra map[string]string) config.Config {
+	t.Helper()
+	e := map[string]string{
+		"DMLC_ROLE":         role,
+		"DMLC_PS_ROOT_URI":  "127.0.0.1",
+		"DMLC_PS_ROOT_PORT": strconv.Itoa(port),
+		"DMLC_NUM_SERVER":   "1",
+		"DMLC_NUM_WORKER":   "1",
+	}
+	for k, v := range extra {
+		e[k] = v
+	}
+	cfg, err := config.FromEnv(func(k string) (string, bool) { v, ok := e[k]; return v, ok })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	p, err := localcluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// The scheduler starts in the background: Start returns at once, its
+// outcome is Finalize's (and Err's once Done), and the metrics it served
+// stop with it.
+func TestStartSchedulerOutcomeIsFinalizes(t *testing.T) {
+	taken, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := taken.Addr().(*net.TCPAddr).Port
+	cfg := nodeConfig(t, "scheduler", port, map[string]string{"FPT_METRICS_ADDR": "127.0.0.1:0"})
+	n, err := launch.Start(context.Background(), cfg, quiet, io.Discard)
+	if err != nil {
+		t.Fatalf("Start of a scheduler whose port is taken: %v, want nil (the outcome is Finalize's)", err)
+	}
+	if n.Worker() != nil || n.Rank() != 0 {
+		t.Errorf("scheduler: Worker %v, Rank %d; want nil, 0", n.Worker(), n.Rank())
+	}
+	addr := n.MetricsAddr()
+	if strings.HasSuffix(addr, ":0") || addr == "" {
+		t.Fatalf("MetricsAddr = %q, want the port chosen", addr)
+	}
+	<-n.Done()
+	if err := n.Err(); err == nil || !strings.Contains(err.Error(), "DMLC_PS_ROOT_PORT") {
+		t.Errorf("Err after Done: %v, want the taken port", err)
+	}
+	if err := n.Finalize(context.Background()); err == nil || !strings.Contains(err.Error(), "DMLC_PS_ROOT_PORT") {
+		t.Errorf("Finalize: %v, want the taken port", err)
+	}
+	if _, err := metrics.Scrape(context.Background(), addr); err == nil {
+		t.Error("metrics still served after Finalize")
+	}
+}
+
+// Finalize's context bounds how long it waits for the scheduler, which it
+// stops when the context ends (a binary's SIGTERM).
+func TestFinalizeContextStopsScheduler(t *testing.T) {
+	n, err := launch.Start(context.Background(), nodeConfig(t, "scheduler", freePort(t), nil), quiet, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-n.Done():
+		t.Fatalf("the scheduler returned before any node registered: %v", n.Err())
+	default:
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := n.Finalize(ctx); err == nil || !strings.Contains(err.Error(), "interrupted") {
+		t.Errorf("Finalize with an ended context: %v, want the scheduler interrupted", err)
+	}
+}
+
+// A Start that fails has released everything it bound: the metrics port
+// can be served again at once.
+func TestStartFailureReleases(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	metricsAddr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	tests := []struct {
+		name  string
+		role  string
+		extra map[string]string
+		want  string
+	}{
+		{"metrics address taken", "server", map[string]string{"FPT_METRICS_ADDR": busy.Addr().String()}, "FPT_METRICS_ADDR"},
+		// No scheduler listens: the worker gives up after its start timeout.
+		{"no scheduler", "worker", map[string]string{"FPT_METRICS_ADDR": metricsAddr, "FPT_START_TIMEOUT": "0.5"}, ""},
+		{"no scheduler, server", "server", map[string]string{"FPT_METRICS_ADDR": metricsAddr, "FPT_START_TIMEOUT": "0.5"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := nodeConfig(t, tt.role, freePort(t), tt.extra)
+			n, err := launch.Start(context.Background(), cfg, quiet, io.Discard)
+			if err == nil {
+				n.Close()
+				t.Fatal("Start succeeded")
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Start: %v, want it to name %q", err, tt.want)
+			}
+			if cfg.MetricsAddr == busy.Addr().String() {
+				return // the test holds it
+			}
+			l, err := net.Listen("tcp", cfg.MetricsAddr)
+			if err != nil {
+				t.Fatalf("the metrics address is still held after a failed Start: %v", err)
+			}
+			l.Close()
+		})
+	}
+}
+
+// A worker role needs a training program.
+func TestRunWorkerWithoutTrain(t *testing.T) {
+	err := launch.Run(context.Background(), nodeConfig(t, "worker", freePort(t), nil), quiet, io.Discard, nil)
+	if err == nil || !strings.Contains(err.Error(), "training program") {
+		t.Errorf("Run of a worker without train: %v", err)
+	}
+}
+
+// Close stops a scheduler at once; a nil decisions writer is allowed (the
+// decisions are only logged).
+func TestCloseStopsScheduler(t *testing.T) {
+	n, err := launch.Start(context.Background(), nodeConfig(t, "scheduler", freePort(t), nil), quiet, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Close()
+	select {
+	case <-n.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("Close did not stop the scheduler")
+	}
+	if err := n.Err(); err == nil || !strings.Contains(err.Error(), "interrupted") {
+		t.Errorf("Err after Close: %v, want the scheduler interrupted", err)
+	}
+}
