@@ -415,11 +415,11 @@ func TestCallbacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	var calls atomic.Int32
-	count := func() { calls.Add(1) }
+	count := func(error) { calls.Add(1) }
 	sum := make([]float64, 1000)
 	// A push whose callback pulls: it runs off the van's goroutines.
 	pulled := make(chan int, 1)
-	push, err := kv.FPTPush([]uint64{3}, vals, nil, 0, func() {
+	push, err := kv.FPTPush([]uint64{3}, vals, nil, 0, func(error) {
 		calls.Add(1)
 		ts, err := kv.FPTPull([]uint64{3}, sum, nil, count)
 		if err != nil {
