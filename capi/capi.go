@@ -4,8 +4,8 @@
 // FPTPush/FPTPull on memory the caller owns.
 //
 // The package is plain Go so that its logic (the node's life cycle, the
-// checks on every argument, request tracking, callbacks) is tested with go
-// test and the race detector; cmd/libfpt is the thin cgo shell that turns C
+// checks on every argument, callbacks; requests are the worker's) is
+// tested with go test and the race detector; cmd/libfpt is the thin cgo shell that turns C
 // pointers into the Go slices this package takes and its errors back into
 // status codes and a last-error string.
 package capi

@@ -422,7 +422,7 @@ func (c *core) fail(err error) todo {
 	}
 	var t todo
 	for _, r := range c.requests {
-		t.merge(c.settle(r, 0, fmt.Errorf("worker: request %d: %w", r.ts, c.err)))
+		t.merge(c.settle(r, 0, fmt.Errorf("worker: the node failed: %w", c.err)))
 	}
 	// The order callbacks run in is the order requests were made.
 	slices.SortFunc(t.finished, func(a, b *request) int { return a.ts - b.ts })
