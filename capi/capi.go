@@ -5,9 +5,9 @@
 //
 // The package is plain Go so that its logic (the node's life cycle, the
 // checks on every argument, callbacks; requests are the worker's) is
-// tested with go test and the race detector; cmd/libfpt is the thin cgo shell that turns C
-// pointers into the Go slices this package takes and its errors back into
-// status codes and a last-error string.
+// tested with go test and the race detector; cmd/libfpt is the thin cgo
+// shell that turns C pointers into the Go slices this package takes and
+// its errors back into status codes and a last-error string.
 package capi
 
 import (
