@@ -169,8 +169,8 @@ func (l *Lib) Start() error {
 }
 
 // Finalize leaves the cluster: a worker waits for its outstanding requests
-// and their callbacks (the worker's Finalize does) and passes the final barrier, a server or the scheduler serves until the
-// cluster terminates. When it returns, every callback has returned and the
+// and their callbacks (the worker's Finalize does) and passes the final
+// barrier, a server or the scheduler serves until the cluster terminates. When it returns, every callback has returned and the
 // process's ZeroMQ context is flushed; no node can be started again.
 func (l *Lib) Finalize() error {
 	const op = "fpt_finalize"
