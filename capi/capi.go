@@ -4,10 +4,10 @@
 // FPTPush/FPTPull on memory the caller owns.
 //
 // The package is plain Go so that its logic (the node's life cycle, the
-// checks on every argument, request tracking, callbacks) is tested with go
-// test and the race detector; cmd/libfpt is the thin cgo shell that turns C
-// pointers into the Go slices this package takes and its errors back into
-// status codes and a last-error string.
+// checks on every argument, callbacks; requests are the worker's) is
+// tested with go test and the race detector; cmd/libfpt is the thin cgo
+// shell that turns C pointers into the Go slices this package takes and
+// its errors back into status codes and a last-error string.
 package capi
 
 import (
@@ -98,15 +98,8 @@ type Lib struct {
 	// submit is held for reading while a call hands a request to the
 	// worker, and taken for writing by Finalize once the state says
 	// finalizing: every request a call started is then known to the
-	// worker's Finalize, which settles it, and every callback is counted
-	// in settles before Finalize waits for them.
+	// worker's Finalize, which settles it and waits for its callback.
 	submit sync.RWMutex
-
-	reqMu   sync.Mutex
-	pending map[int]chan struct{} // request → closed once it settled and its callback returned
-	failed  map[int]error         // settled with an error, until a Wait collects it
-	maxTS   int
-	settles sync.WaitGroup // one per tracked request: Finalize waits for every callback
 }
 
 // New returns a library that reads its configuration through lookup (the
@@ -115,8 +108,7 @@ type Lib struct {
 // Finalize (control.Shutdown, which must run once per process; tests, which
 // run many nodes in one process, pass a no-op).
 func New(lookup func(string) (string, bool), stdout, stderr io.Writer, shutdown func()) *Lib {
-	return &Lib{lookup: lookup, stdout: stdout, stderr: stderr, shutdown: shutdown,
-		pending: make(map[int]chan struct{}), failed: make(map[int]error)}
+	return &Lib{lookup: lookup, stdout: stdout, stderr: stderr, shutdown: shutdown}
 }
 
 // Start joins the cluster in the role DMLC_ROLE names, through
@@ -157,8 +149,8 @@ func (l *Lib) Start() error {
 }
 
 // Finalize leaves the cluster: a worker waits for its outstanding requests
-// and passes the final barrier, a server or the scheduler serves until the
-// cluster terminates. When it returns, every callback has returned and the
+// and their callbacks (the worker's Finalize does) and passes the final
+// barrier, a server or the scheduler serves until the cluster terminates. When it returns, every callback has returned and the
 // process's ZeroMQ context is flushed; no node can be started again.
 func (l *Lib) Finalize() error {
 	const op = "fpt_finalize"
@@ -179,7 +171,6 @@ func (l *Lib) Finalize() error {
 	if prev != broken { // a failed Start released the node already
 		err = l.node.Finalize(context.Background())
 	}
-	l.settles.Wait()
 	l.shutdown()
 	l.mu.Lock()
 	l.state = finished
@@ -337,11 +328,12 @@ func (l *Lib) Push(t Tensors, priority int, cb Callback) (int, error) {
 	if err := l.alive(w, op); err != nil {
 		return 0, err
 	}
-	ts, err := w.FPTPushBytes(t.Keys, t.Data, t.Lens, int32(priority), nil)
+	wcb, known := callback(cb)
+	ts, err := w.FPTPushBytes(t.Keys, t.Data, t.Lens, int32(priority), wcb)
 	if err != nil {
 		return 0, wrap(op, w, err)
 	}
-	l.track(w, ts, cb)
+	known(ts)
 	return ts, nil
 }
 
@@ -358,11 +350,12 @@ func (l *Lib) Pull(t Tensors, cb Callback) (int, error) {
 	if err := l.alive(w, op); err != nil {
 		return 0, err
 	}
-	ts, err := w.FPTPullBytes(t.Keys, t.Data, t.Lens, nil)
+	wcb, known := callback(cb)
+	ts, err := w.FPTPullBytes(t.Keys, t.Data, t.Lens, wcb)
 	if err != nil {
 		return 0, wrap(op, w, err)
 	}
-	l.track(w, ts, cb)
+	known(ts)
 	return ts, nil
 }
 
@@ -375,64 +368,52 @@ func (l *Lib) alive(w *worker.Worker, op string) error {
 	return nil
 }
 
-// track follows request ts until it settles, runs cb, and keeps its error
-// for Wait. A goroutine per request waits on the worker, so that the
-// callback runs on failure too (the worker runs callbacks only on success)
-// and Wait can be answered by this package alone.
-func (l *Lib) track(w *worker.Worker, ts int, cb Callback) {
-	done := make(chan struct{})
-	l.reqMu.Lock()
-	l.pending[ts] = done
-	l.maxTS = max(l.maxTS, ts)
-	l.reqMu.Unlock()
-	l.settles.Add(1)
-	go func() {
-		defer l.settles.Done()
-		var err error
-		if werr := w.Wait(ts); werr != nil {
-			err = &Error{Code: CodeCluster, Err: fmt.Errorf("capi: request %d: %w", ts, werr)}
-		}
-		if cb != nil {
-			cb(ts, err)
-		}
-		l.reqMu.Lock()
-		delete(l.pending, ts)
-		if err != nil {
-			l.failed[ts] = err
-		}
-		l.reqMu.Unlock()
-		close(done)
-	}()
+// callback adapts cb to the worker's callback, which runs on a goroutine
+// of its own once the request settles, successful or not. cb learns the
+// request's timestamp, which the worker returns only after taking the
+// callback: known passes it on once the call returned (the callback waits
+// for it; a call that fails never runs the callback).
+func callback(cb Callback) (_ worker.Callback, known func(ts int)) {
+	if cb == nil {
+		return nil, func(int) {}
+	}
+	tsc := make(chan int, 1)
+	return func(err error) {
+		ts := <-tsc
+		cb(ts, requestErr(ts, err))
+	}, func(ts int) { tsc <- ts }
+}
+
+// requestErr is a settled request's error as the C caller sees it.
+func requestErr(ts int, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &Error{Code: CodeCluster, Err: fmt.Errorf("capi: request %d: %w", ts, err)}
 }
 
 // Wait blocks until request ts has settled and its callback returned, and
-// returns its error. A failed request's error goes to the first Wait that
-// asks; later ones, like Waits for requests that succeeded, return nil.
+// returns its error (the worker's Wait). A failed request's error goes to
+// the first Wait that asks; later ones, like Waits for requests that
+// succeeded, return nil.
 func (l *Lib) Wait(ts int) error {
 	const op = "fpt_wait"
 	l.mu.Lock()
-	st := l.state
+	st, w := l.state, l.w
 	if st != running && st != finalizing {
 		err := l.stateErr(op)
 		l.mu.Unlock()
 		return err
 	}
 	l.mu.Unlock()
-	l.reqMu.Lock()
-	done, ok := l.pending[ts]
-	known := ts > 0 && ts <= l.maxTS
-	l.reqMu.Unlock()
-	if !known {
+	var err error = worker.ErrNoRequest // a server or the scheduler made none
+	if w != nil {
+		err = w.Wait(ts)
+	}
+	if errors.Is(err, worker.ErrNoRequest) {
 		return fail(CodeArg, op, "no request %d", ts)
 	}
-	if ok {
-		<-done
-	}
-	l.reqMu.Lock()
-	err := l.failed[ts]
-	delete(l.failed, ts)
-	l.reqMu.Unlock()
-	return err
+	return requestErr(ts, err)
 }
 
 // Barrier waits for every worker to call it.

@@ -12,12 +12,11 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/fptps/fpt/aggregator"
-	"github.com/fptps/fpt/reduce"
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/frame"
-	"github.com/fptps/fpt/lbagent"
 	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/reduce"
+	"github.com/fptps/fpt/role"
 	"github.com/fptps/fpt/van"
 )
 
@@ -25,8 +24,7 @@ import (
 type Server struct {
 	node    *cluster.Member
 	workers int
-	agg     *aggregator.Aggregator
-	agent   *lbagent.Agent         // nil when the LB is off
+	base    *role.Base             // the aggregator and the LB agent
 	onPush  func(iteration uint64) // the agent's; nil without one
 
 	mu    sync.Mutex // guards store (the netconn van calls in parallel)
@@ -53,31 +51,30 @@ func Run(ctx context.Context, n *cluster.Member) error {
 // directives.
 func Start(ctx context.Context, n *cluster.Member) (*Server, error) {
 	s := New(n)
-	if n.Config().LB {
-		s.agent = lbagent.New(n, nil)
-		s.onPush = s.agent.ServerIterationBegan
-	}
-	if err := n.Start(ctx, s); err != nil {
+	if err := s.base.Start(ctx, s); err != nil {
 		return nil, err
-	}
-	if s.agent != nil {
-		s.agent.Start()
 	}
 	return s, nil
 }
 
 // Finalize serves until the cluster terminates, then leaves it.
 func (s *Server) Finalize(ctx context.Context) error {
-	if s.agent != nil {
-		defer s.agent.Close()
-	}
+	defer s.base.Close()
 	return s.node.Finalize(ctx)
 }
 
-// New makes the server's frame handler for n; pass it to n.Start.
+// New makes the server for n without starting it (Start does both): its
+// aggregator and, with the LB on, its LB agent, which is installed on n
+// but measures only once Start started the node.
 func New(n *cluster.Member) *Server {
-	return &Server{node: n, workers: n.Config().NumWorkers, agg: aggregator.New(n, nil), store: make(map[uint64]*stored)}
+	s := &Server{node: n, workers: n.Config().NumWorkers, base: role.New(n, nil, nil), store: make(map[uint64]*stored)}
+	if s.base.Agent != nil {
+		s.onPush = s.base.Agent.ServerIterationBegan
+	}
+	return s
 }
+
+var _ van.Sink = (*Server)(nil)
 
 // PayloadBuffer implements van.Sink: pushed partitions are read straight
 // into the aggregator's buffers.
@@ -85,7 +82,7 @@ func (s *Server) PayloadBuffer(h *frame.Header) []byte {
 	if h.Type != frame.Push {
 		return nil
 	}
-	return s.agg.PayloadBuffer(h)
+	return s.base.Agg.PayloadBuffer(h)
 }
 
 // HandleFrame implements van.Handler.
@@ -101,7 +98,7 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 		if s.onPush != nil {
 			s.onPush(h.Iteration)
 		}
-		err = s.agg.HandlePush(h, payload)
+		err = s.base.Agg.HandlePush(h, payload)
 	case frame.KVPush, frame.KVPushPull:
 		err = s.kvPush(h, payload)
 	case frame.KVPull:

@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -428,11 +429,16 @@ func TestCallbacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	var calls atomic.Int32
-	count := func() { calls.Add(1) }
+	count := func(err error) {
+		if err != nil {
+			t.Errorf("callback of a successful request: %v", err)
+		}
+		calls.Add(1)
+	}
 	sum := make([]float64, 1000)
 	// A push whose callback pulls: it runs off the van's goroutines.
 	pulled := make(chan int, 1)
-	push, err := kv.FPTPush([]uint64{3}, vals, nil, 0, func() {
+	push, err := kv.FPTPush([]uint64{3}, vals, nil, 0, func(error) {
 		calls.Add(1)
 		ts, err := kv.FPTPull([]uint64{3}, sum, nil, count)
 		if err != nil {
@@ -478,4 +484,76 @@ func TestCallbacks(t *testing.T) {
 		t.Errorf("classic pull got %v .. %v", got[0], got[999])
 	}
 	mustFinish(t, c)
+}
+
+// A node's failure completes every outstanding request with it: the
+// waiting pull's callback gets the error, Wait returns it once, new calls
+// are refused, and Finalize returns the failure only after the callback
+// returned.
+func TestFailureCompletesRequests(t *testing.T) {
+	c := mustStart(t, 1, 2, map[string]string{"FPT_LB": "off"})
+	err := c.each(func(w *worker.Worker) error {
+		kv := worker.NewKV[float32](w)
+		if err := kv.Declare(5, 16, 0); err != nil {
+			return err
+		}
+		return kv.Init(context.Background(), []uint64{5}, make([]float32, 16), nil)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w0 := c.workers[0]
+	if w0.Rank() != 0 {
+		w0 = c.workers[1]
+	}
+	kv := worker.NewKV[float32](w0)
+	// Worker 1 never pushes iteration 1: the pull waits until the failure.
+	if _, err := kv.FPTPush([]uint64{5}, make([]float32, 16), nil, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	var returned atomic.Bool
+	ts, err := kv.FPTPull([]uint64{5}, make([]float32, 16), nil, func(err error) {
+		got <- err
+		time.Sleep(50 * time.Millisecond) // Finalize must wait for this
+		returned.Store(true)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cause := errors.New("test: worker 0 gives up")
+	w0.Node().Fail(cause)
+	select {
+	case err := <-got:
+		if !errors.Is(err, cause) {
+			t.Errorf("callback: %v, want the node's failure", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the pull's callback never ran after the node failed")
+	}
+	if err := kv.Wait(ts); !errors.Is(err, cause) || !returned.Load() {
+		t.Errorf("Wait: %v (callback returned: %v), want the failure after the callback", err, returned.Load())
+	}
+	if err := kv.Wait(ts); err != nil {
+		t.Errorf("second Wait: %v, want nil (the first took the error)", err)
+	}
+	if _, err := kv.FPTPush([]uint64{5}, make([]float32, 16), nil, 0, nil); err == nil {
+		t.Error("push after the failure accepted")
+	}
+	if err := w0.Finalize(context.Background()); !errors.Is(err, cause) {
+		t.Errorf("Finalize: %v, want the failure", err)
+	}
+	// The rest of the cluster learns of the failure and leaves too.
+	for _, w := range c.workers {
+		if w != w0 {
+			_ = w.Finalize(context.Background())
+		}
+	}
+	for range c.nodes {
+		select {
+		case <-c.errs:
+		case <-time.After(60 * time.Second):
+			t.Fatal("a server or the scheduler did not exit after the failure")
+		}
+	}
 }

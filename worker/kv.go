@@ -15,7 +15,8 @@ type Float interface{ ~float32 | ~float64 }
 // KVWorker<Val>. Values are laid end to end in one slice; lens[i] is the
 // number of elements of keys[i] (nil: the values split evenly over the keys).
 // Every call that returns a timestamp is asynchronous: vals must stay
-// untouched (pushes) or unread (pulls) until Wait(ts) returns or cb runs.
+// untouched (pushes) or unread (pulls) until Wait(ts) returns or cb runs;
+// cb, if set, runs once with the request's error (see Callback).
 type KV[T Float] struct {
 	w     *Worker
 	dtype frame.DType
@@ -45,11 +46,12 @@ func (kv *KV[T]) Declare(key uint64, elems int, priority int32) error {
 
 // FPTPush pushes one iteration's values of keys: each aggregator sums the
 // workers' contributions and sends the sum to every worker. cb, if set,
-// runs once the values have been sent (vals is free again). With the LB on,
+// runs once the values have been sent (vals is free again), or the push
+// failed. With the LB on,
 // a push of an iteration beyond the horizon the scheduler has granted waits
 // for the grant (normally already there: the horizon runs two iterations
 // ahead of the slowest worker); like a full send pool, this blocks.
-func (kv *KV[T]) FPTPush(keys []uint64, vals []T, lens []int, priority int32, cb func()) (int, error) {
+func (kv *KV[T]) FPTPush(keys []uint64, vals []T, lens []int, priority int32, cb Callback) (int, error) {
 	byteLens, err := kv.byteLens(keys, vals, lens)
 	if err != nil {
 		return 0, err
@@ -58,8 +60,9 @@ func (kv *KV[T]) FPTPush(keys []uint64, vals []T, lens []int, priority int32, cb
 }
 
 // FPTPull copies the keys' sums for the next iteration into vals, once
-// they have arrived. cb, if set, runs when vals holds them.
-func (kv *KV[T]) FPTPull(keys []uint64, vals []T, lens []int, cb func()) (int, error) {
+// they have arrived. cb, if set, runs when vals holds them, or the pull
+// failed.
+func (kv *KV[T]) FPTPull(keys []uint64, vals []T, lens []int, cb Callback) (int, error) {
 	byteLens, err := kv.byteLens(keys, vals, lens)
 	if err != nil {
 		return 0, err
@@ -81,7 +84,7 @@ func (kv *KV[T]) Init(ctx context.Context, keys []uint64, vals []T, lens []int) 
 
 // Push adds vals into the servers' stored values of keys (ps-lite's Push;
 // keys sorted, sliced by range over the servers).
-func (kv *KV[T]) Push(keys []uint64, vals []T, lens []int, cb func()) (int, error) {
+func (kv *KV[T]) Push(keys []uint64, vals []T, lens []int, cb Callback) (int, error) {
 	byteLens, err := kv.byteLens(keys, vals, lens)
 	if err != nil {
 		return 0, err
@@ -90,7 +93,7 @@ func (kv *KV[T]) Push(keys []uint64, vals []T, lens []int, cb func()) (int, erro
 }
 
 // Pull copies the servers' stored values of keys into vals (ps-lite's Pull).
-func (kv *KV[T]) Pull(keys []uint64, vals []T, lens []int, cb func()) (int, error) {
+func (kv *KV[T]) Pull(keys []uint64, vals []T, lens []int, cb Callback) (int, error) {
 	byteLens, err := kv.byteLens(keys, vals, lens)
 	if err != nil {
 		return 0, err
@@ -101,7 +104,7 @@ func (kv *KV[T]) Pull(keys []uint64, vals []T, lens []int, cb func()) (int, erro
 
 // PushPull adds vals into the stored values and copies the new values into
 // outs, in one round trip (ps-lite's PushPull).
-func (kv *KV[T]) PushPull(keys []uint64, vals, outs []T, lens []int, cb func()) (int, error) {
+func (kv *KV[T]) PushPull(keys []uint64, vals, outs []T, lens []int, cb Callback) (int, error) {
 	byteLens, err := kv.byteLens(keys, vals, lens)
 	if err != nil {
 		return 0, err

@@ -34,27 +34,19 @@ func (w *Worker) DeclareBytes(key, bytes uint64, dtype frame.DType, priority int
 	if bytes%uint64(size) != 0 || bytes > math.MaxInt {
 		return fmt.Errorf("worker: Declare(%d): %d bytes is not a whole number of %s: %w", key, bytes, dtype, ErrSizeMismatch)
 	}
-	w.mu.Lock()
-	t := w.tensors[key]
-	w.mu.Unlock()
-	// Checked here, ahead of declare, only to wrap the sentinel; declare
-	// checks again under its own lock.
-	if t != nil && (t.dtype != dtype || t.bytes != bytes) {
-		return fmt.Errorf("worker: key %d is already declared as %d bytes of %s: %w", key, t.bytes, t.dtype, ErrSizeMismatch)
-	}
 	return w.declare(key, dtype, bytes, priority)
 }
 
 // FPTPushBytes is FPTPush on raw memory: byteLens[i] bytes of data belong
 // to keys[i], and every key must have been declared with that size and one
 // dtype. data must stay untouched until the request completes.
-func (w *Worker) FPTPushBytes(keys []uint64, data []byte, byteLens []int, priority int32, cb func()) (int, error) {
+func (w *Worker) FPTPushBytes(keys []uint64, data []byte, byteLens []int, priority int32, cb Callback) (int, error) {
 	return w.fptPush(keys, data, byteLens, w.dtypeOf(keys), priority, cb)
 }
 
 // FPTPullBytes is FPTPull on raw memory: the keys' sums for their next
 // iteration land in data, laid out as in FPTPushBytes.
-func (w *Worker) FPTPullBytes(keys []uint64, data []byte, byteLens []int, cb func()) (int, error) {
+func (w *Worker) FPTPullBytes(keys []uint64, data []byte, byteLens []int, cb Callback) (int, error) {
 	return w.fptPull(keys, data, byteLens, w.dtypeOf(keys), cb)
 }
 
@@ -69,7 +61,7 @@ func (w *Worker) InitBytes(ctx context.Context, keys []uint64, data []byte, byte
 func (w *Worker) initBytes(ctx context.Context, keys []uint64, data []byte, byteLens []int, dtype frame.DType) error {
 	// A bad call fails here, before the barrier, rather than after it.
 	w.mu.Lock()
-	_, _, err := w.split(keys, data, byteLens, dtype)
+	_, _, err := w.c.split(keys, data, byteLens, dtype)
 	w.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("worker: Init: %w", err)
@@ -80,13 +72,11 @@ func (w *Worker) initBytes(ctx context.Context, keys []uint64, data []byte, byte
 		return err
 	}
 	w.mu.Lock()
-	for _, k := range keys {
-		if t := w.tensors[k]; t != nil && t.pushed > 0 {
-			w.mu.Unlock()
-			return fmt.Errorf("worker: Init: key %d was pushed already", k)
-		}
-	}
+	err = w.c.unpushed(keys)
 	w.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	ts, err := w.fptPush(keys, data, byteLens, dtype, 0, nil)
 	if err != nil {
 		return err
@@ -103,16 +93,9 @@ func (w *Worker) initBytes(ctx context.Context, keys []uint64, data []byte, byte
 	return w.Barrier(ctx, node.WorkerGroup)
 }
 
-// dtypeOf is the declared dtype of a byte-level call's keys: its first
-// key's (split checks that the others agree). Undeclared or no keys: any
-// dtype will do, split reports the fault.
+// dtypeOf is the declared dtype of a byte-level call's keys (see core.dtypeOf).
 func (w *Worker) dtypeOf(keys []uint64) frame.DType {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(keys) > 0 {
-		if t := w.tensors[keys[0]]; t != nil {
-			return t.dtype
-		}
-	}
-	return frame.Float32
+	return w.c.dtypeOf(keys)
 }

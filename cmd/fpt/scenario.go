@@ -415,7 +415,7 @@ func priorityWorker(ctx context.Context, w *worker.Worker, o scenarioOptions) (p
 		}
 		var pulls []int
 		for i, done := range []*time.Duration{&lowDone, &highDone} {
-			ts, err := kv.FPTPull(keys[i:i+1], sums[i*n:(i+1)*n], nil, func() {
+			ts, err := kv.FPTPull(keys[i:i+1], sums[i*n:(i+1)*n], nil, func(error) {
 				mu.Lock()
 				*done = time.Since(start)
 				mu.Unlock()

@@ -1,0 +1,52 @@
+// Package role wires what a server and a worker both run beside their own
+// logic: the node's aggregator role (package aggregator) and, with the LB
+// on, its LB agent (package lbagent). Both nodes build, start and stop
+// them the same way; this is the one place that does it.
+package role
+
+import (
+	"context"
+
+	"github.com/fptps/fpt/aggregator"
+	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/lbagent"
+)
+
+// Base is a server's or worker's aggregator and LB agent.
+type Base struct {
+	node  *cluster.Member
+	Agg   *aggregator.Aggregator
+	Agent *lbagent.Agent // nil when the LB is off
+}
+
+// New makes n's aggregator and, when n's configuration turns the LB on,
+// its agent. Call it before Start: the agent installs n's control handler,
+// which must be there when directives begin to arrive. deliver and apply
+// are a worker's (its own copy of the sums it aggregates, the directives
+// it follows); a server passes nil for both.
+func New(n *cluster.Member, deliver aggregator.Deliver, apply lbagent.Apply) *Base {
+	b := &Base{node: n, Agg: aggregator.New(n, deliver)}
+	if n.Config().LB {
+		b.Agent = lbagent.New(n, apply)
+	}
+	return b
+}
+
+// Start joins the cluster with h as the node's frame handler and, once it
+// has, starts the agent measuring.
+func (b *Base) Start(ctx context.Context, h cluster.Handler) error {
+	if err := b.node.Start(ctx, h); err != nil {
+		return err
+	}
+	if b.Agent != nil {
+		b.Agent.Start()
+	}
+	return nil
+}
+
+// Close stops the agent; it is idempotent.
+func (b *Base) Close() {
+	if b.Agent != nil {
+		b.Agent.Close()
+	}
+}

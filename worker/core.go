@@ -1,0 +1,667 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/van"
+)
+
+// core is the worker's state and logic without I/O: declared tensors,
+// the LB's schedule and horizon, requests, and the results being
+// assembled. It holds no lock, opens no socket, starts no goroutine and
+// reads no clock. Each method takes one input (a call, a received frame, a
+// completed send, a directive, a failure) and returns a todo: what the
+// shell (Worker) must do once it has released its lock. Like lb.Balancer
+// beside scheduler/balance.go, it is tested with tables, without a cluster.
+type core struct {
+	partBytes uint64
+
+	started  bool // start ran: the fields below it are set
+	self     node.ID
+	rank     int
+	servers  []node.ID
+	schedule *lb.Schedule
+	// horizon is the last iteration the LB allows pushing: every decision
+	// taking effect up to it is in the schedule.
+	horizon    uint64
+	modelBytes uint64 // declared bytes: what one iteration pushes
+	perIter    int    // SetTensorsPerIteration; 0 = not announced
+	tensors    map[uint64]*tensor
+	results    map[resultKey]*result
+	sunk       map[partKey]landing // result partitions being read in place
+
+	requests map[int]*request // not yet released
+	// errs holds released requests' errors until a Wait collects them.
+	errs   map[int]error
+	lastTS int
+	// err is the node's failure: every request settled with it, new ones
+	// are refused.
+	err error
+}
+
+// newCore returns a worker core. With the LB on nothing may be pushed
+// until the scheduler's first directive raises the horizon.
+func newCore(partBytes uint64, lbOn bool) *core {
+	c := &core{
+		partBytes: partBytes,
+		horizon:   math.MaxUint64,
+		tensors:   make(map[uint64]*tensor),
+		results:   make(map[resultKey]*result),
+		sunk:      make(map[partKey]landing),
+		requests:  make(map[int]*request),
+		errs:      make(map[int]error),
+	}
+	if lbOn {
+		c.horizon = 0
+	}
+	return c
+}
+
+// start records what the worker learns once the cluster has started: its
+// id and the servers, over which the initial decision splits evenly.
+func (c *core) start(self node.ID, servers []node.ID) error {
+	sched, err := lb.NewSchedule(lb.Even(0, 0, servers))
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	c.self, c.rank, c.servers, c.schedule, c.started = self, self.Rank(), servers, sched, true
+	return nil
+}
+
+type tensor struct {
+	key      uint64
+	dtype    frame.DType
+	bytes    uint64
+	priority int32
+	pushed   uint64 // iterations pushed
+	pulled   uint64 // iterations claimed by FPTPull
+	// layout caches the partitions under one decision version.
+	layoutVersion uint32
+	layout        []lb.Partition
+	spare         [][]byte // result buffers to reuse
+}
+
+type resultKey struct{ key, iter uint64 }
+
+// partKey names one partition of one key's iteration.
+type partKey struct {
+	key, iter uint64
+	part      uint32
+}
+
+// result gathers the partitions of one key's sum for one iteration. Once
+// an FPTPull waits for it, partitions land straight in the caller's buffer;
+// those that arrive before are staged in buf (taken from the tensor's
+// spares only when needed) and copied over when the pull comes.
+type result struct {
+	t        *tensor
+	iter     uint64
+	buf      []byte // staging; nil until a partition arrives with no waiter
+	parts    []lb.Partition
+	seen     []bool // partition claimed by an arriving frame
+	staged   []bool // partition complete in buf, not yet in the waiter's buffer
+	left     int
+	complete bool
+	waiter   *pullWait // the FPTPull waiting for it, if it was called first
+}
+
+type pullWait struct {
+	req *request
+	dst []byte
+}
+
+// landing is where a claimed result partition's bytes go.
+type landing struct {
+	r       *result
+	staging bool   // span is in r's staging buffer, not the waiter's
+	span    []byte // exactly the partition's bytes
+}
+
+// request is an asynchronous call: left counts what is still outstanding
+// (frames written, results or replies received, and the call's own
+// hand-over of its frames).
+type request struct {
+	ts       int
+	left     int
+	finished bool // settled: the shell completes it, then releases it
+	err      error
+	call     *call // the shell's half: callback, done channel, timing
+	// classic Pull and PushPull: where each key's reply goes.
+	dst map[uint64]*kvDst
+}
+
+// call is the shell's half of a request, which the core only carries.
+type call struct {
+	cb    Callback
+	done  chan struct{} // closed once the request settled and cb returned
+	pull  bool          // for the latency metric: values come back
+	began time.Time
+}
+
+// delivery is a result that was complete before its FPTPull came: the
+// shell copies it from staging into dst outside the lock, then reports it
+// with delivered.
+type delivery struct {
+	r   *result
+	req *request
+	dst []byte
+}
+
+// todo is what the shell does after a core call, once unlocked, in this
+// order: add the local contributions to the aggregator, queue sends, report
+// the hand-over of req, copy the deliveries, complete the finished
+// requests, and tell the LB agent an iteration began.
+type todo struct {
+	req      *request      // the call's request, to hand over; nil for other inputs
+	locals   []van.Message // this worker's own contributions to partitions it aggregates
+	sends    []van.Message // frames to queue
+	counted  bool          // each send's Done settles one of req's outstanding items
+	copies   []delivery
+	finished []*request
+	began    *iterationBegan
+}
+
+// iterationBegan is what the LB agent learns from a push.
+type iterationBegan struct{ iter, modelBytes uint64 }
+
+func (t *todo) merge(o todo) {
+	t.finished = append(t.finished, o.finished...)
+}
+
+// ErrNoRequest is Wait's error for a timestamp no call returned.
+var ErrNoRequest = errors.New("no such request")
+
+// errHorizon is push's answer while an iteration it pushes lies beyond the
+// LB's horizon: the shell waits for the horizon to rise and calls again.
+var errHorizon = errors.New("beyond the LB's horizon")
+
+// decisionVersion is the version of the latest decision (0: the initial
+// even split).
+func (c *core) decisionVersion() uint32 {
+	if c.schedule == nil {
+		return 0
+	}
+	return c.schedule.Latest().Version
+}
+
+// follow applies the LB's directive: its decision joins the schedule and
+// the horizon rises (moved reports that). Decisions must come in version
+// order, none missing: a worker that lacked one would cut tensors
+// differently from the others.
+func (c *core) follow(d lb.Directive) (moved bool, err error) {
+	if d.Decision != nil {
+		if !c.started {
+			return false, fmt.Errorf("worker: decision v%d before the worker started", d.Decision.Version)
+		}
+		if latest := c.schedule.Latest(); d.Decision.Version != latest.Version+1 {
+			return false, fmt.Errorf("worker: decision v%d follows v%d: one is missing", d.Decision.Version, latest.Version)
+		}
+		// With the LB off the horizon is unbounded and only tests force
+		// decisions: there is no grant to check against.
+		if d.Decision.Iteration <= c.horizon && c.horizon != math.MaxUint64 {
+			return false, fmt.Errorf("worker: decision v%d takes effect at iteration %d, within the horizon already granted (%d)", d.Decision.Version, d.Decision.Iteration, c.horizon)
+		}
+		if err := c.schedule.Add(*d.Decision); err != nil {
+			return false, fmt.Errorf("worker: %w", err)
+		}
+	}
+	if d.Horizon > c.horizon {
+		c.horizon = d.Horizon
+		return true, nil
+	}
+	return false, nil
+}
+
+// setTensorsPerIteration announces how many tensors one iteration pushes.
+func (c *core) setTensorsPerIteration(n int) error {
+	if n < 1 {
+		return fmt.Errorf("worker: SetTensorsPerIteration(%d): must be at least 1", n)
+	}
+	if len(c.tensors) > n {
+		return fmt.Errorf("worker: SetTensorsPerIteration(%d): %d tensors are already declared", n, len(c.tensors))
+	}
+	c.perIter = n
+	return nil
+}
+
+// declare registers a tensor of the given size in bytes; declaring it
+// again with the same size and dtype only updates its priority.
+func (c *core) declare(key uint64, dtype frame.DType, bytes uint64, priority int32) error {
+	if t, ok := c.tensors[key]; ok {
+		if t.dtype == dtype && t.bytes == bytes {
+			t.priority = priority
+			return nil
+		}
+		return fmt.Errorf("worker: key %d is already declared as %d bytes of %s: %w", key, t.bytes, t.dtype, ErrSizeMismatch)
+	}
+	if c.perIter > 0 && len(c.tensors) >= c.perIter {
+		return fmt.Errorf("worker: declaring key %d would exceed the %d tensors per iteration announced", key, c.perIter)
+	}
+	c.tensors[key] = &tensor{key: key, dtype: dtype, bytes: bytes, priority: priority}
+	c.modelBytes += bytes
+	return nil
+}
+
+// dtypeOf is the declared dtype of a byte-level call's keys: its first
+// key's (split checks that the others agree). Undeclared or no keys: any
+// dtype will do, split reports the fault.
+func (c *core) dtypeOf(keys []uint64) frame.DType {
+	if len(keys) > 0 {
+		if t := c.tensors[keys[0]]; t != nil {
+			return t.dtype
+		}
+	}
+	return frame.Float32
+}
+
+// unpushed reports an error unless none of keys has been pushed: Init
+// must be a key's first push.
+func (c *core) unpushed(keys []uint64) error {
+	for _, k := range keys {
+		if t := c.tensors[k]; t != nil && t.pushed > 0 {
+			return fmt.Errorf("worker: Init: key %d was pushed already", k)
+		}
+	}
+	return nil
+}
+
+// layoutFor returns t's partitions for an iteration under the decision in
+// force then.
+func (c *core) layoutFor(t *tensor, iter uint64) (lb.Decision, []lb.Partition) {
+	d := c.schedule.At(iter)
+	if t.layout == nil || t.layoutVersion != d.Version {
+		t.layout = d.Layout(t.key, t.bytes, t.dtype.Size(), c.partBytes)
+		t.layoutVersion = d.Version
+	}
+	return d, t.layout
+}
+
+// split checks keys, data and byte lengths against the declarations and
+// returns each key's slice of data.
+func (c *core) split(keys []uint64, data []byte, byteLens []int, dtype frame.DType) ([]*tensor, [][]byte, error) {
+	if !c.started {
+		return nil, nil, errors.New("worker: not started")
+	}
+	if len(byteLens) != len(keys) {
+		return nil, nil, fmt.Errorf("worker: %d lengths for %d keys: %w", len(byteLens), len(keys), ErrSizeMismatch)
+	}
+	ts := make([]*tensor, len(keys))
+	parts := make([][]byte, len(keys))
+	off := 0
+	for i, k := range keys {
+		t := c.tensors[k]
+		if t == nil {
+			return nil, nil, fmt.Errorf("worker: key %d: %w", k, ErrNotDeclared)
+		}
+		if t.dtype != dtype {
+			return nil, nil, fmt.Errorf("worker: key %d is declared as %s, not %s (one call carries one dtype)", k, t.dtype, dtype)
+		}
+		if byteLens[i] < 0 || uint64(byteLens[i]) != t.bytes {
+			return nil, nil, fmt.Errorf("worker: key %d is declared as %d bytes, the call gives %d: %w", k, t.bytes, byteLens[i], ErrSizeMismatch)
+		}
+		if slices.Contains(keys[:i], k) {
+			return nil, nil, fmt.Errorf("worker: key %d appears twice in one call", k)
+		}
+		if off+byteLens[i] > len(data) {
+			break // reported below
+		}
+		ts[i], parts[i] = t, data[off:off+byteLens[i]]
+		off += byteLens[i]
+	}
+	if total := sum(byteLens); total != len(data) {
+		return nil, nil, fmt.Errorf("worker: lengths add up to %d bytes, the values have %d: %w", total, len(data), ErrSizeMismatch)
+	}
+	return ts, parts, nil
+}
+
+func sum(xs []int) int {
+	n := 0
+	for _, x := range xs {
+		n += x
+	}
+	return n
+}
+
+// newRequest registers a request waiting for left items and the hand-over
+// of its frames, or refuses it once the node failed.
+func (c *core) newRequest(cl *call, left int) (*request, error) {
+	if c.err != nil {
+		return nil, fmt.Errorf("worker: the node failed: %w", c.err)
+	}
+	c.lastTS++
+	r := &request{ts: c.lastTS, left: left + 1, call: cl}
+	c.requests[r.ts] = r
+	return r, nil
+}
+
+// settle records progress on r (n fewer outstanding items, or a failure)
+// and returns it in todo.finished when that finishes it.
+func (c *core) settle(r *request, n int, err error) todo {
+	if r.finished {
+		return todo{}
+	}
+	r.left -= n
+	if err != nil {
+		r.err = err
+	}
+	if r.left > 0 && r.err == nil {
+		return todo{}
+	}
+	r.finished = true
+	return todo{finished: []*request{r}}
+}
+
+// handedOver settles the call's own item of r: its local contributions
+// were added (err: or refused) and its frames queued. No request completes
+// before that, since the caller may reuse its buffer then.
+func (c *core) handedOver(r *request, err error) todo { return c.settle(r, 1, err) }
+
+// sent settles one frame of r written (or lost, err).
+func (c *core) sent(r *request, err error) todo {
+	if err != nil {
+		err = fmt.Errorf("worker: push: %w", err)
+	}
+	return c.settle(r, 1, err)
+}
+
+// sendFailed settles r with the error of a frame that could not be queued:
+// neither it nor the frames after it will be written.
+func (c *core) sendFailed(r *request, h *frame.Header, err error) todo {
+	return c.settle(r, 0, fmt.Errorf("worker: send %s: %w", h, err))
+}
+
+// release forgets a finished request once its callback returned, keeping
+// its error for the first Wait that asks.
+func (c *core) release(r *request) {
+	delete(c.requests, r.ts)
+	if r.err != nil {
+		c.errs[r.ts] = r.err
+	}
+}
+
+// lookup is Wait's first step: the request if it is outstanding, else its
+// outcome (the error, once; nil; or ErrNoRequest).
+func (c *core) lookup(ts int) (*request, error) {
+	if r := c.requests[ts]; r != nil {
+		return r, nil
+	}
+	if ts <= 0 || ts > c.lastTS {
+		return nil, fmt.Errorf("worker: Wait(%d): %w", ts, ErrNoRequest)
+	}
+	return nil, c.collect(ts)
+}
+
+// collect returns request ts's error to the first caller that asks.
+func (c *core) collect(ts int) error {
+	err := c.errs[ts]
+	delete(c.errs, ts)
+	return err
+}
+
+// pending lists the requests not yet released.
+func (c *core) pending() []*request {
+	rs := make([]*request, 0, len(c.requests))
+	for _, r := range c.requests {
+		rs = append(rs, r)
+	}
+	return rs
+}
+
+// fail settles every outstanding request with the node's failure, and
+// refuses new ones from now on.
+func (c *core) fail(err error) todo {
+	if c.err == nil {
+		c.err = err
+	}
+	var t todo
+	for _, r := range c.requests {
+		t.merge(c.settle(r, 0, fmt.Errorf("worker: the node failed: %w", c.err)))
+	}
+	// The order callbacks run in is the order requests were made.
+	slices.SortFunc(t.finished, func(a, b *request) int { return a.ts - b.ts })
+	return t
+}
+
+// push is FPTPush on bytes: byteLens[i] bytes of data belong to keys[i].
+// It answers errHorizon, changing nothing, while an iteration it would
+// push lies beyond the LB's horizon.
+func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DType, priority int32, cl *call) (todo, error) {
+	ts, parts, err := c.split(keys, data, byteLens, dtype)
+	if err != nil {
+		return todo{}, err
+	}
+	if slices.ContainsFunc(ts, func(t *tensor) bool { return t.pushed > c.horizon }) {
+		return todo{}, errHorizon
+	}
+	// One slice holds the request's frames: they live until their Done.
+	// locals are the partitions this worker aggregates itself.
+	var msgs, locals []van.Message
+	began := uint64(0)
+	for i, t := range ts {
+		iter := t.pushed
+		began = max(began, iter)
+		var flags uint8
+		if iter == 0 {
+			// The init round: only worker 0's value is sent and kept.
+			if c.rank != 0 {
+				continue
+			}
+			flags = frame.FlagInit
+		}
+		d, layout := c.layoutFor(t, iter)
+		for _, p := range layout {
+			m := van.Message{
+				Header: frame.Header{
+					Type: frame.Push, DType: t.dtype, Flags: flags,
+					Sender: uint32(c.self), Recipient: uint32(p.Aggregator),
+					Key: t.key, Partition: p.Index, Iteration: iter,
+					Offset: p.Offset, Total: t.bytes, Length: p.Length, Priority: priority, Aux: d.Version,
+				},
+				Payload: parts[i][p.Offset : p.Offset+p.Length],
+			}
+			if p.Aggregator == c.self {
+				locals = append(locals, m)
+			} else {
+				msgs = append(msgs, m)
+			}
+		}
+	}
+	req, err := c.newRequest(cl, len(msgs))
+	if err != nil {
+		return todo{}, err
+	}
+	for _, t := range ts {
+		t.pushed++
+	}
+	return todo{req: req, locals: locals, sends: msgs, counted: true,
+		began: &iterationBegan{iter: began, modelBytes: c.modelBytes}}, nil
+}
+
+// pull is FPTPull on bytes: each key's next iteration's sum goes to its
+// slice of data. Results already complete come back as copies to make.
+func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DType, cl *call) (todo, error) {
+	ts, parts, err := c.split(keys, data, byteLens, dtype)
+	if err != nil {
+		return todo{}, err
+	}
+	for _, t := range ts {
+		if t.pulled >= t.pushed {
+			return todo{}, fmt.Errorf("worker: FPTPull of key %d for iteration %d before its FPTPush: %w", t.key, t.pulled, ErrPullBeforePush)
+		}
+	}
+	req, err := c.newRequest(cl, len(ts))
+	if err != nil {
+		return todo{}, err
+	}
+	out := todo{req: req}
+	for i, t := range ts {
+		iter := t.pulled
+		t.pulled++
+		r := c.resultFor(t, iter)
+		if r.complete {
+			out.copies = append(out.copies, delivery{r, req, parts[i]})
+		} else {
+			r.wait(&pullWait{req: req, dst: parts[i]})
+		}
+	}
+	return out, nil
+}
+
+// resultFor finds or creates the result of t's iteration.
+func (c *core) resultFor(t *tensor, iter uint64) *result {
+	k := resultKey{t.key, iter}
+	if r := c.results[k]; r != nil {
+		return r
+	}
+	_, layout := c.layoutFor(t, iter)
+	r := &result{t: t, iter: iter, parts: layout, seen: make([]bool, len(layout)),
+		staged: make([]bool, len(layout)), left: len(layout)}
+	r.complete = r.left == 0
+	c.results[k] = r
+	return r
+}
+
+// stage returns r's staging buffer, taking a spare if it has none.
+func (r *result) stage() []byte {
+	if r.buf == nil {
+		if n := len(r.t.spare); n > 0 {
+			r.buf, r.t.spare = r.t.spare[n-1], r.t.spare[:n-1]
+		} else {
+			r.buf = make([]byte, r.t.bytes)
+		}
+	}
+	return r.buf
+}
+
+// wait makes an FPTPull's buffer the destination of r's partitions,
+// copying over those already staged.
+func (r *result) wait(pw *pullWait) {
+	for i, ok := range r.staged {
+		if ok {
+			p := r.parts[i]
+			copy(pw.dst[p.Offset:p.Offset+p.Length], r.buf[p.Offset:p.Offset+p.Length])
+			r.staged[i] = false
+		}
+	}
+	r.waiter = pw
+}
+
+// delivered completes an FPTPull's share of a result once its bytes are in
+// the caller's buffer, and recycles the result's staging buffer.
+func (c *core) delivered(r *result, req *request) todo {
+	delete(c.results, resultKey{r.t.key, r.iter})
+	if r.buf != nil && len(r.t.spare) < 2 {
+		r.t.spare = append(r.t.spare, r.buf)
+	}
+	return c.settle(req, 1, nil)
+}
+
+// sink is the van.Sink half for Result frames: the span a partition is
+// read into in place (the FPTPull's buffer or staging), or nil when the
+// frame is wrong (received reports why).
+func (c *core) sink(h *frame.Header) []byte {
+	l, err := c.claim(h)
+	if err != nil {
+		return nil
+	}
+	c.sunk[partKey{h.Key, h.Iteration, h.Partition}] = l
+	return l.span
+}
+
+// received takes a Result frame: its landing, and whether sink already
+// put its bytes there (else the shell copies the payload into l.span).
+func (c *core) received(h *frame.Header) (l landing, inPlace bool, err error) {
+	k := partKey{h.Key, h.Iteration, h.Partition}
+	if l, ok := c.sunk[k]; ok {
+		delete(c.sunk, k)
+		return l, true, nil
+	}
+	l, err = c.claim(h)
+	return l, false, err
+}
+
+// claim validates a result frame (or this worker's own copy of a sum it
+// aggregated) and reserves its partition.
+func (c *core) claim(h *frame.Header) (landing, error) {
+	if !c.started {
+		return landing{}, errors.New("result before the worker started")
+	}
+	t := c.tensors[h.Key]
+	if t == nil {
+		return landing{}, errors.New("result for an undeclared key (declare every key on every worker before the first push)")
+	}
+	r := c.results[resultKey{h.Key, h.Iteration}]
+	if r == nil {
+		if h.Iteration < t.pulled || h.Iteration > t.pushed {
+			return landing{}, fmt.Errorf("result for iteration %d, but this worker pushed %d and pulled %d", h.Iteration, t.pushed, t.pulled)
+		}
+		r = c.resultFor(t, h.Iteration)
+	}
+	if err := r.check(h); err != nil {
+		return landing{}, err
+	}
+	r.seen[h.Partition] = true
+	l := landing{r: r, staging: r.waiter == nil}
+	var into []byte
+	if l.staging {
+		into = r.stage()
+	} else {
+		into = r.waiter.dst
+	}
+	l.span = into[h.Offset : h.Offset+h.Length]
+	return l, nil
+}
+
+// land accounts for a partition whose bytes are in place, and completes
+// the result (and the FPTPull waiting for it) with its last partition.
+func (c *core) land(l landing, part uint32) todo {
+	r := l.r
+	if l.staging {
+		if r.waiter != nil {
+			// The pull came while this partition was being staged.
+			p := r.parts[part]
+			copy(r.waiter.dst[p.Offset:p.Offset+p.Length], l.span)
+		} else {
+			r.staged[part] = true
+		}
+	}
+	r.left--
+	if r.left > 0 {
+		return todo{}
+	}
+	r.complete = true
+	wait := r.waiter
+	r.waiter = nil
+	if wait == nil {
+		return todo{}
+	}
+	return c.delivered(r, wait.req)
+}
+
+// check verifies that a result frame is the partition the layout expects
+// from the aggregator that owns it: a misrouted or stale partition is a
+// protocol error, never a silently wrong value.
+func (r *result) check(h *frame.Header) error {
+	if int(h.Partition) >= len(r.parts) {
+		return fmt.Errorf("partition %d of %d", h.Partition, len(r.parts))
+	}
+	p := r.parts[h.Partition]
+	switch {
+	case h.DType != r.t.dtype || h.Total != r.t.bytes:
+		return fmt.Errorf("key is %d bytes of %s", r.t.bytes, r.t.dtype)
+	case p.Offset != h.Offset || p.Length != h.Length:
+		return fmt.Errorf("partition %d is [%d,+%d)", p.Index, p.Offset, p.Length)
+	case p.Aggregator != node.ID(h.Sender):
+		return fmt.Errorf("partition %d belongs to %s", p.Index, node.ID(p.Aggregator))
+	case r.seen[h.Partition]:
+		return fmt.Errorf("partition %d received twice", h.Partition)
+	}
+	return nil
+}
