@@ -90,6 +90,9 @@ type goodputResult struct {
 	GoodputGbps float64 `json:"goodput_gbps"`
 	RawTCPGbps  float64 `json:"raw_tcp_gbps"`
 	Ratio       float64 `json:"ratio"`
+	// ClusterGoodputGbps is every worker's pushes plus pulls over rank 0's
+	// timed iterations: what the cluster moved per second.
+	ClusterGoodputGbps float64 `json:"cluster_goodput_gbps"`
 	// TensorTrafficBytes is what every worker pushed plus pulled in the
 	// timed iterations; TCPBytes what the vans wrote to TCP meanwhile,
 	// frame headers included (0 would mean no byte crossed the network).
@@ -106,7 +109,7 @@ type goodputResult struct {
 
 // goodputHeader and row are the table "fpt bench" prints without --json.
 var goodputHeader = []string{"van", "workers", "servers", "lb", "tensor", "iters",
-	"goodput Gbit/s", "raw TCP Gbit/s", "ratio", "TCP/tensor bytes", "CPU s/GB", "raw TCP CPU s/GB"}
+	"goodput Gbit/s", "raw TCP Gbit/s", "ratio", "all workers Gbit/s", "TCP/tensor bytes", "CPU s/GB", "raw TCP CPU s/GB"}
 
 func (r goodputResult) row() []string {
 	tcpShare := "-"
@@ -116,7 +119,7 @@ func (r goodputResult) row() []string {
 	return []string{r.Van, strconv.Itoa(r.Workers), strconv.Itoa(r.Servers), r.LB,
 		fmt.Sprintf("%d MiB", r.TensorBytes>>20), strconv.Itoa(r.Iters),
 		fmt.Sprintf("%.2f", r.GoodputGbps), fmt.Sprintf("%.2f", r.RawTCPGbps), fmt.Sprintf("%.2f", r.Ratio),
-		tcpShare, fmt.Sprintf("%.3f", r.CPUPerGB), fmt.Sprintf("%.3f", r.RawTCPCPUPerGB)}
+		fmt.Sprintf("%.2f", r.ClusterGoodputGbps), tcpShare, fmt.Sprintf("%.3f", r.CPUPerGB), fmt.Sprintf("%.3f", r.RawTCPCPUPerGB)}
 }
 
 // workerReport is what each worker of the bench cluster prints.
@@ -222,6 +225,7 @@ func goodputRun(van string, s shape, o goodputOptions, p *progress, run string) 
 	res.RawTCPCPUPerGB = cpuPerGB(cpuBefore+cpuAfter, float64(2*2*volume))
 	res.GoodputGbps = gbps(float64(2*volume), c.timed)
 	res.Ratio = res.GoodputGbps / res.RawTCPGbps
+	res.ClusterGoodputGbps = gbps(float64(res.TensorTrafficBytes), c.timed)
 	res.TCPBytes = c.tcpBytes
 	res.CPUSeconds = c.cpu.Seconds()
 	res.CPUPerGB = cpuPerGB(c.cpu, float64(int64(s.workers)*2*o.tensorBytes*int64(o.iters+untimedIters)))

@@ -117,7 +117,7 @@ func TestStatsArithmetic(t *testing.T) {
 func TestGoodputTable(t *testing.T) {
 	rows := [][]string{
 		goodputResult{Van: "epoll", Workers: 1, Servers: 1, LB: "off", TensorBytes: 64 << 20, Iters: 50,
-			GoodputGbps: 12.345, RawTCPGbps: 20, Ratio: 0.617, TensorTrafficBytes: 1000, TCPBytes: 1002,
+			GoodputGbps: 12.345, RawTCPGbps: 20, Ratio: 0.617, ClusterGoodputGbps: 12.345, TensorTrafficBytes: 1000, TCPBytes: 1002,
 			CPUPerGB: 0.81234, RawTCPCPUPerGB: 0.4}.row(),
 		goodputResult{Van: "netconn", Workers: 2, Servers: 2, LB: "on", TensorBytes: 1 << 20, Iters: 5}.row(),
 	}
@@ -131,8 +131,8 @@ func TestGoodputTable(t *testing.T) {
 	}
 	for i, want := range [][]string{
 		goodputHeader,
-		{"epoll", "1", "1", "off", "64 MiB", "50", "12.35", "20.00", "0.62", "1.002", "0.812", "0.400"},
-		{"netconn", "2", "2", "on", "1 MiB", "5", "0.00", "0.00", "0.00", "-", "0.000", "0.000"},
+		{"epoll", "1", "1", "off", "64 MiB", "50", "12.35", "20.00", "0.62", "12.35", "1.002", "0.812", "0.400"},
+		{"netconn", "2", "2", "on", "1 MiB", "5", "0.00", "0.00", "0.00", "0.00", "-", "0.000", "0.000"},
 	} {
 		// Columns are aligned: each starts where the header's does.
 		if got := splitColumns(lines[i], lines[0]); !slices.Equal(got, want) {
