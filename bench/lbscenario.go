@@ -283,11 +283,15 @@ type lbWorkerReport struct {
 }
 
 // lbWorker is a scenario worker's body: train, and on rank 0 print the
-// iteration times on out and the trainer's progress on progressOut.
-func lbWorker(ctx context.Context, w *worker.Worker, lo lbOptions, out, progressOut io.Writer) error {
+// iteration times on out and the trainer's lines on errOut as progress.
+func lbWorker(ctx context.Context, w *worker.Worker, lo lbOptions, out, errOut io.Writer) error {
 	opts := lo.trainerOptions()
-	opts.Quiet = w.Rank() != 0
-	s, err := trainer.Run(ctx, w, opts, progressOut)
+	trainerOut := errOut
+	if w.Rank() == 0 {
+		opts.Quiet = false
+		trainerOut = marked(errOut)
+	}
+	s, err := trainer.Run(ctx, w, opts, trainerOut)
 	if err != nil || w.Rank() != 0 {
 		return err
 	}
@@ -347,7 +351,7 @@ func lbScenarioMain(f *flags) int {
 	}
 	if isChild() {
 		return runWorker(func(ctx context.Context, w *worker.Worker) error {
-			return lbWorker(ctx, w, lo, os.Stdout, marked(os.Stderr))
+			return lbWorker(ctx, w, lo, os.Stdout, os.Stderr)
 		})
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
