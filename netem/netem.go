@@ -13,6 +13,9 @@
 // It needs root. Every object's name carries the pid of the process that
 // made it; New first removes what dead processes left behind, so a run
 // killed before it could tear down does not leak namespaces for long.
+//
+// Main is the "fpt netem" command: a command, or a cluster of
+// scripts/run_test.sh, run on every emulated host.
 package netem
 
 import (

@@ -122,6 +122,50 @@ func ParseRate(s string) (bitsPerSecond uint64, err error) {
 	return bits, nil
 }
 
+// FormatRate writes bits per second in tc syntax, in the largest decimal
+// unit that keeps it whole: ParseRate(FormatRate(b)) == b.
+func FormatRate(bits uint64) string {
+	switch {
+	case bits >= 1e9 && bits%1e9 == 0:
+		return strconv.FormatUint(bits/1e9, 10) + "gbit"
+	case bits >= 1e6 && bits%1e6 == 0:
+		return strconv.FormatUint(bits/1e6, 10) + "mbit"
+	case bits >= 1e3 && bits%1e3 == 0:
+		return strconv.FormatUint(bits/1e3, 10) + "kbit"
+	}
+	return strconv.FormatUint(bits, 10) + "bit"
+}
+
+// DivideRate is rate (tc syntax) divided by d, in tc syntax.
+func DivideRate(rate string, d uint64) (string, error) {
+	if d == 0 {
+		return "", fmt.Errorf("netem: rate %q divided by 0", rate)
+	}
+	bits, err := ParseRate(rate)
+	if err != nil {
+		return "", err
+	}
+	return FormatRate(bits / d), nil
+}
+
+// Capacity is the host's capacity as the LB's traffic model counts it
+// (lb.Input.Capacity): the slower of its two sides, in bytes per second.
+// An unlimited side has no capacity to bound by, so it is an error.
+func (h HostSpec) Capacity() (bytesPerSecond float64, err error) {
+	if h.Up == "" || h.Down == "" {
+		return 0, fmt.Errorf("netem: host %s: an unlimited side has no capacity", h)
+	}
+	up, err := ParseRate(h.Up)
+	if err != nil {
+		return 0, err
+	}
+	down, err := ParseRate(h.Down)
+	if err != nil {
+		return 0, err
+	}
+	return float64(min(up, down)) / 8, nil
+}
+
 // parseRate reads a rate in tc syntax and returns bits per second.
 func parseRate(s string) (uint64, error) {
 	s = strings.ToLower(strings.TrimSpace(s))

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/fptps/fpt/control"
@@ -53,7 +54,7 @@ func (s *sched) direct(d lb.Directive) {
 		s.log.Info("lb decision", "version", d.Decision.Version, "from_iteration", d.Decision.Iteration,
 			"state", s.lb.State(), "split", d.String(), "reason", d.Reason)
 		if s.decisions != nil {
-			fmt.Fprintf(s.decisions, "lb decision %s\n", d)
+			fmt.Fprintln(s.decisions, DecisionLine(d))
 		}
 	}
 	body, err := d.MarshalBinary()
@@ -64,4 +65,28 @@ func (s *sched) direct(d lb.Directive) {
 	for _, info := range s.table[1:] {
 		s.send(info.ID, &control.Message{Command: control.Decision, Sender: node.SchedulerID, Body: body})
 	}
+}
+
+// decisionLinePrefix starts every line DecisionLine writes.
+const decisionLinePrefix = "lb decision "
+
+// DecisionLine is the line (without its newline) the scheduler writes to
+// Run's decisions writer for a directive that carries a new decision, as
+// "lb decision v2 from iteration 7: S0 80.0%, W1 20.0% (reason)". Programs
+// that count decisions read it back with ParseDecisionLine.
+func DecisionLine(d lb.Directive) string { return decisionLinePrefix + d.String() }
+
+// ParseDecisionLine reads a line DecisionLine wrote (surrounding spaces
+// allowed) and returns the decision's version and first iteration; ok is
+// false for any other line.
+func ParseDecisionLine(line string) (version uint32, fromIteration uint64, ok bool) {
+	rest, found := strings.CutPrefix(strings.TrimSpace(line), decisionLinePrefix)
+	if !found {
+		return 0, 0, false
+	}
+	var colon string
+	if n, err := fmt.Sscanf(rest, "v%d from iteration %d%1s", &version, &fromIteration, &colon); n != 3 || err != nil || colon != ":" {
+		return 0, 0, false
+	}
+	return version, fromIteration, true
 }

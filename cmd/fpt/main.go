@@ -1,19 +1,22 @@
 // Command fpt runs the scheduler or a server of an fpt cluster, as the
 // ps-lite launch environment (DMLC_ROLE and friends) says, and measures
-// clusters with "fpt bench". Workers are training programs that use package
-// worker, such as tests/test_kv_app.
+// clusters with "fpt bench" (package bench) and "fpt netem" (package netem).
+// Workers are training programs that use package worker, such as
+// tests/test_kv_app.
 package main
 
 import (
 	"fmt"
 	"os"
 
+	"github.com/fptps/fpt/bench"
 	"github.com/fptps/fpt/launch"
+	"github.com/fptps/fpt/netem"
 )
 
 const usage = `usage:
   fpt                 run the node DMLC_ROLE names (scheduler or server)
-  fpt bench [flags]   run a local cluster and print throughput (fpt bench -h)
+  fpt bench [flags]   run a local cluster and print throughput and CPU cost (fpt bench -h)
   fpt netem [flags]   run a command or a cluster on emulated hosts with shaped links (fpt netem -h)
 `
 
@@ -21,9 +24,9 @@ func main() {
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
 		case "bench":
-			os.Exit(benchMain(os.Args[2:]))
+			os.Exit(bench.Main(os.Args[2:]))
 		case "netem":
-			os.Exit(netemMain(os.Args[2:]))
+			os.Exit(netem.Main(os.Args[2:]))
 		case "-h", "-help", "--help", "help":
 			fmt.Fprint(os.Stdout, usage)
 			return

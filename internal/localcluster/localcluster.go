@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -31,6 +32,10 @@ type Spec struct {
 	// Command, if set, makes the command of each named process, to run
 	// it elsewhere (in an emulated host, say); nil runs argv as it is.
 	Command func(name string, argv []string) *exec.Cmd
+	// Stdout and Stderr, if set, give a writer per process name that also
+	// receives that stream as it is written (to show progress live); the
+	// Proc's buffers get everything either way. nil writers are skipped.
+	Stdout, Stderr func(name string) io.Writer
 }
 
 // Proc is one process of the cluster.
@@ -42,6 +47,7 @@ type Proc struct {
 	done     chan struct{}
 	code     int
 	exitedAt time.Time
+	cpu      time.Duration
 }
 
 // Done is closed when the process has exited.
@@ -52,6 +58,11 @@ func (p *Proc) ExitCode() int { <-p.done; return p.code }
 
 // ExitedAt is when the process exited, once Done is closed.
 func (p *Proc) ExitedAt() time.Time { <-p.done; return p.exitedAt }
+
+// CPU is the user plus system CPU time the process used, once Done is
+// closed (its rusage; children it waited for included, as the kernel
+// counts them).
+func (p *Proc) CPU() time.Duration { <-p.done; return p.cpu }
 
 // Wait waits up to timeout for the process to exit.
 func (p *Proc) Wait(timeout time.Duration) bool {
@@ -105,7 +116,7 @@ func Start(s Spec) (*Cluster, error) {
 		p := &Proc{Name: name, done: make(chan struct{})}
 		p.Cmd = command(name, argv)
 		p.Cmd.Env = append(append([]string(nil), env...), "DMLC_ROLE="+role)
-		p.Cmd.Stdout, p.Cmd.Stderr = &p.Stdout, &p.Stderr
+		p.Cmd.Stdout, p.Cmd.Stderr = tee(&p.Stdout, s.Stdout, name), tee(&p.Stderr, s.Stderr, name)
 		// Children die with the parent, whatever kills it.
 		p.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := p.Cmd.Start(); err != nil {
@@ -114,6 +125,11 @@ func Start(s Spec) (*Cluster, error) {
 		go func() {
 			err := p.Cmd.Wait()
 			p.exitedAt = time.Now()
+			if ps := p.Cmd.ProcessState; ps != nil {
+				if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
+					p.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+				}
+			}
 			var ee *exec.ExitError
 			switch {
 			case err == nil:
@@ -139,6 +155,28 @@ func Start(s Spec) (*Cluster, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// tee is buf, and also extra(name)'s writer when there is one.
+func tee(buf *Buffer, extra func(string) io.Writer, name string) io.Writer {
+	if extra == nil {
+		return buf
+	}
+	w := extra(name)
+	if w == nil {
+		return buf
+	}
+	return io.MultiWriter(buf, w)
+}
+
+// CPU is the user plus system CPU time of every process, once all have
+// exited.
+func (c *Cluster) CPU() time.Duration {
+	var sum time.Duration
+	for _, p := range c.Procs {
+		sum += p.CPU()
+	}
+	return sum
 }
 
 // Proc returns the process with the given name, or nil.

@@ -1,10 +1,9 @@
-package main
+package bench
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -17,8 +16,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/internal/localcluster"
+	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/netem"
 	"github.com/fptps/fpt/worker"
@@ -89,10 +88,11 @@ func scenarioLayout(o scenarioOptions) (hosts []netem.HostSpec, servers int) {
 // runScenario builds the emulated network, runs the scenario's cluster in
 // it, and prints the result line. The network is torn down on every path,
 // Ctrl-C included.
-func runScenario(o scenarioOptions, stdout io.Writer) error {
+func runScenario(o scenarioOptions, stdout io.Writer, p *progress) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	hosts, servers := scenarioLayout(o)
+	p.printf(o.name, "building a network of %d hosts, the worker's at %s", len(hosts), o.rate)
 	net, err := netem.New(ctx, hosts)
 	if err != nil {
 		return err
@@ -115,7 +115,7 @@ func runScenario(o scenarioOptions, stdout io.Writer) error {
 		Scheduler: []string{self}, Server: []string{self}, Worker: workerArgs,
 		RootURI: net.Addr(servers + 1),
 		Env: []string{
-			benchChildEnv + "=1",
+			childEnv + "=1",
 			"DMLC_INTERFACE=" + net.Iface(),
 			"FPT_METRICS_ADDR=:" + strconv.Itoa(scenarioMetricsPort),
 			// Smaller partitions than the default 1 MiB: the pool's
@@ -126,11 +126,18 @@ func runScenario(o scenarioOptions, stdout io.Writer) error {
 		Command: func(name string, argv []string) *exec.Cmd {
 			return net.Command(ctx, hostOf[name], argv[0], argv[1:]...)
 		},
+		Stderr: func(name string) io.Writer {
+			if name == "worker0" {
+				return p.relay(o.name)
+			}
+			return nil
+		},
 	})
 	if err != nil {
 		return err
 	}
 	defer c.Kill()
+	p.printf(o.name, "cluster started")
 	waited := make(chan error, 1)
 	go func() { waited <- c.Wait(10 * time.Minute) }()
 	select {
@@ -155,17 +162,18 @@ func runScenario(o scenarioOptions, stdout io.Writer) error {
 }
 
 // scenarioWorker is the worker's side of a scenario, run inside the
-// emulated network; it prints the result line.
-func scenarioWorker(ctx context.Context, w *worker.Worker, o scenarioOptions, out io.Writer) error {
+// emulated network; it prints the result line on out, and progress lines
+// on progressOut.
+func scenarioWorker(ctx context.Context, w *worker.Worker, o scenarioOptions, out, progressOut io.Writer) error {
 	var (
 		line any
 		err  error
 	)
 	switch o.name {
 	case scenarioShaping:
-		line, err = shapingWorker(ctx, w, o)
+		line, err = shapingWorker(ctx, w, o, progressOut)
 	case scenarioPriority:
-		line, err = priorityWorker(ctx, w, o)
+		line, err = priorityWorker(ctx, w, o, progressOut)
 	default:
 		err = fmt.Errorf("unknown scenario %q", o.name)
 	}
@@ -191,7 +199,7 @@ type sample struct {
 // and reads the servers' received-bytes counters every sampleEvery while
 // they drain. The ratio is taken over the window in which both flows were
 // backlogged: from 10 % to 85 % of the bytes of the faster one.
-func shapingWorker(ctx context.Context, w *worker.Worker, o scenarioOptions) (shapingResult, error) {
+func shapingWorker(ctx context.Context, w *worker.Worker, o scenarioOptions, progressOut io.Writer) (shapingResult, error) {
 	res := shapingResult{Scenario: scenarioShaping, Rate: o.rate, Weights: o.weights, WantRatio: o.weights[0] / o.weights[1]}
 	servers := w.Node().Servers()
 	if len(servers) != 2 {
@@ -299,6 +307,7 @@ func shapingWorker(ctx context.Context, w *worker.Worker, o scenarioOptions) (sh
 		return append(samples, final), err
 	}
 	// The same run unshaped first: the baseline the ratio is read against.
+	fmt.Fprintf(progressOut, "draining %d tensors unshaped\n", len(keys))
 	samples, err := drain(false)
 	if err != nil {
 		return res, fmt.Errorf("shaping: unshaped run: %w", err)
@@ -307,6 +316,7 @@ func shapingWorker(ctx context.Context, w *worker.Worker, o scenarioOptions) (sh
 	if err != nil {
 		return res, fmt.Errorf("shaping: unshaped run: %w", err)
 	}
+	fmt.Fprintf(progressOut, "draining %d tensors shaped %g:%g\n", len(keys), o.weights[0], o.weights[1])
 	if samples, err = drain(true); err != nil {
 		return res, fmt.Errorf("shaping: shaped run: %w", err)
 	}
@@ -380,7 +390,7 @@ func backloggedWindow(samples []sample) (window, error) {
 // the same moment (low first) and times, from then, when each one's sum
 // arrives; then the same two with equal priorities. Medians over o.iters
 // rounds.
-func priorityWorker(ctx context.Context, w *worker.Worker, o scenarioOptions) (priorityResult, error) {
+func priorityWorker(ctx context.Context, w *worker.Worker, o scenarioOptions, progressOut io.Writer) (priorityResult, error) {
 	res := priorityResult{Scenario: scenarioPriority, Rate: o.rate, TensorBytes: o.tensorBytes, Rounds: o.iters}
 	kv := worker.NewKV[float32](w)
 	n := int(o.tensorBytes / 4)
@@ -440,7 +450,9 @@ func priorityWorker(ctx context.Context, w *worker.Worker, o scenarioOptions) (p
 		return lowDone, highDone, nil
 	}
 	var highs, lows, noprio, noprioLow []float64
-	for range o.iters {
+	start := time.Now()
+	for i := range o.iters {
+		fmt.Fprintf(progressOut, "round %d/%d, %.1fs\n", i+1, o.iters, time.Since(start).Seconds())
 		l, h, err := round(0, 100)
 		if err != nil {
 			return res, err
@@ -460,59 +472,44 @@ func priorityWorker(ctx context.Context, w *worker.Worker, o scenarioOptions) (p
 	return res, nil
 }
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	return s[len(s)/2]
-}
-
-// scenarioMain runs "fpt bench --scenario": in the parent, the emulated
-// network and the cluster; in the bench's worker process, the scenario's
-// worker. --tensor-bytes and --iters get the scenario's own defaults unless
-// given.
-func scenarioMain(fs *flag.FlagSet, so scenarioOptions, weights string, o benchOptions) int {
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+// scenarioMain runs "fpt bench --scenario shaping|priority": in the
+// parent, the emulated network and the cluster; in the bench's worker
+// process, the scenario's worker. --tensor-bytes and --iters get the
+// scenario's own defaults unless given. The result is one JSON line,
+// --json or not.
+func scenarioMain(f *flags) int {
+	so := f.scen
 	switch so.name {
 	case scenarioShaping:
 		so.tensorBytes, so.iters = 16<<20, 6
 	case scenarioPriority:
 		so.tensorBytes, so.iters = 16<<20, 3
 	default:
-		fmt.Fprintf(os.Stderr, "fpt bench: unknown scenario %q (want %s, %s or %s)\n", so.name, scenarioShaping, scenarioPriority, strings.Join(lbScenarios, ", "))
-		return launch.ExitUsage
+		return usageError("unknown scenario %q (want %s, %s or %s)", so.name, scenarioShaping, scenarioPriority, strings.Join(lbScenarios, ", "))
 	}
-	if set["tensor-bytes"] {
-		so.tensorBytes = o.tensorBytes
+	if f.set("tensor-bytes") {
+		so.tensorBytes = f.goodput.tensorBytes
 	}
-	if set["iters"] {
-		so.iters = o.iters
+	if f.set("iters") {
+		so.iters = f.goodput.iters
 	}
-	w0, w1, ok := strings.Cut(weights, ":")
+	w0, w1, ok := strings.Cut(f.weights, ":")
 	var err0, err1 error
 	so.weights[0], err0 = strconv.ParseFloat(w0, 64)
 	so.weights[1], err1 = strconv.ParseFloat(w1, 64)
 	if !ok || err0 != nil || err1 != nil || !(so.weights[0] > 0) || !(so.weights[1] > 0) {
-		fmt.Fprintf(os.Stderr, "fpt bench: --weights %q: want two positive numbers, as 3:1\n", weights)
-		return launch.ExitUsage
+		return usageError("--weights %q: want two positive numbers, as 3:1", f.weights)
 	}
 	if _, err := netem.ParseHostSpec(so.rate); err != nil || strings.Contains(so.rate, "/") {
-		fmt.Fprintf(os.Stderr, "fpt bench: --rate %q: want one tc rate, as 200mbit\n", so.rate)
-		return launch.ExitUsage
+		return usageError("--rate %q: want one tc rate, as 200mbit", so.rate)
 	}
-	if os.Getenv(benchChildEnv) != "" {
-		return launch.Main("fpt bench", os.LookupEnv, os.Stderr, func(ctx context.Context, w *worker.Worker) error {
-			return scenarioWorker(ctx, w, so, os.Stdout)
+	if isChild() {
+		return runWorker(func(ctx context.Context, w *worker.Worker) error {
+			return scenarioWorker(ctx, w, so, os.Stdout, marked(os.Stderr))
 		})
 	}
-	if err := runScenario(so, os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "fpt bench: %s: %v\n", so.name, err)
-		return launch.ExitFailed
+	if err := runScenario(so, os.Stdout, newProgress(os.Stderr)); err != nil {
+		return failed(so.name, err)
 	}
 	return launch.ExitOK
 }

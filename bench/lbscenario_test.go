@@ -1,7 +1,6 @@
-package main
+package bench
 
 import (
-	"flag"
 	"io"
 	"math"
 	"slices"
@@ -9,7 +8,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/netem"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/scheduler"
 )
 
 func TestLBScenarioLayout(t *testing.T) {
@@ -89,50 +91,6 @@ func TestByAddress(t *testing.T) {
 		if got := byAddress(tc.in); !slices.Equal(got, tc.want) {
 			t.Errorf("byAddress(%v) = %v, want %v", tc.in, got, tc.want)
 		}
-	}
-}
-
-func TestCapacityBytes(t *testing.T) {
-	for _, tc := range []struct {
-		h       netem.HostSpec
-		want    float64
-		wantErr bool
-	}{
-		{netem.HostSpec{Up: "400mbit", Down: "400mbit"}, 50e6, false},
-		{netem.HostSpec{Up: "1gbit", Down: "100mbit"}, 12.5e6, false}, // the slower side
-		{netem.HostSpec{Up: "80mbit", Down: "1gbit"}, 10e6, false},
-		{netem.HostSpec{Up: "100mbps", Down: "100mbps"}, 100e6, false}, // bytes per second already
-		{netem.HostSpec{}, 0, true},
-		{netem.HostSpec{Up: "100mbit"}, 0, true},
-		{netem.HostSpec{Up: "fast", Down: "fast"}, 0, true},
-	} {
-		got, err := capacityBytes(tc.h)
-		if (err != nil) != tc.wantErr || got != tc.want {
-			t.Errorf("capacityBytes(%v) = %v, %v; want %v (error %v)", tc.h, got, err, tc.want, tc.wantErr)
-		}
-	}
-}
-
-func TestRates(t *testing.T) {
-	for _, tc := range []struct {
-		rate string
-		div  uint64
-		want string
-	}{
-		{"400mbit", 4, "100mbit"},
-		{"100mbit", 4, "25mbit"},
-		{"1gbit", 4, "250mbit"},
-		{"1gbit", 1, "1gbit"},
-		{"50mbit", 3, "16666666bit"},
-		{"10kbit", 4, "2500bit"},
-		{"100mbps", 4, "200mbit"},
-	} {
-		if got, err := divideRate(tc.rate, tc.div); err != nil || got != tc.want {
-			t.Errorf("divideRate(%q, %d) = %q, %v; want %q", tc.rate, tc.div, got, err, tc.want)
-		}
-	}
-	if _, err := divideRate("none", 4); err == nil {
-		t.Error("divideRate(none): no error")
 	}
 }
 
@@ -236,18 +194,33 @@ func TestAggregate(t *testing.T) {
 	}
 }
 
-func TestCountLBDecisions(t *testing.T) {
-	log := `time=2026-01-01T00:00:00Z level=INFO msg="lb decision" role=scheduler version=1 from_iteration=3 state=probe split="8:0.5 10:0.5" reason="warm-up done"
-time=2026-01-01T00:00:01Z level=INFO msg=started role=scheduler version=7
-time=2026-01-01T00:00:02Z level=INFO msg="lb decision" role=scheduler version=2 from_iteration=5 state=balanced split="8:0.8 10:0.2" reason="probe done"
-time=2026-01-01T00:00:03Z level=INFO msg="lb decision" role=scheduler version=2 from_iteration=5 state=balanced split="8:0.8 10:0.2" reason=again
-time=2026-01-01T00:00:04Z level=INFO msg="lb decision" role=scheduler version=13 from_iteration=40 state=probe reason="probe every 3"
-`
-	if got := countLBDecisions(log); got != 3 {
-		t.Errorf("countLBDecisions = %d, want 3 (versions 1, 2, 13)", got)
+// Decisions are counted from the scheduler's decision lines on its
+// stdout, written as scheduler.DecisionLine writes them; log lines that
+// mention a decision are not decisions.
+func TestCountDecisions(t *testing.T) {
+	dec := func(v uint32, it uint64, reason string) string {
+		return scheduler.DecisionLine(lb.Directive{Decision: &lb.Decision{Version: v, Iteration: it,
+			Aggregators: []node.ID{node.ServerID(0), node.WorkerID(1)}, Shares: []float64{0.8, 0.2}}, Shaping: true, Reason: reason})
 	}
-	if got := countLBDecisions(""); got != 0 {
-		t.Errorf("countLBDecisions(empty) = %d", got)
+	for _, tc := range []struct {
+		name   string
+		stdout string
+		want   int
+	}{
+		{"three versions, one repeated", strings.Join([]string{
+			dec(1, 3, "warm-up done"),
+			"something else the scheduler printed",
+			dec(2, 5, "probe done"),
+			dec(2, 5, "again"),
+			dec(13, 40, "probe every 3"),
+		}, "\n") + "\n", 3},
+		{"last line without a newline", dec(1, 3, "") + "\n" + dec(2, 9, ""), 2},
+		{"log text is not a decision", `time=2026-01-01T00:00:00Z level=INFO msg="lb decision" role=scheduler version=1 from_iteration=3` + "\n", 0},
+		{"nothing", "", 0},
+	} {
+		if got := countDecisions(tc.stdout); got != tc.want {
+			t.Errorf("%s: countDecisions = %d, want %d", tc.name, got, tc.want)
+		}
 	}
 }
 
@@ -272,17 +245,11 @@ func TestLBScenarioUsage(t *testing.T) {
 		{"--tensors", "0"},
 		{"--min-bytes", "100", "--max-bytes", "10"},
 	} {
-		fs := flag.NewFlagSet("test", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		var o benchOptions
-		var lo lbOptions
-		rate := fs.String("rate", "200mbit", "")
-		fs.IntVar(&o.iters, "iters", 50, "")
-		registerLBFlags(fs, &lo)
-		if err := fs.Parse(args); err != nil {
+		f := newFlags(io.Discard)
+		if err := f.fs.Parse(append([]string{"--scenario", scenarioEqual}, args...)); err != nil {
 			t.Fatal(err)
 		}
-		if code := lbScenarioMain(fs, scenarioEqual, *rate, o, lo); code != 2 {
+		if code := lbScenarioMain(f); code != 2 {
 			t.Errorf("%v: exit %d, want 2 (usage)", args, code)
 		}
 	}

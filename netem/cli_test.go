@@ -1,4 +1,4 @@
-package main
+package netem
 
 import (
 	"bytes"
@@ -11,34 +11,32 @@ import (
 	"strings"
 	"sync"
 	"testing"
-
-	"github.com/fptps/fpt/netem"
 )
 
-func TestParseNetemArgs(t *testing.T) {
+func TestParseCLIArgs(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		args    []string
-		hosts   []netem.HostSpec
+		hosts   []HostSpec
 		cluster bool
 		words   []string
 		wantErr string
 	}{
 		{name: "hosts list", args: []string{"--hosts", "1gbit,200mbit,none", "--", "sh", "-c", "true"},
-			hosts: []netem.HostSpec{{Up: "1gbit", Down: "1gbit"}, {Up: "200mbit", Down: "200mbit"}, {}}, words: []string{"sh", "-c", "true"}},
+			hosts: []HostSpec{{Up: "1gbit", Down: "1gbit"}, {Up: "200mbit", Down: "200mbit"}, {}}, words: []string{"sh", "-c", "true"}},
 		{name: "repeated host, in order", args: []string{"--host", "1gbit", "--host", "100mbit/1gbit", "--", "true"},
-			hosts: []netem.HostSpec{{Up: "1gbit", Down: "1gbit"}, {Up: "100mbit", Down: "1gbit"}}, words: []string{"true"}},
+			hosts: []HostSpec{{Up: "1gbit", Down: "1gbit"}, {Up: "100mbit", Down: "1gbit"}}, words: []string{"true"}},
 		{name: "cluster without app flags", args: []string{"--hosts", "1gbit", "--cluster"},
-			hosts: []netem.HostSpec{{Up: "1gbit", Down: "1gbit"}}, cluster: true},
+			hosts: []HostSpec{{Up: "1gbit", Down: "1gbit"}}, cluster: true},
 		{name: "cluster with app flags", args: []string{"--hosts", "1gbit,1gbit", "--cluster", "--", "--iters", "5"},
-			hosts: []netem.HostSpec{{Up: "1gbit", Down: "1gbit"}, {Up: "1gbit", Down: "1gbit"}}, cluster: true, words: []string{"--iters", "5"}},
+			hosts: []HostSpec{{Up: "1gbit", Down: "1gbit"}, {Up: "1gbit", Down: "1gbit"}}, cluster: true, words: []string{"--iters", "5"}},
 		{name: "no hosts", args: []string{"--", "true"}, wantErr: "no hosts"},
 		{name: "no command", args: []string{"--hosts", "1gbit"}, wantErr: "no command"},
 		{name: "bad spec", args: []string{"--hosts", "1gbit,fast", "--", "true"}, wantErr: `host spec "fast"`},
 		{name: "empty spec", args: []string{"--hosts", "1gbit,,1gbit", "--", "true"}, wantErr: "empty rate"},
 		{name: "bad port", args: []string{"--hosts", "1gbit", "--cluster", "--port", "65535"}, wantErr: "port 65535"},
 	} {
-		o, err := parseNetemArgs(tc.args, io.Discard)
+		o, err := parseCLIArgs(tc.args, io.Discard)
 		if tc.wantErr != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 				t.Errorf("%s: error %v, want one containing %q", tc.name, err, tc.wantErr)
@@ -49,7 +47,7 @@ func TestParseNetemArgs(t *testing.T) {
 			t.Errorf("%s: %+v, %v; want hosts %v cluster %v words %q", tc.name, o, err, tc.hosts, tc.cluster, tc.words)
 		}
 	}
-	if _, err := parseNetemArgs([]string{"-h"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
+	if _, err := parseCLIArgs([]string{"-h"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v, want flag.ErrHelp", err)
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package netem
 
 import (
 	"bytes"
@@ -16,9 +16,13 @@ import (
 	"sync"
 	"syscall"
 	"time"
+)
 
-	"github.com/fptps/fpt/launch"
-	"github.com/fptps/fpt/netem"
+// Exit statuses of Main, as a shell and package launch count them.
+const (
+	exitOK     = 0
+	exitFailed = 1
+	exitUsage  = 2
 )
 
 const (
@@ -32,15 +36,16 @@ const (
 	maxLine = 64 << 10
 )
 
-type netemOptions struct {
-	hosts   []netem.HostSpec
+// cliOptions are the flags of "fpt netem".
+type cliOptions struct {
+	hosts   []HostSpec
 	cluster bool
 	port    int
 	script  string
 	words   []string // the command, or run_test.sh's -- arguments with --cluster
 }
 
-const netemUsage = `usage: fpt netem --hosts SPEC,SPEC,... [flags] -- COMMAND [ARGS...]
+const cliUsage = `usage: fpt netem --hosts SPEC,SPEC,... [flags] -- COMMAND [ARGS...]
        fpt netem --hosts SPEC,SPEC,... --cluster [flags] [-- test_kv_app flags...]
 
 Emulates one host per SPEC (network namespaces joined by a bridge, addresses
@@ -63,18 +68,18 @@ worker each, the scheduler on host 0.
 Flags:
 `
 
-func parseNetemArgs(args []string, output io.Writer) (netemOptions, error) {
-	var o netemOptions
+func parseCLIArgs(args []string, output io.Writer) (cliOptions, error) {
+	var o cliOptions
 	fs := flag.NewFlagSet("fpt netem", flag.ContinueOnError)
 	fs.SetOutput(output)
 	fs.Func("host", "one host's `SPEC` (repeat for each host)", func(s string) error {
-		h, err := netem.ParseHostSpec(s)
+		h, err := ParseHostSpec(s)
 		o.hosts = append(o.hosts, h)
 		return err
 	})
 	fs.Func("hosts", "comma-separated host `SPECs`, one per host", func(s string) error {
 		for _, spec := range strings.Split(s, ",") {
-			h, err := netem.ParseHostSpec(spec)
+			h, err := ParseHostSpec(spec)
 			if err != nil {
 				return err
 			}
@@ -86,7 +91,7 @@ func parseNetemArgs(args []string, output io.Writer) (netemOptions, error) {
 	fs.IntVar(&o.port, "port", 9000, "the scheduler's port on host 0 with --cluster")
 	fs.StringVar(&o.script, "script", "", "`path` of run_test.sh with --cluster (default: ../scripts/run_test.sh from this binary, else ./scripts/run_test.sh)")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), netemUsage)
+		fmt.Fprint(fs.Output(), cliUsage)
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -96,8 +101,8 @@ func parseNetemArgs(args []string, output io.Writer) (netemOptions, error) {
 	switch {
 	case len(o.hosts) == 0:
 		return o, errors.New("no hosts: give --hosts SPEC,SPEC,... or --host SPEC for each")
-	case len(o.hosts) > netem.MaxHosts:
-		return o, fmt.Errorf("%d hosts, at most %d", len(o.hosts), netem.MaxHosts)
+	case len(o.hosts) > MaxHosts:
+		return o, fmt.Errorf("%d hosts, at most %d", len(o.hosts), MaxHosts)
 	case !o.cluster && len(o.words) == 0:
 		return o, errors.New("no command: give -- COMMAND [ARGS...] or --cluster")
 	case o.port < 1 || o.port > 65534:
@@ -213,7 +218,7 @@ func exitStatus(err error) int {
 		}
 		return ee.ExitCode()
 	}
-	return launch.ExitFailed
+	return exitFailed
 }
 
 // signalError is the cause of the run's context when a signal stopped it.
@@ -221,13 +226,16 @@ type signalError struct{ sig syscall.Signal }
 
 func (e signalError) Error() string { return "caught " + e.sig.String() }
 
-func netemMain(args []string) int {
-	o, err := parseNetemArgs(args, os.Stderr)
+// Main runs "fpt netem" with args (those after "netem") and returns the
+// exit status: the emulated hosts, each running a command or one node pair
+// of a cluster, torn down afterwards.
+func Main(args []string) int {
+	o, err := parseCLIArgs(args, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
-		return launch.ExitOK
+		return exitOK
 	} else if err != nil {
 		fmt.Fprintf(os.Stderr, "fpt netem: %v\n", err)
-		return launch.ExitUsage
+		return exitUsage
 	}
 
 	// A signal cancels whatever stage is running; teardown still happens.
@@ -255,7 +263,7 @@ func netemMain(args []string) int {
 	if o.cluster {
 		if script, err = findScript(o.script); err != nil {
 			fmt.Fprintf(os.Stderr, "fpt netem: %v\n", err)
-			return launch.ExitUsage
+			return exitUsage
 		}
 		// Build once here: run_test.sh builds stale binaries, and K hosts
 		// doing so at once would race on bin/.
@@ -263,14 +271,14 @@ func netemMain(args []string) int {
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
 			fmt.Fprintf(os.Stderr, "fpt netem: building the binaries: %v\n", err)
-			return status(launch.ExitFailed)
+			return status(exitFailed)
 		}
 	}
 
-	n, err := netem.New(ctx, o.hosts)
+	n, err := New(ctx, o.hosts)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "fpt netem: %v\n", err)
-		return status(launch.ExitFailed)
+		return status(exitFailed)
 	}
 	k := n.Len()
 	for i := range k {
@@ -281,7 +289,7 @@ func netemMain(args []string) int {
 	if err := n.Close(); err != nil {
 		fmt.Fprintf(os.Stderr, "fpt netem: removing the network: %v\n", err)
 		if code == 0 {
-			code = launch.ExitFailed
+			code = exitFailed
 		}
 	} else {
 		fmt.Fprintf(os.Stderr, "fpt netem: network of %d hosts removed\n", k)
@@ -299,7 +307,7 @@ func rateText(r string) string {
 // runHosts runs the command in every host and returns the first failure's
 // status, or 0. A failure or ctx's end stops the other hosts: SIGTERM to
 // each one's process group, SIGKILL after stopGrace.
-func runHosts(ctx context.Context, n *netem.Network, o netemOptions, script string) int {
+func runHosts(ctx context.Context, n *Network, o cliOptions, script string) int {
 	k := n.Len()
 	type result struct {
 		i   int
@@ -318,7 +326,7 @@ func runHosts(ctx context.Context, n *netem.Network, o netemOptions, script stri
 		cmd := n.Command(context.Background(), i, argv[0], argv[1:]...)
 		cmd.Env = append(os.Environ(), hostEnv(i, k, n.Addr(i), n.Addr(0), n.Iface())...)
 		// Its own process group, so that stopping it reaches whatever it
-		// started, and a terminal's Ctrl-C reaches only fpt netem.
+		// started, and a terminal's Ctrl-C reaches only fpt
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		prefix := fmt.Sprintf("[h%d] ", i)
 		out := &linePrefixer{mu: &stdoutMu, w: os.Stdout, prefix: prefix}

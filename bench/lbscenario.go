@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"cmp"
@@ -8,11 +8,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"os/exec"
 	"os/signal"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,11 +18,12 @@ import (
 	"time"
 
 	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/lb"
-	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/netem"
 	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/scheduler"
 	"github.com/fptps/fpt/trainer"
 	"github.com/fptps/fpt/worker"
 )
@@ -117,8 +116,8 @@ type lbResult struct {
 	EvenModelIterMs float64 `json:"even_model_iter_ms"`
 	LBOverBound     float64 `json:"lb_over_bound"`
 	EvenOverLB      float64 `json:"even_over_lb"`
-	// LBDecisions is how many distinct decisions the scheduler logged in
-	// the FPT_LB=on run.
+	// LBDecisions is how many distinct decisions the scheduler made in the
+	// FPT_LB=on run (its decision lines on stdout).
 	LBDecisions int       `json:"lb_decisions"`
 	EvenItersMs []float64 `json:"even_iters_ms"`
 	LBItersMs   []float64 `json:"lb_iters_ms"`
@@ -196,30 +195,12 @@ func (l lbLayout) rates(hosts []int) []string {
 	return rs
 }
 
-// capacityBytes is a host's capacity as the LB's model counts it: the
-// slower of its two sides, in bytes per second. An unlimited side has no
-// capacity to bound by, so it is an error.
-func capacityBytes(h netem.HostSpec) (float64, error) {
-	if h.Up == "" || h.Down == "" {
-		return 0, fmt.Errorf("host %s: an unlimited side has no capacity", h)
-	}
-	up, err := netem.ParseRate(h.Up)
-	if err != nil {
-		return 0, err
-	}
-	down, err := netem.ParseRate(h.Down)
-	if err != nil {
-		return 0, err
-	}
-	return float64(min(up, down)) / 8, nil
-}
-
 // boundInput is the LB model's input for the layout's configured rates
 // and a model of modelBytes per iteration.
 func (l lbLayout) boundInput(modelBytes float64) (lb.Input, error) {
 	in := lb.Input{Capacity: map[node.ID]float64{}, ModelBytes: modelBytes}
 	add := func(id node.ID, host int) error {
-		c, err := capacityBytes(l.hosts[host])
+		c, err := l.hosts[host].Capacity()
 		in.Capacity[id] = c
 		return err
 	}
@@ -261,20 +242,6 @@ func (l lbLayout) modelTimes(modelBytes float64) (bound, even time.Duration, err
 	return bound, even, nil
 }
 
-// tailMedian is the median of the last k of xs (the mean of the middle two
-// when k is even, to three decimals).
-func tailMedian(xs []float64, k int) (float64, error) {
-	if k < 1 || len(xs) < k {
-		return 0, fmt.Errorf("the median of the last %d of %d iterations", k, len(xs))
-	}
-	s := slices.Clone(xs[len(xs)-k:])
-	slices.Sort(s)
-	if k%2 == 1 {
-		return s[k/2], nil
-	}
-	return round3((s[k/2-1] + s[k/2]) / 2), nil
-}
-
 // aggregate fills in the times and ratios from both runs' iteration times
 // (ms) and the model's bound and even-split prediction.
 func (r *lbResult) aggregate(even, balanced []float64, bound, evenModel time.Duration) error {
@@ -295,42 +262,14 @@ func (r *lbResult) aggregate(even, balanced []float64, bound, evenModel time.Dur
 	return nil
 }
 
-// round3 rounds to three decimals: a microsecond of a time in
-// milliseconds, and all a noisy machine's ratios are worth.
-func round3(x float64) float64 { return math.Round(x*1000) / 1000 }
-
-// formatRate writes bits per second in tc syntax, in the largest unit that
-// keeps it whole.
-func formatRate(bits uint64) string {
-	switch {
-	case bits >= 1e9 && bits%1e9 == 0:
-		return strconv.FormatUint(bits/1e9, 10) + "gbit"
-	case bits >= 1e6 && bits%1e6 == 0:
-		return strconv.FormatUint(bits/1e6, 10) + "mbit"
-	case bits >= 1e3 && bits%1e3 == 0:
-		return strconv.FormatUint(bits/1e3, 10) + "kbit"
-	}
-	return strconv.FormatUint(bits, 10) + "bit"
-}
-
-// divideRate is rate (tc syntax) divided by d, in tc syntax.
-func divideRate(rate string, d uint64) (string, error) {
-	bits, err := netem.ParseRate(rate)
-	if err != nil {
-		return "", err
-	}
-	return formatRate(bits / d), nil
-}
-
-// lbDecisionRe matches the scheduler's log line of a new LB decision.
-var lbDecisionRe = regexp.MustCompile(`msg="lb decision".*?\bversion=(\d+)`)
-
-// countLBDecisions counts the distinct decision versions in a scheduler's
-// log.
-func countLBDecisions(log string) int {
-	versions := map[string]bool{}
-	for _, m := range lbDecisionRe.FindAllStringSubmatch(log, -1) {
-		versions[m[1]] = true
+// countDecisions counts the distinct decisions in a scheduler's stdout,
+// where it writes one line per decision (scheduler.DecisionLine).
+func countDecisions(stdout string) int {
+	versions := map[uint32]bool{}
+	for line := range strings.Lines(stdout) {
+		if v, _, ok := scheduler.ParseDecisionLine(line); ok {
+			versions[v] = true
+		}
 	}
 	return len(versions)
 }
@@ -344,9 +283,15 @@ type lbWorkerReport struct {
 }
 
 // lbWorker is a scenario worker's body: train, and on rank 0 print the
-// iteration times.
-func lbWorker(ctx context.Context, w *worker.Worker, lo lbOptions, out io.Writer) error {
-	s, err := trainer.Run(ctx, w, lo.trainerOptions(), os.Stderr)
+// iteration times on out and the trainer's lines on errOut as progress.
+func lbWorker(ctx context.Context, w *worker.Worker, lo lbOptions, out, errOut io.Writer) error {
+	opts := lo.trainerOptions()
+	trainerOut := errOut
+	if w.Rank() == 0 {
+		opts.Quiet = false
+		trainerOut = marked(errOut)
+	}
+	s, err := trainer.Run(ctx, w, opts, trainerOut)
 	if err != nil || w.Rank() != 0 {
 		return err
 	}
@@ -362,68 +307,86 @@ func lbWorker(ctx context.Context, w *worker.Worker, lo lbOptions, out io.Writer
 	return err
 }
 
+// lbResultHeader and row are the table of the LB scenarios without --json.
+var lbResultHeader = []string{"scenario", "workers", "servers", "rate", "slow rate",
+	"even ms", "LB ms", "bound ms", "even model ms", "LB/bound", "even/LB", "decisions"}
+
+func (r lbResult) row() []string {
+	f := func(x float64) string { return strconv.FormatFloat(x, 'f', -1, 64) }
+	return []string{r.Scenario, strconv.Itoa(r.Workers), strconv.Itoa(r.Servers), r.Rate, r.SlowRate,
+		f(r.EvenIterMs), f(r.LBIterMs), f(r.BoundIterMs), f(r.EvenModelIterMs), f(r.LBOverBound), f(r.EvenOverLB),
+		strconv.Itoa(r.LBDecisions)}
+}
+
 // lbScenarioMain runs "fpt bench --scenario slow-server|equal|slow-worker"
 // (or a comma-separated list of them): in the parent, for each scenario its
-// network and both runs, one JSON line each; in a worker it starts, the
-// worker's side.
-func lbScenarioMain(fs *flag.FlagSet, name string, rate string, o benchOptions, lo lbOptions) int {
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	lo.rate, lo.iters, lo.partitionBytes = lbDefaultRate, lbDefaultIters, o.partitionBytes
-	if set["rate"] {
-		lo.rate = rate
+// network and both runs, one JSON line each with --json, else a table; in
+// a worker it starts, the worker's side.
+func lbScenarioMain(f *flags) int {
+	lo := f.lbs
+	lo.rate, lo.iters, lo.partitionBytes = lbDefaultRate, lbDefaultIters, f.goodput.partitionBytes
+	if f.set("rate") {
+		lo.rate = f.scen.rate
 	}
-	if set["iters"] {
-		lo.iters = o.iters
-	}
-	usage := func(format string, args ...any) int {
-		fmt.Fprintf(os.Stderr, "fpt bench: "+format+"\n", args...)
-		return launch.ExitUsage
+	if f.set("iters") {
+		lo.iters = f.goodput.iters
 	}
 	if _, err := netem.ParseRate(lo.rate); err != nil {
-		return usage("--rate %q: want one finite tc rate, as 400mbit: %v", lo.rate, err)
+		return usageError("--rate %q: want one finite tc rate, as 400mbit: %v", lo.rate, err)
 	}
 	if lo.slowRate == "" {
-		s, err := divideRate(lo.rate, lbSlowDivisor)
+		s, err := netem.DivideRate(lo.rate, lbSlowDivisor)
 		if err != nil {
-			return usage("--rate %q: %v", lo.rate, err)
+			return usageError("--rate %q: %v", lo.rate, err)
 		}
 		lo.slowRate = s
 	} else if _, err := netem.ParseRate(lo.slowRate); err != nil {
-		return usage("--slow-rate %q: want one finite tc rate, as 100mbit: %v", lo.slowRate, err)
+		return usageError("--slow-rate %q: want one finite tc rate, as 100mbit: %v", lo.slowRate, err)
 	}
 	if lo.tail < 1 || lo.iters < lo.tail {
-		return usage("--iters %d, --tail %d: want 1 <= tail <= iters", lo.iters, lo.tail)
+		return usageError("--iters %d, --tail %d: want 1 <= tail <= iters", lo.iters, lo.tail)
 	}
 	if err := lo.trainerOptions().Validate(); err != nil {
-		return usage("%v", err)
+		return usageError("%v", err)
 	}
-	if os.Getenv(benchChildEnv) != "" {
-		return launch.Main("fpt bench", os.LookupEnv, os.Stderr, func(ctx context.Context, w *worker.Worker) error {
-			return lbWorker(ctx, w, lo, os.Stdout)
+	if isChild() {
+		return runWorker(func(ctx context.Context, w *worker.Worker) error {
+			return lbWorker(ctx, w, lo, os.Stdout, os.Stderr)
 		})
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	for n := range strings.SplitSeq(name, ",") {
-		res, err := runLBScenario(ctx, n, lo)
+	p := newProgress(os.Stderr)
+	var results []lbResult
+	for n := range strings.SplitSeq(f.scen.name, ",") {
+		res, err := runLBScenario(ctx, n, lo, p)
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "fpt bench: %s: %v\n", n, err)
-			return launch.ExitFailed
+			return failed(n, err)
 		}
-		line, err := json.Marshal(res)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "fpt bench: %s: %v\n", n, err)
-			return launch.ExitFailed
+		if f.goodput.jsonOut {
+			line, err := json.Marshal(res)
+			if err != nil {
+				return failed(n, err)
+			}
+			fmt.Println(string(line))
 		}
-		fmt.Println(string(line))
+		results = append(results, res)
+	}
+	if !f.goodput.jsonOut {
+		rows := make([][]string, len(results))
+		for i, r := range results {
+			rows[i] = r.row()
+		}
+		if err := writeTable(os.Stdout, lbResultHeader, rows); err != nil {
+			return failed("table", err)
+		}
 	}
 	return launch.ExitOK
 }
 
 // runLBScenario builds the scenario's network and runs its cluster with
 // the LB off, then on. The network is torn down on every path.
-func runLBScenario(ctx context.Context, name string, lo lbOptions) (lbResult, error) {
+func runLBScenario(ctx context.Context, name string, lo lbOptions, p *progress) (lbResult, error) {
 	fast := netem.HostSpec{Up: lo.rate, Down: lo.rate}
 	slow := netem.HostSpec{Up: lo.slowRate, Down: lo.slowRate}
 	l, err := lbScenarioLayout(name, fast, slow)
@@ -442,16 +405,17 @@ func runLBScenario(ctx context.Context, name string, lo lbOptions) (lbResult, er
 		ServerRates: l.rates(l.serverHosts), WorkerRates: l.rates(l.workerHosts),
 		Servers: len(l.serverHosts), Workers: len(l.workerHosts), Tensors: lo.tensors,
 		ModelBytes: model, Iterations: lo.iters, Tail: lo.tail}
+	p.printf(name, "building a network of %d hosts (%s, the slow one %s)", len(l.hosts), lo.rate, lo.slowRate)
 	net, err := netem.New(ctx, l.hosts)
 	if err != nil {
 		return res, err
 	}
 	defer net.Close()
-	even, _, err := runLBCluster(ctx, net, l, name, lo, false, model)
+	even, _, err := runLBCluster(ctx, net, l, name, lo, false, model, p)
 	if err != nil {
 		return res, fmt.Errorf("LB off: %w", err)
 	}
-	balanced, decisions, err := runLBCluster(ctx, net, l, name, lo, true, model)
+	balanced, decisions, err := runLBCluster(ctx, net, l, name, lo, true, model, p)
 	if err != nil {
 		return res, fmt.Errorf("LB on: %w", err)
 	}
@@ -464,8 +428,8 @@ func runLBScenario(ctx context.Context, name string, lo lbOptions) (lbResult, er
 
 // runLBCluster runs the scenario's cluster in net once, FPT_LB on or off,
 // and returns worker rank 0's iteration times (ms) and the number of LB
-// decisions the scheduler logged.
-func runLBCluster(ctx context.Context, net *netem.Network, l lbLayout, name string, lo lbOptions, lbOn bool, model int64) ([]float64, int, error) {
+// decisions the scheduler made.
+func runLBCluster(ctx context.Context, net *netem.Network, l lbLayout, name string, lo lbOptions, lbOn bool, model int64, p *progress) ([]float64, int, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, 0, err
@@ -477,21 +441,26 @@ func runLBCluster(ctx context.Context, net *netem.Network, l lbLayout, name stri
 	if lbOn {
 		mode = "on"
 	}
-	env := []string{benchChildEnv + "=1", "DMLC_INTERFACE=" + net.Iface(), "FPT_LB=" + mode}
+	env := []string{childEnv + "=1", "DMLC_INTERFACE=" + net.Iface(), "FPT_LB=" + mode}
 	if lo.partitionBytes > 0 {
 		env = append(env, "FPT_PARTITION_BYTES="+strconv.FormatInt(lo.partitionBytes, 10))
 	}
-	// The scheduler logs its decisions at PS_VERBOSE=1 or more.
-	schedulerVerbose := os.Getenv("PS_VERBOSE") == "" || os.Getenv("PS_VERBOSE") == "0"
+	run := fmt.Sprintf("%s, LB %s", name, mode)
+	p.printf(run, "cluster starting")
 	c, err := localcluster.Start(localcluster.Spec{
 		Servers: len(l.serverHosts), Workers: len(l.workerHosts),
 		Scheduler: []string{self}, Server: []string{self}, Worker: args,
 		RootURI: net.Addr(l.schedulerHost), Env: env,
 		Command: func(proc string, argv []string) *exec.Cmd {
-			if proc == "scheduler" && schedulerVerbose {
-				argv = append([]string{"env", "PS_VERBOSE=1"}, argv...)
-			}
 			return net.Command(ctx, l.procHost[proc], argv[0], argv[1:]...)
+		},
+		// Only worker rank 0 writes progress lines; which process that is
+		// is the scheduler's to say.
+		Stderr: func(proc string) io.Writer {
+			if strings.HasPrefix(proc, "worker") {
+				return p.relay(run)
+			}
+			return nil
 		},
 	})
 	if err != nil {
@@ -530,5 +499,5 @@ func runLBCluster(ctx context.Context, net *netem.Network, l lbLayout, name stri
 	case rep.ModelBytes != model:
 		return nil, 0, fmt.Errorf("worker 0 trained %d bytes per iteration, want %d", rep.ModelBytes, model)
 	}
-	return rep.IterMs, countLBDecisions(c.Proc("scheduler").Stderr.String()), nil
+	return rep.IterMs, countDecisions(c.Proc("scheduler").Stdout.String()), nil
 }

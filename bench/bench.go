@@ -1,0 +1,150 @@
+// Package bench holds the experiments of "fpt bench": the goodput and CPU
+// cost of push and pull on loopback against raw TCP (goodput.go), the
+// CPU-per-peer table, and the scenarios that run a cluster in an emulated
+// network (package netem): flow shaping and priority (scenario.go) and the
+// load balancer against its bound (lbscenario.go).
+//
+// Each experiment starts its cluster with internal/localcluster from the
+// same binary ("fpt bench" re-runs itself as the cluster's workers, marked
+// by childEnv). Results go to stdout, one JSON object per line with --json,
+// else a table; progress goes to stderr while a run lasts.
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/fptps/fpt/launch"
+	"github.com/fptps/fpt/worker"
+)
+
+// childEnv marks a process that "fpt bench" started as one of its
+// cluster's workers.
+const childEnv = "FPT_BENCH_CHILD"
+
+// isChild tells whether this process is a bench cluster's worker.
+func isChild() bool { return os.Getenv(childEnv) != "" }
+
+// runWorker runs this process as a worker of the bench's cluster, body
+// being the experiment's side of it.
+func runWorker(body func(ctx context.Context, w *worker.Worker) error) int {
+	return launch.Main("fpt bench", os.LookupEnv, os.Stderr, body)
+}
+
+const usageText = `usage: fpt bench [flags]
+
+Runs a cluster on loopback (separate processes), pushes and pulls one tensor, and
+reports goodput (bytes pushed plus pulled by one worker per second) against raw TCP
+moving the same bytes both ways at once between two Go sockets, measured in the same
+run; the bytes that crossed TCP (the van's counters, frame headers included); and the
+CPU cost: user+sys seconds of every process of the cluster per GB of tensor pushed and
+pulled, next to raw TCP's. The default run is 1 worker x 1 server and 2 workers x
+2 servers with the LB off, and 2 x 2 with it on; --workers, --servers and --lb run one
+configuration instead, --peers a table of W workers x W servers (LB off) for each W.
+
+With --scenario, runs a cluster in an emulated network (network namespaces, tbf) instead:
+  shaping   one worker behind a --rate link pushes to two servers with flow weights
+            --weights; byte_ratio is what the servers received while both flows were
+            backlogged (unshaped_byte_ratio: the same run with shaping off); one JSON line
+  priority  a low- and a high-priority tensor pushed together; when each sum arrived,
+            next to the same push with equal priorities; one JSON line
+  slow-server, equal, slow-worker
+            the simulated trainer with the load balancer off (FPT_LB=off, even split over
+            the servers) and on: even_iter_ms, lb_iter_ms and bound_iter_ms (the least
+            the configured rates allow); one host is at --slow-rate in slow-server (server
+            rank 1 of 2, 2 workers) and slow-worker (worker rank 3 of 4, 2 servers); equal
+            has 4 workers and 4 servers
+
+`
+
+// flags are every flag of "fpt bench"; each experiment reads its own.
+type flags struct {
+	fs      *flag.FlagSet
+	goodput goodputOptions
+	vans    string
+	lb      string
+	peers   string
+	scen    scenarioOptions
+	weights string
+	lbs     lbOptions
+}
+
+// set tells whether the command line gave the named flag.
+func (f *flags) set(name string) bool {
+	found := false
+	f.fs.Visit(func(fl *flag.Flag) { found = found || fl.Name == name })
+	return found
+}
+
+func newFlags(output io.Writer) *flags {
+	f := &flags{fs: flag.NewFlagSet("fpt bench", flag.ContinueOnError)}
+	fs := f.fs
+	fs.SetOutput(output)
+	o := &f.goodput
+	fs.StringVar(&f.vans, "van", "epoll,netconn", "vans to measure, comma-separated (epoll, netconn)")
+	fs.IntVar(&o.workers, "workers", 1, "workers (one configuration instead of the default rows)")
+	fs.IntVar(&o.servers, "servers", 1, "servers (one configuration instead of the default rows)")
+	fs.StringVar(&f.lb, "lb", "off", "the load balancer, on or off (one configuration instead of the default rows)")
+	fs.StringVar(&f.peers, "peers", "", "comma-separated peer counts W (as 1,2,4,8): one row of W workers x W servers,\nLB off, for each")
+	fs.Int64Var(&o.tensorBytes, "tensor-bytes", 64<<20, "size of the one float32 tensor pushed and pulled")
+	fs.IntVar(&o.iters, "iters", 50, "timed iterations (after init and two warm-up iterations); LB scenarios:\ntraining iterations per run (default 20 there)")
+	fs.Int64Var(&o.partitionBytes, "partition-bytes", 0, "FPT_PARTITION_BYTES for the cluster (0: the default)")
+	fs.BoolVar(&o.jsonOut, "json", false, "one JSON object per line (else a table)")
+	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor slow-server, equal, slow-worker (comma-separated for several)")
+	fs.StringVar(&f.scen.rate, "rate", "200mbit", "scenarios: the worker host's link rate, both ways (tc syntax); LB scenarios:\nevery host's but the slow one's (default 400mbit there)")
+	registerLBFlags(fs, &f.lbs)
+	fs.StringVar(&f.weights, "weights", "3:1", "shaping scenario: the worker's flow weights for server 0 and server 1")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usageText)
+		fs.PrintDefaults()
+	}
+	return f
+}
+
+// Main runs "fpt bench" with args (those after "bench") and returns the
+// exit status. In a process the bench started as its cluster's worker
+// (childEnv set), it runs that worker instead.
+func Main(args []string) int {
+	f := newFlags(os.Stderr)
+	if err := f.fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return launch.ExitOK
+		}
+		return launch.ExitUsage
+	}
+	name := f.scen.name
+	switch {
+	case name != "" && isLBScenario(name):
+		return lbScenarioMain(f)
+	case name != "":
+		return scenarioMain(f)
+	}
+	return goodputMain(f)
+}
+
+// usageError reports a bad flag and returns the usage status.
+func usageError(format string, args ...any) int {
+	fmt.Fprintf(os.Stderr, "fpt bench: "+format+"\n", args...)
+	return launch.ExitUsage
+}
+
+// failed reports a failed run and returns the failure status.
+func failed(what string, err error) int {
+	fmt.Fprintf(os.Stderr, "fpt bench: %s: %v\n", what, err)
+	return launch.ExitFailed
+}
+
+// splitList is a comma-separated flag's items, without empty ones.
+func splitList(s string) []string {
+	var items []string
+	for it := range strings.SplitSeq(s, ",") {
+		if it = strings.TrimSpace(it); it != "" {
+			items = append(items, it)
+		}
+	}
+	return items
+}
