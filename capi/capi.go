@@ -157,10 +157,10 @@ func (l *Lib) Start() error {
 		sched = make(chan error, 1)
 		go func() { sched <- scheduler.Run(ctx, cfg, log, l.stderr) }()
 	case node.Server:
-		n = cluster.New(cfg, log)
+		n = cluster.New(cfg, log, cluster.Network(cfg.Van))
 		srv, err = server.Start(ctx, n)
 	default:
-		n = cluster.New(cfg, log)
+		n = cluster.New(cfg, log, cluster.Network(cfg.Van))
 		w, err = worker.Start(ctx, n)
 	}
 	l.mu.Lock()

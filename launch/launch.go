@@ -92,11 +92,11 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, train Train) 
 	case node.Scheduler:
 		return scheduler.Run(ctx, cfg, log, os.Stdout)
 	case node.Server:
-		n := cluster.New(cfg, log)
+		n := cluster.New(cfg, log, cluster.Network(cfg.Van))
 		n.SetMetrics(m)
 		return server.Run(ctx, n)
 	}
-	n := cluster.New(cfg, log)
+	n := cluster.New(cfg, log, cluster.Network(cfg.Van))
 	n.SetMetrics(m)
 	w, err := worker.Start(ctx, n)
 	if err != nil {

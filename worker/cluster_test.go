@@ -63,14 +63,14 @@ func startInProcess(servers, workers int, extra map[string]string) (*inProcess, 
 	go func() { c.errs <- scheduler.Run(ctx, sched, log, nil) }()
 	for range servers {
 		cfg := cfgFor("server")
-		go func() { c.errs <- server.Run(ctx, cluster.New(cfg, log)) }()
+		go func() { c.errs <- server.Run(ctx, cluster.New(cfg, log, cluster.Network(cfg.Van))) }()
 	}
 	wcfg := cfgFor("worker")
 	ws := make(chan *worker.Worker, workers)
 	werrs := make(chan error, workers)
 	for range workers {
 		go func() {
-			w, err := worker.Start(ctx, cluster.New(wcfg, log))
+			w, err := worker.Start(ctx, cluster.New(wcfg, log, cluster.Network(wcfg.Van)))
 			if err != nil {
 				werrs <- err
 				return
