@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -43,17 +44,22 @@ var memTensors = []struct {
 
 const memPartitionBytes = "1024"
 
+// hooks run on each worker at points of each iteration (nil: none).
+type hooks struct {
+	before func(w *worker.Worker, it int) error // ahead of the pushes
+	pulled func(w *worker.Worker, it int) error // once the sums are checked, ahead of the barrier
+}
+
 // fptRounds has every worker push and pull memTensors for iters
 // iterations, checking every pulled value exactly: worker 0's after Init,
-// the sum of every worker's gradient afterwards. before, if set, runs on
-// each worker ahead of each iteration.
-func fptRounds(t *testing.T, ws []*worker.Worker, iters int, before func(w *worker.Worker, it int) error) {
+// the sum of every worker's gradient afterwards.
+func fptRounds(t *testing.T, ws []*worker.Worker, iters int, h hooks) {
 	t.Helper()
 	var wg sync.WaitGroup
 	errs := make(chan error, len(ws))
 	for _, w := range ws {
 		wg.Go(func() {
-			if err := fptWorker(w, len(ws), iters, before); err != nil {
+			if err := fptWorker(w, len(ws), iters, h); err != nil {
 				errs <- fmt.Errorf("worker %d: %w", w.Rank(), err)
 			}
 		})
@@ -65,7 +71,7 @@ func fptRounds(t *testing.T, ws []*worker.Worker, iters int, before func(w *work
 	}
 }
 
-func fptWorker(w *worker.Worker, workers, iters int, before func(w *worker.Worker, it int) error) error {
+func fptWorker(w *worker.Worker, workers, iters int, h hooks) error {
 	ctx := context.Background()
 	kv := worker.NewKV[float32](w)
 	if err := w.SetTensorsPerIteration(len(memTensors)); err != nil {
@@ -117,8 +123,8 @@ func fptWorker(w *worker.Worker, workers, iters int, before func(w *worker.Worke
 		return err
 	}
 	for it := 1; it <= iters; it++ {
-		if before != nil {
-			if err := before(w, it); err != nil {
+		if h.before != nil {
+			if err := h.before(w, it); err != nil {
 				return err
 			}
 		}
@@ -146,6 +152,11 @@ func fptWorker(w *worker.Worker, workers, iters int, before func(w *worker.Worke
 		}
 		if err := verify(it, sums); err != nil {
 			return err
+		}
+		if h.pulled != nil {
+			if err := h.pulled(w, it); err != nil {
+				return err
+			}
 		}
 		if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
 			return err
@@ -182,7 +193,7 @@ func TestInMemoryFPTSums(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			tt.env["FPT_PARTITION_BYTES"] = memPartitionBytes
 			c := startMem(t, tt.servers, tt.workers, tt.env)
-			fptRounds(t, c.Workers, 12, nil)
+			fptRounds(t, c.Workers, 12, hooks{})
 			for _, w := range c.Workers {
 				if v := w.DecisionVersion(); (v > 0) != tt.lb {
 					t.Errorf("worker %d is at decision %d with the LB on: %v", w.Rank(), v, tt.lb)
@@ -214,7 +225,7 @@ func TestInMemoryForcedSwitches(t *testing.T) {
 			}
 		}
 	}
-	fptRounds(t, c.Workers, 10, nil)
+	fptRounds(t, c.Workers, 10, hooks{})
 	for _, w := range c.Workers {
 		if v := w.DecisionVersion(); v != 5 {
 			t.Errorf("worker %d is at decision %d, want 5", w.Rank(), v)
@@ -223,69 +234,115 @@ func TestInMemoryForcedSwitches(t *testing.T) {
 	finishMem(t, c)
 }
 
-// A server that vanishes while every worker waits for its sums: each
-// worker's pending pull fails with an error naming that server (no call
-// hangs), and so does the scheduler.
-func TestInMemoryServerLost(t *testing.T) {
+// One worker's sums arrive late: what the servers (every aggregator, with
+// the LB off) send it is held from before an iteration's first push until
+// the other worker has pulled and checked that iteration's sums. The late
+// worker's values are still exact, and later iterations are not disturbed.
+func TestInMemoryLateWorker(t *testing.T) {
 	c := startMem(t, 2, 2, map[string]string{"FPT_LB": "off", "FPT_PARTITION_BYTES": memPartitionBytes})
-	fptRounds(t, c.Workers, 2, nil)
-	victim := node.ServerID(1)
-	// Its sums of the next iteration never reach a worker.
-	for _, w := range c.Workers {
-		c.Data.Hold(victim, node.WorkerID(w.Rank()))
-	}
-	type pending struct {
-		rank int
-		ts   int
-		kv   *worker.KV[float32]
-	}
-	var pulls []pending
-	for _, w := range c.Workers {
-		kv := worker.NewKV[float32](w)
-		keys, lens := make([]uint64, len(memTensors)), make([]int, len(memTensors))
-		total := 0
-		for i, tn := range memTensors {
-			keys[i], lens[i] = tn.key, tn.elems
-			total += tn.elems
-		}
-		if _, err := kv.FPTPush(keys, make([]float32, total), lens, 0, nil); err != nil {
-			t.Fatal(err)
-		}
-		ts, err := kv.FPTPull(keys, make([]float32, total), lens, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pulls = append(pulls, pending{w.Rank(), ts, kv})
-	}
-	if err := c.Drop(victim); err != nil {
-		t.Fatal(err)
-	}
-	errs := make(chan error, len(pulls))
-	for _, p := range pulls {
-		go func() { errs <- fmt.Errorf("worker %d: %w", p.rank, p.kv.Wait(p.ts)) }()
-	}
-	for range pulls {
-		select {
-		case err := <-errs:
-			if !strings.Contains(err.Error(), victim.String()) || strings.HasSuffix(err.Error(), "%!w(<nil>)") {
-				t.Errorf("pending pull ended with %v; want an error naming %s", err, victim)
-			} else {
-				t.Log(err)
+	servers, slow := []node.ID{node.ServerID(0), node.ServerID(1)}, node.WorkerID(1)
+	const late = 3
+	fptRounds(t, c.Workers, 6, hooks{
+		before: func(w *worker.Worker, it int) error {
+			if it == late && w.Rank() == 0 {
+				for _, s := range servers {
+					c.Data.Hold(s, slow)
+				}
 			}
-		case <-time.After(time.Minute):
-			t.Fatal("a pending pull still waits a minute after its server was lost")
-		}
+			return nil
+		},
+		pulled: func(w *worker.Worker, it int) error {
+			if it == late && w.Rank() == 0 {
+				for _, s := range servers {
+					c.Data.Release(s, slow)
+				}
+			}
+			return nil
+		},
+	})
+	finishMem(t, c)
+}
+
+// A node that vanishes while workers wait on it: a server (its sums held
+// from the workers) or a worker (that never pushes its share). Every
+// waiting worker's pending pull fails with an error naming that node, no
+// call hangs, and the scheduler ends with the same verdict.
+func TestInMemoryNodeLost(t *testing.T) {
+	tests := []struct {
+		name   string
+		victim node.ID
+	}{
+		{"server", node.ServerID(1)},
+		{"worker", node.WorkerID(1)},
 	}
-	c.Close()
-	ends, err := c.Ends(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	named := false
-	for _, e := range ends {
-		named = named || strings.HasPrefix(e.Error(), "scheduler: "+victim.String())
-	}
-	if !named {
-		t.Errorf("the scheduler and servers ended with %v; want the scheduler's naming %s", ends, victim)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := startMem(t, 2, 3, map[string]string{"FPT_LB": "off", "FPT_PARTITION_BYTES": memPartitionBytes})
+			fptRounds(t, c.Workers, 2, hooks{})
+			keys, lens := make([]uint64, len(memTensors)), make([]int, len(memTensors))
+			total := 0
+			for i, tn := range memTensors {
+				keys[i], lens[i] = tn.key, tn.elems
+				total += tn.elems
+			}
+			type pending struct {
+				rank, ts int
+				kv       *worker.KV[float32]
+			}
+			var pulls []pending
+			for _, w := range c.Workers {
+				self := node.WorkerID(w.Rank())
+				if self == tt.victim {
+					continue // it never pushes: the others wait for its share
+				}
+				c.Data.Hold(tt.victim, self) // a server's sums never come
+				kv := worker.NewKV[float32](w)
+				if _, err := kv.FPTPush(keys, make([]float32, total), lens, 0, nil); err != nil {
+					t.Fatal(err)
+				}
+				ts, err := kv.FPTPull(keys, make([]float32, total), lens, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pulls = append(pulls, pending{w.Rank(), ts, kv})
+			}
+			if err := c.Drop(tt.victim); err != nil {
+				t.Fatal(err)
+			}
+			errs := make(chan error, len(pulls))
+			for _, p := range pulls {
+				go func() {
+					err := p.kv.Wait(p.ts)
+					if err == nil {
+						err = errors.New("Wait returned no error")
+					}
+					errs <- fmt.Errorf("worker %d: %w", p.rank, err)
+				}()
+			}
+			for range pulls {
+				select {
+				case err := <-errs:
+					if !strings.Contains(err.Error(), tt.victim.String()) {
+						t.Errorf("pending pull ended with %v; want an error naming %s", err, tt.victim)
+					} else {
+						t.Log(err)
+					}
+				case <-time.After(time.Minute):
+					t.Fatalf("a pending pull still waits a minute after %s was lost", tt.victim)
+				}
+			}
+			c.Close()
+			ends, err := c.Ends(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			named := false
+			for _, e := range ends {
+				named = named || strings.HasPrefix(e.Error(), "scheduler: "+tt.victim.String())
+			}
+			if !named {
+				t.Errorf("the scheduler and servers ended with %v; want the scheduler's naming %s", ends, tt.victim)
+			}
+		})
 	}
 }
