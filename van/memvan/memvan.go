@@ -428,6 +428,9 @@ func (v *Van) addPeer(id node.ID, remote *Van, c *conn) (*peer, error) {
 	if v.closed {
 		return nil, van.ErrClosed
 	}
+	if v.dropped {
+		return nil, ErrDropped // a Hello that was on its way when Drop cut it off
+	}
 	if _, ok := v.peers[id]; ok {
 		return nil, fmt.Errorf("memvan: node %d already has a connection to node %d", v.selfID(), id)
 	}
