@@ -263,6 +263,36 @@ func TestInMemoryLateWorker(t *testing.T) {
 	finishMem(t, c)
 }
 
+// The scheduler's messages to one worker arrive late, with the LB on and
+// deciding often: from the moment another worker has checked an
+// iteration's sums until it starts the next one, what the scheduler sends
+// the slow worker (the barrier's release, decisions, grants) is held.
+// Every value stays exact and every worker ends on the same decision.
+func TestInMemoryLateControl(t *testing.T) {
+	c := startMem(t, 2, 2, map[string]string{"FPT_LB": "on", "FPT_LB_PROBE_EVERY": "2", "FPT_PARTITION_BYTES": memPartitionBytes})
+	sched, slow := c.ControlPort(node.SchedulerID), c.ControlPort(node.WorkerID(1))
+	held := func(it int) bool { return it%3 == 1 } // and released before the last iteration
+	fptRounds(t, c.Workers, 12, hooks{
+		pulled: func(w *worker.Worker, it int) error {
+			if held(it) && w.Rank() == 0 {
+				c.Control.Hold(sched, slow)
+			}
+			return nil
+		},
+		before: func(w *worker.Worker, it int) error {
+			if held(it-1) && w.Rank() == 0 {
+				c.Control.Release(sched, slow)
+			}
+			return nil
+		},
+	})
+	v0, v1 := c.Workers[0].DecisionVersion(), c.Workers[1].DecisionVersion()
+	if v0 == 0 || v0 != v1 {
+		t.Errorf("workers at decisions %d and %d; want the same, not 0", v0, v1)
+	}
+	finishMem(t, c)
+}
+
 // A node that vanishes while workers wait on it: a server (its sums held
 // from the workers) or a worker (that never pushes its share). Every
 // waiting worker's pending pull fails with an error naming that node, no

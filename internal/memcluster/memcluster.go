@@ -161,6 +161,18 @@ func (c *Cluster) Member(id node.ID) *cluster.Member {
 	return nil
 }
 
+// ControlPort is node id's port on the control network (Control's Hold
+// and Drop take ports), 0 for an unknown node.
+func (c *Cluster) ControlPort(id node.ID) int {
+	if id == node.SchedulerID {
+		return schedulerPort
+	}
+	if m := c.Member(id); m != nil {
+		return m.Self().ControlPort
+	}
+	return 0
+}
+
 // Drop cuts node id off both networks, as if its host vanished: its data
 // connections break (every peer sees it lost) and its control messages are
 // lost both ways. Its goroutines carry on until Close.
@@ -169,7 +181,7 @@ func (c *Cluster) Drop(id node.ID) error {
 	if m == nil {
 		return fmt.Errorf("memcluster: no node %s", id)
 	}
-	c.Control.Drop(m.Self().ControlPort)
+	c.Control.Drop(c.ControlPort(id))
 	c.Data.Drop(id)
 	return nil
 }
