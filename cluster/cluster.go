@@ -47,8 +47,9 @@ type Member struct {
 	cfg     config.Config
 	log     *slog.Logger
 	handler Handler
+	planes  Planes
 
-	plane   *control.Plane
+	plane   control.Transport
 	van     van.Transport
 	metrics *metrics.Node // nil: none
 	sched   string
@@ -83,14 +84,36 @@ type barrierKey struct {
 	seq   uint64
 }
 
-// New prepares a node. Nothing is bound until Start.
-func New(cfg config.Config, log *slog.Logger) *Member {
+// Planes makes a member's two transports. Start calls Control for the
+// control port it tries (0: any free one), then Data for the data plane on
+// the port after it, and tries again when that one is taken: factories
+// rather than transports, because the ports are found by trying.
+type Planes struct {
+	Control func(port int, log *slog.Logger) (control.Transport, error)
+	Data    func(cfg van.Config) (van.Transport, error)
+}
+
+// Network is the real planes: the control plane over ZeroMQ, the data plane
+// over TCP with the van of kind vanKind (config.Config.Van, FPT_VAN).
+func Network(vanKind string) Planes {
+	return Planes{
+		Control: func(port int, log *slog.Logger) (control.Transport, error) {
+			return control.Listen(control.Config{BindHost: "0.0.0.0", Port: port, Logger: log})
+		},
+		Data: func(cfg van.Config) (van.Transport, error) { return van.New(vanKind, cfg) },
+	}
+}
+
+// New prepares a node that will join the cluster over planes (Network for
+// a real one). Nothing is bound until Start.
+func New(cfg config.Config, log *slog.Logger, planes Planes) *Member {
 	if log == nil {
 		log = slog.Default()
 	}
 	return &Member{
 		cfg:         cfg,
 		log:         log,
+		planes:      planes,
 		sched:       cfg.SchedulerEndpoint(),
 		barrierSeq:  make(map[node.Group]uint64),
 		barrierWait: make(map[barrierKey]chan struct{}),
@@ -177,12 +200,12 @@ func (n *Member) Start(ctx context.Context, h Handler) error {
 func (n *Member) bind(host string) error {
 	var lastErr error
 	for attempt := 0; attempt < portAttempts; attempt++ {
-		plane, err := control.Listen(control.Config{BindHost: "0.0.0.0", Port: n.cfg.NodePort, Logger: n.log})
+		plane, err := n.planes.Control(n.cfg.NodePort, n.log)
 		if err != nil {
 			return fmt.Errorf("cluster: %w", err)
 		}
 		port := plane.Port()
-		tr, err := van.New(n.cfg.Van, van.Config{
+		tr, err := n.planes.Data(van.Config{
 			ListenAddr: "0.0.0.0:" + strconv.Itoa(port+1),
 			Handler:    (*vanHandler)(n),
 			MaxPayload: n.cfg.MaxFrameBytes,

@@ -8,7 +8,9 @@
 // concurrent use (plane.go: Listen, Plane.Send, Plane.Incoming, Plane.Close).
 // The message type (this file) and its codec (codec.go: MarshalBinary,
 // AppendBinary, Unmarshal) are pure and fuzzed; one encoded Message is one
-// ZeroMQ frame.
+// ZeroMQ frame. Transport (transport.go) is what the scheduler and
+// cluster.Member need of a plane, so that tests can run them on the
+// in-memory one (control/memplane).
 package control
 
 import "github.com/fptps/fpt/node"

@@ -65,11 +65,11 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger, decisions i
 		n.startScheduler(ctx, decisions)
 		return n, nil
 	case node.Server:
-		n.member = cluster.New(cfg, log)
+		n.member = cluster.New(cfg, log, cluster.Network(cfg.Van))
 		n.member.SetMetrics(m)
 		n.server, err = server.Start(ctx, n.member)
 	case node.Worker:
-		n.member = cluster.New(cfg, log)
+		n.member = cluster.New(cfg, log, cluster.Network(cfg.Van))
 		n.member.SetMetrics(m)
 		n.worker, err = worker.Start(ctx, n.member)
 	default:

@@ -25,12 +25,19 @@ import (
 // written to decisions as one line, saying which aggregator holds what
 // share and why (nil: only logged).
 func Run(ctx context.Context, cfg config.Config, log *slog.Logger, decisions io.Writer) error {
-	if log == nil {
-		log = slog.Default()
-	}
 	plane, err := control.Listen(control.Config{BindHost: "0.0.0.0", Port: cfg.RootPort, Logger: log})
 	if err != nil {
 		return fmt.Errorf("scheduler: DMLC_PS_ROOT_PORT=%d: %w", cfg.RootPort, err)
+	}
+	return Serve(ctx, plane, cfg, log, decisions)
+}
+
+// Serve is Run on a control plane the caller opened (on cfg.RootPort, where
+// the nodes look for the scheduler): tests run the scheduler on an
+// in-memory one. Serve closes plane before it returns.
+func Serve(ctx context.Context, plane control.Transport, cfg config.Config, log *slog.Logger, decisions io.Writer) error {
+	if log == nil {
+		log = slog.Default()
 	}
 	s := &sched{cfg: cfg, log: log, plane: plane, decisions: decisions}
 	defer plane.Close()
@@ -50,7 +57,7 @@ func Run(ctx context.Context, cfg config.Config, log *slog.Logger, decisions io.
 type sched struct {
 	cfg       config.Config
 	log       *slog.Logger
-	plane     *control.Plane
+	plane     control.Transport
 	table     []node.Info
 	byID      map[node.ID]node.Info
 	lastSeen  map[node.ID]time.Time

@@ -69,7 +69,8 @@ func startInProcess(servers, workers int, extra map[string]string) (*inProcess, 
 	sched := cfgFor("scheduler")
 	go func() { c.errs <- scheduler.Run(ctx, sched, log, nil) }()
 	for range servers {
-		n := cluster.New(cfgFor("server"), log)
+		cfg := cfgFor("server")
+		n := cluster.New(cfg, log, cluster.Network(cfg.Van))
 		reg := prometheus.NewRegistry()
 		m, err := metrics.New(reg, node.Server)
 		if err != nil {
@@ -84,7 +85,7 @@ func startInProcess(servers, workers int, extra map[string]string) (*inProcess, 
 	werrs := make(chan error, workers)
 	for range workers {
 		go func() {
-			w, err := worker.Start(ctx, cluster.New(wcfg, log))
+			w, err := worker.Start(ctx, cluster.New(wcfg, log, cluster.Network(wcfg.Van)))
 			if err != nil {
 				werrs <- err
 				return

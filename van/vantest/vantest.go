@@ -1,0 +1,552 @@
+// Package vantest is the contract every van.Transport keeps, as tests: Run
+// checks a transport through the interface alone (frames, order, priority,
+// Sink, Done, Stats, back-pressure, shaping, graceful Close, errors), so
+// that the real vans (epoll, netconn) and the in-memory one (van/memvan)
+// are held to the same behaviour. Tests that need sockets (garbage on the
+// wire, stalled peers, file descriptors) stay in package van.
+package vantest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/van"
+)
+
+// Listen starts a transport on cfg; cfg.ListenAddr is "127.0.0.1:0".
+// Transports one Listen started reach each other by Addr.
+type Listen func(cfg van.Config) (van.Transport, error)
+
+// Run runs the contract as subtests of t; network is called once per
+// subtest for a fresh set of transports.
+func Run(t *testing.T, network func() Listen) {
+	tests := []struct {
+		name string
+		f    func(t *testing.T, l Listen)
+	}{
+		{"RoundTrip", testRoundTrip},
+		{"PriorityOrderAtReceiver", testPriorityOrderAtReceiver},
+		{"Mesh", testMesh},
+		{"Sink", testSink},
+		{"GracefulClose", testGracefulClose},
+		{"SendErrors", testSendErrors},
+		{"BackPressure", testBackPressure},
+		{"ShapingSwitch", testShapingSwitch},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.f(t, network()) })
+	}
+}
+
+// Frame is a frame a Collector received, its payload copied.
+type Frame struct {
+	Header  frame.Header
+	Payload []byte
+}
+
+// Lost is a PeerLost call a Collector received.
+type Lost struct {
+	Peer node.ID
+	Err  error
+}
+
+// Collector is a van.Handler that records what arrives, for tests.
+type Collector struct {
+	mu      sync.Mutex
+	frames  []Frame
+	lost    []Lost
+	handled chan struct{}
+	// sinkBufs are the buffers sinkCollector handed out.
+	sinkBufs [][]byte
+	inSink   int // frames whose payload was the sink's latest buffer
+}
+
+// NewCollector returns an empty Collector.
+func NewCollector() *Collector { return &Collector{handled: make(chan struct{}, 1)} }
+
+// HandleFrame implements van.Handler.
+func (c *Collector) HandleFrame(h *frame.Header, p []byte) {
+	c.mu.Lock()
+	if n := len(c.sinkBufs); n > 0 && len(p) > 0 && &c.sinkBufs[n-1][0] == &p[0] {
+		c.inSink++
+	}
+	c.frames = append(c.frames, Frame{*h, append([]byte(nil), p...)})
+	c.mu.Unlock()
+	c.poke()
+}
+
+// PeerLost implements van.Handler.
+func (c *Collector) PeerLost(peer node.ID, err error) {
+	c.mu.Lock()
+	c.lost = append(c.lost, Lost{peer, err})
+	c.mu.Unlock()
+	c.poke()
+}
+
+func (c *Collector) poke() {
+	select {
+	case c.handled <- struct{}{}:
+	default:
+	}
+}
+
+// waitFor polls cond, under the collector's lock, until it holds.
+func (c *Collector) waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		c.mu.Lock()
+		ok := cond()
+		c.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-c.handled:
+		case <-time.After(10 * time.Millisecond):
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// WaitFrames waits until n frames have arrived and returns all so far.
+func (c *Collector) WaitFrames(t testing.TB, n int) []Frame {
+	t.Helper()
+	c.waitFor(t, fmt.Sprintf("%d frames", n), func() bool { return len(c.frames) >= n })
+	return c.Frames()
+}
+
+// Frames is the frames that arrived so far.
+func (c *Collector) Frames() []Frame {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Frame(nil), c.frames...)
+}
+
+// WaitLost waits until n PeerLost calls have arrived and returns all so far.
+func (c *Collector) WaitLost(t testing.TB, n int) []Lost {
+	t.Helper()
+	c.waitFor(t, fmt.Sprintf("%d lost peers", n), func() bool { return len(c.lost) >= n })
+	return c.LostPeers()
+}
+
+// LostPeers is the PeerLost calls so far.
+func (c *Collector) LostPeers() []Lost {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]Lost(nil), c.lost...)
+}
+
+// sinkCollector is a Collector that is also a van.Sink.
+type sinkCollector struct{ *Collector }
+
+func (s sinkCollector) PayloadBuffer(h *frame.Header) []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h.Length == 0 {
+		return nil
+	}
+	b := make([]byte, h.Length)
+	s.sinkBufs = append(s.sinkBufs, b)
+	return b
+}
+
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func newVan(t testing.TB, l Listen, self node.ID, mod func(*van.Config)) (van.Transport, *Collector) {
+	t.Helper()
+	col := NewCollector()
+	cfg := van.Config{Self: self, ListenAddr: "127.0.0.1:0", Handler: col, Logger: quiet(), IOTimeout: 5 * time.Second}
+	if mod != nil {
+		mod(&cfg)
+	}
+	v, err := l(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { v.Close() })
+	return v, col
+}
+
+// Connect has a dial b and waits until both see each other.
+func Connect(t testing.TB, a van.Transport, aID node.ID, b van.Transport, bID node.ID) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.Dial(ctx, bID, b.Addr()); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.AwaitPeers(ctx, []node.ID{bID}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.AwaitPeers(ctx, []node.ID{aID}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func fill(p []byte, seed uint64) {
+	x := seed*0x9e3779b97f4a7c15 + 1
+	for i := range p {
+		x = x*6364136223846793005 + 1442695040888963407
+		p[i] = byte(x >> 56)
+	}
+}
+
+func check(p []byte, seed uint64) int {
+	x := seed*0x9e3779b97f4a7c15 + 1
+	for i := range p {
+		x = x*6364136223846793005 + 1442695040888963407
+		if p[i] != byte(x>>56) {
+			return i
+		}
+	}
+	return -1
+}
+
+func pushHeader(from, to node.ID, key uint64, n int) frame.Header {
+	return frame.Header{Type: frame.Push, DType: frame.Float32, Sender: uint32(from), Recipient: uint32(to), Key: key, Total: uint64(n), Length: uint64(n)}
+}
+
+func eventually(t testing.TB, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func testRoundTrip(t *testing.T, l Listen) {
+	a, ca := newVan(t, l, 8, nil)
+	b, cb := newVan(t, l, 9, nil)
+	Connect(t, a, 8, b, 9)
+	sizes := []int{0, 4, 64 << 10, 4 << 20, 12, 0}
+	var doneCalls atomic.Int32
+	send := func(v van.Transport, from, to node.ID) {
+		for i, n := range sizes {
+			p := make([]byte, n)
+			fill(p, uint64(from)<<32|uint64(i))
+			m := &van.Message{Header: pushHeader(0, to, uint64(i), n), Payload: p, Done: func(err error) {
+				if err != nil {
+					t.Errorf("Done(%v)", err)
+				}
+				fill(p, 0) // the buffer is free again: the receiver must not see this
+				doneCalls.Add(1)
+			}}
+			m.Header.Length = 12345 // the van sets it
+			if err := v.Send(m); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}
+	go send(a, 8, 9)
+	send(b, 9, 8)
+	for _, tc := range []struct {
+		c    *Collector
+		from node.ID
+	}{{cb, 8}, {ca, 9}} {
+		got := tc.c.WaitFrames(t, len(sizes))
+		for i, f := range got {
+			if node.ID(f.Header.Sender) != tc.from || f.Header.Key != uint64(i) || len(f.Payload) != sizes[i] || f.Header.Length != uint64(sizes[i]) {
+				t.Fatalf("frame %d from %d: %v with %d bytes, want key %d and %d bytes", i, tc.from, &f.Header, len(f.Payload), i, sizes[i])
+			}
+			if at := check(f.Payload, uint64(tc.from)<<32|uint64(i)); at >= 0 {
+				t.Fatalf("frame %d from %d: content differs at byte %d", i, tc.from, at)
+			}
+		}
+	}
+	eventually(t, func() error {
+		if n := doneCalls.Load(); n != int32(2*len(sizes)) {
+			return fmt.Errorf("%d Done calls, want %d", n, 2*len(sizes))
+		}
+		return nil
+	})
+	var total uint64
+	for _, n := range sizes {
+		total += uint64(frame.HeaderSize + n)
+	}
+	sa, sb := a.Stats(), b.Stats()
+	if len(sa) != 1 || len(sb) != 1 {
+		t.Fatalf("stats %v / %v", sa, sb)
+	}
+	sa[0].SentBusy, sa[0].ReceivedBusy, sb[0].SentBusy, sb[0].ReceivedBusy = 0, 0, 0, 0
+	// One Hello from a to b on top of the data frames, as on TCP.
+	want := van.PeerStats{Peer: 9, SentBytes: total + frame.HeaderSize, ReceivedBytes: total, SentFrames: uint64(len(sizes)) + 1, ReceivedFrames: uint64(len(sizes))}
+	if sa[0] != want {
+		t.Errorf("a's stats %+v, want %+v", sa[0], want)
+	}
+	want = van.PeerStats{Peer: 8, SentBytes: total, ReceivedBytes: total + frame.HeaderSize, SentFrames: uint64(len(sizes)), ReceivedFrames: uint64(len(sizes)) + 1}
+	if sb[0] != want {
+		t.Errorf("b's stats %+v, want %+v", sb[0], want)
+	}
+}
+
+func testPriorityOrderAtReceiver(t *testing.T, l Listen) {
+	a, _ := newVan(t, l, 8, nil)
+	b, cb := newVan(t, l, 9, nil)
+	Connect(t, a, 8, b, 9)
+	a.SetWeight(9, 0) // queue everything before the sender may run
+	r := rand.New(rand.NewPCG(1, 1))
+	const n = 200
+	for i := range n {
+		m := &van.Message{Header: pushHeader(8, 9, uint64(i), 4), Payload: make([]byte, 4)}
+		m.Header.Priority = int32(r.IntN(5))
+		if err := a.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := b.Stats(); len(s) > 0 && s[0].ReceivedFrames > 1 {
+		t.Fatalf("frames of a paused flow arrived: %+v", s)
+	}
+	a.SetWeight(9, 1)
+	got := cb.WaitFrames(t, n)
+	for i := 1; i < len(got); i++ {
+		p, q := &got[i-1].Header, &got[i].Header
+		if p.Priority < q.Priority || (p.Priority == q.Priority && p.Key > q.Key) {
+			t.Fatalf("frame %d (prio %d key %d) after frame %d (prio %d key %d)", i, q.Priority, q.Key, i-1, p.Priority, p.Key)
+		}
+	}
+}
+
+// Every node sends to every other at once; each pair's frames arrive
+// complete, in order, and the handler is never called concurrently.
+func testMesh(t *testing.T, l Listen) {
+	const nodes, perPair = 5, 30
+	vans := make([]van.Transport, nodes)
+	cols := make([]*Collector, nodes)
+	ids := make([]node.ID, nodes)
+	for i := range vans {
+		ids[i] = node.ID(8 + i)
+		vans[i], cols[i] = newVan(t, l, ids[i], nil)
+	}
+	ctx := context.Background()
+	for i := range vans {
+		for j := i + 1; j < nodes; j++ {
+			if err := vans[i].Dial(ctx, ids[j], vans[j].Addr()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i := range vans {
+		others := append(append([]node.ID(nil), ids[:i]...), ids[i+1:]...)
+		if err := vans[i].AwaitPeers(ctx, others); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for i := range vans {
+		for j := range vans {
+			if i == j {
+				continue
+			}
+			wg.Go(func() {
+				for k := range uint64(perPair) {
+					p := make([]byte, int(k*k*157%(64<<10))&^3)
+					fill(p, uint64(ids[i])<<40|uint64(ids[j])<<20|k)
+					if err := vans[i].Send(&van.Message{Header: pushHeader(ids[i], ids[j], k, len(p)), Payload: p}); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	for i, c := range cols {
+		got := c.WaitFrames(t, (nodes-1)*perPair)
+		next := map[node.ID]uint64{}
+		for _, f := range got {
+			from := node.ID(f.Header.Sender)
+			if node.ID(f.Header.Recipient) != ids[i] || f.Header.Key != next[from] || check(f.Payload, uint64(from)<<40|uint64(ids[i])<<20|f.Header.Key) >= 0 {
+				t.Fatalf("node %d: frame %v out of order, misaddressed or corrupted (want key %d from %d)", ids[i], &f.Header, next[from], from)
+			}
+			next[from]++
+		}
+	}
+}
+
+func testSink(t *testing.T, l Listen) {
+	a, _ := newVan(t, l, 8, nil)
+	col := NewCollector()
+	b, err := l(van.Config{Self: 9, ListenAddr: "127.0.0.1:0", Handler: sinkCollector{col}, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	Connect(t, a, 8, b, 9)
+	for i, n := range []int{16, 0, 1 << 20} {
+		p := make([]byte, n)
+		fill(p, uint64(i))
+		if err := a.Send(&van.Message{Header: pushHeader(8, 9, uint64(i), n), Payload: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := col.WaitFrames(t, 3)
+	for i, f := range got {
+		if check(f.Payload, uint64(i)) >= 0 {
+			t.Errorf("frame %d corrupted", i)
+		}
+	}
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	if len(col.sinkBufs) != 2 || col.inSink != 2 {
+		t.Errorf("%d sink buffers handed out, %d frames handled in them; want 2 and 2 (the empty payload takes none)", len(col.sinkBufs), col.inSink)
+	}
+}
+
+func testGracefulClose(t *testing.T, l Listen) {
+	a, ca := newVan(t, l, 8, nil)
+	b, cb := newVan(t, l, 9, nil)
+	Connect(t, a, 8, b, 9)
+	a.SetWeight(9, 0) // frames accepted before Close are sent, even from a paused flow
+	var done atomic.Int32
+	for i := range 10 {
+		if err := a.Send(&van.Message{Header: pushHeader(8, 9, uint64(i), 1<<16), Payload: make([]byte, 1<<16), Done: func(err error) {
+			if err != nil {
+				t.Errorf("Done(%v) on a graceful close", err)
+			}
+			done.Add(1)
+		}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal("second Close:", err)
+	}
+	if done.Load() != 10 {
+		t.Fatalf("%d Done calls after Close, want 10", done.Load())
+	}
+	cb.WaitFrames(t, 10)
+	eventually(t, func() error {
+		if err := b.Send(&van.Message{Header: pushHeader(9, 8, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
+			return fmt.Errorf("Send to a node that left: %v", err)
+		}
+		return nil
+	})
+	if l := cb.LostPeers(); len(l) != 0 {
+		t.Fatalf("PeerLost on a graceful close: %v", l)
+	}
+	if l := ca.LostPeers(); len(l) != 0 {
+		t.Fatalf("PeerLost at the closing node: %v", l)
+	}
+	if err := a.Send(&van.Message{Header: pushHeader(8, 9, 1, 0)}); !errors.Is(err, van.ErrClosed) {
+		t.Fatalf("Send after Close: %v, want ErrClosed", err)
+	}
+	if err := a.Forward(&van.Message{Header: pushHeader(8, 9, 1, 0)}); !errors.Is(err, van.ErrClosed) {
+		t.Fatalf("Forward after Close: %v, want ErrClosed", err)
+	}
+	if err := a.Dial(context.Background(), 9, b.Addr()); !errors.Is(err, van.ErrClosed) {
+		t.Fatalf("Dial after Close: %v, want ErrClosed", err)
+	}
+}
+
+func testSendErrors(t *testing.T, l Listen) {
+	v, _ := newVan(t, l, 8, func(c *van.Config) { c.MaxPayload = 1 << 10 })
+	if err := v.Send(&van.Message{Header: pushHeader(8, 42, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
+		t.Fatalf("Send to an unknown node: %v", err)
+	}
+	if err := v.Forward(&van.Message{Header: pushHeader(8, 42, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
+		t.Fatalf("Forward to an unknown node: %v", err)
+	}
+	if err := v.Send(&van.Message{Header: pushHeader(8, 42, 1, 2048), Payload: make([]byte, 2048)}); err == nil {
+		t.Fatal("Send over MaxPayload accepted")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := v.AwaitPeers(ctx, []node.ID{42}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("AwaitPeers of a node that never comes: %v", err)
+	}
+	// Dialling an address nobody listens on any more.
+	gone, _ := newVan(t, l, 9, nil)
+	addr := gone.Addr()
+	gone.Close()
+	if err := v.Dial(context.Background(), 9, addr); err == nil || !strings.Contains(err.Error(), addr) {
+		t.Fatalf("Dial of a closed port: %v", err)
+	}
+	if _, err := l(van.Config{Self: 9, ListenAddr: v.Addr(), Handler: NewCollector(), Logger: quiet()}); err == nil || !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("listening on a port in use: %v", err)
+	}
+}
+
+func testBackPressure(t *testing.T, l Listen) {
+	a, _ := newVan(t, l, 8, func(c *van.Config) { c.PoolBytes = 4096 })
+	b, cb := newVan(t, l, 9, nil)
+	Connect(t, a, 8, b, 9)
+	a.SetWeight(9, 0)
+	msg := func(k uint64) *van.Message {
+		return &van.Message{Header: pushHeader(8, 9, k, 4000), Payload: make([]byte, 4000)}
+	}
+	if err := a.Send(msg(1)); err != nil {
+		t.Fatal(err)
+	}
+	sent := make(chan error, 1)
+	go func() { sent <- a.Send(msg(2)) }()
+	select {
+	case err := <-sent:
+		t.Fatalf("Send over the pool limit returned (%v) without blocking", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := a.Forward(msg(3)); err != nil { // never blocks
+		t.Fatal(err)
+	}
+	a.SetWeight(9, 1)
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	cb.WaitFrames(t, 3)
+}
+
+func testShapingSwitch(t *testing.T, l Listen) {
+	a, _ := newVan(t, l, 8, nil)
+	b, cb := newVan(t, l, 9, nil)
+	Connect(t, a, 8, b, 9)
+	a.SetWeight(9, 0)
+	const n = 1000
+	send := func(k uint64) {
+		if err := a.Send(&van.Message{Header: pushHeader(8, 9, k, n), Payload: make([]byte, n)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	queued := func(want int64) {
+		eventually(t, func() error {
+			if got := a.QueuedBytes(); got != want {
+				return fmt.Errorf("QueuedBytes %d, want %d", got, want)
+			}
+			return nil
+		})
+	}
+	send(1)
+	send(2)
+	queued(2 * (frame.HeaderSize + n))
+	a.SetShaping(false)
+	cb.WaitFrames(t, 2)
+	queued(0)
+	a.SetShaping(true)
+	send(3)
+	queued(frame.HeaderSize + n)
+	a.SetWeight(9, 1)
+	cb.WaitFrames(t, 3)
+	queued(0)
+}
