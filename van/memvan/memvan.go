@@ -331,6 +331,7 @@ func (b *inbox) close() {
 // counters are one peer's statistics; they outlive its connection.
 type counters struct {
 	sentBytes, recvBytes, sentFrames, recvFrames atomic.Uint64
+	recvInPlace, recvCopied                      atomic.Uint64 // payload bytes
 	sentBusy, recvBusy                           atomic.Int64
 }
 
@@ -521,13 +522,15 @@ func (v *Van) Stats() []van.PeerStats {
 	out := make([]van.PeerStats, 0, len(v.stats))
 	for id, st := range v.stats {
 		out = append(out, van.PeerStats{
-			Peer:           id,
-			SentBytes:      st.sentBytes.Load(),
-			ReceivedBytes:  st.recvBytes.Load(),
-			SentFrames:     st.sentFrames.Load(),
-			ReceivedFrames: st.recvFrames.Load(),
-			SentBusy:       time.Duration(st.sentBusy.Load()),
-			ReceivedBusy:   time.Duration(st.recvBusy.Load()),
+			Peer:                 id,
+			SentBytes:            st.sentBytes.Load(),
+			ReceivedBytes:        st.recvBytes.Load(),
+			SentFrames:           st.sentFrames.Load(),
+			ReceivedFrames:       st.recvFrames.Load(),
+			ReceivedInPlaceBytes: st.recvInPlace.Load(),
+			ReceivedCopiedBytes:  st.recvCopied.Load(),
+			SentBusy:             time.Duration(st.sentBusy.Load()),
+			ReceivedBusy:         time.Duration(st.recvBusy.Load()),
 		})
 	}
 	v.mu.Unlock()
@@ -703,7 +706,9 @@ func (v *Van) receive(a arrival) {
 		p.bye.Store(true)
 		return
 	}
-	payload := a.payload
+	// As on TCP, a payload lands in the sink's buffer ("in place") or in
+	// the van's own, from which the handler copies it.
+	payload, inPlace := a.payload, false
 	if v.sink != nil {
 		if buf := v.sink.PayloadBuffer(&h); buf != nil {
 			if uint64(len(buf)) != h.Length {
@@ -711,8 +716,13 @@ func (v *Van) receive(a arrival) {
 				return
 			}
 			copy(buf, payload)
-			payload = buf
+			payload, inPlace = buf, true
 		}
+	}
+	if inPlace {
+		p.st.recvInPlace.Add(h.Length)
+	} else {
+		p.st.recvCopied.Add(h.Length)
 	}
 	p.st.recvBusy.Add(int64(time.Since(start)))
 	v.cfg.Handler.HandleFrame(&h, payload)

@@ -280,9 +280,10 @@ func testRoundTrip(t *testing.T, l Listen) {
 		}
 		return nil
 	})
-	var total uint64
+	var total, payload uint64
 	for _, n := range sizes {
 		total += uint64(frame.HeaderSize + n)
+		payload += uint64(n)
 	}
 	sa, sb := a.Stats(), b.Stats()
 	if len(sa) != 1 || len(sb) != 1 {
@@ -290,11 +291,12 @@ func testRoundTrip(t *testing.T, l Listen) {
 	}
 	sa[0].SentBusy, sa[0].ReceivedBusy, sb[0].SentBusy, sb[0].ReceivedBusy = 0, 0, 0, 0
 	// One Hello from a to b on top of the data frames, as on TCP.
-	want := van.PeerStats{Peer: 9, SentBytes: total + frame.HeaderSize, ReceivedBytes: total, SentFrames: uint64(len(sizes)) + 1, ReceivedFrames: uint64(len(sizes))}
+	// The collector has no sink: every payload is copied.
+	want := van.PeerStats{Peer: 9, SentBytes: total + frame.HeaderSize, ReceivedBytes: total, SentFrames: uint64(len(sizes)) + 1, ReceivedFrames: uint64(len(sizes)), ReceivedCopiedBytes: payload}
 	if sa[0] != want {
 		t.Errorf("a's stats %+v, want %+v", sa[0], want)
 	}
-	want = van.PeerStats{Peer: 8, SentBytes: total, ReceivedBytes: total + frame.HeaderSize, SentFrames: uint64(len(sizes)), ReceivedFrames: uint64(len(sizes)) + 1}
+	want = van.PeerStats{Peer: 8, SentBytes: total, ReceivedBytes: total + frame.HeaderSize, SentFrames: uint64(len(sizes)), ReceivedFrames: uint64(len(sizes)) + 1, ReceivedCopiedBytes: payload}
 	if sb[0] != want {
 		t.Errorf("b's stats %+v, want %+v", sb[0], want)
 	}
@@ -410,6 +412,11 @@ func testSink(t *testing.T, l Listen) {
 	defer col.mu.Unlock()
 	if len(col.sinkBufs) != 2 || col.inSink != 2 {
 		t.Errorf("%d sink buffers handed out, %d frames handled in them; want 2 and 2 (the empty payload takes none)", len(col.sinkBufs), col.inSink)
+	}
+	// The counters say where payloads went: every byte into the sink.
+	st := b.Stats()
+	if len(st) != 1 || st[0].ReceivedInPlaceBytes != 16+1<<20 || st[0].ReceivedCopiedBytes != 0 {
+		t.Errorf("stats %+v; want %d payload bytes received in place, none copied", st, 16+1<<20)
 	}
 }
 
