@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/internal/memcluster"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/van"
 	"github.com/fptps/fpt/worker"
 )
 
@@ -330,7 +332,17 @@ func TestInMemoryNodeLost(t *testing.T) {
 				if _, err := kv.FPTPush(keys, make([]float32, total), lens, 0, nil); err != nil {
 					t.Fatal(err)
 				}
-				ts, err := kv.FPTPull(keys, make([]float32, total), lens, nil)
+				// When the failure reaches the callback, the caller may
+				// free the buffer: the van must be done with it by then.
+				probe := &van.Message{Header: frame.Header{Type: frame.Push, Recipient: 999}}
+				ts, err := kv.FPTPull(keys, make([]float32, total), lens, func(err error) {
+					if err == nil {
+						return
+					}
+					if serr := w.Node().Van().Send(probe); !errors.Is(serr, van.ErrClosed) {
+						t.Errorf("worker %d: the failed pull's callback ran with the van still open (a Send there: %v)", w.Rank(), serr)
+					}
+				})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -96,7 +96,11 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 }
 
 // watch settles every outstanding request with the node's failure, so
-// that callbacks and Waits learn of it.
+// that callbacks and Waits learn of it. It stops the data plane first:
+// the van may still hold the caller's memory (a push's values queued in
+// the pool, a pull's buffer it reads a result into), and a caller told
+// that a request failed may free it at once (a C program will). Closing
+// the van fails or finishes every queued frame and ends its receiver.
 func (w *Worker) watch() {
 	select {
 	case <-w.node.Done():
@@ -104,6 +108,9 @@ func (w *Worker) watch() {
 		if w.node.Err() == nil {
 			return
 		}
+	}
+	if err := w.node.Van().Close(); err != nil {
+		w.node.Logger().Warn("closing the data plane after the node failed", "err", err)
 	}
 	w.update(func(c *core) todo { return c.fail(w.node.Err()) })
 }
