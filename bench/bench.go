@@ -12,12 +12,16 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
 	"strings"
+	"time"
 
+	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/worker"
 )
@@ -47,17 +51,22 @@ pulled, next to raw TCP's. The default run is 1 worker x 1 server and 2 workers 
 configuration instead, --peers a table of W workers x W servers (LB off) for each W.
 
 With --scenario, runs a cluster in an emulated network (network namespaces, tbf) instead:
-  shaping   one worker behind a --rate link pushes to two servers with flow weights
-            --weights; byte_ratio is what the servers received while both flows were
-            backlogged (unshaped_byte_ratio: the same run with shaping off); one JSON line
-  priority  a low- and a high-priority tensor pushed together; when each sum arrived,
-            next to the same push with equal priorities; one JSON line
+  shaping   one worker behind a --rate link queues --iters tensors (default 6 of 16 MiB)
+            for two servers with flow weights --weights; byte ratio is what the servers
+            received while both flows were backlogged (unshaped ratio: the same run with
+            shaping off)
+  priority  a low- and a high-priority tensor (default 16 MiB) pushed together; when each
+            sum arrived, next to the same push with equal priorities; medians over --iters
+            rounds (default 3)
   slow-server, equal, slow-worker
             the simulated trainer with the load balancer off (FPT_LB=off, even split over
             the servers) and on: even_iter_ms, lb_iter_ms and bound_iter_ms (the least
             the configured rates allow); one host is at --slow-rate in slow-server (server
             rank 1 of 2, 2 workers) and slow-worker (worker rank 3 of 4, 2 servers); equal
             has 4 workers and 4 servers
+
+Every run prints a table, or with --json one JSON object per result; progress goes to
+stderr.
 
 `
 
@@ -90,12 +99,12 @@ func newFlags(output io.Writer) *flags {
 	fs.IntVar(&o.servers, "servers", 1, "servers (one configuration instead of the default rows)")
 	fs.StringVar(&f.lb, "lb", "off", "the load balancer, on or off (one configuration instead of the default rows)")
 	fs.StringVar(&f.peers, "peers", "", "comma-separated peer counts W (as 1,2,4,8): one row of W workers x W servers,\nLB off, for each")
-	fs.Int64Var(&o.tensorBytes, "tensor-bytes", 64<<20, "size of the one float32 tensor pushed and pulled")
-	fs.IntVar(&o.iters, "iters", 50, "timed iterations (after init and two warm-up iterations); LB scenarios:\ntraining iterations per run (default 20 there)")
-	fs.Int64Var(&o.partitionBytes, "partition-bytes", 0, "FPT_PARTITION_BYTES for the cluster (0: the default)")
+	fs.Int64Var(&o.tensorBytes, "tensor-bytes", 64<<20, "size of the one float32 tensor pushed and pulled; shaping and priority: of each\ntensor (default 16 MiB there)")
+	fs.IntVar(&o.iters, "iters", 50, "timed iterations (after init and two warm-up iterations); LB scenarios:\ntraining iterations per run (default 20 there); shaping: tensors queued at once\n(default 6); priority: rounds (default 3)")
+	fs.Int64Var(&o.partitionBytes, "partition-bytes", 0, "FPT_PARTITION_BYTES for the cluster (0: the default, 256 KiB in shaping and\npriority)")
 	fs.BoolVar(&o.jsonOut, "json", false, "one JSON object per line (else a table)")
-	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor slow-server, equal, slow-worker (comma-separated for several)")
-	fs.StringVar(&f.scen.rate, "rate", "200mbit", "scenarios: the worker host's link rate, both ways (tc syntax); LB scenarios:\nevery host's but the slow one's (default 400mbit there)")
+	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor one or more of slow-server, equal, slow-worker (comma-separated)")
+	fs.StringVar(&f.scen.rate, "rate", "200mbit", "shaping and priority: the worker host's link rate, both ways (tc syntax); LB scenarios:\nevery host's but the slow one's (default 400mbit there)")
 	registerLBFlags(fs, &f.lbs)
 	fs.StringVar(&f.weights, "weights", "3:1", "shaping scenario: the worker's flow weights for server 0 and server 1")
 	fs.Usage = func() {
@@ -124,6 +133,32 @@ func Main(args []string) int {
 		return scenarioMain(f)
 	}
 	return goodputMain(f)
+}
+
+// waitCluster waits, at most timeout, for every process of c to exit;
+// ctx's end (an interrupt) ends the wait early.
+func waitCluster(ctx context.Context, c *localcluster.Cluster, timeout time.Duration) error {
+	waited := make(chan error, 1)
+	go func() { waited <- c.Wait(timeout) }()
+	select {
+	case err := <-waited:
+		return err
+	case <-ctx.Done():
+		return errors.New("interrupted")
+	}
+}
+
+// decodeReport decodes the JSON line a bench worker printed on its stdout
+// (writeJSONLine) into v.
+func decodeReport(proc *localcluster.Proc, v any) error {
+	out := strings.TrimSpace(proc.Stdout.String())
+	if out == "" {
+		return fmt.Errorf("%s printed no report", proc.Name)
+	}
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		return fmt.Errorf("%s printed %q: %w", proc.Name, out, err)
+	}
+	return nil
 }
 
 // usageError reports a bad flag and returns the usage status.

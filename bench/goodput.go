@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -117,7 +116,7 @@ func (r goodputResult) row() []string {
 		tcpShare = fmt.Sprintf("%.3f", float64(r.TCPBytes)/float64(r.TensorTrafficBytes))
 	}
 	return []string{r.Van, strconv.Itoa(r.Workers), strconv.Itoa(r.Servers), r.LB,
-		fmt.Sprintf("%d MiB", r.TensorBytes>>20), strconv.Itoa(r.Iters),
+		sizeText(r.TensorBytes), strconv.Itoa(r.Iters),
 		fmt.Sprintf("%.2f", r.GoodputGbps), fmt.Sprintf("%.2f", r.RawTCPGbps), fmt.Sprintf("%.2f", r.Ratio),
 		fmt.Sprintf("%.2f", r.ClusterGoodputGbps), tcpShare, fmt.Sprintf("%.3f", r.CPUPerGB), fmt.Sprintf("%.3f", r.RawTCPCPUPerGB)}
 }
@@ -165,7 +164,7 @@ func goodputMain(f *flags) int {
 		return usageError("--van %q: no van", f.vans)
 	}
 	p := newProgress(os.Stderr)
-	var results []goodputResult
+	results := resultWriter{w: os.Stdout, jsonOut: o.jsonOut, header: goodputHeader}
 	n := len(vans) * len(shapes)
 	for i, v := range vans {
 		for j, s := range shapes {
@@ -176,24 +175,13 @@ func goodputMain(f *flags) int {
 			}
 			p.printf(run, "goodput %.2f Gbit/s (raw TCP %.2f), %.3f CPU s/GB (raw TCP %.3f)",
 				res.GoodputGbps, res.RawTCPGbps, res.CPUPerGB, res.RawTCPCPUPerGB)
-			if o.jsonOut {
-				line, err := json.Marshal(res)
-				if err != nil {
-					return failed(run, err)
-				}
-				fmt.Println(string(line))
+			if err := results.add(res); err != nil {
+				return failed(run, err)
 			}
-			results = append(results, res)
 		}
 	}
-	if !o.jsonOut {
-		rows := make([][]string, len(results))
-		for i, r := range results {
-			rows[i] = r.row()
-		}
-		if err := writeTable(os.Stdout, goodputHeader, rows); err != nil {
-			return failed("table", err)
-		}
+	if err := results.flush(); err != nil {
+		return failed("table", err)
 	}
 	return launch.ExitOK
 }
@@ -274,9 +262,8 @@ func goodputCluster(van string, s shape, o goodputOptions, p *progress, run stri
 			continue
 		}
 		var rep workerReport
-		out := strings.TrimSpace(proc.Stdout.String())
-		if err := json.Unmarshal([]byte(out), &rep); err != nil {
-			return clusterRun{}, fmt.Errorf("%s printed %q: %w", proc.Name, out, err)
+		if err := decodeReport(proc, &rep); err != nil {
+			return clusterRun{}, err
 		}
 		reps = append(reps, rep)
 	}
@@ -391,12 +378,7 @@ func goodputWorker(ctx context.Context, w *worker.Worker, o goodputOptions, out,
 			return fmt.Errorf("bench: element %d = %v, want %v", i, sums[i], want)
 		}
 	}
-	line, err := json.Marshal(workerReport{Rank: w.Rank(), Seconds: elapsed.Seconds(), TCPBytes: tcpBytes(before, after)})
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(out, string(line))
-	return err
+	return writeJSONLine(out, workerReport{Rank: w.Rank(), Seconds: elapsed.Seconds(), TCPBytes: tcpBytes(before, after)})
 }
 
 // rawTCP moves volume bytes each way at once between two loopback TCP

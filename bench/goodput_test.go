@@ -125,18 +125,24 @@ func TestGoodputTable(t *testing.T) {
 	if err := writeTable(&sb, goodputHeader, rows); err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Split(strings.TrimRight(sb.String(), "\n"), "\n")
-	if len(lines) != 3 {
-		t.Fatalf("table of %d lines, want 3:\n%s", len(lines), sb.String())
-	}
-	for i, want := range [][]string{
+	checkTable(t, sb.String(), [][]string{
 		goodputHeader,
 		{"epoll", "1", "1", "off", "64 MiB", "50", "12.35", "20.00", "0.62", "12.35", "1.002", "0.812", "0.400"},
 		{"netconn", "2", "2", "on", "1 MiB", "5", "0.00", "0.00", "0.00", "0.00", "-", "0.000", "0.000"},
-	} {
-		// Columns are aligned: each starts where the header's does.
-		if got := splitColumns(lines[i], lines[0]); !slices.Equal(got, want) {
-			t.Errorf("line %d: columns %q, want %q", i, got, want)
+	})
+}
+
+// checkTable fails t unless table has want's lines, each line's columns
+// aligned: each starting where the header's (want[0]) does.
+func checkTable(t *testing.T, table string, want [][]string) {
+	t.Helper()
+	lines := strings.Split(strings.TrimRight(table, "\n"), "\n")
+	if len(lines) != len(want) {
+		t.Fatalf("table of %d lines, want %d:\n%s", len(lines), len(want), table)
+	}
+	for i, w := range want {
+		if got := splitColumns(lines[i], lines[0]); !slices.Equal(got, w) {
+			t.Errorf("line %d: columns %q, want %q", i, got, w)
 		}
 	}
 }

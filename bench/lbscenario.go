@@ -3,7 +3,6 @@ package bench
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -299,12 +298,7 @@ func lbWorker(ctx context.Context, w *worker.Worker, lo lbOptions, out, errOut i
 	for _, d := range s.IterTimes {
 		rep.IterMs = append(rep.IterMs, ms(d))
 	}
-	line, err := json.Marshal(rep)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(out, string(line))
-	return err
+	return writeJSONLine(out, rep)
 }
 
 // lbResultHeader and row are the table of the LB scenarios without --json.
@@ -357,29 +351,18 @@ func lbScenarioMain(f *flags) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	p := newProgress(os.Stderr)
-	var results []lbResult
+	results := resultWriter{w: os.Stdout, jsonOut: f.goodput.jsonOut, header: lbResultHeader}
 	for n := range strings.SplitSeq(f.scen.name, ",") {
 		res, err := runLBScenario(ctx, n, lo, p)
 		if err != nil {
 			return failed(n, err)
 		}
-		if f.goodput.jsonOut {
-			line, err := json.Marshal(res)
-			if err != nil {
-				return failed(n, err)
-			}
-			fmt.Println(string(line))
+		if err := results.add(res); err != nil {
+			return failed(n, err)
 		}
-		results = append(results, res)
 	}
-	if !f.goodput.jsonOut {
-		rows := make([][]string, len(results))
-		for i, r := range results {
-			rows[i] = r.row()
-		}
-		if err := writeTable(os.Stdout, lbResultHeader, rows); err != nil {
-			return failed("table", err)
-		}
+	if err := results.flush(); err != nil {
+		return failed("table", err)
 	}
 	return launch.ExitOK
 }
@@ -467,25 +450,18 @@ func runLBCluster(ctx context.Context, net *netem.Network, l lbLayout, name stri
 		return nil, 0, err
 	}
 	defer c.Kill()
-	waited := make(chan error, 1)
-	go func() { waited <- c.Wait(30 * time.Minute) }()
-	select {
-	case err = <-waited:
-	case <-ctx.Done():
-		return nil, 0, errors.New("interrupted")
-	}
-	if err != nil {
+	if err := waitCluster(ctx, c, 30*time.Minute); err != nil {
 		return nil, 0, err
 	}
 	var rep *lbWorkerReport
 	for i := range len(l.workerHosts) {
-		out := strings.TrimSpace(c.Proc("worker" + strconv.Itoa(i)).Stdout.String())
-		if out == "" {
+		proc := c.Proc("worker" + strconv.Itoa(i))
+		if strings.TrimSpace(proc.Stdout.String()) == "" {
 			continue
 		}
 		rep = new(lbWorkerReport)
-		if err := json.Unmarshal([]byte(out), rep); err != nil {
-			return nil, 0, fmt.Errorf("worker%d printed %q: %w", i, out, err)
+		if err := decodeReport(proc, rep); err != nil {
+			return nil, 0, err
 		}
 	}
 	switch {

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -25,7 +24,8 @@ import (
 
 // The scenarios of "fpt bench --scenario": each runs a small cluster in an
 // emulated network (package netem), one node per host, the worker's host
-// behind a rate-limited link, and prints one JSON line.
+// behind a rate-limited link, and prints its result: a table, or one JSON
+// line with --json.
 const (
 	scenarioShaping  = "shaping"
 	scenarioPriority = "priority"
@@ -44,9 +44,16 @@ type scenarioOptions struct {
 	weights     [2]float64 // shaping: the worker's weights for server ranks 0 and 1
 	tensorBytes int64
 	iters       int // shaping: tensors queued at once; priority: rounds
+	// partitionBytes is FPT_PARTITION_BYTES: smaller than the default
+	// 1 MiB, the pool's shares are exact to within a frame, and a slow
+	// link moves few frames a second.
+	partitionBytes int64
 }
 
-// shapingResult is the shaping scenario's line.
+// scenarioPartitionBytes is partitionBytes unless --partition-bytes says.
+const scenarioPartitionBytes = 256 << 10
+
+// shapingResult is the shaping scenario's result.
 type shapingResult struct {
 	Scenario   string     `json:"scenario"`
 	Rate       string     `json:"rate"`
@@ -58,7 +65,7 @@ type shapingResult struct {
 	Unshaped   float64    `json:"unshaped_byte_ratio"`
 }
 
-// priorityResult is the priority scenario's line (medians over rounds).
+// priorityResult is the priority scenario's result (medians over rounds).
 type priorityResult struct {
 	Scenario          string  `json:"scenario"`
 	Rate              string  `json:"rate"`
@@ -69,6 +76,29 @@ type priorityResult struct {
 	NoPriorityDoneMs  float64 `json:"nopriority_done_ms"`
 	NoPriorityLowMs   float64 `json:"nopriority_low_done_ms"`
 	HighFirstInRounds int     `json:"high_first_rounds"`
+}
+
+// shapingHeader and row are the shaping scenario's table without --json.
+var shapingHeader = []string{"scenario", "rate", "weights", "byte ratio", "want ratio", "unshaped ratio",
+	"window s", "server 0 MB", "server 1 MB"}
+
+func (r shapingResult) row() []string {
+	return []string{r.Scenario, r.Rate, fmt.Sprintf("%g:%g", r.Weights[0], r.Weights[1]),
+		fmt.Sprintf("%.3f", r.ByteRatio), fmt.Sprintf("%.3f", r.WantRatio), fmt.Sprintf("%.3f", r.Unshaped),
+		fmt.Sprintf("%.2f", r.WindowSecs), fmt.Sprintf("%.1f", float64(r.Bytes[0])/1e6), fmt.Sprintf("%.1f", float64(r.Bytes[1])/1e6)}
+}
+
+// priorityHeader and row are the priority scenario's table without
+// --json: when each sum arrived with priorities high and low, then with
+// equal ones.
+var priorityHeader = []string{"scenario", "rate", "tensor", "rounds", "high ms", "low ms",
+	"equal: high ms", "equal: low ms", "high first"}
+
+func (r priorityResult) row() []string {
+	return []string{r.Scenario, r.Rate, sizeText(r.TensorBytes), strconv.Itoa(r.Rounds),
+		fmt.Sprintf("%.1f", r.HighDoneMs), fmt.Sprintf("%.1f", r.LowDoneMs),
+		fmt.Sprintf("%.1f", r.NoPriorityDoneMs), fmt.Sprintf("%.1f", r.NoPriorityLowMs),
+		fmt.Sprintf("%d/%d", r.HighFirstInRounds, r.Rounds)}
 }
 
 // scenarioLayout places the nodes: host 0 is the worker's (rate-limited),
@@ -86,21 +116,22 @@ func scenarioLayout(o scenarioOptions) (hosts []netem.HostSpec, servers int) {
 }
 
 // runScenario builds the emulated network, runs the scenario's cluster in
-// it, and prints the result line. The network is torn down on every path,
-// Ctrl-C included.
-func runScenario(o scenarioOptions, stdout io.Writer, p *progress) error {
+// it, and returns the worker's result (a *shapingResult or a
+// *priorityResult). The network is torn down on every path, Ctrl-C
+// included.
+func runScenario(o scenarioOptions, p *progress) (tableRow, error) {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	hosts, servers := scenarioLayout(o)
 	p.printf(o.name, "building a network of %d hosts, the worker's at %s", len(hosts), o.rate)
 	net, err := netem.New(ctx, hosts)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer net.Close()
 	self, err := os.Executable()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Processes are named scheduler, server0.., worker0 by localcluster.
 	hostOf := map[string]int{"worker0": 0, "scheduler": servers + 1}
@@ -118,10 +149,7 @@ func runScenario(o scenarioOptions, stdout io.Writer, p *progress) error {
 			childEnv + "=1",
 			"DMLC_INTERFACE=" + net.Iface(),
 			"FPT_METRICS_ADDR=:" + strconv.Itoa(scenarioMetricsPort),
-			// Smaller partitions than the default 1 MiB: the pool's
-			// shares are exact to within a frame, and a slow link moves
-			// few frames a second.
-			"FPT_PARTITION_BYTES=" + strconv.Itoa(256<<10),
+			"FPT_PARTITION_BYTES=" + strconv.FormatInt(o.partitionBytes, 10),
 		},
 		Command: func(name string, argv []string) *exec.Cmd {
 			return net.Command(ctx, hostOf[name], argv[0], argv[1:]...)
@@ -134,58 +162,46 @@ func runScenario(o scenarioOptions, stdout io.Writer, p *progress) error {
 		},
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer c.Kill()
 	p.printf(o.name, "cluster started")
-	waited := make(chan error, 1)
-	go func() { waited <- c.Wait(10 * time.Minute) }()
-	select {
-	case err = <-waited:
-	case <-ctx.Done():
-		return fmt.Errorf("interrupted")
+	if err := waitCluster(ctx, c, 10*time.Minute); err != nil {
+		return nil, err
 	}
-	if err != nil {
-		return err
+	var res tableRow
+	switch o.name {
+	case scenarioShaping:
+		res = new(shapingResult)
+	default:
+		res = new(priorityResult)
 	}
-	out := strings.TrimSpace(c.Proc("worker0").Stdout.String())
-	if out == "" {
-		return errors.New("the worker printed no result")
+	if err := decodeReport(c.Proc("worker0"), res); err != nil {
+		return nil, err
 	}
-	// The worker printed the line; check it parses, then pass it on.
-	var probe map[string]any
-	if err := json.Unmarshal([]byte(out), &probe); err != nil {
-		return fmt.Errorf("worker printed %q: %w", out, err)
-	}
-	_, err = fmt.Fprintln(stdout, out)
-	return err
+	return res, net.Close()
 }
 
 // scenarioWorker is the worker's side of a scenario, run inside the
-// emulated network; it prints the result line on out, and progress lines
-// on progressOut.
+// emulated network; it reports the result as a JSON line on out (for the
+// bench to decode), and progress lines on progressOut.
 func scenarioWorker(ctx context.Context, w *worker.Worker, o scenarioOptions, out, progressOut io.Writer) error {
 	var (
-		line any
-		err  error
+		res any
+		err error
 	)
 	switch o.name {
 	case scenarioShaping:
-		line, err = shapingWorker(ctx, w, o, progressOut)
+		res, err = shapingWorker(ctx, w, o, progressOut)
 	case scenarioPriority:
-		line, err = priorityWorker(ctx, w, o, progressOut)
+		res, err = priorityWorker(ctx, w, o, progressOut)
 	default:
 		err = fmt.Errorf("unknown scenario %q", o.name)
 	}
 	if err != nil {
 		return err
 	}
-	b, err := json.Marshal(line)
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintln(out, string(b))
-	return err
+	return writeJSONLine(out, res)
 }
 
 // sample is what the servers had received from workers at one moment.
@@ -253,6 +269,10 @@ func shapingWorker(ctx context.Context, w *worker.Worker, o scenarioOptions, pro
 	// servers until every sum is back: the first sample is taken before the
 	// pushes, the last after the sums, which it checks.
 	drain := func(shaped bool) ([]sample, error) {
+		mode := "unshaped"
+		if shaped {
+			mode = "shaped"
+		}
 		v.SetShaping(shaped)
 		v.SetWeight(servers[0], o.weights[0])
 		v.SetWeight(servers[1], o.weights[1])
@@ -277,6 +297,7 @@ func shapingWorker(ctx context.Context, w *worker.Worker, o scenarioOptions, pro
 		go func() { pulled <- kv.Wait(pull) }()
 		tick := time.NewTicker(sampleEvery)
 		defer tick.Stop()
+		said := base.at
 		for done := false; !done; {
 			select {
 			case err := <-pulled:
@@ -290,6 +311,11 @@ func shapingWorker(ctx context.Context, w *worker.Worker, o scenarioOptions, pro
 					return nil, err
 				}
 				samples = append(samples, s)
+				if s.at.Sub(said) >= time.Second {
+					said = s.at
+					fmt.Fprintf(progressOut, "%s: the servers received %.1f and %.1f MB, %.1fs\n", mode,
+						(s.bytes[0]-base.bytes[0])/1e6, (s.bytes[1]-base.bytes[1])/1e6, s.at.Sub(base.at).Seconds())
+				}
 			}
 		}
 		for _, ts := range reqs {
@@ -307,7 +333,7 @@ func shapingWorker(ctx context.Context, w *worker.Worker, o scenarioOptions, pro
 		return append(samples, final), err
 	}
 	// The same run unshaped first: the baseline the ratio is read against.
-	fmt.Fprintf(progressOut, "draining %d tensors unshaped\n", len(keys))
+	fmt.Fprintf(progressOut, "draining %d tensors (%.1f MB) unshaped\n", len(keys), float64(len(grads)*4)/1e6)
 	samples, err := drain(false)
 	if err != nil {
 		return res, fmt.Errorf("shaping: unshaped run: %w", err)
@@ -316,7 +342,7 @@ func shapingWorker(ctx context.Context, w *worker.Worker, o scenarioOptions, pro
 	if err != nil {
 		return res, fmt.Errorf("shaping: unshaped run: %w", err)
 	}
-	fmt.Fprintf(progressOut, "draining %d tensors shaped %g:%g\n", len(keys), o.weights[0], o.weights[1])
+	fmt.Fprintf(progressOut, "draining them again shaped %g:%g\n", o.weights[0], o.weights[1])
 	if samples, err = drain(true); err != nil {
 		return res, fmt.Errorf("shaping: shaped run: %w", err)
 	}
@@ -475,8 +501,8 @@ func priorityWorker(ctx context.Context, w *worker.Worker, o scenarioOptions, pr
 // scenarioMain runs "fpt bench --scenario shaping|priority": in the
 // parent, the emulated network and the cluster; in the bench's worker
 // process, the scenario's worker. --tensor-bytes and --iters get the
-// scenario's own defaults unless given. The result is one JSON line,
-// --json or not.
+// scenario's own defaults unless given. The result is a table, or one
+// JSON line with --json.
 func scenarioMain(f *flags) int {
 	so := f.scen
 	switch so.name {
@@ -493,6 +519,13 @@ func scenarioMain(f *flags) int {
 	if f.set("iters") {
 		so.iters = f.goodput.iters
 	}
+	so.partitionBytes = scenarioPartitionBytes
+	if f.goodput.partitionBytes > 0 {
+		so.partitionBytes = f.goodput.partitionBytes
+	}
+	if so.tensorBytes < 4 || so.tensorBytes%4 != 0 || so.iters < 1 {
+		return usageError("--tensor-bytes %d, --iters %d: want a positive multiple of 4 and a positive count", so.tensorBytes, so.iters)
+	}
 	w0, w1, ok := strings.Cut(f.weights, ":")
 	var err0, err1 error
 	so.weights[0], err0 = strconv.ParseFloat(w0, 64)
@@ -508,8 +541,20 @@ func scenarioMain(f *flags) int {
 			return scenarioWorker(ctx, w, so, os.Stdout, marked(os.Stderr))
 		})
 	}
-	if err := runScenario(so, os.Stdout, newProgress(os.Stderr)); err != nil {
+	res, err := runScenario(so, newProgress(os.Stderr))
+	if err != nil {
 		return failed(so.name, err)
+	}
+	header := shapingHeader
+	if so.name == scenarioPriority {
+		header = priorityHeader
+	}
+	results := resultWriter{w: os.Stdout, jsonOut: f.goodput.jsonOut, header: header}
+	if err := results.add(res); err != nil {
+		return failed(so.name, err)
+	}
+	if err := results.flush(); err != nil {
+		return failed("table", err)
 	}
 	return launch.ExitOK
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"io"
 	"math"
 	"testing"
 	"time"
@@ -47,6 +48,26 @@ func TestBackloggedRatio(t *testing.T) {
 	for _, few := range [][]sample{samples[:1], {samples[0], samples[len(samples)-1]}} {
 		if _, err := backloggedWindow(few); err == nil {
 			t.Errorf("%d samples: no error", len(few))
+		}
+	}
+}
+
+// Flags the shaping and priority scenarios reject before they need root.
+func TestScenarioUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"--scenario", "shaping", "--weights", "3"},
+		{"--scenario", "shaping", "--weights", "0:1"},
+		{"--scenario", "shaping", "--rate", "100mbit/1gbit"},
+		{"--scenario", "priority", "--tensor-bytes", "6"},
+		{"--scenario", "priority", "--iters", "0"},
+		{"--scenario", "shaping,priority"},
+	} {
+		f := newFlags(io.Discard)
+		if err := f.fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		if code := scenarioMain(f); code != 2 {
+			t.Errorf("%v: exit %d, want 2 (usage)", args, code)
 		}
 	}
 }

@@ -1,10 +1,54 @@
 package bench
 
 import (
+	"encoding/json"
+	"fmt"
 	"io"
 	"strings"
 	"text/tabwriter"
 )
+
+// tableRow is a result that is also one row of its experiment's table.
+type tableRow interface{ row() []string }
+
+// resultWriter is the one way every experiment prints its results: with
+// jsonOut, one JSON object per line as each result comes in (a long run
+// shows what it has so far); else, at flush, one table of them all under
+// header.
+type resultWriter struct {
+	w       io.Writer
+	jsonOut bool
+	header  []string
+	rows    [][]string
+}
+
+// add prints r (--json) or keeps its row for the table.
+func (rw *resultWriter) add(r tableRow) error {
+	if rw.jsonOut {
+		return writeJSONLine(rw.w, r)
+	}
+	rw.rows = append(rw.rows, r.row())
+	return nil
+}
+
+// flush prints the table, if there is one to print.
+func (rw *resultWriter) flush() error {
+	if rw.jsonOut || len(rw.rows) == 0 {
+		return nil
+	}
+	return writeTable(rw.w, rw.header, rw.rows)
+}
+
+// writeJSONLine writes v to w as one line of JSON: a result, or what a
+// bench worker reports to the bench.
+func writeJSONLine(w io.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, string(b))
+	return err
+}
 
 // writeTable writes rows under header as aligned columns, two spaces
 // apart.
@@ -16,4 +60,12 @@ func writeTable(w io.Writer, header []string, rows [][]string) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// sizeText is a byte count for a table: whole MiB as such, else bytes.
+func sizeText(n int64) string {
+	if n > 0 && n%(1<<20) == 0 {
+		return fmt.Sprintf("%d MiB", n>>20)
+	}
+	return fmt.Sprintf("%d B", n)
 }

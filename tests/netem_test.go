@@ -169,17 +169,18 @@ func TestNetemInterrupted(t *testing.T) {
 }
 
 // The bench scenarios run end to end in their emulated network, print
-// their JSON line, and leave nothing behind. Their figures are reported,
-// not asserted: speeds are for the benchmark's reader (see the README).
+// their JSON line (--json), and leave nothing behind. Their figures are
+// reported, not asserted: speeds are for the benchmark's reader (see the
+// README).
 func TestBenchScenarios(t *testing.T) {
 	needRoot(t)
 	for _, tc := range []struct {
 		args   []string
 		fields []string
 	}{
-		{[]string{"--scenario", "shaping", "--rate", "50mbit", "--tensor-bytes", "4194304", "--iters", "4"},
+		{[]string{"--scenario", "shaping", "--rate", "50mbit", "--tensor-bytes", "4194304", "--iters", "4", "--json"},
 			[]string{"byte_ratio", "unshaped_byte_ratio", "window_seconds"}},
-		{[]string{"--scenario", "priority", "--rate", "50mbit", "--tensor-bytes", "2097152", "--iters", "1"},
+		{[]string{"--scenario", "priority", "--rate", "50mbit", "--tensor-bytes", "2097152", "--iters", "1", "--json"},
 			[]string{"high_done_ms", "low_done_ms", "nopriority_done_ms"}},
 		// The LB scenarios, small: a 0.4 MB model, 4 iterations a run.
 		{lbScenarioArgs("slow-server"), lbScenarioFields},
