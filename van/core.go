@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/van/internal/sendq"
 )
 
 // byeTimeout bounds the write of a Bye on Close: a peer that does not take
@@ -99,7 +100,7 @@ type core struct {
 	cfg   Config
 	self  atomic.Uint32 // cfg.Self until SetSelf
 	log   *slog.Logger
-	q     *sendQueue
+	q     *sendq.Queue[*Message]
 	quiet atomic.Bool // closing: lost connections are not reported
 	recv  recvShaper
 
@@ -115,7 +116,7 @@ func newCore(cfg Config) *core {
 	c := &core{
 		cfg:        cfg,
 		log:        cfg.Logger,
-		q:          newSendQueue(cfg.PoolBytes),
+		q:          sendq.New[*Message](cfg.PoolBytes),
 		peers:      make(map[node.ID]*peer),
 		stats:      make(map[node.ID]*counters),
 		changed:    make(chan struct{}),
@@ -173,7 +174,7 @@ func (c *core) dropPeer(p *peer, err error) {
 		delete(c.peers, p.id)
 	}
 	c.mu.Unlock()
-	c.q.purgeFlow(p.id)
+	c.q.PurgeFlow(p.id)
 	switch {
 	case p.bye.Load():
 		c.log.Debug("van: peer left", "peer", p.id)
@@ -221,7 +222,10 @@ func (c *core) enqueue(m *Message, block bool) error {
 		}
 		return fmt.Errorf("van: send to node %d: %w", id, ErrNoPeer)
 	}
-	return c.q.put(m, block)
+	if !c.q.Put(m, &m.Header, len(m.Payload), block) {
+		return ErrClosed
+	}
+	return nil
 }
 
 // Send implements Transport.
@@ -231,19 +235,19 @@ func (c *core) Send(m *Message) error { return c.enqueue(m, true) }
 func (c *core) Forward(m *Message) error { return c.enqueue(m, false) }
 
 // SetWeight implements Transport.
-func (c *core) SetWeight(peer node.ID, weight float64) { c.q.setWeight(peer, weight) }
+func (c *core) SetWeight(peer node.ID, weight float64) { c.q.SetWeight(peer, weight) }
 
 // SetReceiveWeight implements Transport.
 func (c *core) SetReceiveWeight(peer node.ID, weight float64) { c.recv.setWeight(peer, weight) }
 
 // SetShaping implements Transport.
 func (c *core) SetShaping(on bool) {
-	c.q.setShaping(on)
+	c.q.SetShaping(on)
 	c.recv.setShaping(on)
 }
 
 // QueuedBytes implements Transport.
-func (c *core) QueuedBytes() int64 { return c.q.queued() }
+func (c *core) QueuedBytes() int64 { return c.q.Queued() }
 
 // Stats implements Transport; peers are listed in id order.
 func (c *core) Stats() []PeerStats {
@@ -298,25 +302,25 @@ func (c *core) runSender() {
 	defer close(c.senderDone)
 	var hdr [frame.HeaderSize]byte
 	for {
-		j := c.q.next()
-		if j.stop {
-			if j.sayBye {
+		j := c.q.Next()
+		if j.Stop {
+			if j.SayBye {
 				c.sayBye(&hdr)
 			}
-			failAll(j.failed, ErrClosed)
+			failAll(j.Failed, ErrClosed)
 			return
 		}
-		if j.msg != nil {
-			c.write(j.msg, &hdr)
+		if j.Msg != nil {
+			c.write(j.Msg, &hdr)
 		} else {
-			failAll(j.failed, ErrNoPeer)
+			failAll(j.Failed, ErrNoPeer)
 		}
-		c.q.done()
+		c.q.Done()
 	}
 }
 
 // failAll calls the Done callbacks of entries that will not be sent.
-func failAll(es []entry, err error) {
+func failAll(es []sendq.Entry[*Message], err error) {
 	for _, e := range es {
 		if e.Value.Done != nil {
 			e.Value.Done(fmt.Errorf("van: frame for node %d not sent: %w", e.Flow, err))
@@ -378,7 +382,7 @@ func (c *core) sayBye(hdr *[frame.HeaderSize]byte) {
 // (failing what is left with ErrClosed). Afterwards lost connections are no
 // longer reported; the caller closes the sockets.
 func (c *core) closeSend() {
-	drained := c.q.closeAndDrain(c.cfg.IOTimeout)
+	drained := c.q.CloseAndDrain(c.cfg.IOTimeout)
 	c.quiet.Store(true)
 	if !drained {
 		c.log.Warn("van: closing with frames still queued", "timeout", c.cfg.IOTimeout)
@@ -390,7 +394,7 @@ func (c *core) closeSend() {
 		}
 		c.mu.Unlock()
 	}
-	c.q.stop(drained)
+	c.q.Stop(drained)
 	<-c.senderDone
 }
 

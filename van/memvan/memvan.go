@@ -37,6 +37,7 @@ import (
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
+	"github.com/fptps/fpt/van/internal/sendq"
 )
 
 // firstPort is where the ports of "host:0" addresses begin.
@@ -112,7 +113,7 @@ func (n *Network) Listen(cfg van.Config) (*Van, error) {
 		addr:         net.JoinHostPort(host, strconv.Itoa(port)),
 		port:         port,
 		log:          cfg.Logger,
-		q:            newSendQueue(cfg.PoolBytes),
+		q:            sendq.New[*van.Message](cfg.PoolBytes),
 		peers:        make(map[node.ID]*peer),
 		stats:        make(map[node.ID]*counters),
 		recvWeights:  make(map[node.ID]float64),
@@ -353,7 +354,7 @@ type Van struct {
 	log  *slog.Logger
 	self atomic.Uint32
 	sink van.Sink // nil: the handler has none
-	q    *sendQueue
+	q    *sendq.Queue[*van.Message]
 
 	quiet atomic.Bool // closing: lost connections are not reported
 
@@ -490,7 +491,10 @@ func (v *Van) enqueue(m *van.Message, block bool) error {
 		}
 		return fmt.Errorf("memvan: send to node %d: %w", id, van.ErrNoPeer)
 	}
-	return v.q.put(m, block)
+	if !v.q.Put(m, &m.Header, len(m.Payload), block) {
+		return van.ErrClosed
+	}
+	return nil
 }
 
 // Send implements van.Transport.
@@ -500,7 +504,7 @@ func (v *Van) Send(m *van.Message) error { return v.enqueue(m, true) }
 func (v *Van) Forward(m *van.Message) error { return v.enqueue(m, false) }
 
 // SetWeight implements van.Transport.
-func (v *Van) SetWeight(id node.ID, w float64) { v.q.setWeight(id, w) }
+func (v *Van) SetWeight(id node.ID, w float64) { v.q.SetWeight(id, w) }
 
 // SetReceiveWeight implements van.Transport; it is recorded without effect,
 // as in the netconn van: every arrival is handled in order.
@@ -511,10 +515,10 @@ func (v *Van) SetReceiveWeight(id node.ID, w float64) {
 }
 
 // SetShaping implements van.Transport.
-func (v *Van) SetShaping(on bool) { v.q.setShaping(on) }
+func (v *Van) SetShaping(on bool) { v.q.SetShaping(on) }
 
 // QueuedBytes implements van.Transport.
-func (v *Van) QueuedBytes() int64 { return v.q.queued() }
+func (v *Van) QueuedBytes() int64 { return v.q.Queued() }
 
 // Stats implements van.Transport; peers are listed in id order.
 func (v *Van) Stats() []van.PeerStats {
@@ -543,7 +547,7 @@ func (v *Van) Stats() []van.PeerStats {
 // goroutines. Frames that arrived but were not handled yet are dropped.
 func (v *Van) Close() error {
 	v.closeOnce.Do(func() {
-		drained := v.q.closeAndDrain(v.cfg.IOTimeout)
+		drained := v.q.CloseAndDrain(v.cfg.IOTimeout)
 		v.quiet.Store(true)
 		v.mu.Lock()
 		v.closed = true
@@ -551,7 +555,7 @@ func (v *Van) Close() error {
 		if !drained {
 			v.log.Warn("memvan: closing with frames still queued", "timeout", v.cfg.IOTimeout)
 		}
-		v.q.stop(drained)
+		v.q.Stop(drained)
 		<-v.senderDone
 		v.mu.Lock()
 		peers := v.peers
@@ -571,24 +575,24 @@ func (v *Van) Close() error {
 func (v *Van) runSender() {
 	defer close(v.senderDone)
 	for {
-		j := v.q.next()
-		if j.stop {
-			if j.sayBye {
+		j := v.q.Next()
+		if j.Stop {
+			if j.SayBye {
 				v.sayBye()
 			}
-			failAll(j.failed, van.ErrClosed)
+			failAll(j.Failed, van.ErrClosed)
 			return
 		}
-		if j.msg != nil {
-			v.write(j.msg)
+		if j.Msg != nil {
+			v.write(j.Msg)
 		} else {
-			failAll(j.failed, van.ErrNoPeer)
+			failAll(j.Failed, van.ErrNoPeer)
 		}
-		v.q.done()
+		v.q.Done()
 	}
 }
 
-func failAll(es []entry, err error) {
+func failAll(es []sendq.Entry[*van.Message], err error) {
 	for _, e := range es {
 		if e.Value.Done != nil {
 			e.Value.Done(fmt.Errorf("memvan: frame for node %d not sent: %w", e.Flow, err))
@@ -736,7 +740,7 @@ func (v *Van) dropPeer(p *peer, err error) {
 		delete(v.peers, p.id)
 	}
 	v.mu.Unlock()
-	v.q.purgeFlow(p.id)
+	v.q.PurgeFlow(p.id)
 	switch {
 	case p.bye.Load():
 		v.log.Debug("memvan: peer left", "peer", p.id)
