@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/van/internal/peerstat"
 	"github.com/fptps/fpt/van/internal/sendq"
 )
 
@@ -33,13 +33,6 @@ type link interface {
 	abort()
 }
 
-// counters are one peer's statistics; they outlive reconnections.
-type counters struct {
-	sentBytes, recvBytes, sentFrames, recvFrames atomic.Uint64
-	recvInPlace, recvCopied                      atomic.Uint64 // payload bytes
-	sentBusy, recvBusy                           atomic.Int64  // nanoseconds
-}
-
 // recvClock measures the time a connection spends receiving frames: from
 // the read that starts a frame to the read that leaves no frame partly
 // received. Gaps between frames are idle, not slow, and are not counted,
@@ -50,13 +43,13 @@ type recvClock struct {
 
 // read is called after each read that moved bytes; midFrame tells whether
 // a frame is still partly received afterwards.
-func (r *recvClock) read(st *counters, midFrame bool) {
+func (r *recvClock) read(st *peerstat.Counters, midFrame bool) {
 	now := time.Now()
 	if r.since.IsZero() {
 		r.since = now
 	}
 	if !midFrame {
-		st.recvBusy.Add(int64(now.Sub(r.since)))
+		st.ReceivedBusy.Add(int64(now.Sub(r.since)))
 		r.since = time.Time{}
 	}
 }
@@ -66,7 +59,7 @@ func (r *recvClock) read(st *counters, midFrame bool) {
 type peer struct {
 	id   node.ID
 	link link
-	st   *counters
+	st   *peerstat.Counters
 	bye  atomic.Bool // the peer said Bye: its EOF is not a loss
 
 	mu      sync.Mutex
@@ -106,7 +99,7 @@ type core struct {
 
 	mu      sync.Mutex
 	peers   map[node.ID]*peer
-	stats   map[node.ID]*counters
+	stats   peerstat.Table
 	changed chan struct{} // closed and replaced whenever a peer is added
 
 	senderDone chan struct{}
@@ -118,7 +111,7 @@ func newCore(cfg Config) *core {
 		log:        cfg.Logger,
 		q:          sendq.New[*Message](cfg.PoolBytes),
 		peers:      make(map[node.ID]*peer),
-		stats:      make(map[node.ID]*counters),
+		stats:      make(peerstat.Table),
 		changed:    make(chan struct{}),
 		senderDone: make(chan struct{}),
 		recv:       recvShaper{weights: make(map[node.ID]float64)},
@@ -152,11 +145,7 @@ func (c *core) addPeer(id node.ID, l link) (*peer, error) {
 	if _, ok := c.peers[id]; ok {
 		return nil, fmt.Errorf("van: node %d already has a connection to node %d", c.selfID(), id)
 	}
-	st := c.stats[id]
-	if st == nil {
-		st = new(counters)
-		c.stats[id] = st
-	}
+	st := c.stats.Of(id)
 	p := &peer{id: id, link: l, st: st}
 	c.peers[id] = p
 	close(c.changed)
@@ -196,11 +185,11 @@ func (c *core) lookup(id node.ID) *peer {
 // onFrame handles a complete frame from an introduced peer; inPlace tells
 // whether its payload was read into the handler's Sink buffer.
 func (c *core) onFrame(p *peer, h *frame.Header, payload []byte, inPlace bool) {
-	p.st.recvFrames.Add(1)
+	p.st.ReceivedFrames.Add(1)
 	if inPlace {
-		p.st.recvInPlace.Add(uint64(len(payload)))
+		p.st.ReceivedInPlace.Add(uint64(len(payload)))
 	} else {
-		p.st.recvCopied.Add(uint64(len(payload)))
+		p.st.ReceivedCopied.Add(uint64(len(payload)))
 	}
 	if h.Type == frame.Bye {
 		p.bye.Store(true)
@@ -252,22 +241,12 @@ func (c *core) QueuedBytes() int64 { return c.q.Queued() }
 // Stats implements Transport; peers are listed in id order.
 func (c *core) Stats() []PeerStats {
 	c.mu.Lock()
-	out := make([]PeerStats, 0, len(c.stats))
-	for id, st := range c.stats {
-		out = append(out, PeerStats{
-			Peer:                 id,
-			SentBytes:            st.sentBytes.Load(),
-			ReceivedBytes:        st.recvBytes.Load(),
-			SentFrames:           st.sentFrames.Load(),
-			ReceivedFrames:       st.recvFrames.Load(),
-			ReceivedInPlaceBytes: st.recvInPlace.Load(),
-			ReceivedCopiedBytes:  st.recvCopied.Load(),
-			SentBusy:             time.Duration(st.sentBusy.Load()),
-			ReceivedBusy:         time.Duration(st.recvBusy.Load()),
-		})
-	}
+	snaps := c.stats.Snapshots()
 	c.mu.Unlock()
-	slices.SortFunc(out, func(a, b PeerStats) int { return int(int64(a.Peer) - int64(b.Peer)) })
+	out := make([]PeerStats, len(snaps))
+	for i, st := range snaps {
+		out[i] = PeerStats(st)
+	}
 	return out
 }
 
@@ -342,7 +321,7 @@ func (c *core) write(m *Message, hdr *[frame.HeaderSize]byte) {
 	m.Header.Encode(hdr[:])
 	start := time.Now()
 	err := p.link.writeFrame(hdr[:], m.Payload, c.cfg.IOTimeout)
-	p.st.sentBusy.Add(int64(time.Since(start)))
+	p.st.SentBusy.Add(int64(time.Since(start)))
 	if err != nil {
 		err = fmt.Errorf("van: write to node %d: %w", id, err)
 		p.fail(err)
@@ -351,8 +330,8 @@ func (c *core) write(m *Message, hdr *[frame.HeaderSize]byte) {
 		}
 		return
 	}
-	p.st.sentBytes.Add(uint64(frame.HeaderSize + len(m.Payload)))
-	p.st.sentFrames.Add(1)
+	p.st.SentBytes.Add(uint64(frame.HeaderSize + len(m.Payload)))
+	p.st.SentFrames.Add(1)
 	if m.Done != nil {
 		m.Done(nil)
 	}
@@ -372,8 +351,8 @@ func (c *core) sayBye(hdr *[frame.HeaderSize]byte) {
 			c.log.Debug("van: bye not sent", "peer", p.id, "err", err)
 			continue
 		}
-		p.st.sentBytes.Add(frame.HeaderSize)
-		p.st.sentFrames.Add(1)
+		p.st.SentBytes.Add(frame.HeaderSize)
+		p.st.SentFrames.Add(1)
 	}
 }
 

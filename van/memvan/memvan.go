@@ -37,6 +37,7 @@ import (
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
+	"github.com/fptps/fpt/van/internal/peerstat"
 	"github.com/fptps/fpt/van/internal/sendq"
 )
 
@@ -115,7 +116,7 @@ func (n *Network) Listen(cfg van.Config) (*Van, error) {
 		log:          cfg.Logger,
 		q:            sendq.New[*van.Message](cfg.PoolBytes),
 		peers:        make(map[node.ID]*peer),
-		stats:        make(map[node.ID]*counters),
+		stats:        make(peerstat.Table),
 		recvWeights:  make(map[node.ID]float64),
 		changed:      make(chan struct{}),
 		senderDone:   make(chan struct{}),
@@ -329,19 +330,12 @@ func (b *inbox) close() {
 	b.cond.Broadcast()
 }
 
-// counters are one peer's statistics; they outlive its connection.
-type counters struct {
-	sentBytes, recvBytes, sentFrames, recvFrames atomic.Uint64
-	recvInPlace, recvCopied                      atomic.Uint64 // payload bytes
-	sentBusy, recvBusy                           atomic.Int64
-}
-
 // peer is a node this van has an introduced connection with.
 type peer struct {
 	id     node.ID
 	remote *Van
 	conn   *conn
-	st     *counters
+	st     *peerstat.Counters
 	bye    atomic.Bool // the peer said Bye: the end of its connection is no loss
 }
 
@@ -360,7 +354,7 @@ type Van struct {
 
 	mu          sync.Mutex
 	peers       map[node.ID]*peer
-	stats       map[node.ID]*counters
+	stats       peerstat.Table
 	recvWeights map[node.ID]float64 // recorded, without effect
 	changed     chan struct{}       // closed and replaced when a peer is added
 	closed      bool
@@ -418,8 +412,8 @@ func (v *Van) Dial(ctx context.Context, id node.ID, addr string) error {
 	a := arrival{conn: c, from: v, to: remote}
 	hello.Encode(a.hdr[:])
 	v.net.transmit(a)
-	p.st.sentBytes.Add(frame.HeaderSize)
-	p.st.sentFrames.Add(1)
+	p.st.SentBytes.Add(frame.HeaderSize)
+	p.st.SentFrames.Add(1)
 	return nil
 }
 
@@ -436,11 +430,7 @@ func (v *Van) addPeer(id node.ID, remote *Van, c *conn) (*peer, error) {
 	if _, ok := v.peers[id]; ok {
 		return nil, fmt.Errorf("memvan: node %d already has a connection to node %d", v.selfID(), id)
 	}
-	st := v.stats[id]
-	if st == nil {
-		st = new(counters)
-		v.stats[id] = st
-	}
+	st := v.stats.Of(id)
 	p := &peer{id: id, remote: remote, conn: c, st: st}
 	v.peers[id] = p
 	close(v.changed)
@@ -523,22 +513,12 @@ func (v *Van) QueuedBytes() int64 { return v.q.Queued() }
 // Stats implements van.Transport; peers are listed in id order.
 func (v *Van) Stats() []van.PeerStats {
 	v.mu.Lock()
-	out := make([]van.PeerStats, 0, len(v.stats))
-	for id, st := range v.stats {
-		out = append(out, van.PeerStats{
-			Peer:                 id,
-			SentBytes:            st.sentBytes.Load(),
-			ReceivedBytes:        st.recvBytes.Load(),
-			SentFrames:           st.sentFrames.Load(),
-			ReceivedFrames:       st.recvFrames.Load(),
-			ReceivedInPlaceBytes: st.recvInPlace.Load(),
-			ReceivedCopiedBytes:  st.recvCopied.Load(),
-			SentBusy:             time.Duration(st.sentBusy.Load()),
-			ReceivedBusy:         time.Duration(st.recvBusy.Load()),
-		})
-	}
+	snaps := v.stats.Snapshots()
 	v.mu.Unlock()
-	slices.SortFunc(out, func(a, b van.PeerStats) int { return int(int64(a.Peer) - int64(b.Peer)) })
+	out := make([]van.PeerStats, len(snaps))
+	for i, st := range snaps {
+		out[i] = van.PeerStats(st)
+	}
 	return out
 }
 
@@ -617,9 +597,9 @@ func (v *Van) write(m *van.Message) {
 	a := arrival{conn: p.conn, from: v, to: p.remote, payload: slices.Clone(m.Payload)}
 	m.Header.Encode(a.hdr[:])
 	v.net.transmit(a)
-	p.st.sentBusy.Add(int64(time.Since(start)))
-	p.st.sentBytes.Add(uint64(frame.HeaderSize + len(m.Payload)))
-	p.st.sentFrames.Add(1)
+	p.st.SentBusy.Add(int64(time.Since(start)))
+	p.st.SentBytes.Add(uint64(frame.HeaderSize + len(m.Payload)))
+	p.st.SentFrames.Add(1)
 	if m.Done != nil {
 		m.Done(nil)
 	}
@@ -640,8 +620,8 @@ func (v *Van) sayBye() {
 		a := arrival{conn: p.conn, from: v, to: p.remote}
 		h.Encode(a.hdr[:])
 		v.net.transmit(a)
-		p.st.sentBytes.Add(frame.HeaderSize)
-		p.st.sentFrames.Add(1)
+		p.st.SentBytes.Add(frame.HeaderSize)
+		p.st.SentFrames.Add(1)
 	}
 }
 
@@ -686,8 +666,8 @@ func (v *Van) receive(a arrival) {
 			a.conn.reset(err)
 			return
 		}
-		np.st.recvBytes.Add(frame.HeaderSize)
-		np.st.recvFrames.Add(1)
+		np.st.ReceivedBytes.Add(frame.HeaderSize)
+		np.st.ReceivedFrames.Add(1)
 		return
 	}
 	switch {
@@ -704,8 +684,8 @@ func (v *Van) receive(a arrival) {
 		return
 	}
 	start := time.Now()
-	p.st.recvBytes.Add(uint64(frame.HeaderSize + len(a.payload)))
-	p.st.recvFrames.Add(1)
+	p.st.ReceivedBytes.Add(uint64(frame.HeaderSize + len(a.payload)))
+	p.st.ReceivedFrames.Add(1)
 	if h.Type == frame.Bye {
 		p.bye.Store(true)
 		return
@@ -724,11 +704,11 @@ func (v *Van) receive(a arrival) {
 		}
 	}
 	if inPlace {
-		p.st.recvInPlace.Add(h.Length)
+		p.st.ReceivedInPlace.Add(h.Length)
 	} else {
-		p.st.recvCopied.Add(h.Length)
+		p.st.ReceivedCopied.Add(h.Length)
 	}
-	p.st.recvBusy.Add(int64(time.Since(start)))
+	p.st.ReceivedBusy.Add(int64(time.Since(start)))
 	v.cfg.Handler.HandleFrame(&h, payload)
 }
 
