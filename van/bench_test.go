@@ -1,8 +1,6 @@
-package van
+package van_test
 
 import (
-	"github.com/fptps/fpt/node"
-
 	"context"
 	"fmt"
 	"io"
@@ -13,6 +11,10 @@ import (
 	"time"
 
 	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/van"
+	"github.com/fptps/fpt/van/internal/wiretest"
+	"github.com/fptps/fpt/van/vantest"
 )
 
 // countHandler counts frames and signals when a target is reached.
@@ -48,17 +50,17 @@ func BenchmarkVan(b *testing.B) {
 
 func benchVan(b *testing.B, kind string, size, peers int) {
 	h := &countHandler{done: make(chan struct{}, 1)}
-	recv, err := New(kind, Config{Self: 8, ListenAddr: "127.0.0.1:0", Handler: h, Logger: testLogger(), MaxPayload: 64 << 20})
+	recv, err := van.New(kind, van.Config{Self: 8, ListenAddr: "127.0.0.1:0", Handler: h, Logger: vantest.Logger(), MaxPayload: 64 << 20})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer recv.Close()
-	senders := make([]Transport, peers)
+	senders := make([]van.Transport, peers)
 	for i := range senders {
 		id := node.ID(9 + i)
-		s, _ := newVan(b, kind, id, func(c *Config) { c.PoolBytes = 64 << 20; c.MaxPayload = 64 << 20 })
+		s, _ := newVan(b, kind, id, func(c *van.Config) { c.PoolBytes = 64 << 20; c.MaxPayload = 64 << 20 })
 		defer s.Close()
-		connect(b, s, id, recv, 8)
+		vantest.Connect(b, s, id, recv, 8)
 		senders[i] = s
 	}
 	payload := make([]byte, size)
@@ -71,7 +73,7 @@ func benchVan(b *testing.B, kind string, size, peers int) {
 		id := node.ID(9 + i)
 		wg.Go(func() {
 			for k := i; k < b.N; k += peers {
-				if err := s.Send(&Message{Header: pushHeader(id, 8, uint64(k), size), Payload: payload}); err != nil {
+				if err := s.Send(&van.Message{Header: wiretest.PushHeader(id, 8, uint64(k), size), Payload: payload}); err != nil {
 					b.Error(err)
 					return
 				}

@@ -1,12 +1,17 @@
 //go:build !race
 
-package van
+package van_test
 
 import (
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/van"
+	"github.com/fptps/fpt/van/internal/wiretest"
+	"github.com/fptps/fpt/van/vantest"
 )
 
 // TestFrameOver2GiB sends one frame whose payload is 2 GiB + 8 bytes: one
@@ -20,43 +25,71 @@ func TestFrameOver2GiB(t *testing.T) {
 	const size = 2<<30 + 8
 	samples := []int{0, 1, 1 << 20, 1<<31 - 1, 1 << 31, 1<<31 + 1, size - 1}
 	forKinds(t, func(t *testing.T, kind string) {
-		big := func(c *Config) { c.MaxPayload = 3 << 30; c.IOTimeout = 30 * time.Second }
+		big := func(c *van.Config) { c.MaxPayload = 3 << 30; c.IOTimeout = 30 * time.Second }
 		a, _ := newVan(t, kind, 8, big)
-		b, cb := newVan(t, kind, 9, big)
-		var got struct {
-			n      int
-			sample []byte
-		}
-		cb.check = func(h *frame.Header, p []byte) {
-			got.n = len(p)
-			for _, i := range samples {
-				got.sample = append(got.sample, p[i])
-			}
-		}
-		connect(t, a, 8, b, 9)
+		got := &sampler{at: samples, frames: make(chan sample, 1)}
+		b, _ := newVan(t, kind, 9, func(c *van.Config) { big(c); c.Handler = got })
+		vantest.Connect(t, a, 8, b, 9)
 		payload := make([]byte, size)
 		for k, i := range samples {
 			payload[i] = byte(k*37 + 1)
 		}
 		done := make(chan error, 1)
 		start := time.Now()
-		if err := a.Send(&Message{Header: pushHeader(8, 9, 1, size), Payload: payload, Done: func(err error) { done <- err }}); err != nil {
+		if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, 1, size), Payload: payload, Done: func(err error) { done <- err }}); err != nil {
 			t.Fatal(err)
 		}
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		cb.waitFor(t, "the frame", 2*time.Minute, func() bool { return cb.n == 1 })
+		var f sample
+		select {
+		case f = <-got.frames:
+		case <-time.After(2 * time.Minute):
+			t.Fatal("timed out after 2m0s waiting for the frame")
+		}
 		t.Logf("%s: 2 GiB + 8 in %v", kind, time.Since(start))
-		if got.n != size {
-			t.Fatalf("received %d bytes, want %d", got.n, size)
+		if f.n != size {
+			t.Fatalf("received %d bytes, want %d", f.n, size)
 		}
 		for k := range samples {
-			if want := byte(k*37 + 1); got.sample[k] != want {
-				t.Fatalf("byte %d = %d, want %d", samples[k], got.sample[k], want)
+			if want := byte(k*37 + 1); f.bytes[k] != want {
+				t.Fatalf("byte %d = %d, want %d", samples[k], f.bytes[k], want)
 			}
 		}
 		a.Close()
 		b.Close()
+		if n := got.count.Load(); n != 1 {
+			t.Fatalf("%d frames handled, want 1", n)
+		}
 	})
 }
+
+// sampler is a van.Handler that keeps, of each frame, its size and the
+// bytes at offsets at: a copy of 2 GiB would only cost time and memory.
+type sampler struct {
+	at     []int
+	count  atomic.Int32
+	frames chan sample
+}
+
+type sample struct {
+	n     int
+	bytes []byte
+}
+
+func (s *sampler) HandleFrame(h *frame.Header, p []byte) {
+	s.count.Add(1)
+	f := sample{n: len(p)}
+	for _, i := range s.at {
+		if i < len(p) {
+			f.bytes = append(f.bytes, p[i])
+		}
+	}
+	select {
+	case s.frames <- f:
+	default:
+	}
+}
+
+func (s *sampler) PeerLost(node.ID, error) {}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/van/internal/peerstat"
+	"github.com/fptps/fpt/van/internal/sendq"
 )
 
 // byeTimeout bounds the write of a Bye on Close: a peer that does not take
@@ -32,13 +33,6 @@ type link interface {
 	abort()
 }
 
-// counters are one peer's statistics; they outlive reconnections.
-type counters struct {
-	sentBytes, recvBytes, sentFrames, recvFrames atomic.Uint64
-	recvInPlace, recvCopied                      atomic.Uint64 // payload bytes
-	sentBusy, recvBusy                           atomic.Int64  // nanoseconds
-}
-
 // recvClock measures the time a connection spends receiving frames: from
 // the read that starts a frame to the read that leaves no frame partly
 // received. Gaps between frames are idle, not slow, and are not counted,
@@ -49,13 +43,13 @@ type recvClock struct {
 
 // read is called after each read that moved bytes; midFrame tells whether
 // a frame is still partly received afterwards.
-func (r *recvClock) read(st *counters, midFrame bool) {
+func (r *recvClock) read(st *peerstat.Counters, midFrame bool) {
 	now := time.Now()
 	if r.since.IsZero() {
 		r.since = now
 	}
 	if !midFrame {
-		st.recvBusy.Add(int64(now.Sub(r.since)))
+		st.ReceivedBusy.Add(int64(now.Sub(r.since)))
 		r.since = time.Time{}
 	}
 }
@@ -65,7 +59,7 @@ func (r *recvClock) read(st *counters, midFrame bool) {
 type peer struct {
 	id   node.ID
 	link link
-	st   *counters
+	st   *peerstat.Counters
 	bye  atomic.Bool // the peer said Bye: its EOF is not a loss
 
 	mu      sync.Mutex
@@ -99,13 +93,13 @@ type core struct {
 	cfg   Config
 	self  atomic.Uint32 // cfg.Self until SetSelf
 	log   *slog.Logger
-	q     *sendQueue
+	q     *sendq.Queue[*Message]
 	quiet atomic.Bool // closing: lost connections are not reported
 	recv  recvShaper
 
 	mu      sync.Mutex
 	peers   map[node.ID]*peer
-	stats   map[node.ID]*counters
+	stats   peerstat.Table
 	changed chan struct{} // closed and replaced whenever a peer is added
 
 	senderDone chan struct{}
@@ -115,9 +109,9 @@ func newCore(cfg Config) *core {
 	c := &core{
 		cfg:        cfg,
 		log:        cfg.Logger,
-		q:          newSendQueue(cfg.PoolBytes),
+		q:          sendq.New[*Message](cfg.PoolBytes),
 		peers:      make(map[node.ID]*peer),
-		stats:      make(map[node.ID]*counters),
+		stats:      make(peerstat.Table),
 		changed:    make(chan struct{}),
 		senderDone: make(chan struct{}),
 		recv:       recvShaper{weights: make(map[node.ID]float64)},
@@ -151,11 +145,7 @@ func (c *core) addPeer(id node.ID, l link) (*peer, error) {
 	if _, ok := c.peers[id]; ok {
 		return nil, fmt.Errorf("van: node %d already has a connection to node %d", c.selfID(), id)
 	}
-	st := c.stats[id]
-	if st == nil {
-		st = new(counters)
-		c.stats[id] = st
-	}
+	st := c.stats.Of(id)
 	p := &peer{id: id, link: l, st: st}
 	c.peers[id] = p
 	close(c.changed)
@@ -173,7 +163,7 @@ func (c *core) dropPeer(p *peer, err error) {
 		delete(c.peers, p.id)
 	}
 	c.mu.Unlock()
-	c.q.purgeFlow(p.id)
+	c.q.PurgeFlow(p.id)
 	switch {
 	case p.bye.Load():
 		c.log.Debug("van: peer left", "peer", p.id)
@@ -195,11 +185,11 @@ func (c *core) lookup(id node.ID) *peer {
 // onFrame handles a complete frame from an introduced peer; inPlace tells
 // whether its payload was read into the handler's Sink buffer.
 func (c *core) onFrame(p *peer, h *frame.Header, payload []byte, inPlace bool) {
-	p.st.recvFrames.Add(1)
+	p.st.ReceivedFrames.Add(1)
 	if inPlace {
-		p.st.recvInPlace.Add(uint64(len(payload)))
+		p.st.ReceivedInPlace.Add(uint64(len(payload)))
 	} else {
-		p.st.recvCopied.Add(uint64(len(payload)))
+		p.st.ReceivedCopied.Add(uint64(len(payload)))
 	}
 	if h.Type == frame.Bye {
 		p.bye.Store(true)
@@ -221,7 +211,10 @@ func (c *core) enqueue(m *Message, block bool) error {
 		}
 		return fmt.Errorf("van: send to node %d: %w", id, ErrNoPeer)
 	}
-	return c.q.put(m, block)
+	if !c.q.Put(m, &m.Header, len(m.Payload), block) {
+		return ErrClosed
+	}
+	return nil
 }
 
 // Send implements Transport.
@@ -231,39 +224,29 @@ func (c *core) Send(m *Message) error { return c.enqueue(m, true) }
 func (c *core) Forward(m *Message) error { return c.enqueue(m, false) }
 
 // SetWeight implements Transport.
-func (c *core) SetWeight(peer node.ID, weight float64) { c.q.setWeight(peer, weight) }
+func (c *core) SetWeight(peer node.ID, weight float64) { c.q.SetWeight(peer, weight) }
 
 // SetReceiveWeight implements Transport.
 func (c *core) SetReceiveWeight(peer node.ID, weight float64) { c.recv.setWeight(peer, weight) }
 
 // SetShaping implements Transport.
 func (c *core) SetShaping(on bool) {
-	c.q.setShaping(on)
+	c.q.SetShaping(on)
 	c.recv.setShaping(on)
 }
 
 // QueuedBytes implements Transport.
-func (c *core) QueuedBytes() int64 { return c.q.queued() }
+func (c *core) QueuedBytes() int64 { return c.q.Queued() }
 
 // Stats implements Transport; peers are listed in id order.
 func (c *core) Stats() []PeerStats {
 	c.mu.Lock()
-	out := make([]PeerStats, 0, len(c.stats))
-	for id, st := range c.stats {
-		out = append(out, PeerStats{
-			Peer:                 id,
-			SentBytes:            st.sentBytes.Load(),
-			ReceivedBytes:        st.recvBytes.Load(),
-			SentFrames:           st.sentFrames.Load(),
-			ReceivedFrames:       st.recvFrames.Load(),
-			ReceivedInPlaceBytes: st.recvInPlace.Load(),
-			ReceivedCopiedBytes:  st.recvCopied.Load(),
-			SentBusy:             time.Duration(st.sentBusy.Load()),
-			ReceivedBusy:         time.Duration(st.recvBusy.Load()),
-		})
-	}
+	snaps := c.stats.Snapshots()
 	c.mu.Unlock()
-	slices.SortFunc(out, func(a, b PeerStats) int { return int(int64(a.Peer) - int64(b.Peer)) })
+	out := make([]PeerStats, len(snaps))
+	for i, st := range snaps {
+		out[i] = PeerStats(st)
+	}
 	return out
 }
 
@@ -298,25 +281,25 @@ func (c *core) runSender() {
 	defer close(c.senderDone)
 	var hdr [frame.HeaderSize]byte
 	for {
-		j := c.q.next()
-		if j.stop {
-			if j.sayBye {
+		j := c.q.Next()
+		if j.Stop {
+			if j.SayBye {
 				c.sayBye(&hdr)
 			}
-			failAll(j.failed, ErrClosed)
+			failAll(j.Failed, ErrClosed)
 			return
 		}
-		if j.msg != nil {
-			c.write(j.msg, &hdr)
+		if j.Msg != nil {
+			c.write(j.Msg, &hdr)
 		} else {
-			failAll(j.failed, ErrNoPeer)
+			failAll(j.Failed, ErrNoPeer)
 		}
-		c.q.done()
+		c.q.Done()
 	}
 }
 
 // failAll calls the Done callbacks of entries that will not be sent.
-func failAll(es []entry, err error) {
+func failAll(es []sendq.Entry[*Message], err error) {
 	for _, e := range es {
 		if e.Value.Done != nil {
 			e.Value.Done(fmt.Errorf("van: frame for node %d not sent: %w", e.Flow, err))
@@ -338,7 +321,7 @@ func (c *core) write(m *Message, hdr *[frame.HeaderSize]byte) {
 	m.Header.Encode(hdr[:])
 	start := time.Now()
 	err := p.link.writeFrame(hdr[:], m.Payload, c.cfg.IOTimeout)
-	p.st.sentBusy.Add(int64(time.Since(start)))
+	p.st.SentBusy.Add(int64(time.Since(start)))
 	if err != nil {
 		err = fmt.Errorf("van: write to node %d: %w", id, err)
 		p.fail(err)
@@ -347,8 +330,8 @@ func (c *core) write(m *Message, hdr *[frame.HeaderSize]byte) {
 		}
 		return
 	}
-	p.st.sentBytes.Add(uint64(frame.HeaderSize + len(m.Payload)))
-	p.st.sentFrames.Add(1)
+	p.st.SentBytes.Add(uint64(frame.HeaderSize + len(m.Payload)))
+	p.st.SentFrames.Add(1)
 	if m.Done != nil {
 		m.Done(nil)
 	}
@@ -368,8 +351,8 @@ func (c *core) sayBye(hdr *[frame.HeaderSize]byte) {
 			c.log.Debug("van: bye not sent", "peer", p.id, "err", err)
 			continue
 		}
-		p.st.sentBytes.Add(frame.HeaderSize)
-		p.st.sentFrames.Add(1)
+		p.st.SentBytes.Add(frame.HeaderSize)
+		p.st.SentFrames.Add(1)
 	}
 }
 
@@ -378,7 +361,7 @@ func (c *core) sayBye(hdr *[frame.HeaderSize]byte) {
 // (failing what is left with ErrClosed). Afterwards lost connections are no
 // longer reported; the caller closes the sockets.
 func (c *core) closeSend() {
-	drained := c.q.closeAndDrain(c.cfg.IOTimeout)
+	drained := c.q.CloseAndDrain(c.cfg.IOTimeout)
 	c.quiet.Store(true)
 	if !drained {
 		c.log.Warn("van: closing with frames still queued", "timeout", c.cfg.IOTimeout)
@@ -390,7 +373,7 @@ func (c *core) closeSend() {
 		}
 		c.mu.Unlock()
 	}
-	c.q.stop(drained)
+	c.q.Stop(drained)
 	<-c.senderDone
 }
 

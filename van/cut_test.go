@@ -9,19 +9,26 @@ import (
 	"testing"
 
 	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/van/internal/wiretest"
 )
+
+// rx is a frame the cutter emitted, payload copied.
+type rx struct {
+	h frame.Header
+	p []byte
+}
 
 func TestCutterStream(t *testing.T) {
 	const self, peer = 8, 9
 	sizes := []int{0, 4, 100, 65536, 4}
 	var stream []byte
-	stream = append(stream, encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: self}, nil)...)
+	stream = append(stream, wiretest.Encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: self}, nil)...)
 	for i, n := range sizes {
 		p := make([]byte, n)
-		fill(p, uint64(i))
-		stream = append(stream, encode(pushHeader(peer, self, uint64(i), n), p)...)
+		wiretest.Fill(p, uint64(i))
+		stream = append(stream, wiretest.Encode(wiretest.PushHeader(peer, self, uint64(i), n), p)...)
 	}
-	stream = append(stream, encode(frame.Header{Type: frame.Bye, Sender: peer, Recipient: self}, nil)...)
+	stream = append(stream, wiretest.Encode(frame.Header{Type: frame.Bye, Sender: peer, Recipient: self}, nil)...)
 
 	r := rand.New(rand.NewPCG(5, 6))
 	for trial := 0; trial < 50; trial++ {
@@ -46,8 +53,8 @@ func TestCutterStream(t *testing.T) {
 		}
 		for i, n := range sizes {
 			f := got[i+1]
-			if len(f.p) != n || f.h.Key != uint64(i) || check(f.p, uint64(i)) >= 0 {
-				t.Fatalf("frame %d: key %d, %d bytes (want %d), content mismatch at %d", i, f.h.Key, len(f.p), n, check(f.p, uint64(i)))
+			if len(f.p) != n || f.h.Key != uint64(i) || wiretest.Check(f.p, uint64(i)) >= 0 {
+				t.Fatalf("frame %d: key %d, %d bytes (want %d), content mismatch at %d", i, f.h.Key, len(f.p), n, wiretest.Check(f.p, uint64(i)))
 			}
 		}
 	}
@@ -55,10 +62,10 @@ func TestCutterStream(t *testing.T) {
 
 func TestCutterRejects(t *testing.T) {
 	const self, peer = 8, 9
-	hello := encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: self}, nil)
+	hello := wiretest.Encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: self}, nil)
 	badSum := bytes.Clone(hello)
 	badSum[70] ^= 1
-	tooBig := pushHeader(peer, self, 1, 0)
+	tooBig := wiretest.PushHeader(peer, self, 1, 0)
 	tooBig.Length, tooBig.Total = 1<<21, 1<<21
 	tooBigBytes := make([]byte, frame.HeaderSize)
 	tooBig.Encode(tooBigBytes)
@@ -70,13 +77,13 @@ func TestCutterRejects(t *testing.T) {
 	}{
 		{"garbage", false, bytes.Repeat([]byte{0xab}, 100), frame.ErrMagic},
 		{"bad checksum", false, badSum, frame.ErrChecksum},
-		{"data before hello", false, encode(pushHeader(peer, self, 1, 4), make([]byte, 4)), errProtocol},
-		{"hello to another node", false, encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: 77}, nil), errProtocol},
-		{"hello from self", false, encode(frame.Header{Type: frame.Hello, Sender: self, Recipient: self}, nil), errProtocol},
-		{"hello with payload", false, encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: self}, make([]byte, 8)), errProtocol},
+		{"data before hello", false, wiretest.Encode(wiretest.PushHeader(peer, self, 1, 4), make([]byte, 4)), errProtocol},
+		{"hello to another node", false, wiretest.Encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: 77}, nil), errProtocol},
+		{"hello from self", false, wiretest.Encode(frame.Header{Type: frame.Hello, Sender: self, Recipient: self}, nil), errProtocol},
+		{"hello with payload", false, wiretest.Encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: self}, make([]byte, 8)), errProtocol},
 		{"second hello", false, append(bytes.Clone(hello), hello...), errProtocol},
 		{"hello on a dialled connection", true, hello, errProtocol},
-		{"wrong sender", true, encode(pushHeader(10, self, 1, 4), make([]byte, 4)), errProtocol},
+		{"wrong sender", true, wiretest.Encode(wiretest.PushHeader(10, self, 1, 4), make([]byte, 4)), errProtocol},
 		{"oversized length", true, tooBigBytes, frame.ErrTooLarge},
 	}
 	for _, tc := range tests {
@@ -96,7 +103,7 @@ func TestCutterRejects(t *testing.T) {
 // TestCutterReusesBuffer: steady state cuts without allocating.
 func TestCutterReusesBuffer(t *testing.T) {
 	const self, peer = 8, 9
-	f := encode(pushHeader(peer, self, 1, 4096), make([]byte, 4096))
+	f := wiretest.Encode(wiretest.PushHeader(peer, self, 1, 4096), make([]byte, 4096))
 	c := newCutter(self, peer, true, 1<<20, nil)
 	emit := func(*frame.Header, []byte) {}
 	c.feed(f, emit)
@@ -110,9 +117,9 @@ func TestCutterReusesBuffer(t *testing.T) {
 // panic, and what it emits must be consistent.
 func FuzzReceive(f *testing.F) {
 	const self, peer = 8, 9
-	hello := encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: self}, nil)
-	data := encode(pushHeader(peer, self, 3, 8), []byte{1, 2, 3, 4, 5, 6, 7, 8})
-	bye := encode(frame.Header{Type: frame.Bye, Sender: peer, Recipient: self}, nil)
+	hello := wiretest.Encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: self}, nil)
+	data := wiretest.Encode(wiretest.PushHeader(peer, self, 3, 8), []byte{1, 2, 3, 4, 5, 6, 7, 8})
+	bye := wiretest.Encode(frame.Header{Type: frame.Bye, Sender: peer, Recipient: self}, nil)
 	f.Add(uint8(7), append(append(bytes.Clone(hello), data...), bye...))
 	f.Add(uint8(1), hello[:40])
 	f.Add(uint8(0), []byte("GET / HTTP/1.1\r\n\r\n"))
@@ -163,11 +170,11 @@ func TestCutterSink(t *testing.T) {
 			}
 			c := newCutter(self, peer, true, 1<<20, sink)
 			p := make([]byte, 4096)
-			fill(p, 7)
+			wiretest.Fill(p, 7)
 			var got []byte
 			var reported bool
 			emit := func(_ *frame.Header, b []byte) { got, reported = b, c.inPlace() }
-			if err := c.feed(encode(pushHeader(peer, self, 1, len(p)), p), emit); err != nil {
+			if err := c.feed(wiretest.Encode(wiretest.PushHeader(peer, self, 1, len(p)), p), emit); err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(got, p) {

@@ -192,8 +192,8 @@ func (v *epollVan) Dial(ctx context.Context, id node.ID, addr string) error {
 		return err
 	}
 	c.peer = p
-	p.st.sentBytes.Add(frame.HeaderSize)
-	p.st.sentFrames.Add(1)
+	p.st.SentBytes.Add(frame.HeaderSize)
+	p.st.SentFrames.Add(1)
 	// Hand the connection to the receiver, which registers it.
 	v.reqMu.Lock()
 	if v.stopping {
@@ -404,7 +404,7 @@ func (v *epollVan) serve(c *epConn) {
 			return
 		}
 		if c.peer != nil {
-			c.peer.st.recvBytes.Add(uint64(n))
+			c.peer.st.ReceivedBytes.Add(uint64(n))
 			c.clock.read(c.peer.st, c.cut.midFrame())
 		}
 		if h != nil {
@@ -445,8 +445,8 @@ func (v *epollVan) hello(c *epConn) {
 		return
 	}
 	c.peer = p
-	p.st.recvBytes.Add(frame.HeaderSize)
-	p.st.recvFrames.Add(1)
+	p.st.ReceivedBytes.Add(frame.HeaderSize)
+	p.st.ReceivedFrames.Add(1)
 }
 
 // drop closes a connection on the receiver goroutine and reports why.

@@ -1,18 +1,20 @@
-package van
+package van_test
 
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/van"
+	"github.com/fptps/fpt/van/internal/wiretest"
+	"github.com/fptps/fpt/van/vantest"
 )
 
-// sinkCollector is a collector that is also a Sink: it gives a buffer of
+// sinkCollector is a vantest.Collector that is also a Sink: it gives a buffer of
 // its own to the frames accept chooses and declines the others.
 type sinkCollector struct {
-	*collector
+	*vantest.Collector
 	accept func(h *frame.Header) bool
 }
 
@@ -42,18 +44,18 @@ func TestReceivedPayloadCounters(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			forKinds(t, func(t *testing.T, kind string) {
 				a, _ := newVan(t, kind, 8, nil)
-				col := newCollector()
-				var h Handler = col
+				col := vantest.NewCollector()
+				var h van.Handler = col
 				if tt.sink != nil {
-					h = &sinkCollector{collector: col, accept: tt.sink}
+					h = &sinkCollector{Collector: col, accept: tt.sink}
 				}
-				b, _ := newVan(t, kind, 9, func(c *Config) { c.Handler = h })
-				connect(t, a, 8, b, 9)
+				b, _ := newVan(t, kind, 9, func(c *van.Config) { c.Handler = h })
+				vantest.Connect(t, a, 8, b, 9)
 				var wantIn, wantCopied uint64
 				for i, n := range sizes {
 					p := make([]byte, n)
-					fill(p, uint64(i))
-					if err := a.Send(&Message{Header: pushHeader(8, 9, uint64(i), n), Payload: p}); err != nil {
+					wiretest.Fill(p, uint64(i))
+					if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, uint64(i), n), Payload: p}); err != nil {
 						t.Fatal(err)
 					}
 					if tt.inKeys(uint64(i)) {
@@ -62,12 +64,12 @@ func TestReceivedPayloadCounters(t *testing.T) {
 						wantCopied += uint64(n)
 					}
 				}
-				for i, f := range col.waitFrames(t, len(sizes)) {
-					if at := check(f.p, uint64(i)); at >= 0 || len(f.p) != sizes[i] {
-						t.Fatalf("frame %d: %d bytes, content differs at byte %d", i, len(f.p), at)
+				for i, f := range col.WaitFrames(t, len(sizes)) {
+					if at := wiretest.Check(f.Payload, uint64(i)); at >= 0 || len(f.Payload) != sizes[i] {
+						t.Fatalf("frame %d: %d bytes, content differs at byte %d", i, len(f.Payload), at)
 					}
 				}
-				eventually(t, 5*time.Second, func() error {
+				vantest.Eventually(t, func() error {
 					st := b.Stats()
 					if len(st) != 1 || st[0].Peer != node.ID(8) {
 						return fmt.Errorf("receiver's stats %+v", st)

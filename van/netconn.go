@@ -79,8 +79,8 @@ func (v *netConnVan) Dial(ctx context.Context, id node.ID, addr string) error {
 		return err
 	}
 	c.peer = p
-	p.st.sentBytes.Add(frame.HeaderSize)
-	p.st.sentFrames.Add(1)
+	p.st.SentBytes.Add(frame.HeaderSize)
+	p.st.SentFrames.Add(1)
 	if !v.start(c) {
 		v.dropPeer(p, ErrClosed)
 		return ErrClosed
@@ -154,7 +154,7 @@ func (v *netConnVan) readLoop(c *ncConn) error {
 				return perr
 			}
 			if c.peer != nil {
-				c.peer.st.recvBytes.Add(uint64(n))
+				c.peer.st.ReceivedBytes.Add(uint64(n))
 				c.clock.read(c.peer.st, c.cut.midFrame())
 			}
 			if h != nil {
@@ -183,8 +183,8 @@ func (v *netConnVan) hello(c *ncConn) error {
 		return err
 	}
 	c.peer = p
-	p.st.recvBytes.Add(frame.HeaderSize)
-	p.st.recvFrames.Add(1)
+	p.st.ReceivedBytes.Add(frame.HeaderSize)
+	p.st.ReceivedFrames.Add(1)
 	return c.tc.SetReadDeadline(time.Time{})
 }
 

@@ -128,6 +128,9 @@ type Transport interface {
 // by where they were read to: ReceivedInPlaceBytes into the buffer the
 // handler's Sink chose (no copy follows), ReceivedCopiedBytes into the
 // van's own buffer, which the handler copies from if it keeps them.
+//
+// The vans convert their counters' snapshots (van/internal/peerstat) to
+// PeerStats: the two types keep the same fields.
 type PeerStats struct {
 	Peer                 node.ID
 	SentBytes            uint64 // header and payload bytes written

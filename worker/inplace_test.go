@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/trainer"
+	"github.com/fptps/fpt/van/vantest"
 	"github.com/fptps/fpt/worker"
 )
 
@@ -98,7 +98,7 @@ func TestFPTPayloadReadInPlace(t *testing.T) {
 			c.train(t, o) // FPT only (no classic rounds), every value checked
 			var total payload
 			var last string
-			eventually(t, func() error {
+			vantest.Eventually(t, func() error {
 				total, last = payload{}, ""
 				for i, reg := range c.servers {
 					p := serverPayload(t, reg)
@@ -190,7 +190,7 @@ func TestResultReadInPlaceWaitingAndStaged(t *testing.T) {
 	if _, err := staged.FPTPush([]uint64{key}, grads[1], nil, 0, nil); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, func() error {
+	vantest.Eventually(t, func() error {
 		p := workerPayload(staged.Worker())
 		if got := p.inPlace + p.copied - before[1].inPlace - before[1].copied; got != bytes {
 			return fmt.Errorf("worker 1 received %d bytes of the result, want %d", got, bytes)
@@ -220,21 +220,5 @@ func TestResultReadInPlaceWaitingAndStaged(t *testing.T) {
 	}
 	if err := c.each(func(w *worker.Worker) error { return w.Barrier(ctx, node.WorkerGroup) }); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// eventually polls f until it returns nil, failing the test after a while.
-func eventually(t *testing.T, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -37,6 +37,8 @@ import (
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
+	"github.com/fptps/fpt/van/internal/peerstat"
+	"github.com/fptps/fpt/van/internal/sendq"
 )
 
 // firstPort is where the ports of "host:0" addresses begin.
@@ -112,9 +114,9 @@ func (n *Network) Listen(cfg van.Config) (*Van, error) {
 		addr:         net.JoinHostPort(host, strconv.Itoa(port)),
 		port:         port,
 		log:          cfg.Logger,
-		q:            newSendQueue(cfg.PoolBytes),
+		q:            sendq.New[*van.Message](cfg.PoolBytes),
 		peers:        make(map[node.ID]*peer),
-		stats:        make(map[node.ID]*counters),
+		stats:        make(peerstat.Table),
 		recvWeights:  make(map[node.ID]float64),
 		changed:      make(chan struct{}),
 		senderDone:   make(chan struct{}),
@@ -328,19 +330,12 @@ func (b *inbox) close() {
 	b.cond.Broadcast()
 }
 
-// counters are one peer's statistics; they outlive its connection.
-type counters struct {
-	sentBytes, recvBytes, sentFrames, recvFrames atomic.Uint64
-	recvInPlace, recvCopied                      atomic.Uint64 // payload bytes
-	sentBusy, recvBusy                           atomic.Int64
-}
-
 // peer is a node this van has an introduced connection with.
 type peer struct {
 	id     node.ID
 	remote *Van
 	conn   *conn
-	st     *counters
+	st     *peerstat.Counters
 	bye    atomic.Bool // the peer said Bye: the end of its connection is no loss
 }
 
@@ -353,13 +348,13 @@ type Van struct {
 	log  *slog.Logger
 	self atomic.Uint32
 	sink van.Sink // nil: the handler has none
-	q    *sendQueue
+	q    *sendq.Queue[*van.Message]
 
 	quiet atomic.Bool // closing: lost connections are not reported
 
 	mu          sync.Mutex
 	peers       map[node.ID]*peer
-	stats       map[node.ID]*counters
+	stats       peerstat.Table
 	recvWeights map[node.ID]float64 // recorded, without effect
 	changed     chan struct{}       // closed and replaced when a peer is added
 	closed      bool
@@ -417,8 +412,8 @@ func (v *Van) Dial(ctx context.Context, id node.ID, addr string) error {
 	a := arrival{conn: c, from: v, to: remote}
 	hello.Encode(a.hdr[:])
 	v.net.transmit(a)
-	p.st.sentBytes.Add(frame.HeaderSize)
-	p.st.sentFrames.Add(1)
+	p.st.SentBytes.Add(frame.HeaderSize)
+	p.st.SentFrames.Add(1)
 	return nil
 }
 
@@ -435,11 +430,7 @@ func (v *Van) addPeer(id node.ID, remote *Van, c *conn) (*peer, error) {
 	if _, ok := v.peers[id]; ok {
 		return nil, fmt.Errorf("memvan: node %d already has a connection to node %d", v.selfID(), id)
 	}
-	st := v.stats[id]
-	if st == nil {
-		st = new(counters)
-		v.stats[id] = st
-	}
+	st := v.stats.Of(id)
 	p := &peer{id: id, remote: remote, conn: c, st: st}
 	v.peers[id] = p
 	close(v.changed)
@@ -490,7 +481,10 @@ func (v *Van) enqueue(m *van.Message, block bool) error {
 		}
 		return fmt.Errorf("memvan: send to node %d: %w", id, van.ErrNoPeer)
 	}
-	return v.q.put(m, block)
+	if !v.q.Put(m, &m.Header, len(m.Payload), block) {
+		return van.ErrClosed
+	}
+	return nil
 }
 
 // Send implements van.Transport.
@@ -500,7 +494,7 @@ func (v *Van) Send(m *van.Message) error { return v.enqueue(m, true) }
 func (v *Van) Forward(m *van.Message) error { return v.enqueue(m, false) }
 
 // SetWeight implements van.Transport.
-func (v *Van) SetWeight(id node.ID, w float64) { v.q.setWeight(id, w) }
+func (v *Van) SetWeight(id node.ID, w float64) { v.q.SetWeight(id, w) }
 
 // SetReceiveWeight implements van.Transport; it is recorded without effect,
 // as in the netconn van: every arrival is handled in order.
@@ -511,30 +505,20 @@ func (v *Van) SetReceiveWeight(id node.ID, w float64) {
 }
 
 // SetShaping implements van.Transport.
-func (v *Van) SetShaping(on bool) { v.q.setShaping(on) }
+func (v *Van) SetShaping(on bool) { v.q.SetShaping(on) }
 
 // QueuedBytes implements van.Transport.
-func (v *Van) QueuedBytes() int64 { return v.q.queued() }
+func (v *Van) QueuedBytes() int64 { return v.q.Queued() }
 
 // Stats implements van.Transport; peers are listed in id order.
 func (v *Van) Stats() []van.PeerStats {
 	v.mu.Lock()
-	out := make([]van.PeerStats, 0, len(v.stats))
-	for id, st := range v.stats {
-		out = append(out, van.PeerStats{
-			Peer:                 id,
-			SentBytes:            st.sentBytes.Load(),
-			ReceivedBytes:        st.recvBytes.Load(),
-			SentFrames:           st.sentFrames.Load(),
-			ReceivedFrames:       st.recvFrames.Load(),
-			ReceivedInPlaceBytes: st.recvInPlace.Load(),
-			ReceivedCopiedBytes:  st.recvCopied.Load(),
-			SentBusy:             time.Duration(st.sentBusy.Load()),
-			ReceivedBusy:         time.Duration(st.recvBusy.Load()),
-		})
-	}
+	snaps := v.stats.Snapshots()
 	v.mu.Unlock()
-	slices.SortFunc(out, func(a, b van.PeerStats) int { return int(int64(a.Peer) - int64(b.Peer)) })
+	out := make([]van.PeerStats, len(snaps))
+	for i, st := range snaps {
+		out[i] = van.PeerStats(st)
+	}
 	return out
 }
 
@@ -543,7 +527,7 @@ func (v *Van) Stats() []van.PeerStats {
 // goroutines. Frames that arrived but were not handled yet are dropped.
 func (v *Van) Close() error {
 	v.closeOnce.Do(func() {
-		drained := v.q.closeAndDrain(v.cfg.IOTimeout)
+		drained := v.q.CloseAndDrain(v.cfg.IOTimeout)
 		v.quiet.Store(true)
 		v.mu.Lock()
 		v.closed = true
@@ -551,7 +535,7 @@ func (v *Van) Close() error {
 		if !drained {
 			v.log.Warn("memvan: closing with frames still queued", "timeout", v.cfg.IOTimeout)
 		}
-		v.q.stop(drained)
+		v.q.Stop(drained)
 		<-v.senderDone
 		v.mu.Lock()
 		peers := v.peers
@@ -571,24 +555,24 @@ func (v *Van) Close() error {
 func (v *Van) runSender() {
 	defer close(v.senderDone)
 	for {
-		j := v.q.next()
-		if j.stop {
-			if j.sayBye {
+		j := v.q.Next()
+		if j.Stop {
+			if j.SayBye {
 				v.sayBye()
 			}
-			failAll(j.failed, van.ErrClosed)
+			failAll(j.Failed, van.ErrClosed)
 			return
 		}
-		if j.msg != nil {
-			v.write(j.msg)
+		if j.Msg != nil {
+			v.write(j.Msg)
 		} else {
-			failAll(j.failed, van.ErrNoPeer)
+			failAll(j.Failed, van.ErrNoPeer)
 		}
-		v.q.done()
+		v.q.Done()
 	}
 }
 
-func failAll(es []entry, err error) {
+func failAll(es []sendq.Entry[*van.Message], err error) {
 	for _, e := range es {
 		if e.Value.Done != nil {
 			e.Value.Done(fmt.Errorf("memvan: frame for node %d not sent: %w", e.Flow, err))
@@ -613,9 +597,9 @@ func (v *Van) write(m *van.Message) {
 	a := arrival{conn: p.conn, from: v, to: p.remote, payload: slices.Clone(m.Payload)}
 	m.Header.Encode(a.hdr[:])
 	v.net.transmit(a)
-	p.st.sentBusy.Add(int64(time.Since(start)))
-	p.st.sentBytes.Add(uint64(frame.HeaderSize + len(m.Payload)))
-	p.st.sentFrames.Add(1)
+	p.st.SentBusy.Add(int64(time.Since(start)))
+	p.st.SentBytes.Add(uint64(frame.HeaderSize + len(m.Payload)))
+	p.st.SentFrames.Add(1)
 	if m.Done != nil {
 		m.Done(nil)
 	}
@@ -636,8 +620,8 @@ func (v *Van) sayBye() {
 		a := arrival{conn: p.conn, from: v, to: p.remote}
 		h.Encode(a.hdr[:])
 		v.net.transmit(a)
-		p.st.sentBytes.Add(frame.HeaderSize)
-		p.st.sentFrames.Add(1)
+		p.st.SentBytes.Add(frame.HeaderSize)
+		p.st.SentFrames.Add(1)
 	}
 }
 
@@ -682,8 +666,8 @@ func (v *Van) receive(a arrival) {
 			a.conn.reset(err)
 			return
 		}
-		np.st.recvBytes.Add(frame.HeaderSize)
-		np.st.recvFrames.Add(1)
+		np.st.ReceivedBytes.Add(frame.HeaderSize)
+		np.st.ReceivedFrames.Add(1)
 		return
 	}
 	switch {
@@ -700,8 +684,8 @@ func (v *Van) receive(a arrival) {
 		return
 	}
 	start := time.Now()
-	p.st.recvBytes.Add(uint64(frame.HeaderSize + len(a.payload)))
-	p.st.recvFrames.Add(1)
+	p.st.ReceivedBytes.Add(uint64(frame.HeaderSize + len(a.payload)))
+	p.st.ReceivedFrames.Add(1)
 	if h.Type == frame.Bye {
 		p.bye.Store(true)
 		return
@@ -720,11 +704,11 @@ func (v *Van) receive(a arrival) {
 		}
 	}
 	if inPlace {
-		p.st.recvInPlace.Add(h.Length)
+		p.st.ReceivedInPlace.Add(h.Length)
 	} else {
-		p.st.recvCopied.Add(h.Length)
+		p.st.ReceivedCopied.Add(h.Length)
 	}
-	p.st.recvBusy.Add(int64(time.Since(start)))
+	p.st.ReceivedBusy.Add(int64(time.Since(start)))
 	v.cfg.Handler.HandleFrame(&h, payload)
 }
 
@@ -736,7 +720,7 @@ func (v *Van) dropPeer(p *peer, err error) {
 		delete(v.peers, p.id)
 	}
 	v.mu.Unlock()
-	v.q.purgeFlow(p.id)
+	v.q.PurgeFlow(p.id)
 	switch {
 	case p.bye.Load():
 		v.log.Debug("memvan: peer left", "peer", p.id)

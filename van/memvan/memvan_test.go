@@ -4,17 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
+	"github.com/fptps/fpt/van/internal/wiretest"
 	"github.com/fptps/fpt/van/memvan"
 	"github.com/fptps/fpt/van/vantest"
 )
@@ -30,7 +27,7 @@ func TestContract(t *testing.T) {
 func newVan(t testing.TB, net *memvan.Network, self node.ID) (*memvan.Van, *vantest.Collector) {
 	t.Helper()
 	col := vantest.NewCollector()
-	v, err := net.Listen(van.Config{Self: self, ListenAddr: "127.0.0.1:0", Handler: col, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	v, err := net.Listen(van.Config{Self: self, ListenAddr: "127.0.0.1:0", Handler: col, Logger: vantest.Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,24 +37,8 @@ func newVan(t testing.TB, net *memvan.Network, self node.ID) (*memvan.Van, *vant
 
 func send(t testing.TB, v van.Transport, from, to node.ID, key uint64, done func(error)) {
 	t.Helper()
-	h := frame.Header{Type: frame.Push, DType: frame.Float32, Sender: uint32(from), Recipient: uint32(to), Key: key, Total: 4, Length: 4}
-	if err := v.Send(&van.Message{Header: h, Payload: make([]byte, 4), Done: done}); err != nil {
+	if err := v.Send(&van.Message{Header: wiretest.PushHeader(from, to, key, 4), Payload: make([]byte, 4), Done: done}); err != nil {
 		t.Fatal(err)
-	}
-}
-
-func eventually(t testing.TB, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -84,7 +65,7 @@ func TestDrop(t *testing.T) {
 	if l := cb.WaitLost(t, 2); l[0].Peer+l[1].Peer != 8+10 {
 		t.Errorf("the dropped node lost %v, want nodes 8 and 10", l)
 	}
-	eventually(t, func() error {
+	vantest.Eventually(t, func() error {
 		if s, _ := doneErr.Load().(string); !strings.Contains(s, van.ErrNoPeer.Error()) {
 			return fmt.Errorf("the queued frame's Done got %q, want ErrNoPeer", s)
 		}
@@ -119,7 +100,7 @@ func TestHoldRelease(t *testing.T) {
 	}
 	send(t, b, 9, 8, 99, nil)
 	ca.WaitFrames(t, 1) // the other direction flows
-	eventually(t, func() error {
+	vantest.Eventually(t, func() error {
 		if n := written.Load(); n != 5 {
 			return fmt.Errorf("a wrote %d frames", n)
 		}
@@ -145,7 +126,7 @@ func TestCloseReleasesGoroutines(t *testing.T) {
 	net := memvan.NewNetwork()
 	var vans []*memvan.Van
 	for i := range 3 {
-		v, err := net.Listen(van.Config{Self: node.ID(8 + i), ListenAddr: "127.0.0.1:0", Handler: vantest.NewCollector(), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		v, err := net.Listen(van.Config{Self: node.ID(8 + i), ListenAddr: "127.0.0.1:0", Handler: vantest.NewCollector(), Logger: vantest.Logger()})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,7 +137,7 @@ func TestCloseReleasesGoroutines(t *testing.T) {
 	for _, v := range vans {
 		v.Close()
 	}
-	eventually(t, func() error {
+	vantest.Eventually(t, func() error {
 		if g := runtime.NumGoroutine(); g > before {
 			return fmt.Errorf("%d goroutines after Close, %d before", g, before)
 		}

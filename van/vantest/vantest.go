@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
+	"github.com/fptps/fpt/van/internal/wiretest"
 )
 
 // Listen starts a transport on cfg; cfg.ListenAddr is "127.0.0.1:0".
@@ -104,7 +106,7 @@ func (c *Collector) poke() {
 // waitFor polls cond, under the collector's lock, until it holds.
 func (c *Collector) waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
+	deadline := time.After(30 * time.Second)
 	for {
 		c.mu.Lock()
 		ok := cond()
@@ -163,12 +165,22 @@ func (s sinkCollector) PayloadBuffer(h *frame.Header) []byte {
 	return b
 }
 
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+// Logger is the logger for vans in tests: it discards, unless FPT_TEST_LOG
+// is set (then Debug and above go to stderr).
+func Logger() *slog.Logger {
+	if os.Getenv("FPT_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
 
-func newVan(t testing.TB, l Listen, self node.ID, mod func(*van.Config)) (van.Transport, *Collector) {
+// NewVan starts a transport with l on a free loopback port, a Collector as
+// its handler and an IOTimeout of 5 s; mod may adjust the config. The
+// transport is closed when the test ends.
+func NewVan(t testing.TB, l Listen, self node.ID, mod func(*van.Config)) (van.Transport, *Collector) {
 	t.Helper()
 	col := NewCollector()
-	cfg := van.Config{Self: self, ListenAddr: "127.0.0.1:0", Handler: col, Logger: quiet(), IOTimeout: 5 * time.Second}
+	cfg := van.Config{Self: self, ListenAddr: "127.0.0.1:0", Handler: col, Logger: Logger(), IOTimeout: 5 * time.Second}
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -196,30 +208,9 @@ func Connect(t testing.TB, a van.Transport, aID node.ID, b van.Transport, bID no
 	}
 }
 
-func fill(p []byte, seed uint64) {
-	x := seed*0x9e3779b97f4a7c15 + 1
-	for i := range p {
-		x = x*6364136223846793005 + 1442695040888963407
-		p[i] = byte(x >> 56)
-	}
-}
-
-func check(p []byte, seed uint64) int {
-	x := seed*0x9e3779b97f4a7c15 + 1
-	for i := range p {
-		x = x*6364136223846793005 + 1442695040888963407
-		if p[i] != byte(x>>56) {
-			return i
-		}
-	}
-	return -1
-}
-
-func pushHeader(from, to node.ID, key uint64, n int) frame.Header {
-	return frame.Header{Type: frame.Push, DType: frame.Float32, Sender: uint32(from), Recipient: uint32(to), Key: key, Total: uint64(n), Length: uint64(n)}
-}
-
-func eventually(t testing.TB, f func() error) {
+// Eventually polls f until it returns nil, failing the test with f's last
+// error after 10 seconds.
+func Eventually(t testing.TB, f func() error) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -235,20 +226,21 @@ func eventually(t testing.TB, f func() error) {
 }
 
 func testRoundTrip(t *testing.T, l Listen) {
-	a, ca := newVan(t, l, 8, nil)
-	b, cb := newVan(t, l, 9, nil)
+	start := time.Now()
+	a, ca := NewVan(t, l, 8, nil)
+	b, cb := NewVan(t, l, 9, nil)
 	Connect(t, a, 8, b, 9)
 	sizes := []int{0, 4, 64 << 10, 4 << 20, 12, 0}
 	var doneCalls atomic.Int32
 	send := func(v van.Transport, from, to node.ID) {
 		for i, n := range sizes {
 			p := make([]byte, n)
-			fill(p, uint64(from)<<32|uint64(i))
-			m := &van.Message{Header: pushHeader(0, to, uint64(i), n), Payload: p, Done: func(err error) {
+			wiretest.Fill(p, uint64(from)<<32|uint64(i))
+			m := &van.Message{Header: wiretest.PushHeader(0, to, uint64(i), n), Payload: p, Done: func(err error) {
 				if err != nil {
 					t.Errorf("Done(%v)", err)
 				}
-				fill(p, 0) // the buffer is free again: the receiver must not see this
+				wiretest.Fill(p, 0) // the buffer is free again: the receiver must not see this
 				doneCalls.Add(1)
 			}}
 			m.Header.Length = 12345 // the van sets it
@@ -258,6 +250,7 @@ func testRoundTrip(t *testing.T, l Listen) {
 			}
 		}
 	}
+	// Both directions over the one connection, at the same time.
 	go send(a, 8, 9)
 	send(b, 9, 8)
 	for _, tc := range []struct {
@@ -269,12 +262,12 @@ func testRoundTrip(t *testing.T, l Listen) {
 			if node.ID(f.Header.Sender) != tc.from || f.Header.Key != uint64(i) || len(f.Payload) != sizes[i] || f.Header.Length != uint64(sizes[i]) {
 				t.Fatalf("frame %d from %d: %v with %d bytes, want key %d and %d bytes", i, tc.from, &f.Header, len(f.Payload), i, sizes[i])
 			}
-			if at := check(f.Payload, uint64(tc.from)<<32|uint64(i)); at >= 0 {
+			if at := wiretest.Check(f.Payload, uint64(tc.from)<<32|uint64(i)); at >= 0 {
 				t.Fatalf("frame %d from %d: content differs at byte %d", i, tc.from, at)
 			}
 		}
 	}
-	eventually(t, func() error {
+	Eventually(t, func() error {
 		if n := doneCalls.Load(); n != int32(2*len(sizes)) {
 			return fmt.Errorf("%d Done calls, want %d", n, 2*len(sizes))
 		}
@@ -285,37 +278,52 @@ func testRoundTrip(t *testing.T, l Listen) {
 		total += uint64(frame.HeaderSize + n)
 		payload += uint64(n)
 	}
-	sa, sb := a.Stats(), b.Stats()
-	if len(sa) != 1 || len(sb) != 1 {
-		t.Fatalf("stats %v / %v", sa, sb)
-	}
-	sa[0].SentBusy, sa[0].ReceivedBusy, sb[0].SentBusy, sb[0].ReceivedBusy = 0, 0, 0, 0
-	// One Hello from a to b on top of the data frames, as on TCP.
-	// The collector has no sink: every payload is copied.
-	want := van.PeerStats{Peer: 9, SentBytes: total + frame.HeaderSize, ReceivedBytes: total, SentFrames: uint64(len(sizes)) + 1, ReceivedFrames: uint64(len(sizes)), ReceivedCopiedBytes: payload}
-	if sa[0] != want {
-		t.Errorf("a's stats %+v, want %+v", sa[0], want)
-	}
-	want = van.PeerStats{Peer: 8, SentBytes: total, ReceivedBytes: total + frame.HeaderSize, SentFrames: uint64(len(sizes)), ReceivedFrames: uint64(len(sizes)) + 1, ReceivedCopiedBytes: payload}
-	if sb[0] != want {
-		t.Errorf("b's stats %+v, want %+v", sb[0], want)
-	}
+	Eventually(t, func() error {
+		sa, sb := a.Stats(), b.Stats()
+		if len(sa) != 1 || len(sb) != 1 {
+			return fmt.Errorf("stats %v / %v", sa, sb)
+		}
+		// Every frame took some sending and some receiving (on TCP a
+		// frame with a payload takes two reads at least: the header is
+		// read on its own): every busy time has been counted, and none
+		// can exceed the test's age.
+		for _, st := range []van.PeerStats{sa[0], sb[0]} {
+			for _, busy := range []time.Duration{st.SentBusy, st.ReceivedBusy} {
+				if busy <= 0 || busy > time.Since(start) {
+					return fmt.Errorf("busy time %v, want within (0, %v]: %+v", busy, time.Since(start), st)
+				}
+			}
+		}
+		sa[0].SentBusy, sa[0].ReceivedBusy, sb[0].SentBusy, sb[0].ReceivedBusy = 0, 0, 0, 0
+		// One Hello from a to b on top of the data frames, as on TCP.
+		// The collector has no sink: every payload is copied.
+		want := van.PeerStats{Peer: 9, SentBytes: total + frame.HeaderSize, ReceivedBytes: total, SentFrames: uint64(len(sizes)) + 1, ReceivedFrames: uint64(len(sizes)), ReceivedCopiedBytes: payload}
+		if sa[0] != want {
+			return fmt.Errorf("a's stats %+v, want %+v", sa[0], want)
+		}
+		want = van.PeerStats{Peer: 8, SentBytes: total, ReceivedBytes: total + frame.HeaderSize, SentFrames: uint64(len(sizes)), ReceivedFrames: uint64(len(sizes)) + 1, ReceivedCopiedBytes: payload}
+		if sb[0] != want {
+			return fmt.Errorf("b's stats %+v, want %+v", sb[0], want)
+		}
+		return nil
+	})
 }
 
 func testPriorityOrderAtReceiver(t *testing.T, l Listen) {
-	a, _ := newVan(t, l, 8, nil)
-	b, cb := newVan(t, l, 9, nil)
+	a, _ := NewVan(t, l, 8, nil)
+	b, cb := NewVan(t, l, 9, nil)
 	Connect(t, a, 8, b, 9)
 	a.SetWeight(9, 0) // queue everything before the sender may run
 	r := rand.New(rand.NewPCG(1, 1))
 	const n = 200
 	for i := range n {
-		m := &van.Message{Header: pushHeader(8, 9, uint64(i), 4), Payload: make([]byte, 4)}
+		m := &van.Message{Header: wiretest.PushHeader(8, 9, uint64(i), 4), Payload: make([]byte, 4)}
 		m.Header.Priority = int32(r.IntN(5))
 		if err := a.Send(m); err != nil {
 			t.Fatal(err)
 		}
 	}
+	time.Sleep(20 * time.Millisecond) // time for a sender that ignores the pause to show it
 	if s := b.Stats(); len(s) > 0 && s[0].ReceivedFrames > 1 {
 		t.Fatalf("frames of a paused flow arrived: %+v", s)
 	}
@@ -332,13 +340,13 @@ func testPriorityOrderAtReceiver(t *testing.T, l Listen) {
 // Every node sends to every other at once; each pair's frames arrive
 // complete, in order, and the handler is never called concurrently.
 func testMesh(t *testing.T, l Listen) {
-	const nodes, perPair = 5, 30
+	const nodes, perPair = 6, 30
 	vans := make([]van.Transport, nodes)
 	cols := make([]*Collector, nodes)
 	ids := make([]node.ID, nodes)
 	for i := range vans {
 		ids[i] = node.ID(8 + i)
-		vans[i], cols[i] = newVan(t, l, ids[i], nil)
+		vans[i], cols[i] = NewVan(t, l, ids[i], nil)
 	}
 	ctx := context.Background()
 	for i := range vans {
@@ -362,9 +370,9 @@ func testMesh(t *testing.T, l Listen) {
 			}
 			wg.Go(func() {
 				for k := range uint64(perPair) {
-					p := make([]byte, int(k*k*157%(64<<10))&^3)
-					fill(p, uint64(ids[i])<<40|uint64(ids[j])<<20|k)
-					if err := vans[i].Send(&van.Message{Header: pushHeader(ids[i], ids[j], k, len(p)), Payload: p}); err != nil {
+					p := make([]byte, meshSize(k))
+					wiretest.Fill(p, uint64(ids[i])<<40|uint64(ids[j])<<20|k)
+					if err := vans[i].Send(&van.Message{Header: wiretest.PushHeader(ids[i], ids[j], k, len(p)), Payload: p}); err != nil {
 						t.Error(err)
 						return
 					}
@@ -378,7 +386,7 @@ func testMesh(t *testing.T, l Listen) {
 		next := map[node.ID]uint64{}
 		for _, f := range got {
 			from := node.ID(f.Header.Sender)
-			if node.ID(f.Header.Recipient) != ids[i] || f.Header.Key != next[from] || check(f.Payload, uint64(from)<<40|uint64(ids[i])<<20|f.Header.Key) >= 0 {
+			if node.ID(f.Header.Recipient) != ids[i] || f.Header.Key != next[from] || len(f.Payload) != meshSize(f.Header.Key) || wiretest.Check(f.Payload, uint64(from)<<40|uint64(ids[i])<<20|f.Header.Key) >= 0 {
 				t.Fatalf("node %d: frame %v out of order, misaddressed or corrupted (want key %d from %d)", ids[i], &f.Header, next[from], from)
 			}
 			next[from]++
@@ -386,10 +394,13 @@ func testMesh(t *testing.T, l Listen) {
 	}
 }
 
+// meshSize varies frame sizes by key: small, odd and up to 96 KiB.
+func meshSize(key uint64) int { return int(key*key*157%(96<<10)) &^ 3 }
+
 func testSink(t *testing.T, l Listen) {
-	a, _ := newVan(t, l, 8, nil)
+	a, _ := NewVan(t, l, 8, nil)
 	col := NewCollector()
-	b, err := l(van.Config{Self: 9, ListenAddr: "127.0.0.1:0", Handler: sinkCollector{col}, Logger: quiet()})
+	b, err := l(van.Config{Self: 9, ListenAddr: "127.0.0.1:0", Handler: sinkCollector{col}, Logger: Logger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -397,14 +408,14 @@ func testSink(t *testing.T, l Listen) {
 	Connect(t, a, 8, b, 9)
 	for i, n := range []int{16, 0, 1 << 20} {
 		p := make([]byte, n)
-		fill(p, uint64(i))
-		if err := a.Send(&van.Message{Header: pushHeader(8, 9, uint64(i), n), Payload: p}); err != nil {
+		wiretest.Fill(p, uint64(i))
+		if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, uint64(i), n), Payload: p}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	got := col.WaitFrames(t, 3)
 	for i, f := range got {
-		if check(f.Payload, uint64(i)) >= 0 {
+		if wiretest.Check(f.Payload, uint64(i)) >= 0 {
 			t.Errorf("frame %d corrupted", i)
 		}
 	}
@@ -421,13 +432,13 @@ func testSink(t *testing.T, l Listen) {
 }
 
 func testGracefulClose(t *testing.T, l Listen) {
-	a, ca := newVan(t, l, 8, nil)
-	b, cb := newVan(t, l, 9, nil)
+	a, ca := NewVan(t, l, 8, nil)
+	b, cb := NewVan(t, l, 9, nil)
 	Connect(t, a, 8, b, 9)
 	a.SetWeight(9, 0) // frames accepted before Close are sent, even from a paused flow
 	var done atomic.Int32
 	for i := range 10 {
-		if err := a.Send(&van.Message{Header: pushHeader(8, 9, uint64(i), 1<<16), Payload: make([]byte, 1<<16), Done: func(err error) {
+		if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, uint64(i), 1<<16), Payload: make([]byte, 1<<16), Done: func(err error) {
 			if err != nil {
 				t.Errorf("Done(%v) on a graceful close", err)
 			}
@@ -446,22 +457,23 @@ func testGracefulClose(t *testing.T, l Listen) {
 		t.Fatalf("%d Done calls after Close, want 10", done.Load())
 	}
 	cb.WaitFrames(t, 10)
-	eventually(t, func() error {
-		if err := b.Send(&van.Message{Header: pushHeader(9, 8, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
+	Eventually(t, func() error {
+		if err := b.Send(&van.Message{Header: wiretest.PushHeader(9, 8, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
 			return fmt.Errorf("Send to a node that left: %v", err)
 		}
 		return nil
 	})
+	time.Sleep(100 * time.Millisecond) // time for a wrong PeerLost to show
 	if l := cb.LostPeers(); len(l) != 0 {
 		t.Fatalf("PeerLost on a graceful close: %v", l)
 	}
 	if l := ca.LostPeers(); len(l) != 0 {
 		t.Fatalf("PeerLost at the closing node: %v", l)
 	}
-	if err := a.Send(&van.Message{Header: pushHeader(8, 9, 1, 0)}); !errors.Is(err, van.ErrClosed) {
+	if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, 1, 0)}); !errors.Is(err, van.ErrClosed) {
 		t.Fatalf("Send after Close: %v, want ErrClosed", err)
 	}
-	if err := a.Forward(&van.Message{Header: pushHeader(8, 9, 1, 0)}); !errors.Is(err, van.ErrClosed) {
+	if err := a.Forward(&van.Message{Header: wiretest.PushHeader(8, 9, 1, 0)}); !errors.Is(err, van.ErrClosed) {
 		t.Fatalf("Forward after Close: %v, want ErrClosed", err)
 	}
 	if err := a.Dial(context.Background(), 9, b.Addr()); !errors.Is(err, van.ErrClosed) {
@@ -470,14 +482,14 @@ func testGracefulClose(t *testing.T, l Listen) {
 }
 
 func testSendErrors(t *testing.T, l Listen) {
-	v, _ := newVan(t, l, 8, func(c *van.Config) { c.MaxPayload = 1 << 10 })
-	if err := v.Send(&van.Message{Header: pushHeader(8, 42, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
+	v, _ := NewVan(t, l, 8, func(c *van.Config) { c.MaxPayload = 1 << 10 })
+	if err := v.Send(&van.Message{Header: wiretest.PushHeader(8, 42, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
 		t.Fatalf("Send to an unknown node: %v", err)
 	}
-	if err := v.Forward(&van.Message{Header: pushHeader(8, 42, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
+	if err := v.Forward(&van.Message{Header: wiretest.PushHeader(8, 42, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
 		t.Fatalf("Forward to an unknown node: %v", err)
 	}
-	if err := v.Send(&van.Message{Header: pushHeader(8, 42, 1, 2048), Payload: make([]byte, 2048)}); err == nil {
+	if err := v.Send(&van.Message{Header: wiretest.PushHeader(8, 42, 1, 2048), Payload: make([]byte, 2048)}); err == nil {
 		t.Fatal("Send over MaxPayload accepted")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -486,24 +498,24 @@ func testSendErrors(t *testing.T, l Listen) {
 		t.Fatalf("AwaitPeers of a node that never comes: %v", err)
 	}
 	// Dialling an address nobody listens on any more.
-	gone, _ := newVan(t, l, 9, nil)
+	gone, _ := NewVan(t, l, 9, nil)
 	addr := gone.Addr()
 	gone.Close()
 	if err := v.Dial(context.Background(), 9, addr); err == nil || !strings.Contains(err.Error(), addr) {
 		t.Fatalf("Dial of a closed port: %v", err)
 	}
-	if _, err := l(van.Config{Self: 9, ListenAddr: v.Addr(), Handler: NewCollector(), Logger: quiet()}); err == nil || !strings.Contains(err.Error(), "address already in use") {
+	if _, err := l(van.Config{Self: 9, ListenAddr: v.Addr(), Handler: NewCollector(), Logger: Logger()}); err == nil || !strings.Contains(err.Error(), "address already in use") {
 		t.Fatalf("listening on a port in use: %v", err)
 	}
 }
 
 func testBackPressure(t *testing.T, l Listen) {
-	a, _ := newVan(t, l, 8, func(c *van.Config) { c.PoolBytes = 4096 })
-	b, cb := newVan(t, l, 9, nil)
+	a, _ := NewVan(t, l, 8, func(c *van.Config) { c.PoolBytes = 4096 })
+	b, cb := NewVan(t, l, 9, nil)
 	Connect(t, a, 8, b, 9)
 	a.SetWeight(9, 0)
 	msg := func(k uint64) *van.Message {
-		return &van.Message{Header: pushHeader(8, 9, k, 4000), Payload: make([]byte, 4000)}
+		return &van.Message{Header: wiretest.PushHeader(8, 9, k, 4000), Payload: make([]byte, 4000)}
 	}
 	if err := a.Send(msg(1)); err != nil {
 		t.Fatal(err)
@@ -513,31 +525,47 @@ func testBackPressure(t *testing.T, l Listen) {
 	select {
 	case err := <-sent:
 		t.Fatalf("Send over the pool limit returned (%v) without blocking", err)
-	case <-time.After(50 * time.Millisecond):
+	case <-time.After(100 * time.Millisecond):
 	}
-	if err := a.Forward(msg(3)); err != nil { // never blocks
-		t.Fatal(err)
+	// Forward never blocks, even over the limit.
+	fwd := make(chan error, 1)
+	go func() { fwd <- a.Forward(msg(3)) }()
+	select {
+	case err := <-fwd:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Forward blocked")
 	}
 	a.SetWeight(9, 1)
-	if err := <-sent; err != nil {
-		t.Fatal(err)
+	select {
+	case err := <-sent:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Send still blocked after the sender drained the pool")
 	}
 	cb.WaitFrames(t, 3)
 }
 
+// A paused flow holds its frames in the pool (counted by QueuedBytes)
+// until shaping is switched off, and pauses again when it is switched back
+// on.
 func testShapingSwitch(t *testing.T, l Listen) {
-	a, _ := newVan(t, l, 8, nil)
-	b, cb := newVan(t, l, 9, nil)
+	a, _ := NewVan(t, l, 8, nil)
+	b, cb := NewVan(t, l, 9, nil)
 	Connect(t, a, 8, b, 9)
 	a.SetWeight(9, 0)
 	const n = 1000
 	send := func(k uint64) {
-		if err := a.Send(&van.Message{Header: pushHeader(8, 9, k, n), Payload: make([]byte, n)}); err != nil {
+		if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, k, n), Payload: make([]byte, n)}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	queued := func(want int64) {
-		eventually(t, func() error {
+		Eventually(t, func() error {
 			if got := a.QueuedBytes(); got != want {
 				return fmt.Errorf("QueuedBytes %d, want %d", got, want)
 			}
@@ -553,6 +581,10 @@ func testShapingSwitch(t *testing.T, l Listen) {
 	a.SetShaping(true)
 	send(3)
 	queued(frame.HeaderSize + n)
+	time.Sleep(50 * time.Millisecond) // time for a frame of the paused flow to show
+	if got := len(cb.Frames()); got != 2 {
+		t.Fatalf("%d frames arrived with the flow paused again, want 2", got)
+	}
 	a.SetWeight(9, 1)
 	cb.WaitFrames(t, 3)
 	queued(0)

@@ -1,0 +1,7 @@
+package van
+
+// Reasons for closing a connection, for the tests of package van_test.
+var (
+	ErrProtocol = errProtocol
+	ErrStalled  = errStalled
+)
