@@ -137,7 +137,7 @@ func (l *Lib) Start() error {
 
 	// The node bounds its start with FPT_START_TIMEOUT; a failed start has
 	// released what it bound.
-	n, err := launch.Start(context.Background(), cfg, launch.Logger(l.stderr, cfg), l.stdout)
+	n, err := launch.Start(context.Background(), cfg, launch.Deps{Log: launch.Logger(l.stderr, cfg), Decisions: l.stdout})
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {

@@ -53,7 +53,7 @@ func Main(name string, lookup func(string) (string, bool), stderr io.Writer, tra
 	log := Logger(stderr, cfg)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err = Run(ctx, cfg, log, os.Stdout, train)
+	err = Run(ctx, cfg, Deps{Log: log, Decisions: os.Stdout}, train)
 	// Deliver the last control messages before the process exits.
 	control.Shutdown()
 	if err != nil {
@@ -68,13 +68,13 @@ func Main(name string, lookup func(string) (string, bool), stderr io.Writer, tra
 }
 
 // Run runs one node of the given configuration until it leaves the cluster:
-// Start, then for a worker the training program, then Finalize. The
-// scheduler's LB decisions go to decisions (Main: stdout).
-func Run(ctx context.Context, cfg config.Config, log *slog.Logger, decisions io.Writer, train Train) error {
+// Start, then for a worker the training program, then Finalize. Main
+// passes stdout for the scheduler's LB decisions.
+func Run(ctx context.Context, cfg config.Config, deps Deps, train Train) error {
 	if cfg.Role == node.Worker && train == nil {
 		return errors.New("launch: a worker needs a training program")
 	}
-	n, err := Start(ctx, cfg, log, decisions)
+	n, err := Start(ctx, cfg, deps)
 	if err != nil {
 		return err
 	}

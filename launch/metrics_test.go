@@ -69,7 +69,7 @@ func TestMetricsMatchTraining(t *testing.T) {
 		addrs[name] = cfg.MetricsAddr
 		mu.Unlock()
 		done := make(chan error, 1)
-		go func() { done <- launch.Run(ctx, cfg, log, io.Discard, train) }()
+		go func() { done <- launch.Run(ctx, cfg, launch.Deps{Log: log, Decisions: io.Discard}, train) }()
 		return done
 	}
 	var ends []<-chan error

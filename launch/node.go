@@ -42,18 +42,32 @@ type Node struct {
 	closeOnce sync.Once
 }
 
+// Deps are what a node is given rather than what it makes for itself.
+type Deps struct {
+	// Log is the node's logger; nil: slog.Default().
+	Log *slog.Logger
+	// Decisions receives the scheduler's LB decisions, one line each (the
+	// binaries and the C library pass stdout); nil: only logged.
+	Decisions io.Writer
+	// Planes are the node's transports; zero: the real ones,
+	// cluster.Network(cfg.Van). In-process clusters pass in-memory ones.
+	Planes cluster.Planes
+}
+
 // Start starts the node cfg.Role names and returns once it runs: a server
 // or worker once the whole cluster has started (ctx bounds that, as does
 // FPT_START_TIMEOUT), the scheduler at once, running in the background
-// until Finalize or Close, its outcome (a taken port, say) Finalize's.
-// With the LB on the scheduler writes each decision to decisions as a
-// line (nil: only logged); the binaries and the C library both pass
-// stdout. With cfg.MetricsAddr set the node serves its metrics there until
-// it is finalized or closed. A failed Start has released everything it
-// bound.
-func Start(ctx context.Context, cfg config.Config, log *slog.Logger, decisions io.Writer) (*Node, error) {
+// until Finalize or Close, its outcome (a port taken, say) Finalize's.
+// With cfg.MetricsAddr set the node serves its metrics there until it is
+// finalized or closed. A failed Start has released everything it bound.
+func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
+	log := deps.Log
 	if log == nil {
 		log = slog.Default()
+	}
+	planes := deps.Planes
+	if planes.Control == nil || planes.Data == nil {
+		planes = cluster.Network(cfg.Van)
 	}
 	n := &Node{cfg: cfg, log: log}
 	m, err := n.serveMetrics()
@@ -62,14 +76,14 @@ func Start(ctx context.Context, cfg config.Config, log *slog.Logger, decisions i
 	}
 	switch cfg.Role {
 	case node.Scheduler:
-		n.startScheduler(ctx, decisions)
+		n.startScheduler(ctx, planes, deps.Decisions)
 		return n, nil
 	case node.Server:
-		n.member = cluster.New(cfg, log, cluster.Network(cfg.Van))
+		n.member = cluster.New(cfg, log, planes)
 		n.member.SetMetrics(m)
 		n.server, err = server.Start(ctx, n.member)
 	case node.Worker:
-		n.member = cluster.New(cfg, log, cluster.Network(cfg.Van))
+		n.member = cluster.New(cfg, log, planes)
 		n.member.SetMetrics(m)
 		n.worker, err = worker.Start(ctx, n.member)
 	default:
@@ -104,12 +118,17 @@ func (n *Node) serveMetrics() (*metrics.Node, error) {
 // its own, keeping ctx's values but not its end: ctx bounds starting, and
 // the scheduler runs until the cluster terminates, Finalize's context ends
 // or Close.
-func (n *Node) startScheduler(ctx context.Context, decisions io.Writer) {
+func (n *Node) startScheduler(ctx context.Context, planes cluster.Planes, decisions io.Writer) {
 	ctx, n.stop = context.WithCancel(context.WithoutCancel(ctx))
 	n.schedDone = make(chan struct{})
 	go func() {
 		defer close(n.schedDone)
-		n.schedErr = scheduler.Run(ctx, n.cfg, n.log, decisions)
+		plane, err := planes.Control(n.cfg.RootPort, n.log)
+		if err != nil {
+			n.schedErr = fmt.Errorf("scheduler: DMLC_PS_ROOT_PORT=%d: %w", n.cfg.RootPort, err)
+			return
+		}
+		n.schedErr = scheduler.Serve(ctx, plane, n.cfg, n.log, decisions)
 	}()
 }
 
@@ -121,6 +140,10 @@ func (n *Node) Config() config.Config { return n.cfg }
 
 // Worker is the started worker, nil unless the node is one.
 func (n *Node) Worker() *worker.Worker { return n.worker }
+
+// Member is a server's or worker's cluster membership, nil for the
+// scheduler.
+func (n *Node) Member() *cluster.Member { return n.member }
 
 // Rank is the node's rank among the workers or the servers; 0 for the
 // scheduler.

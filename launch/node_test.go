@@ -59,7 +59,7 @@ func TestStartSchedulerOutcomeIsFinalizes(t *testing.T) {
 	defer taken.Close()
 	port := taken.Addr().(*net.TCPAddr).Port
 	cfg := nodeConfig(t, "scheduler", port, map[string]string{"FPT_METRICS_ADDR": "127.0.0.1:0"})
-	n, err := launch.Start(context.Background(), cfg, quiet, io.Discard)
+	n, err := launch.Start(context.Background(), cfg, launch.Deps{Log: quiet})
 	if err != nil {
 		t.Fatalf("Start of a scheduler whose port is taken: %v, want nil (the outcome is Finalize's)", err)
 	}
@@ -85,7 +85,7 @@ func TestStartSchedulerOutcomeIsFinalizes(t *testing.T) {
 // Finalize's context bounds how long it waits for the scheduler, which it
 // stops when the context ends (a binary's SIGTERM).
 func TestFinalizeContextStopsScheduler(t *testing.T) {
-	n, err := launch.Start(context.Background(), nodeConfig(t, "scheduler", freePort(t), nil), quiet, io.Discard)
+	n, err := launch.Start(context.Background(), nodeConfig(t, "scheduler", freePort(t), nil), launch.Deps{Log: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +124,7 @@ func TestStartFailureReleases(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := nodeConfig(t, tt.role, freePort(t), tt.extra)
-			n, err := launch.Start(context.Background(), cfg, quiet, io.Discard)
+			n, err := launch.Start(context.Background(), cfg, launch.Deps{Log: quiet})
 			if err == nil {
 				n.Close()
 				t.Fatal("Start succeeded")
@@ -146,7 +146,7 @@ func TestStartFailureReleases(t *testing.T) {
 
 // A worker role needs a training program.
 func TestRunWorkerWithoutTrain(t *testing.T) {
-	err := launch.Run(context.Background(), nodeConfig(t, "worker", freePort(t), nil), quiet, io.Discard, nil)
+	err := launch.Run(context.Background(), nodeConfig(t, "worker", freePort(t), nil), launch.Deps{Log: quiet}, nil)
 	if err == nil || !strings.Contains(err.Error(), "training program") {
 		t.Errorf("Run of a worker without train: %v", err)
 	}
@@ -155,7 +155,7 @@ func TestRunWorkerWithoutTrain(t *testing.T) {
 // Close stops a scheduler at once; a nil decisions writer is allowed (the
 // decisions are only logged).
 func TestCloseStopsScheduler(t *testing.T) {
-	n, err := launch.Start(context.Background(), nodeConfig(t, "scheduler", freePort(t), nil), quiet, nil)
+	n, err := launch.Start(context.Background(), nodeConfig(t, "scheduler", freePort(t), nil), launch.Deps{Log: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/fptps/fpt/reduce"
 	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/reduce"
 )
 
 func float32s(vals ...float32) []byte {

@@ -19,22 +19,12 @@ import (
 	"github.com/fptps/fpt/node"
 )
 
-// Run runs the scheduler until the cluster terminates (nil) or a node fails
-// (an error naming it). It returns at once with a clear error when the
-// scheduler's port is taken. With the LB on, every decision it makes is
+// Serve runs the scheduler on plane (bound to cfg.RootPort, where the
+// nodes look for it) until the cluster terminates (nil) or a node fails
+// (an error naming it). With the LB on, every decision it makes is
 // written to decisions as one line, saying which aggregator holds what
-// share and why (nil: only logged).
-func Run(ctx context.Context, cfg config.Config, log *slog.Logger, decisions io.Writer) error {
-	plane, err := control.Listen(control.Config{BindHost: "0.0.0.0", Port: cfg.RootPort, Logger: log})
-	if err != nil {
-		return fmt.Errorf("scheduler: DMLC_PS_ROOT_PORT=%d: %w", cfg.RootPort, err)
-	}
-	return Serve(ctx, plane, cfg, log, decisions)
-}
-
-// Serve is Run on a control plane the caller opened (on cfg.RootPort, where
-// the nodes look for the scheduler): tests run the scheduler on an
-// in-memory one. Serve closes plane before it returns.
+// share and why (nil: only logged). Serve closes plane before it returns.
+// launch.Start is how a scheduler is started.
 func Serve(ctx context.Context, plane control.Transport, cfg config.Config, log *slog.Logger, decisions io.Writer) error {
 	if log == nil {
 		log = slog.Default()

@@ -36,16 +36,6 @@ type stored struct {
 	data  []byte
 }
 
-// Run starts a server on n, serves until the cluster terminates, and
-// returns the node's failure, if any.
-func Run(ctx context.Context, n *cluster.Member) error {
-	s, err := Start(ctx, n)
-	if err != nil {
-		return err
-	}
-	return s.Finalize(ctx)
-}
-
 // Start joins the cluster as a server. With the LB on (config.LB), the
 // server reports its measured rates to the scheduler and follows its
 // directives.

@@ -14,16 +14,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/internal/localcluster"
-	"github.com/fptps/fpt/metrics"
+	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/node"
-	"github.com/fptps/fpt/scheduler"
-	"github.com/fptps/fpt/server"
 	"github.com/fptps/fpt/trainer"
 	"github.com/fptps/fpt/worker"
 )
@@ -33,9 +28,9 @@ import (
 // server and the cluster code together.
 type inProcess struct {
 	workers []*worker.Worker
-	// servers holds each server's metrics registry: the test reads a
-	// server's van figures there (it has no other handle on the server).
-	servers []*prometheus.Registry
+	// servers serve their metrics on a port of their own: the test reads
+	// a server's van figures there, as a scrape would.
+	servers []*launch.Node
 	errs    chan error // from the scheduler and servers
 	nodes   int
 }
@@ -66,38 +61,43 @@ func startInProcess(servers, workers int, extra map[string]string) (*inProcess, 
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx := context.Background()
 	c := &inProcess{errs: make(chan error, servers+1), nodes: servers + 1}
-	sched := cfgFor("scheduler")
-	go func() { c.errs <- scheduler.Run(ctx, sched, log, nil) }()
-	for range servers {
-		cfg := cfgFor("server")
-		n := cluster.New(cfg, log, cluster.Network(cfg.Van))
-		reg := prometheus.NewRegistry()
-		m, err := metrics.New(reg, node.Server)
+	deps := launch.Deps{Log: log}
+	sched, err := launch.Start(ctx, cfgFor("scheduler"), deps)
+	if err != nil {
+		return nil, err
+	}
+	go func() { c.errs <- sched.Finalize(ctx) }()
+	// Every node starts as a real one does; servers and workers start at
+	// once, since each returns only when the whole cluster has.
+	started := make(chan *launch.Node, servers+workers)
+	failed := make(chan error, servers+workers)
+	start := func(cfg config.Config) {
+		n, err := launch.Start(ctx, cfg, deps)
 		if err != nil {
-			return nil, err
+			failed <- err
+			return
 		}
-		n.SetMetrics(m)
-		c.servers = append(c.servers, reg)
-		go func() { c.errs <- server.Run(ctx, n) }()
+		started <- n
+	}
+	scfg := cfgFor("server")
+	scfg.MetricsAddr = "127.0.0.1:0"
+	for range servers {
+		go start(scfg)
 	}
 	wcfg := cfgFor("worker")
-	ws := make(chan *worker.Worker, workers)
-	werrs := make(chan error, workers)
 	for range workers {
-		go func() {
-			w, err := worker.Start(ctx, cluster.New(wcfg, log, cluster.Network(wcfg.Van)))
-			if err != nil {
-				werrs <- err
-				return
-			}
-			ws <- w
-		}()
+		go start(wcfg)
 	}
-	for range workers {
+	for range servers + workers {
 		select {
-		case w := <-ws:
-			c.workers = append(c.workers, w)
-		case err := <-werrs:
+		case n := <-started:
+			if w := n.Worker(); w != nil {
+				c.workers = append(c.workers, w)
+				continue
+			}
+			c.servers = append(c.servers, n)
+			go func() { c.errs <- n.Finalize(ctx) }()
+		case err := <-failed:
 			return nil, err
 		case <-time.After(30 * time.Second):
 			return nil, fmt.Errorf("cluster did not start")

@@ -5,9 +5,8 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/trainer"
 	"github.com/fptps/fpt/van/vantest"
@@ -46,11 +45,10 @@ func workerPayload(w *worker.Worker) payload {
 	return p
 }
 
-// serverPayload reads a server's figures from its Prometheus registry, as
-// a scrape of /metrics would.
-func serverPayload(t *testing.T, reg *prometheus.Registry) payload {
+// serverPayload reads a server's figures from its /metrics.
+func serverPayload(t *testing.T, addr string) payload {
 	t.Helper()
-	mfs, err := reg.Gather()
+	mfs, err := metrics.Scrape(context.Background(), addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,8 +98,8 @@ func TestFPTPayloadReadInPlace(t *testing.T) {
 			var last string
 			vantest.Eventually(t, func() error {
 				total, last = payload{}, ""
-				for i, reg := range c.servers {
-					p := serverPayload(t, reg)
+				for i, srv := range c.servers {
+					p := serverPayload(t, srv.MetricsAddr())
 					last += fmt.Sprintf("\n  server %d: %v", i, p)
 					total.add(p)
 				}

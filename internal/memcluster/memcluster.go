@@ -23,9 +23,8 @@ import (
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/control/memplane"
+	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/node"
-	"github.com/fptps/fpt/scheduler"
-	"github.com/fptps/fpt/server"
 	"github.com/fptps/fpt/van"
 	"github.com/fptps/fpt/van/memvan"
 	"github.com/fptps/fpt/worker"
@@ -53,7 +52,7 @@ type Cluster struct {
 	// Workers are the workers, by rank.
 	Workers []*worker.Worker
 
-	members []*cluster.Member  // servers and workers
+	nodes   []*launch.Node     // the scheduler, servers and workers
 	cancel  context.CancelFunc // ends every node's context
 	ended   chan error         // the scheduler's and every server's end
 	mu      sync.Mutex         // guards the two below, and taking from ended
@@ -105,43 +104,64 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		ended:   make(chan error, o.Servers+1),
 		waiting: o.Servers + 1,
 	}
-	planes := cluster.Planes{
-		Control: func(port int, log *slog.Logger) (control.Transport, error) { return c.Control.Listen(port, log) },
-		Data:    func(cfg van.Config) (van.Transport, error) { return c.Data.Listen(cfg) },
+	deps := func(role string, i int) launch.Deps {
+		return launch.Deps{
+			Log: log.With("node", role, "started", i),
+			Planes: cluster.Planes{
+				Control: func(port int, log *slog.Logger) (control.Transport, error) { return c.Control.Listen(port, log) },
+				Data:    func(cfg van.Config) (van.Transport, error) { return c.Data.Listen(cfg) },
+			},
+		}
 	}
-	splane, err := c.Control.Listen(scfg.RootPort, log)
+	// Every node starts as a real one does (launch.Start); the scheduler
+	// and the servers then serve until Finish or Close.
+	serve := func(n *launch.Node) { c.ended <- n.Finalize(ctx) }
+	sched, err := launch.Start(ctx, scfg, deps("scheduler", 0))
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	go func() { c.ended <- scheduler.Serve(ctx, splane, scfg, log.With("node", "scheduler"), nil) }()
-	for i := range o.Servers {
-		m := cluster.New(srvCfg, log.With("node", "server", "started", i), planes)
-		c.members = append(c.members, m)
-		go func() { c.ended <- server.Run(ctx, m) }()
-	}
+	c.nodes = append(c.nodes, sched)
+	go serve(sched)
 	type started struct {
-		w   *worker.Worker
-		err error
+		server bool
+		n      *launch.Node
+		err    error
 	}
-	ws := make(chan started, o.Workers)
-	for i := range o.Workers {
-		m := cluster.New(wCfg, log.With("node", "worker", "started", i), planes)
-		c.members = append(c.members, m)
+	starts := make(chan started, o.Servers+o.Workers)
+	for i := range o.Servers {
 		go func() {
-			w, err := worker.Start(ctx, m)
-			ws <- started{w, err}
+			n, err := launch.Start(ctx, srvCfg, deps("server", i))
+			starts <- started{true, n, err}
+		}()
+	}
+	for i := range o.Workers {
+		go func() {
+			n, err := launch.Start(ctx, wCfg, deps("worker", i))
+			starts <- started{false, n, err}
 		}()
 	}
 	var errs []error
 	byRank := make([]*worker.Worker, o.Workers)
-	for range o.Workers {
-		s := <-ws
+	for range o.Servers + o.Workers {
+		s := <-starts
 		if s.err != nil {
+			// The others stop starting too (their context ends) rather
+			// than wait out the start timeout; a server's failed start is
+			// its end.
+			cancel()
 			errs = append(errs, s.err)
+			if s.server {
+				c.ended <- s.err
+			}
 			continue
 		}
-		byRank[s.w.Rank()] = s.w
+		c.nodes = append(c.nodes, s.n)
+		if w := s.n.Worker(); w != nil {
+			byRank[w.Rank()] = w
+		} else {
+			go serve(s.n)
+		}
 	}
 	if len(errs) > 0 {
 		c.Close()
@@ -153,8 +173,8 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 
 // Member is the membership of node id (a server or a worker), nil if none.
 func (c *Cluster) Member(id node.ID) *cluster.Member {
-	for _, m := range c.members {
-		if m.Self().ID == id {
+	for _, n := range c.nodes {
+		if m := n.Member(); m != nil && m.Self().ID == id {
 			return m
 		}
 	}
@@ -237,8 +257,8 @@ func (c *Cluster) awaitEnds(ctx context.Context) error {
 // and the scheduler to return. It may follow Finish.
 func (c *Cluster) Close() {
 	c.cancel()
-	for _, m := range c.members {
-		m.Close()
+	for _, n := range c.nodes {
+		n.Close()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
