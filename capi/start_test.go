@@ -1,12 +1,10 @@
 package capi
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,24 +13,6 @@ import (
 	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/metrics"
 )
-
-// syncBuffer is a buffer the node's goroutines may write concurrently.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // trainLibs runs iters iterations of one float32 tensor of size bytes on
 // every worker (declare, init, then push, pull and wait for both), then
@@ -156,7 +136,7 @@ func value(t *testing.T, f metrics.Families, name string, labels map[string]stri
 // A scheduler the C library starts writes its LB decisions to stdout, the
 // stream the fpt binaries' scheduler writes them to, not among its logs.
 func TestLibDecisionsOnStdout(t *testing.T) {
-	var stdout, stderr syncBuffer
+	var stdout, stderr localcluster.Buffer // the node's goroutines write them
 	c := startLibsWith(t, 1, 2, func(role string, vars map[string]string, l *Lib) {
 		if role == "scheduler" {
 			vars["PS_VERBOSE"] = "1" // the decisions are logged too

@@ -2,36 +2,16 @@ package localcluster
 
 import (
 	"io"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 )
-
-// lockedBuilder is a strings.Builder safe for the output goroutines.
-type lockedBuilder struct {
-	mu sync.Mutex
-	sb strings.Builder
-}
-
-func (b *lockedBuilder) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.sb.Write(p)
-}
-
-func (b *lockedBuilder) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.sb.String()
-}
 
 // Every process's CPU time is its rusage, and a stream given a tee reaches
 // both the tee and the process's buffer.
 func TestCPUAndTee(t *testing.T) {
 	spin := `i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; echo "$DMLC_ROLE done" >&2`
 	sh := []string{"sh", "-c", spin}
-	var seen lockedBuilder
+	var seen Buffer
 	c, err := Start(Spec{
 		Servers: 1, Workers: 1, Scheduler: sh, Server: sh, Worker: sh,
 		Stderr: func(name string) io.Writer {
