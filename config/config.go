@@ -7,7 +7,9 @@ package config
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -52,6 +54,20 @@ type Config struct {
 	// iterations (FPT_LB_PROBE_EVERY; 0, the default: only when the
 	// measurements drift).
 	LBProbeEvery uint64
+
+	// Secret is the job's shared secret (FPT_CLUSTER_SECRET, or the
+	// contents of the file FPT_CLUSTER_SECRET_FILE names, surrounding
+	// white space removed): every node of a job has the same one, and
+	// both planes admit only peers that prove they know it. Empty: none.
+	Secret string
+	// Insecure (FPT_INSECURE=1) lets a node without a secret accept
+	// connections from other hosts, as every node did before secrets;
+	// without it, a node with no secret binds only loopback.
+	Insecure bool
+	// StallTimeout is how long the cluster waits for a worker that stopped
+	// pushing while the others wait for it before failing it by name
+	// (FPT_STALL_TIMEOUT, seconds; default 600; 0 turns it off).
+	StallTimeout time.Duration
 }
 
 // Defaults for the optional settings.
@@ -62,6 +78,10 @@ const (
 	DefaultPartitionBytes    = 1 << 20
 	DefaultMaxFrameBytes     = 1 << 30
 	DefaultPoolBytes         = 512 << 20
+	DefaultStallTimeout      = 600 * time.Second
+	// MinSecretBytes is the shortest secret accepted: 16 bytes of a random
+	// one are 128 bits.
+	MinSecretBytes = 16
 )
 
 // VarError is a problem with one environment variable.
@@ -140,6 +160,14 @@ func FromEnv(lookup func(string) (string, bool)) (Config, error) {
 		}
 	}
 	c.LBProbeEvery = uint64(p.integer("FPT_LB_PROBE_EVERY", 0, 0, 1<<40))
+	c.Secret = p.secret()
+	c.Insecure = p.flag("FPT_INSECURE")
+	c.StallTimeout = DefaultStallTimeout
+	if v, ok := p.optional("FPT_STALL_TIMEOUT"); ok && v != "0" {
+		c.StallTimeout = p.seconds("FPT_STALL_TIMEOUT", DefaultStallTimeout)
+	} else if ok {
+		c.StallTimeout = 0
+	}
 	return c, errors.Join(p.errs...)
 }
 
@@ -216,17 +244,67 @@ func (p *parser) integer(name string, def, lo, hi int64) int64 {
 	return n
 }
 
+// seconds reads a duration in seconds: a finite number from a millisecond
+// to a day. NaN, infinities, negative and tiny values are mistakes (a
+// ticker of 0 would panic, NaN passes every comparison).
 func (p *parser) seconds(name string, def time.Duration) time.Duration {
 	v, ok := p.optional(name)
 	if !ok {
 		return def
 	}
 	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || f <= 0 || f > 86400 {
-		p.fail(name, v, "must be a number of seconds, above 0 and at most 86400")
+	if err != nil || math.IsNaN(f) || f < 0.001 || f > 86400 {
+		p.fail(name, v, "must be a number of seconds from 0.001 to 86400")
 		return def
 	}
 	return time.Duration(f * float64(time.Second))
+}
+
+// flag reads a boolean: 1/true/on or 0/false/off.
+func (p *parser) flag(name string) bool {
+	v, ok := p.optional(name)
+	if !ok {
+		return false
+	}
+	switch strings.ToLower(v) {
+	case "1", "true", "on", "yes":
+		return true
+	case "0", "false", "off", "no":
+		return false
+	}
+	p.fail(name, v, "must be 1 or 0")
+	return false
+}
+
+// secret reads FPT_CLUSTER_SECRET or FPT_CLUSTER_SECRET_FILE (one, not
+// both). The value itself never appears in an error.
+func (p *parser) secret() string {
+	v, inline := p.optional("FPT_CLUSTER_SECRET")
+	path, file := p.optional("FPT_CLUSTER_SECRET_FILE")
+	switch {
+	case inline && file:
+		p.fail("FPT_CLUSTER_SECRET_FILE", path, "set it or FPT_CLUSTER_SECRET, not both")
+		return ""
+	case file:
+		b, err := os.ReadFile(path)
+		if err != nil {
+			p.fail("FPT_CLUSTER_SECRET_FILE", path, "cannot be read: "+err.Error())
+			return ""
+		}
+		v = strings.TrimSpace(string(b))
+		if len(v) < MinSecretBytes {
+			p.fail("FPT_CLUSTER_SECRET_FILE", path, fmt.Sprintf("holds %d bytes; a secret has at least %d", len(v), MinSecretBytes))
+			return ""
+		}
+		return v
+	case inline:
+		if len(v) < MinSecretBytes {
+			p.fail("FPT_CLUSTER_SECRET", "", fmt.Sprintf("is %d bytes; a secret has at least %d (e.g. openssl rand -hex 16)", len(v), MinSecretBytes))
+			return ""
+		}
+		return v
+	}
+	return ""
 }
 
 // ResolveHost works out the address other nodes should use to reach this

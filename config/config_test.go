@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -33,6 +34,7 @@ func TestFromEnvDefaults(t *testing.T) {
 		Van: "epoll", HeartbeatInterval: DefaultHeartbeatInterval, HeartbeatTimeout: DefaultHeartbeatTimeout,
 		StartTimeout: DefaultStartTimeout, PartitionBytes: DefaultPartitionBytes,
 		MaxFrameBytes: DefaultMaxFrameBytes, PoolBytes: DefaultPoolBytes, LB: true,
+		StallTimeout: DefaultStallTimeout,
 	}
 	if c != want {
 		t.Fatalf("got %+v\nwant %+v", c, want)
@@ -88,6 +90,18 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		{"lb word", func(e map[string]string) { e["FPT_LB"] = "maybe" }, []string{"FPT_LB"}},
 		{"lb probe negative", func(e map[string]string) { e["FPT_LB_PROBE_EVERY"] = "-1" }, []string{"FPT_LB_PROBE_EVERY"}},
 		{"metrics word port", func(e map[string]string) { e["FPT_METRICS_ADDR"] = "0.0.0.0:http" }, []string{"FPT_METRICS_ADDR"}},
+		{"interval NaN", func(e map[string]string) { e["PS_HEARTBEAT_INTERVAL"] = "NaN" }, []string{"PS_HEARTBEAT_INTERVAL"}},
+		{"interval tiny", func(e map[string]string) { e["PS_HEARTBEAT_INTERVAL"] = "1e-10" }, []string{"PS_HEARTBEAT_INTERVAL"}},
+		{"timeout infinite", func(e map[string]string) { e["PS_HEARTBEAT_TIMEOUT"] = "+Inf" }, []string{"PS_HEARTBEAT_TIMEOUT"}},
+		{"start timeout negative", func(e map[string]string) { e["FPT_START_TIMEOUT"] = "-5" }, []string{"FPT_START_TIMEOUT"}},
+		{"stall timeout NaN", func(e map[string]string) { e["FPT_STALL_TIMEOUT"] = "nan" }, []string{"FPT_STALL_TIMEOUT"}},
+		{"secret short", func(e map[string]string) { e["FPT_CLUSTER_SECRET"] = "hunter2" }, []string{"FPT_CLUSTER_SECRET"}},
+		{"secret twice", func(e map[string]string) {
+			e["FPT_CLUSTER_SECRET"] = "0123456789abcdef0123"
+			e["FPT_CLUSTER_SECRET_FILE"] = "/dev/null"
+		}, []string{"FPT_CLUSTER_SECRET_FILE"}},
+		{"secret file missing", func(e map[string]string) { e["FPT_CLUSTER_SECRET_FILE"] = "/no/such/secret" }, []string{"FPT_CLUSTER_SECRET_FILE"}},
+		{"insecure word", func(e map[string]string) { e["FPT_INSECURE"] = "please" }, []string{"FPT_INSECURE"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -107,6 +121,48 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestFromEnvSecurity(t *testing.T) {
+	file := t.TempDir() + "/secret"
+	if err := os.WriteFile(file, []byte("  fedcba9876543210fedcba98\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name         string
+		env          map[string]string
+		secret       string
+		insecure     bool
+		stallTimeout time.Duration
+	}{
+		{"none", nil, "", false, DefaultStallTimeout},
+		{"inline", map[string]string{"FPT_CLUSTER_SECRET": "0123456789abcdef"}, "0123456789abcdef", false, DefaultStallTimeout},
+		{"file, trimmed", map[string]string{"FPT_CLUSTER_SECRET_FILE": file}, "fedcba9876543210fedcba98", false, DefaultStallTimeout},
+		{"insecure", map[string]string{"FPT_INSECURE": "1"}, "", true, DefaultStallTimeout},
+		{"stall off", map[string]string{"FPT_STALL_TIMEOUT": "0"}, "", false, 0},
+		{"stall 90", map[string]string{"FPT_STALL_TIMEOUT": "90"}, "", false, 90 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := base()
+			for k, v := range tt.env {
+				e[k] = v
+			}
+			c, err := FromEnv(env(e))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Secret != tt.secret || c.Insecure != tt.insecure || c.StallTimeout != tt.stallTimeout {
+				t.Errorf("secret %q, insecure %v, stall %s; want %q, %v, %s", c.Secret, c.Insecure, c.StallTimeout, tt.secret, tt.insecure, tt.stallTimeout)
+			}
+		})
+	}
+	// A secret never appears in an error message.
+	e := base()
+	e["FPT_CLUSTER_SECRET"] = "tooshort"
+	if _, err := FromEnv(env(e)); err == nil || strings.Contains(err.Error(), "tooshort") {
+		t.Errorf("error %v: want one that does not repeat the secret", err)
 	}
 }
 
