@@ -38,6 +38,7 @@ type Van interface {
 // so code paths need not check whether metrics are on.
 type Node struct {
 	push, pull prometheus.Histogram
+	rejected   *prometheus.CounterVec
 
 	mu  sync.Mutex
 	van Van // nil until Watch
@@ -62,8 +63,12 @@ func New(reg prometheus.Registerer, role node.Role) (*Node, error) {
 			Help:    "Time from a worker's FPTPull or Pull call until its buffer held the result.",
 			Buckets: latencyBuckets,
 		}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fpt_rejected_connections_total",
+			Help: "Connections or messages refused before they could do anything: a peer without the secret, a stranger, a malformed or oversized frame.",
+		}, []string{"plane", "reason"}),
 	}
-	var cs []prometheus.Collector
+	cs := []prometheus.Collector{m.rejected} // every role accepts connections
 	switch role {
 	case node.Worker:
 		cs = append(cs, (*vanCollector)(m), m.push, m.pull)
@@ -218,4 +223,15 @@ func (s *Server) Close() error {
 	err := s.srv.Shutdown(ctx)
 	<-s.done
 	return err
+}
+
+// Rejected counts a connection or message refused on plane ("control" or
+// "data") for reason, a short fixed word (e.g. "auth", "stranger",
+// "oversize", "malformed", "stalled"): never a peer's address or id,
+// which would make the label set unbounded.
+func (n *Node) Rejected(plane, reason string) {
+	if n == nil {
+		return
+	}
+	n.rejected.WithLabelValues(plane, reason).Inc()
 }
