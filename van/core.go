@@ -4,8 +4,10 @@ import (
 	"github.com/fptps/fpt/node"
 
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -14,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fptps/fpt/auth"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/van/internal/peerstat"
 	"github.com/fptps/fpt/van/internal/sendq"
@@ -96,6 +99,11 @@ type core struct {
 	q     *sendq.Queue[*Message]
 	quiet atomic.Bool // closing: lost connections are not reported
 	recv  recvShaper
+	// rejects rate-limits the log lines of refused connections and failed
+	// accepts.
+	rejects *rateLog
+	// handshakes holds a token per accepted connection in its handshake.
+	handshakes chan struct{}
 
 	mu      sync.Mutex
 	peers   map[node.ID]*peer
@@ -115,6 +123,8 @@ func newCore(cfg Config) *core {
 		changed:    make(chan struct{}),
 		senderDone: make(chan struct{}),
 		recv:       recvShaper{weights: make(map[node.ID]float64)},
+		rejects:    newRateLog(cfg.Logger, rejectLogEvery),
+		handshakes: make(chan struct{}, maxHandshakes),
 	}
 	c.self.Store(uint32(cfg.Self))
 	return c
@@ -420,6 +430,7 @@ func (c *core) dial(ctx context.Context, id node.ID, addr string) (*net.TCPConn,
 }
 
 // dialHello connects to addr and introduces self to peer with a Hello,
+// and with a key proves membership (see acceptHello and auth/hello.go),
 // using a blocking net.Conn: nothing else knows of the connection yet.
 func dialHello(ctx context.Context, cfg *Config, self, peer node.ID, addr string) (*net.TCPConn, error) {
 	var d net.Dialer
@@ -433,23 +444,62 @@ func dialHello(ctx context.Context, cfg *Config, self, peer node.ID, addr string
 		return nil, fmt.Errorf("van: dial node %d at %s: not a TCP connection", peer, addr)
 	}
 	deadline := time.Now().Add(cfg.IOTimeout)
+	if len(cfg.HelloKey) > 0 {
+		deadline = time.Now().Add(cfg.HandshakeTimeout)
+	}
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	var hdr [frame.HeaderSize]byte
-	h := frame.Header{Type: frame.Hello, Sender: uint32(self), Recipient: uint32(peer)}
-	h.Encode(hdr[:])
-	if err := tc.SetWriteDeadline(deadline); err == nil {
-		_, err = tc.Write(hdr[:])
-		if err == nil {
-			err = tc.SetWriteDeadline(time.Time{})
-		}
-		if err == nil {
-			return tc, nil
-		}
+	if err := tc.SetDeadline(deadline); err != nil {
+		tc.Close()
+		return nil, fmt.Errorf("van: hello to node %d at %s: %w", peer, addr, err)
 	}
-	tc.Close()
-	return nil, fmt.Errorf("van: hello to node %d at %s: %w", peer, addr, err)
+	if err := sayHello(tc, cfg.HelloKey, self, peer); err != nil {
+		tc.Close()
+		return nil, fmt.Errorf("van: hello to node %d at %s: %w", peer, addr, err)
+	}
+	if err := tc.SetDeadline(time.Time{}); err != nil {
+		tc.Close()
+		return nil, fmt.Errorf("van: hello to node %d at %s: %w", peer, addr, err)
+	}
+	return tc, nil
+}
+
+// sayHello is the dialer's side of the handshake.
+func sayHello(tc *net.TCPConn, key []byte, self, peer node.ID) error {
+	h := frame.Header{Type: frame.Hello, Sender: uint32(self), Recipient: uint32(peer)}
+	if len(key) == 0 {
+		var hdr [frame.HeaderSize]byte
+		h.Encode(hdr[:])
+		_, err := tc.Write(hdr[:])
+		return err
+	}
+	t := auth.Transcript{DialerID: uint32(self), AcceptorID: uint32(peer)}
+	if _, err := rand.Read(t.DialerNonce[:]); err != nil {
+		return fmt.Errorf("nonce: %w", err)
+	}
+	h.Length = auth.NonceSize
+	var msg [frame.HeaderSize + auth.NonceSize]byte
+	h.Encode(msg[:frame.HeaderSize])
+	copy(msg[frame.HeaderSize:], t.DialerNonce[:])
+	if _, err := tc.Write(msg[:]); err != nil {
+		return err
+	}
+	var ch [auth.ChallengeSize]byte
+	if _, err := io.ReadFull(tc, ch[:]); err != nil {
+		return fmt.Errorf("refused, or no answer to the authenticated hello (does node %d have the same cluster secret, and may this node dial it?): %w", peer, err)
+	}
+	nonce, mac, err := auth.DecodeChallenge(ch[:])
+	if err != nil {
+		return err
+	}
+	t.AcceptorNonce = nonce
+	if err := t.Verify(key, auth.Acceptor, mac[:]); err != nil {
+		return fmt.Errorf("node %d did not prove membership: %w", peer, err)
+	}
+	answer := t.MAC(key, auth.Dialer)
+	_, err = tc.Write(answer[:])
+	return err
 }
 
 // listen opens the listening socket with the standard library, for its
@@ -464,7 +514,7 @@ func listen(addr string) (*net.TCPListener, error) {
 
 // Reasons for closing a connection.
 var (
-	errNoHello    = errors.New("no hello before the deadline")
+	errReadStalled = errors.New("read stalled")
 	errConnClosed = errors.New("connection closed")
 	errStalled    = errors.New("write stalled")
 )

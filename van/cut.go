@@ -59,11 +59,33 @@ func (c *cutter) next() []byte {
 	if !c.inPayload {
 		return c.hdr[c.hn:]
 	}
-	end := c.h.Length
+	if !c.sunk && c.pn == uint64(len(c.cur)) {
+		c.grow()
+	}
+	end := uint64(len(c.cur))
 	if end-c.pn > maxChunk {
 		end = c.pn + maxChunk
 	}
 	return c.cur[c.pn:end]
+}
+
+// growStart is the first size of the cutter's own payload buffer.
+const growStart = 64 << 10
+
+// grow doubles the cutter's own buffer (up to the frame's length), keeping
+// what was read. The buffer grows as bytes arrive rather than to the
+// announced length at once, so that memory follows what a peer sent, not
+// what it claimed it would send; it is reused across frames, so a
+// connection's steady state allocates nothing.
+func (c *cutter) grow() {
+	n := min(c.h.Length, max(2*uint64(len(c.cur)), growStart))
+	if uint64(cap(c.buf)) >= n {
+		c.cur = c.buf[:n]
+		return
+	}
+	b := make([]byte, n)
+	copy(b, c.cur[:c.pn])
+	c.buf, c.cur = b, b
 }
 
 // midFrame reports whether a frame has been partly received.
@@ -95,11 +117,9 @@ func (c *cutter) advance(n int) (h *frame.Header, payload []byte, err error) {
 			}
 		}
 		if c.cur == nil {
-			// Decode bounded Length by maxPayload: allocating is safe now.
-			if uint64(cap(c.buf)) < c.h.Length {
-				c.buf = make([]byte, c.h.Length)
-			}
-			c.cur = c.buf[:c.h.Length]
+			// What the buffer already holds, up to the frame's length;
+			// next grows it as bytes arrive.
+			c.cur = c.buf[:min(c.h.Length, uint64(cap(c.buf)))]
 		}
 		c.inPayload, c.pn = true, 0
 		return nil, nil, nil

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -45,8 +47,12 @@ type epollVan struct {
 
 	// Requests to the receiver, which alone touches conns and closes fds.
 	reqMu    sync.Mutex
-	adds     []*epConn
-	stopping bool
+	adds        []*epConn
+	stopping    bool
+	inHandshake map[net.Conn]struct{}
+	hsWG        sync.WaitGroup // handshake goroutines
+
+	acceptAt time.Time // receiver's: when to watch the listener again (zero: watched)
 
 	// Owned by the receiver goroutine.
 	conns   map[int]*epConn // by fd
@@ -65,8 +71,8 @@ type epConn struct {
 	remote string
 	cut    cutter
 	clock  recvClock
-	peer   *peer     // nil until the Hello
-	expiry time.Time // the Hello deadline of an accepted connection
+	peer   *peer     // set before the receiver sees the connection
+	expiry time.Time // mid-frame: closed if no byte arrives by then
 
 	// fdMu keeps wfd from being closed (and its number reused) under a
 	// writer or an abort: they hold it shared; close holds it exclusively,
@@ -109,6 +115,8 @@ func newEpoll(cfg Config) (Transport, error) {
 		conns:    make(map[int]*epConn),
 		pending:  make(map[*epConn]struct{}),
 		recvDone: make(chan struct{}),
+
+		inHandshake: make(map[net.Conn]struct{}),
 	}
 	if err := v.setup(); err != nil {
 		for _, fd := range []int{v.lfd, v.epfd, v.evfd} {
@@ -220,9 +228,13 @@ func (v *epollVan) Close() error {
 		v.closeSend()
 		v.reqMu.Lock()
 		v.stopping = true
+		for nc := range v.inHandshake {
+			nc.Close()
+		}
 		v.reqMu.Unlock()
 		v.wake()
 		<-v.recvDone
+		v.hsWG.Wait()
 		unix.Close(v.evfd)
 		unix.Close(v.epfd)
 	})
@@ -264,6 +276,7 @@ func (v *epollVan) receive() {
 				}
 				if ev.Events&^unix.EPOLLOUT != 0 {
 					v.serve(c)
+					v.watchStall(c)
 				}
 			}
 		}
@@ -284,16 +297,17 @@ func (v *epollVan) receive() {
 	}
 }
 
-// waitMillis is epoll_wait's timeout: until the nearest Hello deadline.
+// waitMillis is epoll_wait's timeout: until the nearest deadline of a
+// connection mid-frame, or the end of an accept pause.
 func (v *epollVan) waitMillis() int {
-	if len(v.pending) == 0 {
-		return -1
-	}
-	var first time.Time
+	first := v.acceptAt
 	for c := range v.pending {
 		if first.IsZero() || c.expiry.Before(first) {
 			first = c.expiry
 		}
+	}
+	if first.IsZero() {
+		return -1
 	}
 	d := time.Until(first)
 	if d <= 0 {
@@ -302,14 +316,31 @@ func (v *epollVan) waitMillis() int {
 	return int(min(d.Milliseconds()+1, math.MaxInt32))
 }
 
-// expire closes accepted connections that did not say Hello in time.
+// watchStall arms (mid-frame) or disarms the read deadline of a connection
+// after it was served: a peer that stops in the middle of a frame for
+// IOTimeout is closed, as a write making no progress is.
+func (v *epollVan) watchStall(c *epConn) {
+	if c.fd < 0 {
+		return
+	}
+	if c.cut.midFrame() {
+		c.expiry = time.Now().Add(v.cfg.IOTimeout)
+		v.pending[c] = struct{}{}
+	} else {
+		delete(v.pending, c)
+	}
+}
+
+// expire closes connections stalled mid-frame, and resumes accepting after
+// a pause.
 func (v *epollVan) expire() {
 	now := time.Now()
 	for c := range v.pending {
 		if now.After(c.expiry) {
-			v.drop(c, errNoHello)
+			v.drop(c, fmt.Errorf("%w: no byte for %v in the middle of a frame", errReadStalled, v.cfg.IOTimeout))
 		}
 	}
+	v.resumeAccept(now)
 }
 
 // readEvents is what the loop always watches a connection for; a blocked
@@ -327,6 +358,15 @@ func (v *epollVan) register(c *epConn) error {
 	return nil
 }
 
+// acceptPause is how long the listener is left alone after accept failed
+// for want of descriptors (EMFILE, ENFILE): the pending connection stays
+// queued and the level-triggered set would report it again at once.
+const acceptPause = 100 * time.Millisecond
+
+// accept takes pending connections and runs each one's handshake on a
+// short-lived goroutine with a blocking net.Conn (acceptHello), so that a
+// slow or silent peer never holds up the loop; a connection that proves
+// itself comes back to the loop as a peer, like a dialled one.
 func (v *epollVan) accept() {
 	for range acceptBatch {
 		fd, sa, err := unix.Accept4(v.lfd, unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
@@ -336,26 +376,123 @@ func (v *epollVan) accept() {
 		case errors.Is(err, unix.EINTR), errors.Is(err, unix.ECONNABORTED):
 			continue
 		case err != nil:
-			// EMFILE and the like: the pending connection stays queued
-			// and is retried on the next event.
-			v.log.Warn("van: accept", "err", err)
+			v.rejects.warn("accept", "van: accept failed; pausing accepts", "err", err, "pause", acceptPause)
+			v.pauseAccept()
 			return
 		}
-		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
-			v.log.Debug("van: TCP_NODELAY", "err", err)
-		}
-		if err := limitUnsent(fd, v.cfg.UnsentBytes); err != nil {
-			v.log.Warn("van: accepted connection", "err", err)
-		}
-		c := newEpConn(fd, v.epfd, sockaddrString(sa), v.newCutter(0, false))
-		c.expiry = time.Now().Add(v.cfg.IOTimeout)
-		if err := v.register(c); err != nil {
-			v.log.Warn("van: accepted connection not registered", "remote", c.remote, "err", err)
-			c.close()
+		remote := sockaddrString(sa)
+		select {
+		case v.handshakes <- struct{}{}:
+		default:
+			unix.Close(fd)
+			v.refused(remote, reject("busy", "%d connections already in their handshake", maxHandshakes))
 			continue
 		}
-		v.pending[c] = struct{}{}
+		v.hsWG.Add(1)
+		go v.handshake(fd, remote)
 	}
+}
+
+// pauseAccept stops watching the listener until acceptPause has passed.
+func (v *epollVan) pauseAccept() {
+	if err := unix.EpollCtl(v.epfd, unix.EPOLL_CTL_DEL, v.lfd, nil); err != nil {
+		v.log.Debug("van: epoll_ctl del listener", "err", err)
+		return
+	}
+	v.acceptAt = time.Now().Add(acceptPause)
+}
+
+// resumeAccept watches the listener again once its pause is over.
+func (v *epollVan) resumeAccept(now time.Time) {
+	if v.acceptAt.IsZero() || now.Before(v.acceptAt) {
+		return
+	}
+	v.acceptAt = time.Time{}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(v.lfd)}
+	if err := unix.EpollCtl(v.epfd, unix.EPOLL_CTL_ADD, v.lfd, &ev); err != nil {
+		v.log.Error("van: listener not watched again", "err", err)
+	}
+}
+
+// handshake runs on its own goroutine for one accepted fd.
+func (v *epollVan) handshake(fd int, remote string) {
+	defer v.hsWG.Done()
+	defer func() { <-v.handshakes }()
+	f := os.NewFile(uintptr(fd), "van-accepted")
+	nc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		v.rejects.warn("fileconn", "van: accepted connection unusable", "remote", remote, "err", err)
+		return
+	}
+	if !v.trackHandshake(nc, true) {
+		nc.Close()
+		return
+	}
+	peer, err := v.acceptHello(nc)
+	v.trackHandshake(nc, false)
+	if err != nil {
+		nc.Close()
+		if !v.quiet.Load() {
+			v.refused(remote, err)
+		}
+		return
+	}
+	tc, ok := nc.(*net.TCPConn)
+	if !ok {
+		nc.Close()
+		return
+	}
+	nfd, err := ownFD(tc)
+	tc.Close()
+	if err != nil {
+		v.log.Warn("van: accepted connection", "remote", remote, "err", err)
+		return
+	}
+	if err := unix.SetsockoptInt(nfd, unix.IPPROTO_TCP, unix.TCP_NODELAY, 1); err != nil {
+		v.log.Debug("van: TCP_NODELAY", "err", err)
+	}
+	if err := limitUnsent(nfd, v.cfg.UnsentBytes); err != nil {
+		v.log.Warn("van: accepted connection", "err", err)
+	}
+	c := newEpConn(nfd, v.epfd, remote, v.newCutter(peer, true))
+	p, err := v.addPeer(peer, c)
+	if err != nil {
+		unix.Close(nfd)
+		if !errors.Is(err, ErrClosed) {
+			v.refused(remote, reject("duplicate", "%w", err))
+		}
+		return
+	}
+	c.peer = p
+	p.st.ReceivedBytes.Add(frame.HeaderSize)
+	p.st.ReceivedFrames.Add(1)
+	v.reqMu.Lock()
+	if v.stopping {
+		v.reqMu.Unlock()
+		c.close()
+		v.dropPeer(p, ErrClosed)
+		return
+	}
+	v.adds = append(v.adds, c)
+	v.reqMu.Unlock()
+	v.wake()
+}
+
+// trackHandshake records (add) or forgets a connection in its handshake,
+// so that Close can break it; it refuses to add once the van is stopping.
+func (v *epollVan) trackHandshake(nc net.Conn, add bool) bool {
+	v.reqMu.Lock()
+	defer v.reqMu.Unlock()
+	if !add {
+		delete(v.inHandshake, nc)
+		return true
+	}
+	if v.stopping {
+		return false
+	}
+	v.inHandshake[nc] = struct{}{}
+	return true
 }
 
 func sockaddrString(sa unix.Sockaddr) string {
@@ -376,10 +513,7 @@ func sockaddrString(sa unix.Sockaddr) string {
 //
 // The byte budget is the peer's share under receive shaping (recvShaper).
 func (v *epollVan) serve(c *epConn) {
-	budget, frames := readBudget, frameBudget
-	if c.peer != nil {
-		budget = v.recv.budget(c.peer.id)
-	}
+	budget, frames := v.recv.budget(c.peer.id), frameBudget
 	for {
 		buf := c.cut.next()
 		if len(buf) > budget {
@@ -403,18 +537,12 @@ func (v *epollVan) serve(c *epConn) {
 			v.drop(c, err)
 			return
 		}
-		if c.peer != nil {
-			c.peer.st.ReceivedBytes.Add(uint64(n))
-			c.clock.read(c.peer.st, c.cut.midFrame())
-		}
+		c.peer.st.ReceivedBytes.Add(uint64(n))
+		c.clock.read(c.peer.st, c.cut.midFrame())
 		if h != nil {
-			if c.peer == nil {
-				v.hello(c)
-			} else {
-				v.onFrame(c.peer, h, payload, c.cut.inPlace())
-			}
-			if frames--; frames == 0 || c.fd < 0 {
-				return // c.fd < 0: a refused hello dropped the connection
+			v.onFrame(c.peer, h, payload, c.cut.inPlace())
+			if frames--; frames == 0 {
+				return
 			}
 		}
 		if budget -= n; budget <= 0 {
@@ -436,19 +564,6 @@ func (v *epollVan) writable(c *epConn) {
 	}
 }
 
-// hello makes an accepted connection a peer.
-func (v *epollVan) hello(c *epConn) {
-	delete(v.pending, c)
-	p, err := v.addPeer(c.cut.peer, c)
-	if err != nil {
-		v.drop(c, err)
-		return
-	}
-	c.peer = p
-	p.st.ReceivedBytes.Add(frame.HeaderSize)
-	p.st.ReceivedFrames.Add(1)
-}
-
 // drop closes a connection on the receiver goroutine and reports why.
 func (v *epollVan) drop(c *epConn, err error) {
 	if c.fd < 0 {
@@ -462,12 +577,6 @@ func (v *epollVan) drop(c *epConn, err error) {
 	}
 	delete(v.pending, c)
 	c.close()
-	if c.peer == nil {
-		if !errors.Is(err, ErrClosed) {
-			v.log.Warn("van: closed a connection before its hello", "remote", c.remote, "err", err)
-		}
-		return
-	}
 	v.dropPeer(c.peer, err)
 }
 

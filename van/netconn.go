@@ -112,80 +112,108 @@ func (v *netConnVan) acceptLoop() {
 				return
 			}
 			// EMFILE and the like: back off instead of spinning.
-			v.log.Warn("van: accept", "err", err)
-			time.Sleep(50 * time.Millisecond)
+			v.rejects.warn("accept", "van: accept failed; pausing accepts", "err", err, "pause", acceptPause)
+			time.Sleep(acceptPause)
 			continue
 		}
 		if err := limitUnsentConn(tc, v.cfg.UnsentBytes); err != nil {
 			v.log.Warn("van: accepted connection", "err", err)
 		}
-		c := &ncConn{tc: tc, remote: tc.RemoteAddr().String(), cut: v.newCutter(0, false)}
-		if err := tc.SetReadDeadline(time.Now().Add(v.cfg.IOTimeout)); err != nil {
+		remote := tc.RemoteAddr().String()
+		select {
+		case v.handshakes <- struct{}{}:
+		default:
 			tc.Close()
+			v.refused(remote, reject("busy", "%d connections already in their handshake", maxHandshakes))
 			continue
 		}
-		v.start(c)
+		// The reader runs the handshake (acceptHello) before any frame.
+		v.start(&ncConn{tc: tc, remote: remote})
 	}
 }
 
-// read is a connection's reader goroutine, driving the shared cutter.
+// read is a connection's reader goroutine, driving the shared cutter; for
+// an accepted connection it first runs the handshake.
 func (v *netConnVan) read(c *ncConn) {
 	defer v.wg.Done()
+	if c.peer == nil {
+		err := v.introduce(c)
+		<-v.handshakes
+		if err != nil {
+			c.tc.Close()
+			v.mu.Lock()
+			delete(v.conns, c)
+			v.mu.Unlock()
+			if !v.quiet.Load() && !errors.Is(err, ErrClosed) {
+				v.refused(c.remote, err)
+			}
+			return
+		}
+	}
 	err := v.readLoop(c)
 	c.tc.Close()
 	v.mu.Lock()
 	delete(v.conns, c)
 	v.mu.Unlock()
-	if c.peer == nil {
-		if !v.quiet.Load() {
-			v.log.Warn("van: closed a connection before its hello", "remote", c.remote, "err", err)
-		}
-		return
-	}
 	v.dropPeer(c.peer, err)
 }
 
+// introduce runs an accepted connection's handshake and makes it a peer.
+func (v *netConnVan) introduce(c *ncConn) error {
+	id, err := v.acceptHello(c.tc)
+	if err != nil {
+		return err
+	}
+	c.cut = v.newCutter(id, true)
+	p, err := v.addPeer(id, c)
+	if err != nil {
+		if errors.Is(err, ErrClosed) {
+			return err
+		}
+		return reject("duplicate", "%w", err)
+	}
+	c.peer = p
+	p.st.ReceivedBytes.Add(frame.HeaderSize)
+	p.st.ReceivedFrames.Add(1)
+	return nil
+}
+
 func (v *netConnVan) readLoop(c *ncConn) error {
+	armed := false
 	for {
+		// Mid-frame, a peer must make progress within IOTimeout.
+		if mid := c.cut.midFrame(); mid || armed {
+			var d time.Time
+			if mid {
+				d = time.Now().Add(v.cfg.IOTimeout)
+			}
+			if err := c.tc.SetReadDeadline(d); err != nil {
+				return fmt.Errorf("read deadline: %w", err)
+			}
+			armed = mid
+		}
 		n, err := c.tc.Read(c.cut.next())
 		if n > 0 {
 			h, payload, perr := c.cut.advance(n)
 			if perr != nil {
 				return perr
 			}
-			if c.peer != nil {
-				c.peer.st.ReceivedBytes.Add(uint64(n))
-				c.clock.read(c.peer.st, c.cut.midFrame())
-			}
+			c.peer.st.ReceivedBytes.Add(uint64(n))
+			c.clock.read(c.peer.st, c.cut.midFrame())
 			if h != nil {
-				if c.peer != nil {
-					v.onFrame(c.peer, h, payload, c.cut.inPlace())
-				} else if perr := v.hello(c); perr != nil {
-					return perr
-				}
+				v.onFrame(c.peer, h, payload, c.cut.inPlace())
 			}
 		}
 		switch {
 		case err == nil:
 		case errors.Is(err, io.EOF):
 			return io.ErrUnexpectedEOF
-		case c.peer == nil && errors.Is(err, os.ErrDeadlineExceeded):
-			return errNoHello
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return fmt.Errorf("%w: no byte for %v in the middle of a frame", errReadStalled, v.cfg.IOTimeout)
 		default:
 			return fmt.Errorf("read: %w", err)
 		}
 	}
-}
-
-func (v *netConnVan) hello(c *ncConn) error {
-	p, err := v.addPeer(c.cut.peer, c)
-	if err != nil {
-		return err
-	}
-	c.peer = p
-	p.st.ReceivedBytes.Add(frame.HeaderSize)
-	p.st.ReceivedFrames.Add(1)
-	return c.tc.SetReadDeadline(time.Time{})
 }
 
 func (v *netConnVan) Close() error {

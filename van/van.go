@@ -166,6 +166,26 @@ type Config struct {
 	IOTimeout time.Duration
 	// Logger; slog.Default() when nil.
 	Logger *slog.Logger
+
+	// HelloKey, when set, makes every connection prove membership before
+	// any frame is read: the Hello becomes a challenge–response keyed by it
+	// (see auth/hello.go; cluster derives it from the job's secret with
+	// auth.HelloKey). A peer without the same key completes no handshake.
+	// Empty: the plain Hello (protected mode, loopback only).
+	HelloKey []byte
+	// Admit, when set, is asked about each Hello's sender before anything
+	// else is read from the connection: "" admits it, anything else is the
+	// short reason it is refused ("early", "stranger", "direction"). Nil
+	// admits every id.
+	Admit func(peer node.ID) (reason string)
+	// OnReject, when set, is called once per connection refused before it
+	// became a peer, with a short fixed reason (for the rejected
+	// connections counter). It must not block.
+	OnReject func(reason string)
+	// HandshakeTimeout bounds an accepted connection's whole handshake
+	// (and a dialled one's wait for the challenge). Default
+	// DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
 }
 
 // Defaults.
@@ -173,6 +193,9 @@ const (
 	DefaultMaxPayload = 1 << 30
 	DefaultPoolBytes  = 512 << 20
 	DefaultIOTimeout  = 30 * time.Second
+	// DefaultHandshakeTimeout: a member answers a Hello within
+	// milliseconds; a peer that sends nothing, or drips, is closed soon.
+	DefaultHandshakeTimeout = 5 * time.Second
 	// DefaultUnsentBytes holds about 4 ms of a 2 Gbit/s link, enough to
 	// keep a fast link busy between two wake-ups of the sender.
 	DefaultUnsentBytes = 1 << 20
@@ -205,6 +228,9 @@ func New(kind string, cfg Config) (Transport, error) {
 	}
 	if cfg.IOTimeout == 0 {
 		cfg.IOTimeout = DefaultIOTimeout
+	}
+	if cfg.HandshakeTimeout == 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
 	}
 	if cfg.UnsentBytes == 0 {
 		cfg.UnsentBytes = DefaultUnsentBytes
