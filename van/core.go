@@ -515,6 +515,6 @@ func listen(addr string) (*net.TCPListener, error) {
 // Reasons for closing a connection.
 var (
 	errReadStalled = errors.New("read stalled")
-	errConnClosed = errors.New("connection closed")
-	errStalled    = errors.New("write stalled")
+	errConnClosed  = errors.New("connection closed")
+	errStalled     = errors.New("write stalled")
 )

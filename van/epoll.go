@@ -46,7 +46,7 @@ type epollVan struct {
 	evfd int // eventfd waking the receiver
 
 	// Requests to the receiver, which alone touches conns and closes fds.
-	reqMu    sync.Mutex
+	reqMu       sync.Mutex
 	adds        []*epConn
 	stopping    bool
 	inHandshake map[net.Conn]struct{}

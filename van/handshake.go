@@ -152,4 +152,3 @@ func (c *core) acceptHello(nc net.Conn) (node.ID, error) {
 	}
 	return peer, nil
 }
-
