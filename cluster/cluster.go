@@ -21,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fptps/fpt/auth"
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/frame"
@@ -198,6 +199,14 @@ func (n *Member) Start(ctx context.Context, h Handler) error {
 
 // bind opens the control socket and the van on ports p and p+1.
 func (n *Member) bind(host string) error {
+	var helloKey []byte
+	if n.cfg.Secret != "" {
+		k, err := auth.HelloKey(n.cfg.Secret)
+		if err != nil {
+			return fmt.Errorf("cluster: %w", err)
+		}
+		helloKey = k
+	}
 	var lastErr error
 	for attempt := 0; attempt < portAttempts; attempt++ {
 		plane, err := n.planes.Control(n.cfg.NodePort, n.log)
@@ -211,6 +220,9 @@ func (n *Member) bind(host string) error {
 			MaxPayload: n.cfg.MaxFrameBytes,
 			PoolBytes:  n.cfg.PoolBytes,
 			Logger:     n.log,
+			HelloKey:   helloKey,
+			Admit:      n.admitPeer,
+			OnReject:   func(reason string) { n.metrics.Rejected("data", reason) },
 		})
 		if err == nil {
 			n.plane, n.van = plane, tr
@@ -285,6 +297,25 @@ func (n *Member) setTable(m *control.Message) error {
 	}
 	n.topo.Store(&topology{self: me, table: table, byID: byID})
 	return nil
+}
+
+// admitPeer is the van's Admit: a data connection is accepted only once
+// the node table exists, only from a server or worker in it, and only
+// from a node that should dial this one (the smaller id, see
+// connectPeers).
+func (n *Member) admitPeer(id node.ID) string {
+	t := n.topo.Load()
+	if t == nil || t.table == nil {
+		return "early"
+	}
+	info, ok := t.byID[id]
+	switch {
+	case !ok || info.Role == node.Scheduler:
+		return "stranger"
+	case id >= t.self.ID:
+		return "direction"
+	}
+	return ""
 }
 
 // connectPeers dials every data-plane peer with a larger id and waits for

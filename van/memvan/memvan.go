@@ -24,6 +24,7 @@ package memvan
 
 import (
 	"context"
+	"crypto/hmac"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -660,9 +661,20 @@ func (v *Van) receive(a arrival) {
 			a.conn.reset(fmt.Errorf("%w: no valid hello", ErrProtocol))
 			return
 		}
+		if reason, err := v.admit(&h, a.from); reason != "" {
+			v.log.Debug("memvan: refusing a connection", "from", h.Sender, "reason", reason, "err", err)
+			if v.cfg.OnReject != nil {
+				v.cfg.OnReject(reason)
+			}
+			a.conn.reset(err)
+			return
+		}
 		np, err := v.addPeer(node.ID(h.Sender), a.from, a.conn)
 		if err != nil {
 			v.log.Debug("memvan: refusing a connection", "from", h.Sender, "err", err)
+			if v.cfg.OnReject != nil && !errors.Is(err, van.ErrClosed) && !errors.Is(err, ErrDropped) {
+				v.cfg.OnReject("duplicate")
+			}
 			a.conn.reset(err)
 			return
 		}
@@ -710,6 +722,26 @@ func (v *Van) receive(a arrival) {
 	}
 	p.st.ReceivedBusy.Add(int64(time.Since(start)))
 	v.cfg.Handler.HandleFrame(&h, payload)
+}
+
+// admit applies the TCP vans' handshake rules to a Hello from the van
+// dialer: this node has an id, both sides hold the same HelloKey (the
+// challenge–response of auth/hello.go would fail otherwise), and Admit lets
+// the sender dial. It returns the reason for the rejected connections
+// counter, "" when admitted.
+func (v *Van) admit(h *frame.Header, dialer *Van) (string, error) {
+	switch {
+	case v.selfID() == 0:
+		return "early", fmt.Errorf("%w: hello from node %d before this node has an id", ErrProtocol, h.Sender)
+	case !hmac.Equal(v.cfg.HelloKey, dialer.cfg.HelloKey):
+		return "auth", fmt.Errorf("%w: node %d does not hold this node's cluster secret", ErrProtocol, h.Sender)
+	}
+	if v.cfg.Admit != nil {
+		if reason := v.cfg.Admit(node.ID(h.Sender)); reason != "" {
+			return reason, fmt.Errorf("%w: node %d may not dial this node (%s)", ErrProtocol, h.Sender, reason)
+		}
+	}
+	return "", nil
 }
 
 // dropPeer forgets a peer whose connection ended, and reports the loss
