@@ -215,14 +215,15 @@ func (n *Member) bind(host string) error {
 		}
 		port := plane.Port()
 		tr, err := n.planes.Data(van.Config{
-			ListenAddr: "0.0.0.0:" + strconv.Itoa(port+1),
-			Handler:    (*vanHandler)(n),
-			MaxPayload: n.cfg.MaxFrameBytes,
-			PoolBytes:  n.cfg.PoolBytes,
-			Logger:     n.log,
-			HelloKey:   helloKey,
-			Admit:      n.admitPeer,
-			OnReject:   func(reason string) { n.metrics.Rejected("data", reason) },
+			ListenAddr:     "0.0.0.0:" + strconv.Itoa(port+1),
+			Handler:        (*vanHandler)(n),
+			MaxPayload:     n.cfg.MaxFrameBytes,
+			PartitionBytes: n.cfg.PartitionBytes,
+			PoolBytes:      n.cfg.PoolBytes,
+			Logger:         n.log,
+			HelloKey:       helloKey,
+			Admit:          n.admitPeer,
+			OnReject:       func(reason string) { n.metrics.Rejected("data", reason) },
 		})
 		if err == nil {
 			n.plane, n.van = plane, tr

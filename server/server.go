@@ -105,6 +105,11 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 func (s *Server) PeerLost(node.ID, error) {}
 
 func (s *Server) kvPush(h *frame.Header, payload []byte) error {
+	// A classic value is at most FPT_MAX_FRAME_BYTES: checked before the
+	// value is allocated (a Total of 2^62 used to panic the server).
+	if limit := s.node.Config().MaxFrameBytes; h.Total > limit {
+		return s.kvError(h, fmt.Errorf("a classic value of %d bytes exceeds FPT_MAX_FRAME_BYTES (%d)", h.Total, limit))
+	}
 	s.mu.Lock()
 	v := s.store[h.Key]
 	if v == nil {

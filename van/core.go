@@ -137,7 +137,9 @@ func (c *core) newCutter(peer node.ID, known bool) cutter {
 	if s, ok := c.cfg.Handler.(Sink); ok {
 		sink = s.PayloadBuffer
 	}
-	return newCutter(c.selfID(), peer, known, c.cfg.MaxPayload, sink)
+	cut := newCutter(c.selfID(), peer, known, c.cfg.MaxPayload, sink)
+	cut.partBytes = c.cfg.PartitionBytes
+	return cut
 }
 
 // SetSelf implements Transport.

@@ -5,6 +5,7 @@ import (
 
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/fptps/fpt/frame"
 )
@@ -35,6 +36,7 @@ type cutter struct {
 	peer       node.ID
 	known      bool
 	maxPayload uint64
+	partBytes  uint64 // see lengthBound
 
 	hdr       [frame.HeaderSize]byte
 	hn        int // header bytes filled
@@ -162,7 +164,31 @@ func (c *cutter) check(h *frame.Header) error {
 	if (h.Type == frame.Hello || h.Type == frame.Bye) && h.Length != 0 {
 		return fmt.Errorf("%w: %s frame with a %d-byte payload", errProtocol, h.Type, h.Length)
 	}
+	if b := lengthBound(h.Type, c.partBytes); h.Length > b {
+		return fmt.Errorf("%w: %s frame with a %d-byte payload; at most %d bytes are legal", errProtocol, h.Type, h.Length, b)
+	}
 	return nil
+}
+
+// maxElemSize bounds a dtype's element size (a partition holds at least one
+// element, however small FPT_PARTITION_BYTES is).
+const maxElemSize = 16
+
+// lengthBound is the largest payload a member may legally send in a frame
+// of type t, checked before any buffer exists: tensor pieces are cut into
+// partitions of at most partBytes (lb.Decision.Layout, frame.Chunks), and
+// requests and acknowledgements carry nothing. partBytes 0: no bound but
+// MaxPayload, which Decode applied.
+func lengthBound(t frame.Type, partBytes uint64) uint64 {
+	switch t {
+	case frame.Hello, frame.Bye, frame.KVPull, frame.KVAck:
+		return 0
+	case frame.Push, frame.Result, frame.KVPush, frame.KVPushPull, frame.KVData:
+		if partBytes > 0 {
+			return max(partBytes, maxElemSize)
+		}
+	}
+	return math.MaxUint64
 }
 
 // feed pushes data through the cutter as if it had been read, calling emit

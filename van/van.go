@@ -155,6 +155,10 @@ type Config struct {
 	// MaxPayload bounds a frame's payload; a header announcing more closes
 	// the connection. Default DefaultMaxPayload.
 	MaxPayload uint64
+	// PartitionBytes, when set, is the cluster's FPT_PARTITION_BYTES: a
+	// frame carrying a tensor piece may not announce more (requests and
+	// acknowledgements nothing), checked before any buffer is allocated.
+	PartitionBytes uint64
 	// PoolBytes bounds the bytes queued for sending. Default DefaultPoolBytes.
 	PoolBytes int64
 	// UnsentBytes bounds what each connection's socket holds unsent, so
