@@ -656,12 +656,8 @@ func (v *Van) receive(a arrival) {
 	h, err := frame.Decode(a.hdr[:], v.cfg.MaxPayload)
 	if p == nil {
 		// An accepted connection: its first frame must be a Hello to us.
-		if err != nil || h.Type != frame.Hello || node.ID(h.Recipient) != v.selfID() || h.Length != 0 {
-			v.log.Debug("memvan: closing a connection without a valid hello", "from", peerID, "err", err)
-			a.conn.reset(fmt.Errorf("%w: no valid hello", ErrProtocol))
-			return
-		}
-		if reason, err := v.admit(&h, a.from); reason != "" {
+		reason, err := v.admit(&h, err, a.from)
+		if reason != "" {
 			v.log.Debug("memvan: refusing a connection", "from", h.Sender, "reason", reason, "err", err)
 			if v.cfg.OnReject != nil {
 				v.cfg.OnReject(reason)
@@ -729,10 +725,12 @@ func (v *Van) receive(a arrival) {
 // challenge–response of auth/hello.go would fail otherwise), and Admit lets
 // the sender dial. It returns the reason for the rejected connections
 // counter, "" when admitted.
-func (v *Van) admit(h *frame.Header, dialer *Van) (string, error) {
+func (v *Van) admit(h *frame.Header, decodeErr error, dialer *Van) (string, error) {
 	switch {
 	case v.selfID() == 0:
-		return "early", fmt.Errorf("%w: hello from node %d before this node has an id", ErrProtocol, h.Sender)
+		return "early", fmt.Errorf("%w: a connection before this node has an id", ErrProtocol)
+	case decodeErr != nil || h.Type != frame.Hello || node.ID(h.Recipient) != v.selfID() || h.Length != 0:
+		return "protocol", fmt.Errorf("%w: no valid hello: %v", ErrProtocol, decodeErr)
 	case !hmac.Equal(v.cfg.HelloKey, dialer.cfg.HelloKey):
 		return "auth", fmt.Errorf("%w: node %d does not hold this node's cluster secret", ErrProtocol, h.Sender)
 	}

@@ -45,6 +45,8 @@ func Run(t *testing.T, network func() Listen) {
 		{"SendErrors", testSendErrors},
 		{"BackPressure", testBackPressure},
 		{"ShapingSwitch", testShapingSwitch},
+		{"Auth", testAuth},
+		{"HelloBeforeID", testHelloBeforeID},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, network()) })
