@@ -128,7 +128,9 @@ func (v *netConnVan) acceptLoop() {
 			continue
 		}
 		// The reader runs the handshake (acceptHello) before any frame.
-		v.start(&ncConn{tc: tc, remote: remote})
+		if !v.start(&ncConn{tc: tc, remote: remote}) {
+			<-v.handshakes
+		}
 	}
 }
 

@@ -11,6 +11,20 @@
 // through net.Buffers); it is the honest baseline the epoll van is measured
 // against, and a simple transport for tests.
 //
+// A connection proves membership before any frame is read from it: the
+// acceptor runs the handshake (acceptHello) on a blocking net.Conn within
+// HandshakeTimeout — on a short-lived goroutine for the epoll van, so that
+// its loop never waits on a stranger, and on the connection's reader for
+// the netconn van — and hands the connection to the receiver only once the
+// dialer has said a valid Hello, is one the node admits (Config.Admit),
+// and, with Config.HelloKey, has answered the challenge (auth/hello.go).
+// Anything else is closed, counted (Config.OnReject) and logged at a
+// bounded rate; the handler never hears of it. Past the handshake, a
+// frame's length is checked against its type before any buffer exists,
+// the van's own payload buffer grows as bytes arrive, and a peer that
+// stops mid-frame for IOTimeout is closed. The data plane authenticates
+// peers; it does not encrypt.
+//
 // Every outgoing frame goes through the pool (package pool): within a
 // destination the most urgent first, across destinations by weight.
 package van
