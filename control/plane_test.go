@@ -77,7 +77,11 @@ func TestExchangeEveryCommand(t *testing.T) {
 			if err := dir.from.Send(endpoint(dir.to), m); err != nil {
 				t.Fatalf("%s: Send: %v", name, err)
 			}
-			if got := recv(t, dir.to); !reflect.DeepEqual(got, m) {
+			got := recv(t, dir.to)
+			if got.Origin != dir.from.id {
+				t.Errorf("%s: Origin %q, want the sender's id %q", name, got.Origin, dir.from.id)
+			}
+			if got.Origin = ""; !reflect.DeepEqual(got, m) {
 				t.Fatalf("%s: got %+v, want %+v", name, got, m)
 			}
 		}
