@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/zeromq/goczmq"
 )
@@ -32,17 +34,35 @@ type zapRule struct {
 type zapHandler struct {
 	once    sync.Once
 	openErr error
+	started atomic.Bool
+	stop    atomic.Bool   // set by Shutdown: release the socket and return
+	done    chan struct{} // closed when run has returned
 
 	mu    sync.Mutex
 	rules map[string]zapRule // by ZAP domain
 }
 
-var zap = &zapHandler{rules: make(map[string]zapRule)}
+var zap = &zapHandler{rules: make(map[string]zapRule), done: make(chan struct{})}
+
+// zapPoll bounds how long the handler waits for a request before looking
+// at stop: Shutdown must destroy its socket before the context ends.
+const zapPoll = 100 * time.Millisecond
+
+// shutdown stops the handler, if it runs, and waits until its socket is
+// destroyed.
+func (z *zapHandler) shutdown() {
+	if !z.started.Load() {
+		return
+	}
+	z.stop.Store(true)
+	<-z.done
+}
 
 // add installs rule under domain, starting the handler on first use.
 func (z *zapHandler) add(domain string, rule zapRule, log *slog.Logger) error {
 	z.once.Do(func() {
 		ready := make(chan error, 1)
+		z.started.Store(true)
 		go z.run(ready, log)
 		z.openErr = <-ready
 	})
@@ -62,25 +82,28 @@ func (z *zapHandler) remove(domain string) {
 }
 
 func (z *zapHandler) run(ready chan<- error, log *slog.Logger) {
+	defer close(z.done)
 	runtime.LockOSThread() // errno, and the socket's one thread
-	zsysInit.Do(func() { zsysInitC() })
+	zsysInit.Do(zsysInitC)
 	s, err := newSock(goczmq.Rep)
 	if err != nil {
 		ready <- err
 		return
 	}
+	defer s.Destroy()
 	s.SetLinger(0)
+	s.SetRcvtimeo(int(zapPoll / time.Millisecond))
 	if err := retryEINTR(func() error { _, err := s.Bind(zapEndpoint); return err }); err != nil {
-		s.Destroy()
 		ready <- fmt.Errorf("control: bind the ZAP handler at %s: %w", zapEndpoint, err)
 		return
 	}
 	ready <- nil
-	for {
+	for !z.stop.Load() {
 		req, err := s.RecvMessage()
 		if err != nil {
 			if e := zmqErrno(); e != syscall.EINTR && e != syscall.EAGAIN {
-				log.Error("control: ZAP handler: receive failed", "err", zmqError(e))
+				log.Error("control: ZAP handler: receive failed; refusing every new connection", "err", zmqError(e))
+				return
 			}
 			continue
 		}
