@@ -4,20 +4,15 @@
 # each host's link shaped with tc tbf to its own rate (up and down). The
 # network is removed when the run ends, fails or is interrupted. Needs root.
 # A thin wrapper: builds bin/fpt, then runs "bin/fpt netem" (fpt netem -h).
+# In --cluster mode every host gets the same cluster secret, a random one
+# per run unless FPT_CLUSTER_SECRET(_FILE) is set (the hosts are not
+# loopback, so nodes without one would refuse to start).
 #
 #   # a cluster of 3 hosts, one slow, each running a server and a worker
 #   scripts/netem.sh --hosts 1gbit,200mbit,1gbit --cluster -- --iters 20
 #   # any command in every host; its environment says where it runs
 #   scripts/netem.sh --host 1gbit --host 100mbit/1gbit -- sh -c 'echo $FPT_NETEM_HOST $FPT_NETEM_ADDR'
-#
-# The hosts are not loopback, so a cluster needs a secret: one random
-# secret per run, shared by every host, unless FPT_CLUSTER_SECRET(_FILE)
-# is set.
 set -euo pipefail
-if [ -z "${FPT_CLUSTER_SECRET:-}" ] && [ -z "${FPT_CLUSTER_SECRET_FILE:-}" ]; then
-  FPT_CLUSTER_SECRET=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
-  export FPT_CLUSTER_SECRET
-fi
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 "$repo/scripts/build.sh"
 exec "$repo/bin/fpt" netem "$@"
