@@ -467,9 +467,16 @@ func BenchmarkLatency(b *testing.B) {
 	}
 }
 
-// BenchmarkPingPong measures a request and its answer (two one-way trips).
+// BenchmarkPingPong measures a request and its answer (two one-way trips),
+// without a secret and with CURVE.
 func BenchmarkPingPong(b *testing.B) {
-	x, y := listen(b, 0, nil), listen(b, 0, nil)
+	for _, mode := range []struct{ name, secret string }{{"plain", ""}, {"curve", testSecret}} {
+		b.Run(mode.name, func(b *testing.B) { benchPingPong(b, mode.secret) })
+	}
+}
+
+func benchPingPong(b *testing.B, secret string) {
+	x, y := listenSecret(b, secret, nil), listenSecret(b, secret, nil)
 	toX, toY := endpoint(x), endpoint(y)
 	ping := &Message{Command: Heartbeat}
 	pong := &Message{Command: HeartbeatAck}
@@ -490,6 +497,32 @@ func BenchmarkPingPong(b *testing.B) {
 	}
 	y.Close()
 	<-done
+}
+
+// BenchmarkConnect measures start-up: two planes listen and exchange a
+// first message each way (connect, handshake, delivery), without a secret
+// and with CURVE.
+func BenchmarkConnect(b *testing.B) {
+	for _, mode := range []struct{ name, secret string }{{"plain", ""}, {"curve", testSecret}} {
+		b.Run(mode.name, func(b *testing.B) {
+			for b.Loop() {
+				x, err := Listen(Config{BindHost: "127.0.0.1", Logger: quietLogger(), Secret: mode.secret})
+				if err != nil {
+					b.Fatal(err)
+				}
+				y, err := Listen(Config{BindHost: "127.0.0.1", Logger: quietLogger(), Secret: mode.secret})
+				if err != nil {
+					b.Fatal(err)
+				}
+				_ = x.Send(endpoint(y), &Message{Command: Heartbeat})
+				recv(b, y)
+				_ = y.Send(endpoint(x), &Message{Command: HeartbeatAck})
+				recv(b, x)
+				x.Close()
+				y.Close()
+			}
+		})
+	}
 }
 
 // BenchmarkLatencyRawZMQ is the baseline for BenchmarkLatency: a bare
