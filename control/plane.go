@@ -91,6 +91,11 @@ type Config struct {
 // off the loop's thread, always under mu, which is the full memory barrier
 // libzmq asks for when a socket changes threads).
 //
+// With Config.Secret every socket speaks CURVE and a ZAP handler (zap.go)
+// admits only peers holding the job's client key. Every DEALER carries the
+// plane's random routing id, which the receiving ROUTER reports as
+// Message.Origin: the authenticated connection a message came over.
+//
 // Delivery is what ZeroMQ gives: in order per sender and peer, queued while
 // the peer is not up yet, lost if a process dies with messages in flight.
 //
@@ -390,6 +395,10 @@ func (p *Plane) open(host string, port int) (_ *loop, err error) {
 	l.router.SetRcvhwm(hwm)
 	l.router.SetRcvtimeo(0) // reads never block: the poller says when to read
 	l.router.SetMaxmsgsize(MaxMessageLen)
+	// A peer's DEALER that reconnects (a dropped TCP connection) comes
+	// back with the same routing id; let it take over at once rather than
+	// be refused until libzmq notices the old connection is gone.
+	l.router.SetRouterHandover(1)
 	setKeepalive(l.router)
 	if strings.Contains(host, ":") {
 		l.router.SetIpv6(1)
@@ -402,7 +411,7 @@ func (p *Plane) open(host string, port int) (_ *loop, err error) {
 		// The ZAP domain names this plane's rule in the process-wide
 		// handler; set before bind, as libzmq reads it per connection.
 		l.zapDomain = "fpt-" + p.id
-		if err := zap.add(l.zapDomain, zapRule{key: keys.Client.PublicRaw, reject: p.reject.Count}, p.log); err != nil {
+		if err := zap.add(l.zapDomain, zapRule{key: keys.Client.PublicRaw, reject: p.reject.refuse}, p.log); err != nil {
 			l.zapDomain = ""
 			return nil, err
 		}
@@ -559,6 +568,7 @@ func (l *loop) decode(frames [][]byte, count int) *Message {
 	}
 	m, err := Unmarshal(frames[1])
 	if err != nil {
+		l.p.reject.Count("malformed")
 		l.p.log.Warn("control: dropping a malformed message",
 			"err", err, "bytes", len(frames[1]), "peer", fmt.Sprintf("%x", frames[0]))
 		return nil

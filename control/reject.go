@@ -32,8 +32,16 @@ func NewRejecter(log *slog.Logger, count func(reason string)) *Rejecter {
 	return &Rejecter{log: log, count: count}
 }
 
-// Count records one refusal for reason (a short fixed word).
-func (r *Rejecter) Count(reason string) { r.Reject(reason) }
+// Count records one refusal for reason (a short fixed word) without
+// logging it, for refusals logged elsewhere.
+func (r *Rejecter) Count(reason string) {
+	if r != nil && r.count != nil {
+		r.count(reason)
+	}
+}
+
+// refuse is Reject without details, as a func(reason string).
+func (r *Rejecter) refuse(reason string) { r.Reject(reason) }
 
 // Reject records one refusal for reason and logs it, with args, unless a
 // refusal was logged less than rejectLogEvery ago.
