@@ -21,7 +21,7 @@ func TestDeriveCurve(t *testing.T) {
 	}
 	b, _ := DeriveCurve("0123456789abcdef")
 	other, _ := DeriveCurve("0123456789abcdeg")
-	if (a.Server.Public != b.Server.Public || a.Client.Secret != b.Client.Secret) {
+	if a.Server.Public != b.Server.Public || a.Client.Secret != b.Client.Secret {
 		t.Error("the same secret gave different keys")
 	}
 	if a.Server.Public == other.Server.Public || a.Client.Public == other.Client.Public {
