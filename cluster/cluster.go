@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"strconv"
 	"sync"
@@ -54,6 +55,11 @@ type Member struct {
 	van     van.Transport
 	metrics *metrics.Node // nil: none
 	sched   string
+	// schedOrigin is the connection (control.Message.Origin) the node
+	// table came over: the scheduler's. Later control messages are acted
+	// on only from it; others are refused through reject.
+	schedOrigin string
+	reject      *control.Rejecter
 	// topo is published once, when the node table arrives; the van's
 	// callbacks may read it from other goroutines before that.
 	topo atomic.Pointer[topology]
@@ -94,14 +100,21 @@ type Planes struct {
 	Data    func(cfg van.Config) (van.Transport, error)
 }
 
-// Network is the real planes: the control plane over ZeroMQ, the data plane
-// over TCP with the van of kind vanKind (config.Config.Van, FPT_VAN).
-func Network(vanKind string) Planes {
+// Network is the real planes of the node cfg describes: the control plane
+// over ZeroMQ (CURVE with cfg.Secret), bound on ListenHost(cfg), the data
+// plane over TCP with the van of kind cfg.Van (FPT_VAN). Refusals are
+// counted in m (nil: none).
+func Network(cfg config.Config, m *metrics.Node) Planes {
 	return Planes{
 		Control: func(port int, log *slog.Logger) (control.Transport, error) {
-			return control.Listen(control.Config{BindHost: "0.0.0.0", Port: port, Logger: log})
+			host, _, err := ListenHost(cfg)
+			if err != nil {
+				return nil, err
+			}
+			return control.Listen(control.Config{BindHost: host, Port: port, Logger: log, Secret: cfg.Secret,
+				OnReject: func(reason string) { m.Rejected("control", reason) }})
 		},
-		Data: func(cfg van.Config) (van.Transport, error) { return van.New(vanKind, cfg) },
+		Data: func(vc van.Config) (van.Transport, error) { return van.New(cfg.Van, vc) },
 	}
 }
 
@@ -153,13 +166,18 @@ func (n *Member) Start(ctx context.Context, h Handler) error {
 		return fmt.Errorf("cluster: Start is for servers and workers, not the %s", n.cfg.Role)
 	}
 	n.handler = h
+	n.reject = control.NewRejecter(n.log, func(reason string) { n.metrics.Rejected("control", reason) })
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.StartTimeout)
 	defer cancel()
 	host, err := n.cfg.ResolveHost()
 	if err != nil {
 		return fmt.Errorf("cluster: %w", err)
 	}
-	if err := n.bind(host); err != nil {
+	listen, _, err := ListenHost(n.cfg)
+	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	if err := n.bind(host, listen); err != nil {
 		return err
 	}
 	ok := false
@@ -197,8 +215,9 @@ func (n *Member) Start(ctx context.Context, h Handler) error {
 	return nil
 }
 
-// bind opens the control socket and the van on ports p and p+1.
-func (n *Member) bind(host string) error {
+// bind opens the control socket and the van on ports p and p+1; the van
+// listens on listen (ListenHost), the node is reached at host.
+func (n *Member) bind(host, listen string) error {
 	var helloKey []byte
 	if n.cfg.Secret != "" {
 		k, err := auth.HelloKey(n.cfg.Secret)
@@ -215,7 +234,7 @@ func (n *Member) bind(host string) error {
 		}
 		port := plane.Port()
 		tr, err := n.planes.Data(van.Config{
-			ListenAddr:     "0.0.0.0:" + strconv.Itoa(port+1),
+			ListenAddr:     net.JoinHostPort(listen, strconv.Itoa(port+1)),
 			Handler:        (*vanHandler)(n),
 			MaxPayload:     n.cfg.MaxFrameBytes,
 			PartitionBytes: n.cfg.PartitionBytes,
@@ -255,7 +274,13 @@ func (n *Member) awaitTable(ctx context.Context) error {
 			}
 			switch m.Command {
 			case control.NodeTable:
-				return n.setTable(m)
+				// Only the scheduler knows this node's address before
+				// the table; with a secret, only members can reach it.
+				if err := n.setTable(m); err != nil {
+					return err
+				}
+				n.schedOrigin = m.Origin
+				return nil
 			case control.NodeFailed:
 				return fmt.Errorf("cluster: the scheduler gave up before the cluster started: %s", m.Text)
 			case control.Terminate:
@@ -535,6 +560,12 @@ func (n *Member) controlLoop() {
 }
 
 func (n *Member) handleControl(m *control.Message) {
+	// Nodes talk to each other over the data plane only: every control
+	// message a node receives is the scheduler's, from its connection.
+	if m.Origin != n.schedOrigin || m.Sender != node.SchedulerID {
+		n.reject.Reject("sender", "command", m.Command, "claims", m.Sender)
+		return
+	}
 	switch m.Command {
 	case control.BarrierDone:
 		n.mu.Lock()

@@ -65,4 +65,11 @@ type Message struct {
 	Nodes     []node.Info
 	Text      string
 	Body      []byte
+
+	// Origin names the connection the message arrived over, as the plane
+	// authenticated it: the same string for every message from one peer
+	// plane, different for different peers. The plane sets it from the
+	// connection (never from the payload, which does not carry it), so a
+	// receiver checks Sender against it. Empty on messages being sent.
+	Origin string
 }

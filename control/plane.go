@@ -7,6 +7,7 @@ package control
 import "C"
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +22,8 @@ import (
 	"time"
 
 	"github.com/zeromq/goczmq"
+
+	"github.com/fptps/fpt/auth"
 )
 
 // Tuning of the sockets and the loop.
@@ -66,6 +69,16 @@ type Config struct {
 	Port int
 	// Logger receives warnings about dropped messages; slog.Default() if nil.
 	Logger *slog.Logger
+	// Secret is the job's shared secret (config.Config.Secret). With one,
+	// every socket speaks CURVE with keys derived from it (auth.DeriveCurve)
+	// and the ROUTER admits only clients holding the derived client key: a
+	// peer without the secret completes no handshake and delivers nothing.
+	// Empty: no authentication (protected mode binds loopback instead).
+	Secret string
+	// OnReject, if set, is called (on a ZeroMQ thread, so briefly) with a
+	// short fixed reason for every connection or message the plane refuses,
+	// e.g. metrics.Node.Rejected("control", reason).
+	OnReject func(reason string)
 }
 
 // Plane is one node's control-plane endpoint: a ROUTER bound on Config's
@@ -78,6 +91,11 @@ type Config struct {
 // off the loop's thread, always under mu, which is the full memory barrier
 // libzmq asks for when a socket changes threads).
 //
+// With Config.Secret every socket speaks CURVE and a ZAP handler (zap.go)
+// admits only peers holding the job's client key. Every DEALER carries the
+// plane's random routing id, which the receiving ROUTER reports as
+// Message.Origin: the authenticated connection a message came over.
+//
 // Delivery is what ZeroMQ gives: in order per sender and peer, queued while
 // the peer is not up yet, lost if a process dies with messages in flight.
 //
@@ -86,8 +104,14 @@ type Config struct {
 // consumer catches up (or Close is called). Send never blocks on that: it
 // queues in memory.
 type Plane struct {
-	log  *slog.Logger
-	port int
+	log    *slog.Logger
+	port   int
+	secret string
+	reject *Rejecter
+	// id is this plane's routing id on every DEALER: the Origin its peers
+	// see. Random per plane, so that it is stable across reconnections but
+	// not guessable (with a secret, it travels encrypted).
+	id string
 
 	in   chan *Message
 	stop chan struct{} // closed by Close; frees a loop blocked on in
@@ -131,11 +155,18 @@ func Listen(cfg Config) (*Plane, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	var idb [12]byte
+	for i := range idb {
+		idb[i] = byte(rand.Uint32())
+	}
 	p := &Plane{
-		log:  log,
-		in:   make(chan *Message, incomingBuffer),
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
+		log:    log,
+		secret: cfg.Secret,
+		reject: NewRejecter(log, cfg.OnReject),
+		id:     "fpt-" + hex.EncodeToString(idb[:]),
+		in:     make(chan *Message, incomingBuffer),
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
 	}
 	ready := make(chan error, 1)
 	go p.run(host, cfg.Port, ready)
@@ -276,6 +307,8 @@ func checkEndpoint(ep string) error {
 // (retry) from EAGAIN (come back later) or a real failure. The caller must
 // be locked to its OS thread, and nothing but free() (which preserves errno
 // in glibc ≥ 2.33) runs between the failing call and this one.
+func zsysInitC() { C.zsys_init() }
+
 func zmqErrno() syscall.Errno { return syscall.Errno(C.zmq_errno()) }
 
 // zmqError turns an errno into an error that prints like the C library's
@@ -305,13 +338,15 @@ func newSock(kind int) (*goczmq.Sock, error) {
 
 // loop is the state of the plane's goroutine; nothing else touches it.
 type loop struct {
-	p       *Plane
-	router  *goczmq.Sock
-	wakeRx  *goczmq.Sock
-	wakeTx  *goczmq.Sock
-	poller  *goczmq.Poller
-	dealers map[string]*dealer
-	waiting int // dealers with a backlog
+	p         *Plane
+	keys      *auth.CurveKeys // nil without a secret
+	zapDomain string          // "" without a secret
+	router    *goczmq.Sock
+	wakeRx    *goczmq.Sock
+	wakeTx    *goczmq.Sock
+	poller    *goczmq.Poller
+	dealers   map[string]*dealer
+	waiting   int // dealers with a backlog
 
 	spare []outgoing // recycled queue buffer
 
@@ -345,7 +380,7 @@ func (p *Plane) run(host string, port int, ready chan<- error) {
 
 // open creates the ROUTER, the wake-up pair and the poller.
 func (p *Plane) open(host string, port int) (_ *loop, err error) {
-	zsysInit.Do(func() { C.zsys_init() })
+	zsysInit.Do(zsysInitC)
 	l := &loop{p: p, dealers: make(map[string]*dealer)}
 	defer func() {
 		if err != nil {
@@ -360,9 +395,30 @@ func (p *Plane) open(host string, port int) (_ *loop, err error) {
 	l.router.SetRcvhwm(hwm)
 	l.router.SetRcvtimeo(0) // reads never block: the poller says when to read
 	l.router.SetMaxmsgsize(MaxMessageLen)
+	// A peer's DEALER that reconnects (a dropped TCP connection) comes
+	// back with the same routing id; let it take over at once rather than
+	// be refused until libzmq notices the old connection is gone.
+	l.router.SetRouterHandover(1)
 	setKeepalive(l.router)
 	if strings.Contains(host, ":") {
 		l.router.SetIpv6(1)
+	}
+	if p.secret != "" {
+		keys, err := auth.DeriveCurve(p.secret)
+		if err != nil {
+			return nil, fmt.Errorf("control: %w", err)
+		}
+		// The ZAP domain names this plane's rule in the process-wide
+		// handler; set before bind, as libzmq reads it per connection.
+		l.zapDomain = "fpt-" + p.id
+		if err := zap.add(l.zapDomain, zapRule{key: keys.Client.PublicRaw, reject: p.reject.refuse}, p.log); err != nil {
+			l.zapDomain = ""
+			return nil, err
+		}
+		l.router.SetZapDomain(l.zapDomain)
+		l.router.SetCurveServer(1)
+		l.router.SetCurveSecretkey(keys.Server.Secret)
+		l.keys = &keys
 	}
 	endpoint := "tcp://" + net.JoinHostPort(host, strconv.Itoa(port))
 	if err := retryEINTR(func() error { _, err := l.router.Bind(endpoint); return err }); err != nil {
@@ -512,10 +568,14 @@ func (l *loop) decode(frames [][]byte, count int) *Message {
 	}
 	m, err := Unmarshal(frames[1])
 	if err != nil {
+		l.p.reject.Count("malformed")
 		l.p.log.Warn("control: dropping a malformed message",
 			"err", err, "bytes", len(frames[1]), "peer", fmt.Sprintf("%x", frames[0]))
 		return nil
 	}
+	// The routing id is the peer plane's id (set on its DEALER and, with a
+	// secret, sent inside the authenticated handshake), never payload.
+	m.Origin = string(frames[0])
 	return m
 }
 
@@ -629,6 +689,12 @@ func (l *loop) dealer(endpoint string) *dealer {
 	s.SetLinger(int(linger / time.Millisecond))
 	s.SetSndhwm(hwm)
 	s.SetImmediate(0) // queue while the peer is not up yet
+	s.SetIdentity(l.p.id)
+	if l.keys != nil {
+		s.SetCurveServerkey(l.keys.Server.Public)
+		s.SetCurvePublickey(l.keys.Client.Public)
+		s.SetCurveSecretkey(l.keys.Client.Secret)
+	}
 	setKeepalive(s)
 	if strings.Contains(endpoint, "[") {
 		s.SetIpv6(1)
@@ -670,6 +736,9 @@ func (l *loop) shutdown() error {
 // stops only after seeing closed under mu, and open fails before
 // publishing it.
 func (l *loop) destroy() {
+	if l.zapDomain != "" {
+		zap.remove(l.zapDomain)
+	}
 	if l.poller != nil {
 		l.poller.Destroy()
 	}

@@ -77,7 +77,11 @@ func TestExchangeEveryCommand(t *testing.T) {
 			if err := dir.from.Send(endpoint(dir.to), m); err != nil {
 				t.Fatalf("%s: Send: %v", name, err)
 			}
-			if got := recv(t, dir.to); !reflect.DeepEqual(got, m) {
+			got := recv(t, dir.to)
+			if got.Origin != dir.from.id {
+				t.Errorf("%s: Origin %q, want the sender's id %q", name, got.Origin, dir.from.id)
+			}
+			if got.Origin = ""; !reflect.DeepEqual(got, m) {
 				t.Fatalf("%s: got %+v, want %+v", name, got, m)
 			}
 		}
@@ -463,9 +467,16 @@ func BenchmarkLatency(b *testing.B) {
 	}
 }
 
-// BenchmarkPingPong measures a request and its answer (two one-way trips).
+// BenchmarkPingPong measures a request and its answer (two one-way trips),
+// without a secret and with CURVE.
 func BenchmarkPingPong(b *testing.B) {
-	x, y := listen(b, 0, nil), listen(b, 0, nil)
+	for _, mode := range []struct{ name, secret string }{{"plain", ""}, {"curve", testSecret}} {
+		b.Run(mode.name, func(b *testing.B) { benchPingPong(b, mode.secret) })
+	}
+}
+
+func benchPingPong(b *testing.B, secret string) {
+	x, y := listenSecret(b, secret, nil), listenSecret(b, secret, nil)
 	toX, toY := endpoint(x), endpoint(y)
 	ping := &Message{Command: Heartbeat}
 	pong := &Message{Command: HeartbeatAck}
@@ -486,6 +497,32 @@ func BenchmarkPingPong(b *testing.B) {
 	}
 	y.Close()
 	<-done
+}
+
+// BenchmarkConnect measures start-up: two planes listen and exchange a
+// first message each way (connect, handshake, delivery), without a secret
+// and with CURVE.
+func BenchmarkConnect(b *testing.B) {
+	for _, mode := range []struct{ name, secret string }{{"plain", ""}, {"curve", testSecret}} {
+		b.Run(mode.name, func(b *testing.B) {
+			for b.Loop() {
+				x, err := Listen(Config{BindHost: "127.0.0.1", Logger: quietLogger(), Secret: mode.secret})
+				if err != nil {
+					b.Fatal(err)
+				}
+				y, err := Listen(Config{BindHost: "127.0.0.1", Logger: quietLogger(), Secret: mode.secret})
+				if err != nil {
+					b.Fatal(err)
+				}
+				_ = x.Send(endpoint(y), &Message{Command: Heartbeat})
+				recv(b, y)
+				_ = y.Send(endpoint(x), &Message{Command: HeartbeatAck})
+				recv(b, x)
+				x.Close()
+				y.Close()
+			}
+		})
+	}
 }
 
 // BenchmarkLatencyRawZMQ is the baseline for BenchmarkLatency: a bare

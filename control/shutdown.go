@@ -13,5 +13,6 @@ import "C"
 // of the process, after every Plane is closed; no Plane can be made after.
 func Shutdown() {
 	zsysInit.Do(func() {}) // a process that never made a Plane has nothing to flush
+	zap.shutdown()         // its socket must be gone before the context ends
 	C.zsys_shutdown()
 }

@@ -50,7 +50,7 @@ type Deps struct {
 	// binaries and the C library pass stdout); nil: only logged.
 	Decisions io.Writer
 	// Planes are the node's transports; zero: the real ones,
-	// cluster.Network(cfg.Van). In-process clusters pass in-memory ones.
+	// cluster.Network(cfg, metrics). In-process clusters pass in-memory ones.
 	Planes cluster.Planes
 }
 
@@ -66,17 +66,29 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 		log = slog.Default()
 	}
 	planes := deps.Planes
-	if planes.Control == nil || planes.Data == nil {
-		planes = cluster.Network(cfg.Van)
+	real := planes.Control == nil || planes.Data == nil
+	if real {
+		// Protected mode: refuse at once a job across machines without a
+		// secret, and say once how the node is exposed.
+		_, warning, err := cluster.ListenHost(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("launch: %w", err)
+		}
+		if warning != "" {
+			log.Warn(warning)
+		}
 	}
 	n := &Node{cfg: cfg, log: log}
 	m, err := n.serveMetrics()
 	if err != nil {
 		return nil, err
 	}
+	if real {
+		planes = cluster.Network(cfg, m)
+	}
 	switch cfg.Role {
 	case node.Scheduler:
-		n.startScheduler(ctx, planes, deps.Decisions)
+		n.startScheduler(ctx, planes, deps.Decisions, func(reason string) { m.Rejected("control", reason) })
 		return n, nil
 	case node.Server:
 		n.member = cluster.New(cfg, log, planes)
@@ -118,7 +130,7 @@ func (n *Node) serveMetrics() (*metrics.Node, error) {
 // its own, keeping ctx's values but not its end: ctx bounds starting, and
 // the scheduler runs until the cluster terminates, Finalize's context ends
 // or Close.
-func (n *Node) startScheduler(ctx context.Context, planes cluster.Planes, decisions io.Writer) {
+func (n *Node) startScheduler(ctx context.Context, planes cluster.Planes, decisions io.Writer, rejected func(reason string)) {
 	ctx, n.stop = context.WithCancel(context.WithoutCancel(ctx))
 	n.schedDone = make(chan struct{})
 	go func() {
@@ -128,7 +140,7 @@ func (n *Node) startScheduler(ctx context.Context, planes cluster.Planes, decisi
 			n.schedErr = fmt.Errorf("scheduler: DMLC_PS_ROOT_PORT=%d: %w", n.cfg.RootPort, err)
 			return
 		}
-		n.schedErr = scheduler.Serve(ctx, plane, n.cfg, n.log, decisions)
+		n.schedErr = scheduler.Serve(ctx, plane, n.cfg, n.log, decisions, rejected)
 	}()
 }
 

@@ -169,3 +169,29 @@ func TestCloseStopsScheduler(t *testing.T) {
 		t.Errorf("Err after Close: %v, want the scheduler interrupted", err)
 	}
 }
+
+// Protected mode: without a secret, a job that is not on loopback is a
+// configuration error naming FPT_CLUSTER_SECRET (exit 2), for the scheduler
+// and for a server; with FPT_INSECURE=1 or a secret it is not.
+func TestProtectedMode(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		want int
+	}{
+		{"scheduler elsewhere", map[string]string{"DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": "198.18.0.1"}, launch.ExitUsage},
+		{"server advertising a non-loopback address", map[string]string{"DMLC_ROLE": "server", "DMLC_NODE_HOST": "198.18.0.2"}, launch.ExitUsage},
+	}
+	for _, tt := range tests {
+		env := map[string]string{"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": strconv.Itoa(freePort(t)),
+			"DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1", "FPT_START_TIMEOUT": "0.5"}
+		for k, v := range tt.env {
+			env[k] = v
+		}
+		var stderr strings.Builder
+		code := launch.Main("fpt", func(k string) (string, bool) { v, ok := env[k]; return v, ok }, &stderr, nil)
+		if code != tt.want || !strings.Contains(stderr.String(), "FPT_CLUSTER_SECRET") {
+			t.Errorf("%s: exit %d, stderr %q; want %d naming FPT_CLUSTER_SECRET", tt.name, code, stderr.String(), tt.want)
+		}
+	}
+}

@@ -3,6 +3,8 @@ package netem
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -317,6 +319,14 @@ func runHosts(ctx context.Context, n *Network, o cliOptions, script string) int 
 	var stdoutMu, stderrMu sync.Mutex
 	cmds := make([]*exec.Cmd, k)
 	flush := make([]func(), k)
+	// The hosts are not loopback: a cluster needs a secret, the same on
+	// every host, and a fresh one per run unless the user gave one.
+	var secretEnv []string
+	if o.cluster && os.Getenv("FPT_CLUSTER_SECRET") == "" && os.Getenv("FPT_CLUSTER_SECRET_FILE") == "" {
+		var b [16]byte
+		_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
+		secretEnv = []string{"FPT_CLUSTER_SECRET=" + hex.EncodeToString(b[:])}
+	}
 	for i := range k {
 		argv := o.words
 		if o.cluster {
@@ -324,7 +334,7 @@ func runHosts(ctx context.Context, n *Network, o cliOptions, script string) int 
 		}
 		// Not ctx: stopping is done below, by process group, with a grace.
 		cmd := n.Command(context.Background(), i, argv[0], argv[1:]...)
-		cmd.Env = append(os.Environ(), hostEnv(i, k, n.Addr(i), n.Addr(0), n.Iface())...)
+		cmd.Env = append(append(os.Environ(), hostEnv(i, k, n.Addr(i), n.Addr(0), n.Iface())...), secretEnv...)
 		// Its own process group, so that stopping it reaches whatever it
 		// started, and a terminal's Ctrl-C reaches only fpt
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

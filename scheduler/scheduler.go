@@ -25,11 +25,15 @@ import (
 // written to decisions as one line, saying which aggregator holds what
 // share and why (nil: only logged). Serve closes plane before it returns.
 // launch.Start is how a scheduler is started.
-func Serve(ctx context.Context, plane control.Transport, cfg config.Config, log *slog.Logger, decisions io.Writer) error {
+//
+// A message is acted on only if its Sender is the node that registered
+// over the connection it came from (control.Message.Origin); others are
+// dropped and passed to onReject (nil: only logged, at a bounded rate).
+func Serve(ctx context.Context, plane control.Transport, cfg config.Config, log *slog.Logger, decisions io.Writer, onReject func(reason string)) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &sched{cfg: cfg, log: log, plane: plane, decisions: decisions}
+	s := &sched{cfg: cfg, log: log, plane: plane, decisions: decisions, reject: control.NewRejecter(log, onReject)}
 	defer plane.Close()
 	log.Info("scheduler listening", "port", plane.Port(), "servers", cfg.NumServers, "workers", cfg.NumWorkers)
 	reg := registry{servers: cfg.NumServers, workers: cfg.NumWorkers}
@@ -53,6 +57,8 @@ type sched struct {
 	lastSeen  map[node.ID]time.Time
 	lb        *lb.Balancer // nil when the LB is off
 	decisions io.Writer    // nil: decisions are only logged
+	byOrigin  map[string]node.ID
+	reject    *control.Rejecter
 }
 
 func (s *sched) register(ctx context.Context, reg *registry) error {
@@ -74,7 +80,13 @@ func (s *sched) register(ctx context.Context, reg *registry) error {
 				continue
 			}
 			info := m.Nodes[0]
-			if err := reg.add(info); err != nil {
+			if err := reg.add(info, m.Origin); err != nil {
+				// Never tell a registered node it was refused: the AddNode
+				// naming its address may come from someone else.
+				if reg.registered(info) {
+					s.reject.Reject("register", "node", info, "err", err)
+					continue
+				}
 				s.log.Warn("registration refused", "node", info, "err", err)
 				_ = s.plane.Send(info.ControlEndpoint(), &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Text: "registration refused: " + err.Error()})
 				continue
@@ -85,11 +97,13 @@ func (s *sched) register(ctx context.Context, reg *registry) error {
 	s.table = reg.assign(node.Info{Host: s.cfg.RootURI, ControlPort: s.plane.Port()})
 	s.byID = make(map[node.ID]node.Info, len(s.table))
 	s.lastSeen = make(map[node.ID]time.Time, len(s.table))
+	s.byOrigin = make(map[string]node.ID, len(s.table))
 	now := time.Now()
 	for _, info := range s.table {
 		s.byID[info.ID] = info
 		if info.ID != node.SchedulerID {
 			s.lastSeen[info.ID] = now
+			s.byOrigin[reg.originOf(info)] = info.ID
 		}
 	}
 	for _, info := range s.table[1:] {
@@ -124,9 +138,10 @@ func (s *sched) serve(ctx context.Context) error {
 			if !ok {
 				return errors.New("scheduler: control plane closed")
 			}
-			if _, known := s.lastSeen[m.Sender]; known {
-				s.lastSeen[m.Sender] = time.Now()
+			if !s.authentic(m) {
+				continue
 			}
+			s.lastSeen[m.Sender] = time.Now()
 			switch m.Command {
 			case control.Heartbeat:
 				if _, known := s.lastSeen[m.Sender]; known {
@@ -135,7 +150,7 @@ func (s *sched) serve(ctx context.Context) error {
 			case control.Barrier:
 				release, err := bars.arrive(m.Sender, m.Group, m.Seq)
 				if err != nil {
-					s.log.Warn("bad barrier request", "from", m.Sender, "err", err)
+					s.reject.Reject("barrier", "from", m.Sender, "err", err)
 					continue
 				}
 				if release == nil {
@@ -154,9 +169,9 @@ func (s *sched) serve(ctx context.Context) error {
 			case control.Report:
 				s.report(m)
 			case control.AddNode:
-				if len(m.Nodes) == 1 {
-					_ = s.plane.Send(m.Nodes[0].ControlEndpoint(), &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Text: "registration refused: the cluster has already started"})
-				}
+				// From a member (authentic): a confused node, which
+				// learns nothing from a reply naming another address.
+				s.log.Warn("registration refused: the cluster has already started", "from", m.Sender)
 			default:
 				s.log.Warn("unexpected control message", "command", m.Command, "from", m.Sender)
 			}
@@ -185,11 +200,26 @@ func (s *sched) terminate(ids []node.ID) {
 			if !ok {
 				return
 			}
-			if m.Command == control.Terminate {
+			if m.Command == control.Terminate && s.authentic(m) {
 				delete(waiting, m.Sender)
 			}
 		}
 	}
+}
+
+// authentic reports whether m comes from the connection its Sender
+// registered over; it refuses (counts and logs) the others.
+func (s *sched) authentic(m *control.Message) bool {
+	id, ok := s.byOrigin[m.Origin]
+	switch {
+	case !ok:
+		s.reject.Reject("stranger", "command", m.Command, "claims", m.Sender)
+		return false
+	case id != m.Sender:
+		s.reject.Reject("sender", "command", m.Command, "claims", m.Sender, "connection_of", id)
+		return false
+	}
+	return true
 }
 
 // failed tells every node that target died, and ends the scheduler.

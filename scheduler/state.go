@@ -14,9 +14,12 @@ import (
 type registry struct {
 	servers, workers int
 	pending          []node.Info
+	origins          []string // pending[i] registered over connection origins[i]
 }
 
-func (r *registry) add(info node.Info) error {
+// add registers info, which arrived over the connection origin. It holds
+// at most servers+workers entries, one per connection and per address.
+func (r *registry) add(info node.Info, origin string) error {
 	switch info.Role {
 	case node.Server, node.Worker:
 	default:
@@ -25,16 +28,40 @@ func (r *registry) add(info node.Info) error {
 	if info.Host == "" || info.ControlPort <= 0 || info.ControlPort > 65535 || info.DataPort <= 0 || info.DataPort > 65535 {
 		return fmt.Errorf("bad address %s (data port %d)", info, info.DataPort)
 	}
-	for _, p := range r.pending {
+	for i, p := range r.pending {
 		if p.Host == info.Host && p.ControlPort == info.ControlPort {
 			return fmt.Errorf("%s registered twice", info)
+		}
+		if r.origins[i] == origin {
+			return fmt.Errorf("%s: its connection already registered %s", info, p)
 		}
 	}
 	if r.count(info.Role) >= r.want(info.Role) {
 		return fmt.Errorf("one %s too many: the cluster has %d", info.Role, r.want(info.Role))
 	}
 	r.pending = append(r.pending, info)
+	r.origins = append(r.origins, origin)
 	return nil
+}
+
+// registered reports whether a node registered at info's address.
+func (r *registry) registered(info node.Info) bool {
+	for _, p := range r.pending {
+		if p.Host == info.Host && p.ControlPort == info.ControlPort {
+			return true
+		}
+	}
+	return false
+}
+
+// originOf is the connection the node at info's address registered over.
+func (r *registry) originOf(info node.Info) string {
+	for i, p := range r.pending {
+		if p.Host == info.Host && p.ControlPort == info.ControlPort {
+			return r.origins[i]
+		}
+	}
+	return ""
 }
 
 func (r *registry) count(role node.Role) int {
@@ -81,9 +108,19 @@ func (r *registry) assign(self node.Info) []node.Info {
 
 // barriers counts arrivals per (group, sequence number). The scheduler
 // belongs to every group that includes it without having to arrive.
+//
+// A member numbers its barriers of a group 0, 1, 2...; only its next number
+// is accepted, so it has at most one pending arrival per group and the
+// table stays bounded by the cluster's size whatever a peer sends.
 type barriers struct {
 	members map[node.Group][]node.ID
 	arrived map[barrierKey]map[node.ID]bool
+	next    map[memberGroup]uint64
+}
+
+type memberGroup struct {
+	id node.ID
+	g  node.Group
 }
 
 type barrierKey struct {
@@ -92,7 +129,7 @@ type barrierKey struct {
 }
 
 func newBarriers(table []node.Info) *barriers {
-	b := &barriers{members: map[node.Group][]node.ID{}, arrived: map[barrierKey]map[node.ID]bool{}}
+	b := &barriers{members: map[node.Group][]node.ID{}, arrived: map[barrierKey]map[node.ID]bool{}, next: map[memberGroup]uint64{}}
 	for g := node.Group(1); g <= node.AllGroup; g++ {
 		for _, info := range table {
 			if info.ID != node.SchedulerID && info.ID.InGroup(g) {
@@ -112,6 +149,10 @@ func (b *barriers) arrive(id node.ID, g node.Group, seq uint64) (release []node.
 	if !id.InGroup(g) || id == node.SchedulerID {
 		return nil, fmt.Errorf("barrier: %s is not a member of group %d", id, g)
 	}
+	if want := b.next[memberGroup{id, g}]; seq != want {
+		return nil, fmt.Errorf("barrier: %s arrived at barrier %d of group %d; its next is %d", id, seq, g, want)
+	}
+	b.next[memberGroup{id, g}] = seq + 1
 	k := barrierKey{g, seq}
 	set := b.arrived[k]
 	if set == nil {

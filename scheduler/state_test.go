@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -19,7 +20,7 @@ func TestRegistryAssignsPsLiteIDs(t *testing.T) {
 		if r.complete() {
 			t.Fatalf("complete after %d registrations", i)
 		}
-		if err := r.add(info); err != nil {
+		if err := r.add(info, fmt.Sprint("conn", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -59,15 +60,20 @@ func TestRegistryRejects(t *testing.T) {
 		{"bad port", node.Info{Role: node.Server, Host: "h", ControlPort: 70000, DataPort: 2}},
 		{"twice", ok},
 		{"too many", node.Info{Role: node.Server, Host: "h", ControlPort: 5, DataPort: 6}},
+		{"one connection twice", node.Info{Role: node.Worker, Host: "h", ControlPort: 5, DataPort: 6}},
 	}
 	for _, tt := range tests {
 		r := registry{servers: 1, workers: 1}
-		if tt.name == "twice" || tt.name == "too many" {
-			if err := r.add(ok); err != nil {
+		origin := "b"
+		if tt.name == "twice" || tt.name == "too many" || tt.name == "one connection twice" {
+			if err := r.add(ok, "a"); err != nil {
 				t.Fatal(err)
 			}
+			if tt.name == "one connection twice" {
+				origin = "a"
+			}
 		}
-		if err := r.add(tt.info); err == nil {
+		if err := r.add(tt.info, origin); err == nil {
 			t.Errorf("%s: accepted %+v", tt.name, tt.info)
 		}
 	}
@@ -110,5 +116,50 @@ func TestBarriers(t *testing.T) {
 	}
 	if _, err := b.arrive(9, node.WorkerGroup, 1); err == nil {
 		t.Error("double arrival accepted")
+	}
+}
+
+// TestBarrierSequence: a member is accepted only at its next barrier of a
+// group, so a forged future arrival neither counts nor is kept, and the
+// table stays bounded however many arrive.
+func TestBarrierSequence(t *testing.T) {
+	b := newBarriers([]node.Info{{ID: 1}, {ID: 9}, {ID: 11}})
+	// 450k forged future arrivals for worker 11: all refused, none kept.
+	for seq := uint64(1); seq < 450_000; seq++ {
+		if _, err := b.arrive(11, node.WorkerGroup, seq); err == nil {
+			t.Fatalf("arrival of 11 at future barrier %d accepted", seq)
+		}
+	}
+	if len(b.arrived) != 0 {
+		t.Fatalf("%d barriers kept for refused arrivals", len(b.arrived))
+	}
+	// The real run is not disturbed: barrier 0 releases both.
+	if rel, err := b.arrive(9, node.WorkerGroup, 0); err != nil || rel != nil {
+		t.Fatalf("9 at 0: %v, %v", rel, err)
+	}
+	if rel, err := b.arrive(11, node.WorkerGroup, 0); err != nil || len(rel) != 2 {
+		t.Fatalf("11 at 0: %v, %v", rel, err)
+	}
+	// A replayed (past) number is refused too.
+	if _, err := b.arrive(9, node.WorkerGroup, 0); err == nil {
+		t.Error("replayed barrier 0 accepted")
+	}
+	if rel, err := b.arrive(9, node.WorkerGroup, 1); err != nil || rel != nil {
+		t.Fatalf("9 at 1: %v, %v", rel, err)
+	}
+	if len(b.arrived) > 1 {
+		t.Errorf("%d pending barriers, want at most one per group", len(b.arrived))
+	}
+}
+
+// TestRegistryBounded: registrations beyond the cluster's size are refused,
+// so forged AddNodes cannot grow the table.
+func TestRegistryBounded(t *testing.T) {
+	r := registry{servers: 1, workers: 1}
+	for i := range 10_000 {
+		_ = r.add(node.Info{Role: node.Worker, Host: "h", ControlPort: 1 + i%60000, DataPort: 2}, fmt.Sprint(i))
+	}
+	if len(r.pending) != 1 || len(r.origins) != 1 {
+		t.Errorf("%d registrations kept, want 1", len(r.pending))
 	}
 }

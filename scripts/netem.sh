@@ -4,6 +4,9 @@
 # each host's link shaped with tc tbf to its own rate (up and down). The
 # network is removed when the run ends, fails or is interrupted. Needs root.
 # A thin wrapper: builds bin/fpt, then runs "bin/fpt netem" (fpt netem -h).
+# In --cluster mode every host gets the same cluster secret, a random one
+# per run unless FPT_CLUSTER_SECRET(_FILE) is set (the hosts are not
+# loopback, so nodes without one would refuse to start).
 #
 #   # a cluster of 3 hosts, one slow, each running a server and a worker
 #   scripts/netem.sh --hosts 1gbit,200mbit,1gbit --cluster -- --iters 20

@@ -11,14 +11,20 @@
 #   scripts/run_test.sh [--scheduler] [-s N] [-w N] [--root HOST:PORT]
 #                       [--num-servers N] [--num-workers N] [--iface IF]
 #                       [--metrics-port P] [--no-monitor]
+#                       [--secret S | --secret-file F]
 #                       [-- test_kv_app flags...]
+#
+# The cluster's secret (FPT_CLUSTER_SECRET, or --secret / --secret-file /
+# FPT_CLUSTER_SECRET_FILE) authenticates every node. A local cluster gets a
+# random one per run when none is given; across machines give every host
+# the same one (e.g. FPT_CLUSTER_SECRET=$(openssl rand -hex 16) on all).
 #
 # --metrics-port P serves each node's Prometheus metrics (FPT_METRICS_ADDR)
 # on ports P, P+1, ... in the order the nodes start (the scheduler first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
 run_sched=0
 share_given=0
@@ -42,6 +48,8 @@ while [ $# -gt 0 ]; do
     --iface) iface="$2"; shift ;;
     --no-monitor) monitor=0 ;;
     --metrics-port) metrics_port="$2"; shift ;;
+    --secret) export FPT_CLUSTER_SECRET="$2"; unset FPT_CLUSTER_SECRET_FILE; shift ;;
+    --secret-file) export FPT_CLUSTER_SECRET_FILE="$2"; unset FPT_CLUSTER_SECRET; shift ;;
     --) shift; app_args=("$@"); break ;;
     -h|--help) usage ;;
     *) echo "run_test.sh: unknown argument $1" >&2; usage ;;
@@ -80,6 +88,19 @@ export DMLC_PS_ROOT_URI="${root%:*}" DMLC_PS_ROOT_PORT="${root##*:}"
 export DMLC_NUM_SERVER="$nserv" DMLC_NUM_WORKER="$nwork"
 [ -n "$iface" ] && export DMLC_INTERFACE="$iface"
 export PS_VERBOSE="${PS_VERBOSE:-0}"
+
+# Every process of the job shares one secret: a random one for a cluster
+# wholly on this host, the user's across machines.
+if [ -z "${FPT_CLUSTER_SECRET:-}" ] && [ -z "${FPT_CLUSTER_SECRET_FILE:-}" ] && [ "${FPT_INSECURE:-}" != 1 ]; then
+  case "$DMLC_PS_ROOT_URI" in
+    127.*|localhost|::1)
+      FPT_CLUSTER_SECRET=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+      export FPT_CLUSTER_SECRET ;;
+    *)
+      echo "run_test.sh: a cluster across machines needs the same secret on every host: set FPT_CLUSTER_SECRET (e.g. \$(openssl rand -hex 16)) or pass --secret S / --secret-file F" >&2
+      exit 2 ;;
+  esac
+fi
 
 if [ ! -x bin/fpt ] || [ ! -x bin/test_kv_app ] || [ -n "$(find cmd tests trainer worker server scheduler cluster van pool control aggregator lb frame node config launch -name '*.go' -newer bin/test_kv_app 2>/dev/null | head -1)" ]; then
   scripts/build.sh

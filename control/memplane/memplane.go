@@ -33,8 +33,8 @@ const firstPort = 30000
 type Network struct {
 	mu       sync.Mutex
 	planes   map[int]*Plane
-	waiting  map[int][][]byte // sent to a port before anyone listened on it
-	held     map[route][][]byte
+	waiting  map[int][]parcel // sent to a port before anyone listened on it
+	held     map[route][]parcel
 	dropped  map[int]bool
 	nextPort int
 }
@@ -42,12 +42,22 @@ type Network struct {
 // route is the direction from one port to another.
 type route struct{ from, to int }
 
+// parcel is one encoded message and the connection it came over: the
+// sender's port, which stands for the authenticated peer of the real plane.
+type parcel struct {
+	origin string
+	b      []byte
+}
+
+// Origin is the control.Message.Origin of messages sent from port.
+func Origin(port int) string { return "mem:" + strconv.Itoa(port) }
+
 // NewNetwork returns an empty network.
 func NewNetwork() *Network {
 	return &Network{
 		planes:   make(map[int]*Plane),
-		waiting:  make(map[int][][]byte),
-		held:     make(map[route][][]byte),
+		waiting:  make(map[int][]parcel),
+		held:     make(map[route][]parcel),
 		dropped:  make(map[int]bool),
 		nextPort: firstPort,
 	}
@@ -136,13 +146,13 @@ func (n *Network) route(from, to int, b []byte) {
 		return
 	}
 	if msgs, ok := n.held[route{from, to}]; ok {
-		n.held[route{from, to}] = append(msgs, b)
+		n.held[route{from, to}] = append(msgs, parcel{Origin(from), b})
 		return
 	}
-	n.deliverLocked(to, b)
+	n.deliverLocked(to, parcel{Origin(from), b})
 }
 
-func (n *Network) deliverLocked(to int, b []byte) {
+func (n *Network) deliverLocked(to int, b parcel) {
 	if p := n.planes[to]; p != nil {
 		p.enqueue(b)
 		return
@@ -172,7 +182,7 @@ type Plane struct {
 
 	mu     sync.Mutex
 	cond   sync.Cond // pump waiting for the queue or Close
-	queue  [][]byte  // arrived, not yet decoded and handed to in
+	queue  []parcel  // arrived, not yet decoded and handed to in
 	closed bool
 }
 
@@ -222,7 +232,7 @@ func (p *Plane) Close() error {
 	return nil
 }
 
-func (p *Plane) enqueue(b []byte) {
+func (p *Plane) enqueue(b parcel) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -249,11 +259,12 @@ func (p *Plane) pump() {
 		b := p.queue[0]
 		p.queue = p.queue[1:]
 		p.mu.Unlock()
-		m, err := control.Unmarshal(b)
+		m, err := control.Unmarshal(b.b)
 		if err != nil {
 			p.log.Warn("memplane: dropping a malformed message", "err", err)
 			continue
 		}
+		m.Origin = b.origin
 		select {
 		case p.in <- m:
 		case <-p.stop:

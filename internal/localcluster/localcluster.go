@@ -6,6 +6,8 @@ package localcluster
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -24,8 +27,14 @@ type Spec struct {
 	// Scheduler and Server are the command (path and arguments) that runs
 	// those roles; Worker runs a worker. The role comes from DMLC_ROLE.
 	Scheduler, Server, Worker []string
-	// Env is extra KEY=VALUE settings for every process.
+	// Env is extra KEY=VALUE settings for every process. Unless it (or
+	// this process's environment) sets FPT_CLUSTER_SECRET or
+	// FPT_CLUSTER_SECRET_FILE, or NoSecret is set, Start gives the cluster
+	// a random secret of its own, as scripts/run_test.sh does.
 	Env []string
+	// NoSecret runs the cluster without a secret (protected mode: loopback
+	// only), to test that mode.
+	NoSecret bool
 	// RootURI is the scheduler's address as the others reach it
 	// (default 127.0.0.1).
 	RootURI string
@@ -108,6 +117,13 @@ func Start(s Spec) (*Cluster, error) {
 		"DMLC_NUM_WORKER="+strconv.Itoa(s.Workers),
 	)
 	env = append(env, s.Env...)
+	if !s.NoSecret && !hasSecret(env) {
+		secret, err := NewSecret()
+		if err != nil {
+			return nil, err
+		}
+		env = append(env, "FPT_CLUSTER_SECRET="+secret)
+	}
 	c := &Cluster{Port: port}
 	start := func(name, role string, argv []string) error {
 		if len(argv) == 0 {
@@ -252,4 +268,23 @@ func lastLine(s string) string {
 		return s[i+1:]
 	}
 	return s
+}
+
+// NewSecret returns a fresh random cluster secret (32 hex digits).
+func NewSecret() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("localcluster: cluster secret: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// hasSecret reports whether env (KEY=VALUE) names a cluster secret.
+func hasSecret(env []string) bool {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "FPT_CLUSTER_SECRET=") || strings.HasPrefix(kv, "FPT_CLUSTER_SECRET_FILE=") {
+			return true
+		}
+	}
+	return false
 }
