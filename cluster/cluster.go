@@ -62,6 +62,9 @@ type Member struct {
 	barrierWait map[barrierKey]chan struct{}
 	lastAck     time.Time
 	onControl   func(*control.Message)
+	// progress is what a worker has pushed (SetProgress), sent to the
+	// scheduler with every heartbeat for its stall check.
+	progress atomic.Uint64
 
 	failOnce   sync.Once
 	failed     chan struct{}
@@ -122,6 +125,12 @@ func New(cfg config.Config, log *slog.Logger, planes Planes) *Member {
 		stop:        make(chan struct{}),
 	}
 }
+
+// SetProgress records that this worker has pushed its first iterations
+// iterations in full. Every heartbeat carries it to the scheduler, which
+// fails the job naming a worker that stays behind the others without
+// pushing for longer than FPT_STALL_TIMEOUT.
+func (n *Member) SetProgress(iterations uint64) { n.progress.Store(iterations) }
 
 // SetMetrics makes the node record its figures in m (nil: none). Call it
 // before Start.
@@ -536,6 +545,7 @@ func (n *Member) heartbeatLoop() {
 	defer n.wg.Done()
 	t := time.NewTicker(n.cfg.HeartbeatInterval)
 	defer t.Stop()
+	lastTick := time.Now()
 	for {
 		select {
 		case <-n.stop:
@@ -544,7 +554,16 @@ func (n *Member) heartbeatLoop() {
 			return
 		case <-t.C:
 		}
-		_ = n.plane.Send(n.sched, &control.Message{Command: control.Heartbeat, Sender: n.Self().ID})
+		// A tick far later than the interval means this process did not
+		// run (SIGSTOP, a frozen VM): the scheduler stopped hearing it, not
+		// the other way round, so the culprit is this node.
+		if gap := selfSilence(lastTick, time.Now(), n.cfg.HeartbeatTimeout); gap > 0 {
+			n.fail(fmt.Errorf("cluster: this node (%s) was stopped or starved for %s, longer than PS_HEARTBEAT_TIMEOUT (%s); the scheduler has declared it dead",
+				n.describe(n.Self().ID), gap.Round(time.Second), n.cfg.HeartbeatTimeout), 0)
+			return
+		}
+		lastTick = time.Now()
+		_ = n.plane.Send(n.sched, &control.Message{Command: control.Heartbeat, Sender: n.Self().ID, Seq: n.progress.Load()})
 		n.mu.Lock()
 		silent := time.Since(n.lastAck)
 		n.mu.Unlock()
@@ -552,6 +571,15 @@ func (n *Member) heartbeatLoop() {
 			n.fail(fmt.Errorf("cluster: scheduler at %s unreachable: no heartbeat answer for %s", n.sched, silent.Round(time.Second)), node.SchedulerID)
 		}
 	}
+}
+
+// selfSilence is how long this process went without running, when that
+// exceeds timeout (else 0): the time since its previous heartbeat tick.
+func selfSilence(lastTick, now time.Time, timeout time.Duration) time.Duration {
+	if gap := now.Sub(lastTick); gap > timeout {
+		return gap
+	}
+	return 0
 }
 
 // describe names a node for an error message: id, role, rank and address.

@@ -106,6 +106,7 @@ func (s *sched) register(ctx context.Context, reg *registry) error {
 
 func (s *sched) serve(ctx context.Context) error {
 	bars := newBarriers(s.table)
+	stalls := newStallWatch(s.cfg.StallTimeout, s.workerIDs(), time.Now())
 	tick := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer tick.Stop()
 	for {
@@ -120,6 +121,9 @@ func (s *sched) serve(ctx context.Context) error {
 					return s.failed(id, fmt.Sprintf("no heartbeat for %s", silent.Round(time.Second)))
 				}
 			}
+			if st, stalled := stalls.check(now); stalled {
+				return s.stalled(st)
+			}
 		case m, ok := <-s.plane.Incoming():
 			if !ok {
 				return errors.New("scheduler: control plane closed")
@@ -130,6 +134,8 @@ func (s *sched) serve(ctx context.Context) error {
 			switch m.Command {
 			case control.Heartbeat:
 				if _, known := s.lastSeen[m.Sender]; known {
+					// A worker's heartbeat carries the iterations it has pushed.
+					stalls.report(m.Sender, m.Seq, time.Now())
 					s.send(m.Sender, &control.Message{Command: control.HeartbeatAck, Sender: node.SchedulerID})
 				}
 			case control.Barrier:
