@@ -1,6 +1,7 @@
 package launch_test
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -167,5 +168,19 @@ func TestCloseStopsScheduler(t *testing.T) {
 	}
 	if err := n.Err(); err == nil || !strings.Contains(err.Error(), "interrupted") {
 		t.Errorf("Err after Close: %v, want the scheduler interrupted", err)
+	}
+}
+
+// A panic on Main's goroutine is a bug: exit 3 and say so, never 2, the
+// code of a configuration error.
+func TestMainPanicExitsThree(t *testing.T) {
+	var stderr bytes.Buffer
+	lookup := func(string) (string, bool) { panic("boom") }
+	code := launch.Main("fpt", lookup, &stderr, nil)
+	if code != launch.ExitBug || code == launch.ExitUsage {
+		t.Fatalf("exit %d, want %d", code, launch.ExitBug)
+	}
+	if got := stderr.String(); !strings.Contains(got, "fpt: internal error (a bug): panic: boom") || !strings.Contains(got, "goroutine") {
+		t.Fatalf("stderr %q: want the panic, called a bug, with its stack", got)
 	}
 }
