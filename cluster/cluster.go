@@ -156,7 +156,7 @@ type Handler interface {
 // node table, connects to every peer and passes the start barrier. h
 // receives the data plane's frames; it may be called as soon as Start has
 // bound the van, but frames only arrive once peers passed the barrier.
-func (n *Member) Start(ctx context.Context, h Handler) error {
+func (n *Member) Start(ctx context.Context, h Handler) (err error) {
 	if n.cfg.Role != node.Server && n.cfg.Role != node.Worker {
 		return fmt.Errorf("cluster: Start is for servers and workers, not the %s", n.cfg.Role)
 	}
@@ -168,13 +168,22 @@ func (n *Member) Start(ctx context.Context, h Handler) error {
 		return fmt.Errorf("cluster: %w", err)
 	}
 	if err := n.bind(host); err != nil {
+		n.tellUnbound(host, err)
 		return err
 	}
 	ok := false
 	defer func() {
-		if !ok {
-			n.shutdown()
+		if ok {
+			return
 		}
+		if ferr := n.Err(); ferr != nil {
+			// The scheduler's notice (or a lost peer) is the cause: say
+			// that, not the wait it cut short.
+			err = ferr
+		} else {
+			n.reportStartFailure(err)
+		}
+		n.shutdown()
 	}()
 	self := n.Self()
 	n.log.Info("registering", "control", self.ControlEndpoint(), "data", self.DataAddr(), "scheduler", n.sched)
@@ -189,6 +198,18 @@ func (n *Member) Start(ctx context.Context, h Handler) error {
 	n.wg.Add(2)
 	go n.controlLoop()
 	go n.heartbeatLoop()
+	// From here on the scheduler's failure notice reaches n.failed: it
+	// ends every wait of the start-up (dials, barriers) at once, rather
+	// than after FPT_START_TIMEOUT.
+	ctx, cancelOnFail := context.WithCancel(ctx)
+	defer cancelOnFail()
+	go func() {
+		select {
+		case <-n.failed:
+			cancelOnFail()
+		case <-ctx.Done():
+		}
+	}()
 	// Every node knows its id before anyone dials: a Hello must find its
 	// recipient ready to check it.
 	if err := n.Barrier(ctx, node.AllGroup); err != nil {
@@ -203,6 +224,33 @@ func (n *Member) Start(ctx context.Context, h Handler) error {
 	ok = true
 	n.log.Info("started", "id", n.Self().ID, "servers", n.cfg.NumServers, "workers", n.cfg.NumWorkers)
 	return nil
+}
+
+// reportStartFailure tells the scheduler that this node cannot start, so
+// that it stops the others at once instead of letting them wait out
+// FPT_START_TIMEOUT. Before the node table, the node has no id yet: Nodes
+// carries its address, by which the scheduler names it.
+func (n *Member) reportStartFailure(err error) {
+	if n.plane == nil {
+		return
+	}
+	self := n.Self()
+	_ = n.plane.Send(n.sched, &control.Message{Command: control.NodeFailed, Sender: self.ID, Target: self.ID,
+		Nodes: []node.Info{self}, Text: "failed while starting: " + err.Error()})
+}
+
+// tellUnbound reports a failure to bind this node's ports (a port taken)
+// through a control socket on any free port, opened only for that: the
+// node has no plane of its own to say it with.
+func (n *Member) tellUnbound(host string, err error) {
+	plane, perr := n.planes.Control(0, n.log)
+	if perr != nil {
+		return
+	}
+	defer plane.Close()
+	self := node.Info{Role: n.cfg.Role, Host: host, ControlPort: n.cfg.NodePort, DataPort: n.cfg.NodePort + 1}
+	_ = plane.Send(n.sched, &control.Message{Command: control.NodeFailed, Nodes: []node.Info{self},
+		Text: "failed while starting: " + err.Error()})
 }
 
 // bind opens the control socket and the van on ports p and p+1.

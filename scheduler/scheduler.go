@@ -69,6 +69,9 @@ func (s *sched) register(ctx context.Context, reg *registry) error {
 			if !ok {
 				return errors.New("scheduler: control plane closed")
 			}
+			if m.Command == control.NodeFailed {
+				return startFailure(m)
+			}
 			if m.Command != control.AddNode || len(m.Nodes) != 1 {
 				s.log.Debug("ignoring message while registering", "command", m.Command)
 				continue
