@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/node"
 )
 
@@ -67,5 +68,24 @@ func TestStallReason(t *testing.T) {
 	want := "worker 1 (id 11) has pushed nothing for iteration 7 for 10m0s while the other workers wait (FPT_STALL_TIMEOUT)"
 	if got != want || !strings.Contains(got, "FPT_STALL_TIMEOUT") {
 		t.Fatalf("reason %q, want %q", got, want)
+	}
+}
+
+func TestStartFailureNamesTheNode(t *testing.T) {
+	cases := []struct {
+		name string
+		m    control.Message
+		want string
+	}{
+		{"by address before its id", control.Message{Command: control.NodeFailed,
+			Nodes: []node.Info{{Role: node.Server, Host: "10.0.0.2", ControlPort: 9000, DataPort: 9001}}, Text: "failed while starting: port taken"},
+			"scheduler: server@10.0.0.2:9000 failed while starting: port taken"},
+		{"by id without an address", control.Message{Command: control.NodeFailed, Sender: node.WorkerID(0), Text: "failed while starting: bad table"},
+			"scheduler: worker0(9) failed while starting: bad table"},
+	}
+	for _, c := range cases {
+		if got := startFailure(&c.m).Error(); got != c.want {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
 	}
 }
