@@ -159,7 +159,7 @@ func (s *sched) serve(ctx context.Context) error {
 					s.send(id, &control.Message{Command: control.BarrierDone, Sender: node.SchedulerID, Group: m.Group, Seq: m.Seq})
 				}
 			case control.NodeFailed:
-				return s.failed(m.Target, m.Text)
+				return s.failed(culprit(m, s.table), m.Text)
 			case control.Report:
 				s.report(m)
 			case control.AddNode:

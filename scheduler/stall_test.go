@@ -89,3 +89,26 @@ func TestStartFailureNamesTheNode(t *testing.T) {
 		}
 	}
 }
+
+func TestCulprit(t *testing.T) {
+	table := []node.Info{
+		{ID: node.SchedulerID, Role: node.Scheduler, Host: "10.0.0.1", ControlPort: 9000},
+		{ID: node.ServerID(0), Role: node.Server, Host: "10.0.0.2", ControlPort: 9000},
+		{ID: node.WorkerID(0), Role: node.Worker, Host: "10.0.0.2", ControlPort: 9100},
+	}
+	cases := []struct {
+		name string
+		m    control.Message
+		want node.ID
+	}{
+		{"target named", control.Message{Target: node.ServerID(0)}, node.ServerID(0)},
+		{"target wins over an address", control.Message{Target: node.ServerID(0), Nodes: []node.Info{{Host: "10.0.0.2", ControlPort: 9100}}}, node.ServerID(0)},
+		{"by address", control.Message{Nodes: []node.Info{{Host: "10.0.0.2", ControlPort: 9100}}}, node.WorkerID(0)},
+		{"unknown address", control.Message{Nodes: []node.Info{{Host: "10.0.0.9", ControlPort: 9100}}}, 0},
+	}
+	for _, c := range cases {
+		if got := culprit(&c.m, table); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+}

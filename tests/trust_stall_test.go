@@ -125,3 +125,49 @@ func TestStoppedServerIsTheCulprit(t *testing.T) {
 		t.Errorf("server1 blames the scheduler:\n%s", out)
 	}
 }
+
+// A server that rejects the node table (its DMLC_NUM_WORKER disagrees)
+// fails after the table was sent: the scheduler names it to everyone, and
+// the worker, waiting at the start barrier, fails at once naming it.
+func TestBadTableToldAtOnce(t *testing.T) {
+	port, err := localcluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"DMLC_PS_ROOT_URI=127.0.0.1", fmt.Sprintf("DMLC_PS_ROOT_PORT=%d", port), "DMLC_NUM_SERVER=2",
+		"FPT_START_TIMEOUT=120", "PATH=" + os.Getenv("PATH")}
+	run := func(role, path string, extra ...string) *exec.Cmd {
+		cmd := exec.Command(path)
+		cmd.Env = append(append([]string{"DMLC_ROLE=" + role}, env...), extra...)
+		return cmd
+	}
+	cmds := []*exec.Cmd{
+		run("scheduler", bin.fpt, "DMLC_NUM_WORKER=1"),
+		run("server", bin.fpt, "DMLC_NUM_WORKER=1"),
+		run("server", bin.fpt, "DMLC_NUM_WORKER=2"),
+		run("worker", bin.app, "DMLC_NUM_WORKER=1"),
+	}
+	outs := make([]localcluster.Buffer, len(cmds))
+	for i, cmd := range cmds {
+		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer cmd.Process.Kill()
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmds[3].Wait() }()
+	select {
+	case err = <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("the worker still waits 60 s after a server rejected the table; its output:\n%s", outs[3].String())
+	}
+	if err == nil {
+		t.Errorf("the worker exited 0")
+	}
+	mustContain(t, "worker output", outs[3].String(), "failed while starting", "node table has", "server")
+	if strings.Contains(outs[3].String(), "node(0)") {
+		t.Errorf("the worker does not name the server:\n%s", outs[3].String())
+	}
+	t.Logf("worker: %s", outs[3].String())
+}
