@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"errors"
+	"maps"
 	"strings"
 	"sync"
 	"testing"
@@ -20,9 +21,18 @@ var stallEnv = map[string]string{
 }
 
 // A live worker that stops pushing fails every node, naming it and the
-// iteration it did not push, instead of leaving everyone waiting.
+// iteration it did not push, instead of leaving everyone waiting: with the
+// LB on or off, since the progress rides on heartbeats, not LB samples.
 func TestStalledWorkerFailsTheJob(t *testing.T) {
-	c := startMem(t, 1, 3, stallEnv)
+	for _, lbMode := range []string{"on", "off"} {
+		t.Run("lb "+lbMode, func(t *testing.T) { stalledWorker(t, lbMode) })
+	}
+}
+
+func stalledWorker(t *testing.T, lbMode string) {
+	env := maps.Clone(stallEnv)
+	env["FPT_LB"] = lbMode
+	c := startMem(t, 1, 3, env)
 	const stopAt = 3
 	errStopped := errors.New("stopped on purpose")
 	var wg sync.WaitGroup
