@@ -69,6 +69,9 @@ type Member struct {
 	barrierWait map[barrierKey]chan struct{}
 	lastAck     time.Time
 	onControl   func(*control.Message)
+	// progress is what a worker has pushed (SetProgress), sent to the
+	// scheduler with every heartbeat for its stall check.
+	progress atomic.Uint64
 
 	failOnce   sync.Once
 	failed     chan struct{}
@@ -137,6 +140,12 @@ func New(cfg config.Config, log *slog.Logger, planes Planes) *Member {
 	}
 }
 
+// SetProgress records that this worker has pushed its first iterations
+// iterations in full. Every heartbeat carries it to the scheduler, which
+// fails the job naming a worker that stays behind the others without
+// pushing for longer than FPT_STALL_TIMEOUT.
+func (n *Member) SetProgress(iterations uint64) { n.progress.Store(iterations) }
+
 // SetMetrics makes the node record its figures in m (nil: none). Call it
 // before Start.
 func (n *Member) SetMetrics(m *metrics.Node) { n.metrics = m }
@@ -161,7 +170,7 @@ type Handler interface {
 // node table, connects to every peer and passes the start barrier. h
 // receives the data plane's frames; it may be called as soon as Start has
 // bound the van, but frames only arrive once peers passed the barrier.
-func (n *Member) Start(ctx context.Context, h Handler) error {
+func (n *Member) Start(ctx context.Context, h Handler) (err error) {
 	if n.cfg.Role != node.Server && n.cfg.Role != node.Worker {
 		return fmt.Errorf("cluster: Start is for servers and workers, not the %s", n.cfg.Role)
 	}
@@ -178,13 +187,22 @@ func (n *Member) Start(ctx context.Context, h Handler) error {
 		return fmt.Errorf("cluster: %w", err)
 	}
 	if err := n.bind(host, listen); err != nil {
+		n.tellUnbound(host, err)
 		return err
 	}
 	ok := false
 	defer func() {
-		if !ok {
-			n.shutdown()
+		if ok {
+			return
 		}
+		if ferr := n.Err(); ferr != nil {
+			// The scheduler's notice (or a lost peer) is the cause: say
+			// that, not the wait it cut short.
+			err = ferr
+		} else {
+			n.reportStartFailure(err)
+		}
+		n.shutdown()
 	}()
 	self := n.Self()
 	n.log.Info("registering", "control", self.ControlEndpoint(), "data", self.DataAddr(), "scheduler", n.sched)
@@ -199,6 +217,18 @@ func (n *Member) Start(ctx context.Context, h Handler) error {
 	n.wg.Add(2)
 	go n.controlLoop()
 	go n.heartbeatLoop()
+	// From here on the scheduler's failure notice reaches n.failed: it
+	// ends every wait of the start-up (dials, barriers) at once, rather
+	// than after FPT_START_TIMEOUT.
+	ctx, cancelOnFail := context.WithCancel(ctx)
+	defer cancelOnFail()
+	go func() {
+		select {
+		case <-n.failed:
+			cancelOnFail()
+		case <-ctx.Done():
+		}
+	}()
 	// Every node knows its id before anyone dials: a Hello must find its
 	// recipient ready to check it.
 	if err := n.Barrier(ctx, node.AllGroup); err != nil {
@@ -213,6 +243,33 @@ func (n *Member) Start(ctx context.Context, h Handler) error {
 	ok = true
 	n.log.Info("started", "id", n.Self().ID, "servers", n.cfg.NumServers, "workers", n.cfg.NumWorkers)
 	return nil
+}
+
+// reportStartFailure tells the scheduler that this node cannot start, so
+// that it stops the others at once instead of letting them wait out
+// FPT_START_TIMEOUT. Before the node table, the node has no id yet: Nodes
+// carries its address, by which the scheduler names it.
+func (n *Member) reportStartFailure(err error) {
+	if n.plane == nil {
+		return
+	}
+	self := n.Self()
+	_ = n.plane.Send(n.sched, &control.Message{Command: control.NodeFailed, Sender: self.ID, Target: self.ID,
+		Nodes: []node.Info{self}, Text: "failed while starting: " + err.Error()})
+}
+
+// tellUnbound reports a failure to bind this node's ports (a port taken)
+// through a control socket on any free port, opened only for that: the
+// node has no plane of its own to say it with.
+func (n *Member) tellUnbound(host string, err error) {
+	plane, perr := n.planes.Control(0, n.log)
+	if perr != nil {
+		return
+	}
+	defer plane.Close()
+	self := node.Info{Role: n.cfg.Role, Host: host, ControlPort: n.cfg.NodePort, DataPort: n.cfg.NodePort + 1}
+	_ = plane.Send(n.sched, &control.Message{Command: control.NodeFailed, Nodes: []node.Info{self},
+		Text: "failed while starting: " + err.Error()})
 }
 
 // bind opens the control socket and the van on ports p and p+1; the van
@@ -599,6 +656,7 @@ func (n *Member) heartbeatLoop() {
 	defer n.wg.Done()
 	t := time.NewTicker(n.cfg.HeartbeatInterval)
 	defer t.Stop()
+	lastTick := time.Now()
 	for {
 		select {
 		case <-n.stop:
@@ -607,7 +665,16 @@ func (n *Member) heartbeatLoop() {
 			return
 		case <-t.C:
 		}
-		_ = n.plane.Send(n.sched, &control.Message{Command: control.Heartbeat, Sender: n.Self().ID})
+		// A tick far later than the interval means this process did not
+		// run (SIGSTOP, a frozen VM): the scheduler stopped hearing it, not
+		// the other way round, so the culprit is this node.
+		if gap := selfSilence(lastTick, time.Now(), n.cfg.HeartbeatTimeout); gap > 0 {
+			n.fail(fmt.Errorf("cluster: this node (%s) was stopped or starved for %s, longer than PS_HEARTBEAT_TIMEOUT (%s); the scheduler has declared it dead",
+				n.describe(n.Self().ID), gap.Round(time.Second), n.cfg.HeartbeatTimeout), 0)
+			return
+		}
+		lastTick = time.Now()
+		_ = n.plane.Send(n.sched, &control.Message{Command: control.Heartbeat, Sender: n.Self().ID, Seq: n.progress.Load()})
 		n.mu.Lock()
 		silent := time.Since(n.lastAck)
 		n.mu.Unlock()
@@ -615,6 +682,15 @@ func (n *Member) heartbeatLoop() {
 			n.fail(fmt.Errorf("cluster: scheduler at %s unreachable: no heartbeat answer for %s", n.sched, silent.Round(time.Second)), node.SchedulerID)
 		}
 	}
+}
+
+// selfSilence is how long this process went without running, when that
+// exceeds timeout (else 0): the time since its previous heartbeat tick.
+func selfSilence(lastTick, now time.Time, timeout time.Duration) time.Duration {
+	if gap := now.Sub(lastTick); gap > timeout {
+		return gap
+	}
+	return 0
 }
 
 // describe names a node for an error message: id, role, rank and address.

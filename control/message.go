@@ -31,7 +31,8 @@ const (
 	Barrier
 	// BarrierDone releases barrier Seq of Group.
 	BarrierDone
-	// Heartbeat tells the scheduler that the sender is alive.
+	// Heartbeat tells the scheduler that the sender is alive; a worker's
+	// Seq is how many iterations it has pushed (the scheduler's stall check).
 	Heartbeat
 	// HeartbeatAck tells a node that the scheduler is alive.
 	HeartbeatAck

@@ -5,7 +5,13 @@
 // where the scheduler's LB decisions go, so that a node behaves the same
 // whichever program runs it. Main also reads the configuration, sets up
 // logging, hands a worker to the training program, and maps the outcome to
-// an exit code (0 done, 1 failed, 2 bad configuration).
+// an exit code (0 done, 1 failed, 2 bad configuration, 3 internal error).
+//
+// A panic is a bug, never a configuration error: one on Main's goroutine
+// (starting the node, the training program) is recovered and exits 3,
+// saying so, with the stack. Go's runtime exits 2 on a panic no goroutine
+// recovers, and no program can change that code from inside; the goroutines
+// that read the network validate their input so that it cannot panic them.
 package launch
 
 import (
@@ -16,6 +22,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 
 	"github.com/fptps/fpt/config"
@@ -29,6 +36,8 @@ const (
 	ExitOK     = 0
 	ExitFailed = 1
 	ExitUsage  = 2
+	// ExitBug is a panic: an internal error, never a configuration one.
+	ExitBug = 3
 )
 
 // Train is a training program's body, run on a started worker. Returning
@@ -38,7 +47,19 @@ type Train func(ctx context.Context, w *worker.Worker) error
 // Main runs the node DMLC_ROLE names, reading the environment through
 // lookup, logging to stderr, and returns the exit code. A nil train makes a
 // worker role a usage error: workers are training programs.
-func Main(name string, lookup func(string) (string, bool), stderr io.Writer, train Train) int {
+func Main(name string, lookup func(string) (string, bool), stderr io.Writer, train Train) (code int) {
+	defer func() {
+		if p := recover(); p != nil {
+			// Deliver what the control plane queued (a failure notice).
+			control.Shutdown()
+			stack := debug.Stack()
+			if b, ok := p.(trainPanic); ok {
+				p, stack = b.value, b.stack
+			}
+			fmt.Fprintf(stderr, "%s: internal error (a bug): panic: %v\n%s", name, p, stack)
+			code = ExitBug
+		}
+	}()
 	cfg, err := config.FromEnv(lookup)
 	if err != nil {
 		for _, e := range unjoin(err) {
@@ -79,12 +100,27 @@ func Run(ctx context.Context, cfg config.Config, deps Deps, train Train) error {
 		return err
 	}
 	if w := n.Worker(); w != nil {
+		defer func() {
+			if p := recover(); p != nil {
+				// Tell the cluster before the process goes, so that
+				// everyone names this node rather than a lost connection.
+				n.Fail(fmt.Errorf("launch: internal error (a bug) in the training program: panic: %v", p))
+				panic(trainPanic{value: p, stack: debug.Stack()})
+			}
+		}()
 		if err := train(ctx, w); err != nil {
 			n.Fail(err)
 			return err
 		}
 	}
 	return n.Finalize(ctx)
+}
+
+// trainPanic carries a training program's panic, with the stack where it
+// happened, from Run's recover (which fails the node) to Main's.
+type trainPanic struct {
+	value any
+	stack []byte
 }
 
 // Logger is the node's logger: text to w, at a level set by PS_VERBOSE

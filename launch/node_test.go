@@ -1,10 +1,14 @@
 package launch_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +18,7 @@ import (
 	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/metrics"
+	"github.com/fptps/fpt/worker"
 )
 
 // nodeConfig is one node's configuration for a loopback cluster whose
@@ -194,4 +199,69 @@ func TestProtectedMode(t *testing.T) {
 			t.Errorf("%s: exit %d, stderr %q; want %d naming FPT_CLUSTER_SECRET", tt.name, code, stderr.String(), tt.want)
 		}
 	}
+}
+
+// A panic on Main's goroutine is a bug: exit 3 and say so, never 2, the
+// code of a configuration error. The panicking Main runs in a child
+// process (this test binary, re-run), since Main ends the process's
+// ZeroMQ context. In the cluster case, the panic is the training
+// program's: the node fails first, so the server names the worker.
+func TestMainPanicExitsThree(t *testing.T) {
+	if where := os.Getenv("FPT_TEST_PANIC"); where != "" {
+		train := func(context.Context, *worker.Worker) error { panic("boom in train") }
+		lookup := os.LookupEnv
+		if where == "lookup" {
+			lookup = func(string) (string, bool) { panic("boom in lookup") }
+		}
+		os.Exit(launch.Main("fpt", lookup, os.Stderr, train))
+	}
+	child := func(where string, env ...string) (int, string) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestMainPanicExitsThree$")
+		cmd.Env = append(append(os.Environ(), "FPT_TEST_PANIC="+where), env...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		err := cmd.Run()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return cmd.ProcessState.ExitCode(), out.String()
+	}
+	t.Run("lookup", func(t *testing.T) {
+		code, out := child("lookup")
+		if code != launch.ExitBug {
+			t.Fatalf("exit %d, want %d:\n%s", code, launch.ExitBug, out)
+		}
+		if !strings.Contains(out, "fpt: internal error (a bug): panic: boom in lookup") || !strings.Contains(out, "goroutine") {
+			t.Fatalf("output %q: want the panic, called a bug, with its stack", out)
+		}
+	})
+	t.Run("train", func(t *testing.T) {
+		port := freePort(t)
+		sched, err := launch.Start(context.Background(), nodeConfig(t, "scheduler", port, nil), launch.Deps{Log: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sched.Finalize(context.Background())
+		serverDone := make(chan error, 1)
+		go func() {
+			serverDone <- launch.Run(context.Background(), nodeConfig(t, "server", port, nil), launch.Deps{Log: quiet}, nil)
+		}()
+		code, out := child("train", "DMLC_ROLE=worker", "DMLC_PS_ROOT_URI=127.0.0.1", "DMLC_PS_ROOT_PORT="+strconv.Itoa(port),
+			"DMLC_NUM_SERVER=1", "DMLC_NUM_WORKER=1")
+		if code != launch.ExitBug {
+			t.Fatalf("exit %d, want %d:\n%s", code, launch.ExitBug, out)
+		}
+		if !strings.Contains(out, "fpt: internal error (a bug): panic: boom in train") || !strings.Contains(out, "TestMainPanicExitsThree") {
+			t.Fatalf("output %q: want the panic, called a bug, with the stack where it happened", out)
+		}
+		select {
+		case err := <-serverDone:
+			if err == nil || !strings.Contains(err.Error(), "worker0") || !strings.Contains(err.Error(), "panic: boom in train") {
+				t.Errorf("server: %v, want the worker named, with its panic", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("the server still runs 30 s after the worker panicked")
+		}
+	})
 }

@@ -75,6 +75,9 @@ func (s *sched) register(ctx context.Context, reg *registry) error {
 			if !ok {
 				return errors.New("scheduler: control plane closed")
 			}
+			if m.Command == control.NodeFailed {
+				return startFailure(m)
+			}
 			if m.Command != control.AddNode || len(m.Nodes) != 1 {
 				s.log.Debug("ignoring message while registering", "command", m.Command)
 				continue
@@ -120,6 +123,7 @@ func (s *sched) register(ctx context.Context, reg *registry) error {
 
 func (s *sched) serve(ctx context.Context) error {
 	bars := newBarriers(s.table)
+	stalls := newStallWatch(s.cfg.StallTimeout, s.workerIDs(), time.Now())
 	tick := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer tick.Stop()
 	for {
@@ -134,6 +138,9 @@ func (s *sched) serve(ctx context.Context) error {
 					return s.failed(id, fmt.Sprintf("no heartbeat for %s", silent.Round(time.Second)))
 				}
 			}
+			if st, stalled := stalls.check(now); stalled {
+				return s.stalled(st)
+			}
 		case m, ok := <-s.plane.Incoming():
 			if !ok {
 				return errors.New("scheduler: control plane closed")
@@ -145,6 +152,8 @@ func (s *sched) serve(ctx context.Context) error {
 			switch m.Command {
 			case control.Heartbeat:
 				if _, known := s.lastSeen[m.Sender]; known {
+					// A worker's heartbeat carries the iterations it has pushed.
+					stalls.report(m.Sender, m.Seq, time.Now())
 					s.send(m.Sender, &control.Message{Command: control.HeartbeatAck, Sender: node.SchedulerID})
 				}
 			case control.Barrier:
@@ -165,7 +174,7 @@ func (s *sched) serve(ctx context.Context) error {
 					s.send(id, &control.Message{Command: control.BarrierDone, Sender: node.SchedulerID, Group: m.Group, Seq: m.Seq})
 				}
 			case control.NodeFailed:
-				return s.failed(m.Target, m.Text)
+				return s.failed(culprit(m, s.table), m.Text)
 			case control.Report:
 				s.report(m)
 			case control.AddNode:

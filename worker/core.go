@@ -484,6 +484,18 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 		began: &iterationBegan{iter: began, modelBytes: c.modelBytes}}, nil
 }
 
+// iterationsPushed is how many iterations this worker has pushed in full:
+// the fewest pushes of any declared key (0 before any).
+func (c *core) iterationsPushed() uint64 {
+	n, first := uint64(0), true
+	for _, t := range c.tensors {
+		if first || t.pushed < n {
+			n, first = t.pushed, false
+		}
+	}
+	return n
+}
+
 // pull is FPTPull on bytes: each key's next iteration's sum goes to its
 // slice of data. Results already complete come back as copies to make.
 func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DType, cl *call) (todo, error) {

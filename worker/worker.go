@@ -318,7 +318,10 @@ func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame
 		w.mu.Lock()
 		t, err := w.c.push(keys, data, byteLens, dtype, priority, cl)
 		moved := w.moved
+		pushed := w.c.iterationsPushed()
 		w.mu.Unlock()
+		// The scheduler's stall check hears it with the next heartbeat.
+		w.node.SetProgress(pushed)
 		if errors.Is(err, errHorizon) {
 			select {
 			case <-moved:

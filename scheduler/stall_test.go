@@ -1,0 +1,114 @@
+package scheduler
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/control"
+	"github.com/fptps/fpt/node"
+)
+
+func TestStallWatch(t *testing.T) {
+	w0, w1, w2 := node.WorkerID(0), node.WorkerID(1), node.WorkerID(2)
+	t0 := time.Unix(1000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	type rep struct {
+		at     float64
+		id     node.ID
+		pushed uint64
+	}
+	cases := []struct {
+		name    string
+		timeout time.Duration
+		reports []rep
+		checkAt float64
+		want    node.ID // 0: no stall
+		iter    uint64
+	}{
+		{"nobody pushed", 2 * time.Second, nil, 100, 0, 0},
+		{"all level", 2 * time.Second, []rep{{1, w0, 3}, {1, w1, 3}, {1, w2, 3}}, 100, 0, 0},
+		{"one behind, within the timeout", 2 * time.Second, []rep{{1, w0, 8}, {1, w1, 8}, {1, w2, 7}, {2, w0, 9}, {2, w1, 9}}, 2.9, 0, 0},
+		{"one behind, past the timeout", 2 * time.Second, []rep{{1, w0, 8}, {1, w1, 8}, {1, w2, 7}, {2, w0, 9}, {2, w1, 9}}, 4.5, w2, 7},
+		// w2 pushed 8 at 1 s, before the others: it fell behind only when w0 pushed 9 at 2 s.
+		{"clock starts when it falls behind", 2 * time.Second, []rep{{1, w2, 8}, {1, w0, 8}, {1, w1, 8}, {2, w0, 9}, {2, w1, 9}}, 3.9, 0, 0},
+		{"fell behind, then waited too long", 2 * time.Second, []rep{{1, w2, 8}, {1, w0, 8}, {1, w1, 8}, {2, w0, 9}, {2, w1, 9}}, 4.1, w2, 8},
+		// Slow but moving: always one behind, each iteration 1.5 s.
+		{"slow worker moving", 2 * time.Second, []rep{
+			{0, w0, 1}, {0, w1, 1}, {1.5, w2, 1}, {1.5, w0, 2}, {1.5, w1, 2}, {3, w2, 2}, {3, w0, 3}, {3, w1, 3}, {4.5, w2, 3}, {4.5, w0, 4}, {4.5, w1, 4},
+		}, 6, 0, 0},
+		{"late heartbeat going backwards", 2 * time.Second, []rep{{1, w0, 5}, {1, w1, 5}, {1, w2, 5}, {9, w2, 4}}, 100, 0, 0},
+		{"off", 0, []rep{{1, w0, 8}, {1, w1, 8}, {1, w2, 7}}, 1000, 0, 0},
+		{"not a worker", 2 * time.Second, []rep{{1, node.ServerID(0), 8}}, 100, 0, 0},
+		{"two stalled: the lowest id", 2 * time.Second, []rep{{1, w0, 8}}, 100, w1, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			w := newStallWatch(c.timeout, []node.ID{w0, w1, w2}, t0)
+			for _, r := range c.reports {
+				w.report(r.id, r.pushed, at(r.at))
+			}
+			s, ok := w.check(at(c.checkAt))
+			if c.want == 0 {
+				if ok {
+					t.Fatalf("stall reported: %+v", s)
+				}
+				return
+			}
+			if !ok || s.worker != c.want || s.iter != c.iter {
+				t.Fatalf("got %+v (ok %v), want worker %s at iteration %d", s, ok, c.want, c.iter)
+			}
+		})
+	}
+}
+
+func TestStallReason(t *testing.T) {
+	s := stall{worker: node.WorkerID(1), iter: 7, waited: 10 * time.Minute}
+	got := s.reason("worker 1 (id 11)")
+	want := "worker 1 (id 11) has pushed nothing for iteration 7 for 10m0s while the other workers wait (FPT_STALL_TIMEOUT)"
+	if got != want || !strings.Contains(got, "FPT_STALL_TIMEOUT") {
+		t.Fatalf("reason %q, want %q", got, want)
+	}
+}
+
+func TestStartFailureNamesTheNode(t *testing.T) {
+	cases := []struct {
+		name string
+		m    control.Message
+		want string
+	}{
+		{"by address before its id", control.Message{Command: control.NodeFailed,
+			Nodes: []node.Info{{Role: node.Server, Host: "10.0.0.2", ControlPort: 9000, DataPort: 9001}}, Text: "failed while starting: port taken"},
+			"scheduler: server@10.0.0.2:9000 failed while starting: port taken"},
+		{"by id without an address", control.Message{Command: control.NodeFailed, Sender: node.WorkerID(0), Text: "failed while starting: bad table"},
+			"scheduler: worker0(9) failed while starting: bad table"},
+	}
+	for _, c := range cases {
+		if got := startFailure(&c.m).Error(); got != c.want {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+func TestCulprit(t *testing.T) {
+	table := []node.Info{
+		{ID: node.SchedulerID, Role: node.Scheduler, Host: "10.0.0.1", ControlPort: 9000},
+		{ID: node.ServerID(0), Role: node.Server, Host: "10.0.0.2", ControlPort: 9000},
+		{ID: node.WorkerID(0), Role: node.Worker, Host: "10.0.0.2", ControlPort: 9100},
+	}
+	cases := []struct {
+		name string
+		m    control.Message
+		want node.ID
+	}{
+		{"target named", control.Message{Target: node.ServerID(0)}, node.ServerID(0)},
+		{"target wins over an address", control.Message{Target: node.ServerID(0), Nodes: []node.Info{{Host: "10.0.0.2", ControlPort: 9100}}}, node.ServerID(0)},
+		{"by address", control.Message{Nodes: []node.Info{{Host: "10.0.0.2", ControlPort: 9100}}}, node.WorkerID(0)},
+		{"unknown address", control.Message{Nodes: []node.Info{{Host: "10.0.0.9", ControlPort: 9100}}}, 0},
+	}
+	for _, c := range cases {
+		if got := culprit(&c.m, table); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+}

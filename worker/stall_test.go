@@ -1,0 +1,87 @@
+package worker_test
+
+import (
+	"errors"
+	"maps"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/worker"
+)
+
+// stallEnv makes a stall show within seconds: heartbeats (which carry a
+// worker's progress) every 0.2 s, FPT_STALL_TIMEOUT 2 s.
+var stallEnv = map[string]string{
+	"FPT_PARTITION_BYTES":   memPartitionBytes,
+	"PS_HEARTBEAT_INTERVAL": "0.2",
+	"PS_HEARTBEAT_TIMEOUT":  "30",
+	"FPT_STALL_TIMEOUT":     "2",
+}
+
+// A live worker that stops pushing fails every node, naming it and the
+// iteration it did not push, instead of leaving everyone waiting: with the
+// LB on or off, since the progress rides on heartbeats, not LB samples.
+func TestStalledWorkerFailsTheJob(t *testing.T) {
+	for _, lbMode := range []string{"on", "off"} {
+		t.Run("lb "+lbMode, func(t *testing.T) { stalledWorker(t, lbMode) })
+	}
+}
+
+func stalledWorker(t *testing.T, lbMode string) {
+	env := maps.Clone(stallEnv)
+	env["FPT_LB"] = lbMode
+	c := startMem(t, 1, 3, env)
+	const stopAt = 3
+	errStopped := errors.New("stopped on purpose")
+	var wg sync.WaitGroup
+	errs := make([]error, len(c.Workers))
+	for i, w := range c.Workers {
+		wg.Go(func() {
+			errs[i] = fptWorker(w, len(c.Workers), 10, hooks{before: func(w *worker.Worker, it int) error {
+				if w.Rank() == 1 && it == stopAt {
+					// Alive and heartbeating, but pushing nothing more.
+					<-w.Node().Done()
+					return errStopped
+				}
+				return nil
+			}})
+		})
+	}
+	wg.Wait()
+	// Iteration 0 is the init round, so before iteration stopAt the worker
+	// has pushed stopAt iterations: the one it did not push is stopAt.
+	want := "worker 1 (id 11) has pushed nothing for iteration 3 for"
+	for rank, err := range errs {
+		if rank == 1 {
+			if !errors.Is(err, errStopped) {
+				t.Errorf("worker 1: %v, want its own stop", err)
+			}
+			if nerr := c.Workers[1].Node().Err(); nerr == nil || !strings.Contains(nerr.Error(), want) {
+				t.Errorf("worker 1's node error: %v, want %q", nerr, want)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "FPT_STALL_TIMEOUT") {
+			t.Errorf("worker %d: %v, want an error containing %q", rank, err, want)
+		}
+	}
+}
+
+// A worker that is slow but keeps pushing is not stalled, even though it is
+// behind the others for longer than FPT_STALL_TIMEOUT in all.
+func TestSlowWorkerIsNotStalled(t *testing.T) {
+	c := startMem(t, 1, 3, stallEnv)
+	fptRounds(t, c.Workers, 4, hooks{before: func(w *worker.Worker, it int) error {
+		if w.Rank() == 1 {
+			time.Sleep(time.Second)
+		}
+		return nil
+	}})
+	for _, w := range c.Workers {
+		if err := w.Node().Err(); err != nil {
+			t.Fatalf("worker %d failed: %v", w.Rank(), err)
+		}
+	}
+}
