@@ -53,7 +53,7 @@ const (
 
 // trainArgs: enough iterations that the probes land mid-run, small
 // tensors (key 0, the first classic key, holds exactly 4096 bytes).
-var trainArgs = []string{"-iters", "60", "-tensors", "4", "-min-bytes", "4096", "-max-bytes", "65536", "-quiet"}
+var trainArgs = []string{"-iters", "1200", "-tensors", "4", "-min-bytes", "4096", "-max-bytes", "65536"}
 
 // probe is one attack on a fresh cluster.
 type probe struct {
@@ -130,9 +130,11 @@ func runProbe(t *testing.T, p probe) {
 			t.Fatal(err)
 		}
 	}
+	start := time.Now()
 	p.attack(t, a)
 	a.release()
 	a.waitAll(runBound)
+	t.Logf("attack and run took %s", time.Since(start).Round(time.Millisecond))
 	for _, w := range []string{"worker0", "worker1"} {
 		mustContain(t, w+" stdout", a.proc(w).Stdout.String(), "PASS", "classic Push/Pull/PushPull over 2 servers verified")
 	}
