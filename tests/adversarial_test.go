@@ -320,14 +320,18 @@ func probeCorruptKey0(t *testing.T, a *advCluster) {
 	}
 }
 
-// The impersonation held open while the real workers start and train.
+// The impersonation held open while the real workers start and train:
+// the impostor must get no byte of a tensor.
 func probeHeldImpersonation(t *testing.T, a *advCluster) {
 	var conns []net.Conn
+	var tensors []<-chan int
 	for _, addr := range a.dataAddrs() {
 		for _, id := range serverIDs {
 			c := dial(t, addr)
-			sendAll(c, hello(9, id))
-			conns = append(conns, c)
+			if sendAll(c, hello(9, id)) == nil {
+				conns = append(conns, c)
+				tensors = append(tensors, tensorFrames(c))
+			}
 		}
 	}
 	a.release()
@@ -335,6 +339,50 @@ func probeHeldImpersonation(t *testing.T, a *advCluster) {
 	for _, c := range conns {
 		closeConn(c)
 	}
+	for i, ch := range tensors {
+		if n := <-ch; n > 0 {
+			t.Errorf("impostor connection %d received %d frames carrying tensor data", i, n)
+		}
+	}
+}
+
+// tensorFrames reads c until it fails (closed by either side) and sends
+// how many frames carrying tensor data (push, result, kv-data) arrived.
+// Anything that does not parse as frames (a challenge, say) ends the count.
+func tensorFrames(c net.Conn) <-chan int {
+	out := make(chan int, 1)
+	go func() {
+		var buf []byte
+		n, parsing := 0, true
+		chunk := make([]byte, 64<<10)
+		c.SetReadDeadline(time.Now().Add(runBound))
+		for {
+			k, err := c.Read(chunk)
+			if parsing {
+				buf = append(buf, chunk[:k]...)
+				for len(buf) >= frame.HeaderSize {
+					h, err := frame.Decode(buf, 1<<40)
+					if err != nil {
+						parsing, buf = false, nil
+						break
+					}
+					if uint64(len(buf)-frame.HeaderSize) < h.Length {
+						break
+					}
+					switch h.Type {
+					case frame.Push, frame.Result, frame.KVData:
+						n++
+					}
+					buf = buf[frame.HeaderSize+int(h.Length):]
+				}
+			}
+			if err != nil {
+				out <- n
+				return
+			}
+		}
+	}()
+	return out
 }
 
 // Four connections each announce a 1 GiB frame and send its payload
