@@ -443,7 +443,7 @@ func probeTrickle(t *testing.T, a *advCluster) {
 		go func() {
 			defer wg.Done()
 			defer c.Close()
-			if d := trickle(c, hello(9, id)); d > readDeadlineBound {
+			if d := trickle(c, hello(1001, id)); d > readDeadlineBound {
 				t.Errorf("trickling connection (hello to id %d) closed only after %s (bound %s)", id, d.Round(time.Second), readDeadlineBound)
 			}
 		}()
