@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -33,6 +35,9 @@ type goodputOptions struct {
 	iters            int
 	partitionBytes   int64
 	jsonOut          bool
+	// authCompare runs every row twice, the cluster without a secret and
+	// with one (FPT_CLUSTER_SECRET), to show what authentication costs.
+	authCompare bool
 }
 
 // shape is one cluster configuration of the goodput bench.
@@ -104,21 +109,37 @@ type goodputResult struct {
 	CPUSeconds     float64 `json:"cpu_s"`
 	CPUPerGB       float64 `json:"cpu_s_per_gb"`
 	RawTCPCPUPerGB float64 `json:"raw_tcp_cpu_s_per_gb"`
+	// Secret is "on" when every process of the cluster had a
+	// FPT_CLUSTER_SECRET, else "off". With --auth-compare, a row with the
+	// secret on also has its goodput and CPU per GB divided by those of
+	// the same configuration's row with it off, measured just before.
+	Secret        string  `json:"secret"`
+	GoodputVsOff  float64 `json:"goodput_vs_secret_off,omitempty"`
+	CPUPerGBVsOff float64 `json:"cpu_s_per_gb_vs_secret_off,omitempty"`
 }
 
 // goodputHeader and row are the table "fpt bench" prints without --json.
 var goodputHeader = []string{"van", "workers", "servers", "lb", "tensor", "iters",
-	"goodput Gbit/s", "raw TCP Gbit/s", "ratio", "all workers Gbit/s", "TCP/tensor bytes", "CPU s/GB", "raw TCP CPU s/GB"}
+	"goodput Gbit/s", "raw TCP Gbit/s", "ratio", "all workers Gbit/s", "TCP/tensor bytes", "CPU s/GB", "raw TCP CPU s/GB",
+	"secret", "vs secret off (goodput, CPU/GB)"}
 
 func (r goodputResult) row() []string {
 	tcpShare := "-"
 	if r.TensorTrafficBytes > 0 {
 		tcpShare = fmt.Sprintf("%.3f", float64(r.TCPBytes)/float64(r.TensorTrafficBytes))
 	}
+	secret, vsOff := r.Secret, "-"
+	if secret == "" {
+		secret = "off"
+	}
+	if r.GoodputVsOff > 0 {
+		vsOff = fmt.Sprintf("x%.3f, x%.3f", r.GoodputVsOff, r.CPUPerGBVsOff)
+	}
 	return []string{r.Van, strconv.Itoa(r.Workers), strconv.Itoa(r.Servers), r.LB,
 		sizeText(r.TensorBytes), strconv.Itoa(r.Iters),
 		fmt.Sprintf("%.2f", r.GoodputGbps), fmt.Sprintf("%.2f", r.RawTCPGbps), fmt.Sprintf("%.2f", r.Ratio),
-		fmt.Sprintf("%.2f", r.ClusterGoodputGbps), tcpShare, fmt.Sprintf("%.3f", r.CPUPerGB), fmt.Sprintf("%.3f", r.RawTCPCPUPerGB)}
+		fmt.Sprintf("%.2f", r.ClusterGoodputGbps), tcpShare, fmt.Sprintf("%.3f", r.CPUPerGB), fmt.Sprintf("%.3f", r.RawTCPCPUPerGB),
+		secret, vsOff}
 }
 
 // workerReport is what each worker of the bench cluster prints.
@@ -165,18 +186,33 @@ func goodputMain(f *flags) int {
 	}
 	p := newProgress(os.Stderr)
 	results := resultWriter{w: os.Stdout, jsonOut: o.jsonOut, header: goodputHeader}
-	n := len(vans) * len(shapes)
-	for i, v := range vans {
-		for j, s := range shapes {
-			run := fmt.Sprintf("run %d/%d (%s van, %s)", i*len(shapes)+j+1, n, v, s)
-			res, err := goodputRun(v, s, o, p, run)
-			if err != nil {
-				return failed(run, err)
-			}
-			p.printf(run, "goodput %.2f Gbit/s (raw TCP %.2f), %.3f CPU s/GB (raw TCP %.3f)",
-				res.GoodputGbps, res.RawTCPGbps, res.CPUPerGB, res.RawTCPCPUPerGB)
-			if err := results.add(res); err != nil {
-				return failed(run, err)
+	secrets := []bool{false}
+	if o.authCompare {
+		secrets = []bool{false, true}
+	}
+	n := len(vans) * len(shapes) * len(secrets)
+	k := 0
+	for _, v := range vans {
+		for _, s := range shapes {
+			var off goodputResult
+			for _, secret := range secrets {
+				k++
+				run := fmt.Sprintf("run %d/%d (%s van, %s, secret %s)", k, n, v, s, onOff(secret))
+				res, err := goodputRun(v, s, o, p, run, secret)
+				if err != nil {
+					return failed(run, err)
+				}
+				p.printf(run, "goodput %.2f Gbit/s (raw TCP %.2f), %.3f CPU s/GB (raw TCP %.3f)",
+					res.GoodputGbps, res.RawTCPGbps, res.CPUPerGB, res.RawTCPCPUPerGB)
+				if !secret {
+					off = res
+				} else if o.authCompare {
+					res.compareWith(off)
+					p.printf(run, "secret on / off: goodput x%.3f, CPU per GB x%.3f", res.GoodputVsOff, res.CPUPerGBVsOff)
+				}
+				if err := results.add(res); err != nil {
+					return failed(run, err)
+				}
 			}
 		}
 	}
@@ -189,8 +225,8 @@ func goodputMain(f *flags) int {
 // goodputRun measures a cluster of one shape on one van between two
 // measurements of raw TCP; the baseline is their mean, so that a shift in
 // the machine's load during the run does not favour either side.
-func goodputRun(van string, s shape, o goodputOptions, p *progress, run string) (goodputResult, error) {
-	res := goodputResult{Van: van, Workers: s.workers, Servers: s.servers, LB: s.lbMode(),
+func goodputRun(van string, s shape, o goodputOptions, p *progress, run string, secret bool) (goodputResult, error) {
+	res := goodputResult{Van: van, Secret: onOff(secret), Workers: s.workers, Servers: s.servers, LB: s.lbMode(),
 		TensorBytes: o.tensorBytes, Iters: o.iters,
 		TensorTrafficBytes: int64(s.workers) * 2 * o.tensorBytes * int64(o.iters)}
 	volume := o.tensorBytes * int64(o.iters)
@@ -200,7 +236,7 @@ func goodputRun(van string, s shape, o goodputOptions, p *progress, run string) 
 		return res, err
 	}
 	p.printf(run, "cluster starting")
-	c, err := goodputCluster(van, s, o, p, run)
+	c, err := goodputCluster(van, s, o, p, run, secret)
 	if err != nil {
 		return res, err
 	}
@@ -228,7 +264,7 @@ type clusterRun struct {
 }
 
 // goodputCluster runs the cluster once.
-func goodputCluster(van string, s shape, o goodputOptions, p *progress, run string) (clusterRun, error) {
+func goodputCluster(van string, s shape, o goodputOptions, p *progress, run string, secret bool) (clusterRun, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return clusterRun{}, err
@@ -239,6 +275,11 @@ func goodputCluster(van string, s shape, o goodputOptions, p *progress, run stri
 	if o.partitionBytes > 0 {
 		env = append(env, "FPT_PARTITION_BYTES="+strconv.FormatInt(o.partitionBytes, 10))
 	}
+	secretEnv, err := clusterSecretEnv(secret)
+	if err != nil {
+		return clusterRun{}, err
+	}
+	env = append(env, secretEnv...)
 	c, err := localcluster.Start(localcluster.Spec{
 		Servers: s.servers, Workers: s.workers,
 		Scheduler: []string{self}, Server: []string{self}, Worker: args, Env: env,
@@ -461,4 +502,37 @@ func pump(volume int64, op func([]byte) (int, error)) error {
 		left -= int64(n)
 	}
 	return nil
+}
+
+// onOff is "on" or "off".
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+// compareWith records r's goodput and CPU per GB relative to off, the
+// same configuration measured without a secret.
+func (r *goodputResult) compareWith(off goodputResult) {
+	if off.GoodputGbps > 0 {
+		r.GoodputVsOff = r.GoodputGbps / off.GoodputGbps
+	}
+	if off.CPUPerGB > 0 {
+		r.CPUPerGBVsOff = r.CPUPerGB / off.CPUPerGB
+	}
+}
+
+// clusterSecretEnv is the environment that gives every process of a bench
+// cluster a fresh random secret, or (off) none, whatever the caller's
+// environment holds: the later, empty settings override inherited ones.
+func clusterSecretEnv(on bool) ([]string, error) {
+	if !on {
+		return []string{"FPT_CLUSTER_SECRET=", "FPT_CLUSTER_SECRET_FILE="}, nil
+	}
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return nil, fmt.Errorf("bench: a cluster secret: %w", err)
+	}
+	return []string{"FPT_CLUSTER_SECRET=" + hex.EncodeToString(b), "FPT_CLUSTER_SECRET_FILE="}, nil
 }

@@ -2,11 +2,13 @@ package bench
 
 import (
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
 )
@@ -120,6 +122,8 @@ func TestGoodputTable(t *testing.T) {
 			GoodputGbps: 12.345, RawTCPGbps: 20, Ratio: 0.617, ClusterGoodputGbps: 12.345, TensorTrafficBytes: 1000, TCPBytes: 1002,
 			CPUPerGB: 0.81234, RawTCPCPUPerGB: 0.4}.row(),
 		goodputResult{Van: "netconn", Workers: 2, Servers: 2, LB: "on", TensorBytes: 1 << 20, Iters: 5}.row(),
+		goodputResult{Van: "epoll", Workers: 1, Servers: 1, LB: "off", TensorBytes: 1 << 20, Iters: 5, Secret: "on",
+			GoodputVsOff: 0.98765, CPUPerGBVsOff: 1.0123}.row(),
 	}
 	var sb strings.Builder
 	if err := writeTable(&sb, goodputHeader, rows); err != nil {
@@ -127,8 +131,9 @@ func TestGoodputTable(t *testing.T) {
 	}
 	checkTable(t, sb.String(), [][]string{
 		goodputHeader,
-		{"epoll", "1", "1", "off", "64 MiB", "50", "12.35", "20.00", "0.62", "12.35", "1.002", "0.812", "0.400"},
-		{"netconn", "2", "2", "on", "1 MiB", "5", "0.00", "0.00", "0.00", "0.00", "-", "0.000", "0.000"},
+		{"epoll", "1", "1", "off", "64 MiB", "50", "12.35", "20.00", "0.62", "12.35", "1.002", "0.812", "0.400", "off", "-"},
+		{"netconn", "2", "2", "on", "1 MiB", "5", "0.00", "0.00", "0.00", "0.00", "-", "0.000", "0.000", "off", "-"},
+		{"epoll", "1", "1", "off", "1 MiB", "5", "0.00", "0.00", "0.00", "0.00", "-", "0.000", "0.000", "on", "x0.988, x1.012"},
 	})
 }
 
@@ -169,4 +174,35 @@ func splitColumns(line, header string) []string {
 		cols = append(cols, strings.TrimSpace(line[s:end]))
 	}
 	return cols
+}
+
+func TestCompareWith(t *testing.T) {
+	on := goodputResult{GoodputGbps: 9, CPUPerGB: 1.1}
+	on.compareWith(goodputResult{GoodputGbps: 10, CPUPerGB: 1})
+	if math.Abs(on.GoodputVsOff-0.9) > 1e-12 || math.Abs(on.CPUPerGBVsOff-1.1) > 1e-12 {
+		t.Errorf("got goodput x%v, CPU x%v; want x0.9, x1.1", on.GoodputVsOff, on.CPUPerGBVsOff)
+	}
+	zero := goodputResult{GoodputGbps: 9}
+	zero.compareWith(goodputResult{})
+	if zero.GoodputVsOff != 0 || zero.CPUPerGBVsOff != 0 {
+		t.Errorf("a zero baseline gave ratios %v, %v", zero.GoodputVsOff, zero.CPUPerGBVsOff)
+	}
+}
+
+// The bench's clusters get a fresh secret each (long enough for config),
+// or none at all, overriding whatever the caller's environment says.
+func TestClusterSecretEnv(t *testing.T) {
+	off, err := clusterSecretEnv(false)
+	if err != nil || !slices.Equal(off, []string{"FPT_CLUSTER_SECRET=", "FPT_CLUSTER_SECRET_FILE="}) {
+		t.Fatalf("off: %q, %v", off, err)
+	}
+	a, err := clusterSecretEnv(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := clusterSecretEnv(true)
+	v, ok := strings.CutPrefix(a[0], "FPT_CLUSTER_SECRET=")
+	if !ok || len(v) < config.MinSecretBytes || a[0] == b[0] {
+		t.Errorf("on: %q then %q: want a fresh secret of at least %d bytes", a, b, config.MinSecretBytes)
+	}
 }

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs every fuzz target of the module, one after another, for a set time
+# each, and copies the inputs the fuzzer found interesting into the
+# package's testdata/fuzz/FuzzXxx/ corpus (which `go test` then replays as
+# regression cases). A crasher is written there by `go test` itself and
+# fails the script.
+#
+#   scripts/fuzz.sh            # FUZZTIME each (default 10m)
+#   scripts/fuzz.sh 30s        # a quick run
+#   FUZZ_MAX_NEW=50 scripts/fuzz.sh 60s   # cap the inputs kept per target
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH=/usr/local/go/bin:$HOME/go/bin:$PATH
+
+fuzztime=${1:-${FUZZTIME:-10m}}
+max_new=${FUZZ_MAX_NEW:-40} # keep the committed corpus small
+cache=$(go env GOCACHE)/fuzz
+module=$(go list -m)
+
+# Every "func FuzzXxx(" in a _test.go file, as "dir name".
+mapfile -t targets < <(grep -rl --include='*_test.go' '^func Fuzz' . |
+	xargs grep -o '^func Fuzz[A-Za-z0-9_]*' |
+	sed -E 's#^\./(.*)/[^/]*:func (Fuzz.*)#\1 \2#' | sort -u)
+
+status=0
+for t in "${targets[@]}"; do
+	read -r dir name <<<"$t"
+	echo "== $dir $name ($fuzztime)"
+	if ! go test -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" "./$dir"; then
+		echo "!! $dir $name failed; the crasher is in $dir/testdata/fuzz/$name/" >&2
+		status=1
+	fi
+	found="$cache/$module/$dir/$name"
+	if [[ -d $found ]]; then
+		mkdir -p "$dir/testdata/fuzz/$name"
+		# The newest interesting inputs, up to max_new, smallest first.
+		find "$found" -type f -size -8k -printf '%T@ %s %p\n' | sort -rn | head -n "$max_new" |
+			awk '{print $3}' | xargs -r cp -n -t "$dir/testdata/fuzz/$name/"
+	fi
+done
+du -sh $(find . -path '*/testdata/fuzz' -type d) 2>/dev/null || true
+exit $status
