@@ -43,6 +43,10 @@ func Serve(ctx context.Context, plane control.Transport, cfg config.Config, log 
 		for _, info := range reg.pending {
 			_ = s.plane.Send(info.ControlEndpoint(), &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: node.SchedulerID, Text: err.Error()})
 		}
+		var sf *startFailedError
+		if errors.As(err, &sf) {
+			s.refuseLate(ctx, err)
+		}
 		return err
 	}
 	return s.serve(ctx)

@@ -1,7 +1,9 @@
 package scheduler
 
 import (
+	"context"
 	"fmt"
+	"time"
 
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/node"
@@ -17,7 +19,39 @@ func startFailure(m *control.Message) error {
 	if len(m.Nodes) == 1 {
 		name = m.Nodes[0].String()
 	}
-	return fmt.Errorf("scheduler: %s %s", name, m.Text)
+	return &startFailedError{fmt.Errorf("scheduler: %s %s", name, m.Text)}
+}
+
+// startFailedError marks the scheduler's error when a node could not start.
+type startFailedError struct{ error }
+
+func (e *startFailedError) Unwrap() error { return e.error }
+
+// lateGrace is how long a scheduler that gave up on a start-up failure
+// still answers registrations: nodes launched beside the one that failed
+// may register just after its notice, and would otherwise wait out their
+// FPT_START_TIMEOUT for a table that never comes.
+const lateGrace = 5 * time.Second
+
+// refuseLate answers every registration for lateGrace with the failure.
+func (s *sched) refuseLate(ctx context.Context, err error) {
+	t := time.NewTimer(lateGrace)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			return
+		case m, ok := <-s.plane.Incoming():
+			if !ok {
+				return
+			}
+			if m.Command == control.AddNode && len(m.Nodes) == 1 {
+				_ = s.plane.Send(m.Nodes[0].ControlEndpoint(), &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: node.SchedulerID, Text: err.Error()})
+			}
+		}
+	}
 }
 
 // culprit is the node a NodeFailed names: its Target, or, from a node that
