@@ -23,26 +23,35 @@ func listenSecret(tb testing.TB, secret string, onReject func(string)) *Plane {
 	return p
 }
 
-// TestCurveHandshake: planes sharing the secret talk both ways, and each
-// message's Origin is its sending plane's id.
+// TestCurveHandshake: planes sharing the secret talk both ways, and a
+// message's Origin is the same for every message of one sending plane and
+// differs between planes.
 func TestCurveHandshake(t *testing.T) {
 	a, b, c := listenSecret(t, testSecret, nil), listenSecret(t, testSecret, nil), listenSecret(t, testSecret, nil)
-	for _, from := range []*Plane{a, c} {
-		if err := from.Send(endpoint(b), &Message{Command: Heartbeat, Sender: 7}); err != nil {
-			t.Fatal(err)
+	origins := map[*Plane]string{}
+	for range 2 {
+		for _, from := range []*Plane{a, c} {
+			if err := from.Send(endpoint(b), &Message{Command: Heartbeat, Sender: 7}); err != nil {
+				t.Fatal(err)
+			}
+			m := recv(t, b)
+			if m.Command != Heartbeat || m.Origin == "" {
+				t.Fatalf("got %v from %q, want a Heartbeat with an Origin", m.Command, m.Origin)
+			}
+			if o, seen := origins[from]; seen && o != m.Origin {
+				t.Errorf("one plane's messages came with Origins %q and %q", o, m.Origin)
+			}
+			origins[from] = m.Origin
 		}
-		if m := recv(t, b); m.Command != Heartbeat || m.Origin != from.id {
-			t.Errorf("got %v from %q, want Heartbeat from %q", m.Command, m.Origin, from.id)
-		}
+	}
+	if origins[a] == origins[c] {
+		t.Error("two planes have the same Origin")
 	}
 	if err := b.Send(endpoint(a), &Message{Command: HeartbeatAck}); err != nil {
 		t.Fatal(err)
 	}
-	if m := recv(t, a); m.Command != HeartbeatAck || m.Origin != b.id {
+	if m := recv(t, a); m.Command != HeartbeatAck || m.Origin == "" {
 		t.Errorf("got %v from %q", m.Command, m.Origin)
-	}
-	if a.id == c.id {
-		t.Error("two planes have the same id")
 	}
 }
 
@@ -95,8 +104,8 @@ func TestCurveRefusesStrangers(t *testing.T) {
 	if err := member.Send(endpoint(target), &Message{Command: Heartbeat, Sender: 5}); err != nil {
 		t.Fatal(err)
 	}
-	if m := recv(t, target); m.Command != Heartbeat || m.Origin != member.id {
-		t.Fatalf("first delivery is %v from %q; want the member's Heartbeat", m.Command, m.Origin)
+	if m := recv(t, target); m.Command != Heartbeat || m.Sender != 5 {
+		t.Fatalf("first delivery is %v from %v; want the member's Heartbeat", m.Command, m.Sender)
 	}
 	select {
 	case m := <-target.Incoming():

@@ -68,9 +68,10 @@ type Message struct {
 	Body      []byte
 
 	// Origin names the connection the message arrived over, as the plane
-	// authenticated it: the same string for every message from one peer
-	// plane, different for different peers. The plane sets it from the
-	// connection (never from the payload, which does not carry it), so a
+	// authenticated it: the same string for every message over one
+	// connection, different for different peers (a peer that reconnects
+	// gets a new one). The plane sets it from the connection (ZeroMQ's
+	// routing id; never from the payload, which does not carry it), so a
 	// receiver checks Sender against it. Empty on messages being sent.
 	Origin string
 }

@@ -92,9 +92,11 @@ type Config struct {
 // libzmq asks for when a socket changes threads).
 //
 // With Config.Secret every socket speaks CURVE and a ZAP handler (zap.go)
-// admits only peers holding the job's client key. Every DEALER carries the
-// plane's random routing id, which the receiving ROUTER reports as
-// Message.Origin: the authenticated connection a message came over.
+// admits only peers holding the job's client key. The routing id the ROUTER
+// gives each incoming connection is reported as Message.Origin: the
+// connection a message came over. (Stable ids set on the DEALERs would
+// survive reconnections, but a ROUTER fed by such a DEALER stopped
+// delivering during a 2 GiB run; a reconnected peer gets a new Origin.)
 //
 // Delivery is what ZeroMQ gives: in order per sender and peer, queued while
 // the peer is not up yet, lost if a process dies with messages in flight.
@@ -108,9 +110,7 @@ type Plane struct {
 	port   int
 	secret string
 	reject *Rejecter
-	// id is this plane's routing id on every DEALER: the Origin its peers
-	// see. Random per plane, so that it is stable across reconnections but
-	// not guessable (with a secret, it travels encrypted).
+	// id names the plane's rule in the ZAP handler.
 	id string
 
 	in   chan *Message
@@ -395,10 +395,6 @@ func (p *Plane) open(host string, port int) (_ *loop, err error) {
 	l.router.SetRcvhwm(hwm)
 	l.router.SetRcvtimeo(0) // reads never block: the poller says when to read
 	l.router.SetMaxmsgsize(MaxMessageLen)
-	// A peer's DEALER that reconnects (a dropped TCP connection) comes
-	// back with the same routing id; let it take over at once rather than
-	// be refused until libzmq notices the old connection is gone.
-	l.router.SetRouterHandover(1)
 	setKeepalive(l.router)
 	if strings.Contains(host, ":") {
 		l.router.SetIpv6(1)
@@ -573,8 +569,7 @@ func (l *loop) decode(frames [][]byte, count int) *Message {
 			"err", err, "bytes", len(frames[1]), "peer", fmt.Sprintf("%x", frames[0]))
 		return nil
 	}
-	// The routing id is the peer plane's id (set on its DEALER and, with a
-	// secret, sent inside the authenticated handshake), never payload.
+	// The routing id the ROUTER gave the connection, never payload.
 	m.Origin = string(frames[0])
 	return m
 }
@@ -689,7 +684,6 @@ func (l *loop) dealer(endpoint string) *dealer {
 	s.SetLinger(int(linger / time.Millisecond))
 	s.SetSndhwm(hwm)
 	s.SetImmediate(0) // queue while the peer is not up yet
-	s.SetIdentity(l.p.id)
 	if l.keys != nil {
 		s.SetCurveServerkey(l.keys.Server.Public)
 		s.SetCurvePublickey(l.keys.Client.Public)
@@ -736,9 +730,12 @@ func (l *loop) shutdown() error {
 // stops only after seeing closed under mu, and open fails before
 // publishing it.
 func (l *loop) destroy() {
-	if l.zapDomain != "" {
-		zap.remove(l.zapDomain)
-	}
+	// The rule goes after the ROUTER, which may still be handshaking.
+	defer func() {
+		if l.zapDomain != "" {
+			zap.remove(l.zapDomain)
+		}
+	}()
 	if l.poller != nil {
 		l.poller.Destroy()
 	}

@@ -25,49 +25,41 @@ type zapRule struct {
 	reject func(reason string)
 }
 
-// zapHandler answers ZAP requests on its own goroutine, for the life of the
-// process. Like zsysInit it is process-wide on purpose: it stands for the
-// context's single ZAP endpoint. A self-made REP socket rather than
-// goczmq's Auth actor: Auth loads client certificates from a directory of
-// files, whereas the keys here are derived in memory and differ per plane
-// domain; and its logic is a dozen lines.
+// zapHandler answers ZAP requests on its own goroutine while some plane
+// with a secret is open: started by the first, stopped when the last
+// closes, so that no socket is left when the context ends. Like zsysInit it
+// is process-wide on purpose: it stands for the context's single ZAP
+// endpoint. A self-made REP socket rather than goczmq's Auth actor: Auth
+// loads client certificates from a directory of files, whereas the keys
+// here are derived in memory and differ per plane domain; and its logic is
+// a dozen lines.
 type zapHandler struct {
-	once    sync.Once
-	openErr error
-	started atomic.Bool
-	stop    atomic.Bool   // set by Shutdown: release the socket and return
-	done    chan struct{} // closed when run has returned
+	life sync.Mutex    // serialises starting and stopping
+	stop *atomic.Bool  // the running handler's stop flag; nil: none runs
+	done chan struct{} // closed when the running handler has returned
 
 	mu    sync.Mutex
 	rules map[string]zapRule // by ZAP domain
 }
 
-var zap = &zapHandler{rules: make(map[string]zapRule), done: make(chan struct{})}
+var zap = &zapHandler{rules: make(map[string]zapRule)}
 
 // zapPoll bounds how long the handler waits for a request before looking
-// at stop: Shutdown must destroy its socket before the context ends.
-const zapPoll = 100 * time.Millisecond
+// at its stop flag.
+const zapPoll = 20 * time.Millisecond
 
-// shutdown stops the handler, if it runs, and waits until its socket is
-// destroyed.
-func (z *zapHandler) shutdown() {
-	if !z.started.Load() {
-		return
-	}
-	z.stop.Store(true)
-	<-z.done
-}
-
-// add installs rule under domain, starting the handler on first use.
+// add installs rule under domain, starting the handler if none runs.
 func (z *zapHandler) add(domain string, rule zapRule, log *slog.Logger) error {
-	z.once.Do(func() {
-		ready := make(chan error, 1)
-		z.started.Store(true)
-		go z.run(ready, log)
-		z.openErr = <-ready
-	})
-	if z.openErr != nil {
-		return z.openErr
+	z.life.Lock()
+	defer z.life.Unlock()
+	if z.stop == nil {
+		stop, done, ready := new(atomic.Bool), make(chan struct{}), make(chan error, 1)
+		go z.run(stop, done, ready, log)
+		if err := <-ready; err != nil {
+			<-done
+			return err
+		}
+		z.stop, z.done = stop, done
 	}
 	z.mu.Lock()
 	z.rules[domain] = rule
@@ -75,15 +67,39 @@ func (z *zapHandler) add(domain string, rule zapRule, log *slog.Logger) error {
 	return nil
 }
 
+// remove drops domain's rule, and stops the handler after the last one.
 func (z *zapHandler) remove(domain string) {
+	z.life.Lock()
+	defer z.life.Unlock()
 	z.mu.Lock()
 	delete(z.rules, domain)
+	last := len(z.rules) == 0
 	z.mu.Unlock()
+	if last {
+		z.stopLocked()
+	}
 }
 
-func (z *zapHandler) run(ready chan<- error, log *slog.Logger) {
-	defer close(z.done)
+// shutdown stops the handler, if it runs (Shutdown: every plane is closed).
+func (z *zapHandler) shutdown() {
+	z.life.Lock()
+	defer z.life.Unlock()
+	z.stopLocked()
+}
+
+func (z *zapHandler) stopLocked() {
+	if z.stop == nil {
+		return
+	}
+	z.stop.Store(true)
+	<-z.done
+	z.stop, z.done = nil, nil
+}
+
+func (z *zapHandler) run(stop *atomic.Bool, done chan<- struct{}, ready chan<- error, log *slog.Logger) {
+	defer close(done)
 	runtime.LockOSThread() // errno, and the socket's one thread
+	defer runtime.UnlockOSThread()
 	zsysInit.Do(zsysInitC)
 	s, err := newSock(goczmq.Rep)
 	if err != nil {
@@ -93,12 +109,20 @@ func (z *zapHandler) run(ready chan<- error, log *slog.Logger) {
 	defer s.Destroy()
 	s.SetLinger(0)
 	s.SetRcvtimeo(int(zapPoll / time.Millisecond))
-	if err := retryEINTR(func() error { _, err := s.Bind(zapEndpoint); return err }); err != nil {
-		ready <- fmt.Errorf("control: bind the ZAP handler at %s: %w", zapEndpoint, err)
+	// The previous handler's endpoint may take a moment to be released.
+	var bindErr error
+	for range 100 {
+		if bindErr = retryEINTR(func() error { _, err := s.Bind(zapEndpoint); return err }); bindErr == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if bindErr != nil {
+		ready <- fmt.Errorf("control: bind the ZAP handler at %s: %w", zapEndpoint, bindErr)
 		return
 	}
 	ready <- nil
-	for !z.stop.Load() {
+	for !stop.Load() {
 		req, err := s.RecvMessage()
 		if err != nil {
 			if e := zmqErrno(); e != syscall.EINTR && e != syscall.EAGAIN {
@@ -108,9 +132,8 @@ func (z *zapHandler) run(ready chan<- error, log *slog.Logger) {
 			continue
 		}
 		reply := z.answer(req)
-		for retryEINTR(func() error { return s.SendMessage(reply) }) != nil {
-			log.Error("control: ZAP handler: reply failed", "err", zmqError(zmqErrno()))
-			break
+		if err := retryEINTR(func() error { return s.SendMessage(reply) }); err != nil {
+			log.Error("control: ZAP handler: reply failed", "err", err)
 		}
 	}
 }
