@@ -228,6 +228,10 @@ func (s *sched) authentic(m *control.Message) bool {
 	case !ok:
 		s.reject.Reject("stranger", "command", m.Command, "claims", m.Sender)
 		return false
+	case m.Sender == 0 && m.Command == control.NodeFailed:
+		// A node that rejected the node table does not know its id; its
+		// connection does.
+		m.Sender = id
 	case id != m.Sender:
 		s.reject.Reject("sender", "command", m.Command, "claims", m.Sender, "connection_of", id)
 		return false
