@@ -35,7 +35,7 @@ func TestStalledHandshakeClosed(t *testing.T) {
 		}()
 		waitClosed(t, silent)
 		waitClosed(t, drip)
-		rej.Wait(t, "handshake")
+		rej.WaitN(t, "handshake", 2)
 		if n := rej.Count("handshake"); n != 2 {
 			t.Errorf("%d connections counted as stalled handshakes, want 2", n)
 		}

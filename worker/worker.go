@@ -135,14 +135,20 @@ func (w *Worker) do(t todo) {
 			}
 		}
 		if t.counted {
-			done := func(err error) { w.update(func(c *core) todo { return c.sent(req, err) }) }
 			for i := range t.sends {
-				t.sends[i].Done = done
+				to := node.ID(t.sends[i].Header.Recipient)
+				t.sends[i].Done = func(err error) {
+					if err != nil {
+						err = w.toPeer(to, err)
+					}
+					w.update(func(c *core) todo { return c.sent(req, err) })
+				}
 			}
 		}
 		for i := range t.sends {
 			m := &t.sends[i]
 			if serr := w.node.Van().Send(m); serr != nil {
+				serr = w.toPeer(node.ID(m.Header.Recipient), serr)
 				w.update(func(c *core) todo { return c.sendFailed(req, &m.Header, serr) })
 				break
 			}
@@ -159,6 +165,16 @@ func (w *Worker) do(t todo) {
 	if b := t.began; b != nil && w.base.Agent != nil {
 		w.base.Agent.IterationBegan(b.iter, b.modelBytes)
 	}
+}
+
+// toPeer names the peer a send failed to, by role, rank and address (the
+// van knows only its id): when a peer dies, the first error a caller sees
+// may be its own push's, before the cluster's verdict arrives.
+func (w *Worker) toPeer(id node.ID, err error) error {
+	if info, ok := w.node.Info(id); ok {
+		return fmt.Errorf("to %s: %w", info, err)
+	}
+	return fmt.Errorf("to %s: %w", id, err)
 }
 
 // newCall is the shell's half of a new request.

@@ -36,13 +36,17 @@ func (r *Rejects) Count(reason string) int {
 }
 
 // Wait waits until a connection has been refused for reason.
-func (r *Rejects) Wait(t testing.TB, reason string) {
+func (r *Rejects) Wait(t testing.TB, reason string) { t.Helper(); r.WaitN(t, reason, 1) }
+
+// WaitN waits until n connections have been refused for reason: a van
+// may count a refusal just after the connection is seen closed.
+func (r *Rejects) WaitN(t testing.TB, reason string, n int) {
 	t.Helper()
 	Eventually(t, func() error {
-		if r.Count(reason) == 0 {
+		if r.Count(reason) < n {
 			r.mu.Lock()
 			defer r.mu.Unlock()
-			return fmt.Errorf("no connection refused for %q (refused: %v)", reason, r.n)
+			return fmt.Errorf("%d connections refused for %q, want %d (refused: %v)", r.n[reason], reason, n, r.n)
 		}
 		return nil
 	})
