@@ -95,7 +95,10 @@ func noQdisc(err error) bool {
 func exists(err error) bool { return stderrHas(err, "File exists") }
 
 func gone(err error) bool {
-	return stderrHas(err, "Cannot find device", "No such file or directory", "does not exist")
+	// "No such device": the link was there when ip looked it up, and the
+	// kernel removed it before the delete (a namespace deleted just before
+	// takes its veth pair with it, asynchronously).
+	return stderrHas(err, "Cannot find device", "No such device", "No such file or directory", "does not exist")
 }
 
 func execRunner(ctx context.Context, args []string) (string, error) {

@@ -3,6 +3,7 @@ package netem
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -342,5 +343,30 @@ func TestNetemSetRate(t *testing.T) {
 	}
 	if got := n.Host(0); got != (HostSpec{}) {
 		t.Errorf("Host(0) = %v", got)
+	}
+}
+
+// What ip prints when the object to delete is missing, or vanished between
+// its look-up and the delete, counts as gone; anything else is a failure.
+func TestGone(t *testing.T) {
+	tests := []struct {
+		stderr string
+		gone   bool
+	}{
+		{`Cannot find device "fpt1av0"`, true},
+		{"RTNETLINK answers: No such device", true},
+		{"Cannot remove namespace file \"/run/netns/fpt1n0\": No such file or directory", true},
+		{"Error: Peer netns reference is invalid. does not exist", true},
+		{"RTNETLINK answers: Operation not permitted", false},
+		{"", false},
+	}
+	for _, tt := range tests {
+		err := &cmdError{args: []string{"ip", "link", "del", "x"}, err: errors.New("exit status 2"), stderr: tt.stderr}
+		if got := gone(err); got != tt.gone {
+			t.Errorf("gone(%q) = %v, want %v", tt.stderr, got, tt.gone)
+		}
+	}
+	if gone(errors.New("not a command error")) {
+		t.Error("a plain error counted as gone")
 	}
 }
