@@ -47,27 +47,37 @@ func TestStartFailureToldAtOnce(t *testing.T) {
 		run("server", bin.fpt, "FPT_NODE_PORT="+strconv.Itoa(serverPort)),
 		run("worker", bin.app),
 	}
-	outs := make([]localcluster.Buffer, len(cmds))
 	start := time.Now()
+	out := workerFails(t, cmds, "a server failed to start")
+	mustContain(t, "worker output", out, "failed while starting", strconv.Itoa(serverPort))
+	t.Logf("worker exited after %s: %s", time.Since(start).Round(time.Millisecond), out)
+}
+
+// workerFails starts cmds (the last one the worker) and waits, for a
+// bounded time, for the worker to exit non-zero because of what; it
+// returns the worker's output.
+func workerFails(t *testing.T, cmds []*exec.Cmd, what string) string {
+	t.Helper()
+	outs := make([]localcluster.Buffer, len(cmds))
 	for i, cmd := range cmds {
 		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		defer cmd.Process.Kill()
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	}
+	w := len(cmds) - 1
 	done := make(chan error, 1)
-	go func() { done <- cmds[3].Wait() }()
+	go func() { done <- cmds[w].Wait() }()
 	select {
-	case err = <-done:
+	case err := <-done:
+		if err == nil {
+			t.Errorf("the worker exited 0")
+		}
 	case <-time.After(60 * time.Second):
-		t.Fatalf("the worker still waits 60 s after a server failed to start; its output:\n%s", outs[3].String())
+		t.Fatalf("the worker still waits 60 s after %s; its output:\n%s", what, outs[w].String())
 	}
-	if err == nil {
-		t.Errorf("the worker exited 0")
-	}
-	mustContain(t, "worker output", outs[3].String(), "failed while starting", strconv.Itoa(serverPort))
-	t.Logf("worker exited after %s: %s", time.Since(start).Round(time.Millisecond), outs[3].String())
+	return outs[w].String()
 }
 
 // A server stopped (SIGSTOP) for longer than the heartbeat timeout is named
@@ -147,27 +157,10 @@ func TestBadTableToldAtOnce(t *testing.T) {
 		run("server", bin.fpt, "DMLC_NUM_WORKER=2"),
 		run("worker", bin.app, "DMLC_NUM_WORKER=1"),
 	}
-	outs := make([]localcluster.Buffer, len(cmds))
-	for i, cmd := range cmds {
-		cmd.Stdout, cmd.Stderr = &outs[i], &outs[i]
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer cmd.Process.Kill()
+	out := workerFails(t, cmds, "a server rejected the table")
+	mustContain(t, "worker output", out, "failed while starting", "node table has", "server")
+	if strings.Contains(out, "node(0)") {
+		t.Errorf("the worker does not name the server:\n%s", out)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmds[3].Wait() }()
-	select {
-	case err = <-done:
-	case <-time.After(60 * time.Second):
-		t.Fatalf("the worker still waits 60 s after a server rejected the table; its output:\n%s", outs[3].String())
-	}
-	if err == nil {
-		t.Errorf("the worker exited 0")
-	}
-	mustContain(t, "worker output", outs[3].String(), "failed while starting", "node table has", "server")
-	if strings.Contains(outs[3].String(), "node(0)") {
-		t.Errorf("the worker does not name the server:\n%s", outs[3].String())
-	}
-	t.Logf("worker: %s", outs[3].String())
+	t.Logf("worker: %s", out)
 }
