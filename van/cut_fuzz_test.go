@@ -82,8 +82,13 @@ func referenceWalk(b []byte, self, peer node.ID, maxPayload uint64, fixCRC bool)
 		if node.ID(h.Recipient) != self || node.ID(h.Sender) != peer || h.Type == frame.Hello {
 			return frames, true
 		}
-		if h.Type == frame.Bye && h.Length != 0 {
-			return frames, true
+		// Frames that carry nothing must be empty (a partition bound
+		// applies too, but this cutter is given none).
+		switch h.Type {
+		case frame.Bye, frame.KVPull, frame.KVAck:
+			if h.Length != 0 {
+				return frames, true
+			}
 		}
 		b = b[frame.HeaderSize:]
 		if uint64(len(b)) < h.Length {
