@@ -370,6 +370,10 @@ func (n *Member) Van() van.Transport { return n.van }
 // Done is closed when the node fails or the cluster terminates.
 func (n *Member) Done() <-chan struct{} { return n.failed }
 
+// Closed is closed once the node has left the cluster (Finalize or Close),
+// failed or not.
+func (n *Member) Closed() <-chan struct{} { return n.stop }
+
 // Err is why the node failed, or nil.
 func (n *Member) Err() error {
 	select {

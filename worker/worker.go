@@ -101,9 +101,13 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 // the pool, a pull's buffer it reads a result into), and a caller told
 // that a request failed may free it at once (a C program will). Closing
 // the van fails or finishes every queued frame and ends its receiver.
+//
+// A node closed without a failure (Close, or the cluster's end) settles
+// what is still outstanding too: nothing can complete it any more.
 func (w *Worker) watch() {
 	select {
 	case <-w.node.Done():
+	case <-w.node.Closed():
 	case <-w.quit:
 		if w.node.Err() == nil {
 			return
@@ -112,7 +116,11 @@ func (w *Worker) watch() {
 	if err := w.node.Van().Close(); err != nil {
 		w.node.Logger().Warn("closing the data plane after the node failed", "err", err)
 	}
-	w.update(func(c *core) todo { return c.fail(w.node.Err()) })
+	err := w.node.Err()
+	if err == nil {
+		err = fmt.Errorf("worker: the node left the cluster: %w", cluster.ErrTerminated)
+	}
+	w.update(func(c *core) todo { return c.fail(err) })
 }
 
 // update runs f on the core under the lock, then does what it returned.
