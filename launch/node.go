@@ -144,12 +144,6 @@ func (n *Node) startScheduler(ctx context.Context, planes cluster.Planes, decisi
 	}()
 }
 
-// Role is the node's role.
-func (n *Node) Role() node.Role { return n.cfg.Role }
-
-// Config is the node's configuration.
-func (n *Node) Config() config.Config { return n.cfg }
-
 // Worker is the started worker, nil unless the node is one.
 func (n *Node) Worker() *worker.Worker { return n.worker }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/internal/memcluster"
 	"github.com/fptps/fpt/lb"
@@ -386,5 +387,39 @@ func TestInMemoryNodeLost(t *testing.T) {
 				t.Errorf("the scheduler and servers ended with %v; want the scheduler's naming %s", ends, tt.victim)
 			}
 		})
+	}
+}
+
+// A worker whose membership is closed without a failure (its van says
+// Bye, nothing fails) still settles what is outstanding: a pull waiting for
+// a worker that never pushed returns an error rather than waiting for
+// ever, and its callback runs.
+func TestInMemoryCloseSettlesPending(t *testing.T) {
+	c := startMem(t, 1, 2, map[string]string{"FPT_LB": "off", "FPT_PARTITION_BYTES": memPartitionBytes})
+	fptRounds(t, c.Workers, 1, hooks{})
+	w := c.Workers[0] // worker 1 never pushes this round
+	kv := worker.NewKV[float32](w)
+	const key, elems = 3, 5000
+	if _, err := kv.FPTPush([]uint64{key}, make([]float32, elems), []int{elems}, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	called := make(chan error, 1)
+	ts, err := kv.FPTPull([]uint64{key}, make([]float32, elems), []int{elems}, func(err error) { called <- err })
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Member(w.Node().Self().ID).Close()
+	waited := make(chan error, 1)
+	go func() { waited <- kv.Wait(ts) }()
+	select {
+	case err := <-waited:
+		if !errors.Is(err, cluster.ErrTerminated) {
+			t.Errorf("Wait after Close: %v, want cluster.ErrTerminated", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a pending pull still waits 30 s after its membership was closed")
+	}
+	if err := <-called; err == nil {
+		t.Error("the callback ran with no error")
 	}
 }
