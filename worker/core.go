@@ -115,6 +115,10 @@ type result struct {
 type pullWait struct {
 	req *request
 	dst []byte
+	// copying: the shell is copying the partitions staged before the pull
+	// into dst, outside the lock (a tensor's staging can be gigabytes); the
+	// result completes only once that copy is reported (copied).
+	copying bool
 }
 
 // landing is where a claimed result partition's bytes go.
@@ -145,13 +149,13 @@ type call struct {
 	began time.Time
 }
 
-// delivery is a result that was complete before its FPTPull came: the
-// shell copies it from staging into dst outside the lock, then reports it
-// with delivered.
+// delivery is the part of a result staged before its FPTPull came: the
+// shell copies those partitions from staging into the pull's buffer
+// outside the lock, then reports it with copied.
 type delivery struct {
-	r   *result
-	req *request
-	dst []byte
+	r     *result
+	pw    *pullWait
+	parts []lb.Partition
 }
 
 // todo is what the shell does after a core call, once unlocked, in this
@@ -517,10 +521,12 @@ func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 		iter := t.pulled
 		t.pulled++
 		r := c.resultFor(t, iter)
-		if r.complete {
-			out.copies = append(out.copies, delivery{r, req, parts[i]})
-		} else {
-			r.wait(&pullWait{req: req, dst: parts[i]})
+		if d, ok := r.wait(&pullWait{req: req, dst: parts[i]}); ok {
+			out.copies = append(out.copies, d)
+		} else if r.complete {
+			// Nothing to copy (no partitions): complete now.
+			r.waiter = nil
+			out.merge(c.delivered(r, req))
 		}
 	}
 	return out, nil
@@ -552,17 +558,33 @@ func (r *result) stage() []byte {
 	return r.buf
 }
 
-// wait makes an FPTPull's buffer the destination of r's partitions,
-// copying over those already staged.
-func (r *result) wait(pw *pullWait) {
-	for i, ok := range r.staged {
-		if ok {
-			p := r.parts[i]
-			copy(pw.dst[p.Offset:p.Offset+p.Length], r.buf[p.Offset:p.Offset+p.Length])
+// wait makes an FPTPull's buffer the destination of r's partitions still
+// to come, and hands the shell those already staged to copy over (ok).
+func (r *result) wait(pw *pullWait) (d delivery, ok bool) {
+	r.waiter = pw
+	for i, staged := range r.staged {
+		if staged {
+			d.parts = append(d.parts, r.parts[i])
 			r.staged[i] = false
 		}
 	}
-	r.waiter = pw
+	if len(d.parts) == 0 {
+		return delivery{}, false
+	}
+	pw.copying = true
+	return delivery{r: r, pw: pw, parts: d.parts}, true
+}
+
+// copied reports that the shell has copied d's staged partitions: the
+// result completes now if its last partition has already landed.
+func (c *core) copied(d delivery) todo {
+	d.pw.copying = false
+	r := d.r
+	if !r.complete {
+		return todo{} // land completes it with its last partition
+	}
+	r.waiter = nil
+	return c.delivered(r, d.pw.req)
 }
 
 // delivered completes an FPTPull's share of a result once its bytes are in
@@ -650,10 +672,10 @@ func (c *core) land(l landing, part uint32) todo {
 	}
 	r.complete = true
 	wait := r.waiter
-	r.waiter = nil
-	if wait == nil {
-		return todo{}
+	if wait == nil || wait.copying {
+		return todo{} // its pull, or copied, completes it
 	}
+	r.waiter = nil
 	return c.delivered(r, wait.req)
 }
 

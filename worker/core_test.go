@@ -102,6 +102,15 @@ func finishedTS(t todo) []int {
 	return ts
 }
 
+// copyStaged does the shell's part of a delivery: it copies the staged
+// partitions into the pull's buffer, then reports it.
+func copyStaged(c *core, d delivery) todo {
+	for _, p := range d.parts {
+		copy(d.pw.dst[p.Offset:p.Offset+p.Length], d.r.buf[p.Offset:p.Offset+p.Length])
+	}
+	return c.copied(d)
+}
+
 // pattern is a sum to deliver: byte i of iteration iter.
 func pattern(n int, iter uint64) []byte {
 	b := make([]byte, n)
@@ -117,7 +126,10 @@ func pattern(n int, iter uint64) []byte {
 func TestCoreResultAssembly(t *testing.T) {
 	// Ops: "pull"; "rN" a result partition N through the copy path; "sN"
 	// partition N claimed by the sink (its bytes are read in place
-	// later); "lN" partition N, sunk before, now read and handed over.
+	// later); "lN" partition N, sunk before, now read and handed over;
+	// "copy" the shell's copy of the partitions staged before the pull,
+	// which it makes outside the lock (at once after "pull" if the ops
+	// have no "copy").
 	tests := []struct {
 		name string
 		ops  []string
@@ -128,6 +140,10 @@ func TestCoreResultAssembly(t *testing.T) {
 		{"read in place after the pull", []string{"pull", "s1", "l1", "s0", "s2", "l2", "l0", "s3", "l3"}},
 		{"staged in place, pull while reading", []string{"s0", "s1", "pull", "l0", "r2", "l1", "r3"}},
 		{"staged in place before the pull", []string{"s0", "l0", "s1", "s2", "s3", "l3", "l1", "l2", "pull"}},
+		{"the rest lands while the staged part is copied", []string{"r2", "r0", "pull", "r3", "r1", "copy"}},
+		{"one lands while the staged part is copied", []string{"r2", "r0", "r1", "pull", "r3", "copy"}},
+		{"staging finished while the staged part is copied", []string{"s0", "l0", "s1", "pull", "l1", "r2", "r3", "copy"}},
+		{"copied before the rest lands", []string{"r1", "pull", "copy", "r0", "r2", "r3"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -153,13 +169,13 @@ func TestCoreResultAssembly(t *testing.T) {
 			}
 			handOver(c, pr)
 			for _, d := range pr.copies {
-				copy(d.dst, d.r.buf)
-				c.delivered(d.r, d.req)
+				copyStaged(c, d)
 			}
 
 			dst := make([]byte, 64)
 			var pull *request
 			sunk := map[uint32][]byte{}
+			var copies []delivery
 			completed := 0
 			note := func(td todo) {
 				for _, r := range td.finished {
@@ -178,9 +194,25 @@ func TestCoreResultAssembly(t *testing.T) {
 					}
 					pull = td.req
 					note(c.handedOver(pull, nil))
-					for _, d := range td.copies {
-						copy(d.dst, d.r.buf)
-						note(c.delivered(d.r, d.req))
+					copies = td.copies
+					if !slices.Contains(tt.ops, "copy") {
+						for _, d := range copies {
+							note(copyStaged(c, d))
+						}
+					}
+				} else if op == "copy" {
+					if len(copies) == 0 {
+						t.Fatal("copy: the pull found nothing staged")
+					}
+					for _, d := range copies {
+						// The core hands the copy to the shell, which makes
+						// it outside the lock: staging can be gigabytes.
+						for _, p := range d.parts {
+							if !bytes.Equal(dst[p.Offset:p.Offset+p.Length], make([]byte, p.Length)) {
+								t.Fatalf("partition %d was copied by the core, under the lock", p.Index)
+							}
+						}
+						note(copyStaged(c, d))
 					}
 				} else {
 					n, err := strconv.Atoi(op[1:])
@@ -267,7 +299,7 @@ func TestCoreRejectsBadResults(t *testing.T) {
 			if err != nil || len(pr.copies) != 1 {
 				t.Fatalf("init pull: %v, %d copies", err, len(pr.copies))
 			}
-			c.delivered(pr.copies[0].r, pr.copies[0].req)
+			copyStaged(c, pr.copies[0])
 
 			good := results(c, 5, 1)[0]
 			if node.ID(good.Sender) == node.ServerID(1) {

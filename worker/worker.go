@@ -164,8 +164,10 @@ func (w *Worker) do(t todo) {
 		w.update(func(c *core) todo { return c.handedOver(req, err) })
 	}
 	for _, d := range t.copies {
-		copy(d.dst, d.r.buf)
-		w.update(func(c *core) todo { return c.delivered(d.r, d.req) })
+		for _, p := range d.parts {
+			copy(d.pw.dst[p.Offset:p.Offset+p.Length], d.r.buf[p.Offset:p.Offset+p.Length])
+		}
+		w.update(func(c *core) todo { return c.copied(d) })
 	}
 	for _, r := range t.finished {
 		w.complete(r)
