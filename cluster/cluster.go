@@ -69,6 +69,11 @@ type Member struct {
 	barrierWait map[barrierKey]chan struct{}
 	lastAck     time.Time
 	onControl   func(*control.Message)
+	// forRole carries the messages for onControl to roleLoop, so that a
+	// role busy under its own lock never holds up heartbeat answers,
+	// barriers or failure notices (a worker copying a 2 GiB result once
+	// delayed them past PS_HEARTBEAT_TIMEOUT).
+	forRole chan *control.Message
 	// progress is what a worker has pushed (SetProgress), sent to the
 	// scheduler with every heartbeat for its stall check.
 	progress atomic.Uint64
@@ -155,7 +160,16 @@ func (n *Member) Metrics() *metrics.Node { return n.metrics }
 
 // OnControl installs a handler for control messages the node does not
 // handle itself (the LB's reports and decisions). Call it before Start.
+// It runs on a goroutine of its own, in the order the messages came, and
+// may block without delaying the node's own traffic (heartbeats, barriers,
+// failure notices).
 func (n *Member) OnControl(f func(*control.Message)) { n.onControl = f }
+
+// roleQueue bounds the messages waiting for OnControl's handler. The
+// scheduler sends a role at most a decision per iteration, so a full
+// queue means the role has been stuck for that many iterations; the
+// control loop then waits for it.
+const roleQueue = 64
 
 // Handler is what a role gives Start to receive the data plane's frames:
 // a van.Handler that also chooses where payloads are read to (van.Sink),
@@ -214,6 +228,11 @@ func (n *Member) Start(ctx context.Context, h Handler) (err error) {
 	}
 	n.van.SetSelf(n.Self().ID)
 	n.lastAck = time.Now()
+	if n.onControl != nil {
+		n.forRole = make(chan *control.Message, roleQueue)
+		n.wg.Add(1)
+		go n.roleLoop()
+	}
 	n.wg.Add(2)
 	go n.controlLoop()
 	go n.heartbeatLoop()
@@ -648,11 +667,27 @@ func (n *Member) handleControl(m *control.Message) {
 		_ = n.plane.Send(n.sched, &control.Message{Command: control.Terminate, Sender: n.Self().ID})
 		n.termOnce.Do(func() { close(n.terminated) })
 	default:
-		if n.onControl != nil {
-			n.onControl(m)
+		if n.forRole != nil {
+			select {
+			case n.forRole <- m:
+			case <-n.stop:
+			}
 			return
 		}
 		n.log.Warn("unexpected control message", "command", m.Command, "from", m.Sender)
+	}
+}
+
+// roleLoop hands the role its control messages (OnControl), in order.
+func (n *Member) roleLoop() {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case m := <-n.forRole:
+			n.onControl(m)
+		}
 	}
 }
 
@@ -674,7 +709,7 @@ func (n *Member) heartbeatLoop() {
 		// the other way round, so the culprit is this node.
 		if gap := selfSilence(lastTick, time.Now(), n.cfg.HeartbeatTimeout); gap > 0 {
 			n.fail(fmt.Errorf("cluster: this node (%s) was stopped or starved for %s, longer than PS_HEARTBEAT_TIMEOUT (%s); the scheduler has declared it dead",
-				n.describe(n.Self().ID), gap.Round(time.Second), n.cfg.HeartbeatTimeout), 0)
+				n.describe(n.Self().ID), gap.Round(time.Millisecond), n.cfg.HeartbeatTimeout), 0)
 			return
 		}
 		lastTick = time.Now()
@@ -683,7 +718,7 @@ func (n *Member) heartbeatLoop() {
 		silent := time.Since(n.lastAck)
 		n.mu.Unlock()
 		if silent > n.cfg.HeartbeatTimeout {
-			n.fail(fmt.Errorf("cluster: scheduler at %s unreachable: no heartbeat answer for %s", n.sched, silent.Round(time.Second)), node.SchedulerID)
+			n.fail(fmt.Errorf("cluster: scheduler at %s unreachable: no heartbeat answer for %s", n.sched, silent.Round(time.Millisecond)), node.SchedulerID)
 		}
 	}
 }

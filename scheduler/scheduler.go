@@ -139,7 +139,7 @@ func (s *sched) serve(ctx context.Context) error {
 		case now := <-tick.C:
 			for id, seen := range s.lastSeen {
 				if silent := now.Sub(seen); silent > s.cfg.HeartbeatTimeout {
-					return s.failed(id, fmt.Sprintf("no heartbeat for %s", silent.Round(time.Second)))
+					return s.failed(id, fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond)))
 				}
 			}
 			if st, stalled := stalls.check(now); stalled {

@@ -1,0 +1,130 @@
+package cluster_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/control"
+	"github.com/fptps/fpt/control/memplane"
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/scheduler"
+	"github.com/fptps/fpt/van"
+	"github.com/fptps/fpt/van/memvan"
+)
+
+// nopHandler takes no frames: these members move no data.
+type nopHandler struct{}
+
+func (nopHandler) HandleFrame(*frame.Header, []byte)  {}
+func (nopHandler) PeerLost(node.ID, error)            {}
+func (nopHandler) PayloadBuffer(*frame.Header) []byte { return nil }
+
+// A role stuck in its control handler (a worker copying a 2 GiB result
+// under its lock once was) holds up neither heartbeat answers nor
+// barriers: with the handler blocked for many heartbeat timeouts, no
+// member fails and a barrier still passes.
+func TestBlockedRoleKeepsMembership(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	env := map[string]string{
+		"DMLC_PS_ROOT_URI":      "127.0.0.1",
+		"DMLC_PS_ROOT_PORT":     "9000",
+		"DMLC_NODE_HOST":        "127.0.0.1",
+		"DMLC_NUM_SERVER":       "1",
+		"DMLC_NUM_WORKER":       "1",
+		"FPT_LB":                "on", // the scheduler directs every node at once
+		"PS_HEARTBEAT_INTERVAL": "0.02",
+		"PS_HEARTBEAT_TIMEOUT":  strconv.FormatFloat(timeout.Seconds(), 'f', -1, 64),
+		"FPT_START_TIMEOUT":     "30",
+	}
+	cfgFor := func(role string) config.Config {
+		env["DMLC_ROLE"] = role
+		cfg, err := config.FromEnv(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	ctl, data := memplane.NewNetwork(), memvan.NewNetwork()
+	planes := cluster.Planes{
+		Control: func(port int, log *slog.Logger) (control.Transport, error) { return ctl.Listen(port, log) },
+		Data:    func(cfg van.Config) (van.Transport, error) { return data.Listen(cfg) },
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	scfg := cfgFor("scheduler")
+	plane, err := ctl.Listen(scfg.RootPort, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	schedDone := make(chan error, 1)
+	go func() { schedDone <- scheduler.Serve(ctx, plane, scfg, log, nil, nil) }()
+
+	release := make(chan struct{})
+	handled := make(chan node.Role, 2)
+	var members []*cluster.Member
+	starts := make(chan error, 2)
+	for _, role := range []string{"server", "worker"} {
+		m := cluster.New(cfgFor(role), log, planes)
+		m.OnControl(func(*control.Message) {
+			handled <- m.Self().Role
+			// Stuck until the test ends, or (if the node's own traffic
+			// waits for it) long enough for the members to fail.
+			select {
+			case <-release:
+			case <-time.After(30 * timeout):
+			}
+		})
+		members = append(members, m)
+		go func() { starts <- m.Start(ctx, nopHandler{}) }()
+	}
+	defer func() {
+		close(release)
+		for _, m := range members {
+			m.Close()
+		}
+	}()
+	for range members {
+		if err := <-starts; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range members {
+		select {
+		case <-handled:
+		case <-ctx.Done():
+			t.Fatal("no control message reached the roles' handlers")
+		}
+	}
+
+	// Both handlers are stuck now. Wait many heartbeat timeouts.
+	select {
+	case <-time.After(10 * timeout):
+	case err := <-schedDone:
+		t.Fatalf("the scheduler ended while the roles were busy: %v", err)
+	}
+	for _, m := range members {
+		select {
+		case <-m.Done():
+			t.Fatalf("%s failed while its role was busy: %v", m.Self(), m.Err())
+		default:
+		}
+	}
+	errs := make(chan error, len(members))
+	for _, m := range members {
+		go func() { errs <- m.Barrier(ctx, node.AllGroup) }()
+	}
+	for range members {
+		if err := <-errs; err != nil {
+			t.Fatalf("barrier while the roles were busy: %v", err)
+		}
+	}
+}
