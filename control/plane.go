@@ -94,9 +94,9 @@ type Config struct {
 // With Config.Secret every socket speaks CURVE and a ZAP handler (zap.go)
 // admits only peers holding the job's client key. The routing id the ROUTER
 // gives each incoming connection is reported as Message.Origin: the
-// connection a message came over. (Stable ids set on the DEALERs would
-// survive reconnections, but a ROUTER fed by such a DEALER stopped
-// delivering during a 2 GiB run; a reconnected peer gets a new Origin.)
+// connection a message came over; a reconnected peer gets a new Origin.
+// (Stable ids set on the DEALERs, with ROUTER hand-over, would survive
+// reconnections; that belongs with elastic membership.)
 //
 // Delivery is what ZeroMQ gives: in order per sender and peer, queued while
 // the peer is not up yet, lost if a process dies with messages in flight.
