@@ -103,7 +103,7 @@ func newFlags(output io.Writer) *flags {
 	fs.IntVar(&o.iters, "iters", 50, "timed iterations (after init and two warm-up iterations); LB scenarios:\ntraining iterations per run (default 20 there); shaping: tensors queued at once\n(default 6); priority: rounds (default 3)")
 	fs.Int64Var(&o.partitionBytes, "partition-bytes", 0, "FPT_PARTITION_BYTES for the cluster (0: the default, 256 KiB in shaping and\npriority)")
 	fs.BoolVar(&o.jsonOut, "json", false, "one JSON object per line (else a table)")
-	fs.BoolVar(&o.authCompare, "auth-compare", false, "run each goodput row twice, without and with a cluster secret\n(FPT_CLUSTER_SECRET), and give the secret-on row's goodput and CPU per GB\nrelative to the secret-off row")
+	fs.BoolVar(&o.authCompare, "auth-compare", false, "run each goodput row four times, without a cluster secret\n(FPT_CLUSTER_SECRET), with one twice, and without again, and give the\nsecret-on rows' mean goodput and CPU per GB relative to the secret-off rows'")
 	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor one or more of slow-server, equal, slow-worker (comma-separated)")
 	fs.StringVar(&f.scen.rate, "rate", "200mbit", "shaping and priority: the worker host's link rate, both ways (tc syntax); LB scenarios:\nevery host's but the slow one's (default 400mbit there)")
 	registerLBFlags(fs, &f.lbs)

@@ -176,16 +176,28 @@ func splitColumns(line, header string) []string {
 	return cols
 }
 
-func TestCompareWith(t *testing.T) {
-	on := goodputResult{GoodputGbps: 9, CPUPerGB: 1.1}
-	on.compareWith(goodputResult{GoodputGbps: 10, CPUPerGB: 1})
-	if math.Abs(on.GoodputVsOff-0.9) > 1e-12 || math.Abs(on.CPUPerGBVsOff-1.1) > 1e-12 {
-		t.Errorf("got goodput x%v, CPU x%v; want x0.9, x1.1", on.GoodputVsOff, on.CPUPerGBVsOff)
+// The secret's cost is the mean of the secret-on runs over the mean of the
+// secret-off runs, whatever their order; a zero baseline gives no ratio.
+func TestCompareSecret(t *testing.T) {
+	rows := []goodputResult{
+		{Secret: "off", GoodputGbps: 10, CPUPerGB: 1},
+		{Secret: "on", GoodputGbps: 9, CPUPerGB: 1.1},
+		{Secret: "on", GoodputGbps: 9.5, CPUPerGB: 1.2},
+		{Secret: "off", GoodputGbps: 10.5, CPUPerGB: 1.1},
 	}
-	zero := goodputResult{GoodputGbps: 9}
-	zero.compareWith(goodputResult{})
-	if zero.GoodputVsOff != 0 || zero.CPUPerGBVsOff != 0 {
-		t.Errorf("a zero baseline gave ratios %v, %v", zero.GoodputVsOff, zero.CPUPerGBVsOff)
+	compareSecret(rows)
+	for i, r := range rows {
+		switch {
+		case r.Secret == "off" && (r.GoodputVsOff != 0 || r.CPUPerGBVsOff != 0):
+			t.Errorf("row %d (secret off) got ratios %v, %v", i, r.GoodputVsOff, r.CPUPerGBVsOff)
+		case r.Secret == "on" && (math.Abs(r.GoodputVsOff-18.5/20.5) > 1e-12 || math.Abs(r.CPUPerGBVsOff-2.3/2.1) > 1e-12):
+			t.Errorf("row %d: goodput x%v, CPU x%v; want x%v, x%v", i, r.GoodputVsOff, r.CPUPerGBVsOff, 18.5/20.5, 2.3/2.1)
+		}
+	}
+	zero := []goodputResult{{Secret: "off"}, {Secret: "on", GoodputGbps: 9}}
+	compareSecret(zero)
+	if zero[1].GoodputVsOff != 0 || zero[1].CPUPerGBVsOff != 0 {
+		t.Errorf("a zero baseline gave ratios %v, %v", zero[1].GoodputVsOff, zero[1].CPUPerGBVsOff)
 	}
 }
 
