@@ -8,11 +8,16 @@
 #   scripts/fuzz.sh            # FUZZTIME each (default 10m)
 #   scripts/fuzz.sh 30s        # a quick run
 #   FUZZ_MAX_NEW=50 scripts/fuzz.sh 60s   # cap the inputs kept per target
+#   scripts/fuzz.sh 10m 'van|frame'       # only targets whose "dir name" matches
+#   FUZZ_PARALLEL=1 scripts/fuzz.sh       # fuzzing workers per target (default: one per CPU)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/go/bin:$HOME/go/bin:$PATH
 
 fuzztime=${1:-${FUZZTIME:-10m}}
+only=${2:-.}
+parallel=()
+[[ -n ${FUZZ_PARALLEL:-} ]] && parallel=(-parallel "$FUZZ_PARALLEL")
 max_new=${FUZZ_MAX_NEW:-40} # keep the committed corpus small
 cache=$(go env GOCACHE)/fuzz
 module=$(go list -m)
@@ -20,14 +25,14 @@ module=$(go list -m)
 # Every "func FuzzXxx(" in a _test.go file, as "dir name".
 mapfile -t targets < <(grep -rl --include='*_test.go' '^func Fuzz' . |
 	xargs grep -o '^func Fuzz[A-Za-z0-9_]*' |
-	sed -E 's#^\./(.*)/[^/]*:func (Fuzz.*)#\1 \2#' | sort -u)
+	sed -E 's#^\./(.*)/[^/]*:func (Fuzz.*)#\1 \2#' | sort -u | grep -E -- "$only")
 
 status=0
 for t in "${targets[@]}"; do
 	read -r dir name <<<"$t"
 	echo "== $dir $name ($fuzztime)"
 	log=$(mktemp)
-	if ! go test -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" "./$dir" 2>&1 | tee "$log"; then
+	if ! go test -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" "${parallel[@]}" "./$dir" 2>&1 | tee "$log"; then
 		if grep -q 'Failing input written' "$log"; then
 			echo "!! $dir $name failed; the crasher is in $dir/testdata/fuzz/$name/" >&2
 			status=1
