@@ -70,12 +70,16 @@ func stalledWorker(t *testing.T, lbMode string) {
 }
 
 // A worker that is slow but keeps pushing is not stalled, even though it is
-// behind the others for longer than FPT_STALL_TIMEOUT in all.
+// behind the others for longer than FPT_STALL_TIMEOUT in all. The timeout
+// is 3 times the worker's lag per iteration: with 2 times, a loaded
+// machine running the race detector once stretched a 1 s lag past it.
 func TestSlowWorkerIsNotStalled(t *testing.T) {
-	c := startMem(t, 1, 3, stallEnv)
-	fptRounds(t, c.Workers, 4, hooks{before: func(w *worker.Worker, it int) error {
+	env := maps.Clone(stallEnv)
+	env["FPT_STALL_TIMEOUT"] = "3"
+	c := startMem(t, 1, 3, env)
+	fptRounds(t, c.Workers, 5, hooks{before: func(w *worker.Worker, it int) error {
 		if w.Rank() == 1 {
-			time.Sleep(time.Second)
+			time.Sleep(time.Second) // 5 s behind in all
 		}
 		return nil
 	}})
