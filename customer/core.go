@@ -46,6 +46,10 @@ type inbox struct {
 	q    []item
 	stop bool // removed or closed: the goroutine ends without running more
 	done bool // the failure was queued: nothing more is
+
+	// Set's: a nudge for the goroutine (one pending is enough) and its end.
+	wake chan struct{}
+	end  chan struct{}
 }
 
 // waiting holds the messages for a customer not registered yet, in
@@ -83,7 +87,7 @@ func (c *core) add(k Key, h Handler) (*inbox, error) {
 	case c.boxes[k] != nil:
 		return nil, fmt.Errorf("%w: %s", ErrExists, k)
 	}
-	in := &inbox{h: h}
+	in := &inbox{h: h, wake: make(chan struct{}, 1), end: make(chan struct{})}
 	if w := c.pending[k]; w != nil {
 		for _, m := range w.msgs {
 			in.q = append(in.q, item{msg: m})

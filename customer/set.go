@@ -71,8 +71,6 @@ type Set struct {
 
 	mu     sync.Mutex
 	c      *core
-	wakes  map[*inbox]chan struct{} // each goroutine's wake-up
-	ends   map[*inbox]chan struct{} // closed when its goroutine returned
 	timers map[Key]*time.Timer
 
 	quit    chan struct{}
@@ -83,8 +81,7 @@ type Set struct {
 // New makes the customer set of n, which it watches for failure until
 // Close or n's close.
 func New(n Node) *Set {
-	s := &Set{n: n, c: newCore(), wakes: map[*inbox]chan struct{}{}, ends: map[*inbox]chan struct{}{},
-		timers: map[Key]*time.Timer{}, quit: make(chan struct{}), watched: make(chan struct{})}
+	s := &Set{n: n, c: newCore(), timers: map[Key]*time.Timer{}, quit: make(chan struct{}), watched: make(chan struct{})}
 	go s.watch()
 	return s
 }
@@ -123,11 +120,9 @@ func (s *Set) Add(k Key, h Handler) error {
 		t.Stop()
 		delete(s.timers, k)
 	}
-	wake, end := make(chan struct{}, 1), make(chan struct{})
-	s.wakes[in], s.ends[in] = wake, end
-	go s.run(k, in, wake, end)
+	go s.run(k, in)
 	if len(in.q) > 0 {
-		wake <- struct{}{}
+		in.wake <- struct{}{}
 	}
 	return nil
 }
@@ -142,22 +137,15 @@ func (s *Set) Remove(k Key) error {
 		s.mu.Unlock()
 		return err
 	}
-	end := s.ends[in]
 	s.mu.Unlock()
 	s.wake([]*inbox{in})
-	<-end
+	<-in.end
 	return nil
 }
 
 // run is customer k's goroutine.
-func (s *Set) run(k Key, in *inbox, wake, end chan struct{}) {
-	defer func() {
-		s.mu.Lock()
-		delete(s.wakes, in)
-		delete(s.ends, in)
-		s.mu.Unlock()
-		close(end)
-	}()
+func (s *Set) run(k Key, in *inbox) {
+	defer close(in.end)
 	for {
 		s.mu.Lock()
 		it, wait, ok := s.c.next(in)
@@ -166,7 +154,7 @@ func (s *Set) run(k Key, in *inbox, wake, end chan struct{}) {
 		case !ok:
 			return
 		case wait:
-			<-wake
+			<-in.wake
 			continue
 		}
 		if it.msg == nil {
@@ -181,14 +169,10 @@ func (s *Set) run(k Key, in *inbox, wake, end chan struct{}) {
 // wake nudges the goroutines of ins (without blocking: one pending
 // nudge is enough, the goroutine rereads its queue).
 func (s *Set) wake(ins []*inbox) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	for _, in := range ins {
-		if w := s.wakes[in]; w != nil {
-			select {
-			case w <- struct{}{}:
-			default:
-			}
+		select {
+		case in.wake <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -295,14 +279,10 @@ func (s *Set) Close() {
 		s.mu.Lock()
 		wake := s.c.close()
 		s.stopTimers()
-		var ends []chan struct{}
-		for _, in := range wake {
-			ends = append(ends, s.ends[in])
-		}
 		s.mu.Unlock()
 		s.wake(wake)
-		for _, e := range ends {
-			<-e
+		for _, in := range wake {
+			<-in.end
 		}
 	})
 }
