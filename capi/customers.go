@@ -186,7 +186,13 @@ func (l *Lib) CustomerAdd(app, cust int, h MsgHandler) error {
 		l.schedCustomers[k] = true
 		return nil
 	}
-	if err := set.Add(k, customer.Handler(h)); err != nil {
+	handler := func(m *appmsg.Message, err error) {
+		if err != nil {
+			err = &Error{Code: CodeCluster, Err: fmt.Errorf("capi: customer (%d, %d): %w", app, cust, err)}
+		}
+		h(m, err)
+	}
+	if err := set.Add(k, handler); err != nil {
 		return custErr(op, err)
 	}
 	return nil
