@@ -62,3 +62,18 @@ func View(op string, keys unsafe.Pointer, n uint64, vals unsafe.Pointer, lens un
 	}
 	return t, nil
 }
+
+// Segment views one segment of a C message (fpt_segment i: bytes at
+// data) as a Go slice, without copying: data may be NULL only when bytes
+// is 0, and bytes may not run past the address space. Sending copies it.
+func Segment(op string, i int, data unsafe.Pointer, bytes uint64) ([]byte, error) {
+	switch {
+	case bytes == 0:
+		return nil, nil
+	case data == nil:
+		return nil, fail(CodeArg, op, "segment %d: data is NULL with %d bytes", i, bytes)
+	case bytes > math.MaxInt || bytes > math.MaxUint64-uint64(uintptr(data)):
+		return nil, fail(CodeSize, op, "segment %d: %d bytes at %p run past the end of the address space", i, bytes, data)
+	}
+	return unsafe.Slice((*byte)(data), bytes), nil
+}

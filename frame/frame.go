@@ -30,7 +30,8 @@ const Version uint8 = 1
 type Type uint8
 
 // Frame types. Push and Result carry FPT traffic (aggregate and broadcast);
-// the KV* types carry ps-lite's classic key-value requests.
+// the KV* types carry ps-lite's classic key-value requests; App carries
+// the messages ps-lite's C++ API (include/ps) is built on.
 const (
 	// Hello opens a connection: its Sender names the dialling node.
 	Hello Type = 1 + iota
@@ -52,10 +53,14 @@ const (
 	KVData
 	// KVError answers a classic request that failed; the payload is the reason.
 	KVError
-	lastType = KVError
+	// App carries one message between customers (ps-lite's Customer and
+	// Message, fpt.h's fpt_msg_send): its payload is package appmsg's
+	// encoding, not tensor data, so DType, Key, Offset and Total are 0.
+	App
+	lastType = App
 )
 
-var typeNames = [...]string{"", "hello", "bye", "push", "result", "kv-push", "kv-pull", "kv-pushpull", "kv-ack", "kv-data", "kv-error"}
+var typeNames = [...]string{"", "hello", "bye", "push", "result", "kv-push", "kv-pull", "kv-pushpull", "kv-ack", "kv-data", "kv-error", "app"}
 
 func (t Type) String() string {
 	if t == 0 || t > lastType {

@@ -79,7 +79,7 @@ func TestDecodeRejects(t *testing.T) {
 }
 
 func TestControlFramesNeedNoDType(t *testing.T) {
-	for _, typ := range []Type{Hello, Bye, KVPull, KVAck, KVError} {
+	for _, typ := range []Type{Hello, Bye, KVPull, KVAck, KVError, App} {
 		h := Header{Type: typ, Sender: 9, Recipient: 8}
 		if err := h.Validate(0); err != nil {
 			t.Errorf("%s: %v", typ, err)

@@ -39,7 +39,7 @@ extern "C" {
 #endif
 
 /* The version of this interface. */
-#define FPT_API_VERSION 1
+#define FPT_API_VERSION 2
 
 /* Status codes. */
 typedef enum fpt_status {
@@ -182,6 +182,110 @@ int fpt_wait(int64_t ts);
 /* Blocks until every worker has called it (ps-lite's barrier over the
  * worker group). */
 int fpt_barrier(void);
+
+/*
+ * Nodes and groups, for every role, after fpt_start.
+ *
+ * Node ids are ps-lite's: the scheduler is 1, server r is 8+2r, worker r is
+ * 9+2r. Groups are ps-lite's too and combine with |.
+ */
+#define FPT_GROUP_SCHEDULER 1
+#define FPT_GROUP_SERVERS 2
+#define FPT_GROUP_WORKERS 4
+
+/* This node's id. */
+int fpt_my_id(int* id);
+
+/*
+ * The ids of the nodes in group_or_id (a group, or a single node id >= 8),
+ * ascending, into ids[0..cap); *n receives how many there are (which may
+ * exceed cap: then only cap are written). An id that is no node of the
+ * cluster is FPT_ERR_ARG.
+ */
+int fpt_group_ids(int group_or_id, int* ids, size_t cap, size_t* n);
+
+/*
+ * ps::Postoffice::Barrier: blocks until every server and worker in group
+ * has called it with the same group. The scheduler takes part in no
+ * barrier: the FPT_GROUP_SCHEDULER bit is ignored, and on the scheduler the
+ * call returns FPT_OK at once. Fails with FPT_ERR_CLUSTER when a node dies.
+ */
+int fpt_barrier_group(int group);
+
+/*
+ * Messages between customers (ps-lite's Customer and Message, on which
+ * ps::KVWorker, ps::KVServer and ps::SimpleApp are built; include/ps/ does
+ * that over these calls). Servers and workers only: a message to or from
+ * the scheduler is FPT_ERR_ARG.
+ *
+ * A customer is a handler registered under (app_id, customer_id). A
+ * message is delivered to a customer of its recipient as ps-lite does: on a
+ * server to (meta.app_id, meta.app_id), on a worker to (meta.app_id,
+ * meta.customer_id). Each customer's handler runs on a thread of the
+ * library of its own, one message at a time, in the order the messages
+ * arrived (per sender, the order they were sent). Messages for a customer
+ * not registered yet wait for it, for up to FPT_START_TIMEOUT seconds; then
+ * the node fails, naming the app and customer.
+ *
+ * When the cluster fails (a node died, or this one failed), every
+ * registered customer's handler is called once more with FPT_MSG_FAILED in
+ * meta->flags and no data; fpt_last_error() then says why. No message is
+ * delivered after that. A program that waits for responses waits on that
+ * too, so it never hangs.
+ */
+#define FPT_MSG_REQUEST 1u  /* a request (else a response to one) */
+#define FPT_MSG_PUSH 2u     /* ps-lite's meta.push */
+#define FPT_MSG_PULL 4u     /* ps-lite's meta.pull */
+#define FPT_MSG_SIMPLE 8u   /* a SimpleApp message (ps-lite's meta.simple_app) */
+#define FPT_MSG_FAILED 16u  /* delivered only: the cluster failed; no data */
+
+/* The most segments one message carries (ps-lite's keys, vals, lens). */
+#define FPT_MSG_MAX_SEGMENTS 4
+
+typedef struct fpt_msg_meta {
+  int32_t app_id;
+  int32_t customer_id;
+  int32_t timestamp;  /* the requester's; a response echoes its request's */
+  int32_t head;       /* a KV request's cmd, a SimpleApp message's head */
+  int32_t sender;     /* set by the library on delivery; ignored by fpt_msg_send */
+  int32_t recipient;  /* a node id (not a group) */
+  uint32_t flags;     /* FPT_MSG_* */
+  int32_t dtype;      /* an fpt_dtype when the data hold tensor values, else 0 */
+  int32_t priority;   /* larger is sent first, as for pushes */
+} fpt_msg_meta;
+
+/* One segment of a message's data. */
+typedef struct fpt_segment {
+  const void* data;
+  uint64_t bytes;
+} fpt_segment;
+
+/*
+ * A customer's handler. meta and segs[i].data are valid during the call
+ * only: copy what you keep. It may call fpt_msg_send (a KVServer responds
+ * from its handler) but must not block on a response to its own customer.
+ */
+typedef void (*fpt_msg_handler)(const fpt_msg_meta* meta, const fpt_segment* segs, size_t num_segs,
+                                void* user_data);
+
+/* Registers handler as customer (app_id, customer_id). Registering a
+ * customer that exists is FPT_ERR_ARG. */
+int fpt_customer_add(int app_id, int customer_id, fpt_msg_handler handler, void* user_data);
+
+/* Removes a customer. When it returns, its handler is not running and will
+ * not run again; messages that arrive for it afterwards are dropped with a
+ * warning. Not from the customer's own handler. */
+int fpt_customer_remove(int app_id, int customer_id);
+
+/*
+ * Sends a message to meta->recipient. The data are copied before it
+ * returns (the buffers are free again); the total is at most
+ * FPT_MAX_FRAME_BYTES. Asynchronous otherwise: the response, if any, comes
+ * to the customer's handler. A recipient that is not a server or worker of
+ * the cluster, more than FPT_MSG_MAX_SEGMENTS segments, or a bad dtype is
+ * FPT_ERR_ARG.
+ */
+int fpt_msg_send(const fpt_msg_meta* meta, const fpt_segment* segs, size_t num_segs);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/customer"
 	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/scheduler"
@@ -146,6 +147,17 @@ func (n *Node) startScheduler(ctx context.Context, planes cluster.Planes, decisi
 
 // Worker is the started worker, nil unless the node is one.
 func (n *Node) Worker() *worker.Worker { return n.worker }
+
+// Customers is a server's or worker's customers, nil for the scheduler.
+func (n *Node) Customers() *customer.Set {
+	switch {
+	case n.worker != nil:
+		return n.worker.Customers()
+	case n.server != nil:
+		return n.server.Customers()
+	}
+	return nil
+}
 
 // Member is a server's or worker's cluster membership, nil for the
 // scheduler.

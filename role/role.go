@@ -1,6 +1,7 @@
 // Package role wires what a server and a worker both run beside their own
-// logic: the node's aggregator role (package aggregator) and, with the LB
-// on, its LB agent (package lbagent). Both nodes build, start and stop
+// logic: the node's aggregator role (package aggregator), its customers
+// (package customer: the messages ps-lite's C++ API is built on) and, with
+// the LB on, its LB agent (package lbagent). Both nodes build, start and stop
 // them the same way; this is the one place that does it.
 package role
 
@@ -9,14 +10,16 @@ import (
 
 	"github.com/fptps/fpt/aggregator"
 	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/customer"
 	"github.com/fptps/fpt/lbagent"
 )
 
-// Base is a server's or worker's aggregator and LB agent.
+// Base is a server's or worker's aggregator, customers and LB agent.
 type Base struct {
-	node  *cluster.Member
-	Agg   *aggregator.Aggregator
-	Agent *lbagent.Agent // nil when the LB is off
+	node      *cluster.Member
+	Agg       *aggregator.Aggregator
+	Customers *customer.Set
+	Agent     *lbagent.Agent // nil when the LB is off
 }
 
 // New makes n's aggregator and, when n's configuration turns the LB on,
@@ -25,7 +28,7 @@ type Base struct {
 // are a worker's (its own copy of the sums it aggregates, the directives
 // it follows); a server passes nil for both.
 func New(n *cluster.Member, deliver aggregator.Deliver, apply lbagent.Apply) *Base {
-	b := &Base{node: n, Agg: aggregator.New(n, deliver)}
+	b := &Base{node: n, Agg: aggregator.New(n, deliver), Customers: customer.New(n)}
 	if n.Config().LB {
 		b.Agent = lbagent.New(n, apply)
 	}
@@ -44,9 +47,11 @@ func (b *Base) Start(ctx context.Context, h cluster.Handler) error {
 	return nil
 }
 
-// Close stops the agent; it is idempotent.
+// Close stops the agent and the customers (waiting for their handlers to
+// return); it is idempotent.
 func (b *Base) Close() {
 	if b.Agent != nil {
 		b.Agent.Close()
 	}
+	b.Customers.Close()
 }

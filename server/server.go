@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/customer"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/reduce"
@@ -78,6 +79,15 @@ func (s *Server) PayloadBuffer(h *frame.Header) []byte {
 // HandleFrame implements van.Handler.
 func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 	from := node.ID(h.Sender)
+	if h.Type == frame.App {
+		// Customers' messages come from servers and workers alike (the
+		// van admits members only). A malformed one fails the node, as
+		// any other malformed frame from a member does.
+		if err := s.base.Customers.HandleFrame(h, payload); err != nil {
+			s.node.Fail(fmt.Errorf("server: from %s: %s: %w", from, h, err))
+		}
+		return
+	}
 	if r, ok := from.Role(); !ok || r != node.Worker || from.Rank() >= s.workers {
 		s.node.Fail(fmt.Errorf("server: %s frame from %s, which is not a worker of this cluster", h.Type, from))
 		return
@@ -103,6 +113,9 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 
 // PeerLost implements van.Handler; the cluster node handles it.
 func (s *Server) PeerLost(node.ID, error) {}
+
+// Customers is the server's customers (fpt.h's fpt_customer_add).
+func (s *Server) Customers() *customer.Set { return s.base.Customers }
 
 func (s *Server) kvPush(h *frame.Header, payload []byte) error {
 	// A classic value is at most FPT_MAX_FRAME_BYTES: checked before the

@@ -177,8 +177,10 @@ const maxElemSize = 16
 // lengthBound is the largest payload a member may legally send in a frame
 // of type t, checked before any buffer exists: tensor pieces are cut into
 // partitions of at most partBytes (lb.Decision.Layout, frame.Chunks), and
-// requests and acknowledgements carry nothing. partBytes 0: no bound but
-// MaxPayload, which Decode applied.
+// requests and acknowledgements carry nothing. A KVError's reason and an
+// App message (package appmsg: a program's keys, values and lengths, not
+// cut into partitions) are bounded by MaxPayload (FPT_MAX_FRAME_BYTES)
+// only. partBytes 0: no bound but MaxPayload, which Decode applied.
 func lengthBound(t frame.Type, partBytes uint64) uint64 {
 	switch t {
 	case frame.Hello, frame.Bye, frame.KVPull, frame.KVAck:
@@ -187,6 +189,7 @@ func lengthBound(t frame.Type, partBytes uint64) uint64 {
 		if partBytes > 0 {
 			return max(partBytes, maxElemSize)
 		}
+	case frame.KVError, frame.App:
 	}
 	return math.MaxUint64
 }

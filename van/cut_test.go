@@ -5,6 +5,7 @@ import (
 
 	"bytes"
 	"errors"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -187,5 +188,24 @@ func TestCutterSink(t *testing.T) {
 				t.Fatalf("inPlace() = %v, want %v", reported, tt.inPlace)
 			}
 		})
+	}
+}
+
+// Every frame type has a length bound: nothing for requests and
+// acknowledgements, a partition for tensor pieces, MaxPayload only for a
+// KVError's reason and an App message (not cut into partitions).
+func TestLengthBound(t *testing.T) {
+	const part = 4096
+	for _, tt := range []struct {
+		typ  frame.Type
+		want uint64
+	}{
+		{frame.Hello, 0}, {frame.Bye, 0}, {frame.KVPull, 0}, {frame.KVAck, 0},
+		{frame.Push, part}, {frame.Result, part}, {frame.KVPush, part}, {frame.KVPushPull, part}, {frame.KVData, part},
+		{frame.KVError, math.MaxUint64}, {frame.App, math.MaxUint64},
+	} {
+		if got := lengthBound(tt.typ, part); got != tt.want {
+			t.Errorf("lengthBound(%s, %d) = %d, want %d", tt.typ, part, got, tt.want)
+		}
 	}
 }

@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/customer"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/metrics"
@@ -387,6 +388,8 @@ func (w *Worker) HandleFrame(h *frame.Header, payload []byte) {
 		err = w.handleResult(h, payload)
 	case frame.KVAck, frame.KVData, frame.KVError:
 		err = w.handleKV(h, payload)
+	case frame.App:
+		err = w.base.Customers.HandleFrame(h, payload)
 	default:
 		err = fmt.Errorf("unexpected %s frame", h.Type)
 	}
@@ -397,6 +400,9 @@ func (w *Worker) HandleFrame(h *frame.Header, payload []byte) {
 
 // PeerLost implements van.Handler; the cluster node handles it.
 func (w *Worker) PeerLost(node.ID, error) {}
+
+// Customers is the worker's customers (fpt.h's fpt_customer_add).
+func (w *Worker) Customers() *customer.Set { return w.base.Customers }
 
 // PayloadBuffer implements van.Sink: a result partition is read straight
 // into the FPTPull's buffer (or the staging buffer), a pushed partition

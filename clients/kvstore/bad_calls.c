@@ -13,10 +13,12 @@
 
 #include <fpt.h>
 
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int failures;
 
@@ -67,6 +69,162 @@ static void every_worker_call(int want, const char* want_msg) {
   EXPECT(fpt_barrier(), want, want_msg);
 }
 
+static void on_msg(const fpt_msg_meta* meta, const fpt_segment* segs, size_t num_segs, void* user);
+
+/* The node, group and customer calls (fpt.h API version 2), each of
+ * which must fail with the same status and message in the current state. */
+static void every_customer_call(int want, const char* want_msg) {
+  int out = 0, ids[4];
+  size_t n = 0;
+  fpt_msg_meta meta = {0};
+  meta.recipient = 9;
+  EXPECT(fpt_my_id(&out), want, want_msg);
+  EXPECT(fpt_group_ids(FPT_GROUP_WORKERS, ids, 4, &n), want, want_msg);
+  EXPECT(fpt_barrier_group(FPT_GROUP_WORKERS), want, want_msg);
+  EXPECT(fpt_customer_add(0, 0, on_msg, NULL), want, want_msg);
+  EXPECT(fpt_customer_remove(0, 0), want, want_msg);
+  EXPECT(fpt_msg_send(&meta, NULL, 0), want, want_msg);
+}
+
+/* What the customer (3, 7) received. */
+static atomic_int msgs;
+static fpt_msg_meta first_meta;
+static size_t first_segs;
+static char first_body[16];
+static int first_empty_ok, first_error_empty, reply_status = -1;
+
+static void on_msg(const fpt_msg_meta* meta, const fpt_segment* segs, size_t num_segs, void* user) {
+  (void)user;
+  if (atomic_load(&msgs) == 0) {
+    first_meta = *meta;
+    first_segs = num_segs;
+    if (num_segs == 3 && segs[0].bytes < sizeof first_body) {
+      memcpy(first_body, segs[0].data, segs[0].bytes);
+    }
+    first_empty_ok = num_segs == 3 && segs[1].data == NULL && segs[1].bytes == 0 && segs[2].bytes == 2 * sizeof(float);
+    first_error_empty = fpt_last_error()[0] == '\0';
+    /* A handler may send: a response to the same customer. */
+    fpt_msg_meta r = *meta;
+    r.flags = 0;
+    r.recipient = meta->sender;
+    reply_status = fpt_msg_send(&r, NULL, 0);
+  }
+  atomic_fetch_add(&msgs, 1);
+}
+
+/* The node, group and customer calls while running: bad arguments, and a
+ * message to a customer of this worker itself (the servers are fpt's own,
+ * which register no customer). */
+static void customer_calls(void) {
+  int id = 0, ids[8] = {0};
+  size_t n = 0;
+  int servers = 0;
+  EXPECT(fpt_num_servers(&servers), FPT_OK, NULL);
+  EXPECT(fpt_my_id(NULL), FPT_ERR_ARG, "NULL");
+  EXPECT(fpt_my_id(&id), FPT_OK, NULL);
+  if (id != 9) {
+    fprintf(stderr, "fpt_my_id = %d, want 9 (worker 0)\n", id);
+    failures++;
+  }
+  EXPECT(fpt_group_ids(FPT_GROUP_WORKERS, ids, 8, NULL), FPT_ERR_ARG, "NULL");
+  EXPECT(fpt_group_ids(FPT_GROUP_WORKERS, NULL, 8, &n), FPT_ERR_ARG, "ids is NULL");
+  EXPECT(fpt_group_ids(0, ids, 8, &n), FPT_ERR_ARG, "no group");
+  EXPECT(fpt_group_ids(5 + 3, ids, 8, &n), FPT_OK, NULL); /* server 0, an id */
+  EXPECT(fpt_group_ids(-4, ids, 8, &n), FPT_ERR_ARG, "no group");
+  EXPECT(fpt_group_ids(99, ids, 8, &n), FPT_ERR_ARG, "no node");
+  EXPECT(fpt_group_ids(9 + 2 * 1, ids, 8, &n), FPT_ERR_ARG, "no node"); /* worker 1 of 1 */
+  EXPECT(fpt_group_ids(FPT_GROUP_WORKERS, ids, 8, &n), FPT_OK, NULL);
+  if (n != 1 || ids[0] != 9) {
+    fprintf(stderr, "workers: %zu ids, first %d; want 1, 9\n", n, ids[0]);
+    failures++;
+  }
+  EXPECT(fpt_group_ids(FPT_GROUP_SCHEDULER | FPT_GROUP_SERVERS | FPT_GROUP_WORKERS, NULL, 0, &n), FPT_OK, NULL);
+  if (n != (size_t)(2 + servers)) {
+    fprintf(stderr, "all nodes: %zu ids, want %d\n", n, 2 + servers);
+    failures++;
+  }
+  ids[1] = -1;
+  EXPECT(fpt_group_ids(FPT_GROUP_SCHEDULER | FPT_GROUP_SERVERS, ids, 1, &n), FPT_OK, NULL);
+  if (n != (size_t)(1 + servers) || ids[0] != 1 || ids[1] != -1) {
+    fprintf(stderr, "scheduler and servers, cap 1: %zu ids, %d %d; want %d, 1, untouched\n", n, ids[0], ids[1], 1 + servers);
+    failures++;
+  }
+
+  EXPECT(fpt_barrier_group(0), FPT_ERR_ARG, "no group");
+  EXPECT(fpt_barrier_group(8), FPT_ERR_ARG, "no group");
+  EXPECT(fpt_barrier_group(FPT_GROUP_SERVERS), FPT_ERR_ARG, "not in group");
+  EXPECT(fpt_barrier_group(FPT_GROUP_WORKERS), FPT_OK, NULL);
+  EXPECT(fpt_barrier_group(FPT_GROUP_WORKERS | FPT_GROUP_SCHEDULER), FPT_OK, NULL);
+  EXPECT(fpt_barrier_group(FPT_GROUP_SCHEDULER), FPT_OK, NULL); /* nobody to wait for */
+
+  EXPECT(fpt_customer_add(3, 7, NULL, NULL), FPT_ERR_ARG, "handler is NULL");
+  EXPECT(fpt_customer_add(3, 7, on_msg, NULL), FPT_OK, NULL);
+  EXPECT(fpt_customer_add(3, 7, on_msg, NULL), FPT_ERR_ARG, "already");
+  EXPECT(fpt_customer_remove(3, 8), FPT_ERR_ARG, "not registered");
+
+  static const char hello[] = "hello";
+  static float vals[2] = {1.5f, -2};
+  static char big[16];
+  fpt_segment segs[5] = {{hello, 5}, {NULL, 0}, {vals, sizeof vals}, {NULL, 0}, {NULL, 0}};
+  fpt_msg_meta m = {0};
+  m.app_id = 3;
+  m.customer_id = 7;
+  m.timestamp = 5;
+  m.head = 42;
+  m.recipient = 9;
+  m.sender = 12345; /* ignored */
+  m.flags = FPT_MSG_REQUEST | FPT_MSG_SIMPLE;
+  m.dtype = FPT_FLOAT32;
+  fpt_msg_meta bad = m;
+  EXPECT(fpt_msg_send(NULL, segs, 3), FPT_ERR_ARG, "meta is NULL");
+  EXPECT(fpt_msg_send(&m, NULL, 3), FPT_ERR_ARG, "segs is NULL");
+  EXPECT(fpt_msg_send(&m, segs, 5), FPT_ERR_ARG, "FPT_MSG_MAX_SEGMENTS");
+  EXPECT(fpt_msg_send(&m, segs, SIZE_MAX), FPT_ERR_ARG, "FPT_MSG_MAX_SEGMENTS");
+  bad.recipient = 1;
+  EXPECT(fpt_msg_send(&bad, segs, 3), FPT_ERR_ARG, "recipient");
+  bad.recipient = FPT_GROUP_SERVERS;
+  EXPECT(fpt_msg_send(&bad, segs, 3), FPT_ERR_ARG, "recipient");
+  bad.recipient = 99;
+  EXPECT(fpt_msg_send(&bad, segs, 3), FPT_ERR_ARG, "no server or worker");
+  bad.recipient = -8;
+  EXPECT(fpt_msg_send(&bad, segs, 3), FPT_ERR_ARG, "recipient");
+  bad = m;
+  bad.dtype = 9;
+  EXPECT(fpt_msg_send(&bad, segs, 3), FPT_ERR_ARG, "dtype");
+  bad.dtype = -1;
+  EXPECT(fpt_msg_send(&bad, segs, 3), FPT_ERR_ARG, "dtype");
+  bad = m;
+  bad.flags = FPT_MSG_FAILED;
+  EXPECT(fpt_msg_send(&bad, segs, 3), FPT_ERR_ARG, "flags");
+  fpt_segment null_data[1] = {{NULL, 4}};
+  EXPECT(fpt_msg_send(&m, null_data, 1), FPT_ERR_ARG, "data is NULL");
+  fpt_segment too_big[1] = {{big, (uint64_t)1 << 40}}; /* never read: refused first */
+  EXPECT(fpt_msg_send(&m, too_big, 1), FPT_ERR_ARG, "FPT_MAX_FRAME_BYTES");
+  fpt_segment wraps[1] = {{big, UINT64_MAX}};
+  EXPECT(fpt_msg_send(&m, wraps, 1), FPT_ERR_SIZE, "address space");
+
+  /* A message to this node's own customer, and the handler's reply. */
+  EXPECT(fpt_msg_send(&m, segs, 3), FPT_OK, NULL);
+  for (int i = 0; i < 1000 && atomic_load(&msgs) < 2; i++) {
+    struct timespec ms = {0, 10 * 1000 * 1000};
+    nanosleep(&ms, NULL);
+  }
+  if (atomic_load(&msgs) != 2 || first_meta.sender != 9 || first_meta.recipient != 9 || first_meta.head != 42 ||
+      first_meta.timestamp != 5 || first_meta.app_id != 3 || first_meta.customer_id != 7 ||
+      first_meta.flags != (FPT_MSG_REQUEST | FPT_MSG_SIMPLE) || first_meta.dtype != FPT_FLOAT32 || first_segs != 3 ||
+      strcmp(first_body, "hello") != 0 || !first_empty_ok || !first_error_empty || reply_status != FPT_OK) {
+    fprintf(stderr,
+            "customer (3, 7): %d messages; first from %d to %d head %d ts %d app %d customer %d flags %u dtype %d, "
+            "%zu segments, body \"%s\", empty/vals ok %d, last error empty %d, reply %d\n",
+            atomic_load(&msgs), first_meta.sender, first_meta.recipient, first_meta.head, first_meta.timestamp,
+            first_meta.app_id, first_meta.customer_id, first_meta.flags, first_meta.dtype, first_segs, first_body,
+            first_empty_ok, first_error_empty, reply_status);
+    failures++;
+  }
+  EXPECT(fpt_customer_remove(3, 7), FPT_OK, NULL);
+  EXPECT(fpt_customer_remove(3, 7), FPT_ERR_ARG, "not registered");
+}
+
 int main(void) {
   int out = -1;
   int role = 0;
@@ -80,6 +238,7 @@ int main(void) {
   EXPECT(fpt_num_workers(NULL), FPT_ERR_ARG, "NULL");
   EXPECT(fpt_num_servers(&out), FPT_OK, NULL);
   every_worker_call(FPT_ERR_STATE, "fpt_start has not been called");
+  every_customer_call(FPT_ERR_STATE, "fpt_start has not been called");
   EXPECT(fpt_finalize(), FPT_ERR_STATE, "fpt_start has not been called");
 
   /* A bad environment: FPT_ERR_CONFIG naming the variable, and the library
@@ -188,10 +347,12 @@ int main(void) {
     }
   }
   EXPECT(fpt_barrier(), FPT_OK, NULL);
+  customer_calls();
   EXPECT(fpt_finalize(), FPT_OK, NULL);
 
   /* After fpt_finalize: everything is refused, nothing hangs. */
   every_worker_call(FPT_ERR_STATE, "fpt_finalize was called");
+  every_customer_call(FPT_ERR_STATE, "fpt_finalize was called");
   EXPECT(fpt_role(&out), FPT_ERR_STATE, "fpt_finalize was called");
   EXPECT(fpt_num_servers(&out), FPT_ERR_STATE, "fpt_finalize was called");
   EXPECT(fpt_start(), FPT_ERR_STATE, "cannot start again");

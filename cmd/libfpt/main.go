@@ -14,6 +14,9 @@
 // Go pointer handed to C is an error message's bytes, for the duration of
 // a call that copies them; C's pointers (tensors, user data, callbacks) are
 // held by Go, which the rules allow, and user data only as an integer.
+// A customer's handler is the one exception: it reads a message's
+// segments from Go memory, pinned (runtime.Pinner) for the call, through a
+// segment array in Go memory that holds only those pinned pointers.
 package main
 
 /*
@@ -27,15 +30,19 @@ package main
 // and the exports below fails the build.
 typedef const uint64_t fpt_const_u64;
 typedef const void fpt_const_void;
+typedef const fpt_msg_meta fpt_const_msg_meta;
+typedef const fpt_segment fpt_const_segment;
 */
 import "C"
 
 import (
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"unsafe"
 
+	"github.com/fptps/fpt/appmsg"
 	"github.com/fptps/fpt/capi"
 	"github.com/fptps/fpt/control"
 )
@@ -212,3 +219,113 @@ func fpt_wait(ts C.int64_t) C.int {
 
 //export fpt_barrier
 func fpt_barrier() C.int { return guard("fpt_barrier", lib.Barrier) }
+
+//export fpt_my_id
+func fpt_my_id(id *C.int) C.int { return intOut("fpt_my_id", id, lib.MyID) }
+
+//export fpt_group_ids
+func fpt_group_ids(group C.int, ids *C.int, capacity C.size_t, n *C.size_t) C.int {
+	const op = "fpt_group_ids"
+	return guard(op, func() error {
+		switch {
+		case n == nil:
+			return nullArg(op, "n")
+		case ids == nil && capacity > 0:
+			return &capi.Error{Code: capi.CodeArg, Err: fmt.Errorf("capi: %s: ids is NULL, cap is %d", op, capacity)}
+		}
+		got, err := lib.GroupIDs(int(group))
+		if err != nil {
+			return err
+		}
+		*n = C.size_t(len(got))
+		if capacity > 0 {
+			out := unsafe.Slice(ids, min(uint64(capacity), uint64(len(got))))
+			for i := range out {
+				out[i] = C.int(got[i])
+			}
+		}
+		return nil
+	})
+}
+
+//export fpt_barrier_group
+func fpt_barrier_group(group C.int) C.int {
+	return guard("fpt_barrier_group", func() error { return lib.BarrierGroup(int(group)) })
+}
+
+//export fpt_customer_add
+func fpt_customer_add(app, cust C.int, handler C.fpt_msg_handler, user unsafe.Pointer) C.int {
+	const op = "fpt_customer_add"
+	return guard(op, func() error {
+		if handler == nil {
+			return nullArg(op, "handler")
+		}
+		return lib.CustomerAdd(int(app), int(cust), msgHandler(handler, C.uintptr_t(uintptr(user))))
+	})
+}
+
+//export fpt_customer_remove
+func fpt_customer_remove(app, cust C.int) C.int {
+	return guard("fpt_customer_remove", func() error { return lib.CustomerRemove(int(app), int(cust)) })
+}
+
+//export fpt_msg_send
+func fpt_msg_send(meta *C.fpt_const_msg_meta, segs *C.fpt_const_segment, n C.size_t) C.int {
+	const op = "fpt_msg_send"
+	return guard(op, func() error {
+		switch {
+		case meta == nil:
+			return nullArg(op, "meta")
+		case n > capi.MaxSegments:
+			return &capi.Error{Code: capi.CodeArg, Err: fmt.Errorf("capi: %s: %d segments (at most FPT_MSG_MAX_SEGMENTS, %d)", op, n, capi.MaxSegments)}
+		case segs == nil && n > 0:
+			return &capi.Error{Code: capi.CodeArg, Err: fmt.Errorf("capi: %s: segs is NULL, num_segs is %d", op, n)}
+		}
+		cs := unsafe.Slice((*C.fpt_segment)(unsafe.Pointer(segs)), n)
+		views := make([][]byte, n)
+		for i, s := range cs {
+			v, err := capi.Segment(op, i, unsafe.Pointer(s.data), uint64(s.bytes))
+			if err != nil {
+				return err
+			}
+			views[i] = v
+		}
+		m := (*C.fpt_msg_meta)(unsafe.Pointer(meta))
+		return lib.MsgSend(capi.Msg{
+			App: int32(m.app_id), Customer: int32(m.customer_id), Timestamp: int32(m.timestamp), Head: int32(m.head),
+			Recipient: int32(m.recipient), Flags: uint32(m.flags), DType: int32(m.dtype), Priority: int32(m.priority),
+		}, views)
+	})
+}
+
+// msgHandler wraps a C customer handler for capi. Each call hands C the
+// meta and a segment array in Go memory, the segments' bytes pinned for
+// the call (the array then holds pinned pointers only, as cgo's rules
+// require); an empty segment is NULL.
+func msgHandler(h C.fpt_msg_handler, user C.uintptr_t) capi.MsgHandler {
+	return func(m *appmsg.Message, err error) {
+		var pin runtime.Pinner
+		defer pin.Unpin()
+		meta := C.fpt_msg_meta{
+			app_id: C.int32_t(m.Meta.App), customer_id: C.int32_t(m.Meta.Customer),
+			timestamp: C.int32_t(m.Meta.Timestamp), head: C.int32_t(m.Meta.Head),
+			sender: C.int32_t(m.Meta.Sender), recipient: C.int32_t(m.Meta.Recipient),
+			flags: C.uint32_t(m.Meta.Flags), dtype: C.int32_t(m.Meta.DType), priority: C.int32_t(m.Meta.Priority),
+		}
+		var segs [capi.MaxSegments]C.fpt_segment
+		n := min(len(m.Segments), capi.MaxSegments)
+		for i, s := range m.Segments[:n] {
+			if len(s) == 0 {
+				continue
+			}
+			p := unsafe.Pointer(unsafe.SliceData(s))
+			pin.Pin(p)
+			segs[i] = C.fpt_segment{data: p, bytes: C.uint64_t(len(s))}
+		}
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+		}
+		C.fpt_invoke_msg(h, &meta, &segs[0], C.size_t(n), cstr(msg), C.size_t(len(msg)), user)
+	}
+}

@@ -23,3 +23,9 @@ void fpt_invoke(fpt_callback cb, int64_t ts, int status, const char* msg, size_t
   fpt_set_last_error(msg, n);
   cb(ts, status, (void*)user);
 }
+
+void fpt_invoke_msg(fpt_msg_handler handler, const fpt_msg_meta* meta, const fpt_segment* segs, size_t n,
+                    const char* msg, size_t msg_len, uintptr_t user) {
+  fpt_set_last_error(msg, msg_len);
+  handler(meta, segs, n, (void*)user);
+}

@@ -18,4 +18,10 @@ __attribute__((visibility("hidden"))) void fpt_set_last_error(const char* msg, s
 __attribute__((visibility("hidden"))) void fpt_invoke(fpt_callback cb, int64_t ts, int status,
                                                       const char* msg, size_t n, uintptr_t user);
 
+/* Calls handler(meta, segs, n, user) with the thread's last error set to
+ * msg (a customer's failure notice; "" for a message). */
+__attribute__((visibility("hidden"))) void fpt_invoke_msg(fpt_msg_handler handler, const fpt_msg_meta* meta,
+                                                          const fpt_segment* segs, size_t n, const char* msg,
+                                                          size_t msg_len, uintptr_t user);
+
 #endif

@@ -23,6 +23,7 @@ import (
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/control/memplane"
+	"github.com/fptps/fpt/customer"
 	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
@@ -176,6 +177,17 @@ func (c *Cluster) Member(id node.ID) *cluster.Member {
 	for _, n := range c.nodes {
 		if m := n.Member(); m != nil && m.Self().ID == id {
 			return m
+		}
+	}
+	return nil
+}
+
+// Customers is the customer set of node id (a server or a worker), nil
+// if none.
+func (c *Cluster) Customers(id node.ID) *customer.Set {
+	for _, n := range c.nodes {
+		if m := n.Member(); m != nil && m.Self().ID == id {
+			return n.Customers()
 		}
 	}
 	return nil

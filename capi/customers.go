@@ -1,0 +1,275 @@
+package capi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/fptps/fpt/appmsg"
+	"github.com/fptps/fpt/customer"
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/node"
+)
+
+// This file is fpt.h's "Nodes and groups" and "Messages between
+// customers" (API version 2): what include/ps builds ps-lite's KVWorker,
+// KVServer, SimpleApp and Postoffice on.
+
+// MsgHandler is a customer's handler (fpt_msg_handler): m and its
+// segments are the handler's for the call; err, not nil, is the node's
+// failure (m.Meta.Flags has appmsg.Failed, and no segments), and the last
+// call.
+type MsgHandler func(m *appmsg.Message, err error)
+
+// MaxSegments is fpt.h's FPT_MSG_MAX_SEGMENTS.
+const MaxSegments = appmsg.MaxSegments
+
+// started returns the running node's state for a query op (running or
+// finalizing, as Rank), or why not.
+func (l *Lib) started(op string) error {
+	if l.state != running && l.state != finalizing {
+		return l.stateErr(op)
+	}
+	return nil
+}
+
+// MyID is this node's id in ps-lite's numbering (the scheduler is 1).
+func (l *Lib) MyID() (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.started("fpt_my_id"); err != nil {
+		return 0, err
+	}
+	if m := l.node.Member(); m != nil {
+		return int(m.Self().ID), nil
+	}
+	return int(node.SchedulerID), nil
+}
+
+// GroupIDs is the ids of the nodes in a group (1, 2, 4 or their union)
+// or, for an id of 8 or more, that node alone, ascending. The cluster's
+// counts (DMLC_NUM_SERVER, DMLC_NUM_WORKER) make the ids, so the scheduler
+// answers as the others do.
+func (l *Lib) GroupIDs(groupOrID int) ([]int, error) {
+	const op = "fpt_group_ids"
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.started(op); err != nil {
+		return nil, err
+	}
+	return groupIDs(op, groupOrID, l.cfg.NumServers, l.cfg.NumWorkers)
+}
+
+// groupIDs is GroupIDs for a cluster of the given size.
+func groupIDs(op string, groupOrID, servers, workers int) ([]int, error) {
+	switch {
+	case groupOrID <= 0 || (groupOrID > int(node.AllGroup) && groupOrID < 8):
+		return nil, fail(CodeArg, op, "%d is no group (1, 2, 4 or a union of them) and no node id (8 or more)", groupOrID)
+	case groupOrID >= 8:
+		id := node.ID(groupOrID)
+		if groupOrID > math.MaxUint32 || !known(id, servers, workers) {
+			return nil, fail(CodeArg, op, "%d is no node of this cluster (%d servers, %d workers)", groupOrID, servers, workers)
+		}
+		return []int{groupOrID}, nil
+	}
+	g := node.Group(groupOrID)
+	var ids []int
+	if g&node.SchedulerGroup != 0 {
+		ids = append(ids, int(node.SchedulerID))
+	}
+	if g&node.ServerGroup != 0 {
+		for r := range servers {
+			ids = append(ids, int(node.ServerID(r)))
+		}
+	}
+	if g&node.WorkerGroup != 0 {
+		for r := range workers {
+			ids = append(ids, int(node.WorkerID(r)))
+		}
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// known reports whether id is a server or worker of the cluster.
+func known(id node.ID, servers, workers int) bool {
+	r, ok := id.Role()
+	switch {
+	case !ok:
+		return false
+	case r == node.Server:
+		return id.Rank() < servers
+	case r == node.Worker:
+		return id.Rank() < workers
+	}
+	return false
+}
+
+// BarrierGroup is ps::Postoffice::Barrier over the servers and workers of
+// group (the scheduler's bit is ignored; the scheduler's own call returns
+// at once).
+func (l *Lib) BarrierGroup(group int) error {
+	const op = "fpt_barrier_group"
+	l.mu.Lock()
+	if l.state != running {
+		err := l.stateErr(op)
+		l.mu.Unlock()
+		return err
+	}
+	m := l.node.Member()
+	l.mu.Unlock()
+	if group <= 0 || group > int(node.AllGroup) {
+		return fail(CodeArg, op, "%d is no group (1, 2, 4 or a union of them)", group)
+	}
+	if m == nil {
+		return nil // the scheduler takes part in no barrier
+	}
+	g := node.Group(group) &^ node.SchedulerGroup
+	if g == 0 {
+		return nil // the scheduler alone: nobody to wait for
+	}
+	self := m.Self().ID
+	if !self.InGroup(g) {
+		return fail(CodeArg, op, "this node (%s) is not in group %d", self, group)
+	}
+	if err := m.Barrier(context.Background(), g); err != nil {
+		return &Error{Code: CodeCluster, Err: fmt.Errorf("capi: %s: %w", op, err)}
+	}
+	return nil
+}
+
+// customers returns the node's customer set (nil on the scheduler), or
+// why op cannot run now.
+func (l *Lib) customers(op string) (*customer.Set, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != running {
+		return nil, l.stateErr(op)
+	}
+	return l.node.Customers(), nil
+}
+
+// key checks a customer's ids.
+func key(op string, app, cust int) (customer.Key, error) {
+	if app < math.MinInt32 || app > math.MaxInt32 || cust < math.MinInt32 || cust > math.MaxInt32 {
+		return customer.Key{}, fail(CodeArg, op, "app %d, customer %d out of range", app, cust)
+	}
+	return customer.Key{App: int32(app), Customer: int32(cust)}, nil
+}
+
+// CustomerAdd registers h as customer (app, cust). On the scheduler it is
+// recorded, and nothing ever arrives (the scheduler has no data plane).
+func (l *Lib) CustomerAdd(app, cust int, h MsgHandler) error {
+	const op = "fpt_customer_add"
+	if h == nil {
+		return fail(CodeArg, op, "handler is NULL")
+	}
+	k, err := key(op, app, cust)
+	if err != nil {
+		return err
+	}
+	set, err := l.customers(op)
+	if err != nil {
+		return err
+	}
+	if set == nil {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.schedCustomers[k] {
+			return fail(CodeArg, op, "%s is registered already", k)
+		}
+		if l.schedCustomers == nil {
+			l.schedCustomers = map[customer.Key]bool{}
+		}
+		l.schedCustomers[k] = true
+		return nil
+	}
+	handler := func(m *appmsg.Message, err error) {
+		if err != nil {
+			err = &Error{Code: CodeCluster, Err: fmt.Errorf("capi: customer (%d, %d): %w", app, cust, err)}
+		}
+		h(m, err)
+	}
+	if err := set.Add(k, handler); err != nil {
+		return custErr(op, err)
+	}
+	return nil
+}
+
+// CustomerRemove removes customer (app, cust): when it returns, its
+// handler is not running and will not run again. Not from its own handler.
+func (l *Lib) CustomerRemove(app, cust int) error {
+	const op = "fpt_customer_remove"
+	k, err := key(op, app, cust)
+	if err != nil {
+		return err
+	}
+	set, err := l.customers(op)
+	if err != nil {
+		return err
+	}
+	if set == nil {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if !l.schedCustomers[k] {
+			return fail(CodeArg, op, "%s is not registered", k)
+		}
+		delete(l.schedCustomers, k)
+		return nil
+	}
+	if err := set.Remove(k); err != nil {
+		return custErr(op, err)
+	}
+	return nil
+}
+
+// Msg is fpt_msg_meta as C gives it, before its fields are checked.
+type Msg struct {
+	App, Customer, Timestamp, Head int32
+	Recipient                      int32
+	Flags                          uint32
+	DType                          int32
+	Priority                       int32
+}
+
+// MsgSend sends m with segs (copied before it returns) to m.Recipient, a
+// server or worker of the cluster (this node too).
+func (l *Lib) MsgSend(m Msg, segs [][]byte) error {
+	const op = "fpt_msg_send"
+	set, err := l.customers(op)
+	if err != nil {
+		return err
+	}
+	if set == nil {
+		return fail(CodeArg, op, "the scheduler sends no messages (it has no data plane)")
+	}
+	switch {
+	case len(segs) > MaxSegments:
+		return fail(CodeArg, op, "%d segments (at most FPT_MSG_MAX_SEGMENTS, %d)", len(segs), MaxSegments)
+	case m.DType < 0 || m.DType > math.MaxUint8 || (m.DType != 0 && frame.DType(m.DType).Size() == 0):
+		return fail(CodeArg, op, "dtype %d (0 or FPT_FLOAT32, FPT_FLOAT64, FPT_FLOAT16)", m.DType)
+	case m.Recipient < 8:
+		return fail(CodeArg, op, "recipient %d is not a server or worker (a group, the scheduler or no node)", m.Recipient)
+	}
+	meta := appmsg.Meta{App: m.App, Customer: m.Customer, Timestamp: m.Timestamp, Head: m.Head,
+		Recipient: uint32(m.Recipient), Flags: m.Flags, DType: frame.DType(m.DType), Priority: m.Priority}
+	if err := set.Send(&meta, segs); err != nil {
+		return custErr(op, err)
+	}
+	return nil
+}
+
+// custErr gives a customer set's error its code.
+func custErr(op string, err error) error {
+	code := CodeCluster // a send the van could not take: the node is going
+	switch {
+	case errors.Is(err, customer.ErrExists), errors.Is(err, customer.ErrUnknown),
+		errors.Is(err, customer.ErrRecipient), errors.Is(err, appmsg.ErrInvalid):
+		code = CodeArg
+	case errors.Is(err, customer.ErrClosed):
+		code = CodeState
+	}
+	return &Error{Code: code, Err: fmt.Errorf("capi: %s: %w", op, err)}
+}

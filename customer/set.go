@@ -1,0 +1,288 @@
+// Package customer holds a server's or worker's customers: the handlers
+// that ps-lite's Customer class stands for, on which the C++ API of
+// include/ps (KVWorker, KVServer, SimpleApp) is built over fpt.h's
+// fpt_customer_add / fpt_msg_send.
+//
+// A customer is a Handler registered under a Key (app id, customer id). A
+// message (package appmsg) travels in a frame.App data-plane frame and is
+// delivered to a customer of its recipient by ps-lite's rule (Target): on
+// a server to (app, app), on a worker to (app, customer).
+//
+// Delivery never blocks the van's receive goroutine: HandleFrame copies
+// the payload onto the customer's queue, in memory and unbounded, and
+// each customer has a goroutine of its own that runs its handler one
+// message at a time, in arrival order (per sender, the order sent, among
+// messages of equal priority: the send pool lets a more urgent message
+// overtake). A handler may block, and may send.
+//
+// A message for a customer that is not registered yet waits for it, up to
+// FPT_START_TIMEOUT from the first such message; then the node fails,
+// naming the app and customer (a program that never creates the KVServer
+// it is sent to would otherwise hang). A message for a customer that was
+// removed is dropped with a warning. When the node fails, every customer's
+// queue is dropped and its handler is called once more with the failure
+// (appmsg.Failed in the flags, no segments); nothing is delivered after.
+//
+// A message to the node itself is delivered locally, without the van,
+// through the same decoding and queues as any other (ps-lite programs
+// send a SimpleApp request to a whole group, which may include the
+// sender).
+//
+// The logic lives in core (core.go), which holds no lock and starts
+// nothing; Set is its shell.
+package customer
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/fptps/fpt/appmsg"
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/van"
+)
+
+// Handler receives a customer's messages, one at a time, in order, on the
+// customer's goroutine. m and its segments are the handler's to keep.
+// When err is not nil the node failed: m carries the customer's key and
+// appmsg.Failed and no segments, and this call is the last.
+type Handler func(m *appmsg.Message, err error)
+
+// Node is what a Set needs of the node it belongs to (a *cluster.Member).
+type Node interface {
+	Self() node.Info
+	Info(id node.ID) (node.Info, bool)
+	Config() config.Config
+	Logger() *slog.Logger
+	Van() van.Transport
+	Done() <-chan struct{}
+	Closed() <-chan struct{}
+	Err() error
+	Fail(err error)
+}
+
+// Set is a node's customers.
+type Set struct {
+	n Node
+
+	mu     sync.Mutex
+	c      *core
+	timers map[Key]*time.Timer
+
+	quit    chan struct{}
+	watched chan struct{}
+	once    sync.Once
+}
+
+// New makes the customer set of n, which it watches for failure until
+// Close or n's close.
+func New(n Node) *Set {
+	s := &Set{n: n, c: newCore(), timers: map[Key]*time.Timer{}, quit: make(chan struct{}), watched: make(chan struct{})}
+	go s.watch()
+	return s
+}
+
+func (s *Set) watch() {
+	defer close(s.watched)
+	select {
+	case <-s.n.Done():
+	case <-s.n.Closed():
+		// A member closed without a failure (finalized, or a failed
+		// start) sends nothing more; a failure it recorded first counts.
+		if s.n.Err() == nil {
+			return
+		}
+	case <-s.quit:
+		return
+	}
+	err := s.n.Err()
+	s.mu.Lock()
+	wake := s.c.fail(err)
+	s.stopTimers()
+	s.mu.Unlock()
+	s.wake(wake)
+}
+
+// Add registers h as customer k and starts its goroutine; messages that
+// waited for k come first.
+func (s *Set) Add(k Key, h Handler) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	in, err := s.c.add(k, h)
+	if err != nil {
+		return err
+	}
+	if t := s.timers[k]; t != nil {
+		t.Stop()
+		delete(s.timers, k)
+	}
+	go s.run(k, in)
+	if len(in.q) > 0 {
+		in.wake <- struct{}{}
+	}
+	return nil
+}
+
+// Remove unregisters customer k. When it returns, k's handler is not
+// running and will not run again. Not from k's own handler (it would wait
+// for itself).
+func (s *Set) Remove(k Key) error {
+	s.mu.Lock()
+	in, err := s.c.remove(k)
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	s.mu.Unlock()
+	s.wake([]*inbox{in})
+	<-in.end
+	return nil
+}
+
+// run is customer k's goroutine.
+func (s *Set) run(k Key, in *inbox) {
+	defer close(in.end)
+	for {
+		s.mu.Lock()
+		it, wait, ok := s.c.next(in)
+		s.mu.Unlock()
+		switch {
+		case !ok:
+			return
+		case wait:
+			<-in.wake
+			continue
+		}
+		if it.msg == nil {
+			in.h(&appmsg.Message{Meta: appmsg.Meta{App: k.App, Customer: k.Customer, Flags: appmsg.Failed,
+				Recipient: uint32(s.n.Self().ID)}}, it.err)
+			continue
+		}
+		in.h(it.msg, nil)
+	}
+}
+
+// wake nudges the goroutines of ins (without blocking: one pending
+// nudge is enough, the goroutine rereads its queue).
+func (s *Set) wake(ins []*inbox) {
+	for _, in := range ins {
+		select {
+		case in.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (s *Set) stopTimers() {
+	for k, t := range s.timers {
+		t.Stop()
+		delete(s.timers, k)
+	}
+}
+
+// HandleFrame takes an App frame from the van (payload is valid during
+// the call only: it is copied). An error is a malformed payload from a
+// member, which the role treats as it does any other malformed frame.
+func (s *Set) HandleFrame(h *frame.Header, payload []byte) error {
+	return s.deliver(node.ID(h.Sender), h.Priority, bytes.Clone(payload))
+}
+
+// deliver decodes payload (the Set's to keep) and routes it.
+func (s *Set) deliver(from node.ID, priority int32, payload []byte) error {
+	m, err := appmsg.Decode(payload)
+	if err != nil {
+		return err
+	}
+	self := s.n.Self()
+	m.Meta.Sender, m.Meta.Recipient, m.Meta.Priority = uint32(from), uint32(self.ID), priority
+	k := Target(self.Role, &m.Meta)
+	s.mu.Lock()
+	r, in, gen := s.c.deliver(k, &m, from)
+	if r == routeFirst {
+		s.timers[k] = time.AfterFunc(s.n.Config().StartTimeout, func() { s.expire(k, gen) })
+	}
+	s.mu.Unlock()
+	switch r {
+	case routeQueued:
+		s.wake([]*inbox{in})
+	case routeRemoved:
+		s.n.Logger().Warn("message for a removed customer dropped", "customer", k, "from", from, "head", m.Meta.Head, "timestamp", m.Meta.Timestamp)
+	}
+	return nil
+}
+
+// expire fails the node when customer k's messages waited in vain.
+func (s *Set) expire(k Key, gen uint64) {
+	s.mu.Lock()
+	w, ok := s.c.expired(k, gen)
+	if ok {
+		delete(s.timers, k)
+	}
+	s.mu.Unlock()
+	if !ok {
+		return
+	}
+	s.n.Fail(fmt.Errorf("customer: %d message(s) for %s (the first from %s) waited %s for that customer to be registered on %s (FPT_START_TIMEOUT): does the program create it?",
+		len(w.msgs), k, w.first, s.n.Config().StartTimeout, s.n.Self().ID))
+}
+
+// Send sends a message to m.Recipient (a server or worker of the cluster;
+// this node too), copying the segments first: they are free again when it
+// returns. It blocks while the van's send pool is full.
+func (s *Set) Send(m *appmsg.Meta, segs [][]byte) error {
+	if err := s.n.Err(); err != nil {
+		return fmt.Errorf("%w: %w", ErrFailed, err)
+	}
+	to := node.ID(m.Recipient)
+	info, ok := s.n.Info(to)
+	if !ok || (info.Role != node.Server && info.Role != node.Worker) {
+		return fmt.Errorf("%w: %d is no server or worker of this cluster", ErrRecipient, m.Recipient)
+	}
+	if err := appmsg.Check(m, segs, s.n.Config().MaxFrameBytes); err != nil {
+		return err
+	}
+	payload := appmsg.Encode(make([]byte, 0, appmsg.Size(segs)), m, segs)
+	self := s.n.Self().ID
+	if to == self {
+		s.mu.Lock()
+		closed := s.c.closed
+		s.mu.Unlock()
+		if closed {
+			return ErrClosed
+		}
+		return s.deliver(self, m.Priority, payload)
+	}
+	err := s.n.Van().Send(&van.Message{
+		Header:  frame.Header{Type: frame.App, Recipient: uint32(to), Priority: m.Priority},
+		Payload: payload,
+	})
+	if err != nil {
+		if ferr := s.n.Err(); ferr != nil {
+			return fmt.Errorf("%w: %w", ErrFailed, ferr)
+		}
+		return fmt.Errorf("customer: send to %s: %w", to, err)
+	}
+	return nil
+}
+
+// Close stops every customer and waits for their goroutines (a handler
+// running finishes first). Later messages are dropped; Add fails. It is
+// idempotent.
+func (s *Set) Close() {
+	s.once.Do(func() {
+		close(s.quit)
+		<-s.watched
+		s.mu.Lock()
+		wake := s.c.close()
+		s.stopTimers()
+		s.mu.Unlock()
+		s.wake(wake)
+		for _, in := range wake {
+			<-in.end
+		}
+	})
+}
