@@ -224,6 +224,12 @@ class KVWorker : public SimpleApp {
    * FPTDeclare for every key and a worker Barrier first. cmd is ignored
    * (fpt's aggregation takes none). keys, vals and lens must stay unchanged
    * until the request completes. Wait(ts) and cb as for ZPush.
+   *
+   * A key's first FPTPush is fpt's init round (iteration 0, as fpt_init):
+   * only worker 0's values count, and the FPTPull after it gives every
+   * worker worker 0's values. From the second on, FPTPull gives the sum
+   * over the workers of the matching FPTPush. A key's n-th FPTPull gets its
+   * n-th FPTPush's result, and must come after it.
    */
   int FPTPush(const SArray<Key>& keys, const SArray<Val>& vals, const SArray<int>& lens = {}, int cmd = 0,
               const Callback& cb = nullptr, int priority = 0) {

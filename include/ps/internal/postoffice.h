@@ -19,9 +19,10 @@
  *    customers' calls return at once. Every started customer must call it.
  *  - Barrier(customer_id, group): fpt_barrier_group. The scheduler takes
  *    part in no barrier (fpt has no data plane on the scheduler): on the
- *    scheduler it returns at once. Barriers of one process run one after
- *    another: with several customers in a process each calling Barrier,
- *    every process must make the same number of calls.
+ *    scheduler it returns at once. With several started customers in a
+ *    process, each calls Barrier and the last to arrive runs the node's
+ *    barrier for all (so every started customer must call it; a customer
+ *    that has not called Start yet is not waited for).
  *
  * Messages to or from the scheduler are not possible on fpt (the scheduler
  * only coordinates): sending one is a check failure that says so.
@@ -186,11 +187,15 @@ class Postoffice {
 
  private:
   Postoffice() {}
+  /* The role, read once (it stays readable after Finalize). */
   int role() const {
-    int r = 0;
-    PS_FPT_CHECK(fpt_role(&r), "ps::Postoffice: fpt_role (is DMLC_ROLE set?)");
-    return r;
+    std::lock_guard<std::mutex> lk(role_mu_);
+    if (role_ == 0) PS_FPT_CHECK(fpt_role(&role_), "ps::Postoffice: fpt_role (is DMLC_ROLE set?)");
+    return role_;
   }
+  mutable std::mutex role_mu_;
+  mutable int role_ = 0;
+  void NodeBarrier(int customer_id, int node_group);
   void Register(Customer* c) {
     PS_FPT_CHECK(fpt_customer_add(c->app_id(), c->customer_id(), &Customer::Handler, c),
                  "ps::Customer(" << c->app_id() << ", " << c->customer_id() << "): fpt_customer_add");
@@ -209,6 +214,11 @@ class Postoffice {
   std::unordered_map<int, std::unordered_map<int, Customer*>> customers_;
   std::mutex start_mu_;
   std::mutex barrier_mu_;
+  /* A barrier of several customers: how many arrived, its group, and the
+   * number of barriers completed. */
+  size_t barrier_arrived_ = 0;
+  int barrier_group_ = 0;
+  uint64_t barrier_gen_ = 0;
   std::mutex groups_mu_;
   std::unordered_map<int, std::vector<int>> node_ids_;
   std::vector<Range> server_key_ranges_;
@@ -365,6 +375,34 @@ inline void Postoffice::Barrier(int customer_id, int node_group) {
     CHECK(node_group & kServerGroup) << "ps::Postoffice::Barrier: a server in a barrier of group " << node_group
                                      << ", which has no servers";
   }
+  std::unique_lock<std::mutex> lk(mu_);
+  if (active_.count(customer_id) && active_.size() > 1) {
+    // Several customers of this process: the last to arrive runs the
+    // node's barrier for all of them.
+    if (barrier_arrived_ == 0) {
+      barrier_group_ = node_group;
+    } else {
+      CHECK_EQ(barrier_group_, node_group) << "ps::Postoffice::Barrier: customers of one process in barriers of "
+                                              "different groups at once";
+    }
+    uint64_t gen = barrier_gen_;
+    if (++barrier_arrived_ < active_.size()) {
+      cond_.wait(lk, [this, gen] { return barrier_gen_ != gen; });
+      return;
+    }
+    lk.unlock();
+    NodeBarrier(customer_id, node_group);
+    lk.lock();
+    barrier_arrived_ = 0;
+    barrier_gen_++;
+    cond_.notify_all();
+    return;
+  }
+  lk.unlock();
+  NodeBarrier(customer_id, node_group);
+}
+
+inline void Postoffice::NodeBarrier(int customer_id, int node_group) {
   std::lock_guard<std::mutex> lk(barrier_mu_);
   PS_FPT_CHECK(fpt_barrier_group(node_group), "ps::Postoffice::Barrier(" << customer_id << ", " << node_group
                                                                           << "): fpt_barrier_group");
