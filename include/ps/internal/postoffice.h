@@ -156,6 +156,14 @@ class Postoffice {
 
   void Barrier(int customer_id, int node_group);
 
+  /* ps-lite's nodes without a heartbeat for t seconds. fpt watches the
+   * heartbeats itself and fails the cluster (every Wait ends the program)
+   * when a node dies, so no node is ever reported dead here. */
+  std::vector<int> GetDeadNodes(int t = 60) {
+    (void)t;
+    return std::vector<int>();
+  }
+
   /* fpt: whether Start has started the node, Finalize begun to finalize it. */
   bool started() const {
     std::lock_guard<std::mutex> lk(mu_);
