@@ -2,6 +2,7 @@ package tests
 
 import (
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -96,5 +97,38 @@ func TestPSLiteClusterFailure(t *testing.T) {
 			t.Logf("%s's reason does not name the dead server (%s): %s", name, addr, lastLine(stderr))
 		}
 		t.Logf("%s exited 1 after %s: %s", name, p.ExitedAt().Sub(killed).Round(time.Millisecond), lastLine(stderr))
+	}
+}
+
+// include/ps/ on its own: selftest.cc against a stand-in for libfpt's
+// customer calls (fake_fpt.cc, one process holding a server and a worker
+// customer), built as C++11 with every warning an error, and under
+// ThreadSanitizer. Needs g++ only, not the library.
+func TestPSLiteHeadersSelftest(t *testing.T) {
+	if _, err := exec.LookPath("g++"); err != nil {
+		t.Skip("g++ not found")
+	}
+	for _, variant := range []struct{ name, flags string }{{"plain", "-O2"}, {"tsan", "-O1 -fsanitize=thread"}} {
+		t.Run(variant.name, func(t *testing.T) {
+			exe := filepath.Join(t.TempDir(), "selftest")
+			args := append([]string{"-std=c++11", "-Wall", "-Wextra", "-Werror", "-pthread", "-g"}, strings.Fields(variant.flags)...)
+			args = append(args, "-I../include", "-o", exe,
+				"../clients/pslite/selftest/selftest.cc", "../clients/pslite/selftest/fake_fpt.cc")
+			if out, err := exec.Command("g++", args...).CombinedOutput(); err != nil {
+				if variant.name == "tsan" && strings.Contains(string(out), "tsan") {
+					t.Skipf("no ThreadSanitizer: %s", out)
+				}
+				t.Fatalf("g++: %v\n%s", err, out)
+			}
+			cmd := exec.Command(exe)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("selftest: %v\n%s", err, out)
+			}
+			mustContain(t, "selftest output", string(out), "selftest: PASS")
+			if strings.Contains(string(out), "WARNING: ThreadSanitizer") {
+				t.Errorf("ThreadSanitizer reports:\n%s", out)
+			}
+		})
 	}
 }
