@@ -125,14 +125,14 @@ class Postoffice {
 
   /* The role and the sizes are known before Start (from DMLC_*). */
   int num_workers() const {
-    int n = 0;
-    PS_FPT_CHECK(fpt_num_workers(&n), "ps::NumWorkers: fpt_num_workers");
-    return n;
+    std::lock_guard<std::mutex> lk(role_mu_);
+    if (num_workers_ < 0) PS_FPT_CHECK(fpt_num_workers(&num_workers_), "ps::NumWorkers: fpt_num_workers");
+    return num_workers_;
   }
   int num_servers() const {
-    int n = 0;
-    PS_FPT_CHECK(fpt_num_servers(&n), "ps::NumServers: fpt_num_servers");
-    return n;
+    std::lock_guard<std::mutex> lk(role_mu_);
+    if (num_servers_ < 0) PS_FPT_CHECK(fpt_num_servers(&num_servers_), "ps::NumServers: fpt_num_servers");
+    return num_servers_;
   }
   int my_rank() const {
     CHECK(started()) << "ps::MyRank before ps::Start";
@@ -201,8 +201,12 @@ class Postoffice {
     if (role_ == 0) PS_FPT_CHECK(fpt_role(&role_), "ps::Postoffice: fpt_role (is DMLC_ROLE set?)");
     return role_;
   }
+  /* The role and sizes, read once: they do not change, and KVWorker asks
+   * for the number of servers at every response. */
   mutable std::mutex role_mu_;
   mutable int role_ = 0;
+  mutable int num_workers_ = -1;
+  mutable int num_servers_ = -1;
   void NodeBarrier(int customer_id, int node_group);
   void Register(Customer* c) {
     PS_FPT_CHECK(fpt_customer_add(c->app_id(), c->customer_id(), &Customer::Handler, c),
