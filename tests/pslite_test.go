@@ -103,7 +103,8 @@ func TestPSLiteClusterFailure(t *testing.T) {
 // include/ps/ on its own: selftest.cc against a stand-in for libfpt's
 // customer calls (fake_fpt.cc, one process holding a server and a worker
 // customer), built as C++11 with every warning an error, and under
-// ThreadSanitizer. Needs g++ only, not the library.
+// ThreadSanitizer; then a cluster failure under a waiting pull. Needs g++
+// only, not the library.
 func TestPSLiteHeadersSelftest(t *testing.T) {
 	if _, err := exec.LookPath("g++"); err != nil {
 		t.Skip("g++ not found")
@@ -128,6 +129,27 @@ func TestPSLiteHeadersSelftest(t *testing.T) {
 			mustContain(t, "selftest output", string(out), "selftest: PASS")
 			if strings.Contains(string(out), "WARNING: ThreadSanitizer") {
 				t.Errorf("ThreadSanitizer reports:\n%s", out)
+			}
+			// Several customers of one process: one node barrier per
+			// round of Barriers, one fpt_finalize after every Finalize.
+			out, err = exec.Command(exe, "customers").CombinedOutput()
+			if err != nil {
+				t.Fatalf("selftest customers: %v\n%s", err, out)
+			}
+			mustContain(t, "selftest customers output", string(out), "selftest: customers: PASS")
+			if strings.Contains(string(out), "WARNING: ThreadSanitizer") {
+				t.Errorf("ThreadSanitizer reports:\n%s", out)
+			}
+			// The cluster fails under a waiting pull: the program ends
+			// with status 1 and the reason, instead of waiting for ever.
+			fail := exec.Command(exe, "fail")
+			out, err = fail.CombinedOutput()
+			if fail.ProcessState == nil || fail.ProcessState.ExitCode() != 1 {
+				t.Fatalf("selftest fail: %v, want exit status 1\n%s", err, out)
+			}
+			mustContain(t, "selftest fail output", string(out), "the cluster failed: node 10 died (fake)")
+			if strings.Contains(string(out), "Wait returned") {
+				t.Errorf("Wait returned after the failure:\n%s", out)
 			}
 		})
 	}

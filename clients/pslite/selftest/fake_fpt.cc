@@ -31,6 +31,8 @@ struct Cust {
   std::thread t;
 };
 
+thread_local std::string last_error;
+int barriers = 0, finalizes = 0;
 std::mutex mu;
 std::condition_variable cv;
 std::map<std::pair<int, int>, Cust*> custs;
@@ -46,6 +48,7 @@ void Loop(Cust* c) {
     lk.unlock();
     std::vector<fpt_segment> segs;
     for (auto& s : m.segs) segs.push_back(fpt_segment{s.data(), s.size()});
+    last_error = m.segs.empty() && (m.meta.flags & FPT_MSG_FAILED) ? "node 10 died (fake)" : "";
     c->h(&m.meta, segs.data(), segs.size(), c->user);
     lk.lock();
   }
@@ -54,12 +57,25 @@ void Loop(Cust* c) {
 }  // namespace
 
 extern "C" {
-const char* fpt_last_error(void) { return ""; }
+const char* fpt_last_error(void) { return last_error.c_str(); }
+
+// The cluster fails: every customer's handler gets FPT_MSG_FAILED.
+void fake_fpt_fail(void) {
+  std::lock_guard<std::mutex> lk(mu);
+  for (auto& c : custs) {
+    Msg m;
+    std::memset(&m.meta, 0, sizeof m.meta);
+    m.meta.flags = FPT_MSG_FAILED;
+    c.second->q.push_back(m);
+  }
+  cv.notify_all();
+}
 int fpt_start(void) { return FPT_OK; }
 int fpt_finalize(void) {
   std::vector<Cust*> all;
   {
     std::lock_guard<std::mutex> lk(mu);
+    finalizes++;
     for (auto& c : custs) {
       c.second->stop = true;
       all.push_back(c.second);
@@ -105,7 +121,20 @@ int fpt_group_ids(int g, int* ids, size_t cap, size_t* n) {
   for (size_t i = 0; i < v.size() && i < cap; i++) ids[i] = v[i];
   return FPT_OK;
 }
-int fpt_barrier_group(int) { return FPT_OK; }
+int fpt_barrier_group(int) {
+  std::lock_guard<std::mutex> lk(mu);
+  barriers++;
+  return FPT_OK;
+}
+// How many node barriers and finalizes ran.
+int fake_fpt_barriers(void) {
+  std::lock_guard<std::mutex> lk(mu);
+  return barriers;
+}
+int fake_fpt_finalizes(void) {
+  std::lock_guard<std::mutex> lk(mu);
+  return finalizes;
+}
 int fpt_customer_add(int app, int cid, fpt_msg_handler h, void* user) {
   std::lock_guard<std::mutex> lk(mu);
   if (custs.count({app, cid})) return FPT_ERR_ARG;

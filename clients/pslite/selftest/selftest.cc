@@ -5,14 +5,64 @@
 //   g++ -std=c++11 -Wall -Wextra -Werror -pthread -Iinclude -o /tmp/selftest
 //     clients/pslite/selftest/selftest.cc clients/pslite/selftest/fake_fpt.cc
 //   /tmp/selftest
+#include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <thread>
 #include <vector>
 
 #include "ps/ps.h"
 
 using namespace ps;
 
-int main() {
+extern "C" void fake_fpt_fail(void);
+extern "C" int fake_fpt_barriers(void);
+extern "C" int fake_fpt_finalizes(void);
+
+// "selftest customers": three customers of one process, each Start(c),
+// three Barriers each and Finalize(c): each Barrier of the three is one
+// node barrier, and the node is finalized once, after every customer.
+int Customers() {
+  std::vector<std::thread> threads;
+  for (int c = 0; c < 3; c++) {
+    threads.emplace_back([c] {
+      Start(c);
+      // Every customer has started before the first barrier.
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      for (int i = 0; i < 3; i++) Postoffice::Get()->Barrier(c, kWorkerGroup);
+      if (c != 0) std::this_thread::sleep_for(std::chrono::milliseconds(100 * c));
+      Finalize(c, false);
+      CHECK_EQ(fake_fpt_finalizes(), c == 0 ? 1 : 0) << "customer " << c;
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK_EQ(fake_fpt_barriers(), 3);
+  CHECK_EQ(fake_fpt_finalizes(), 1);
+  std::printf("selftest: customers: PASS\n");
+  return 0;
+}
+
+// "selftest fail": a pull that no server answers, then the cluster fails:
+// Wait (or the handler) must end the program, status 1, with the reason.
+int Fail() {
+  KVServer<float> server(0);
+  server.set_request_handle([](const KVMeta&, const KVPairs<float>&, KVServer<float>*) {});
+  Start(0);
+  KVWorker<float> kv(0, 1);
+  std::vector<float> got;
+  std::thread t([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    fake_fpt_fail();
+  });
+  t.detach();
+  kv.Wait(kv.Pull({1, 2}, &got));
+  std::printf("selftest: Wait returned after the cluster failed\n");
+  return 0;
+}
+
+int main(int argc, char* argv[]) {
+  if (argc > 1 && !std::strcmp(argv[1], "fail")) return Fail();
+  if (argc > 1 && !std::strcmp(argv[1], "customers")) return Customers();
   // The server's customer is (0, 0); the worker's (0, 1).
   KVServer<float> server(0);
   server.set_request_handle(KVServerDefaultHandle<float>());
