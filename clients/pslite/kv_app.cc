@@ -72,7 +72,9 @@ void RunWorker(int num_keys, int repeat) {
               workers);
 
   // PushPull: the answer includes at least this worker's push; after a
-  // barrier, every push of the round is in.
+  // barrier, every push of the round is in. (A barrier first: no worker's
+  // PushPull may reach a server before every worker's Pull above.)
+  Postoffice::Get()->Barrier(0, kWorkerGroup);
   std::vector<float> outs;
   kv.Wait(kv.PushPull(keys, vals, &outs, &got_lens));
   CHECK_EQ(outs.size(), vals.size());
