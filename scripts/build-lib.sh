@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Builds libfpt, fpt's C library, and installs it under a prefix with its
-# header and a pkg-config file; then builds the programs in clients/kvstore
-# against that install with the flags pkg-config gives, as a user's C++
-# build would:
+# headers and a pkg-config file; then builds the programs in clients/kvstore
+# and clients/pslite against that install with the flags pkg-config gives,
+# as a user's C++ build would:
 #
 #   scripts/build-lib.sh [--prefix DIR] [--bindir DIR]
 #
-# prefix (default build/): lib/libfpt.so, include/fpt.h,
+# prefix (default build/): lib/libfpt.so, include/fpt.h, include/ps/ and
+# include/dmlc/ (ps-lite's C++ interface over fpt.h, header-only),
 # lib/pkgconfig/fpt.pc. bindir (default bin/): kvstore_client (the C++
-# client that drives the library as MXNet's kvstore_dist does) and
-# fpt_bad_calls (a C program that calls every entry point wrongly).
+# client that drives the library as MXNet's kvstore_dist does),
+# fpt_bad_calls (a C program that calls every entry point wrongly), and the
+# ps-lite programs of clients/pslite, built as C++11: pslite_kv_app,
+# pslite_multi_workers, pslite_simple_app, pslite_benchmark,
+# pslite_mxnet_client.
 # GOEXPERIMENT passes through: GOEXPERIMENT=cgocheck2 builds a library that
 # checks every pointer the Go side writes.
 set -euo pipefail
@@ -36,6 +40,13 @@ go build -buildmode=c-shared -o "$prefix/lib/libfpt.so" ./cmd/libfpt
 # the two agree.
 rm -f "$prefix/lib/libfpt.h"
 install -m 644 include/fpt.h "$prefix/include/fpt.h"
+# ps-lite's interface: a stale header from an earlier install must not
+# linger, so the directories are replaced.
+rm -rf "$prefix/include/ps" "$prefix/include/dmlc"
+mkdir -p "$prefix/include/ps/internal" "$prefix/include/dmlc"
+install -m 644 include/ps/*.h "$prefix/include/ps/"
+install -m 644 include/ps/internal/*.h "$prefix/include/ps/internal/"
+install -m 644 include/dmlc/*.h "$prefix/include/dmlc/"
 # The rpath lets programs built against a build tree run without
 # LD_LIBRARY_PATH; an install into a system prefix does not need it.
 cat >"$prefix/lib/pkgconfig/fpt.pc" <<PC
@@ -44,7 +55,7 @@ libdir=\${prefix}/lib
 includedir=\${prefix}/include
 
 Name: fpt
-Description: fpt parameter server, C interface (fpt_push/fpt_pull)
+Description: fpt parameter server, C interface (fpt_push/fpt_pull) and ps-lite's C++ interface (ps/ps.h)
 Version: 1
 Cflags: -I\${includedir}
 Libs: -L\${libdir} -Wl,-rpath,\${libdir} -lfpt
@@ -56,3 +67,7 @@ export PKG_CONFIG_PATH="$prefix/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PAT
 g++ -std=c++17 -O2 -Wall -Wextra -Werror -pthread -o "$bindir/kvstore_client" clients/kvstore/kvstore_client.cc $(pkg-config --cflags --libs fpt)
 # shellcheck disable=SC2046
 gcc -std=c11 -O2 -Wall -Wextra -Werror -o "$bindir/fpt_bad_calls" clients/kvstore/bad_calls.c $(pkg-config --cflags --libs fpt)
+for prog in kv_app multi_workers simple_app benchmark mxnet_client; do
+  # shellcheck disable=SC2046
+  g++ -std=c++11 -O2 -Wall -Wextra -Werror -pthread -o "$bindir/pslite_$prog" "clients/pslite/$prog.cc" $(pkg-config --cflags --libs fpt)
+done

@@ -1,0 +1,156 @@
+package tests
+
+import (
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/internal/localcluster"
+)
+
+// ps-lite programs (clients/pslite), written against ps-lite's C++
+// interface only (include/ps/, headers over fpt.h) and built by
+// build-lib.sh through pkg-config, run as every role of a real cluster:
+// the scheduler is the program too (it only starts and finalizes: fpt's
+// scheduler has no customers), as ps-lite's own tests run.
+func TestPSLitePrograms(t *testing.T) {
+	tests := []struct {
+		name             string
+		prog             string
+		args             []string
+		servers, workers int
+		variant          string
+		worker, server   []string // lines each worker / server prints
+	}{
+		{name: "kv-app", prog: "pslite_kv_app", args: []string{"-keys", "100", "-repeat", "10"},
+			servers: 2, workers: 2, variant: "default",
+			worker: []string{"PASS: 100 keys pushed 10 times by 2 workers, pulled exactly", "PASS: PushPull and ZPull exact",
+				"PASS: FPTPush/FPTPull: init round and sum exact", "worker: done"},
+			server: []string{"server: done"}},
+		{name: "kv-app-cgocheck2", prog: "pslite_kv_app", args: []string{"-keys", "20", "-repeat", "3"},
+			servers: 1, workers: 2, variant: "cgocheck2",
+			worker: []string{"pulled exactly", "PASS: PushPull and ZPull exact", "init round and sum exact"}},
+		{name: "multi-workers", prog: "pslite_multi_workers", args: []string{"-customers", "2", "-keys", "1000", "-repeat", "20"},
+			servers: 2, workers: 2, variant: "default",
+			worker: []string{"customer 0: PASS", "customer 1: PASS", "worker: done"}, server: []string{"server: done"}},
+		{name: "simple-app", prog: "pslite_simple_app", args: []string{"-n", "100"},
+			servers: 2, workers: 3, variant: "default",
+			worker: []string{"PASS: 100 requests to 2 nodes answered, 200 requests handled"},
+			server: []string{"PASS: 100 requests to 3 nodes answered, 300 requests handled"}},
+		{name: "benchmark", prog: "pslite_benchmark", args: []string{"-bytes", "4194304", "-keys", "16", "-iters", "5"},
+			servers: 2, workers: 2, variant: "default",
+			worker: []string{"PASS: 5 iterations of 4.0 MiB over 16 keys pushed and pulled, exact; goodput"}},
+		{name: "mxnet", prog: "pslite_mxnet_client", args: []string{"-iters", "5", "-bound", "1000"},
+			servers: 2, workers: 2, variant: "default",
+			worker: []string{"init: 7 keys pulled, every weight exact", "iteration 5/5: every weight exact",
+				"PASS: 5 iterations x 7 keys, sync SGD on the servers, every weight exact"},
+			server: []string{"server: done"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := libPrograms(t, tt.variant)
+			argv := append([]string{filepath.Join(dir, tt.prog)}, tt.args...)
+			c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: tt.servers, Workers: tt.workers,
+				Scheduler: argv, Server: argv, Worker: argv}), t: t}
+			c.waitAll(2 * time.Minute)
+			for i := range tt.workers {
+				name := fmt.Sprintf("worker%d", i)
+				mustContain(t, name+" stdout", c.proc(name).Stdout.String(), tt.worker...)
+			}
+			for i := range tt.servers {
+				name := fmt.Sprintf("server%d", i)
+				mustContain(t, name+" stdout", c.proc(name).Stdout.String(), tt.server...)
+			}
+			if tt.prog == "pslite_benchmark" {
+				t.Logf("mean goodput %.3f Gbit/s", meanGoodput(t, c.Cluster, tt.workers))
+			}
+		})
+	}
+}
+
+// kill -9 of a server while the MXNet-shaped workers train: libfpt calls
+// every customer's handler with FPT_MSG_FAILED, the waiting KVWorker::Wait
+// (or the handler) ends the program with a check failure naming the
+// reason, status 1, within the heartbeat timeout: never a hang.
+func TestPSLiteClusterFailure(t *testing.T) {
+	dir := libPrograms(t, "default")
+	argv := []string{filepath.Join(dir, "pslite_mxnet_client"), "-iters", "100000"}
+	c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: 2, Workers: 2,
+		Scheduler: argv, Server: argv, Worker: argv}), t: t}
+	addr, killed := c.killMidRun("server1")
+	for _, name := range []string{"worker0", "worker1"} {
+		p := c.proc(name)
+		if !p.Wait(30*time.Second - time.Since(killed)) {
+			c.dump()
+			t.Fatalf("%s still running 30 s after server1 was killed", name)
+		}
+		if p.ExitCode() != 1 {
+			c.dump()
+			t.Fatalf("%s exited %d, want 1", name, p.ExitCode())
+		}
+		stderr := p.Stderr.String()
+		mustContain(t, name+" stderr", stderr, "the cluster failed")
+		if !strings.Contains(stderr, addr) && !strings.Contains(stderr, "server1") && !strings.Contains(stderr, "node 10") {
+			t.Logf("%s's reason does not name the dead server (%s): %s", name, addr, lastLine(stderr))
+		}
+		t.Logf("%s exited 1 after %s: %s", name, p.ExitedAt().Sub(killed).Round(time.Millisecond), lastLine(stderr))
+	}
+}
+
+// include/ps/ on its own: selftest.cc against a stand-in for libfpt's
+// customer calls (fake_fpt.cc, one process holding a server and a worker
+// customer), built as C++11 with every warning an error, and under
+// ThreadSanitizer; then a cluster failure under a waiting pull. Needs g++
+// only, not the library.
+func TestPSLiteHeadersSelftest(t *testing.T) {
+	if _, err := exec.LookPath("g++"); err != nil {
+		t.Skip("g++ not found")
+	}
+	for _, variant := range []struct{ name, flags string }{{"plain", "-O2"}, {"tsan", "-O1 -fsanitize=thread"}} {
+		t.Run(variant.name, func(t *testing.T) {
+			exe := filepath.Join(t.TempDir(), "selftest")
+			args := append([]string{"-std=c++11", "-Wall", "-Wextra", "-Werror", "-pthread", "-g"}, strings.Fields(variant.flags)...)
+			args = append(args, "-I../include", "-o", exe,
+				"../clients/pslite/selftest/selftest.cc", "../clients/pslite/selftest/fake_fpt.cc")
+			if out, err := exec.Command("g++", args...).CombinedOutput(); err != nil {
+				if variant.name == "tsan" && strings.Contains(string(out), "tsan") {
+					t.Skipf("no ThreadSanitizer: %s", out)
+				}
+				t.Fatalf("g++: %v\n%s", err, out)
+			}
+			cmd := exec.Command(exe)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("selftest: %v\n%s", err, out)
+			}
+			mustContain(t, "selftest output", string(out), "selftest: PASS")
+			if strings.Contains(string(out), "WARNING: ThreadSanitizer") {
+				t.Errorf("ThreadSanitizer reports:\n%s", out)
+			}
+			// Several customers of one process: one node barrier per
+			// round of Barriers, one fpt_finalize after every Finalize.
+			out, err = exec.Command(exe, "customers").CombinedOutput()
+			if err != nil {
+				t.Fatalf("selftest customers: %v\n%s", err, out)
+			}
+			mustContain(t, "selftest customers output", string(out), "selftest: customers: PASS")
+			if strings.Contains(string(out), "WARNING: ThreadSanitizer") {
+				t.Errorf("ThreadSanitizer reports:\n%s", out)
+			}
+			// The cluster fails under a waiting pull: the program ends
+			// with status 1 and the reason, instead of waiting for ever.
+			fail := exec.Command(exe, "fail")
+			out, err = fail.CombinedOutput()
+			if fail.ProcessState == nil || fail.ProcessState.ExitCode() != 1 {
+				t.Fatalf("selftest fail: %v, want exit status 1\n%s", err, out)
+			}
+			mustContain(t, "selftest fail output", string(out), "the cluster failed: node 10 died (fake)")
+			if strings.Contains(string(out), "Wait returned") {
+				t.Errorf("Wait returned after the failure:\n%s", out)
+			}
+		})
+	}
+}
