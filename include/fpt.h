@@ -209,8 +209,10 @@ int fpt_group_ids(int group_or_id, int* ids, size_t cap, size_t* n);
 /*
  * ps::Postoffice::Barrier: blocks until every server and worker in group
  * has called it with the same group. The scheduler takes part in no
- * barrier: the FPT_GROUP_SCHEDULER bit is ignored, and on the scheduler the
- * call returns FPT_OK at once. Fails with FPT_ERR_CLUSTER when a node dies.
+ * barrier: the FPT_GROUP_SCHEDULER bit is ignored (alone, the call returns
+ * FPT_OK at once), and on the scheduler the call returns FPT_OK at once.
+ * A group of 0 or above 7, or one this node is not in, is FPT_ERR_ARG.
+ * Fails with FPT_ERR_CLUSTER when a node dies.
  */
 int fpt_barrier_group(int group);
 
@@ -229,11 +231,18 @@ int fpt_barrier_group(int group);
  * not registered yet wait for it, for up to FPT_START_TIMEOUT seconds; then
  * the node fails, naming the app and customer.
  *
+ * Messages of one priority from one sender arrive in the order sent; a
+ * message of higher priority may overtake (the send pool, as ps-lite's
+ * priority van). A handler sees meta->recipient as this node's id.
+ *
  * When the cluster fails (a node died, or this one failed), every
  * registered customer's handler is called once more with FPT_MSG_FAILED in
- * meta->flags and no data; fpt_last_error() then says why. No message is
- * delivered after that. A program that waits for responses waits on that
- * too, so it never hangs.
+ * meta->flags, sender 0 and no data; fpt_last_error() then says why.
+ * Messages still queued are dropped, and none is delivered after that. A
+ * program that waits for responses waits on that too, so it never hangs.
+ * After a failure fpt_customer_add and fpt_msg_send return FPT_ERR_CLUSTER.
+ * fpt_finalize waits for running handlers: a handler that never returns
+ * holds it up.
  */
 #define FPT_MSG_REQUEST 1u  /* a request (else a response to one) */
 #define FPT_MSG_PUSH 2u     /* ps-lite's meta.push */
@@ -280,12 +289,14 @@ int fpt_customer_add(int app_id, int customer_id, fpt_msg_handler handler, void*
 int fpt_customer_remove(int app_id, int customer_id);
 
 /*
- * Sends a message to meta->recipient. The data are copied before it
- * returns (the buffers are free again); the total is at most
+ * Sends a message to meta->recipient (this node itself included). The data
+ * are copied before it returns (the buffers are free again). The encoded
+ * message (the data, 24 bytes of meta and 8 per segment) is at most
  * FPT_MAX_FRAME_BYTES. Asynchronous otherwise: the response, if any, comes
  * to the customer's handler. A recipient that is not a server or worker of
- * the cluster, more than FPT_MSG_MAX_SEGMENTS segments, or a bad dtype is
- * FPT_ERR_ARG.
+ * the cluster, more than FPT_MSG_MAX_SEGMENTS segments, a bad dtype, a
+ * flag other than FPT_MSG_REQUEST/PUSH/PULL/SIMPLE, or a message too large
+ * is FPT_ERR_ARG.
  */
 int fpt_msg_send(const fpt_msg_meta* meta, const fpt_segment* segs, size_t num_segs);
 
