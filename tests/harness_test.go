@@ -146,6 +146,25 @@ func (c *cluster) killMidRun(victim string) (addr string, killed time.Time) {
 	return m[1], killed
 }
 
+// awaitFailed waits for each named process to exit with status 1 within
+// 30 s of killed (a peer's death must end it, not hang it or crash it) and
+// returns its stderr.
+func (c *cluster) awaitFailed(killed time.Time, name string) (stderr string) {
+	c.t.Helper()
+	p := c.proc(name)
+	if !p.Wait(30*time.Second - time.Since(killed)) {
+		c.dump()
+		c.t.Fatalf("%s still running 30 s after the kill", name)
+	}
+	if p.ExitCode() != 1 {
+		c.dump()
+		c.t.Fatalf("%s exited %d, want 1", name, p.ExitCode())
+	}
+	stderr = p.Stderr.String()
+	c.t.Logf("%s exited 1 after %s: %s", name, p.ExitedAt().Sub(killed).Round(time.Millisecond), lastLine(stderr))
+	return stderr
+}
+
 func mustContain(t *testing.T, what, s string, subs ...string) {
 	t.Helper()
 	for _, sub := range subs {

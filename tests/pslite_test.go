@@ -82,21 +82,11 @@ func TestPSLiteClusterFailure(t *testing.T) {
 		Scheduler: argv, Server: argv, Worker: argv}), t: t}
 	addr, killed := c.killMidRun("server1")
 	for _, name := range []string{"worker0", "worker1"} {
-		p := c.proc(name)
-		if !p.Wait(30*time.Second - time.Since(killed)) {
-			c.dump()
-			t.Fatalf("%s still running 30 s after server1 was killed", name)
-		}
-		if p.ExitCode() != 1 {
-			c.dump()
-			t.Fatalf("%s exited %d, want 1", name, p.ExitCode())
-		}
-		stderr := p.Stderr.String()
+		stderr := c.awaitFailed(killed, name)
 		mustContain(t, name+" stderr", stderr, "the cluster failed")
 		if !strings.Contains(stderr, addr) && !strings.Contains(stderr, "server1") && !strings.Contains(stderr, "node 10") {
 			t.Logf("%s's reason does not name the dead server (%s): %s", name, addr, lastLine(stderr))
 		}
-		t.Logf("%s exited 1 after %s: %s", name, p.ExitedAt().Sub(killed).Round(time.Millisecond), lastLine(stderr))
 	}
 }
 
