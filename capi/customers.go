@@ -175,16 +175,7 @@ func (l *Lib) CustomerAdd(app, cust int, h MsgHandler) error {
 		return err
 	}
 	if set == nil {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		if l.schedCustomers[k] {
-			return fail(CodeArg, op, "%s is registered already", k)
-		}
-		if l.schedCustomers == nil {
-			l.schedCustomers = map[customer.Key]bool{}
-		}
-		l.schedCustomers[k] = true
-		return nil
+		return l.schedCustomer(op, k, true)
 	}
 	handler := func(m *appmsg.Message, err error) {
 		if err != nil {
@@ -211,16 +202,32 @@ func (l *Lib) CustomerRemove(app, cust int) error {
 		return err
 	}
 	if set == nil {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		if !l.schedCustomers[k] {
-			return fail(CodeArg, op, "%s is not registered", k)
-		}
-		delete(l.schedCustomers, k)
-		return nil
+		return l.schedCustomer(op, k, false)
 	}
 	if err := set.Remove(k); err != nil {
 		return custErr(op, err)
+	}
+	return nil
+}
+
+// schedCustomer records customer k on the scheduler (add) or drops it:
+// the scheduler has no data plane, so its customers are only names,
+// registered once each.
+func (l *Lib) schedCustomer(op string, k customer.Key, add bool) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case add && l.schedCustomers[k]:
+		return fail(CodeArg, op, "%s is registered already", k)
+	case !add && !l.schedCustomers[k]:
+		return fail(CodeArg, op, "%s is not registered", k)
+	case add:
+		if l.schedCustomers == nil {
+			l.schedCustomers = map[customer.Key]bool{}
+		}
+		l.schedCustomers[k] = true
+	default:
+		delete(l.schedCustomers, k)
 	}
 	return nil
 }

@@ -119,6 +119,9 @@ func TestLibCustomers(t *testing.T) {
 	if err := c.sched.CustomerRemove(0, 0); err != nil {
 		t.Fatalf("scheduler CustomerRemove: %v", err)
 	}
+	if err := c.sched.CustomerRemove(0, 0); CodeOf(err) != CodeArg {
+		t.Fatalf("scheduler CustomerRemove twice: %v", err)
+	}
 	if err := c.servers[0].CustomerAdd(0, 0, nil); CodeOf(err) != CodeArg {
 		t.Fatalf("nil handler: %v", err)
 	}
