@@ -2,6 +2,7 @@ package lb
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -220,6 +221,19 @@ func (b *Balancer) State() State { return b.state }
 // Current returns the latest decision issued (which may not be in force
 // yet), or the initial one.
 func (b *Balancer) Current() Decision { return clone(b.current) }
+
+// Measured returns copies of the highest send (up) and receive (down)
+// rates, in bytes per second, measured per node in the current window:
+// what the next decision will be made from. Nodes not yet measured are
+// absent.
+func (b *Balancer) Measured() (up, down map[node.ID]float64) {
+	return maps.Clone(b.up), maps.Clone(b.down)
+}
+
+// Bound is the least iteration time the measured capacities allow (see
+// Bound), or an error while a node is unmeasured; it is 0 while no worker
+// has reported its model size.
+func (b *Balancer) Bound() (time.Duration, error) { return Bound(b.input()) }
 
 // Observe takes one node's sample, received at now, and returns the
 // directives to send every node, in order: one per iteration that the
