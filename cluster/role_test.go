@@ -66,7 +66,7 @@ func TestBlockedRoleKeepsMembership(t *testing.T) {
 		t.Fatal(err)
 	}
 	schedDone := make(chan error, 1)
-	go func() { schedDone <- scheduler.Serve(ctx, plane, scfg, log, nil, nil) }()
+	go func() { schedDone <- scheduler.Serve(ctx, plane, scfg, log, nil, nil, scheduler.Observers{}) }()
 
 	release := make(chan struct{})
 	handled := make(chan node.Role, 2)

@@ -46,6 +46,11 @@ type Config struct {
 	// (FPT_METRICS_ADDR, "host:port", ":port" for every interface, port 0
 	// for any free one); empty: no metrics served.
 	MetricsAddr string
+	// StatusAddr is where the scheduler serves its status page
+	// (FPT_STATUS_ADDR, "host:port" as FPT_METRICS_ADDR; loopback only
+	// without a secret or FPT_INSECURE); empty: no page. Other roles
+	// ignore it.
+	StatusAddr string
 	// LB says whether the scheduler's load balancer runs (FPT_LB: on, the
 	// default, or off: every tensor stays split evenly over the servers,
 	// as in ps-lite).
@@ -142,13 +147,8 @@ func FromEnv(lookup func(string) (string, bool)) (Config, error) {
 		p.fail("FPT_PARTITION_BYTES", p.raw("FPT_PARTITION_BYTES"), "must not exceed FPT_MAX_FRAME_BYTES")
 	}
 	c.PoolBytes = p.integer("FPT_POOL_BYTES", DefaultPoolBytes, 1<<16, 1<<50)
-	if v, ok := p.optional("FPT_METRICS_ADDR"); ok {
-		_, port, err := net.SplitHostPort(v)
-		if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
-			p.fail("FPT_METRICS_ADDR", v, "must be host:port or :port, with a port from 0 to 65535")
-		}
-		c.MetricsAddr = v
-	}
+	c.MetricsAddr = p.hostPort("FPT_METRICS_ADDR")
+	c.StatusAddr = p.hostPort("FPT_STATUS_ADDR")
 	c.LB = true
 	if v, ok := p.optional("FPT_LB"); ok {
 		switch v {
@@ -174,6 +174,20 @@ func FromEnv(lookup func(string) (string, bool)) (Config, error) {
 type parser struct {
 	lookup func(string) (string, bool)
 	errs   []error
+}
+
+// hostPort reads an optional listening address, "host:port" or ":port"
+// ("" when unset).
+func (p *parser) hostPort(name string) string {
+	v, ok := p.optional(name)
+	if !ok {
+		return ""
+	}
+	_, port, err := net.SplitHostPort(v)
+	if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
+		p.fail(name, v, "must be host:port or :port, with a port from 0 to 65535")
+	}
+	return v
 }
 
 func (p *parser) fail(name, value, reason string) {

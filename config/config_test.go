@@ -54,13 +54,14 @@ func TestFromEnvOptional(t *testing.T) {
 	e["FPT_NODE_PORT"] = "7000"
 	e["PS_VERBOSE"] = "2"
 	e["FPT_METRICS_ADDR"] = ":9100"
+	e["FPT_STATUS_ADDR"] = "127.0.0.1:0"
 	e["FPT_LB"] = "off"
 	e["FPT_LB_PROBE_EVERY"] = "7"
 	c, err := FromEnv(env(e))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Van != "netconn" || c.MetricsAddr != ":9100" || c.HeartbeatInterval != 500*time.Millisecond || c.HeartbeatTimeout != 3*time.Second ||
+	if c.Van != "netconn" || c.MetricsAddr != ":9100" || c.StatusAddr != "127.0.0.1:0" || c.HeartbeatInterval != 500*time.Millisecond || c.HeartbeatTimeout != 3*time.Second ||
 		c.PartitionBytes != 65536 || c.NodeHost != "198.18.0.2" || c.NodePort != 7000 || c.Verbose != 2 || c.LB || c.LBProbeEvery != 7 {
 		t.Fatalf("unexpected %+v", c)
 	}
@@ -90,6 +91,7 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		{"lb word", func(e map[string]string) { e["FPT_LB"] = "maybe" }, []string{"FPT_LB"}},
 		{"lb probe negative", func(e map[string]string) { e["FPT_LB_PROBE_EVERY"] = "-1" }, []string{"FPT_LB_PROBE_EVERY"}},
 		{"metrics word port", func(e map[string]string) { e["FPT_METRICS_ADDR"] = "0.0.0.0:http" }, []string{"FPT_METRICS_ADDR"}},
+		{"status without port", func(e map[string]string) { e["FPT_STATUS_ADDR"] = "localhost" }, []string{"FPT_STATUS_ADDR"}},
 		{"interval NaN", func(e map[string]string) { e["PS_HEARTBEAT_INTERVAL"] = "NaN" }, []string{"PS_HEARTBEAT_INTERVAL"}},
 		{"interval tiny", func(e map[string]string) { e["PS_HEARTBEAT_INTERVAL"] = "1e-10" }, []string{"PS_HEARTBEAT_INTERVAL"}},
 		{"timeout infinite", func(e map[string]string) { e["PS_HEARTBEAT_TIMEOUT"] = "+Inf" }, []string{"PS_HEARTBEAT_TIMEOUT"}},

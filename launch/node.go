@@ -17,6 +17,8 @@ import (
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/scheduler"
 	"github.com/fptps/fpt/server"
+	"github.com/fptps/fpt/status"
+	"github.com/fptps/fpt/statusweb"
 	"github.com/fptps/fpt/worker"
 )
 
@@ -33,6 +35,10 @@ type Node struct {
 	server  *server.Server
 	worker  *worker.Worker
 	metrics *metrics.Server // nil without FPT_METRICS_ADDR
+	// The scheduler's: its metrics (nil without FPT_METRICS_ADDR) and its
+	// status page (nil without FPT_STATUS_ADDR).
+	schedMetrics *metrics.Scheduler
+	status       *statusweb.Server
 
 	// The scheduler's run: stop ends it, schedDone is closed when it
 	// returned schedErr.
@@ -89,7 +95,13 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 	}
 	switch cfg.Role {
 	case node.Scheduler:
-		n.startScheduler(ctx, planes, deps.Decisions, func(reason string) { m.Rejected("control", reason) })
+		board, err := n.serveStatus()
+		if err != nil {
+			n.Close()
+			return nil, err
+		}
+		n.startScheduler(ctx, planes, deps.Decisions, func(reason string) { m.Rejected("control", reason) },
+			scheduler.Observers{Status: board, Metrics: n.schedMetrics})
 		return n, nil
 	case node.Server:
 		n.member = cluster.New(cfg, log, planes)
@@ -121,17 +133,41 @@ func (n *Node) serveMetrics() (*metrics.Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("launch: %w", err)
 	}
+	if n.cfg.Role == node.Scheduler {
+		if n.schedMetrics, err = metrics.NewScheduler(reg); err != nil {
+			return nil, fmt.Errorf("launch: %w", err)
+		}
+	}
 	if n.metrics, err = metrics.Serve(n.cfg.MetricsAddr, reg, n.log); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
+// serveStatus serves the scheduler's status page, when asked to, and
+// returns the board the scheduler publishes to (nil: none). Without a
+// secret or FPT_INSECURE it binds loopback only, as the nodes do.
+func (n *Node) serveStatus() (*status.Board, error) {
+	if n.cfg.StatusAddr == "" {
+		return nil, nil
+	}
+	addr, err := statusweb.ListenAddr(n.cfg.StatusAddr, n.cfg.Secret == "" && !n.cfg.Insecure)
+	if err != nil {
+		return nil, fmt.Errorf("launch: %w", err)
+	}
+	board := new(status.Board)
+	if n.status, err = statusweb.Serve(addr, board, n.log); err != nil {
+		return nil, err
+	}
+	n.log.Info("status page", "url", n.status.URL())
+	return board, nil
+}
+
 // startScheduler runs the scheduler in the background. It gets a context of
 // its own, keeping ctx's values but not its end: ctx bounds starting, and
 // the scheduler runs until the cluster terminates, Finalize's context ends
 // or Close.
-func (n *Node) startScheduler(ctx context.Context, planes cluster.Planes, decisions io.Writer, rejected func(reason string)) {
+func (n *Node) startScheduler(ctx context.Context, planes cluster.Planes, decisions io.Writer, rejected func(reason string), obs scheduler.Observers) {
 	ctx, n.stop = context.WithCancel(context.WithoutCancel(ctx))
 	n.schedDone = make(chan struct{})
 	go func() {
@@ -141,7 +177,7 @@ func (n *Node) startScheduler(ctx context.Context, planes cluster.Planes, decisi
 			n.schedErr = fmt.Errorf("scheduler: DMLC_PS_ROOT_PORT=%d: %w", n.cfg.RootPort, err)
 			return
 		}
-		n.schedErr = scheduler.Serve(ctx, plane, n.cfg, n.log, decisions, rejected)
+		n.schedErr = scheduler.Serve(ctx, plane, n.cfg, n.log, decisions, rejected, obs)
 	}()
 }
 
@@ -179,6 +215,15 @@ func (n *Node) MetricsAddr() string {
 		return ""
 	}
 	return n.metrics.Addr()
+}
+
+// StatusURL is the scheduler's status page (with the port chosen for port
+// 0), or "" when it serves none.
+func (n *Node) StatusURL() string {
+	if n.status == nil {
+		return ""
+	}
+	return n.status.URL()
 }
 
 // Done is closed when the node has failed or the cluster terminated (for
@@ -251,6 +296,11 @@ func (n *Node) Close() {
 		if n.metrics != nil {
 			if err := n.metrics.Close(); err != nil {
 				n.log.Warn("closing the metrics server", "err", err)
+			}
+		}
+		if n.status != nil {
+			if err := n.status.Close(); err != nil {
+				n.log.Warn("closing the status page", "err", err)
 			}
 		}
 	})

@@ -43,9 +43,12 @@ func (s *sched) report(m *control.Message) {
 		s.log.Warn("lb: bad report ignored", "from", m.Sender, "err", err)
 		return
 	}
-	for _, d := range s.lb.Observe(sample, time.Now()) {
+	now := time.Now()
+	ds := s.lb.Observe(sample, now)
+	for _, d := range ds {
 		s.direct(d)
 	}
+	s.directed(ds, now)
 }
 
 // direct sends a directive to every server and worker.

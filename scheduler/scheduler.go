@@ -17,6 +17,7 @@ import (
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/status"
 )
 
 // Serve runs the scheduler on plane (bound to cfg.RootPort, where the
@@ -29,12 +30,18 @@ import (
 // A message is acted on only if its Sender is the node that registered
 // over the connection it came from (control.Message.Origin); others are
 // dropped and passed to onReject (nil: only logged, at a bounded rate).
-func Serve(ctx context.Context, plane control.Transport, cfg config.Config, log *slog.Logger, decisions io.Writer, onReject func(reason string)) error {
+// obs are told the members, the LB's decisions and the iterations.
+func Serve(ctx context.Context, plane control.Transport, cfg config.Config, log *slog.Logger, decisions io.Writer, onReject func(reason string), obs Observers) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	s := &sched{cfg: cfg, log: log, plane: plane, decisions: decisions, reject: control.NewRejecter(log, onReject)}
+	s := &sched{cfg: cfg, log: log, plane: plane, decisions: decisions, reject: control.NewRejecter(log, onReject),
+		obs: observer{Observers: obs, rec: status.NewRecorder(cfg.LB, cfg.HeartbeatTimeout, 0)}}
 	defer plane.Close()
+	defer func() {
+		s.obs.rec.Stopped()
+		s.publish(time.Now())
+	}()
 	log.Info("scheduler listening", "port", plane.Port(), "servers", cfg.NumServers, "workers", cfg.NumWorkers)
 	reg := registry{servers: cfg.NumServers, workers: cfg.NumWorkers}
 	if err := s.register(ctx, &reg); err != nil {
@@ -63,6 +70,7 @@ type sched struct {
 	decisions io.Writer    // nil: decisions are only logged
 	byOrigin  map[string]node.ID
 	reject    *control.Rejecter
+	obs       observer
 }
 
 func (s *sched) register(ctx context.Context, reg *registry) error {
@@ -122,6 +130,7 @@ func (s *sched) register(ctx context.Context, reg *registry) error {
 			return err
 		}
 	}
+	s.started(now)
 	return nil
 }
 
@@ -137,6 +146,7 @@ func (s *sched) serve(ctx context.Context) error {
 			s.abort(err.Error())
 			return err
 		case now := <-tick.C:
+			s.publish(now)
 			for id, seen := range s.lastSeen {
 				if silent := now.Sub(seen); silent > s.cfg.HeartbeatTimeout {
 					return s.failed(id, fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond)))

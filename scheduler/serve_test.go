@@ -40,7 +40,7 @@ func TestServeRefusesForgedSenders(t *testing.T) {
 	rejected := map[string]int{}
 	done := make(chan error, 1)
 	go func() {
-		done <- Serve(context.Background(), sp, cfg, nil, nil, func(r string) { mu.Lock(); rejected[r]++; mu.Unlock() })
+		done <- Serve(context.Background(), sp, cfg, nil, nil, func(r string) { mu.Lock(); rejected[r]++; mu.Unlock() }, Observers{})
 	}()
 	sched := "tcp://127.0.0.1:" + strconv.Itoa(sp.Port())
 	srv, _ := net.Listen(0, nil)

@@ -157,14 +157,15 @@ func (r *Recorder) Stopped() { r.phase = "stopped" }
 
 // Directive records one directive the LB answered a report with, at now:
 // each one is the next iteration finished, in order from iteration 0.
-// state is the LB's state after it.
-func (r *Recorder) Directive(d lb.Directive, state lb.State, now time.Time) {
-	r.iters.Add(Point{Iteration: r.next, Seconds: max(now.Sub(r.last), 0).Seconds()})
+// state is the LB's state after it. It returns the iteration's point.
+func (r *Recorder) Directive(d lb.Directive, state lb.State, now time.Time) Point {
+	p := Point{Iteration: r.next, Seconds: max(now.Sub(r.last), 0).Seconds()}
+	r.iters.Add(p)
 	r.next++
 	r.last = now
 	r.state = state.String()
 	if d.Decision == nil {
-		return
+		return p
 	}
 	dec := &Decision{Version: d.Decision.Version, FromIteration: d.Decision.Iteration, Probe: d.Probe, Reason: d.Reason}
 	for i, a := range d.Decision.Aggregators {
@@ -177,6 +178,7 @@ func (r *Recorder) Directive(d lb.Directive, state lb.State, now time.Time) {
 	if d.Probe {
 		r.probes++
 	}
+	return p
 }
 
 // Measured records the LB's measured rates (bytes per second, as
