@@ -30,6 +30,9 @@ type Options struct {
 	DType      frame.DType // Float32 or Float64
 	Classic    int         // rounds of classic Push/Pull/PushPull after the FPT iterations
 	Quiet      bool        // no per-iteration lines
+	// Compute is a pause before each iteration's pushes, standing for the
+	// forward and backward pass: it stretches a run in time without CPU.
+	Compute time.Duration
 }
 
 // DefaultOptions is a small model of mixed tensor sizes (4 KiB to 16 MiB).
@@ -42,6 +45,8 @@ func (o Options) Validate() error {
 	switch {
 	case o.Iterations < 0 || o.Classic < 0:
 		return errors.New("trainer: iterations must not be negative")
+	case o.Compute < 0:
+		return fmt.Errorf("trainer: compute time %s is negative", o.Compute)
 	case o.Tensors < 1:
 		return errors.New("trainer: at least one tensor")
 	case o.MinBytes < 0 || o.MaxBytes < o.MinBytes:
@@ -97,6 +102,21 @@ func (o Options) Sizes() []int {
 		sizes[i] = int(b) / es
 	}
 	return sizes
+}
+
+// pause waits d, or until ctx ends.
+func pause(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("trainer: %w", ctx.Err())
+	}
 }
 
 // Value is the gradient element j of key on worker rank at iteration iter.
@@ -169,6 +189,9 @@ func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out i
 	}
 
 	for it := 1; it <= o.Iterations; it++ {
+		if err := pause(ctx, o.Compute); err != nil {
+			return sum, err
+		}
 		fill(grads, sizes, keys, rank, it)
 		// Only the communication is timed: generating and checking the
 		// values would otherwise dominate on a small machine.

@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"testing"
+	"time"
 
 	"github.com/fptps/fpt/frame"
 )
@@ -57,6 +58,7 @@ func TestValidate(t *testing.T) {
 		func(o *Options) { o.MaxBytes = o.MinBytes - 1 },
 		func(o *Options) { o.DType = frame.Float16 },
 		func(o *Options) { o.Iterations = -1 },
+		func(o *Options) { o.Compute = -time.Millisecond },
 	} {
 		o := DefaultOptions()
 		bad(&o)

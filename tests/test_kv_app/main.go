@@ -26,6 +26,7 @@ func main() {
 	fs.IntVar(&o.MaxBytes, "max-bytes", o.MaxBytes, "largest tensor in bytes")
 	fs.IntVar(&o.Classic, "classic", o.Classic, "rounds of classic Push/Pull/PushPull after training")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no line per iteration")
+	fs.DurationVar(&o.Compute, "compute", 0, "pause before each iteration, standing for the forward and backward pass (e.g. 200ms)")
 	dtype := fs.String("dtype", "float32", "float32 or float64")
 	fs.Parse(os.Args[1:])
 	d, err := frame.ParseDType(*dtype)
