@@ -108,11 +108,11 @@
     if (!chart) {
       chart = new uPlot({
         width: Math.min(1000, window.innerWidth - 60), height: 320,
-        scales: { x: { time: false } },
+        scales: { x: { time: false }, y: { range: (u, min, max) => [0, Math.max(max, 1e-3) * 1.1] } },
         series: [
           { label: "iteration" },
           { label: "iteration time (s)", stroke: "#3a7bd5", width: 2, points: { show: true, size: 4 } },
-          { label: "LB bound (s)", stroke: "#393", dash: [4, 4], width: 1.5, points: { show: false } },
+          { label: "LB bound (s)", stroke: "#8a2be2", dash: [4, 4], width: 1.5, points: { show: false } },
         ],
         axes: [{ label: "iteration" }, { label: "seconds" }],
         hooks: { draw: [drawMarks] },
