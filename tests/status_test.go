@@ -38,7 +38,7 @@ var (
 // page's URL and the scheduler's metrics address.
 func statusRun(t *testing.T) (c *cluster, url, metricsAddr string) {
 	c = startCluster(t, spec{servers: 2, workers: 2,
-		env: []string{"FPT_LB=on", "FPT_PARTITION_BYTES=65536", "FPT_STATUS_ADDR=127.0.0.1:0", "FPT_METRICS_ADDR=127.0.0.1:0"},
+		env:     []string{"FPT_LB=on", "FPT_PARTITION_BYTES=65536", "FPT_STATUS_ADDR=127.0.0.1:0", "FPT_METRICS_ADDR=127.0.0.1:0"},
 		appArgs: append([]string{"-iters", strconv.Itoa(statusIters), "-compute", "250ms", "-quiet"}, lbStressModel...)})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
