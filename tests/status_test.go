@@ -34,12 +34,13 @@ var (
 	decisionSharesRe = regexp.MustCompile(`(server|worker)(\d+)\(\d+\) ([0-9.]+)%`)
 )
 
-// statusRun starts the observed cluster and returns it with the status
-// page's URL and the scheduler's metrics address.
-func statusRun(t *testing.T) (c *cluster, url, metricsAddr string) {
+// statusRun starts the observed cluster, training iters iterations, and
+// returns it with the status page's URL and the scheduler's metrics
+// address.
+func statusRun(t *testing.T, iters int) (c *cluster, url, metricsAddr string) {
 	c = startCluster(t, spec{servers: 2, workers: 2,
 		env:     []string{"FPT_LB=on", "FPT_PARTITION_BYTES=65536", "FPT_STATUS_ADDR=127.0.0.1:0", "FPT_METRICS_ADDR=127.0.0.1:0"},
-		appArgs: append([]string{"-iters", strconv.Itoa(statusIters), "-compute", "250ms", "-quiet"}, lbStressModel...)})
+		appArgs: append([]string{"-iters", strconv.Itoa(iters), "-compute", "250ms", "-quiet"}, lbStressModel...)})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	m, err := waitOutput(ctx, c.proc("scheduler"), statusURLRe)
@@ -149,7 +150,7 @@ func (p page) int(t *testing.T, name string) int {
 }
 
 func TestStatusPage(t *testing.T) {
-	c, url, _ := statusRun(t)
+	c, url, _ := statusRun(t, statusIters)
 	awaitStatus(t, c, url, "3 finished iterations", func(s status.Snapshot) bool { return len(s.Iterations) >= 3 })
 	dom := render(t, url, "")
 	first := parsePage(t, dom)
@@ -217,7 +218,7 @@ func TestStatusPage(t *testing.T) {
 // A scrape of the scheduler during an LB run: the decision version rises,
 // and the shares are those of the decision the scheduler logged.
 func TestSchedulerMetrics(t *testing.T) {
-	c, url, addr := statusRun(t)
+	c, url, addr := statusRun(t, 30)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	scrape := func() metrics.Families {
