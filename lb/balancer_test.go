@@ -772,3 +772,34 @@ func TestBalancerInvariants(t *testing.T) {
 		}
 	}
 }
+
+// Measured and Bound show what the next decision will be made from:
+// copies of the rates, and the bound once every node is measured.
+func TestBalancerMeasured(t *testing.T) {
+	servers, workers := ids(1, 2)
+	b, err := NewBalancer(Config{Servers: servers, Workers: workers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Start()
+	now := time.Unix(0, 0)
+	b.Observe(Sample{Node: servers[0], Iteration: 1, UpRate: 1e6, DownRate: 2e6}, now)
+	if _, err := b.Bound(); err == nil {
+		t.Error("a bound while the workers are unmeasured")
+	}
+	up, down := b.Measured()
+	if up[servers[0]] != 1e6 || down[servers[0]] != 2e6 || len(up) != 1 {
+		t.Errorf("measured up %v, down %v; want server 1e6 up, 2e6 down only", up, down)
+	}
+	up[servers[0]] = 0 // a copy: the balancer's stays
+	for _, w := range workers {
+		b.Observe(Sample{Node: w, Iteration: 1, UpRate: 1e6, DownRate: 1e6, ModelBytes: 1e6}, now)
+	}
+	if up, _ := b.Measured(); up[servers[0]] != 1e6 {
+		t.Errorf("changing Measured's map changed the balancer's: %v", up)
+	}
+	bound, err := b.Bound()
+	if err != nil || bound <= 0 {
+		t.Errorf("bound %v, %v; want a positive time", bound, err)
+	}
+}
