@@ -66,7 +66,8 @@ With --scenario, runs a cluster in an emulated network (network namespaces, tbf)
             has 4 workers and 4 servers
 
 Every run prints a table, or with --json one JSON object per result; progress goes to
-stderr.
+stderr. --plot FILE also draws the results as an SVG image; --from FILE draws (and
+prints) the results a --json run saved, without running anything.
 
 `
 
@@ -80,6 +81,8 @@ type flags struct {
 	scen    scenarioOptions
 	weights string
 	lbs     lbOptions
+	plot    string // --plot: an SVG file
+	from    string // --from: results to print and plot instead of a run
 }
 
 // set tells whether the command line gave the named flag.
@@ -107,6 +110,8 @@ func newFlags(output io.Writer) *flags {
 	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor one or more of slow-server, equal, slow-worker (comma-separated)")
 	fs.StringVar(&f.scen.rate, "rate", "200mbit", "shaping and priority: the worker host's link rate, both ways (tc syntax); LB scenarios:\nevery host's but the slow one's (default 400mbit there)")
 	registerLBFlags(fs, &f.lbs)
+	fs.StringVar(&f.plot, "plot", "", "also draw the results as an SVG image in this file: LB scenarios' iteration times\n(off, on, bound, decisions), goodput vs raw TCP, CPU per GB by peers")
+	fs.StringVar(&f.from, "from", "", "run nothing: read the results a --json run printed from this file (- for stdin),\nprint them and draw them with --plot")
 	fs.StringVar(&f.weights, "weights", "3:1", "shaping scenario: the worker's flow weights for server 0 and server 1")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageText)
@@ -128,6 +133,8 @@ func Main(args []string) int {
 	}
 	name := f.scen.name
 	switch {
+	case f.from != "":
+		return plotMain(f)
 	case name != "" && isLBScenario(name):
 		return lbScenarioMain(f)
 	case name != "":

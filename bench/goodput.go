@@ -187,7 +187,7 @@ func goodputMain(f *flags) int {
 		return usageError("--van %q: no van", f.vans)
 	}
 	p := newProgress(os.Stderr)
-	results := resultWriter{w: os.Stdout, jsonOut: o.jsonOut, header: goodputHeader}
+	results := resultWriter{w: os.Stdout, jsonOut: o.jsonOut, header: goodputHeader, plot: f.plot}
 	secrets := []bool{false}
 	if o.authCompare {
 		// ABBA: a drift of the machine over the four runs (the later runs

@@ -117,8 +117,11 @@ type lbResult struct {
 	EvenOverLB      float64 `json:"even_over_lb"`
 	// LBDecisions is how many distinct decisions the scheduler made in the
 	// FPT_LB=on run (its decision lines on stdout).
-	LBDecisions int       `json:"lb_decisions"`
-	EvenItersMs []float64 `json:"even_iters_ms"`
+	LBDecisions int `json:"lb_decisions"`
+	// LBDecisionMarks are those decisions and the iteration each took
+	// effect from (the x of EvenItersMs[i] and LBItersMs[i] is i+1).
+	LBDecisionMarks []lbDecisionMark `json:"lb_decision_marks"`
+	EvenItersMs     []float64        `json:"even_iters_ms"`
 	LBItersMs   []float64 `json:"lb_iters_ms"`
 }
 
@@ -261,16 +264,24 @@ func (r *lbResult) aggregate(even, balanced []float64, bound, evenModel time.Dur
 	return nil
 }
 
-// countDecisions counts the distinct decisions in a scheduler's stdout,
-// where it writes one line per decision (scheduler.DecisionLine).
-func countDecisions(stdout string) int {
-	versions := map[uint32]bool{}
+// lbDecisionMark is an LB decision and the iteration it took effect from.
+type lbDecisionMark struct {
+	Version   uint32 `json:"version"`
+	Iteration uint64 `json:"iteration"`
+}
+
+// decisionMarks are the distinct decisions in a scheduler's stdout, where
+// it writes one line per decision (scheduler.DecisionLine), in order.
+func decisionMarks(stdout string) []lbDecisionMark {
+	var marks []lbDecisionMark
+	seen := map[uint32]bool{}
 	for line := range strings.Lines(stdout) {
-		if v, _, ok := scheduler.ParseDecisionLine(line); ok {
-			versions[v] = true
+		if v, it, ok := scheduler.ParseDecisionLine(line); ok && !seen[v] {
+			seen[v] = true
+			marks = append(marks, lbDecisionMark{Version: v, Iteration: it})
 		}
 	}
-	return len(versions)
+	return marks
 }
 
 // lbWorkerReport is what worker rank 0 of a scenario's cluster prints.
@@ -351,7 +362,7 @@ func lbScenarioMain(f *flags) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	p := newProgress(os.Stderr)
-	results := resultWriter{w: os.Stdout, jsonOut: f.goodput.jsonOut, header: lbResultHeader}
+	results := resultWriter{w: os.Stdout, jsonOut: f.goodput.jsonOut, header: lbResultHeader, plot: f.plot}
 	for n := range strings.SplitSeq(f.scen.name, ",") {
 		res, err := runLBScenario(ctx, n, lo, p)
 		if err != nil {
@@ -402,7 +413,7 @@ func runLBScenario(ctx context.Context, name string, lo lbOptions, p *progress) 
 	if err != nil {
 		return res, fmt.Errorf("LB on: %w", err)
 	}
-	res.LBDecisions = decisions
+	res.LBDecisions, res.LBDecisionMarks = len(decisions), decisions
 	if err := res.aggregate(even, balanced, bound, evenModel); err != nil {
 		return res, err
 	}
@@ -410,12 +421,12 @@ func runLBScenario(ctx context.Context, name string, lo lbOptions, p *progress) 
 }
 
 // runLBCluster runs the scenario's cluster in net once, FPT_LB on or off,
-// and returns worker rank 0's iteration times (ms) and the number of LB
-// decisions the scheduler made.
-func runLBCluster(ctx context.Context, net *netem.Network, l lbLayout, name string, lo lbOptions, lbOn bool, model int64, p *progress) ([]float64, int, error) {
+// and returns worker rank 0's iteration times (ms) and the LB decisions
+// the scheduler made.
+func runLBCluster(ctx context.Context, net *netem.Network, l lbLayout, name string, lo lbOptions, lbOn bool, model int64, p *progress) ([]float64, []lbDecisionMark, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	args := []string{self, "bench", "--scenario", name, "--rate", lo.rate, "--slow-rate", lo.slowRate,
 		"--iters", strconv.Itoa(lo.iters), "--tail", strconv.Itoa(lo.tail), "--tensors", strconv.Itoa(lo.tensors),
@@ -447,11 +458,11 @@ func runLBCluster(ctx context.Context, net *netem.Network, l lbLayout, name stri
 		},
 	})
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	defer c.Kill()
 	if err := waitCluster(ctx, c, 30*time.Minute); err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	var rep *lbWorkerReport
 	for i := range len(l.workerHosts) {
@@ -461,19 +472,19 @@ func runLBCluster(ctx context.Context, net *netem.Network, l lbLayout, name stri
 		}
 		rep = new(lbWorkerReport)
 		if err := decodeReport(proc, rep); err != nil {
-			return nil, 0, err
+			return nil, nil, err
 		}
 	}
 	switch {
 	case rep == nil:
-		return nil, 0, errors.New("no worker reported its iteration times")
+		return nil, nil, errors.New("no worker reported its iteration times")
 	case rep.Host != net.Addr(l.workerHosts[0]):
 		// The slow host would not be the rank the scenario means.
-		return nil, 0, fmt.Errorf("worker rank 0 ran on %s, want %s: ranks are not in address order", rep.Host, net.Addr(l.workerHosts[0]))
+		return nil, nil, fmt.Errorf("worker rank 0 ran on %s, want %s: ranks are not in address order", rep.Host, net.Addr(l.workerHosts[0]))
 	case len(rep.IterMs) != lo.iters:
-		return nil, 0, fmt.Errorf("worker 0 reported %d iterations, want %d", len(rep.IterMs), lo.iters)
+		return nil, nil, fmt.Errorf("worker 0 reported %d iterations, want %d", len(rep.IterMs), lo.iters)
 	case rep.ModelBytes != model:
-		return nil, 0, fmt.Errorf("worker 0 trained %d bytes per iteration, want %d", rep.ModelBytes, model)
+		return nil, nil, fmt.Errorf("worker 0 trained %d bytes per iteration, want %d", rep.ModelBytes, model)
 	}
-	return rep.IterMs, countDecisions(c.Proc("scheduler").Stdout.String()), nil
+	return rep.IterMs, decisionMarks(c.Proc("scheduler").Stdout.String()), nil
 }

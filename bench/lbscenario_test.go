@@ -197,7 +197,7 @@ func TestAggregate(t *testing.T) {
 // Decisions are counted from the scheduler's decision lines on its
 // stdout, written as scheduler.DecisionLine writes them; log lines that
 // mention a decision are not decisions.
-func TestCountDecisions(t *testing.T) {
+func TestDecisionMarks(t *testing.T) {
 	dec := func(v uint32, it uint64, reason string) string {
 		return scheduler.DecisionLine(lb.Directive{Decision: &lb.Decision{Version: v, Iteration: it,
 			Aggregators: []node.ID{node.ServerID(0), node.WorkerID(1)}, Shares: []float64{0.8, 0.2}}, Shaping: true, Reason: reason})
@@ -205,7 +205,7 @@ func TestCountDecisions(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		stdout string
-		want   int
+		want   []lbDecisionMark
 	}{
 		{"three versions, one repeated", strings.Join([]string{
 			dec(1, 3, "warm-up done"),
@@ -213,13 +213,13 @@ func TestCountDecisions(t *testing.T) {
 			dec(2, 5, "probe done"),
 			dec(2, 5, "again"),
 			dec(13, 40, "probe every 3"),
-		}, "\n") + "\n", 3},
-		{"last line without a newline", dec(1, 3, "") + "\n" + dec(2, 9, ""), 2},
-		{"log text is not a decision", `time=2026-01-01T00:00:00Z level=INFO msg="lb decision" role=scheduler version=1 from_iteration=3` + "\n", 0},
-		{"nothing", "", 0},
+		}, "\n") + "\n", []lbDecisionMark{{1, 3}, {2, 5}, {13, 40}}},
+		{"last line without a newline", dec(1, 3, "") + "\n" + dec(2, 9, ""), []lbDecisionMark{{1, 3}, {2, 9}}},
+		{"log text is not a decision", `time=2026-01-01T00:00:00Z level=INFO msg="lb decision" role=scheduler version=1 from_iteration=3` + "\n", nil},
+		{"nothing", "", nil},
 	} {
-		if got := countDecisions(tc.stdout); got != tc.want {
-			t.Errorf("%s: countDecisions = %d, want %d", tc.name, got, tc.want)
+		if got := decisionMarks(tc.stdout); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: decisionMarks = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

@@ -549,7 +549,7 @@ func scenarioMain(f *flags) int {
 	if so.name == scenarioPriority {
 		header = priorityHeader
 	}
-	results := resultWriter{w: os.Stdout, jsonOut: f.goodput.jsonOut, header: header}
+	results := resultWriter{w: os.Stdout, jsonOut: f.goodput.jsonOut, header: header, plot: f.plot}
 	if err := results.add(res); err != nil {
 		return failed(so.name, err)
 	}

@@ -14,29 +14,42 @@ type tableRow interface{ row() []string }
 // resultWriter is the one way every experiment prints its results: with
 // jsonOut, one JSON object per line as each result comes in (a long run
 // shows what it has so far); else, at flush, one table of them all under
-// header.
+// header. With plot set, flush also draws them there (--plot).
 type resultWriter struct {
 	w       io.Writer
 	jsonOut bool
 	header  []string
-	rows    [][]string
+	plot    string // an SVG file to write, or ""
+	results []tableRow
 }
 
 // add prints r (--json) or keeps its row for the table.
 func (rw *resultWriter) add(r tableRow) error {
+	rw.results = append(rw.results, r)
 	if rw.jsonOut {
 		return writeJSONLine(rw.w, r)
 	}
-	rw.rows = append(rw.rows, r.row())
 	return nil
 }
 
-// flush prints the table, if there is one to print.
+// flush prints the table, if there is one to print, and draws the plot.
 func (rw *resultWriter) flush() error {
-	if rw.jsonOut || len(rw.rows) == 0 {
+	if len(rw.results) == 0 {
 		return nil
 	}
-	return writeTable(rw.w, rw.header, rw.rows)
+	if !rw.jsonOut {
+		rows := make([][]string, len(rw.results))
+		for i, r := range rw.results {
+			rows[i] = r.row()
+		}
+		if err := writeTable(rw.w, rw.header, rows); err != nil {
+			return err
+		}
+	}
+	if rw.plot != "" {
+		return writePlot(rw.plot, rw.results, rw.header)
+	}
+	return nil
 }
 
 // writeJSONLine writes v to w as one line of JSON: a result, or what a
