@@ -122,7 +122,7 @@ type lbResult struct {
 	// effect from (the x of EvenItersMs[i] and LBItersMs[i] is i+1).
 	LBDecisionMarks []lbDecisionMark `json:"lb_decision_marks"`
 	EvenItersMs     []float64        `json:"even_iters_ms"`
-	LBItersMs   []float64 `json:"lb_iters_ms"`
+	LBItersMs       []float64        `json:"lb_iters_ms"`
 }
 
 // lbLayout places a scenario's nodes on hosts: servers first, then
