@@ -26,3 +26,16 @@ if ! command -v go >/dev/null 2>&1; then
 fi
 command -v go >/dev/null 2>&1 || { echo "setup: no Go toolchain on PATH (Go 1.26 or later)" >&2; exit 1; }
 go mod download
+
+# The status page's browser test (tests/status_test.go) drives Debian's
+# headless Chromium.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing chromium (for the status page test); run as root or: sudo apt-get install -y chromium" >&2
+    exit 1
+  fi
+  echo "setup: installing chromium" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq chromium >/dev/null
+fi
