@@ -195,13 +195,12 @@ func (c LineChart) draw(w *writer, top float64) {
 	}
 	y, x0, x1, y0, y1 := frame(w, top, c.Title, c.YLabel, ymax*1.05)
 	x := func(v float64) float64 { return x0 + (x1-x0)*(v-xmin)/(xmax-xmin) }
-	xs, step := ticks(xmax - xmin)
-	for _, v := range xs {
-		if v > xmax-xmin+step*1e-6 {
-			break // the y axis's ticks round up; the x axis's stop at its data
-		}
-		w.f(`<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#333"/>`+"\n", num(x(xmin+v)), num(y0), num(x(xmin+v)), num(y0+4))
-		w.text(x(xmin+v), y0+16, "middle", label(xmin+v, step), "")
+	// Round x ticks within the data: multiples of the step.
+	_, step := ticks(xmax - xmin)
+	for k := math.Ceil(xmin/step - 1e-9); k*step <= xmax+step*1e-9; k++ {
+		v := k * step
+		w.f(`<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#333"/>`+"\n", num(x(v)), num(y0), num(x(v)), num(y0+4))
+		w.text(x(v), y0+16, "middle", label(v, step), "")
 	}
 	w.text((x0+x1)/2, y0+32, "middle", c.XLabel, "")
 	for _, m := range c.Marks {
