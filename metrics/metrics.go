@@ -11,11 +11,8 @@
 package metrics
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -23,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/fptps/fpt/internal/httpserve"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
 )
@@ -183,46 +181,19 @@ func (c *vanCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // Server serves a registry over HTTP at /metrics.
-type Server struct {
-	addr string
-	srv  *http.Server
-	done chan struct{}
-}
+type Server struct{ *httpserve.Server }
 
 // Serve listens on addr ("host:port"; port 0 picks one) and serves g at
 // /metrics until Close. A port in use is an error here, not later.
 func Serve(addr string, g prometheus.Gatherer, log *slog.Logger) (*Server, error) {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("metrics: FPT_METRICS_ADDR: %w", err)
-	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
-	s := &Server{
-		addr: l.Addr().String(),
-		srv:  &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second},
-		done: make(chan struct{}),
+	s, err := httpserve.Serve("FPT_METRICS_ADDR", addr, mux, log)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
 	}
-	go func() {
-		defer close(s.done)
-		if err := s.srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Warn("metrics: server stopped", "err", err)
-		}
-	}()
-	log.Info("serving metrics", "addr", s.addr)
-	return s, nil
-}
-
-// Addr is the address being served (with the port chosen for port 0).
-func (s *Server) Addr() string { return s.addr }
-
-// Close stops serving, letting a scrape in progress finish briefly.
-func (s *Server) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	err := s.srv.Shutdown(ctx)
-	<-s.done
-	return err
+	log.Info("serving metrics", "addr", s.Addr())
+	return &Server{s}, nil
 }
 
 // Rejected counts a connection or message refused on plane ("control" or

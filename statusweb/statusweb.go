@@ -6,17 +6,15 @@
 package statusweb
 
 import (
-	"context"
 	"embed"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
-	"time"
 
+	"github.com/fptps/fpt/internal/httpserve"
 	"github.com/fptps/fpt/status"
 )
 
@@ -65,41 +63,17 @@ func ListenAddr(addr string, loopbackOnly bool) (string, error) {
 }
 
 // Server serves the status page until Close.
-type Server struct {
-	addr string
-	srv  *http.Server
-	done chan struct{}
-}
+type Server struct{ *httpserve.Server }
 
 // Serve listens on addr (see ListenAddr for the rule applied before) and
 // serves the page of board until Close. A port in use is an error here.
 func Serve(addr string, board *status.Board, log *slog.Logger) (*Server, error) {
-	l, err := net.Listen("tcp", addr)
+	s, err := httpserve.Serve("FPT_STATUS_ADDR", addr, Handler(board), log)
 	if err != nil {
-		return nil, fmt.Errorf("statusweb: FPT_STATUS_ADDR: %w", err)
+		return nil, fmt.Errorf("statusweb: %w", err)
 	}
-	s := &Server{
-		addr: l.Addr().String(),
-		srv:  &http.Server{Handler: Handler(board), ReadHeaderTimeout: 10 * time.Second},
-		done: make(chan struct{}),
-	}
-	go func() {
-		defer close(s.done)
-		if err := s.srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Warn("status page: server stopped", "err", err)
-		}
-	}()
-	return s, nil
+	return &Server{s}, nil
 }
 
 // URL is the page's address, with the port chosen for port 0.
-func (s *Server) URL() string { return "http://" + s.addr + "/" }
-
-// Close stops serving, letting a request in progress finish briefly.
-func (s *Server) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	err := s.srv.Shutdown(ctx)
-	<-s.done
-	return err
-}
+func (s *Server) URL() string { return "http://" + s.Addr() + "/" }
