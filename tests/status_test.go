@@ -179,10 +179,8 @@ func TestStatusPage(t *testing.T) {
 	awaitStatus(t, c, url, "a decision after a probe", func(s status.Snapshot) bool {
 		return s.Probes >= 1 && s.Decision != nil && !s.Decision.Probe && len(s.Decisions) >= 2
 	})
-	shot := filepath.Join(t.TempDir(), "status.png")
-	if dir := os.Getenv("FPT_TEST_SCREENSHOT_DIR"); dir != "" {
-		shot = filepath.Join(dir, "status.png")
-	}
+	// Kept with go test -artifacts (-outputdir DIR), for people to look at.
+	shot := filepath.Join(t.ArtifactDir(), "status.png")
 	render(t, url, shot)
 	if st, err := os.Stat(shot); err != nil || st.Size() == 0 {
 		t.Errorf("no screenshot at %s: %v", shot, err)
