@@ -3,6 +3,7 @@ package trace
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -96,15 +97,7 @@ func Merge(out io.Writer, inputs []Input) (MergeStats, error) {
 			owner[pid] = in.Name
 		}
 	}
-	slices.SortStableFunc(spans, func(a, b timed) int {
-		switch {
-		case a.ts < b.ts:
-			return -1
-		case a.ts > b.ts:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(spans, func(a, b timed) int { return cmp.Compare(a.ts, b.ts) })
 	bw := bufio.NewWriter(out)
 	bw.WriteString("[\n")
 	sep := ""

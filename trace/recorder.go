@@ -113,6 +113,7 @@ func (r *Recorder) Start(w io.WriteCloser, m Meta) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.started || r.closed {
+		w.Close() // not ours to keep: nothing will be written to it
 		return
 	}
 	r.started = true
