@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -82,6 +84,9 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 		}
 	}
 	n := &Node{cfg: cfg, log: log}
+	if err := checkTraceDir(cfg); err != nil {
+		return nil, err
+	}
 	m, err := n.serveMetrics()
 	if err != nil {
 		return nil, err
@@ -122,6 +127,20 @@ func (n *Node) newMember(planes cluster.Planes, m *metrics.Node) *cluster.Member
 		mem.SetTracer(n.tracer)
 	}
 	return mem
+}
+
+// checkTraceDir refuses, before the node joins, a trace file whose
+// directory does not exist: the file itself is made only once the node
+// knows its rank, when failing would stop the whole cluster.
+func checkTraceDir(cfg config.Config) error {
+	if cfg.TraceFile == "" || cfg.Role == node.Scheduler {
+		return nil
+	}
+	dir := filepath.Dir(trace.Path(cfg.TraceFile, cfg.Role.String(), 0))
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return &config.VarError{Var: "FPT_TRACE_FILE", Value: cfg.TraceFile, Reason: "its directory " + dir + " does not exist"}
+	}
+	return nil
 }
 
 // startTrace opens the node's trace file, once the node knows its rank
