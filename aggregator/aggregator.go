@@ -20,6 +20,7 @@ import (
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/reduce"
+	"github.com/fptps/fpt/trace"
 	"github.com/fptps/fpt/van"
 )
 
@@ -32,7 +33,8 @@ type Deliver func(h *frame.Header, data []byte)
 type Aggregator struct {
 	node    *cluster.Member
 	workers int
-	deliver Deliver // nil on servers
+	deliver Deliver         // nil on servers
+	trace   *trace.Recorder // nil: not tracing
 
 	mu      sync.Mutex // the netconn van calls in parallel; workers add locally
 	table   *reduce.Table
@@ -50,7 +52,7 @@ type adoptKey struct {
 func New(n *cluster.Member, deliver Deliver) *Aggregator {
 	w := n.Config().NumWorkers
 	return &Aggregator{node: n, workers: w, deliver: deliver, table: reduce.NewTable(w),
-		adopted: make(map[adoptKey]bool)}
+		adopted: make(map[adoptKey]bool), trace: n.Tracer()}
 }
 
 // PayloadBuffer is the van.Sink half for Push frames: a pushed partition is
@@ -87,6 +89,7 @@ func (a *Aggregator) AddLocal(h *frame.Header, data []byte) error {
 }
 
 func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
+	a.trace.Begin(trace.Aggregate, h)
 	a.mu.Lock()
 	sum, err := a.table.Add(reduce.Contribution{
 		PartID: partID(h),
@@ -102,6 +105,7 @@ func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
 	if err != nil || sum == nil {
 		return err
 	}
+	a.trace.End(trace.Aggregate, h) // before any worker can have the sum
 	return a.broadcast(h, sum)
 }
 

@@ -28,6 +28,7 @@ import (
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/trace"
 	"github.com/fptps/fpt/van"
 )
 
@@ -53,7 +54,8 @@ type Member struct {
 
 	plane   control.Transport
 	van     van.Transport
-	metrics *metrics.Node // nil: none
+	metrics *metrics.Node   // nil: none
+	tracer  *trace.Recorder // nil: none
 	sched   string
 	// schedOrigin is the connection (control.Message.Origin) the node
 	// table came over: the scheduler's. Later control messages are acted
@@ -157,6 +159,13 @@ func (n *Member) SetMetrics(m *metrics.Node) { n.metrics = m }
 
 // Metrics is the node's metrics, nil when it has none.
 func (n *Member) Metrics() *metrics.Node { return n.metrics }
+
+// SetTracer makes the node's worker and aggregator record their timeline
+// in r (nil: none). Call it before Start.
+func (n *Member) SetTracer(r *trace.Recorder) { n.tracer = r }
+
+// Tracer is the node's timeline recorder, nil when it traces nothing.
+func (n *Member) Tracer() *trace.Recorder { return n.tracer }
 
 // OnControl installs a handler for control messages the node does not
 // handle itself (the LB's reports and decisions). Call it before Start.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/trace"
 )
 
 // Config is everything a node needs to join a cluster.
@@ -73,6 +74,13 @@ type Config struct {
 	// pushing while the others wait for it before failing it by name
 	// (FPT_STALL_TIMEOUT, seconds; default 600; 0 turns it off).
 	StallTimeout time.Duration
+	// TraceFile is where a server or worker writes its communication
+	// timeline (FPT_TRACE_FILE; "{role}" and "{rank}" are replaced by the
+	// node's); empty: no tracing.
+	TraceFile string
+	// TraceIters is the iterations traced (FPT_TRACE_ITERS: "10-20", "10-",
+	// "7"; default all).
+	TraceIters trace.Window
 }
 
 // Defaults for the optional settings.
@@ -167,6 +175,15 @@ func FromEnv(lookup func(string) (string, bool)) (Config, error) {
 		c.StallTimeout = p.seconds("FPT_STALL_TIMEOUT", DefaultStallTimeout)
 	} else if ok {
 		c.StallTimeout = 0
+	}
+	c.TraceFile, _ = p.optional("FPT_TRACE_FILE")
+	c.TraceIters = trace.All
+	if v, ok := p.optional("FPT_TRACE_ITERS"); ok {
+		w, err := trace.ParseWindow(v)
+		if err != nil {
+			p.fail("FPT_TRACE_ITERS", v, trace.ErrWindow.Error())
+		}
+		c.TraceIters = w
 	}
 	return c, errors.Join(p.errs...)
 }

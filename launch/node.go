@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,6 +21,7 @@ import (
 	"github.com/fptps/fpt/server"
 	"github.com/fptps/fpt/status"
 	"github.com/fptps/fpt/statusweb"
+	"github.com/fptps/fpt/trace"
 	"github.com/fptps/fpt/worker"
 )
 
@@ -39,6 +42,7 @@ type Node struct {
 	// status page (nil without FPT_STATUS_ADDR).
 	schedMetrics *metrics.Scheduler
 	status       *statusweb.Server
+	tracer  *trace.Recorder // nil without FPT_TRACE_FILE
 
 	// The scheduler's run: stop ends it, schedDone is closed when it
 	// returned schedErr.
@@ -86,6 +90,9 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 		}
 	}
 	n := &Node{cfg: cfg, log: log}
+	if err := checkTraceDir(cfg); err != nil {
+		return nil, err
+	}
 	m, err := n.serveMetrics()
 	if err != nil {
 		return nil, err
@@ -104,21 +111,64 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 			scheduler.Observers{Status: board, Metrics: n.schedMetrics})
 		return n, nil
 	case node.Server:
-		n.member = cluster.New(cfg, log, planes)
-		n.member.SetMetrics(m)
+		n.member = n.newMember(planes, m)
 		n.server, err = server.Start(ctx, n.member)
 	case node.Worker:
-		n.member = cluster.New(cfg, log, planes)
-		n.member.SetMetrics(m)
+		n.member = n.newMember(planes, m)
 		n.worker, err = worker.Start(ctx, n.member)
 	default:
 		err = fmt.Errorf("launch: no node of role %s", cfg.Role)
+	}
+	if err == nil {
+		err = n.startTrace()
 	}
 	if err != nil {
 		n.Close()
 		return nil, err
 	}
 	return n, nil
+}
+
+// newMember makes a server's or worker's membership, with its metrics and,
+// with FPT_TRACE_FILE, its timeline recorder.
+func (n *Node) newMember(planes cluster.Planes, m *metrics.Node) *cluster.Member {
+	mem := cluster.New(n.cfg, n.log, planes)
+	mem.SetMetrics(m)
+	if n.cfg.TraceFile != "" {
+		n.tracer = trace.New(n.cfg.TraceIters, trace.DefaultCapacity)
+		mem.SetTracer(n.tracer)
+	}
+	return mem
+}
+
+// checkTraceDir refuses, before the node joins, a trace file whose
+// directory does not exist: the file itself is made only once the node
+// knows its rank, when failing would stop the whole cluster.
+func checkTraceDir(cfg config.Config) error {
+	if cfg.TraceFile == "" || cfg.Role == node.Scheduler {
+		return nil
+	}
+	dir := filepath.Dir(trace.Path(cfg.TraceFile, cfg.Role.String(), 0))
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return &config.VarError{Var: "FPT_TRACE_FILE", Value: cfg.TraceFile, Reason: "its directory " + dir + " does not exist"}
+	}
+	return nil
+}
+
+// startTrace opens the node's trace file, once the node knows its rank
+// (the file's name may contain it); spans recorded meanwhile are queued.
+func (n *Node) startTrace() error {
+	if n.tracer == nil {
+		return nil
+	}
+	self := n.member.Self()
+	role := n.cfg.Role.String()
+	path := trace.Path(n.cfg.TraceFile, role, self.ID.Rank())
+	if err := n.tracer.Create(path, trace.Meta{Role: role, Rank: self.ID.Rank(), ID: uint32(self.ID), Host: self.Host}); err != nil {
+		return fmt.Errorf("launch: %w", err)
+	}
+	n.log.Info("tracing the communication timeline", "file", path, "iterations", n.cfg.TraceIters.String())
+	return nil
 }
 
 // serveMetrics makes the node's registry and serves it, when asked to: the
@@ -292,6 +342,11 @@ func (n *Node) Close() {
 		if n.stop != nil {
 			n.stop()
 			<-n.schedDone
+		}
+		if err := n.tracer.Close(); err != nil {
+			n.log.Warn("closing the trace file", "err", err)
+		} else if d := n.tracer.Dropped(); d > 0 {
+			n.log.Warn("the trace file lacks spans: its queue was full", "dropped", d)
 		}
 		if n.metrics != nil {
 			if err := n.metrics.Close(); err != nil {

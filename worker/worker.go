@@ -40,6 +40,7 @@ import (
 	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/role"
+	"github.com/fptps/fpt/trace"
 	"github.com/fptps/fpt/van"
 )
 
@@ -54,7 +55,8 @@ type Callback func(err error)
 // Worker is a running worker node.
 type Worker struct {
 	node    *cluster.Member
-	metrics *metrics.Node // nil: none
+	metrics *metrics.Node   // nil: none
+	trace   *trace.Recorder // nil: not tracing
 	base    *role.Base
 
 	mu sync.Mutex
@@ -76,6 +78,7 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 	w := &Worker{
 		node:    n,
 		metrics: n.Metrics(),
+		trace:   n.Tracer(),
 		c:       newCore(cfg.PartitionBytes, cfg.LB),
 		moved:   make(chan struct{}),
 		quit:    make(chan struct{}),
@@ -138,15 +141,19 @@ func (w *Worker) do(t todo) {
 		var err error
 		for i := range t.locals {
 			m := &t.locals[i]
+			w.trace.Begin(trace.Push, &m.Header)
 			if err = w.base.Agg.AddLocal(&m.Header, m.Payload); err != nil {
 				err = fmt.Errorf("worker: own contribution to %s: %w", &m.Header, err)
 				break
 			}
+			w.trace.End(trace.Push, &m.Header)
 		}
 		if t.counted {
 			for i := range t.sends {
-				to := node.ID(t.sends[i].Header.Recipient)
+				to, h := node.ID(t.sends[i].Header.Recipient), &t.sends[i].Header
+				w.trace.Begin(trace.Push, h)
 				t.sends[i].Done = func(err error) {
+					w.trace.End(trace.Push, h)
 					if err != nil {
 						err = w.toPeer(to, err)
 					}
@@ -412,6 +419,7 @@ func (w *Worker) PayloadBuffer(h *frame.Header) []byte {
 	case frame.Push:
 		return w.base.Agg.PayloadBuffer(h)
 	case frame.Result:
+		w.trace.Begin(trace.Pull, h)
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		return w.c.sink(h) // nil on a bad frame: HandleFrame reports it
@@ -430,6 +438,7 @@ func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
 		copy(l.span, payload)
 	}
 	w.update(func(c *core) todo { return c.land(l, h.Partition) })
+	w.trace.End(trace.Pull, h)
 	return nil
 }
 
@@ -443,6 +452,8 @@ func (w *Worker) deliverLocal(h *frame.Header, data []byte) {
 		w.node.Fail(fmt.Errorf("worker: own sum %s: %w", h, err))
 		return
 	}
+	w.trace.Begin(trace.Pull, h)
 	copy(l.span, data)
 	w.update(func(c *core) todo { return c.land(l, h.Partition) })
+	w.trace.End(trace.Pull, h)
 }

@@ -12,12 +12,14 @@ import (
 	"github.com/fptps/fpt/bench"
 	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/netem"
+	"github.com/fptps/fpt/trace"
 )
 
 const usage = `usage:
   fpt                 run the node DMLC_ROLE names (scheduler or server)
   fpt bench [flags]   run a local cluster and print throughput and CPU cost (fpt bench -h)
   fpt netem [flags]   run a command or a cluster on emulated hosts with shaped links (fpt netem -h)
+  fpt trace merge OUT IN...  merge the nodes' FPT_TRACE_FILE timelines into one (fpt trace -h)
 `
 
 func main() {
@@ -27,6 +29,8 @@ func main() {
 			os.Exit(bench.Main(os.Args[2:]))
 		case "netem":
 			os.Exit(netem.Main(os.Args[2:]))
+		case "trace":
+			os.Exit(trace.Main(os.Args[2:], os.Stdout, os.Stderr))
 		case "-h", "-help", "--help", "help":
 			fmt.Fprint(os.Stdout, usage)
 			return
