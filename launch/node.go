@@ -42,7 +42,7 @@ type Node struct {
 	// status page (nil without FPT_STATUS_ADDR).
 	schedMetrics *metrics.Scheduler
 	status       *statusweb.Server
-	tracer  *trace.Recorder // nil without FPT_TRACE_FILE
+	tracer       *trace.Recorder // nil without FPT_TRACE_FILE
 
 	// The scheduler's run: stop ends it, schedDone is closed when it
 	// returned schedErr.
