@@ -86,6 +86,10 @@ type tensor struct {
 	layoutVersion uint32
 	layout        []lb.Partition
 	spare         [][]byte // result buffers to reuse
+	// initial is the key's value as Init left it, kept until its next
+	// push: a pull with no push outstanding returns it (MXNet broadcasts a
+	// parameter by init, then pull, one key at a time).
+	initial []byte
 }
 
 type resultKey struct{ key, iter uint64 }
@@ -159,10 +163,12 @@ type delivery struct {
 }
 
 // todo is what the shell does after a core call, once unlocked, in this
-// order: add the local contributions to the aggregator, queue sends, report
-// the hand-over of req, copy the deliveries, complete the finished
-// requests, and tell the LB agent an iteration began.
+// order: copy the initial values, add the local contributions to the
+// aggregator, queue sends, report the hand-over of req, copy the
+// deliveries, complete the finished requests, and tell the LB agent an
+// iteration began.
 type todo struct {
+	initials []initialCopy // copies to make before req is handed over
 	req      *request      // the call's request, to hand over; nil for other inputs
 	locals   []van.Message // this worker's own contributions to partitions it aggregates
 	sends    []van.Message // frames to queue
@@ -171,6 +177,9 @@ type todo struct {
 	finished []*request
 	began    *iterationBegan
 }
+
+// initialCopy is a key's value after Init, copied into a pull's buffer.
+type initialCopy struct{ dst, src []byte }
 
 // iterationBegan is what the LB agent learns from a push.
 type iterationBegan struct{ iter, modelBytes uint64 }
@@ -483,6 +492,7 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	}
 	for _, t := range ts {
 		t.pushed++
+		t.initial = nil
 	}
 	return todo{req: req, locals: locals, sends: msgs, counted: true,
 		began: &iterationBegan{iter: began, modelBytes: c.modelBytes}}, nil
@@ -507,10 +517,8 @@ func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	if err != nil {
 		return todo{}, err
 	}
-	for _, t := range ts {
-		if t.pulled >= t.pushed {
-			return todo{}, fmt.Errorf("worker: FPTPull of key %d for iteration %d before its FPTPush: %w", t.key, t.pulled, ErrPullBeforePush)
-		}
+	if slices.ContainsFunc(ts, func(t *tensor) bool { return t.pulled >= t.pushed }) {
+		return c.pullInitial(ts, parts, cl)
 	}
 	req, err := c.newRequest(cl, len(ts))
 	if err != nil {
@@ -530,6 +538,41 @@ func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 		}
 	}
 	return out, nil
+}
+
+// pullInitial answers a pull with no push outstanding for some key: if
+// every key was initialised and not pushed since, with the values Init
+// left (copied by the shell, as initials); else it is the caller's error.
+func (c *core) pullInitial(ts []*tensor, parts [][]byte, cl *call) (todo, error) {
+	for _, t := range ts {
+		switch {
+		case t.pulled < t.pushed:
+			return todo{}, fmt.Errorf("worker: FPTPull mixes key %d, pushed for iteration %d, with keys that have no push outstanding: %w", t.key, t.pulled, ErrPullBeforePush)
+		case t.initial == nil:
+			return todo{}, fmt.Errorf("worker: FPTPull of key %d for iteration %d before its FPTPush: %w", t.key, t.pulled, ErrPullBeforePush)
+		}
+	}
+	req, err := c.newRequest(cl, 0)
+	if err != nil {
+		return todo{}, err
+	}
+	out := todo{req: req}
+	for i, t := range ts {
+		out.initials = append(out.initials, initialCopy{dst: parts[i], src: t.initial})
+	}
+	return out, nil
+}
+
+// keepInitial records the keys' values after Init (data, laid out as
+// byteLens say, a copy the core may keep) for pullInitial.
+func (c *core) keepInitial(keys []uint64, data []byte, byteLens []int) {
+	off := 0
+	for i, k := range keys {
+		if t := c.tensors[k]; t != nil && uint64(byteLens[i]) == t.bytes {
+			t.initial = data[off : off+byteLens[i] : off+byteLens[i]]
+		}
+		off += byteLens[i]
+	}
 }
 
 // resultFor finds or creates the result of t's iteration.

@@ -90,6 +90,12 @@ func (w *Worker) initBytes(ctx context.Context, keys []uint64, data []byte, byte
 	if err := w.Wait(ts); err != nil {
 		return err
 	}
+	// Kept for a pull that comes before the keys' next push; copied here,
+	// outside the lock, since data is the caller's.
+	initial := append([]byte(nil), data...)
+	w.mu.Lock()
+	w.c.keepInitial(keys, initial, byteLens)
+	w.mu.Unlock()
 	return w.Barrier(ctx, node.WorkerGroup)
 }
 

@@ -134,6 +134,9 @@ func (w *Worker) update(f func(*core) todo) {
 
 // do carries out a core's todo, without the lock, in its order.
 func (w *Worker) do(t todo) {
+	for _, c := range t.initials {
+		copy(c.dst, c.src)
+	}
 	if req := t.req; req != nil {
 		var err error
 		for i := range t.locals {
