@@ -1,6 +1,8 @@
 package tests
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -47,6 +49,11 @@ func TestPSLitePrograms(t *testing.T) {
 			servers: 2, workers: 2, variant: "default",
 			worker: []string{"init: 7 keys pulled, every weight exact", "iteration 5/5: every weight exact",
 				"PASS: 5 iterations x 7 keys, sync SGD on the servers, every weight exact"},
+			server: []string{"server: done"}},
+		{name: "mxnet-fpt", prog: "pslite_mxnet_client", args: []string{"-iters", "5", "-fpt", "1"},
+			servers: 2, workers: 2, variant: "default",
+			worker: []string{"init: 7 keys through FPTPush/FPTPull, worker 0's weights everywhere", "iteration 5/5: every sum exact",
+				"PASS: 5 iterations x 7 keys, FPTPush/FPTPull, SGD on the workers, every value exact"},
 			server: []string{"server: done"}},
 	}
 	for _, tt := range tests {
@@ -129,6 +136,32 @@ func TestPSLiteHeadersSelftest(t *testing.T) {
 			mustContain(t, "selftest customers output", string(out), "selftest: customers: PASS")
 			if strings.Contains(string(out), "WARNING: ThreadSanitizer") {
 				t.Errorf("ThreadSanitizer reports:\n%s", out)
+			}
+			// Wrong calls end the program with status 1 and a message
+			// naming the mistake, never a crash or a hang.
+			if variant.name == "plain" {
+				for _, bad := range []struct{ name, want string }{
+					{"before-start", "KVWorker::ZPush before ps::Start"},
+					{"lens-sum", "lens add up to 2 values, vals has 3"},
+					{"lens-count", "lens and keys differ in size"},
+					{"keys-unsorted", "keys must be unique and ascending"},
+					{"pushpull-outs", "outs has another size than vals"},
+					{"customer-twice", "customer (0, 1) already exists"},
+					{"finalize-unknown", "ps::Finalize(7) of a customer that did not call ps::Start"},
+					{"after-finalize", "KVWorker::ZPush after ps::Finalize"},
+					{"fptpull-undeclared", "key 42 was never pushed with FPTPush or declared with FPTDeclare"},
+					{"fptpush-redeclared", "key 3 was declared as 16 bytes, this call gives 12"},
+				} {
+					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					out, err := exec.CommandContext(ctx, exe, "bad", bad.name).CombinedOutput()
+					cancel()
+					var exit *exec.ExitError
+					if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+						t.Errorf("bad call %s: %v, want exit status 1\n%s", bad.name, err, out)
+						continue
+					}
+					mustContain(t, "bad call "+bad.name, string(out), "Check failed", bad.want)
+				}
 			}
 			// The cluster fails under a waiting pull: the program ends
 			// with status 1 and the reason, instead of waiting for ever.

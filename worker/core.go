@@ -88,8 +88,40 @@ type tensor struct {
 	spare         [][]byte // result buffers to reuse
 	// initial is the key's value as Init left it, kept until its next
 	// push: a pull with no push outstanding returns it (MXNet broadcasts a
-	// parameter by init, then pull, one key at a time).
+	// parameter by init, then pull, one key at a time). It lies in kept.
 	initial []byte
+	kept    *keptInit
+}
+
+// keptInit is the memory one Init call's values are kept in, outside the
+// Go heap (the shell maps and unmaps it). It is unmapped once no key
+// refers to it and no pull is copying out of it: a copy from unmapped
+// memory would crash the process, not merely read stale values.
+type keptInit struct {
+	mem     []byte
+	keys    int // tensors whose initial lies in mem
+	readers int // initialCopy's not yet copied
+	freed   bool
+}
+
+// drop returns k's memory for the shell to unmap, once nothing uses it.
+func (k *keptInit) drop() [][]byte {
+	if k.keys > 0 || k.readers > 0 || k.freed {
+		return nil
+	}
+	k.freed = true
+	return [][]byte{k.mem}
+}
+
+// forgetInitial drops t's kept value.
+func (t *tensor) forgetInitial() [][]byte {
+	k := t.kept
+	if k == nil {
+		return nil
+	}
+	t.initial, t.kept = nil, nil
+	k.keys--
+	return k.drop()
 }
 
 type resultKey struct{ key, iter uint64 }
@@ -169,6 +201,7 @@ type delivery struct {
 // iteration began.
 type todo struct {
 	initials []initialCopy // copies to make before req is handed over
+	unmap    [][]byte      // kept Init values nothing uses any more
 	req      *request      // the call's request, to hand over; nil for other inputs
 	locals   []van.Message // this worker's own contributions to partitions it aggregates
 	sends    []van.Message // frames to queue
@@ -178,8 +211,12 @@ type todo struct {
 	began    *iterationBegan
 }
 
-// initialCopy is a key's value after Init, copied into a pull's buffer.
-type initialCopy struct{ dst, src []byte }
+// initialCopy is a key's value after Init, copied into a pull's buffer;
+// the shell reports it with initialCopied.
+type initialCopy struct {
+	dst, src []byte
+	kept     *keptInit
+}
 
 // iterationBegan is what the LB agent learns from a push.
 type iterationBegan struct{ iter, modelBytes uint64 }
@@ -437,6 +474,9 @@ func (c *core) fail(err error) todo {
 	for _, r := range c.requests {
 		t.merge(c.settle(r, 0, fmt.Errorf("worker: the node failed: %w", c.err)))
 	}
+	for _, tn := range c.tensors {
+		t.unmap = append(t.unmap, tn.forgetInitial()...)
+	}
 	// The order callbacks run in is the order requests were made.
 	slices.SortFunc(t.finished, func(a, b *request) int { return a.ts - b.ts })
 	return t
@@ -490,11 +530,12 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	if err != nil {
 		return todo{}, err
 	}
+	var unmap [][]byte
 	for _, t := range ts {
 		t.pushed++
-		t.initial = nil
+		unmap = append(unmap, t.forgetInitial()...)
 	}
-	return todo{req: req, locals: locals, sends: msgs, counted: true,
+	return todo{req: req, locals: locals, sends: msgs, counted: true, unmap: unmap,
 		began: &iterationBegan{iter: began, modelBytes: c.modelBytes}}, nil
 }
 
@@ -558,21 +599,44 @@ func (c *core) pullInitial(ts []*tensor, parts [][]byte, cl *call) (todo, error)
 	}
 	out := todo{req: req}
 	for i, t := range ts {
-		out.initials = append(out.initials, initialCopy{dst: parts[i], src: t.initial})
+		t.kept.readers++
+		out.initials = append(out.initials, initialCopy{dst: parts[i], src: t.initial, kept: t.kept})
 	}
 	return out, nil
 }
 
-// keepInitial records the keys' values after Init (data, laid out as
-// byteLens say, a copy the core may keep) for pullInitial.
-func (c *core) keepInitial(keys []uint64, data []byte, byteLens []int) {
-	off := 0
-	for i, k := range keys {
-		if t := c.tensors[k]; t != nil && uint64(byteLens[i]) == t.bytes {
-			t.initial = data[off : off+byteLens[i] : off+byteLens[i]]
-		}
-		off += byteLens[i]
+// initialCopied is the shell's report that it has copied out of the kept
+// values.
+func (c *core) initialCopied(copies []initialCopy) todo {
+	var out todo
+	for _, cp := range copies {
+		cp.kept.readers--
+		out.unmap = append(out.unmap, cp.kept.drop()...)
 	}
+	return out
+}
+
+// keepInitial records the keys' values after Init for pullInitial: mem (the
+// shell's copy, which the core now owns until it hands it back in
+// todo.unmap) is laid out as byteLens say.
+func (c *core) keepInitial(keys []uint64, mem []byte, byteLens []int) todo {
+	var out todo
+	k := &keptInit{mem: mem}
+	if c.err == nil {
+		off := 0
+		for i, key := range keys {
+			// A push since Init (from another thread) makes the values stale.
+			if t := c.tensors[key]; t != nil && uint64(byteLens[i]) == t.bytes && t.pushed == t.pulled {
+				out.unmap = append(out.unmap, t.forgetInitial()...)
+				t.initial = mem[off : off+byteLens[i] : off+byteLens[i]]
+				t.kept = k
+				k.keys++
+			}
+			off += byteLens[i]
+		}
+	}
+	out.unmap = append(out.unmap, k.drop()...)
+	return out
 }
 
 // resultFor finds or creates the result of t's iteration.

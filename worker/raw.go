@@ -8,6 +8,7 @@ import (
 
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
+	"golang.org/x/sys/unix"
 )
 
 // The byte-level API: for callers that hold tensors as raw memory of a
@@ -92,11 +93,12 @@ func (w *Worker) initBytes(ctx context.Context, keys []uint64, data []byte, byte
 	}
 	// Kept for a pull that comes before the keys' next push; copied here,
 	// outside the lock, since data is the caller's.
-	initial := make([]byte, len(data))
-	copyPreemptible(initial, data)
-	w.mu.Lock()
-	w.c.keepInitial(keys, initial, byteLens)
-	w.mu.Unlock()
+	kept, err := mapKept(len(data))
+	if err != nil {
+		return fmt.Errorf("worker: Init: keeping the initial values: %w", err)
+	}
+	copyPreemptible(kept, data)
+	w.update(func(c *core) todo { return c.keepInitial(keys, kept, byteLens) })
 	return w.Barrier(ctx, node.WorkerGroup)
 }
 
@@ -107,14 +109,33 @@ func (w *Worker) dtypeOf(keys []uint64) frame.DType {
 	return w.c.dtypeOf(keys)
 }
 
+// mapKept maps n bytes of anonymous memory for Init's kept values. They
+// stay outside the Go heap: a model-sized copy on the heap set off a
+// garbage collection while the worker received at full rate, and the
+// worker then did not run for 30 s (TestBigTensorOver2GiB beside the
+// van's 2 GiB test, GODEBUG=gctrace=1: a 43 s mark phase at 8 GiB).
+func mapKept(n int) ([]byte, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	return unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+}
+
+// unmapKept returns memory from mapKept.
+func unmapKept(mem []byte) error {
+	if len(mem) == 0 {
+		return nil
+	}
+	return unix.Munmap(mem)
+}
+
 // copyChunk bounds one memmove of copyPreemptible.
 const copyChunk = 64 << 20
 
-// copyPreemptible copies src into dst in chunks. One memmove of gigabytes
-// cannot be preempted, so a garbage collection that needs every goroutine
-// stopped waits for it with the whole process frozen: a 2 GiB copy at the
-// end of Init froze a worker's heartbeats for 22 s beside another 2 GiB
-// test (TestBigTensorOver2GiB).
+// copyPreemptible copies src into dst in chunks: one memmove of gigabytes
+// (seconds, where fresh pages fault in slowly) cannot be preempted, and a
+// garbage collection that must stop every goroutine would wait for it with
+// the whole process frozen.
 func copyPreemptible(dst, src []byte) {
 	for len(src) > 0 {
 		n := copy(dst, src[:min(len(src), copyChunk)])
