@@ -80,6 +80,12 @@ typedef enum fpt_dtype {
 const char* fpt_last_error(void);
 
 /*
+ * The name of a status code ("FPT_ERR_KEY"), or "FPT_UNKNOWN_STATUS" for a
+ * value that is none. The string is static. Does not change the last error.
+ */
+const char* fpt_status_name(int status);
+
+/*
  * Joins the cluster as the node the environment describes. Read when
  * fpt_start is called (getenv), so setenv before it works.
  * FPT_ERR_CONFIG leaves the library as it was (fix the environment and call
