@@ -1,6 +1,7 @@
 package capi
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -311,6 +312,18 @@ func TestLibCluster(t *testing.T) {
 			if f != float32(j%50) {
 				return fmt.Errorf("rank %d: init element %d = %v, want worker 0's %v", rank, j, f, j%50)
 			}
+		}
+		// MXNet's broadcast: a pull right after the init gives its values.
+		bcast := make([]byte, total)
+		ts, err := l.Pull(Tensors{Keys: keys, Lens: lens, Data: bcast}, nil)
+		if err != nil {
+			return fmt.Errorf("rank %d: pull after init: %w", rank, err)
+		}
+		if err := l.Wait(ts); err != nil {
+			return err
+		}
+		if !bytes.Equal(bcast, weights) {
+			return fmt.Errorf("rank %d: the pull after init differs from the init's values", rank)
 		}
 		grads := make([]byte, total)
 		sums := make([]byte, total)

@@ -80,6 +80,12 @@ typedef enum fpt_dtype {
 const char* fpt_last_error(void);
 
 /*
+ * The name of a status code ("FPT_ERR_KEY"), or "FPT_UNKNOWN_STATUS" for a
+ * value that is none. The string is static. Does not change the last error.
+ */
+const char* fpt_status_name(int status);
+
+/*
  * Joins the cluster as the node the environment describes. Read when
  * fpt_start is called (getenv), so setenv before it works.
  * FPT_ERR_CONFIG leaves the library as it was (fix the environment and call
@@ -167,7 +173,9 @@ int fpt_push(const uint64_t* keys, size_t num_keys, const void* vals, const uint
  * FPTPull: the sums of the keys' next unpulled iteration into vals, once
  * they have arrived (a pull of an iteration not pushed yet is
  * FPT_ERR_STATE). Asynchronous, like fpt_push; cb is called when vals holds
- * the sums.
+ * the sums. Between fpt_init and the keys' next push, a pull gives the
+ * values fpt_init left (worker 0's), as MXNet's broadcast of a parameter
+ * (init, then pull) needs; the library keeps a copy of them until then.
  */
 int fpt_pull(const uint64_t* keys, size_t num_keys, void* vals, const uint64_t* lens,
              fpt_callback cb, void* user_data, int64_t* ts);

@@ -1,9 +1,12 @@
 package tests
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -43,10 +46,18 @@ func TestPSLitePrograms(t *testing.T) {
 		{name: "benchmark", prog: "pslite_benchmark", args: []string{"-bytes", "4194304", "-keys", "16", "-iters", "5"},
 			servers: 2, workers: 2, variant: "default",
 			worker: []string{"PASS: 5 iterations of 4.0 MiB over 16 keys pushed and pulled, exact; goodput"}},
+		{name: "benchmark-fpt", prog: "pslite_benchmark", args: []string{"-bytes", "4194304", "-keys", "16", "-iters", "5", "-mode", "fpt"},
+			servers: 2, workers: 2, variant: "default",
+			worker: []string{"PASS: FPTPush/FPTPull: 5 iterations of 4.0 MiB over 16 keys, exact; goodput"}},
 		{name: "mxnet", prog: "pslite_mxnet_client", args: []string{"-iters", "5", "-bound", "1000"},
 			servers: 2, workers: 2, variant: "default",
 			worker: []string{"init: 7 keys pulled, every weight exact", "iteration 5/5: every weight exact",
 				"PASS: 5 iterations x 7 keys, sync SGD on the servers, every weight exact"},
+			server: []string{"server: done"}},
+		{name: "mxnet-fpt", prog: "pslite_mxnet_client", args: []string{"-iters", "5", "-fpt", "1"},
+			servers: 2, workers: 2, variant: "default",
+			worker: []string{"init: 7 keys through FPTPush/FPTPull, worker 0's weights everywhere", "iteration 5/5: every sum exact",
+				"PASS: 5 iterations x 7 keys, FPTPush/FPTPull, SGD on the workers, every value exact"},
 			server: []string{"server: done"}},
 	}
 	for _, tt := range tests {
@@ -65,6 +76,7 @@ func TestPSLitePrograms(t *testing.T) {
 				mustContain(t, name+" stdout", c.proc(name).Stdout.String(), tt.server...)
 			}
 			if tt.prog == "pslite_benchmark" {
+				// A figure for the log only: timing is not asserted.
 				t.Logf("mean goodput %.3f Gbit/s", meanGoodput(t, c.Cluster, tt.workers))
 			}
 		})
@@ -130,6 +142,32 @@ func TestPSLiteHeadersSelftest(t *testing.T) {
 			if strings.Contains(string(out), "WARNING: ThreadSanitizer") {
 				t.Errorf("ThreadSanitizer reports:\n%s", out)
 			}
+			// Wrong calls end the program with status 1 and a message
+			// naming the mistake, never a crash or a hang.
+			if variant.name == "plain" {
+				for _, bad := range []struct{ name, want string }{
+					{"before-start", "KVWorker::ZPush before ps::Start"},
+					{"lens-sum", "lens add up to 2 values, vals has 3"},
+					{"lens-count", "lens and keys differ in size"},
+					{"keys-unsorted", "keys must be unique and ascending"},
+					{"pushpull-outs", "outs has another size than vals"},
+					{"customer-twice", "customer (0, 1) already exists"},
+					{"finalize-unknown", "ps::Finalize(7) of a customer that did not call ps::Start"},
+					{"after-finalize", "KVWorker::ZPush after ps::Finalize"},
+					{"fptpull-undeclared", "key 42 was never pushed with FPTPush or declared with FPTDeclare"},
+					{"fptpush-redeclared", "key 3 was declared as 16 bytes, this call gives 12"},
+				} {
+					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+					out, err := exec.CommandContext(ctx, exe, "bad", bad.name).CombinedOutput()
+					cancel()
+					var exit *exec.ExitError
+					if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+						t.Errorf("bad call %s: %v, want exit status 1\n%s", bad.name, err, out)
+						continue
+					}
+					mustContain(t, "bad call "+bad.name, string(out), "Check failed", bad.want)
+				}
+			}
 			// The cluster fails under a waiting pull: the program ends
 			// with status 1 and the reason, instead of waiting for ever.
 			fail := exec.Command(exe, "fail")
@@ -143,4 +181,41 @@ func TestPSLiteHeadersSelftest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A ps-lite program's goodput on fpt, through the classic path (ZPush and
+// ZPull to C++ KVServers) and through FPTPush/FPTPull, against the Go
+// trainer's FPTPush/FPTPull on the same cluster shape (2 servers, 2
+// workers) and the same model (8 keys of 8 MiB, float32), one after the
+// other in one run:
+//
+//	go test -run XXX -bench PSLiteGoodput -benchtime 1x ./tests/
+func BenchmarkPSLiteGoodput(b *testing.B) {
+	dir := libPrograms(b, "default")
+	const keys, keyBytes, iters = 8, 8 << 20, "20"
+	cpp := func(mode string) []string {
+		return []string{filepath.Join(dir, "pslite_benchmark"), "-bytes", strconv.Itoa(keys * keyBytes),
+			"-keys", strconv.Itoa(keys), "-iters", iters, "-mode", mode}
+	}
+	run := func(roles, worker []string) float64 {
+		c := startProcs(b, localcluster.Spec{Servers: 2, Workers: 2,
+			Scheduler: roles, Server: roles, Worker: worker, Env: []string{"PS_VERBOSE=0"}})
+		if err := c.Wait(5 * time.Minute); err != nil {
+			b.Fatal(err)
+		}
+		return meanGoodput(b, c, 2)
+	}
+	var goSum, classicSum, fptSum float64
+	for range b.N {
+		goSum += run([]string{bin.fpt}, []string{bin.app, "-classic", "0", "-quiet", "-iters", iters,
+			"-tensors", strconv.Itoa(keys), "-min-bytes", strconv.Itoa(keyBytes), "-max-bytes", strconv.Itoa(keyBytes)})
+		classicSum += run(cpp("classic"), cpp("classic"))
+		fptSum += run(cpp("fpt"), cpp("fpt"))
+	}
+	n := float64(b.N)
+	b.ReportMetric(goSum/n, "go-Gbit/s")
+	b.ReportMetric(classicSum/n, "cpp-classic-Gbit/s")
+	b.ReportMetric(fptSum/n, "cpp-fpt-Gbit/s")
+	b.ReportMetric(classicSum/goSum, "classic/go")
+	b.ReportMetric(fptSum/goSum, "fpt/go")
 }

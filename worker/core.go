@@ -86,6 +86,42 @@ type tensor struct {
 	layoutVersion uint32
 	layout        []lb.Partition
 	spare         [][]byte // result buffers to reuse
+	// initial is the key's value as Init left it, kept until its next
+	// push: a pull with no push outstanding returns it (MXNet broadcasts a
+	// parameter by init, then pull, one key at a time). It lies in kept.
+	initial []byte
+	kept    *keptInit
+}
+
+// keptInit is the memory one Init call's values are kept in, outside the
+// Go heap (the shell maps and unmaps it). It is unmapped once no key
+// refers to it and no pull is copying out of it: a copy from unmapped
+// memory would crash the process, not merely read stale values.
+type keptInit struct {
+	mem     []byte
+	keys    int // tensors whose initial lies in mem
+	readers int // initialCopy's not yet copied
+	freed   bool
+}
+
+// drop returns k's memory for the shell to unmap, once nothing uses it.
+func (k *keptInit) drop() [][]byte {
+	if k.keys > 0 || k.readers > 0 || k.freed {
+		return nil
+	}
+	k.freed = true
+	return [][]byte{k.mem}
+}
+
+// forgetInitial drops t's kept value.
+func (t *tensor) forgetInitial() [][]byte {
+	k := t.kept
+	if k == nil {
+		return nil
+	}
+	t.initial, t.kept = nil, nil
+	k.keys--
+	return k.drop()
 }
 
 type resultKey struct{ key, iter uint64 }
@@ -159,10 +195,13 @@ type delivery struct {
 }
 
 // todo is what the shell does after a core call, once unlocked, in this
-// order: add the local contributions to the aggregator, queue sends, report
-// the hand-over of req, copy the deliveries, complete the finished
-// requests, and tell the LB agent an iteration began.
+// order: copy the initial values, add the local contributions to the
+// aggregator, queue sends, report the hand-over of req, copy the
+// deliveries, complete the finished requests, and tell the LB agent an
+// iteration began.
 type todo struct {
+	initials []initialCopy // copies to make before req is handed over
+	unmap    [][]byte      // kept Init values nothing uses any more
 	req      *request      // the call's request, to hand over; nil for other inputs
 	locals   []van.Message // this worker's own contributions to partitions it aggregates
 	sends    []van.Message // frames to queue
@@ -170,6 +209,13 @@ type todo struct {
 	copies   []delivery
 	finished []*request
 	began    *iterationBegan
+}
+
+// initialCopy is a key's value after Init, copied into a pull's buffer;
+// the shell reports it with initialCopied.
+type initialCopy struct {
+	dst, src []byte
+	kept     *keptInit
 }
 
 // iterationBegan is what the LB agent learns from a push.
@@ -428,6 +474,9 @@ func (c *core) fail(err error) todo {
 	for _, r := range c.requests {
 		t.merge(c.settle(r, 0, fmt.Errorf("worker: the node failed: %w", c.err)))
 	}
+	for _, tn := range c.tensors {
+		t.unmap = append(t.unmap, tn.forgetInitial()...)
+	}
 	// The order callbacks run in is the order requests were made.
 	slices.SortFunc(t.finished, func(a, b *request) int { return a.ts - b.ts })
 	return t
@@ -481,10 +530,12 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	if err != nil {
 		return todo{}, err
 	}
+	var unmap [][]byte
 	for _, t := range ts {
 		t.pushed++
+		unmap = append(unmap, t.forgetInitial()...)
 	}
-	return todo{req: req, locals: locals, sends: msgs, counted: true,
+	return todo{req: req, locals: locals, sends: msgs, counted: true, unmap: unmap,
 		began: &iterationBegan{iter: began, modelBytes: c.modelBytes}}, nil
 }
 
@@ -507,10 +558,8 @@ func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	if err != nil {
 		return todo{}, err
 	}
-	for _, t := range ts {
-		if t.pulled >= t.pushed {
-			return todo{}, fmt.Errorf("worker: FPTPull of key %d for iteration %d before its FPTPush: %w", t.key, t.pulled, ErrPullBeforePush)
-		}
+	if slices.ContainsFunc(ts, func(t *tensor) bool { return t.pulled >= t.pushed }) {
+		return c.pullInitial(ts, parts, cl)
 	}
 	req, err := c.newRequest(cl, len(ts))
 	if err != nil {
@@ -530,6 +579,64 @@ func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 		}
 	}
 	return out, nil
+}
+
+// pullInitial answers a pull with no push outstanding for some key: if
+// every key was initialised and not pushed since, with the values Init
+// left (copied by the shell, as initials); else it is the caller's error.
+func (c *core) pullInitial(ts []*tensor, parts [][]byte, cl *call) (todo, error) {
+	for _, t := range ts {
+		switch {
+		case t.pulled < t.pushed:
+			return todo{}, fmt.Errorf("worker: FPTPull mixes key %d, pushed for iteration %d, with keys that have no push outstanding: %w", t.key, t.pulled, ErrPullBeforePush)
+		case t.initial == nil:
+			return todo{}, fmt.Errorf("worker: FPTPull of key %d for iteration %d before its FPTPush: %w", t.key, t.pulled, ErrPullBeforePush)
+		}
+	}
+	req, err := c.newRequest(cl, 0)
+	if err != nil {
+		return todo{}, err
+	}
+	out := todo{req: req}
+	for i, t := range ts {
+		t.kept.readers++
+		out.initials = append(out.initials, initialCopy{dst: parts[i], src: t.initial, kept: t.kept})
+	}
+	return out, nil
+}
+
+// initialCopied is the shell's report that it has copied out of the kept
+// values.
+func (c *core) initialCopied(copies []initialCopy) todo {
+	var out todo
+	for _, cp := range copies {
+		cp.kept.readers--
+		out.unmap = append(out.unmap, cp.kept.drop()...)
+	}
+	return out
+}
+
+// keepInitial records the keys' values after Init for pullInitial: mem (the
+// shell's copy, which the core now owns until it hands it back in
+// todo.unmap) is laid out as byteLens say.
+func (c *core) keepInitial(keys []uint64, mem []byte, byteLens []int) todo {
+	var out todo
+	k := &keptInit{mem: mem}
+	if c.err == nil {
+		off := 0
+		for i, key := range keys {
+			// A push since Init (from another thread) makes the values stale.
+			if t := c.tensors[key]; t != nil && uint64(byteLens[i]) == t.bytes && t.pushed == t.pulled {
+				out.unmap = append(out.unmap, t.forgetInitial()...)
+				t.initial = mem[off : off+byteLens[i] : off+byteLens[i]]
+				t.kept = k
+				k.keys++
+			}
+			off += byteLens[i]
+		}
+	}
+	out.unmap = append(out.unmap, k.drop()...)
+	return out
 }
 
 // resultFor finds or creates the result of t's iteration.

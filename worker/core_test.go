@@ -767,3 +767,69 @@ func TestCoreFailure(t *testing.T) {
 		t.Errorf("second collect: %v", err)
 	}
 }
+
+// The memory Init's values are kept in goes back to the shell exactly once,
+// and only when no key refers to it and no pull is copying out of it.
+func TestCoreKeptInitial(t *testing.T) {
+	const n = 64
+	mem := func() []byte { return bytes.Repeat([]byte{7}, 2*n) }
+	keep := func(c *core, m []byte) todo {
+		return c.keepInitial([]uint64{1, 2}, m, []int{n, n})
+	}
+	pull := func(t *testing.T, c *core, key uint64) todo {
+		t.Helper()
+		dst := make([]byte, n)
+		td, err := c.pull([]uint64{key}, dst, []int{n}, frame.Float32, newCall(nil, true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(td.initials) != 1 || !bytes.Equal(td.initials[0].src, mem()[:n]) {
+			t.Fatalf("pull after Init: initials %v, want one copy of the kept values", td.initials)
+		}
+		return td
+	}
+	unmapped := func(t *testing.T, step string, td todo, want int) {
+		t.Helper()
+		if len(td.unmap) != want {
+			t.Fatalf("%s: %d regions to unmap, want %d", step, len(td.unmap), want)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		run  func(t *testing.T, c *core)
+	}{
+		{"freed when the last key is pushed", func(t *testing.T, c *core) {
+			unmapped(t, "keep", keep(c, mem()), 0)
+			unmapped(t, "push key 1", mustPush(t, c, 1, pattern(n, 0)), 0)
+			unmapped(t, "push key 2", mustPush(t, c, 2, pattern(n, 0)), 1)
+		}},
+		{"a pull copying out holds it past the push", func(t *testing.T, c *core) {
+			keep(c, mem())
+			cp := pull(t, c, 1)
+			mustPush(t, c, 2, pattern(n, 0))
+			unmapped(t, "push key 1 while its pull copies", mustPush(t, c, 1, pattern(n, 0)), 0)
+			unmapped(t, "copied", c.initialCopied(cp.initials), 1)
+		}},
+		{"a second Init replaces the first", func(t *testing.T, c *core) {
+			keep(c, mem())
+			unmapped(t, "second keep", keep(c, mem()), 1)
+		}},
+		{"failure frees it, and a later keep at once", func(t *testing.T, c *core) {
+			keep(c, mem())
+			unmapped(t, "fail", c.fail(errors.New("boom")), 1)
+			unmapped(t, "keep after the failure", keep(c, mem()), 1)
+		}},
+		{"not kept for a key pushed since", func(t *testing.T, c *core) {
+			mustPush(t, c, 1, pattern(n, 0))
+			mustPush(t, c, 2, pattern(n, 0))
+			unmapped(t, "keep after pushes", keep(c, mem()), 1)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startedCore(t, 0, 2, false)
+			mustDeclare(t, c, 1, n)
+			mustDeclare(t, c, 2, n)
+			tc.run(t, c)
+		})
+	}
+}

@@ -61,7 +61,8 @@ func (kv *KV[T]) FPTPush(keys []uint64, vals []T, lens []int, priority int32, cb
 
 // FPTPull copies the keys' sums for the next iteration into vals, once
 // they have arrived. cb, if set, runs when vals holds them, or the pull
-// failed.
+// failed. Between Init and the keys' next push it copies the values Init
+// left instead (MXNet broadcasts a parameter by init, then pull).
 func (kv *KV[T]) FPTPull(keys []uint64, vals []T, lens []int, cb Callback) (int, error) {
 	byteLens, err := kv.byteLens(keys, vals, lens)
 	if err != nil {

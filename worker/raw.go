@@ -8,6 +8,7 @@ import (
 
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
+	"golang.org/x/sys/unix"
 )
 
 // The byte-level API: for callers that hold tensors as raw memory of a
@@ -90,6 +91,14 @@ func (w *Worker) initBytes(ctx context.Context, keys []uint64, data []byte, byte
 	if err := w.Wait(ts); err != nil {
 		return err
 	}
+	// Kept for a pull that comes before the keys' next push; copied here,
+	// outside the lock, since data is the caller's.
+	kept, err := mapKept(len(data))
+	if err != nil {
+		return fmt.Errorf("worker: Init: keeping the initial values: %w", err)
+	}
+	copyPreemptible(kept, data)
+	w.update(func(c *core) todo { return c.keepInitial(keys, kept, byteLens) })
 	return w.Barrier(ctx, node.WorkerGroup)
 }
 
@@ -98,4 +107,38 @@ func (w *Worker) dtypeOf(keys []uint64) frame.DType {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.c.dtypeOf(keys)
+}
+
+// mapKept maps n bytes of anonymous memory for Init's kept values. They
+// stay outside the Go heap: a model-sized copy on the heap set off a
+// garbage collection while the worker received at full rate, and the
+// worker then did not run for 30 s (TestBigTensorOver2GiB beside the
+// van's 2 GiB test, GODEBUG=gctrace=1: a 43 s mark phase at 8 GiB).
+func mapKept(n int) ([]byte, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	return unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+}
+
+// unmapKept returns memory from mapKept.
+func unmapKept(mem []byte) error {
+	if len(mem) == 0 {
+		return nil
+	}
+	return unix.Munmap(mem)
+}
+
+// copyChunk bounds one memmove of copyPreemptible.
+const copyChunk = 64 << 20
+
+// copyPreemptible copies src into dst in chunks: one memmove of gigabytes
+// (seconds, where fresh pages fault in slowly) cannot be preempted, and a
+// garbage collection that must stop every goroutine would wait for it with
+// the whole process frozen.
+func copyPreemptible(dst, src []byte) {
+	for len(src) > 0 {
+		n := copy(dst, src[:min(len(src), copyChunk)])
+		dst, src = dst[n:], src[n:]
+	}
 }

@@ -137,6 +137,17 @@ func (w *Worker) update(f func(*core) todo) {
 
 // do carries out a core's todo, without the lock, in its order.
 func (w *Worker) do(t todo) {
+	for _, m := range t.unmap {
+		if err := unmapKept(m); err != nil {
+			w.node.Logger().Warn("unmapping the values kept after Init", "err", err)
+		}
+	}
+	if len(t.initials) > 0 {
+		for _, c := range t.initials {
+			copyPreemptible(c.dst, c.src)
+		}
+		w.update(func(c *core) todo { return c.initialCopied(t.initials) })
+	}
 	if req := t.req; req != nil {
 		var err error
 		for i := range t.locals {

@@ -236,6 +236,25 @@ int main(void) {
     return 1;
   }
   EXPECT(fpt_num_workers(NULL), FPT_ERR_ARG, "NULL");
+  /* Status names: every code's own, and the last error left alone. */
+  EXPECT(fpt_role(NULL), FPT_ERR_ARG, "NULL");
+  {
+    static const struct { int status; const char* name; } names[] = {
+        {FPT_OK, "FPT_OK"},         {FPT_ERR_ARG, "FPT_ERR_ARG"},         {FPT_ERR_STATE, "FPT_ERR_STATE"},
+        {FPT_ERR_KEY, "FPT_ERR_KEY"}, {FPT_ERR_SIZE, "FPT_ERR_SIZE"},     {FPT_ERR_CONFIG, "FPT_ERR_CONFIG"},
+        {FPT_ERR_CLUSTER, "FPT_ERR_CLUSTER"}, {FPT_ERR_INTERNAL, "FPT_ERR_INTERNAL"}, {-1, "FPT_UNKNOWN_STATUS"},
+        {8, "FPT_UNKNOWN_STATUS"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+      const char* got = fpt_status_name(names[i].status);
+      int ok = strcmp(got, names[i].name) == 0;
+      printf("%s fpt_status_name(%d) = %s\n", ok ? "ok  " : "FAIL", names[i].status, got);
+      if (!ok) failures++;
+    }
+    if (strstr(fpt_last_error(), "NULL") == NULL) {
+      printf("FAIL fpt_status_name changed the last error to \"%s\"\n", fpt_last_error());
+      failures++;
+    }
+  }
   EXPECT(fpt_num_servers(&out), FPT_OK, NULL);
   every_worker_call(FPT_ERR_STATE, "fpt_start has not been called");
   every_customer_call(FPT_ERR_STATE, "fpt_start has not been called");

@@ -34,19 +34,6 @@
 
 namespace {
 
-const char* status_name(int status) {
-  switch (status) {
-    case FPT_OK: return "FPT_OK";
-    case FPT_ERR_ARG: return "FPT_ERR_ARG";
-    case FPT_ERR_STATE: return "FPT_ERR_STATE";
-    case FPT_ERR_KEY: return "FPT_ERR_KEY";
-    case FPT_ERR_SIZE: return "FPT_ERR_SIZE";
-    case FPT_ERR_CONFIG: return "FPT_ERR_CONFIG";
-    case FPT_ERR_CLUSTER: return "FPT_ERR_CLUSTER";
-    case FPT_ERR_INTERNAL: return "FPT_ERR_INTERNAL";
-  }
-  return "unknown status";
-}
 
 // die ends the process at once. _Exit skips atexit handlers, which would
 // tear down ZeroMQ under the library's running threads; the cluster's
@@ -60,7 +47,7 @@ const char* status_name(int status) {
 
 void check(int status, const char* call) {
   if (status != FPT_OK) {
-    die(std::string(call) + ": " + status_name(status) + ": " + fpt_last_error());
+    die(std::string(call) + ": " + fpt_status_name(status) + ": " + fpt_last_error());
   }
 }
 
@@ -129,7 +116,7 @@ struct Completions {
 void on_push(int64_t ts, int status, void* user) {
   auto* c = static_cast<Completions*>(user);
   if (status != FPT_OK) {
-    std::fprintf(stderr, "kvstore_client: push %lld: %s: %s\n", static_cast<long long>(ts), status_name(status),
+    std::fprintf(stderr, "kvstore_client: push %lld: %s: %s\n", static_cast<long long>(ts), fpt_status_name(status),
                  fpt_last_error());
     c->failures++;
   }
@@ -139,7 +126,7 @@ void on_push(int64_t ts, int status, void* user) {
 void on_pull(int64_t ts, int status, void* user) {
   auto* c = static_cast<Completions*>(user);
   if (status != FPT_OK) {
-    std::fprintf(stderr, "kvstore_client: pull %lld: %s: %s\n", static_cast<long long>(ts), status_name(status),
+    std::fprintf(stderr, "kvstore_client: pull %lld: %s: %s\n", static_cast<long long>(ts), fpt_status_name(status),
                  fpt_last_error());
     c->failures++;
   }

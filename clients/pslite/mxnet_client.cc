@@ -25,9 +25,19 @@
 // server's main thread waits for kStopServer (MXNet's executor loop),
 // then calls Finalize.
 //
+// With -fpt 1, the optimizer runs on the workers (Gluon's
+// update_on_kvstore=False) and the gradients go through FPT's path, as
+// FPT-ps-lite's MXNet patch sends them: every worker FPTDeclares every
+// key whole (priority: minus the layer), a worker barrier; init is each
+// key's first FPTPush (only worker 0's weights count: the others push
+// garbage) and FPTPull; each iteration every worker FPTPushes its
+// gradients, last layer first, FPTPulls the sums and applies the SGD step
+// itself. The servers still take the commands (kSyncMode, kStopServer),
+// but no data request reaches them.
+//
 // Values are small integers and multiples of 1/4: exact in float.
 //
-//   mxnet_client [-iters N] [-bound ELEMS]
+//   mxnet_client [-iters N] [-bound ELEMS] [-fpt 0|1]
 
 #include <cmath>
 #include <condition_variable>
@@ -256,21 +266,86 @@ void RunWorker(ps::KVWorker<float>* kv, int iters, size_t bound) {
   std::fflush(stdout);
 }
 
+// Gluon with update_on_kvstore=False over FPT's path (see the top).
+void RunWorkerFPT(ps::KVWorker<float>* kv, int iters) {
+  int rank = ps::MyRank(), workers = ps::NumWorkers();
+  const float lr = 0.25f;
+  if (rank == 0) SendCommandToServers(kv, CommandType::kSyncMode, "");
+  int num_keys = static_cast<int>(kSizes.size());
+  std::vector<ps::SArray<ps::Key>> keys(num_keys);
+  std::vector<std::vector<float>> weight(num_keys);
+  for (int k = 0; k < num_keys; ++k) {
+    keys[k].push_back(ps::Key(k));
+    kv->FPTDeclare(keys[k], ps::SArray<int>(1, static_cast<int>(kSizes[k])), -k);
+    for (size_t j = 0; j < kSizes[k]; ++j) weight[k].push_back(InitWeight(k, j));
+  }
+  ps::Postoffice::Get()->Barrier(0, ps::kWorkerGroup);
+  // Init, one key at a time as Gluon broadcasts: worker 0's weights win.
+  for (int k = 0; k < num_keys; ++k) {
+    ps::SArray<float> mine(kSizes[k]);
+    for (size_t j = 0; j < kSizes[k]; ++j) mine[j] = rank == 0 ? weight[k][j] : float(1000 + rank);
+    kv->Wait(kv->FPTPush(keys[k], mine, {}, 0, nullptr, -k));
+    ps::SArray<float> got;
+    kv->Wait(kv->FPTPull(keys[k], &got));
+    CHECK_EQ(got.size(), weight[k].size());
+    for (size_t j = 0; j < got.size(); ++j) CHECK_EQ(got[j], weight[k][j]) << "init of key " << k << " at " << j;
+  }
+  std::printf("worker %d: init: %d keys through FPTPush/FPTPull, worker 0's weights everywhere\n", rank, num_keys);
+
+  for (int it = 1; it <= iters; ++it) {
+    std::vector<ps::SArray<float>> grads(num_keys), sums(num_keys);
+    std::vector<int> ts;
+    for (int k = num_keys - 1; k >= 0; --k) {
+      grads[k].resize(kSizes[k]);
+      for (size_t j = 0; j < kSizes[k]; ++j) grads[k][j] = Grad(rank, it, k, j);
+      ts.push_back(kv->FPTPush(keys[k], grads[k], {}, 0, nullptr, -k));
+    }
+    for (int t : ts) kv->Wait(t);
+    ts.clear();
+    for (int k = 0; k < num_keys; ++k) {
+      sums[k].resize(kSizes[k]);
+      ts.push_back(kv->FPTPull(keys[k], &sums[k]));
+    }
+    for (int t : ts) kv->Wait(t);
+    for (int k = 0; k < num_keys; ++k) {
+      for (size_t j = 0; j < kSizes[k]; ++j) {
+        float sum = 0;
+        for (int r = 0; r < workers; ++r) sum += Grad(r, it, k, j);
+        CHECK_EQ(sums[k][j], sum) << "iteration " << it << ": sum of key " << k << " element " << j;
+        weight[k][j] -= lr * sums[k][j];
+      }
+    }
+    std::printf("worker %d: iteration %d/%d: every sum exact\n", rank, it, iters);
+    std::fflush(stdout);
+  }
+  ps::Postoffice::Get()->Barrier(0, ps::kWorkerGroup);
+  if (rank == 0) SendCommandToServers(kv, CommandType::kStopServer, "");
+  std::printf("worker %d: PASS: %d iterations x %d keys, FPTPush/FPTPull, SGD on the workers, every value exact\n",
+              rank, iters, num_keys);
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char* argv[]) {
   int iters = 5;
   size_t bound = 1000;
+  bool fpt = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "-iters")) iters = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "-bound")) bound = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (!std::strcmp(argv[i], "-fpt")) fpt = std::atoi(argv[i + 1]) != 0;
   }
   const int all = ps::kWorkerGroup + ps::kServerGroup + ps::kScheduler;
   if (ps::IsWorker()) {
     ps::KVWorker<float>* kv = new ps::KVWorker<float>(0, 0);
     ps::StartAsync(0, "mxnet\0");
     if (!ps::Postoffice::Get()->is_recovery()) ps::Postoffice::Get()->Barrier(0, all);
-    RunWorker(kv, iters, bound);
+    if (fpt) {
+      RunWorkerFPT(kv, iters);
+    } else {
+      RunWorker(kv, iters, bound);
+    }
     ps::Finalize(0, true);
     delete kv;
     return 0;

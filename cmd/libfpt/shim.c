@@ -9,6 +9,20 @@ static __thread char last_error[1024];
 
 const char* fpt_last_error(void) { return last_error; }
 
+const char* fpt_status_name(int status) {
+  switch (status) {
+    case FPT_OK: return "FPT_OK";
+    case FPT_ERR_ARG: return "FPT_ERR_ARG";
+    case FPT_ERR_STATE: return "FPT_ERR_STATE";
+    case FPT_ERR_KEY: return "FPT_ERR_KEY";
+    case FPT_ERR_SIZE: return "FPT_ERR_SIZE";
+    case FPT_ERR_CONFIG: return "FPT_ERR_CONFIG";
+    case FPT_ERR_CLUSTER: return "FPT_ERR_CLUSTER";
+    case FPT_ERR_INTERNAL: return "FPT_ERR_INTERNAL";
+  }
+  return "FPT_UNKNOWN_STATUS";
+}
+
 void fpt_set_last_error(const char* msg, size_t n) {
   if (n >= sizeof last_error) {
     n = sizeof last_error - 1;

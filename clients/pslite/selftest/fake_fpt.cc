@@ -59,6 +59,8 @@ void Loop(Cust* c) {
 extern "C" {
 const char* fpt_last_error(void) { return last_error.c_str(); }
 
+const char* fpt_status_name(int status) { return status == FPT_OK ? "FPT_OK" : "FPT_ERR (fake_fpt)"; }
+
 // The cluster fails: every customer's handler gets FPT_MSG_FAILED.
 void fake_fpt_fail(void) {
   std::lock_guard<std::mutex> lk(mu);

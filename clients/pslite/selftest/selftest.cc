@@ -66,7 +66,54 @@ int Fail() {
   return 0;
 }
 
+// "selftest bad CASE": one wrong call; the program must end with a check
+// failure (status 1) whose message names the mistake. Every case but
+// before-start starts the node first.
+int Bad(const std::string& what) {
+  std::vector<Key> keys = {1, 5};
+  std::vector<float> vals = {1, 2, 3};
+  if (what == "before-start") {
+    KVWorker<float> kv(0, 1);
+    kv.Push(keys, vals, std::vector<int>{1, 2});
+    return 0;
+  }
+  KVServer<float> server(0);
+  server.set_request_handle(KVServerDefaultHandle<float>());
+  Start(0);
+  KVWorker<float> kv(0, 1);
+  if (what == "lens-sum") {
+    kv.Push(keys, vals, std::vector<int>{1, 1});
+  } else if (what == "lens-count") {
+    kv.Push(keys, vals, std::vector<int>{3});
+  } else if (what == "keys-unsorted") {
+    kv.Push(std::vector<Key>{5, 1}, vals, std::vector<int>{1, 2});
+  } else if (what == "pushpull-outs") {
+    std::vector<float> outs(2);
+    kv.PushPull(keys, vals, &outs);
+  } else if (what == "customer-twice") {
+    KVWorker<float> again(0, 1);
+  } else if (what == "finalize-unknown") {
+    Finalize(7, false);
+  } else if (what == "after-finalize") {
+    Finalize(0, false);
+    kv.Push(keys, vals, std::vector<int>{1, 2});
+  } else if (what == "fptpull-undeclared") {
+    SArray<float> got;
+    kv.FPTPull(SArray<Key>(std::vector<Key>{42}), &got);
+  } else if (what == "fptpush-redeclared") {
+    SArray<Key> key3(std::vector<Key>{3});
+    kv.FPTDeclare(key3, SArray<int>(std::vector<int>{4}));
+    kv.FPTPush(key3, SArray<float>(vals));
+  } else {
+    std::fprintf(stderr, "selftest: no bad case %s\n", what.c_str());
+    return 2;
+  }
+  std::printf("selftest: bad case %s was accepted\n", what.c_str());
+  return 0;
+}
+
 int main(int argc, char* argv[]) {
+  if (argc > 2 && !std::strcmp(argv[1], "bad")) return Bad(argv[2]);
   if (argc > 1 && !std::strcmp(argv[1], "fail")) return Fail();
   if (argc > 1 && !std::strcmp(argv[1], "customers")) return Customers();
   // The server's customer is (0, 0); the worker's (0, 1).

@@ -56,19 +56,7 @@
 namespace ps {
 
 /* The name of an fpt_status. */
-inline const char* FptStatusName(int status) {
-  switch (status) {
-    case FPT_OK: return "FPT_OK";
-    case FPT_ERR_ARG: return "FPT_ERR_ARG";
-    case FPT_ERR_STATE: return "FPT_ERR_STATE";
-    case FPT_ERR_KEY: return "FPT_ERR_KEY";
-    case FPT_ERR_SIZE: return "FPT_ERR_SIZE";
-    case FPT_ERR_CONFIG: return "FPT_ERR_CONFIG";
-    case FPT_ERR_CLUSTER: return "FPT_ERR_CLUSTER";
-    case FPT_ERR_INTERNAL: return "FPT_ERR_INTERNAL";
-  }
-  return "unknown fpt status";
-}
+inline const char* FptStatusName(int status) { return fpt_status_name(status); }
 
 /* Ends the program unless status is FPT_OK, naming the call and libfpt's
  * reason. */
