@@ -6,7 +6,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/fptps/fpt/node"
 )
@@ -256,34 +255,67 @@ func Names(uses ...Use) []string {
 	return names
 }
 
+// helpWidth is the width help text is wrapped to.
+const helpWidth = 100
+
 // WriteHelp writes the environment part of a binary's help: every node
 // variable with its meaning and default, then the names of those fpt's
 // tools set and of those it accepts from ps-lite launchers without using.
 func WriteHelp(w io.Writer) error {
 	var b strings.Builder
 	b.WriteString("Environment (read when a node starts):\n")
-	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	col := 0
+	for _, name := range Names(NodeVar) {
+		col = max(col, len(name))
+	}
+	col += 4
 	for _, v := range Known() {
 		if v.Use != NodeVar {
 			continue
 		}
-		def := ""
+		text := v.Meaning
 		switch {
 		case v.Required:
-			def = " (required)"
+			text += " [required]"
 		case v.Default != "":
-			def = " (default: " + v.Default + ")"
+			text += " [default: " + v.Default + "]"
 		}
-		fmt.Fprintf(tw, "  %s\t%s%s\n", v.Name, v.Meaning, def)
+		for i, line := range wrap(text, helpWidth-col) {
+			name := ""
+			if i == 0 {
+				name = v.Name
+			}
+			fmt.Fprintf(&b, "  %-*s%s\n", col-2, name, line)
+		}
 	}
-	tw.Flush()
-	b.WriteString("Set by fpt's tools for the processes they start: ")
-	b.WriteString(strings.Join(Names(ToolVar), ", "))
-	b.WriteString(".\nSet by ps-lite launchers and dmlc-tracker, accepted and not used: ")
-	b.WriteString(strings.Join(Names(LauncherVar), ", "))
-	b.WriteString(".\nAny other FPT_*, PS_* or DMLC_* variable is named in a warning when a node starts.\n")
+	for _, l := range wrap("Set by fpt's tools for the processes they start: "+strings.Join(Names(ToolVar), ", ")+".", helpWidth) {
+		b.WriteString(l + "\n")
+	}
+	for _, l := range wrap("Set by ps-lite launchers and dmlc-tracker, accepted and not used: "+strings.Join(Names(LauncherVar), ", ")+".", helpWidth) {
+		b.WriteString(l + "\n")
+	}
+	b.WriteString("A node warns about any other FPT_*, PS_* or DMLC_* variable: a typo, most likely.\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// wrap breaks text into lines of at most width bytes at spaces (a longer
+// word gets a line of its own).
+func wrap(text string, width int) []string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(text) {
+		switch {
+		case line == "":
+			line = word
+		case len(line)+1+len(word) <= width:
+			line += " " + word
+		default:
+			lines = append(lines, line)
+			line = word
+		}
+	}
+	return append(lines, line)
 }
 
 // rank reads a pinned rank from name, less offset (DMLC_TASK_ID counts

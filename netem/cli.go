@@ -18,6 +18,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/fptps/fpt/config"
 )
 
 // Exit statuses of Main, as a shell and package launch count them.
@@ -95,6 +97,9 @@ func parseCLIArgs(args []string, output io.Writer) (cliOptions, error) {
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), cliUsage)
 		fs.PrintDefaults()
+		// COMMAND, and with --cluster the nodes, inherit the environment.
+		fmt.Fprintln(fs.Output())
+		config.WriteHelp(fs.Output())
 	}
 	if err := fs.Parse(args); err != nil {
 		return o, err
