@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"sync"
 
 	"github.com/fptps/fpt/cluster"
@@ -130,6 +131,11 @@ func (l *Lib) Start() error {
 		err := l.stateErr(op)
 		l.mu.Unlock()
 		return err
+	}
+	// As launch.Main does for the binaries: a typo'd name is otherwise
+	// silently ignored.
+	for _, w := range config.Unknown(os.Environ()) {
+		fmt.Fprintf(l.stderr, "%s: warning: %s\n", op, w)
 	}
 	cfg, err := config.FromEnv(l.lookup)
 	if err != nil {

@@ -172,3 +172,13 @@ func environWithout(prefixes ...string) []string {
 	}
 	return env
 }
+
+// The C++ client explains itself too: its flags, and where the node's
+// variables are listed.
+func TestKVStoreClientHelp(t *testing.T) {
+	out, code := helpOf(t, filepath.Join(libPrograms(t, "default"), "kvstore_client"), "-h")
+	if code != 0 {
+		t.Errorf("exit %d, want 0:\n%s", code, out)
+	}
+	mustContain(t, "kvstore_client -h", out, "usage: kvstore_client", "-iters N", "-max-bytes B", "DMLC_ROLE", "bin/fpt -h")
+}
