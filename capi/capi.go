@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"sync"
 
 	"github.com/fptps/fpt/cluster"
@@ -87,6 +86,7 @@ const (
 // safe for concurrent use by any number of C threads.
 type Lib struct {
 	lookup         func(string) (string, bool)
+	environ        func() []string
 	stdout, stderr io.Writer
 	shutdown       func()
 
@@ -108,12 +108,13 @@ type Lib struct {
 }
 
 // New returns a library that reads its configuration through lookup (the
-// C environment), writes a scheduler's LB decisions to stdout as the fpt
+// C environment) and warns at start about the unknown variables of environ
+// (the whole C environment; nil: no check), writes a scheduler's LB decisions to stdout as the fpt
 // binaries do, logs to stderr, and calls shutdown once at the end of
 // Finalize (control.Shutdown, which must run once per process; tests, which
 // run many nodes in one process, pass a no-op).
-func New(lookup func(string) (string, bool), stdout, stderr io.Writer, shutdown func()) *Lib {
-	return &Lib{lookup: lookup, stdout: stdout, stderr: stderr, shutdown: shutdown}
+func New(lookup func(string) (string, bool), environ func() []string, stdout, stderr io.Writer, shutdown func()) *Lib {
+	return &Lib{lookup: lookup, environ: environ, stdout: stdout, stderr: stderr, shutdown: shutdown}
 }
 
 // Start joins the cluster in the role DMLC_ROLE names, through
@@ -134,8 +135,10 @@ func (l *Lib) Start() error {
 	}
 	// As launch.Main does for the binaries: a typo'd name is otherwise
 	// silently ignored.
-	for _, w := range config.Unknown(os.Environ()) {
-		fmt.Fprintf(l.stderr, "%s: warning: %s\n", op, w)
+	if l.environ != nil {
+		for _, w := range config.Unknown(l.environ()) {
+			fmt.Fprintf(l.stderr, "%s: warning: %s\n", op, w)
+		}
 	}
 	cfg, err := config.FromEnv(l.lookup)
 	if err != nil {

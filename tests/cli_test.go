@@ -174,11 +174,20 @@ func environWithout(prefixes ...string) []string {
 }
 
 // The C++ client explains itself too: its flags, and where the node's
-// variables are listed.
-func TestKVStoreClientHelp(t *testing.T) {
-	out, code := helpOf(t, filepath.Join(libPrograms(t, "default"), "kvstore_client"), "-h")
+// variables are listed; and the C library warns about a misspelled
+// variable at fpt_start, from the C environment, as the binaries do.
+func TestKVStoreClientCLI(t *testing.T) {
+	client := filepath.Join(libPrograms(t, "default"), "kvstore_client")
+	out, code := helpOf(t, client, "-h")
 	if code != 0 {
 		t.Errorf("exit %d, want 0:\n%s", code, out)
 	}
 	mustContain(t, "kvstore_client -h", out, "usage: kvstore_client", "-iters N", "-max-bytes B", "DMLC_ROLE", "bin/fpt -h")
+
+	// No scheduler: the start fails after FPT_START_TIMEOUT, warning first.
+	cmd := exec.Command(client, "-iters", "1")
+	cmd.Env = append(environWithout("FPT_", "PS_", "DMLC_"), "DMLC_ROLE=worker", "DMLC_PS_ROOT_URI=127.0.0.1",
+		"DMLC_PS_ROOT_PORT=1", "DMLC_NUM_SERVER=1", "DMLC_NUM_WORKER=1", "FPT_START_TIMEOUT=0.5", "FPT_VANN=epoll")
+	b, _ := cmd.CombinedOutput()
+	mustContain(t, "kvstore_client's output", string(b), "fpt_start: warning: unknown variable FPT_VANN; did you mean FPT_VAN?")
 }
