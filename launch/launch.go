@@ -75,7 +75,7 @@ func Main(name string, lookup func(string) (string, bool), stderr io.Writer, tra
 		return ExitUsage
 	}
 	if cfg.Role == node.Worker && train == nil {
-		fmt.Fprintf(stderr, "%s: DMLC_ROLE=worker: workers are training programs (e.g. test_kv_app); %s runs the scheduler and servers\n", name, name)
+		fmt.Fprintf(stderr, "%s: DMLC_ROLE=worker: workers are training programs (e.g. test_kv_app); %s runs the scheduler and servers (fpt run PROG runs PROG as the worker)\n", name, name)
 		return ExitUsage
 	}
 	log := Logger(stderr, cfg)

@@ -191,3 +191,36 @@ func TestKVStoreClientCLI(t *testing.T) {
 	b, _ := cmd.CombinedOutput()
 	mustContain(t, "kvstore_client's output", string(b), "fpt_start: warning: unknown variable FPT_VANN; did you mean FPT_VAN?")
 }
+
+// fpt run PROG: a worker becomes PROG (its status and environment are
+// PROG's), any other role runs its node without running PROG.
+func TestFptRun(t *testing.T) {
+	tests := []struct {
+		name   string
+		env    []string
+		args   []string
+		code   int
+		expect string
+	}{
+		{"no program", []string{"DMLC_ROLE=worker"}, nil, launch.ExitUsage, "fpt run: no program"},
+		{"no such program", []string{"DMLC_ROLE=worker"}, []string{"--", "/no/such/prog"}, launch.ExitUsage, "/no/such/prog"},
+		{"worker execs", []string{"DMLC_ROLE=worker", "DMLC_TASK_ID=3"}, []string{"sh", "-c", `echo "ran as $DMLC_ROLE $DMLC_TASK_ID"; exit 7`}, 7, "ran as worker 3"},
+		{"server runs its node", []string{"DMLC_ROLE=server"}, []string{"sh", "-c", "echo prog ran; exit 7"}, launch.ExitUsage, "DMLC_PS_ROOT_URI: required but not set"},
+		{"no role", nil, []string{"sh", "-c", "echo prog ran; exit 7"}, launch.ExitUsage, "DMLC_ROLE: required but not set"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cmd := exec.Command(bin.fpt, append([]string{"run"}, tt.args...)...)
+			cmd.Env = append(environWithout("FPT_", "PS_", "DMLC_"), tt.env...)
+			b, _ := cmd.CombinedOutput()
+			out := string(b)
+			if code := cmd.ProcessState.ExitCode(); code != tt.code {
+				t.Errorf("exit %d, want %d:\n%s", code, tt.code, out)
+			}
+			mustContain(t, "output", out, tt.expect)
+			if tt.code != 7 && strings.Contains(out, "prog ran") {
+				t.Errorf("PROG ran:\n%s", out)
+			}
+		})
+	}
+}
