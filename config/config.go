@@ -1,7 +1,10 @@
 // Package config reads a node's launch settings from the environment, the
 // way ps-lite and dmlc-tracker pass them (DMLC_*, PS_*), plus fpt's own FPT_*
 // settings. It only parses and checks: every problem names the variable at
-// fault, so that a mistyped launch script is a one-line fix.
+// fault, so that a mistyped launch script is a one-line fix. Known is the
+// one list of the variables fpt knows (vars.go): FromEnv parses through
+// it, help text is printed from it (WriteHelp), and Unknown names the
+// variables of an environment it does not list, with the nearest known name.
 package config
 
 import (

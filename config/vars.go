@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/fptps/fpt/node"
 )
@@ -237,7 +238,7 @@ func Known() []Var {
 }
 
 // seconds prints a default duration the way its variable is written.
-func seconds(d interface{ Seconds() float64 }) string {
+func seconds(d time.Duration) string {
 	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64)
 }
 
