@@ -191,7 +191,7 @@ start() { # label role rank-variable rank cmd...
   [ "$role" = scheduler ] && [ -n "$status_port" ] && env+=(FPT_STATUS_ADDR="$DMLC_PS_ROOT_URI:$status_port")
   # stdout and stderr each through their own sed, to the script's own.
   (
-    { { env -u DMLC_TASK_ID -u DMLC_WORKER_ID -u DMLC_SERVER_ID -u FPT_STATUS_ADDR "${env[@]}" "$@" 2>&1 1>&3 3>&- |
+    { { env -u DMLC_TASK_ID -u DMLC_WORKER_ID -u DMLC_SERVER_ID "${env[@]}" "$@" 2>&1 1>&3 3>&- |
         sed -u "s/^/[$label] /" >&2 3>&-; } 3>&1 | sed -u "s/^/[$label] /"; }
   ) &
   pids+=($!); names+=("$label")
