@@ -21,6 +21,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/worker"
@@ -116,6 +117,9 @@ func newFlags(output io.Writer) *flags {
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageText)
 		fs.PrintDefaults()
+		// The cluster's nodes inherit the environment.
+		fmt.Fprintln(fs.Output())
+		config.WriteHelp(fs.Output())
 	}
 	return f
 }

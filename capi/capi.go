@@ -86,6 +86,7 @@ const (
 // safe for concurrent use by any number of C threads.
 type Lib struct {
 	lookup         func(string) (string, bool)
+	environ        func() []string
 	stdout, stderr io.Writer
 	shutdown       func()
 
@@ -107,12 +108,13 @@ type Lib struct {
 }
 
 // New returns a library that reads its configuration through lookup (the
-// C environment), writes a scheduler's LB decisions to stdout as the fpt
+// C environment) and warns at start about the unknown variables of environ
+// (the whole C environment; nil: no check), writes a scheduler's LB decisions to stdout as the fpt
 // binaries do, logs to stderr, and calls shutdown once at the end of
 // Finalize (control.Shutdown, which must run once per process; tests, which
 // run many nodes in one process, pass a no-op).
-func New(lookup func(string) (string, bool), stdout, stderr io.Writer, shutdown func()) *Lib {
-	return &Lib{lookup: lookup, stdout: stdout, stderr: stderr, shutdown: shutdown}
+func New(lookup func(string) (string, bool), environ func() []string, stdout, stderr io.Writer, shutdown func()) *Lib {
+	return &Lib{lookup: lookup, environ: environ, stdout: stdout, stderr: stderr, shutdown: shutdown}
 }
 
 // Start joins the cluster in the role DMLC_ROLE names, through
@@ -130,6 +132,13 @@ func (l *Lib) Start() error {
 		err := l.stateErr(op)
 		l.mu.Unlock()
 		return err
+	}
+	// As launch.Main does for the binaries: a typo'd name is otherwise
+	// silently ignored.
+	if l.environ != nil {
+		for _, w := range config.Unknown(l.environ()) {
+			fmt.Fprintf(l.stderr, "%s: warning: %s\n", op, w)
+		}
 	}
 	cfg, err := config.FromEnv(l.lookup)
 	if err != nil {

@@ -126,7 +126,7 @@ func newLib(vars map[string]string, shutdowns *atomic.Int32) *Lib {
 		v, ok := vars[k]
 		return v, ok
 	}
-	return New(lookup, io.Discard, io.Discard, func() { shutdowns.Add(1) })
+	return New(lookup, nil, io.Discard, io.Discard, func() { shutdowns.Add(1) })
 }
 
 // Every call before Start is refused with CodeState, except the queries

@@ -228,6 +228,10 @@ func (n *Member) Start(ctx context.Context, h Handler) (err error) {
 		n.shutdown()
 	}()
 	self := n.Self()
+	if n.cfg.RankVar != "" {
+		// The launcher pinned the rank: ask the scheduler for its id.
+		self.ID = node.RankID(n.cfg.Role, n.cfg.Rank)
+	}
 	n.log.Info("registering", "control", self.ControlEndpoint(), "data", self.DataAddr(), "scheduler", n.sched)
 	if err := n.plane.Send(n.sched, &control.Message{Command: control.AddNode, Nodes: []node.Info{self}}); err != nil {
 		return fmt.Errorf("cluster: register: %w", err)
@@ -401,6 +405,9 @@ func (n *Member) setTable(m *control.Message) error {
 	me, ok := byID[m.Recipient]
 	if !ok || me.Host != self.Host || me.ControlPort != self.ControlPort {
 		return fmt.Errorf("cluster: node table does not list this node (%s) as id %d", self, m.Recipient)
+	}
+	if n.cfg.RankVar != "" && m.Recipient != node.RankID(n.cfg.Role, n.cfg.Rank) {
+		return fmt.Errorf("cluster: the scheduler made this node %s, not rank %d as %s asks", m.Recipient, n.cfg.Rank, n.cfg.RankVar)
 	}
 	if servers != n.cfg.NumServers || workers != n.cfg.NumWorkers {
 		return fmt.Errorf("cluster: node table has %d servers and %d workers; DMLC_NUM_SERVER=%d, DMLC_NUM_WORKER=%d",

@@ -1,7 +1,10 @@
 // Package config reads a node's launch settings from the environment, the
 // way ps-lite and dmlc-tracker pass them (DMLC_*, PS_*), plus fpt's own FPT_*
 // settings. It only parses and checks: every problem names the variable at
-// fault, so that a mistyped launch script is a one-line fix.
+// fault, so that a mistyped launch script is a one-line fix. Known is the
+// one list of the variables fpt knows (vars.go): FromEnv parses through
+// it, help text is printed from it (WriteHelp), and Unknown names the
+// variables of an environment it does not list, with the nearest known name.
 package config
 
 import (
@@ -81,6 +84,13 @@ type Config struct {
 	// TraceIters is the iterations traced (FPT_TRACE_ITERS: "10-20", "10-",
 	// "7"; default all).
 	TraceIters trace.Window
+
+	// Rank is the rank this server or worker asks the scheduler for, and
+	// RankVar the variable that set it (DMLC_WORKER_ID, DMLC_SERVER_ID or
+	// DMLC_TASK_ID, as dmlc-tracker and BytePS launch nodes); RankVar
+	// empty: the scheduler assigns one.
+	Rank    int
+	RankVar string
 }
 
 // Defaults for the optional settings.
@@ -113,68 +123,15 @@ func (e *VarError) Error() string {
 
 // FromEnv reads a Config through lookup (os.LookupEnv in production). It
 // reports every bad or missing variable at once, joined; each is a *VarError.
+// It reads the variables of Known, in its order, each through its own
+// entry (so a later entry may check itself against an earlier one).
 func FromEnv(lookup func(string) (string, bool)) (Config, error) {
 	p := parser{lookup: lookup}
 	var c Config
-	if v, ok := p.required("DMLC_ROLE"); ok {
-		r, err := node.ParseRole(v)
-		if err != nil {
-			p.fail("DMLC_ROLE", v, "must be scheduler, server or worker")
+	for _, v := range Known() {
+		if v.read != nil {
+			v.read(&p, v.Name, &c)
 		}
-		c.Role = r
-	}
-	if v, ok := p.required("DMLC_PS_ROOT_URI"); ok {
-		c.RootURI = v
-	}
-	c.RootPort = p.port("DMLC_PS_ROOT_PORT", true)
-	c.NumServers = p.positive("DMLC_NUM_SERVER")
-	c.NumWorkers = p.positive("DMLC_NUM_WORKER")
-	c.NodeHost, _ = p.optional("DMLC_NODE_HOST")
-	c.Interface, _ = p.optional("DMLC_INTERFACE")
-	c.NodePort = p.port("FPT_NODE_PORT", false)
-	if c.NodePort == 65535 {
-		p.fail("FPT_NODE_PORT", "65535", "the data port is NodePort+1, so it must be below 65535")
-	}
-	c.Verbose = int(p.integer("PS_VERBOSE", 0, 0, 2))
-	c.Van = "epoll"
-	if v, ok := p.optional("FPT_VAN"); ok {
-		if v != "epoll" && v != "netconn" {
-			p.fail("FPT_VAN", v, "must be epoll or netconn")
-		}
-		c.Van = v
-	}
-	c.HeartbeatInterval = p.seconds("PS_HEARTBEAT_INTERVAL", DefaultHeartbeatInterval)
-	c.HeartbeatTimeout = p.seconds("PS_HEARTBEAT_TIMEOUT", DefaultHeartbeatTimeout)
-	if c.HeartbeatTimeout <= c.HeartbeatInterval {
-		p.fail("PS_HEARTBEAT_TIMEOUT", p.raw("PS_HEARTBEAT_TIMEOUT"), "must be longer than PS_HEARTBEAT_INTERVAL")
-	}
-	c.StartTimeout = p.seconds("FPT_START_TIMEOUT", DefaultStartTimeout)
-	c.PartitionBytes = uint64(p.integer("FPT_PARTITION_BYTES", DefaultPartitionBytes, 8, 1<<40))
-	c.MaxFrameBytes = uint64(p.integer("FPT_MAX_FRAME_BYTES", DefaultMaxFrameBytes, 1<<10, 1<<48))
-	if c.PartitionBytes > c.MaxFrameBytes {
-		p.fail("FPT_PARTITION_BYTES", p.raw("FPT_PARTITION_BYTES"), "must not exceed FPT_MAX_FRAME_BYTES")
-	}
-	c.PoolBytes = p.integer("FPT_POOL_BYTES", DefaultPoolBytes, 1<<16, 1<<50)
-	c.MetricsAddr = p.hostPort("FPT_METRICS_ADDR")
-	c.StatusAddr = p.hostPort("FPT_STATUS_ADDR")
-	c.LB = true
-	if v, ok := p.optional("FPT_LB"); ok {
-		switch v {
-		case "on", "1", "true":
-		case "off", "0", "false":
-			c.LB = false
-		default:
-			p.fail("FPT_LB", v, "must be on or off")
-		}
-	}
-	c.LBProbeEvery = uint64(p.integer("FPT_LB_PROBE_EVERY", 0, 0, 1<<40))
-	c.Secret = p.secret()
-	c.Insecure = p.flag("FPT_INSECURE")
-	c.StallTimeout = DefaultStallTimeout
-	if v, ok := p.optional("FPT_STALL_TIMEOUT"); ok && v != "0" {
-		c.StallTimeout = p.seconds("FPT_STALL_TIMEOUT", DefaultStallTimeout)
-	} else if ok {
-		c.StallTimeout = 0
 	}
 	c.TraceFile, _ = p.optional("FPT_TRACE_FILE")
 	c.TraceIters = trace.All
@@ -195,18 +152,6 @@ type parser struct {
 
 // hostPort reads an optional listening address, "host:port" or ":port"
 // ("" when unset).
-func (p *parser) hostPort(name string) string {
-	v, ok := p.optional(name)
-	if !ok {
-		return ""
-	}
-	_, port, err := net.SplitHostPort(v)
-	if n, perr := strconv.Atoi(port); err != nil || perr != nil || n < 0 || n > 65535 {
-		p.fail(name, v, "must be host:port or :port, with a port from 0 to 65535")
-	}
-	return v
-}
-
 func (p *parser) fail(name, value, reason string) {
 	p.errs = append(p.errs, &VarError{Var: name, Value: value, Reason: reason})
 }
@@ -307,30 +252,31 @@ func (p *parser) flag(name string) bool {
 	return false
 }
 
-// secret reads FPT_CLUSTER_SECRET or FPT_CLUSTER_SECRET_FILE (one, not
-// both). The value itself never appears in an error.
-func (p *parser) secret() string {
-	v, inline := p.optional("FPT_CLUSTER_SECRET")
-	path, file := p.optional("FPT_CLUSTER_SECRET_FILE")
+// secret reads the secret from the variable name or from the file the
+// variable fileName names (one, not both). The value itself never appears
+// in an error.
+func (p *parser) secret(name, fileName string) string {
+	v, inline := p.optional(name)
+	path, file := p.optional(fileName)
 	switch {
 	case inline && file:
-		p.fail("FPT_CLUSTER_SECRET_FILE", path, "set it or FPT_CLUSTER_SECRET, not both")
+		p.fail(fileName, path, "set it or "+name+", not both")
 		return ""
 	case file:
 		b, err := os.ReadFile(path)
 		if err != nil {
-			p.fail("FPT_CLUSTER_SECRET_FILE", path, "cannot be read: "+err.Error())
+			p.fail(fileName, path, "cannot be read: "+err.Error())
 			return ""
 		}
 		v = strings.TrimSpace(string(b))
 		if len(v) < MinSecretBytes {
-			p.fail("FPT_CLUSTER_SECRET_FILE", path, fmt.Sprintf("holds %d bytes; a secret has at least %d", len(v), MinSecretBytes))
+			p.fail(fileName, path, fmt.Sprintf("holds %d bytes; a secret has at least %d", len(v), MinSecretBytes))
 			return ""
 		}
 		return v
 	case inline:
 		if len(v) < MinSecretBytes {
-			p.fail("FPT_CLUSTER_SECRET", "", fmt.Sprintf("is %d bytes; a secret has at least %d (e.g. openssl rand -hex 16)", len(v), MinSecretBytes))
+			p.fail(name, "", fmt.Sprintf("is %d bytes; a secret has at least %d (e.g. openssl rand -hex 16)", len(v), MinSecretBytes))
 			return ""
 		}
 		return v

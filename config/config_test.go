@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -92,6 +93,7 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		{"verbose", func(e map[string]string) { e["PS_VERBOSE"] = "9" }, []string{"PS_VERBOSE"}},
 		{"metrics without port", func(e map[string]string) { e["FPT_METRICS_ADDR"] = "localhost" }, []string{"FPT_METRICS_ADDR"}},
 		{"metrics bad port", func(e map[string]string) { e["FPT_METRICS_ADDR"] = ":99999" }, []string{"FPT_METRICS_ADDR"}},
+		{"status without port", func(e map[string]string) { e["FPT_STATUS_ADDR"] = "localhost" }, []string{"FPT_STATUS_ADDR"}},
 		{"lb word", func(e map[string]string) { e["FPT_LB"] = "maybe" }, []string{"FPT_LB"}},
 		{"lb probe negative", func(e map[string]string) { e["FPT_LB_PROBE_EVERY"] = "-1" }, []string{"FPT_LB_PROBE_EVERY"}},
 		{"metrics word port", func(e map[string]string) { e["FPT_METRICS_ADDR"] = "0.0.0.0:http" }, []string{"FPT_METRICS_ADDR"}},
@@ -185,5 +187,143 @@ func TestResolveHostLoopback(t *testing.T) {
 	c.Interface = "no-such-if0"
 	if _, err := c.ResolveHost(); err == nil || !strings.Contains(err.Error(), "DMLC_INTERFACE") {
 		t.Fatalf("bad interface error = %v", err)
+	}
+}
+
+func TestUnknown(t *testing.T) {
+	tests := []struct {
+		name    string
+		environ []string
+		want    []string
+	}{
+		{"none", []string{"PATH=/bin", "HOME=/root"}, nil},
+		{"known", []string{"FPT_PARTITION_BYTES=1", "DMLC_ROLE=worker", "PS_VERBOSE=1", "FPT_NETEM_HOST=0"}, nil},
+		{"launcher's", []string{"DMLC_TASK_ID=0", "DMLC_JOB_CLUSTER=local", "DMLC_NUM_ATTEMPT=0", "DMLC_PS_VAN_TYPE=zmq", "PS_RESEND=1"}, nil},
+		{"typo", []string{"FPT_PARTITON_BYTES=1"}, []string{"unknown variable FPT_PARTITON_BYTES; did you mean FPT_PARTITION_BYTES?"}},
+		{"swapped letters", []string{"DMLC_NUM_WROKER=2"}, []string{"unknown variable DMLC_NUM_WROKER; did you mean DMLC_NUM_WORKER?"}},
+		{"plural", []string{"DMLC_NUM_SERVERS=2"}, []string{"unknown variable DMLC_NUM_SERVERS; did you mean DMLC_NUM_SERVER?"}},
+		{"ps prefix", []string{"PS_VERBOS=1"}, []string{"unknown variable PS_VERBOS; did you mean PS_VERBOSE?"}},
+		{"nothing near", []string{"FPT_COMPLETELY_DIFFERENT=1"}, []string{"unknown variable FPT_COMPLETELY_DIFFERENT"}},
+		{"empty value, sorted, once", []string{"FPT_VANN=", "FPT_LBB=on", "FPT_VANN="}, []string{
+			"unknown variable FPT_LBB; did you mean FPT_LB?", "unknown variable FPT_VANN; did you mean FPT_VAN?"}},
+		{"other families", []string{"BYTEPS_LOCAL_RANK=0", "FPTX=1", "XPS_VERBOSE=1", "fpt_van=epoll"}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := Unknown(tt.environ); !slices.Equal(got, tt.want) {
+				t.Errorf("Unknown(%q) = %q, want %q", tt.environ, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDistance(t *testing.T) {
+	tests := []struct {
+		a, b string
+		want int
+	}{
+		{"", "", 0},
+		{"", "abc", 3},
+		{"abc", "", 3},
+		{"kitten", "sitting", 3},
+		{"FPT_VAN", "FPT_VAN", 0},
+		{"FPT_PARTITON_BYTES", "FPT_PARTITION_BYTES", 1},
+		{"WROKER", "WORKER", 2},
+	}
+	for _, tt := range tests {
+		if got := distance(tt.a, tt.b); got != tt.want {
+			t.Errorf("distance(%q, %q) = %d, want %d", tt.a, tt.b, got, tt.want)
+		}
+		if got := distance(tt.b, tt.a); got != tt.want {
+			t.Errorf("distance(%q, %q) = %d, want %d", tt.b, tt.a, got, tt.want)
+		}
+	}
+}
+
+// The list is one: names unique, in their families, node variables
+// documented, and every node variable FromEnv reads is in it.
+func TestKnown(t *testing.T) {
+	seen := map[string]bool{}
+	for _, v := range Known() {
+		if seen[v.Name] {
+			t.Errorf("%s listed twice", v.Name)
+		}
+		seen[v.Name] = true
+		if !hasPrefix(v.Name) || v.Meaning == "" || v.Use == 0 {
+			t.Errorf("%+v: want an FPT_, PS_ or DMLC_ name, a meaning and a use", v)
+		}
+		if v.read != nil && v.Use != NodeVar {
+			t.Errorf("%s is read by FromEnv but not a node variable", v.Name)
+		}
+	}
+	// Every variable FromEnv looks up is listed as a node variable.
+	nodeVars := Names(NodeVar)
+	e := base()
+	_, err := FromEnv(func(k string) (string, bool) {
+		if !slices.Contains(nodeVars, k) {
+			t.Errorf("FromEnv reads %s, which Known does not list as a node variable", k)
+		}
+		v, ok := e[k]
+		return v, ok
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var help strings.Builder
+	if err := WriteHelp(&help); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range Known() {
+		if v.Use != TestVar && !strings.Contains(help.String(), v.Name) {
+			t.Errorf("help does not name %s:\n%s", v.Name, help.String())
+		}
+	}
+}
+
+func TestFromEnvRank(t *testing.T) {
+	tests := []struct {
+		name    string
+		role    string
+		env     map[string]string
+		rank    int
+		rankVar string
+		errVar  string
+	}{
+		{"none", "worker", nil, 0, "", ""},
+		{"worker task id", "worker", map[string]string{"DMLC_TASK_ID": "2"}, 2, "DMLC_TASK_ID", ""},
+		{"server task id counts workers first", "server", map[string]string{"DMLC_TASK_ID": "4"}, 1, "DMLC_TASK_ID", ""},
+		{"worker id over task id", "worker", map[string]string{"DMLC_TASK_ID": "7", "DMLC_WORKER_ID": "1"}, 1, "DMLC_WORKER_ID", ""},
+		{"server id over task id", "server", map[string]string{"DMLC_TASK_ID": "0", "DMLC_SERVER_ID": "1"}, 1, "DMLC_SERVER_ID", ""},
+		// Kubernetes sets DMLC_SERVER_ID=0 on workers too.
+		{"worker ignores server id", "worker", map[string]string{"DMLC_SERVER_ID": "0", "DMLC_WORKER_ID": "2"}, 2, "DMLC_WORKER_ID", ""},
+		{"server ignores worker id", "server", map[string]string{"DMLC_WORKER_ID": "9"}, 0, "", ""},
+		{"scheduler ignores all", "scheduler", map[string]string{"DMLC_TASK_ID": "99", "DMLC_WORKER_ID": "x"}, 0, "", ""},
+		{"worker id too big", "worker", map[string]string{"DMLC_WORKER_ID": "3"}, 0, "", "DMLC_WORKER_ID"},
+		{"worker id negative", "worker", map[string]string{"DMLC_WORKER_ID": "-1"}, 0, "", "DMLC_WORKER_ID"},
+		{"server task id below the workers", "server", map[string]string{"DMLC_TASK_ID": "1"}, 0, "", "DMLC_TASK_ID"},
+		{"server task id too big", "server", map[string]string{"DMLC_TASK_ID": "5"}, 0, "", "DMLC_TASK_ID"},
+		{"word", "worker", map[string]string{"DMLC_TASK_ID": "one"}, 0, "", "DMLC_TASK_ID"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := base() // 2 servers, 3 workers
+			e["DMLC_ROLE"] = tt.role
+			for k, v := range tt.env {
+				e[k] = v
+			}
+			c, err := FromEnv(env(e))
+			if tt.errVar != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.errVar) {
+					t.Fatalf("error %v, want one naming %s", err, tt.errVar)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Rank != tt.rank || c.RankVar != tt.rankVar {
+				t.Errorf("rank %d from %q, want %d from %q", c.Rank, c.RankVar, tt.rank, tt.rankVar)
+			}
+		})
 	}
 }

@@ -21,7 +21,7 @@ type Command uint8
 // Commands.
 const (
 	// AddNode registers a node with the scheduler: Nodes[0] describes the
-	// sender (its ID still 0).
+	// sender (its ID 0, or the id of the rank its launcher pinned).
 	AddNode Command = 1 + iota
 	// NodeTable answers AddNode once every node has registered: Nodes is
 	// the full table (scheduler included) and Recipient the receiver's id.

@@ -45,7 +45,9 @@ const (
 type Train func(ctx context.Context, w *worker.Worker) error
 
 // Main runs the node DMLC_ROLE names, reading the environment through
-// lookup, logging to stderr, and returns the exit code. A nil train makes a
+// lookup, logging to stderr, and returns the exit code. It first warns
+// about any FPT_*, PS_* or DMLC_* variable of the process environment that
+// fpt does not know (config.Unknown). A nil train makes a
 // worker role a usage error: workers are training programs.
 func Main(name string, lookup func(string) (string, bool), stderr io.Writer, train Train) (code int) {
 	defer func() {
@@ -60,6 +62,11 @@ func Main(name string, lookup func(string) (string, bool), stderr io.Writer, tra
 			code = ExitBug
 		}
 	}()
+	// A mistyped name is otherwise silently ignored: say so first, as it
+	// may be why a required variable is missing.
+	for _, w := range config.Unknown(os.Environ()) {
+		fmt.Fprintf(stderr, "%s: warning: %s\n", name, w)
+	}
 	cfg, err := config.FromEnv(lookup)
 	if err != nil {
 		for _, e := range unjoin(err) {
@@ -68,7 +75,7 @@ func Main(name string, lookup func(string) (string, bool), stderr io.Writer, tra
 		return ExitUsage
 	}
 	if cfg.Role == node.Worker && train == nil {
-		fmt.Fprintf(stderr, "%s: DMLC_ROLE=worker: workers are training programs (e.g. test_kv_app); %s runs the scheduler and servers\n", name, name)
+		fmt.Fprintf(stderr, "%s: DMLC_ROLE=worker: workers are training programs (e.g. test_kv_app); %s runs the scheduler and servers (fpt run PROG runs PROG as the worker)\n", name, name)
 		return ExitUsage
 	}
 	log := Logger(stderr, cfg)

@@ -18,6 +18,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/fptps/fpt/config"
 )
 
 // Exit statuses of Main, as a shell and package launch count them.
@@ -95,6 +97,9 @@ func parseCLIArgs(args []string, output io.Writer) (cliOptions, error) {
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), cliUsage)
 		fs.PrintDefaults()
+		// COMMAND, and with --cluster the nodes, inherit the environment.
+		fmt.Fprintln(fs.Output())
+		config.WriteHelp(fs.Output())
 	}
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -114,13 +119,13 @@ func parseCLIArgs(args []string, output io.Writer) (cliOptions, error) {
 }
 
 // clusterArgs are run_test.sh's arguments on host i of k: one server and one
-// worker per host, the scheduler on host 0 at root.
+// worker per host, both of rank i, the scheduler on host 0 at root.
 func clusterArgs(i, k int, root, iface string, appArgs []string) []string {
 	var args []string
 	if i == 0 {
 		args = append(args, "--scheduler")
 	}
-	args = append(args, "-s", "1", "-w", "1", "--root", root,
+	args = append(args, "-s", "1", "-w", "1", "--first-server", strconv.Itoa(i), "--first-worker", strconv.Itoa(i), "--root", root,
 		"--num-servers", strconv.Itoa(k), "--num-workers", strconv.Itoa(k), "--iface", iface)
 	if len(appArgs) > 0 {
 		args = append(append(args, "--"), appArgs...)

@@ -58,8 +58,8 @@ func TestClusterArgs(t *testing.T) {
 		app  []string
 		want string
 	}{
-		{0, nil, "--scheduler -s 1 -w 1 --root 198.18.0.1:9000 --num-servers 3 --num-workers 3 --iface eth0"},
-		{2, []string{"--iters", "5"}, "-s 1 -w 1 --root 198.18.0.1:9000 --num-servers 3 --num-workers 3 --iface eth0 -- --iters 5"},
+		{0, nil, "--scheduler -s 1 -w 1 --first-server 0 --first-worker 0 --root 198.18.0.1:9000 --num-servers 3 --num-workers 3 --iface eth0"},
+		{2, []string{"--iters", "5"}, "-s 1 -w 1 --first-server 2 --first-worker 2 --root 198.18.0.1:9000 --num-servers 3 --num-workers 3 --iface eth0 -- --iters 5"},
 	} {
 		if got := strings.Join(clusterArgs(tc.i, 3, "198.18.0.1:9000", "eth0", tc.app), " "); got != tc.want {
 			t.Errorf("clusterArgs(%d, %q) = %q, want %q", tc.i, tc.app, got, tc.want)

@@ -71,6 +71,15 @@ func ServerID(rank int) ID { return ID(8 + 2*rank) }
 // WorkerID is the id of worker rank r.
 func WorkerID(rank int) ID { return ID(9 + 2*rank) }
 
+// RankID is the id of the given rank of role r: a server's, else a
+// worker's.
+func RankID(r Role, rank int) ID {
+	if r == Server {
+		return ServerID(rank)
+	}
+	return WorkerID(rank)
+}
+
 // Role tells the role an id belongs to; ok is false for ids that name no
 // node (0, 2..7, which ps-lite reserves for groups).
 func (id ID) Role() (r Role, ok bool) {

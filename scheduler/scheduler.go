@@ -96,6 +96,13 @@ func (s *sched) register(ctx context.Context, reg *registry) error {
 			}
 			info := m.Nodes[0]
 			if err := reg.add(info, m.Origin); err != nil {
+				// Two nodes pinned to one rank: no later registration
+				// mends that, so the start fails now, naming both.
+				var re *rankError
+				if errors.As(err, &re) {
+					_ = s.plane.Send(info.ControlEndpoint(), &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Text: "registration refused: " + err.Error()})
+					return &startFailedError{fmt.Errorf("scheduler: registration refused: %w", err)}
+				}
 				// Never tell a registered node it was refused: the AddNode
 				// naming its address may come from someone else.
 				if reg.registered(info) {

@@ -1,16 +1,15 @@
 package scheduler
 
 import (
-	"cmp"
 	"fmt"
-	"slices"
 
 	"github.com/fptps/fpt/node"
 )
 
 // registry collects registrations until the cluster is complete, then
 // assigns ids the ps-lite way: ranks in (host, port) order per role, so
-// that a relaunch on the same machines gives the same ids.
+// that a relaunch on the same machines gives the same ids, except for the
+// ranks nodes asked for (ranks.go).
 type registry struct {
 	servers, workers int
 	pending          []node.Info
@@ -38,6 +37,9 @@ func (r *registry) add(info node.Info, origin string) error {
 	}
 	if r.count(info.Role) >= r.want(info.Role) {
 		return fmt.Errorf("one %s too many: the cluster has %d", info.Role, r.want(info.Role))
+	}
+	if err := checkRank(r.pending, info, r.want(info.Role)); err != nil {
+		return err
 	}
 	r.pending = append(r.pending, info)
 	r.origins = append(r.origins, origin)
@@ -85,25 +87,11 @@ func (r *registry) complete() bool {
 	return r.count(node.Server) == r.servers && r.count(node.Worker) == r.workers
 }
 
-// assign gives every registered node its id; the scheduler itself is added
-// as id 1 at the given address.
+// assign gives every registered node its id (assignRanks); the scheduler
+// itself is added as id 1 at the given address.
 func (r *registry) assign(self node.Info) []node.Info {
-	nodes := slices.Clone(r.pending)
-	slices.SortFunc(nodes, func(a, b node.Info) int {
-		return cmp.Or(cmp.Compare(a.Role, b.Role), cmp.Compare(a.Host, b.Host), cmp.Compare(a.ControlPort, b.ControlPort))
-	})
-	ranks := map[node.Role]int{}
-	for i := range nodes {
-		rank := ranks[nodes[i].Role]
-		ranks[nodes[i].Role]++
-		if nodes[i].Role == node.Server {
-			nodes[i].ID = node.ServerID(rank)
-		} else {
-			nodes[i].ID = node.WorkerID(rank)
-		}
-	}
 	self.ID, self.Role = node.SchedulerID, node.Scheduler
-	return append([]node.Info{self}, nodes...)
+	return append([]node.Info{self}, assignRanks(r.pending)...)
 }
 
 // barriers counts arrivals per (group, sequence number). The scheduler

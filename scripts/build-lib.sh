@@ -17,6 +17,29 @@
 # GOEXPERIMENT passes through: GOEXPERIMENT=cgocheck2 builds a library that
 # checks every pointer the Go side writes.
 set -euo pipefail
+usage() {
+  cat <<'USAGE'
+usage: scripts/build-lib.sh [--prefix DIR] [--bindir DIR]
+
+Builds libfpt (fpt's C library) and installs it under a prefix with its
+headers and a pkg-config file, then builds the C and C++ client programs
+against that install with the flags pkg-config gives.
+
+Flags:
+  --prefix DIR   where to install [default: build]: lib/libfpt.so,
+                 include/fpt.h, include/ps/ and include/dmlc/ (ps-lite's C++
+                 interface over fpt.h), lib/pkgconfig/fpt.pc
+  --bindir DIR   where the programs go [default: bin]: kvstore_client,
+                 fpt_bad_calls, pslite_kv_app, pslite_multi_workers,
+                 pslite_simple_app, pslite_benchmark, pslite_mxnet_client
+  -h, --help     this help
+
+Environment read:
+  GOEXPERIMENT     passed to go build: GOEXPERIMENT=cgocheck2 builds a library
+                   that checks every pointer the Go side writes
+  PKG_CONFIG_PATH  extended with the install's lib/pkgconfig
+USAGE
+}
 cd "$(dirname "$0")/.."
 prefix=build
 bindir=bin
@@ -24,7 +47,8 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --prefix) prefix=$2; shift 2 ;;
     --bindir) bindir=$2; shift 2 ;;
-    *) echo "usage: $0 [--prefix DIR] [--bindir DIR]" >&2; exit 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "build-lib.sh: unknown argument $1 (build-lib.sh -h)" >&2; exit 2 ;;
   esac
 done
 for cc in gcc g++; do

@@ -11,6 +11,27 @@
 #   scripts/fuzz.sh 10m 'van|frame'       # only targets whose "dir name" matches
 #   FUZZ_PARALLEL=1 scripts/fuzz.sh       # fuzzing workers per target (default: one per CPU)
 set -euo pipefail
+case "${1:-}" in
+  -h|--help)
+    cat <<'USAGE'
+usage: scripts/fuzz.sh [FUZZTIME [REGEXP]]
+
+Runs every fuzz target of the module ("func FuzzXxx" in a _test.go file), one
+after another, for FUZZTIME each, and copies the inputs the fuzzer found
+interesting into the package's testdata/fuzz/FuzzXxx/ corpus. A crasher fails
+the script (go test writes it there). REGEXP keeps only the targets whose
+"dir name" matches.
+
+  scripts/fuzz.sh 30s                    # a quick run
+  scripts/fuzz.sh 10m 'van|frame'        # only some targets
+
+Environment read:
+  FUZZTIME       time per target when no argument gives it [default: 10m]
+  FUZZ_MAX_NEW   inputs kept per target [default: 40]
+  FUZZ_PARALLEL  fuzzing workers per target [default: one per CPU]
+USAGE
+    exit 0 ;;
+esac
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/go/bin:$HOME/go/bin:$PATH
 

@@ -14,5 +14,27 @@
 #   scripts/netem.sh --host 1gbit --host 100mbit/1gbit -- sh -c 'echo $FPT_NETEM_HOST $FPT_NETEM_ADDR'
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
+for a in "$@"; do
+  case "$a" in
+    -h|--help)
+      cat <<'USAGE'
+usage: scripts/netem.sh [fpt netem flags] -- COMMAND [ARGS...]
+       scripts/netem.sh [fpt netem flags] --cluster [-- test_kv_app flags...]
+
+Builds the binaries (scripts/build.sh), then runs "bin/fpt netem" with the
+same arguments: a command, or a whole fpt cluster (scripts/run_test.sh on
+every host), on emulated hosts joined by shaped links. Needs root.
+
+  scripts/netem.sh --hosts 1gbit,200mbit,1gbit --cluster -- --iters 20
+
+Environment read: FPT_CLUSTER_SECRET, FPT_CLUSTER_SECRET_FILE (in --cluster
+mode every host gets the same secret, a random one unless these give it).
+The flags and the rest of the environment: bin/fpt netem -h, below once built.
+USAGE
+      [ -x "$repo/bin/fpt" ] && { echo; "$repo/bin/fpt" netem -h 2>&1; }
+      exit 0 ;;
+    --) break ;;
+  esac
+done
 "$repo/scripts/build.sh"
 exec "$repo/bin/fpt" netem "$@"

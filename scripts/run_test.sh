@@ -1,30 +1,64 @@
 #!/usr/bin/env bash
-# Starts one node's share of an fpt cluster: the scheduler if asked, S
-# servers and W simulated-trainer workers, each its own process, plus a
-# monitor printing this host's transmit and receive rate while they run.
-#
-# With no arguments: a whole local cluster on loopback (scheduler, 2 servers,
-# 2 workers). Across machines, run it on each with the same --root and
-# cluster sizes, --scheduler on one of them. Children are cleaned up on
-# failure or Ctrl-C. Settings come from flags or the DMLC_* environment.
-#
-#   scripts/run_test.sh [--scheduler] [-s N] [-w N] [--root HOST:PORT]
-#                       [--num-servers N] [--num-workers N] [--iface IF]
-#                       [--metrics-port P] [--no-monitor]
-#                       [--secret S | --secret-file F]
-#                       [-- test_kv_app flags...]
-#
-# The cluster's secret (FPT_CLUSTER_SECRET, or --secret / --secret-file /
-# FPT_CLUSTER_SECRET_FILE) authenticates every node. A local cluster gets a
-# random one per run when none is given; across machines give every host
-# the same one (e.g. FPT_CLUSTER_SECRET=$(openssl rand -hex 16) on all).
-#
-# --metrics-port P serves each node's Prometheus metrics (FPT_METRICS_ADDR)
-# on ports P, P+1, ... in the order the nodes start (the scheduler first).
+# Starts one node's share of an fpt cluster (scheduler, servers, workers
+# running test_kv_app), labels their output by role and rank, and stops
+# them all on the first failure or Ctrl-C. The help text is usage() below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() {
+  cat <<'USAGE'
+usage: scripts/run_test.sh [flags] [-- test_kv_app flags...]
+
+Starts one node's share of an fpt cluster: the scheduler if asked, S servers
+and W simulated-trainer workers (bin/test_kv_app), each its own process, plus a
+monitor printing this host's transmit and receive rate while they run. Output
+lines are labelled [scheduler], [server R], [worker R] (R the node's rank). The
+last line says whether every process finished cleanly; the exit status is 0 if
+so, else 1. Children are stopped on failure or Ctrl-C.
+
+With no flags: a whole local cluster on loopback (scheduler, 2 servers, 2
+workers). Across machines, run it on each with the same --root and cluster
+sizes, --scheduler on one of them, and --first-worker/--first-server so that
+the hosts' ranks do not overlap (without them a share's ranks are left to the
+scheduler, and labelled [worker local I]).
+
+Flags:
+  --scheduler           run the scheduler here
+  -s N                  servers here (default: all of the cluster's)
+  -w N                  workers here (default: all of the cluster's)
+  --root HOST:PORT      the scheduler's address (default: 127.0.0.1 and a free port
+                        when the whole cluster runs here)
+  --num-servers N       servers in the cluster (default: DMLC_NUM_SERVER, else 2)
+  --num-workers N       workers in the cluster (default: DMLC_NUM_WORKER, else 2)
+  --first-server R      rank of the first server here (pins ranks R, R+1, ...)
+  --first-worker R      rank of the first worker here
+  --iface IF            the network interface to use and monitor (DMLC_INTERFACE)
+  --metrics-port P      serve each node's Prometheus metrics (FPT_METRICS_ADDR) on
+                        ports P, P+1, ... in the order the nodes start (scheduler first)
+  --status-port P       the scheduler serves its status page on the root host, port P
+                        (FPT_STATUS_ADDR); its URL is printed at start
+  --secret S            the cluster's secret (FPT_CLUSTER_SECRET)
+  --secret-file F       a file holding it (FPT_CLUSTER_SECRET_FILE)
+  --no-monitor          no transmit/receive rate lines
+  -h, --help            this help
+  -- ARGS               the rest goes to every test_kv_app (test_kv_app -h)
+
+Environment read (flags win):
+  DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT   the scheduler's address, as --root
+  DMLC_NUM_SERVER, DMLC_NUM_WORKER      the cluster's size [default: 2 and 2]
+  DMLC_INTERFACE                        as --iface
+  PS_VERBOSE                            the nodes' logging [default: 0]
+  FPT_CLUSTER_SECRET, FPT_CLUSTER_SECRET_FILE
+                                        the secret; a local cluster without one gets a
+                                        random one per run, across machines it is required
+  FPT_INSECURE                          1: run without a secret
+  FPT_METRICS_ADDR                      every node's metrics address, without --metrics-port
+Set for each node: DMLC_ROLE, DMLC_WORKER_ID / DMLC_SERVER_ID (pinned ranks; the
+script unsets DMLC_TASK_ID), FPT_STATUS_ADDR (scheduler, with --status-port). Every
+other variable passes through to the nodes: bin/fpt -h lists those they read.
+USAGE
+}
+usage_error() { echo "run_test.sh: $*; run_test.sh -h for help" >&2; exit 2; }
 
 run_sched=0
 share_given=0
@@ -37,22 +71,33 @@ iface="${DMLC_INTERFACE:-}"
 monitor=1
 metrics_port=""
 app_args=()
+first_server=""
+first_worker=""
+status_port=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --scheduler) run_sched=1; share_given=1 ;;
-    -s) nserv_here="$2"; share_given=1; shift ;;
-    -w) nwork_here="$2"; share_given=1; shift ;;
-    --root) root="$2"; share_given=1; shift ;;
-    --num-servers) nserv="$2"; shift ;;
-    --num-workers) nwork="$2"; shift ;;
-    --iface) iface="$2"; shift ;;
-    --no-monitor) monitor=0 ;;
-    --metrics-port) metrics_port="$2"; shift ;;
-    --secret) export FPT_CLUSTER_SECRET="$2"; unset FPT_CLUSTER_SECRET_FILE; shift ;;
-    --secret-file) export FPT_CLUSTER_SECRET_FILE="$2"; unset FPT_CLUSTER_SECRET; shift ;;
+    -h|--help) usage; exit 0 ;;
     --) shift; app_args=("$@"); break ;;
-    -h|--help) usage ;;
-    *) echo "run_test.sh: unknown argument $1" >&2; usage ;;
+    --no-monitor) monitor=0 ;;
+    -s|-w|--root|--num-servers|--num-workers|--iface|--metrics-port|--status-port|--secret|--secret-file|--first-server|--first-worker)
+      [ $# -ge 2 ] || usage_error "$1 needs a value"
+      case "$1" in
+        -s) nserv_here="$2"; share_given=1 ;;
+        -w) nwork_here="$2"; share_given=1 ;;
+        --root) root="$2"; share_given=1 ;;
+        --num-servers) nserv="$2" ;;
+        --num-workers) nwork="$2" ;;
+        --iface) iface="$2" ;;
+        --metrics-port) metrics_port="$2" ;;
+        --status-port) status_port="$2" ;;
+        --secret) export FPT_CLUSTER_SECRET="$2"; unset FPT_CLUSTER_SECRET_FILE ;;
+        --secret-file) export FPT_CLUSTER_SECRET_FILE="$2"; unset FPT_CLUSTER_SECRET ;;
+        --first-server) first_server="$2" ;;
+        --first-worker) first_worker="$2" ;;
+      esac
+      shift ;;
+    *) usage_error "unknown argument $1" ;;
   esac
   shift
 done
@@ -64,6 +109,13 @@ if [ -z "$nserv_here" ] && [ -z "$nwork_here" ]; then
   nserv_here=$nserv; nwork_here=$nwork
 fi
 nserv_here=${nserv_here:-0}; nwork_here=${nwork_here:-0}
+for v in "$nserv" "$nwork" "$nserv_here" "$nwork_here" "$first_server" "$first_worker" "$metrics_port" "$status_port"; do
+  [[ -z "$v" || "$v" =~ ^[0-9]+$ ]] || usage_error "\"$v\" is not a number"
+done
+# Ranks are pinned (so that labels are true) when this host runs all of a
+# role, or is told where its share starts.
+[ -z "$first_server" ] && [ "$nserv_here" = "$nserv" ] && first_server=0
+[ -z "$first_worker" ] && [ "$nwork_here" = "$nwork" ] && first_worker=0
 
 free_port() {
   local p
@@ -108,35 +160,64 @@ fi
 
 pids=()
 names=()
+# Each node runs in a process group of its own (job control, on while they
+# start), with the processes labelling its output: stopping the group stops
+# them all, and waiting for it waits for its last line.
+stop_all() { # signal
+  for pid in "${pids[@]}" ${mon_pid:-}; do kill "-$1" -- "-$pid" 2>/dev/null || true; done
+}
 cleanup() {
   local code=$?
   trap - EXIT INT TERM
-  for pid in "${pids[@]}" ${mon_pid:-}; do kill "$pid" 2>/dev/null || true; done
+  stop_all TERM
   # Give them a moment to release their ports, then make sure.
   sleep 0.2
-  for pid in "${pids[@]}" ${mon_pid:-}; do kill -9 "$pid" 2>/dev/null || true; done
+  stop_all KILL
   wait 2>/dev/null || true
   exit "$code"
 }
 trap cleanup EXIT
 trap 'echo "run_test.sh: interrupted" >&2; exit 130' INT TERM
 
-start() { # name role cmd...
-  local name=$1 role=$2; shift 2
+start() { # label role rank-variable rank cmd...
+  local label=$1 role=$2 rank_var=$3 rank=$4; shift 4
   local metrics_addr="${FPT_METRICS_ADDR:-}"
   if [ -n "$metrics_port" ]; then
     metrics_addr=":$((metrics_port + ${#pids[@]}))"
-    echo "run_test.sh: $name serves metrics at http://localhost$metrics_addr/metrics"
+    echo "run_test.sh: $label serves metrics at http://localhost$metrics_addr/metrics"
   fi
-  DMLC_ROLE=$role FPT_METRICS_ADDR="$metrics_addr" "$@" > >(sed -u "s/^/[$name] /") 2> >(sed -u "s/^/[$name] /" >&2) &
-  pids+=($!); names+=("$name")
+  local env=(DMLC_ROLE="$role" FPT_METRICS_ADDR="$metrics_addr")
+  [ -n "$rank_var" ] && env+=("$rank_var=$rank")
+  [ "$role" = scheduler ] && [ -n "$status_port" ] && env+=(FPT_STATUS_ADDR="$DMLC_PS_ROOT_URI:$status_port")
+  # stdout and stderr each through their own sed, to the script's own.
+  (
+    { { env -u DMLC_TASK_ID -u DMLC_WORKER_ID -u DMLC_SERVER_ID "${env[@]}" "$@" 2>&1 1>&3 3>&- |
+        sed -u "s/^/[$label] /" >&2 3>&-; } 3>&1 | sed -u "s/^/[$label] /"; }
+  ) &
+  pids+=($!); names+=("$label")
+}
+
+# label role i first: "worker 3" when pinned at first+i, else "worker local i".
+node_label() {
+  if [ -n "$3" ]; then echo "$1 $(($3 + $2))"; else echo "$1 local $2"; fi
 }
 
 echo "run_test.sh: cluster of $nserv servers and $nwork workers, scheduler at $root; here:$([ "$run_sched" = 1 ] && echo " scheduler,") $nserv_here servers, $nwork_here workers"
-[ "$run_sched" = 1 ] && start scheduler scheduler bin/fpt
-for i in $(seq 1 "$nserv_here"); do start "server$i" server bin/fpt; done
-first_worker=${#pids[@]}
-for i in $(seq 1 "$nwork_here"); do start "worker$i" worker bin/test_kv_app ${app_args[@]+"${app_args[@]}"}; done
+if [ -n "$status_port" ]; then
+  if [ "$run_sched" = 1 ]; then
+    echo "run_test.sh: scheduler status page at http://$DMLC_PS_ROOT_URI:$status_port/"
+  else
+    echo "run_test.sh: --status-port: the scheduler runs elsewhere; its status page is its host's" >&2
+  fi
+fi
+set -m
+[ "$run_sched" = 1 ] && start scheduler scheduler "" "" bin/fpt
+for i in $(seq 0 $((nserv_here - 1))); do
+  start "$(node_label server "$i" "$first_server")" server "${first_server:+DMLC_SERVER_ID}" "$((${first_server:-0} + i))" bin/fpt
+done
+for i in $(seq 0 $((nwork_here - 1))); do
+  start "$(node_label worker "$i" "$first_worker")" worker "${first_worker:+DMLC_WORKER_ID}" "$((${first_worker:-0} + i))" bin/test_kv_app ${app_args[@]+"${app_args[@]}"}
+done
 
 if [ "$monitor" = 1 ]; then
   dev="${iface:-lo}"
@@ -152,9 +233,12 @@ if [ "$monitor" = 1 ]; then
   ) &
   mon_pid=$!
 fi
+# Job control off again: it would report every stopped group, source and all.
+set +m
 
-# Wait for every process; the first failure stops the rest.
+# Wait for every node; the first failure stops the rest.
 status=0
+failed=""
 running=("${pids[@]}")
 while [ ${#running[@]} -gt 0 ]; do
   done_pid=""
@@ -168,14 +252,25 @@ while [ ${#running[@]} -gt 0 ]; do
   running=(${still[@]+"${still[@]}"})
   if [ "$code" -ne 0 ]; then
     for i in "${!pids[@]}"; do
-      [ "${pids[$i]}" = "$done_pid" ] && echo "run_test.sh: ${names[$i]} exited with status $code; stopping the others" >&2
+      [ "${pids[$i]}" = "$done_pid" ] && failed="${names[$i]} exited with status $code"
     done
     status=1
     break
   fi
 done
-[ -n "${mon_pid:-}" ] && kill "$mon_pid" 2>/dev/null || true
+# The monitor's group (its sleep and awk too) goes before the final line.
+if [ -n "${mon_pid:-}" ]; then
+  kill -- "-$mon_pid" 2>/dev/null || true
+  wait "$mon_pid" 2>/dev/null || true
+fi
 if [ "$status" -eq 0 ]; then
-  echo "run_test.sh: all $((${#pids[@]})) processes finished cleanly"
+  echo "run_test.sh: all ${#pids[@]} processes finished cleanly"
+else
+  # Their last lines come before the final one.
+  stop_all TERM
+  sleep 0.2
+  stop_all KILL
+  wait 2>/dev/null || true
+  echo "run_test.sh: $failed; stopped the others" >&2
 fi
 exit "$status"

@@ -4,6 +4,20 @@
 # when it is missing, and fetches Go modules.
 # Idempotent; safe to run before every build.
 set -euo pipefail
+case "${1:-}" in
+  -h|--help)
+    cat <<'USAGE'
+usage: scripts/setup.sh
+
+Installs with apt-get what building and testing fpt needs on Debian, when
+missing (pkg-config, libczmq-dev, iproute2, g++; as root), and fetches the Go
+modules. Idempotent; scripts/build.sh runs it first. No flags.
+
+Environment read: PATH (a Go toolchain, else /usr/local/go/bin or
+/usr/lib/go/bin).
+USAGE
+    exit 0 ;;
+esac
 cd "$(dirname "$0")/.."
 
 need=()

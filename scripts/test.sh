@@ -6,6 +6,21 @@
 # -count=1: the integration tests run binaries built from packages they do
 # not import, which Go's test cache cannot see.
 set -euo pipefail
+case "${1:-}" in
+  -h|--help)
+    cat <<'USAGE'
+usage: scripts/test.sh
+
+The test command: builds, runs go vet, the race-enabled tests of every package
+(the integration tests in tests/ start real clusters of processes), then the
+tests that move tensors over 2 GiB. No flags.
+
+Environment read by the tests: FPT_SKIP_ROOT_TESTS=1 skips the tests that need
+root (network namespaces), FPT_ADVERSARIAL=0 the adversarial suite,
+FPT_TEST_LOG=1 logs the vans.
+USAGE
+    exit 0 ;;
+esac
 cd "$(dirname "$0")/.."
 scripts/build.sh
 echo "== go vet"

@@ -111,11 +111,12 @@ func TestNetemCluster(t *testing.T) {
 		t.Fatalf("fpt netem exited %d:\n%s", code, tail(out))
 	}
 	passed := map[string]bool{}
-	for _, m := range regexp.MustCompile(`(?m)^\[h(\d)\] \[worker1\] worker \d: PASS: 5 iterations`).FindAllStringSubmatch(out, -1) {
-		passed[m[1]] = true
+	// Host i runs worker rank i (run_test.sh --first-worker).
+	for _, m := range regexp.MustCompile(`(?m)^\[h(\d)\] \[worker (\d)\] worker (\d): PASS: 5 iterations`).FindAllStringSubmatch(out, -1) {
+		passed[m[1]] = m[1] == m[2] && m[2] == m[3]
 	}
-	if len(passed) != 3 {
-		t.Errorf("hosts whose worker passed: %v, want 0, 1 and 2:\n%s", passed, tail(out))
+	if len(passed) != 3 || !passed["0"] || !passed["1"] || !passed["2"] {
+		t.Errorf("hosts whose worker of their rank passed: %v, want 0, 1 and 2:\n%s", passed, tail(out))
 	}
 	mustContain(t, "output", out, "fpt netem: h1 198.18.0.2 in ", "up 200mbit, down 200mbit",
 		"iteration 5/5 verified", "[h0] run_test.sh: all 3 processes finished cleanly",

@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -46,20 +48,54 @@ func runScript(port int, args ...string) *exec.Cmd {
 }
 
 // The README's first command: a whole local cluster that trains, verifies
-// and leaves nothing behind.
+// and leaves nothing behind. Every line is labelled with its process's role
+// and rank (the ranks the nodes report), the rate monitor runs, and the
+// final line is the last: nothing follows it.
 func TestRunTestScript(t *testing.T) {
 	port, err := localcluster.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := runScript(port, "--", "-iters", "2", "-max-bytes", "1048576").CombinedOutput()
+	statusPort, err := localcluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("../scripts/run_test.sh", "--scheduler", "--root", fmt.Sprintf("127.0.0.1:%d", port),
+		"--status-port", strconv.Itoa(statusPort), "--", "-iters", "300", "-max-bytes", "1048576", "-quiet")
+	cmd.Env = append(os.Environ(), "PS_VERBOSE=1")
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("run_test.sh: %v\n%s", err, tail(string(out)))
 	}
 	s := string(out)
-	mustContain(t, "output", s, "[worker1] worker", "iteration 2/2 verified", "PASS", "all 5 processes finished cleanly")
-	if n := strings.Count(s, "PASS"); n != 2 {
-		t.Errorf("%d workers passed, want 2", n)
+	mustContain(t, "output", s, "[worker 0] worker 0: PASS", "[worker 1] worker 1: PASS",
+		fmt.Sprintf("run_test.sh: scheduler status page at http://127.0.0.1:%d/", statusPort))
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if last := lines[len(lines)-1]; last != "run_test.sh: all 5 processes finished cleanly" {
+		t.Errorf("last line %q, want the final one:\n%s", last, tail(s))
+	}
+	labelRe := regexp.MustCompile(`^\[(scheduler|server [01]|worker [01]|net lo)\] `)
+	ranks := regexp.MustCompile(`^\[(server|worker) (\d)\] .*msg=started .*id=(server|worker)(\d)\(`)
+	seen := map[string]bool{}
+	for _, l := range lines {
+		if strings.HasPrefix(l, "run_test.sh: ") {
+			continue
+		}
+		m := labelRe.FindStringSubmatch(l)
+		if m == nil {
+			t.Errorf("line without a role and rank label: %q", l)
+			continue
+		}
+		seen[m[1]] = true
+		// The label's rank is the one the node reports.
+		if r := ranks.FindStringSubmatch(l); r != nil && (r[1] != r[3] || r[2] != r[4]) {
+			t.Errorf("labelled %s %s, started as %s%s: %q", r[1], r[2], r[3], r[4], l)
+		}
+	}
+	for _, label := range []string{"scheduler", "server 0", "server 1", "worker 0", "worker 1", "net lo"} {
+		if !seen[label] {
+			t.Errorf("no line labelled [%s]:\n%s", label, tail(s))
+		}
 	}
 	if left := survivors(port); len(left) > 0 {
 		t.Errorf("processes left behind: %v", left)

@@ -67,6 +67,21 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) die("flag " + a + " needs a value");
       return argv[++i];
     };
+    if (a == "-h" || a == "-help" || a == "--help") {
+      std::printf(
+          "usage: kvstore_client [-iters N] [-tensors T] [-min-bytes B] [-max-bytes B] [-quiet]\n\n"
+          "Drives libfpt as MXNet's kvstore_dist does, in whichever role DMLC_ROLE names,\n"
+          "and checks every pulled value exactly.\n\n"
+          "Flags:\n"
+          "  -iters N       training iterations after init (default 10)\n"
+          "  -tensors T     tensors per iteration (default 8)\n"
+          "  -min-bytes B   smallest tensor in bytes (default 4096)\n"
+          "  -max-bytes B   largest tensor in bytes (default 16777216)\n"
+          "  -quiet         no line per iteration\n\n"
+          "Environment: the node's, as for every fpt node (DMLC_ROLE, DMLC_PS_ROOT_URI,\n"
+          "DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER, ...): bin/fpt -h lists them all.\n");
+      std::exit(0);
+    }
     if (a == "-iters") o.iters = std::atoi(next());
     else if (a == "-tensors") o.tensors = std::atoi(next());
     else if (a == "-min-bytes") o.min_bytes = std::strtoull(next(), nullptr, 10);

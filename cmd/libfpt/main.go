@@ -22,6 +22,7 @@ package main
 /*
 #cgo CFLAGS: -I${SRCDIR}/../../include
 #include <stdlib.h>
+extern char **environ;
 #include "shim.h"
 
 // Const-qualified names for the exports' parameter types. cgo has no const,
@@ -51,7 +52,7 @@ import (
 // Postoffice, has no handle for the caller to pass around, and a process
 // can run only one node (one ZeroMQ context, shut down once), so it lives
 // here; capi.Lib guards its own state with a mutex.
-var lib = capi.New(getenv, os.Stdout, os.Stderr, control.Shutdown)
+var lib = capi.New(getenv, environ, os.Stdout, os.Stderr, control.Shutdown)
 
 func main() {}
 
@@ -66,6 +67,16 @@ func getenv(name string) (string, bool) {
 		return "", false
 	}
 	return C.GoString(v), true
+}
+
+// environ is the C environment's entries ("KEY=VALUE"), read when asked,
+// as getenv reads them.
+func environ() []string {
+	var env []string
+	for p := C.environ; p != nil && *p != nil; p = (**C.char)(unsafe.Add(unsafe.Pointer(p), unsafe.Sizeof(*p))) {
+		env = append(env, C.GoString(*p))
+	}
+	return env
 }
 
 // guard runs an export's body: it sets the thread's last error from the

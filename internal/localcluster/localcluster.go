@@ -40,6 +40,7 @@ type Spec struct {
 	RootURI string
 	// Command, if set, makes the command of each named process, to run
 	// it elsewhere (in an emulated host, say); nil runs argv as it is.
+	// Settings in the command's Env are added to the process's, last.
 	Command func(name string, argv []string) *exec.Cmd
 	// Stdout and Stderr, if set, give a writer per process name that also
 	// receives that stream as it is written (to show progress live); the
@@ -131,7 +132,8 @@ func Start(s Spec) (*Cluster, error) {
 		}
 		p := &Proc{Name: name, done: make(chan struct{})}
 		p.Cmd = command(name, argv)
-		p.Cmd.Env = append(append([]string(nil), env...), "DMLC_ROLE="+role)
+		// What the Command hook set comes last, so it wins.
+		p.Cmd.Env = append(append(append([]string(nil), env...), "DMLC_ROLE="+role), p.Cmd.Env...)
 		p.Cmd.Stdout, p.Cmd.Stderr = tee(&p.Stdout, s.Stdout, name), tee(&p.Stderr, s.Stderr, name)
 		// Children die with the parent, whatever kills it.
 		p.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

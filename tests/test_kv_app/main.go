@@ -11,11 +11,22 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/trainer"
 	"github.com/fptps/fpt/worker"
 )
+
+const usage = `usage: test_kv_app [flags]
+
+fpt's simulated trainer. Run as whichever role DMLC_ROLE names: the
+scheduler, a server, or a worker that trains and checks every pulled value
+exactly, printing "worker RANK: ..." lines and PASS. Exits 0 on success, 1
+on a mismatch or failure, 2 on bad flags or environment.
+
+Flags:
+`
 
 func main() {
 	o := trainer.DefaultOptions()
@@ -28,6 +39,12 @@ func main() {
 	fs.BoolVar(&o.Quiet, "quiet", false, "no line per iteration")
 	fs.DurationVar(&o.Compute, "compute", 0, "pause before each iteration, standing for the forward and backward pass (e.g. 200ms)")
 	dtype := fs.String("dtype", "float32", "float32 or float64")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fs.PrintDefaults()
+		fmt.Fprintln(fs.Output())
+		config.WriteHelp(fs.Output())
+	}
 	fs.Parse(os.Args[1:])
 	d, err := frame.ParseDType(*dtype)
 	if err == nil {
