@@ -175,7 +175,8 @@ int fpt_push(const uint64_t* keys, size_t num_keys, const void* vals, const uint
  * FPT_ERR_STATE). Asynchronous, like fpt_push; cb is called when vals holds
  * the sums. Between fpt_init and the keys' next push, a pull gives the
  * values fpt_init left (worker 0's), as MXNet's broadcast of a parameter
- * (init, then pull) needs; the library keeps a copy of them until then.
+ * (init, then pull) needs; the library keeps a copy of them until then
+ * (outside the Go heap, freed at the keys' next push).
  */
 int fpt_pull(const uint64_t* keys, size_t num_keys, void* vals, const uint64_t* lens,
              fpt_callback cb, void* user_data, int64_t* ts);

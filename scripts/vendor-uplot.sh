@@ -4,6 +4,20 @@
 # registry at a pinned version, so that a page view never asks a CDN.
 # Usage: scripts/vendor-uplot.sh [version]; needs npm and tar.
 set -euo pipefail
+case "${1:-}" in
+  -h|--help)
+    cat <<'USAGE'
+usage: scripts/vendor-uplot.sh [VERSION]
+
+Fetches uPlot VERSION (default 1.6.32, the one vendored) from the npm
+registry with npm pack and copies its built script, style sheet and license
+into statusweb/assets, which the scheduler's status page embeds. Needs npm
+and tar; run it, review the diff, rebuild.
+
+Environment read: none.
+USAGE
+    exit 0 ;;
+esac
 cd "$(dirname "$0")/.."
 version=${1:-1.6.32}
 tmp=$(mktemp -d)
