@@ -336,15 +336,16 @@ def push(keys, buf, priority=0):
     """FPTPush of the keys' values in buf (one key, or several end to end):
     returns a Request; buf must not change until it is done."""
     keys, ck, cl, v = _tensors("fpt_push", keys, buf, False)
-    fresh = [k for k in keys if k not in _node.initialized]
+    fresh = [k for k in keys if k in _node.declared and k not in _node.initialized]
     if fresh and _node.started:
         # The library takes a key's first push as its init round (worker
         # 0's value, not a sum): refuse rather than return a wrong sum.
         raise StateError(_lib.ERR_STATE, "fpt_push: keys %s were never given starting values with fpt.init "
                          "(a key's first push would be its init round)" % fresh)
+    req = _node.submit("push", keys, v.obj,
+                       lambda cb, ud, ts: _node.lib.fpt_push(ck, len(keys), v.ptr, cl, priority, cb, ud, ts))
     _node.pushed = True
-    return _node.submit("push", keys, v.obj,
-                        lambda cb, ud, ts: _node.lib.fpt_push(ck, len(keys), v.ptr, cl, priority, cb, ud, ts))
+    return req
 
 
 def pull(keys, buf):

@@ -319,7 +319,9 @@ def main(argv=None):
         return 1
 
     status = 0
-    running = list(job.procs)
+    # Workers first: when a worker's failure ends the servers too, the
+    # worker is the one to name.
+    running = job.procs[::-1]
     while running and not stopping:
         time.sleep(0.05)
         for entry in list(running):
