@@ -5,6 +5,13 @@ over gloo, one after the other in the same run:
 
     python examples/pytorch/compare.py [--steps 40] [--width 1]
 
+In an emulated network (root; one host per worker, each with a server,
+the scheduler and gloo's rendezvous on host 0), each host prints its own
+figures:
+
+    FPT_CLUSTER_SECRET=$(openssl rand -hex 16) bin/fpt netem --hosts 1gbit,100mbit -- \
+        /usr/bin/python3 examples/pytorch/compare.py --netem-host --width 8
+
 prints, per system, the time per step and the communication time per step:
 the step time minus the time of the same step without communication (a
 copy of the model trained locally in the same process, interleaved with
@@ -68,7 +75,7 @@ def worker(a):
         import torch.distributed as dist
 
         rank, workers = a.rank, 2
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % a.port, rank=rank, world_size=workers)
+        dist.init_process_group("gloo", init_method="tcp://%s" % a.master, rank=rank, world_size=workers)
         model = torch.nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
     step_ms, local_ms = timed_steps(model, opt, local, torch.optim.SGD(local.parameters(), lr=0.01), x, y, a,
@@ -97,6 +104,32 @@ def collect(out, role):
     return step, step - statistics.mean(r[1] for r in rows)
 
 
+def netem_host(a, me, flags, params):
+    """This emulated host's share: a gloo worker of rank FPT_NETEM_HOST,
+    then an fpt worker and server (and the scheduler on host 0)."""
+    host, root, iface = int(os.environ["FPT_NETEM_HOST"]), os.environ["FPT_NETEM_ROOT"], os.environ["FPT_NETEM_IFACE"]
+    gloo = subprocess.run([sys.executable, me, "--role", "gloo", "--rank", str(host), "--master", root + ":29500"] +
+                          flags, env=dict(os.environ, GLOO_SOCKET_IFNAME=iface),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if gloo.returncode:
+        sys.exit("compare.py: the gloo run failed:\n" + gloo.stdout[-4000:])
+    env = dict(os.environ, FPT_PYTHON=sys.executable, PS_VERBOSE="0", DMLC_INTERFACE=iface)
+    run = subprocess.run([os.path.join(REPO, "scripts", "fptrun"), "--root", root + ":9091"] +
+                         (["--scheduler"] if host == 0 else []) +
+                         ["-s", "1", "-w", "1", "-np", "2", "--servers", "2", "python", me, "--role", "fpt"] + flags,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if run.returncode:
+        sys.exit("compare.py: the fpt run failed:\n" + run.stdout[-4000:])
+    decisions = [ln for ln in run.stdout.splitlines() if "lb decision" in ln]
+    for ln in decisions[-1:]:
+        print(ln)
+    for role, out in (("gloo", gloo.stdout), ("fpt", run.stdout)):
+        m = RESULT.search(out)
+        step, local = float(m.group(3)), float(m.group(4))
+        print("host %d %-5s %.2f ms per step, %.2f ms communication per step (%d parameters)"
+              % (host, role, step, step - local, params))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=40)
@@ -107,7 +140,9 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--role", choices=["fpt", "gloo"], help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--master", help=argparse.SUPPRESS)
+    p.add_argument("--netem-host", action="store_true",
+                   help="run this host's share in fpt netem (see the doc)")
     a = p.parse_args()
     if a.role:
         return worker(a)
@@ -116,8 +151,10 @@ def main():
     me = os.path.abspath(__file__)
     params = sum(q.numel() for q in Net(a.width).parameters())
 
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, me, "--role", "gloo", "--rank", str(r), "--port", str(port)] + flags,
+    if a.netem_host:
+        return netem_host(a, me, flags, params)
+    master = "127.0.0.1:%d" % free_port()
+    procs = [subprocess.Popen([sys.executable, me, "--role", "gloo", "--rank", str(r), "--master", master] + flags,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
     gloo_out = "".join(pr.communicate()[0] for pr in procs)
     if any(pr.returncode for pr in procs):
