@@ -1,10 +1,12 @@
 package tests
 
 import (
+	"archive/zip"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"os"
@@ -116,15 +118,10 @@ func TestPythonBindingsDeadNode(t *testing.T) {
 	}
 }
 
-// fptrun runs a command with the test's environment; its output and exit.
-type fptrun struct {
-	cmd *exec.Cmd
-	out localcluster.Buffer
-}
-
-func startFptrun(t *testing.T, py pyEnv, env []string, args ...string) *fptrun {
+// startFptrun runs scripts/fptrun with the Python environment and env.
+func startFptrun(t *testing.T, py pyEnv, env []string, args ...string) *netemRun {
 	t.Helper()
-	r := &fptrun{cmd: exec.Command("../scripts/fptrun", args...)}
+	r := &netemRun{cmd: exec.Command("../scripts/fptrun", args...)}
 	r.cmd.Env = append(append(os.Environ(), py.env...), env...)
 	r.cmd.Stdout, r.cmd.Stderr = &r.out, &r.out
 	if err := r.cmd.Start(); err != nil {
@@ -134,33 +131,10 @@ func startFptrun(t *testing.T, py pyEnv, env []string, args ...string) *fptrun {
 	return r
 }
 
-// wait returns fptrun's exit status, failing the test if it runs longer
-// than timeout.
-func (r *fptrun) wait(t *testing.T, timeout time.Duration) int {
-	t.Helper()
-	done := make(chan error, 1)
-	go func() { done <- r.cmd.Wait() }()
-	select {
-	case err := <-done:
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			return ee.ExitCode()
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return 0
-	case <-time.After(timeout):
-		_ = r.cmd.Process.Kill()
-		t.Fatalf("fptrun still running after %s:\n%s", timeout, tail(r.out.String()))
-		return -1
-	}
-}
-
 var fptrunPortRe = regexp.MustCompile(`scheduler at 127\.0\.0\.1:([0-9]+)`)
 
-// port is the scheduler's port fptrun announced.
-func (r *fptrun) port(t *testing.T) int {
+// fptrunPort is the scheduler's port fptrun announced.
+func fptrunPort(t *testing.T, r *netemRun) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -175,17 +149,16 @@ func (r *fptrun) port(t *testing.T) int {
 	return 0
 }
 
-func (r *fptrun) waitOutput(t *testing.T, re *regexp.Regexp) []string {
+func fptrunOutput(t *testing.T, r *netemRun, re *regexp.Regexp) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
-		if m := re.FindStringSubmatch(r.out.String()); m != nil {
-			return m
+		if re.MatchString(r.out.String()) {
+			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("fptrun's output never matched %q:\n%s", re, tail(r.out.String()))
-	return nil
 }
 
 var (
@@ -301,8 +274,8 @@ func readFloats(t *testing.T, path string) []float32 {
 func TestFptrunWorkerRaises(t *testing.T) {
 	py := needPython(t)
 	r := startFptrun(t, py, []string{"PS_HEARTBEAT_TIMEOUT=10"}, "-np", "2", "--servers", "1", "python", pyChecks, "raise")
-	port := r.port(t)
-	r.waitOutput(t, regexp.MustCompile(`raising at iteration`))
+	port := fptrunPort(t, r)
+	fptrunOutput(t, r, regexp.MustCompile(`raising at iteration`))
 	raised := time.Now()
 	code := r.wait(t, 2*time.Minute)
 	took := time.Since(raised)
@@ -325,8 +298,8 @@ func TestFptrunWorkerRaises(t *testing.T) {
 func TestFptrunInterrupted(t *testing.T) {
 	py := needPython(t)
 	r := startFptrun(t, py, nil, "-np", "2", "--servers", "1", "python", pyChecks, "loop")
-	port := r.port(t)
-	r.waitOutput(t, regexp.MustCompile(`\[worker[01]\] iteration 2/`))
+	port := fptrunPort(t, r)
+	fptrunOutput(t, r, regexp.MustCompile(`\[worker[01]\] iteration 2/`))
 	// The check below must be able to fail: it sees the running job.
 	if running := survivors(port); len(running) < 4 {
 		t.Errorf("found %d processes of the running job, want 4: %v", len(running), running)
@@ -367,5 +340,58 @@ func TestFptrunHosts(t *testing.T) {
 	}
 	if got := strings.Split(strings.TrimSpace(string(out)), "\n"); strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("fptrun --hosts printed\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// pip install ./python builds the wheel with the backend in python/_build
+// (standard library only), so it works offline: the wheel has the
+// package, the fptrun command, and the repository where the installed
+// package finds libfpt and bin/fpt.
+func TestPythonWheel(t *testing.T) {
+	python := "python3"
+	if _, err := exec.LookPath(python); err != nil {
+		python = "/usr/bin/python3"
+	}
+	dir := t.TempDir()
+	build := exec.Command(python, "-c", "import sys, backend; print(backend.build_wheel(sys.argv[1]))", dir)
+	build.Dir = "../python/_build"
+	out, err := build.CombinedOutput()
+	if err != nil {
+		t.Fatalf("build_wheel: %v\n%s", err, out)
+	}
+	z, err := zip.OpenReader(filepath.Join(dir, strings.TrimSpace(string(out))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer z.Close()
+	files := map[string]string{}
+	for _, f := range z.File {
+		rc, err := f.Open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[f.Name] = string(b)
+	}
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{
+		"fpt/__init__.py":                      "def push(",
+		"fpt/torch.py":                         "def DistributedOptimizer(",
+		"fpt/run.py":                           "def main(",
+		"fpt/_buildinfo.py":                    "REPO = '" + repo + "'",
+		"fpt-0.1.0.dist-info/entry_points.txt": "fptrun = fpt.run:main",
+		"fpt-0.1.0.dist-info/RECORD":           "fpt/_lib.py,sha256=",
+		"fpt-0.1.0.dist-info/WHEEL":            "Root-Is-Purelib: true",
+	} {
+		if !strings.Contains(files[name], want) {
+			t.Errorf("wheel file %s does not contain %q (files: %d)", name, want, len(files))
+		}
 	}
 }
