@@ -3,7 +3,7 @@ and data, 2 workers on this machine, trained with fpt (fptrun, 2 servers,
 DistributedOptimizer) and with torch.nn.parallel.DistributedDataParallel
 over gloo, one after the other in the same run:
 
-    python examples/pytorch/compare.py [--steps 40] [--width 1]
+    python examples/pytorch/compare.py [--steps 40] [--width 1] [--repeat 3]
 
 In an emulated network (root; one host per worker, each with a server,
 the scheduler and gloo's rendezvous on host 0), each host prints its own
@@ -104,6 +104,25 @@ def collect(out, role):
     return step, step - statistics.mean(r[1] for r in rows)
 
 
+def run_gloo(me, flags):
+    master = "127.0.0.1:%d" % free_port()
+    procs = [subprocess.Popen([sys.executable, me, "--role", "gloo", "--rank", str(r), "--master", master] + flags,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    out = "".join(pr.communicate()[0] for pr in procs)
+    if any(pr.returncode for pr in procs):
+        sys.exit("compare.py: the gloo run failed:\n" + out[-4000:])
+    return out
+
+
+def run_fpt(me, flags):
+    env = dict(os.environ, FPT_PYTHON=sys.executable, PS_VERBOSE=os.environ.get("PS_VERBOSE", "0"))
+    run = subprocess.run([os.path.join(REPO, "scripts", "fptrun"), "-np", "2", "--servers", "2", "python", me,
+                          "--role", "fpt"] + flags, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if run.returncode:
+        sys.exit("compare.py: the fpt run failed:\n" + run.stdout[-4000:])
+    return run.stdout
+
+
 def netem_host(a, me, flags, params):
     """This emulated host's share: a gloo worker of rank FPT_NETEM_HOST,
     then an fpt worker and server (and the scheduler on host 0)."""
@@ -138,6 +157,7 @@ def main():
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--samples", type=int, default=4096)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=3, help="runs of each system, alternated (the median is shown)")
     p.add_argument("--role", choices=["fpt", "gloo"], help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--master", help=argparse.SUPPRESS)
@@ -153,23 +173,14 @@ def main():
 
     if a.netem_host:
         return netem_host(a, me, flags, params)
-    master = "127.0.0.1:%d" % free_port()
-    procs = [subprocess.Popen([sys.executable, me, "--role", "gloo", "--rank", str(r), "--master", master] + flags,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    gloo_out = "".join(pr.communicate()[0] for pr in procs)
-    if any(pr.returncode for pr in procs):
-        sys.exit("compare.py: the gloo run failed:\n" + gloo_out[-4000:])
-
-    env = dict(os.environ, FPT_PYTHON=sys.executable, PS_VERBOSE="0")
-    run = subprocess.run([os.path.join(REPO, "scripts", "fptrun"), "-np", "2", "--servers", "2", "python", me,
-                          "--role", "fpt"] + flags, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if run.returncode:
-        sys.exit("compare.py: the fpt run failed:\n" + run.stdout[-4000:])
-
-    g_step, g_comm = collect(gloo_out, "gloo")
-    f_step, f_comm = collect(run.stdout, "fpt")
-    print("model: %d parameters (%.2f MB float32), batch %d over 2 workers, %d steps after %d warm-up, 1 thread each"
-          % (params, params * 4 / 1e6, a.batch, a.steps, a.warmup))
+    gloo, fpt = [], []
+    for _ in range(a.repeat):  # alternated, so that both see the same load
+        gloo.append(collect(run_gloo(me, flags), "gloo"))
+        fpt.append(collect(run_fpt(me, flags), "fpt"))
+    g_step, g_comm = (statistics.median(r[k] for r in gloo) for k in (0, 1))
+    f_step, f_comm = (statistics.median(r[k] for r in fpt) for k in (0, 1))
+    print("model: %d parameters (%.2f MB float32), batch %d over 2 workers, %d steps after %d warm-up, 1 thread each;"
+          " median of %d alternated runs" % (params, params * 4 / 1e6, a.batch, a.steps, a.warmup, a.repeat))
     print("%-28s %12s %22s" % ("", "ms per step", "communication ms/step"))
     print("%-28s %12.2f %22.2f" % ("DDP over gloo (2 procs)", g_step, g_comm))
     print("%-28s %12.2f %22.2f" % ("fpt (2 workers, 2 servers)", f_step, f_comm))
