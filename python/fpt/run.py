@@ -40,6 +40,9 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The scheduler and servers leave once every worker has finalized; this
+# long after the last worker exited, they are stuck.
+SERVE_AFTER_WORKERS = 60
 
 
 def _repo():
@@ -322,8 +325,16 @@ def main(argv=None):
     # Workers first: when a worker's failure ends the servers too, the
     # worker is the one to name.
     running = job.procs[::-1]
+    workers_done = None  # when the last worker exited 0
     while running and not stopping:
         time.sleep(0.05)
+        if here_w and workers_done is None and not any(lb["name"].startswith("worker") for lb, _ in running):
+            workers_done = time.monotonic()
+        if workers_done is not None and time.monotonic() - workers_done > SERVE_AFTER_WORKERS:
+            print("fptrun: %s still running %d s after the workers finished; stopping them"
+                  % (", ".join(lb["name"] for lb, _ in running), SERVE_AFTER_WORKERS), file=sys.stderr, flush=True)
+            status = 1
+            break
         for entry in list(running):
             label, p = entry
             code = p.poll()
