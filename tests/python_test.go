@@ -167,7 +167,7 @@ var (
 )
 
 // Data-parallel training is exact. Two workers and two servers train the
-// example's network for 20 steps, each on its half of every batch of a
+// example's network for 30 steps, each on its half of every batch of a
 // fixed synthetic dataset, while the LB re-decides every 3 iterations
 // (small partitions, so tensors span several aggregators): after every
 // step both workers hold the same parameters bit for bit, and after the
@@ -176,8 +176,8 @@ var (
 func TestPythonTrainingMatchesSingleProcess(t *testing.T) {
 	py := needPython(t)
 	dir := t.TempDir()
-	const steps = 20
-	train := []string{"../examples/pytorch/train.py", "--samples", "1024", "--batch", "128", "--epochs", "3",
+	const steps = 30
+	train := []string{"../examples/pytorch/train.py", "--samples", "1024", "--batch", "128", "--epochs", "4",
 		"--steps", strconv.Itoa(steps), "--hash"}
 	r := startFptrun(t, py, []string{"FPT_LB=on", "FPT_LB_PROBE_EVERY=3", "FPT_PARTITION_BYTES=4096", "PS_VERBOSE=0"},
 		append(append([]string{"-np", "2", "--servers", "2", "python"}, train...), "--save", filepath.Join(dir, "w{rank}.bin"))...)

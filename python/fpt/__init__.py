@@ -86,6 +86,8 @@ _ERRORS = {_lib.ERR_ARG: ArgumentError, _lib.ERR_STATE: StateError, _lib.ERR_KEY
 
 
 def _error(status, message):
+    if status == _lib.ERR_CLUSTER:
+        _node.cluster_failed = True
     return _ERRORS.get(status, FPTError)(status, message)
 
 
@@ -139,6 +141,7 @@ class _Node:
         self.ids = itertools.count(1)
         self.started = self.finalized = False
         self.failed = False  # an uncaught exception is ending the program
+        self.cluster_failed = False  # a call raised ClusterError already
         # Kept for the life of the process: the library may call it until
         # fpt_finalize returns.
         self.callback = _lib.CALLBACK(self._on_done)
@@ -390,7 +393,8 @@ def _at_exit():
     try:
         finalize()
     except FPTError as e:
-        print("fpt: finalize at exit: %s" % e, file=sys.stderr)
+        if not _node.cluster_failed:  # else the program was told already
+            print("fpt: finalize at exit: %s" % e, file=sys.stderr)
 
 
 sys.excepthook = _excepthook
