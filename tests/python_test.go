@@ -104,6 +104,30 @@ func TestPythonBindings(t *testing.T) {
 	}
 }
 
+var optParamsRe = regexp.MustCompile(`optimizer params ([0-9a-f]+)`)
+
+// fpt.torch's gradient buckets (one, one per gradient, several; gradients
+// in place or set to None between steps) train the same parameters bit
+// for bit, on both workers.
+func TestPythonOptimizerBuckets(t *testing.T) {
+	py := needPython(t)
+	c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: 1, Workers: 2,
+		Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
+		Worker: []string{py.python, pyChecks, "optimizer"}, Env: py.env}), t: t}
+	c.waitAll(3 * time.Minute)
+	var hashes []string
+	for _, w := range []string{"worker0", "worker1"} {
+		out := c.proc(w).Stdout.String()
+		mustContain(t, w+" stdout", out, "OPTIMIZER PASS", "broadcast_parameters from rank 1 raises ValueError")
+		if m := optParamsRe.FindStringSubmatch(out); m != nil {
+			hashes = append(hashes, m[1])
+		}
+	}
+	if len(hashes) != 2 || hashes[0] != hashes[1] {
+		t.Errorf("the workers' parameters hash %v, want two equal", hashes)
+	}
+}
+
 // kill -9 of a server while Python workers push and pull: each worker's
 // wait raises ClusterError naming the dead node, and the worker exits 1
 // within the heartbeat timeout rather than hanging.

@@ -4,6 +4,8 @@
     fpt_checks.py basic   every call's error path, round trips with NumPy and
                           PyTorch, buffers kept alive while a request uses
                           them, nothing left after finalize: "BINDINGS PASS"
+    fpt_checks.py optimizer  fpt.torch's buckets give the same training as one
+                          push per gradient
     fpt_checks.py dead    pushes and pulls until a node dies: the wait raises
                           ClusterError (printed), exit status 1
     fpt_checks.py raise   worker rank 1 raises after a few iterations
@@ -11,6 +13,7 @@
 """
 
 import gc
+import os
 import sys
 import threading
 import time
@@ -173,6 +176,48 @@ def basic():
     print("BINDINGS PASS", flush=True)
 
 
+def optimizer():
+    """fpt.torch.DistributedOptimizer with one bucket, one per gradient and
+    several (the gradients set to None between steps, so they are copied
+    into place): the same parameters bit for bit after 5 steps. Every
+    optimizer is made before the first push (keys are declared up front)."""
+    import hashlib
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "pytorch"))
+    from model import Net, dataset
+    import fpt.torch
+    import torch.nn.functional as F
+
+    fpt.start()
+    r = fpt.rank()
+    runs = []
+    for bucket, none in ((1 << 20, False), (0, False), (1000, True)):
+        torch.manual_seed(1)
+        m = Net(2)
+        opt = fpt.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+                                             m.named_parameters(), bucket_bytes=bucket)
+        fpt.torch.broadcast_parameters(m.state_dict())
+        runs.append((m, opt, none))
+    raises(ValueError, "broadcast_parameters from rank 1", fpt.torch.broadcast_parameters, {}, 1)
+    x, y = dataset(512, 1)
+    hashes = []
+    for m, opt, none in runs:
+        for i in range(5):
+            lo = i * 64 + r * 32
+            opt.zero_grad(set_to_none=none)
+            F.cross_entropy(m(x[lo:lo + 32]), y[lo:lo + 32]).backward()
+            opt.step()
+        hashes.append(hashlib.sha256(b"".join(q.detach().numpy().tobytes() for q in m.parameters())).hexdigest()[:16])
+    check(len(runs[0][1]._fpt_buckets) == 1 and len(runs[1][1]._fpt_buckets) == 6 and
+          len(runs[2][1]._fpt_buckets) > 1, "bucket counts %s" % [len(o._fpt_buckets) for _, o, _ in runs])
+    check(len(set(hashes)) == 1, "one bucket, one per gradient, several: same parameters %s" % hashes)
+    print("optimizer params %s" % hashes[0], flush=True)
+    fpt.finalize()
+    if failures:
+        sys.exit(1)
+    print("OPTIMIZER PASS", flush=True)
+
+
 def loop(raise_at=None):
     """Iterations of push and pull; rank 1 raises at raise_at."""
     fpt.start()
@@ -198,4 +243,4 @@ def loop(raise_at=None):
 
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "basic"
-    {"basic": basic, "dead": loop, "loop": loop, "raise": lambda: loop(raise_at=4)}[mode]()
+    {"basic": basic, "optimizer": optimizer, "dead": loop, "loop": loop, "raise": lambda: loop(raise_at=4)}[mode]()
