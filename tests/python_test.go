@@ -83,15 +83,22 @@ func needPython(t *testing.T) pyEnv {
 
 const pyChecks = "../python/tests/fpt_checks.py"
 
+// startPyChecks starts a cluster of fpt's scheduler and servers with two
+// workers running fpt_checks.py in mode.
+func startPyChecks(t *testing.T, py pyEnv, servers int, mode string) *cluster {
+	t.Helper()
+	return &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: servers, Workers: 2,
+		Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
+		Worker: []string{py.python, pyChecks, mode}, Env: py.env}), t: t}
+}
+
 // Every binding's error path, round trips of NumPy arrays, PyTorch tensors
 // (float32, float64, float16) and raw bytes, buffers kept alive while a
 // request uses them, and nothing left after finalize: fpt_checks.py
 // asserts each and prints what it checked.
 func TestPythonBindings(t *testing.T) {
 	py := needPython(t)
-	c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: 1, Workers: 2,
-		Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
-		Worker: []string{py.python, pyChecks, "basic"}, Env: py.env}), t: t}
+	c := startPyChecks(t, py, 1, "basic")
 	c.waitAll(3 * time.Minute)
 	for _, w := range []string{"worker0", "worker1"} {
 		out := c.proc(w).Stdout.String()
@@ -111,9 +118,7 @@ var optParamsRe = regexp.MustCompile(`optimizer params ([0-9a-f]+)`)
 // for bit, on both workers.
 func TestPythonOptimizerBuckets(t *testing.T) {
 	py := needPython(t)
-	c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: 1, Workers: 2,
-		Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
-		Worker: []string{py.python, pyChecks, "optimizer"}, Env: py.env}), t: t}
+	c := startPyChecks(t, py, 1, "optimizer")
 	c.waitAll(3 * time.Minute)
 	var hashes []string
 	for _, w := range []string{"worker0", "worker1"} {
@@ -133,9 +138,7 @@ func TestPythonOptimizerBuckets(t *testing.T) {
 // within the heartbeat timeout rather than hanging.
 func TestPythonBindingsDeadNode(t *testing.T) {
 	py := needPython(t)
-	c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: 2, Workers: 2,
-		Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
-		Worker: []string{py.python, pyChecks, "dead"}, Env: py.env}), t: t}
+	c := startPyChecks(t, py, 2, "dead")
 	addr, killed := c.killMidRun("server1")
 	for _, name := range []string{"worker0", "worker1"} {
 		mustContain(t, name+" stderr", c.awaitFailed(killed, name), "ClusterError raised: FPT_ERR_CLUSTER", addr)
