@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building fpt needs on Debian (ZeroMQ's czmq headers and
-# pkg-config for goczmq's cgo; g++ for the C++ client of the C library),
+# pkg-config for goczmq's cgo; g++ for the C++ client of the C library;
+# python3-torch and python3-numpy for the Python package and its tests),
 # when it is missing, and fetches Go modules.
 # Idempotent; safe to run before every build.
 set -euo pipefail
@@ -34,6 +35,19 @@ if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
   apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+# Python and PyTorch (python/fpt, fptrun, examples/pytorch and their tests):
+# Debian's packages, for /usr/bin/python3 (fptrun finds it even when another
+# python3 comes first on PATH; FPT_PYTHON overrides).
+if ! dpkg -s python3-torch python3-numpy >/dev/null 2>&1; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: python3-torch and python3-numpy are missing (the Python tests skip without them); as root: apt-get install -y python3-torch python3-numpy" >&2
+  else
+    echo "setup: installing python3-torch python3-numpy" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq python3-torch python3-numpy >/dev/null
+  fi
 fi
 if ! command -v go >/dev/null 2>&1; then
   for d in /usr/local/go/bin /usr/lib/go/bin; do [ -x "$d/go" ] && export PATH="$d:$PATH"; done

@@ -30,8 +30,9 @@ func needRoot(t *testing.T) {
 	}
 }
 
-// netemRun is one "fpt netem" process; mark is in the environment of
-// everything it starts, to find what it leaves behind.
+// netemRun is one "fpt netem" process (or another long-running command,
+// such as fptrun); mark is in the environment of everything it starts, to
+// find what it leaves behind.
 type netemRun struct {
 	cmd  *exec.Cmd
 	out  localcluster.Buffer
@@ -68,7 +69,7 @@ func (r *netemRun) wait(t *testing.T, timeout time.Duration) int {
 	case <-time.After(timeout):
 		r.cmd.Process.Signal(syscall.SIGTERM)
 		<-done
-		t.Fatalf("fpt netem still running after %s:\n%s", timeout, tail(r.out.String()))
+		t.Fatalf("%s still running after %s:\n%s", strings.Join(r.cmd.Args, " "), timeout, tail(r.out.String()))
 		return -1
 	}
 }

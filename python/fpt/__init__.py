@@ -1,0 +1,401 @@
+"""fpt from Python: bindings over libfpt, fpt's C library (include/fpt.h),
+with the standard library's ctypes.
+
+One node per process, as in the C library::
+
+    import fpt
+    fpt.start()                       # joins the cluster DMLC_* describes
+    fpt.declare(0, g.nbytes, "float32", priority=0)
+    h = fpt.push(0, g)                # FPTPush, asynchronous
+    s = fpt.pull(0, out)              # FPTPull: the sum over the workers
+    h.wait(); s.wait()
+    fpt.finalize()
+
+Tensors are PyTorch CPU tensors, NumPy arrays or other buffer-protocol
+objects, passed without copying; the package keeps each one alive until
+its request completes. Failures raise FPTError subclasses carrying fpt's
+message; a dead node makes waits raise ClusterError (within
+PS_HEARTBEAT_TIMEOUT), never hang. fpt.torch has the PyTorch optimizer
+wrapper; fpt.run is the launcher (fptrun).
+"""
+
+import atexit
+import os
+import ctypes
+import itertools
+import sys
+import threading
+
+from . import _buffers, _lib
+from ._buffers import FLOAT16, FLOAT32, FLOAT64
+
+__all__ = [
+    "FPTError", "ArgumentError", "StateError", "UnknownKeyError", "SizeError", "ConfigError",
+    "ClusterError", "InternalError", "Request", "FLOAT32", "FLOAT64", "FLOAT16",
+    "start", "finalize", "role", "rank", "num_workers", "num_servers", "set_tensors_per_iteration",
+    "declare", "declared", "init", "push", "pull", "wait_all", "barrier", "my_id", "group_ids",
+    "barrier_group", "GROUP_SCHEDULER", "GROUP_SERVERS", "GROUP_WORKERS",
+]
+
+GROUP_SCHEDULER, GROUP_SERVERS, GROUP_WORKERS = 1, 2, 4
+_ROLES = {1: "scheduler", 2: "server", 3: "worker"}
+
+
+class FPTError(Exception):
+    """A failed fpt call: status is the fpt_status code, message fpt's."""
+
+    def __init__(self, status, message):
+        super().__init__(status, message)
+        self.status, self.message = status, message
+
+    def __str__(self):
+        return "%s: %s" % (_lib.STATUS_NAMES.get(self.status, self.status), self.message)
+
+
+class ArgumentError(FPTError, ValueError):
+    """FPT_ERR_ARG: a bad argument (also a buffer fpt cannot take)."""
+
+
+class StateError(FPTError, RuntimeError):
+    """FPT_ERR_STATE: before start, after finalize, or out of order."""
+
+
+class UnknownKeyError(FPTError, KeyError):
+    """FPT_ERR_KEY: a key that was not declared."""
+
+
+class SizeError(FPTError, ValueError):
+    """FPT_ERR_SIZE: a length that disagrees with the key's declaration."""
+
+
+class ConfigError(FPTError):
+    """FPT_ERR_CONFIG: a missing or malformed DMLC_*/PS_*/FPT_* variable."""
+
+
+class ClusterError(FPTError, ConnectionError):
+    """FPT_ERR_CLUSTER: a node died, the cluster timed out or terminated."""
+
+
+class InternalError(FPTError):
+    """FPT_ERR_INTERNAL: a bug in fpt."""
+
+
+_ERRORS = {_lib.ERR_ARG: ArgumentError, _lib.ERR_STATE: StateError, _lib.ERR_KEY: UnknownKeyError,
+           _lib.ERR_SIZE: SizeError, _lib.ERR_CONFIG: ConfigError, _lib.ERR_CLUSTER: ClusterError,
+           _lib.ERR_INTERNAL: InternalError}
+
+
+def _error(status, message):
+    if status == _lib.ERR_CLUSTER:
+        _node.cluster_failed = True
+    return _ERRORS.get(status, FPTError)(status, message)
+
+
+class Request:
+    """An asynchronous push or pull. wait() blocks until it completed and
+    raises its failure. The tensor stays referenced until then."""
+
+    __slots__ = ("op", "keys", "ts", "_buf", "_done", "_status", "_message", "_waited")
+
+    def __init__(self, op, keys, buf):
+        self.op, self.keys, self._buf = op, keys, buf
+        self.ts = None
+        self._done = threading.Event()
+        self._status, self._message, self._waited = _lib.OK, "", False
+
+    def done(self):
+        """Whether the request has completed (successfully or not)."""
+        return self._done.is_set()
+
+    def wait(self):
+        """Blocks until the request completed; raises its error (only the
+        first wait of a failed request raises, as fpt_wait reports it once)."""
+        if self._waited:
+            return
+        self._waited = True
+        st = _node.lib.fpt_wait(self.ts)
+        msg = _node.last_error() if st != _lib.OK else ""
+        # fpt_wait returns once the callback returned, which recorded the
+        # request's own outcome with its message.
+        if self._status != _lib.OK:
+            raise _error(self._status, "%s of keys %s: %s" % (self.op, self.keys, self._message))
+        if st != _lib.OK:
+            raise _error(st, msg)
+
+    def __repr__(self):
+        return "<fpt.Request %s keys=%s ts=%s %s>" % (self.op, self.keys, self.ts,
+                                                     "done" if self.done() else "pending")
+
+
+class _Node:
+    """The process's node: the library, what was declared, and the
+    requests in flight (each holding its tensor until its callback)."""
+
+    def __init__(self):
+        self._lib = None
+        self.lock = threading.Lock()
+        self.declared = {}  # key -> (bytes, dtype)
+        self.initialized = set()  # keys fpt_init gave a starting value
+        self.pushed = False  # declarations must all come before the first push
+        self.pending = {}  # request id -> Request
+        self.ids = itertools.count(1)
+        self.started = self.finalized = False
+        self.failed = False  # an uncaught exception is ending the program
+        self.cluster_failed = False  # a call raised ClusterError already
+        # Kept for the life of the process: the library may call it until
+        # fpt_finalize returns.
+        self.callback = _lib.CALLBACK(self._on_done)
+
+    @property
+    def lib(self):
+        if self._lib is None:
+            self._lib = _lib.load()
+        return self._lib
+
+    def last_error(self):
+        return (self.lib.fpt_last_error() or b"").decode("utf-8", "replace")
+
+    def check(self, status):
+        if status != _lib.OK:
+            raise _error(status, self.last_error())
+
+    def _on_done(self, ts, status, user_data):
+        # On a thread of the library, holding the GIL: record, release the
+        # tensor, wake waiters. Nothing here may raise.
+        msg = self.last_error() if status != _lib.OK else ""
+        with self.lock:
+            req = self.pending.pop(user_data or 0, None)
+        if req is not None:
+            req._status, req._message, req._buf = status, msg, None
+            req._done.set()
+
+    def submit(self, op, keys, buf, call):
+        """Runs call(callback, user_data, ts_out) for a new request that
+        holds buf until it completes."""
+        req = Request(op, keys, buf)
+        rid = next(self.ids)
+        with self.lock:
+            self.pending[rid] = req
+        ts = ctypes.c_int64()
+        status = call(self.callback, ctypes.c_void_p(rid), ctypes.byref(ts))
+        if status != _lib.OK:
+            with self.lock:
+                self.pending.pop(rid, None)
+            raise _error(status, self.last_error())
+        req.ts = ts.value
+        return req
+
+
+_node = _Node()
+
+
+def _int_out(fn):
+    v = ctypes.c_int()
+    _node.check(fn(ctypes.byref(v)))
+    return v.value
+
+
+def start():
+    """Joins the cluster as the node the environment (DMLC_ROLE, ...)
+    describes; a worker or server returns once every node has joined."""
+    _node.check(_node.lib.fpt_start())
+    _node.started = True
+    _tell_launcher()
+
+
+def _tell_launcher():
+    """Under fptrun, a worker tells it its rank (which the scheduler
+    assigned) through the pipe FPTRUN_RANK_FD names, for its output's label."""
+
+    fd = os.environ.pop("FPTRUN_RANK_FD", None)
+    if fd is None or not fd.isdigit():
+        return
+    try:
+        if role() == "worker":
+            os.write(int(fd), b"%d\n" % rank())
+        os.close(int(fd))
+    except (OSError, FPTError):
+        pass
+
+
+def finalize():
+    """Leaves the cluster: a worker waits for its requests; the scheduler
+    and servers serve until every worker finalized. Every callback has
+    returned, and every tensor has been released, when it returns."""
+    _node.finalized = True
+    status = _node.lib.fpt_finalize()
+    with _node.lock:
+        left, _node.pending = list(_node.pending.values()), {}
+    for req in left:  # completed (fpt_finalize waited for them)
+        req._buf = None
+    _node.check(status)
+
+
+def role():
+    """"scheduler", "server" or "worker" (readable before start)."""
+    return _ROLES[_int_out(_node.lib.fpt_role)]
+
+
+def rank():
+    """This node's rank among the workers (or the servers)."""
+    return _int_out(_node.lib.fpt_rank)
+
+
+def num_workers():
+    return _int_out(_node.lib.fpt_num_workers)
+
+
+def num_servers():
+    return _int_out(_node.lib.fpt_num_servers)
+
+
+def my_id():
+    """This node's ps-lite id (scheduler 1, server r 8+2r, worker r 9+2r)."""
+    return _int_out(_node.lib.fpt_my_id)
+
+
+def group_ids(group_or_id):
+    """The ids of the nodes of a group (GROUP_* combined with |) or node."""
+    n = ctypes.c_size_t()
+    _node.check(_node.lib.fpt_group_ids(group_or_id, None, 0, ctypes.byref(n)))
+    ids = (ctypes.c_int * max(n.value, 1))()
+    _node.check(_node.lib.fpt_group_ids(group_or_id, ids, n.value, ctypes.byref(n)))
+    return list(ids[: n.value])
+
+
+def barrier():
+    """Blocks until every worker called it."""
+    _node.check(_node.lib.fpt_barrier())
+
+
+def barrier_group(group):
+    """ps::Postoffice::Barrier over the servers and/or workers of group."""
+    _node.check(_node.lib.fpt_barrier_group(group))
+
+
+def set_tensors_per_iteration(n):
+    _node.check(_node.lib.fpt_set_tensors_per_iteration(n))
+
+
+def declare(key, nbytes, dtype=FLOAT32, priority=0):
+    """Declares a tensor: key, size in bytes, dtype (FLOAT32/"float32",
+    FLOAT64, FLOAT16, or a NumPy/torch dtype), priority (larger first).
+    Every worker declares the same tensors before any of them pushes."""
+    code = _buffers.dtype_code(dtype)
+    if _node.pushed and key not in _node.declared:
+        raise StateError(_lib.ERR_STATE, "fpt_declare: key %d declared after the first push: every worker "
+                         "declares all its keys before any push" % key)
+    if code is None:
+        raise ArgumentError(_lib.ERR_ARG, "fpt_declare: dtype %r is not one of fpt's (float32, float64, float16)"
+                            % (dtype,))
+    _node.check(_node.lib.fpt_declare(key, nbytes, code, priority))
+    _node.declared[key] = (nbytes, code)
+
+
+def declared(key):
+    """(bytes, dtype code) of a declared key, or None."""
+    return _node.declared.get(key)
+
+
+def _tensors(op, keys, buf, writable):
+    """The C arrays of keys and lens and the View of buf for a call. One
+    key takes the whole buffer (the library checks the size); several
+    keys lie end to end in their declared sizes."""
+    single = isinstance(keys, int)
+    keys = [keys] if single else [int(k) for k in keys]
+    try:
+        v = _buffers.view(buf, writable, op)
+    except (TypeError, ValueError) as e:
+        raise ArgumentError(_lib.ERR_ARG, str(e)) from None
+    if single:
+        lens = [v.nbytes]
+    else:
+        lens = []
+        for k in keys:
+            d = _node.declared.get(k)
+            if d is None:
+                raise UnknownKeyError(_lib.ERR_KEY, "%s: key %d is not declared" % (op, k))
+            lens.append(d[0])
+        if sum(lens) != v.nbytes:
+            raise SizeError(_lib.ERR_SIZE, "%s: the keys' declared sizes add up to %d bytes, the buffer has %d"
+                            % (op, sum(lens), v.nbytes))
+    for k in keys:
+        d = _node.declared.get(k)
+        if d is not None and v.dtype is not None and d[1] != v.dtype:
+            raise ArgumentError(_lib.ERR_ARG, "%s: key %d is declared %s, the buffer holds %s"
+                                % (op, k, _buffers.DTYPE_NAMES[d[1]], _buffers.DTYPE_NAMES[v.dtype]))
+    return keys, (ctypes.c_uint64 * len(keys))(*keys), (ctypes.c_uint64 * len(lens))(*lens), v
+
+
+def init(keys, buf):
+    """Sets the keys' starting values on every worker to worker 0's: buf
+    holds worker 0's values when it returns. Collective; blocks."""
+    keys, ck, cl, v = _tensors("fpt_init", keys, buf, True)
+    _node.check(_node.lib.fpt_init(ck, len(keys), v.ptr, cl))
+    _node.initialized.update(keys)
+
+
+def push(keys, buf, priority=0):
+    """FPTPush of the keys' values in buf (one key, or several end to end):
+    returns a Request; buf must not change until it is done."""
+    keys, ck, cl, v = _tensors("fpt_push", keys, buf, False)
+    fresh = [k for k in keys if k in _node.declared and k not in _node.initialized]
+    if fresh and _node.started:
+        # The library takes a key's first push as its init round (worker
+        # 0's value, not a sum): refuse rather than return a wrong sum.
+        raise StateError(_lib.ERR_STATE, "fpt_push: keys %s were never given starting values with fpt.init "
+                         "(a key's first push would be its init round)" % fresh)
+    req = _node.submit("push", keys, v.obj,
+                       lambda cb, ud, ts: _node.lib.fpt_push(ck, len(keys), v.ptr, cl, priority, cb, ud, ts))
+    _node.pushed = True
+    return req
+
+
+def pull(keys, buf):
+    """FPTPull: the sums over the workers of the keys' next unpulled
+    iteration into buf; returns a Request (buf holds them once it is done)."""
+    keys, ck, cl, v = _tensors("fpt_pull", keys, buf, True)
+    return _node.submit("pull", keys, v.obj,
+                        lambda cb, ud, ts: _node.lib.fpt_pull(ck, len(keys), v.ptr, cl, cb, ud, ts))
+
+
+def wait_all(requests):
+    """Waits for every request; raises the first failure once all are done."""
+    first = None
+    for r in requests:
+        try:
+            r.wait()
+        except FPTError as e:
+            first = first or e
+    if first is not None:
+        raise first
+
+
+def _excepthook(tp, value, tb, prev=sys.excepthook):
+    _node.failed = True
+    prev(tp, value, tb)
+
+
+def _at_exit():
+    """A program that ends without finalize: normally, finalize for it (the
+    cluster is waiting for this worker to leave); after an uncaught
+    exception, end the process at once, as a crash does, so the other
+    nodes learn of it within the heartbeat timeout instead of waiting for
+    pushes that will never come; the library's threads must not call back
+    into an interpreter that is shutting down either."""
+    if not _node.started or _node.finalized:
+        return
+    if _node.failed:
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    try:
+        finalize()
+    except FPTError as e:
+        if not _node.cluster_failed:  # else the program was told already
+            print("fpt: finalize at exit: %s" % e, file=sys.stderr)
+
+
+sys.excepthook = _excepthook
+atexit.register(_at_exit)

@@ -1,0 +1,79 @@
+"""Loads libfpt (the C library include/fpt.h documents) with ctypes and
+declares its functions' types. Loaded on first use, not at import, so that
+the launcher (fpt.run) never starts a Go runtime in its own process."""
+
+import ctypes
+import ctypes.util
+import os
+
+# Status codes, as fpt.h numbers them.
+OK, ERR_ARG, ERR_STATE, ERR_KEY, ERR_SIZE, ERR_CONFIG, ERR_CLUSTER, ERR_INTERNAL = range(8)
+STATUS_NAMES = {
+    OK: "FPT_OK", ERR_ARG: "FPT_ERR_ARG", ERR_STATE: "FPT_ERR_STATE", ERR_KEY: "FPT_ERR_KEY",
+    ERR_SIZE: "FPT_ERR_SIZE", ERR_CONFIG: "FPT_ERR_CONFIG", ERR_CLUSTER: "FPT_ERR_CLUSTER",
+    ERR_INTERNAL: "FPT_ERR_INTERNAL",
+}
+
+# fpt_callback: void (*)(int64_t ts, int status, void* user_data).
+CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p)
+
+_u64p = ctypes.POINTER(ctypes.c_uint64)
+_intp = ctypes.POINTER(ctypes.c_int)
+_PROTOS = {
+    "fpt_last_error": (ctypes.c_char_p, []),
+    "fpt_start": (ctypes.c_int, []),
+    "fpt_finalize": (ctypes.c_int, []),
+    "fpt_role": (ctypes.c_int, [_intp]),
+    "fpt_rank": (ctypes.c_int, [_intp]),
+    "fpt_num_workers": (ctypes.c_int, [_intp]),
+    "fpt_num_servers": (ctypes.c_int, [_intp]),
+    "fpt_set_tensors_per_iteration": (ctypes.c_int, [ctypes.c_int]),
+    "fpt_declare": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int, ctypes.c_int]),
+    "fpt_init": (ctypes.c_int, [_u64p, ctypes.c_size_t, ctypes.c_void_p, _u64p]),
+    "fpt_push": (ctypes.c_int, [_u64p, ctypes.c_size_t, ctypes.c_void_p, _u64p, ctypes.c_int,
+                                CALLBACK, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]),
+    "fpt_pull": (ctypes.c_int, [_u64p, ctypes.c_size_t, ctypes.c_void_p, _u64p,
+                                CALLBACK, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]),
+    "fpt_wait": (ctypes.c_int, [ctypes.c_int64]),
+    "fpt_barrier": (ctypes.c_int, []),
+    "fpt_my_id": (ctypes.c_int, [_intp]),
+    "fpt_group_ids": (ctypes.c_int, [ctypes.c_int, _intp, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+    "fpt_barrier_group": (ctypes.c_int, [ctypes.c_int]),
+}
+
+
+def candidates():
+    """Where libfpt may be, in the order tried: FPT_LIB, the build tree
+    this package was installed from, the build tree this source file is in,
+    then the system's library path."""
+    out = []
+    if os.environ.get("FPT_LIB"):
+        return [os.environ["FPT_LIB"]]
+    try:
+        from . import _buildinfo  # written by pip install (python/build_backend.py)
+
+        out.append(os.path.join(_buildinfo.REPO, "build", "lib", "libfpt.so"))
+    except ImportError:
+        pass
+    here = os.path.dirname(os.path.abspath(__file__))
+    out.append(os.path.normpath(os.path.join(here, "..", "..", "build", "lib", "libfpt.so")))
+    found = ctypes.util.find_library("fpt")
+    if found:
+        out.append(found)
+    return out
+
+
+def load():
+    """Opens libfpt and types its functions. CDLL releases the GIL during
+    every call, so blocking calls (fpt_init, fpt_wait, fpt_finalize) let
+    other Python threads and the library's callbacks run."""
+    tried = candidates()
+    path = next((p for p in tried if os.path.sep not in p or os.path.exists(p)), None)
+    if path is None:
+        raise OSError("libfpt.so not found (tried %s): build it with scripts/build.sh, or set FPT_LIB to its path"
+                      % ", ".join(tried))
+    lib = ctypes.CDLL(path)
+    for name, (restype, argtypes) in _PROTOS.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib

@@ -1,0 +1,246 @@
+"""Checks of the fpt bindings that run as a worker of a real cluster
+(tests/python_test.go starts them):
+
+    fpt_checks.py basic   every call's error path, round trips with NumPy and
+                          PyTorch, buffers kept alive while a request uses
+                          them, nothing left after finalize: "BINDINGS PASS"
+    fpt_checks.py optimizer  fpt.torch's buckets give the same training as one
+                          push per gradient
+    fpt_checks.py dead    pushes and pulls until a node dies: the wait raises
+                          ClusterError (printed), exit status 1
+    fpt_checks.py raise   worker rank 1 raises after a few iterations
+    fpt_checks.py loop    pushes and pulls for ever (to be interrupted)
+"""
+
+import gc
+import os
+import sys
+import threading
+import time
+import weakref
+
+import numpy as np
+import torch
+
+import fpt
+
+failures = []
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def raises(exc, what, fn, *args):
+    try:
+        fn(*args)
+    except exc as e:
+        check(True, "%s raises %s: %s" % (what, exc.__name__, e))
+        return e
+    except Exception as e:  # noqa: BLE001 - the wrong exception is the failure reported
+        check(False, "%s raised %s (%s), want %s" % (what, type(e).__name__, e, exc.__name__))
+        return None
+    check(False, "%s raised nothing, want %s" % (what, exc.__name__))
+    return None
+
+
+def basic():
+    check(fpt.role() == "worker" and fpt.num_workers() == 2, "role and sizes readable before start")
+    raises(fpt.StateError, "rank before start", fpt.rank)
+    raises(fpt.StateError, "declare before start", fpt.declare, 1, 64)
+    raises(fpt.StateError, "push before start", fpt.push, 1, np.zeros(16, np.float32))
+    threads_before = threading.active_count()
+    fpt.start()
+    r = fpt.rank()
+    check(r in (0, 1), "rank %d" % r)
+    check(fpt.my_id() == 9 + 2 * r, "my_id is ps-lite's 9+2r")
+    check(fpt.group_ids(fpt.GROUP_WORKERS) == [9, 11], "group_ids of the workers")
+    raises(fpt.ArgumentError, "group_ids of no node", fpt.group_ids, 100)
+    raises(fpt.ArgumentError, "barrier_group(0)", fpt.barrier_group, 0)
+    raises(fpt.ArgumentError, "declare with dtype int8", fpt.declare, 7, 64, "int8")
+    raises(fpt.SizeError, "declare of a partial element", fpt.declare, 7, 15, "float32")
+
+    big = 2 << 20  # elements of key 3: 8 MiB, several partitions
+    fpt.declare(1, 16 * 4, "float32", priority=1)
+    fpt.declare(2, 16 * 8, fpt.FLOAT64)
+    fpt.declare(3, big * 4, torch.float32)
+    fpt.declare(4, 8 * 2, "float16")
+    fpt.declare(5, 4 * 4, "float32")
+    fpt.declare(6, 4 * 4, "float32")
+    raises(fpt.StateError, "push before the key's init", fpt.push, 1, np.zeros(16, np.float32))
+    a = np.full(16, 10.0 * (r + 1), np.float32)
+    fpt.init(1, a)
+    check((a == 10).all(), "init gives worker 0's values (numpy)")
+    t = torch.full((16,), 5.0 * (r + 1), dtype=torch.float64)
+    fpt.init(2, t)
+    check(bool((t == 5).all()), "init gives worker 0's values (torch float64)")
+    fpt.init(3, torch.zeros(big))
+    fpt.init(4, np.zeros(8, np.float16))
+    fpt.init([5, 6], np.zeros(8, np.float32))
+
+    # Error paths of push and pull.
+    raises(fpt.SizeError, "push of the wrong size", fpt.push, 1, np.zeros(8, np.float32))
+    raises(fpt.UnknownKeyError, "push of an undeclared key", fpt.push, 12345, np.zeros(16, np.float32))
+    raises(fpt.UnknownKeyError, "multi-key push with an undeclared key", fpt.push, [5, 12345], np.zeros(8, np.float32))
+    raises(fpt.SizeError, "multi-key push of the wrong total", fpt.push, [5, 6], np.zeros(9, np.float32))
+    raises(fpt.ArgumentError, "push of float32 into a float64 key", fpt.push, 2, np.zeros(32, np.float32))
+    raises(fpt.ArgumentError, "push of a non-contiguous tensor", fpt.push, 1, torch.zeros(16, 2)[:, 0])
+    raises(fpt.ArgumentError, "push of an int64 tensor", fpt.push, 2, torch.zeros(16, dtype=torch.int64))
+    ro = np.zeros(16, np.float32)
+    ro.flags.writeable = False
+    raises(fpt.ArgumentError, "pull into a read-only array", fpt.pull, 1, ro)
+    raises(fpt.StateError, "pull of an iteration not pushed", fpt.pull, 1, np.zeros(16, np.float32))
+    raises(fpt.StateError, "declare after the first push", lambda: (fpt.push(6, np.zeros(4, np.float32)).wait(),
+                                                                     fpt.declare(77, 64)))
+    s6 = np.zeros(4, np.float32)
+    fpt.pull(6, s6).wait()  # the sum of that push, to keep key 6 in step
+
+    # Round trips: every worker pushes rank+1, the sums are exact.
+    x = np.full(16, r + 1, np.float32)
+    out = np.zeros(16, np.float32)
+    h, s = fpt.push(1, x), fpt.pull(1, out)
+    fpt.wait_all([h, s])
+    check((out == 3).all(), "numpy float32 push/pull sum")
+    tt, to = torch.full((16,), r + 1.0, dtype=torch.float64), torch.zeros(16, dtype=torch.float64)
+    fpt.wait_all([fpt.push(2, tt), fpt.pull(2, to)])
+    check(bool((to == 3).all()), "torch float64 push/pull sum")
+    hx, ho = torch.full((8,), r + 1.5, dtype=torch.float16), torch.zeros(8, dtype=torch.float16)
+    fpt.wait_all([fpt.push(4, hx), fpt.pull(4, ho)])
+    check(bool((ho == 4).all()), "float16 push/pull sum")
+    mk = np.array([r + 1] * 4 + [10 * (r + 1)] * 4, np.float32)
+    mo = np.zeros(8, np.float32)
+    fpt.wait_all([fpt.push([5, 6], mk), fpt.pull([5, 6], mo)])
+    check((mo[:4] == 3).all() and (mo[4:] == 30).all(), "two keys end to end in one buffer")
+    ba = bytearray(np.full(16, r + 1, np.float32).tobytes())
+    bo = bytearray(64)
+    fpt.wait_all([fpt.push(1, ba), fpt.pull(1, bo)])
+    check((np.frombuffer(bo, np.float32) == 3).all(), "bytearray push/pull (raw bytes)")
+
+    # A tensor whose last reference goes while its push is in flight: the
+    # package holds it, so the memory is not reused before it was sent.
+    fpt.barrier()
+    if r == 1:
+        time.sleep(1)  # worker 0's requests wait for this worker's push
+
+    def push_temporary():
+        tmp = torch.full((big,), float(r + 1))
+        return fpt.push(3, tmp, priority=-1), weakref.ref(tmp)
+
+    h, ref = push_temporary()
+    gc.collect()
+    junk = [torch.full((big,), 1e6) for _ in range(4)]  # would reuse a freed tensor's memory
+    result = torch.zeros(big)
+    s = fpt.pull(3, result)
+    fpt.wait_all([h, s])
+    del junk
+    check(bool((result == 3).all()), "a pushed tensor dropped by its owner mid-push was sent intact")
+    h = None
+    gc.collect()
+    check(ref() is None, "the package let go of the tensor once the push completed")
+
+    # A pull's tensor dropped before the sum arrives: still alive until then.
+    fpt.barrier()
+    mine = torch.full((big,), float(r + 1))
+    h = fpt.push(3, mine) if r == 0 else None
+
+    def pull_temporary():
+        tmp = torch.zeros(big)
+        return fpt.pull(3, tmp), weakref.ref(tmp)
+
+    if r == 0:
+        s, ref = pull_temporary()
+        gc.collect()
+        check(ref() is not None and not s.done(), "a pull's tensor stays alive while the pull waits")
+        fpt.barrier()  # now worker 1 pushes
+        fpt.wait_all([h, s])
+        s = None
+        gc.collect()
+        check(ref() is None, "the package let go of the pull's tensor once it completed")
+    else:
+        fpt.barrier()
+        h = fpt.push(3, mine)
+        fpt.wait_all([h, fpt.pull(3, torch.zeros(big))])
+
+    fpt.finalize()
+    check(not fpt._node.pending, "no request held after finalize")
+    check(threading.active_count() == threads_before, "no Python thread left after finalize (%d, %d before start)"
+          % (threading.active_count(), threads_before))
+    raises(fpt.StateError, "push after finalize", fpt.push, 1, np.zeros(16, np.float32))
+    raises(fpt.StateError, "barrier after finalize", fpt.barrier)
+    raises(fpt.StateError, "finalize twice", fpt.finalize)
+    if failures:
+        print("BINDINGS FAIL: %d checks failed" % len(failures), flush=True)
+        sys.exit(1)
+    print("BINDINGS PASS", flush=True)
+
+
+def optimizer():
+    """fpt.torch.DistributedOptimizer with one bucket, one per gradient and
+    several (the gradients set to None between steps, so they are copied
+    into place): the same parameters bit for bit after 5 steps. Every
+    optimizer is made before the first push (keys are declared up front)."""
+    import hashlib
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "pytorch"))
+    from model import Net, dataset
+    import fpt.torch
+    import torch.nn.functional as F
+
+    fpt.start()
+    r = fpt.rank()
+    runs = []
+    for bucket, none in ((1 << 20, False), (0, False), (1000, True)):
+        torch.manual_seed(1)
+        m = Net(2)
+        opt = fpt.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+                                             m.named_parameters(), bucket_bytes=bucket)
+        fpt.torch.broadcast_parameters(m.state_dict())
+        runs.append((m, opt, none))
+    raises(ValueError, "broadcast_parameters from rank 1", fpt.torch.broadcast_parameters, {}, 1)
+    x, y = dataset(512, 1)
+    hashes = []
+    for m, opt, none in runs:
+        for i in range(5):
+            lo = i * 64 + r * 32
+            opt.zero_grad(set_to_none=none)
+            F.cross_entropy(m(x[lo:lo + 32]), y[lo:lo + 32]).backward()
+            opt.step()
+        hashes.append(hashlib.sha256(b"".join(q.detach().numpy().tobytes() for q in m.parameters())).hexdigest()[:16])
+    check(len(runs[0][1]._fpt_buckets) == 1 and len(runs[1][1]._fpt_buckets) == 6 and
+          len(runs[2][1]._fpt_buckets) > 1, "bucket counts %s" % [len(o._fpt_buckets) for _, o, _ in runs])
+    check(len(set(hashes)) == 1, "one bucket, one per gradient, several: same parameters %s" % hashes)
+    print("optimizer params %s" % hashes[0], flush=True)
+    fpt.finalize()
+    if failures:
+        sys.exit(1)
+    print("OPTIMIZER PASS", flush=True)
+
+
+def loop(raise_at=None):
+    """Iterations of push and pull; rank 1 raises at raise_at."""
+    fpt.start()
+    r = fpt.rank()
+    fpt.declare(1, 1 << 16, "float32")
+    fpt.init(1, np.zeros(1 << 14, np.float32))
+    x = np.ones(1 << 14, np.float32)
+    out = np.zeros_like(x)
+    i = 0
+    while True:
+        i += 1
+        if raise_at is not None and r == 1 and i == raise_at:
+            print("worker rank 1 raising at iteration %d" % i, flush=True)
+            raise RuntimeError("a bug in the training script")
+        try:
+            fpt.wait_all([fpt.push(1, x), fpt.pull(1, out)])
+        except fpt.ClusterError as e:
+            print("ClusterError raised: %s" % e, file=sys.stderr, flush=True)
+            sys.exit(1)
+        print("iteration %d/inf" % i, flush=True)
+        time.sleep(0.05)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1] if len(sys.argv) > 1 else "basic"
+    {"basic": basic, "optimizer": optimizer, "dead": loop, "loop": loop, "raise": lambda: loop(raise_at=4)}[mode]()

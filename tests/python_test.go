@@ -1,0 +1,424 @@
+package tests
+
+import (
+	"archive/zip"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/internal/localcluster"
+)
+
+// Python and PyTorch over libfpt: the bindings (python/fpt), the launcher
+// (fptrun) and the example's data-parallel training, with the real
+// interpreter and PyTorch a user has (Debian's python3-torch,
+// scripts/setup.sh installs it).
+
+// pyEnv is what the Python programs run with: the interpreter fptrun
+// picks (FPT_PYTHON, else the first python3 on PATH that imports torch,
+// then /usr/bin/python3) and the environment that finds the package, the
+// library and bin/fpt.
+type pyEnv struct {
+	python string
+	env    []string
+}
+
+var findPython = sync.OnceValues(func() (string, error) {
+	launcher := "python3"
+	if p := os.Getenv("FPT_PYTHON"); p != "" {
+		launcher = p
+	} else if _, err := exec.LookPath(launcher); err != nil {
+		launcher = "/usr/bin/python3"
+	}
+	cmd := exec.Command(launcher, "../python/fpt/run.py", "--print-python")
+	out, err := cmd.Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return "", fmt.Errorf("no Python interpreter with torch: %s", strings.TrimSpace(string(ee.Stderr)))
+		}
+		return "", fmt.Errorf("no Python interpreter (%s): %w", launcher, err)
+	}
+	return strings.TrimSpace(string(out)), nil
+})
+
+// needPython skips the test when no interpreter imports torch, except in
+// CI (CI=true), where that is a broken setup and fails.
+func needPython(t *testing.T) pyEnv {
+	t.Helper()
+	py, err := findPython()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%v (scripts/setup.sh installs python3-torch; CI=true, so this fails rather than skips)", err)
+		}
+		t.Skipf("%v: install python3-torch (scripts/setup.sh) or set FPT_PYTHON", err)
+	}
+	dir := libPrograms(t, "default")
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pyEnv{python: py, env: []string{
+		"FPT_PYTHON=" + py,
+		"FPT_LIB=" + filepath.Join(dir, "..", "lib", "libfpt.so"),
+		"FPT_BIN=" + bin.fpt,
+		"PYTHONPATH=" + filepath.Join(repo, "python"),
+		"PYTHONDONTWRITEBYTECODE=1",
+	}}
+}
+
+const pyChecks = "../python/tests/fpt_checks.py"
+
+// startPyChecks starts a cluster of fpt's scheduler and servers with two
+// workers running fpt_checks.py in mode.
+func startPyChecks(t *testing.T, py pyEnv, servers int, mode string) *cluster {
+	t.Helper()
+	return &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: servers, Workers: 2,
+		Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
+		Worker: []string{py.python, pyChecks, mode}, Env: py.env}), t: t}
+}
+
+// Every binding's error path, round trips of NumPy arrays, PyTorch tensors
+// (float32, float64, float16) and raw bytes, buffers kept alive while a
+// request uses them, and nothing left after finalize: fpt_checks.py
+// asserts each and prints what it checked.
+func TestPythonBindings(t *testing.T) {
+	py := needPython(t)
+	c := startPyChecks(t, py, 1, "basic")
+	c.waitAll(3 * time.Minute)
+	for _, w := range []string{"worker0", "worker1"} {
+		out := c.proc(w).Stdout.String()
+		mustContain(t, w+" stdout", out, "BINDINGS PASS",
+			"push of an undeclared key raises UnknownKeyError", "push of the wrong size raises SizeError",
+			"push after finalize raises StateError", "mid-push was sent intact")
+		if n := strings.Count(out, "ok   "); n < 35 {
+			t.Errorf("%s: only %d checks passed:\n%s", w, n, out)
+		}
+	}
+}
+
+var optParamsRe = regexp.MustCompile(`optimizer params ([0-9a-f]+)`)
+
+// fpt.torch's gradient buckets (one, one per gradient, several; gradients
+// in place or set to None between steps) train the same parameters bit
+// for bit, on both workers.
+func TestPythonOptimizerBuckets(t *testing.T) {
+	py := needPython(t)
+	c := startPyChecks(t, py, 1, "optimizer")
+	c.waitAll(3 * time.Minute)
+	var hashes []string
+	for _, w := range []string{"worker0", "worker1"} {
+		out := c.proc(w).Stdout.String()
+		mustContain(t, w+" stdout", out, "OPTIMIZER PASS", "broadcast_parameters from rank 1 raises ValueError")
+		if m := optParamsRe.FindStringSubmatch(out); m != nil {
+			hashes = append(hashes, m[1])
+		}
+	}
+	if len(hashes) != 2 || hashes[0] != hashes[1] {
+		t.Errorf("the workers' parameters hash %v, want two equal", hashes)
+	}
+}
+
+// kill -9 of a server while Python workers push and pull: each worker's
+// wait raises ClusterError naming the dead node, and the worker exits 1
+// within the heartbeat timeout rather than hanging.
+func TestPythonBindingsDeadNode(t *testing.T) {
+	py := needPython(t)
+	c := startPyChecks(t, py, 2, "dead")
+	addr, killed := c.killMidRun("server1")
+	for _, name := range []string{"worker0", "worker1"} {
+		mustContain(t, name+" stderr", c.awaitFailed(killed, name), "ClusterError raised: FPT_ERR_CLUSTER", addr)
+	}
+}
+
+// startFptrun runs scripts/fptrun with the Python environment and env.
+func startFptrun(t *testing.T, py pyEnv, env []string, args ...string) *netemRun {
+	t.Helper()
+	r := &netemRun{cmd: exec.Command("../scripts/fptrun", args...)}
+	r.cmd.Env = append(append(os.Environ(), py.env...), env...)
+	r.cmd.Stdout, r.cmd.Stderr = &r.out, &r.out
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.cmd.Process.Kill() })
+	return r
+}
+
+var fptrunPortRe = regexp.MustCompile(`scheduler at 127\.0\.0\.1:([0-9]+)`)
+
+// fptrunPort is the scheduler's port fptrun announced.
+func fptrunPort(t *testing.T, r *netemRun) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for ctx.Err() == nil {
+		if m := fptrunPortRe.FindStringSubmatch(r.out.String()); m != nil {
+			p, _ := strconv.Atoi(m[1])
+			return p
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("fptrun never named the scheduler's port:\n%s", tail(r.out.String()))
+	return 0
+}
+
+func fptrunOutput(t *testing.T, r *netemRun, re *regexp.Regexp) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		if re.MatchString(r.out.String()) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("fptrun's output never matched %q:\n%s", re, tail(r.out.String()))
+}
+
+var (
+	stepRe  = regexp.MustCompile(`\[worker([01])\] step ([0-9]+) loss ([0-9.]+) params ([0-9a-f]+)`)
+	lbVerRe = regexp.MustCompile(`\[scheduler\] lb decision v([0-9]+) `)
+)
+
+// Data-parallel training is exact. Two workers and two servers train the
+// example's network for 30 steps, each on its half of every batch of a
+// fixed synthetic dataset, while the LB re-decides every 3 iterations
+// (small partitions, so tensors span several aggregators): after every
+// step both workers hold the same parameters bit for bit, and after the
+// last they equal, within float32 rounding, one process that trained on
+// whole batches. The loss goes down.
+func TestPythonTrainingMatchesSingleProcess(t *testing.T) {
+	py := needPython(t)
+	dir := t.TempDir()
+	const steps = 30
+	train := []string{"../examples/pytorch/train.py", "--samples", "1024", "--batch", "128", "--epochs", "4",
+		"--steps", strconv.Itoa(steps), "--hash"}
+	r := startFptrun(t, py, []string{"FPT_LB=on", "FPT_LB_PROBE_EVERY=3", "FPT_PARTITION_BYTES=4096", "PS_VERBOSE=0"},
+		append(append([]string{"-np", "2", "--servers", "2", "python"}, train...), "--save", filepath.Join(dir, "w{rank}.bin"))...)
+	if code := r.wait(t, 4*time.Minute); code != 0 {
+		t.Fatalf("fptrun exited %d:\n%s", code, tail(r.out.String()))
+	}
+	out := r.out.String()
+	mustContain(t, "fptrun output", out, "all 5 processes finished cleanly", "[worker0] epoch 1: loss", "[worker1] epoch 1: loss")
+
+	ref := exec.Command(py.python, append(train, "--single", "--save", filepath.Join(dir, "ref.bin"))...)
+	if refOut, err := ref.CombinedOutput(); err != nil {
+		t.Fatalf("the single-process run: %v\n%s", err, refOut)
+	}
+
+	// Per step: both workers' parameters hash the same.
+	hashes := map[string]map[int]string{}
+	var losses []float64
+	for _, m := range stepRe.FindAllStringSubmatch(out, -1) {
+		step, _ := strconv.Atoi(m[2])
+		if hashes[m[1]] == nil {
+			hashes[m[1]] = map[int]string{}
+		}
+		hashes[m[1]][step] = m[4]
+		if m[1] == "0" {
+			loss, _ := strconv.ParseFloat(m[3], 64)
+			losses = append(losses, loss)
+		}
+	}
+	for s := 1; s <= steps; s++ {
+		h0, h1 := hashes["0"][s], hashes["1"][s]
+		if h0 == "" || h0 != h1 {
+			t.Errorf("step %d: worker parameters hash %q and %q, want equal", s, h0, h1)
+		}
+	}
+	if len(losses) != steps || mean(losses[:3]) <= 2*mean(losses[steps-3:]) {
+		t.Errorf("the loss did not go down (first steps vs last, want at least halved): %v", losses)
+	}
+	if v := distinct(lbVerRe.FindAllStringSubmatch(out, -1)); v < 3 {
+		t.Errorf("the scheduler made %d LB decisions during the run, want at least 3:\n%s", v, tail(out))
+	}
+
+	w0, w1, single := readFloats(t, filepath.Join(dir, "w0.bin")), readFloats(t, filepath.Join(dir, "w1.bin")),
+		readFloats(t, filepath.Join(dir, "ref.bin"))
+	if len(w0) == 0 || len(w0) != len(w1) || len(w0) != len(single) {
+		t.Fatalf("parameter counts %d, %d, single process %d", len(w0), len(w1), len(single))
+	}
+	scale, worst := 0.0, 0.0
+	for i := range w0 {
+		if math.Float32bits(w0[i]) != math.Float32bits(w1[i]) {
+			t.Fatalf("parameter %d: worker0 %v, worker1 %v: the workers differ", i, w0[i], w1[i])
+		}
+		scale = max(scale, math.Abs(float64(single[i])))
+		worst = max(worst, math.Abs(float64(w0[i])-float64(single[i])))
+	}
+	t.Logf("%d parameters; largest difference from the single process %.3g (largest parameter %.3g); %d LB decisions",
+		len(w0), worst, scale, distinct(lbVerRe.FindAllStringSubmatch(out, -1)))
+	if worst > 1e-5*scale {
+		t.Errorf("after %d steps the workers' parameters differ from the single process's by up to %.3g, more than 1e-5 of the largest (%.3g)",
+			steps, worst, scale)
+	}
+}
+
+func mean(xs []float64) float64 {
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}
+
+func distinct(ms [][]string) int {
+	seen := map[string]bool{}
+	for _, m := range ms {
+		seen[m[1]] = true
+	}
+	return len(seen)
+}
+
+func readFloats(t *testing.T, path string) []float32 {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.NativeEndian.Uint32(b[4*i:]))
+	}
+	return out
+}
+
+// A worker that raises: fptrun names it, stops the rest and exits non-zero
+// within the heartbeat timeout of the failure, leaving no process behind.
+func TestFptrunWorkerRaises(t *testing.T) {
+	py := needPython(t)
+	r := startFptrun(t, py, []string{"PS_HEARTBEAT_TIMEOUT=10"}, "-np", "2", "--servers", "1", "python", pyChecks, "raise")
+	port := fptrunPort(t, r)
+	fptrunOutput(t, r, regexp.MustCompile(`raising at iteration`))
+	raised := time.Now()
+	code := r.wait(t, 2*time.Minute)
+	took := time.Since(raised)
+	out := r.out.String()
+	if code == 0 {
+		t.Fatalf("fptrun exited 0 after a worker raised:\n%s", tail(out))
+	}
+	mustContain(t, "fptrun output", out, "RuntimeError: a bug in the training script",
+		"worker1 exited with status 1; stopping the others")
+	if took > 10*time.Second {
+		t.Errorf("fptrun exited %s after the worker raised, beyond the heartbeat timeout (10 s)", took)
+	}
+	if left := survivors(port); len(left) > 0 {
+		t.Errorf("processes left behind: %v", left)
+	}
+}
+
+// Ctrl-C: fptrun stops every process and exits non-zero; no process and no
+// port are left.
+func TestFptrunInterrupted(t *testing.T) {
+	py := needPython(t)
+	r := startFptrun(t, py, nil, "-np", "2", "--servers", "1", "python", pyChecks, "loop")
+	port := fptrunPort(t, r)
+	fptrunOutput(t, r, regexp.MustCompile(`\[worker[01]\] iteration 2/`))
+	// The check below must be able to fail: it sees the running job.
+	if running := survivors(port); len(running) < 4 {
+		t.Errorf("found %d processes of the running job, want 4: %v", len(running), running)
+	}
+	if err := r.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	if code := r.wait(t, 30*time.Second); code == 0 {
+		t.Error("interrupted fptrun exited 0")
+	}
+	mustContain(t, "fptrun output", r.out.String(), "fptrun: interrupted")
+	if left := survivors(port); len(left) > 0 {
+		t.Errorf("processes left behind: %v", left)
+	}
+	for _, p := range []int{port, port + 1} {
+		if l, err := net.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", p)); err != nil {
+			t.Errorf("port %d still taken: %v", p, err)
+		} else {
+			l.Close()
+		}
+	}
+}
+
+// --hosts prints each host's share as run_test.sh takes it: one root and
+// secret for all, the scheduler on the first host, servers and workers
+// dealt round robin.
+func TestFptrunHosts(t *testing.T) {
+	cmd := exec.Command("../scripts/fptrun", "--hosts", "h1,h2,h3", "-np", "4", "--servers", "2", "--secret", "s3cret",
+		"python", "train.py", "--epochs", "1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("fptrun --hosts: %v\n%s", err, out)
+	}
+	want := []string{
+		"h1: FPT_CLUSTER_SECRET=s3cret fptrun --root h1:9091 --scheduler -s 1 -w 2 -np 4 --servers 2 -- python train.py --epochs 1",
+		"h2: FPT_CLUSTER_SECRET=s3cret fptrun --root h1:9091 -s 1 -w 1 -np 4 --servers 2 -- python train.py --epochs 1",
+		"h3: FPT_CLUSTER_SECRET=s3cret fptrun --root h1:9091 -s 0 -w 1 -np 4 --servers 2 -- python train.py --epochs 1",
+	}
+	if got := strings.Split(strings.TrimSpace(string(out)), "\n"); strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("fptrun --hosts printed\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// pip install ./python builds the wheel with the backend in python/_build
+// (standard library only), so it works offline: the wheel has the
+// package, the fptrun command, and the repository where the installed
+// package finds libfpt and bin/fpt.
+func TestPythonWheel(t *testing.T) {
+	python := "python3"
+	if _, err := exec.LookPath(python); err != nil {
+		python = "/usr/bin/python3"
+	}
+	dir := t.TempDir()
+	build := exec.Command(python, "-c", "import sys, backend; print(backend.build_wheel(sys.argv[1]))", dir)
+	build.Dir = "../python/_build"
+	out, err := build.CombinedOutput()
+	if err != nil {
+		t.Fatalf("build_wheel: %v\n%s", err, out)
+	}
+	z, err := zip.OpenReader(filepath.Join(dir, strings.TrimSpace(string(out))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer z.Close()
+	files := map[string]string{}
+	for _, f := range z.File {
+		rc, err := f.Open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[f.Name] = string(b)
+	}
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]string{
+		"fpt/__init__.py":                      "def push(",
+		"fpt/torch.py":                         "def DistributedOptimizer(",
+		"fpt/run.py":                           "def main(",
+		"fpt/_buildinfo.py":                    "REPO = '" + repo + "'",
+		"fpt-0.1.0.dist-info/entry_points.txt": "fptrun = fpt.run:main",
+		"fpt-0.1.0.dist-info/RECORD":           "fpt/_lib.py,sha256=",
+		"fpt-0.1.0.dist-info/WHEEL":            "Root-Is-Purelib: true",
+	} {
+		if !strings.Contains(files[name], want) {
+			t.Errorf("wheel file %s does not contain %q (files: %d)", name, want, len(files))
+		}
+	}
+}
