@@ -23,7 +23,8 @@ const (
 	// LauncherVar is set by ps-lite, dmlc-tracker or the frameworks that
 	// launch through them; fpt accepts it and does not use it.
 	LauncherVar
-	// ToolVar is set by one of fpt's tools for the processes it starts.
+	// ToolVar is set by one of fpt's tools for the processes it starts,
+	// or read by a tool (fptrun, the Python package) rather than a node.
 	ToolVar
 	// TestVar is read by fpt's tests only.
 	TestVar
@@ -232,6 +233,9 @@ func Known() []Var {
 
 		// Set by fpt's tools for the processes they start.
 		{Name: "FPT_BENCH_CHILD", Meaning: "set by fpt bench on the workers of its cluster", Use: ToolVar},
+		{Name: "FPT_PYTHON", Meaning: "the Python interpreter fptrun, the examples and the tests run (default: the first python3 on PATH, then /usr/bin/python3, that imports torch)", Use: ToolVar},
+		{Name: "FPT_LIB", Meaning: "the libfpt.so the Python package loads (default: the repository's build/lib, then the loader's search path)", Use: ToolVar},
+		{Name: "FPT_BIN", Meaning: "the bin/fpt fptrun starts the scheduler and servers with (default: the repository's)", Use: ToolVar},
 		{Name: "FPT_NETEM_HOST", Meaning: "set by fpt netem: the host's index", Use: ToolVar},
 		{Name: "FPT_NETEM_HOSTS", Meaning: "set by fpt netem: how many hosts", Use: ToolVar},
 		{Name: "FPT_NETEM_ADDR", Meaning: "set by fpt netem: the host's address", Use: ToolVar},

@@ -44,12 +44,13 @@ _ROLES = {1: "scheduler", 2: "server", 3: "worker"}
 class FPTError(Exception):
     """A failed fpt call: status is the fpt_status code, message fpt's."""
 
-    def __init__(self, status, message):
+    def __init__(self, status, message, name=None):
         super().__init__(status, message)
         self.status, self.message = status, message
+        self.name = name or str(status)  # libfpt's fpt_status_name
 
     def __str__(self):
-        return "%s: %s" % (_lib.STATUS_NAMES.get(self.status, self.status), self.message)
+        return "%s: %s" % (self.name, self.message)
 
 
 class ArgumentError(FPTError, ValueError):
@@ -88,7 +89,8 @@ _ERRORS = {_lib.ERR_ARG: ArgumentError, _lib.ERR_STATE: StateError, _lib.ERR_KEY
 def _error(status, message):
     if status == _lib.ERR_CLUSTER:
         _node.cluster_failed = True
-    return _ERRORS.get(status, FPTError)(status, message)
+    name = _node.lib.fpt_status_name(status).decode("ascii")
+    return _ERRORS.get(status, FPTError)(status, message, name)
 
 
 class Request:

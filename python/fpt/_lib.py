@@ -8,11 +8,6 @@ import os
 
 # Status codes, as fpt.h numbers them.
 OK, ERR_ARG, ERR_STATE, ERR_KEY, ERR_SIZE, ERR_CONFIG, ERR_CLUSTER, ERR_INTERNAL = range(8)
-STATUS_NAMES = {
-    OK: "FPT_OK", ERR_ARG: "FPT_ERR_ARG", ERR_STATE: "FPT_ERR_STATE", ERR_KEY: "FPT_ERR_KEY",
-    ERR_SIZE: "FPT_ERR_SIZE", ERR_CONFIG: "FPT_ERR_CONFIG", ERR_CLUSTER: "FPT_ERR_CLUSTER",
-    ERR_INTERNAL: "FPT_ERR_INTERNAL",
-}
 
 # fpt_callback: void (*)(int64_t ts, int status, void* user_data).
 CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p)
@@ -21,6 +16,7 @@ _u64p = ctypes.POINTER(ctypes.c_uint64)
 _intp = ctypes.POINTER(ctypes.c_int)
 _PROTOS = {
     "fpt_last_error": (ctypes.c_char_p, []),
+    "fpt_status_name": (ctypes.c_char_p, [ctypes.c_int]),
     "fpt_start": (ctypes.c_int, []),
     "fpt_finalize": (ctypes.c_int, []),
     "fpt_role": (ctypes.c_int, [_intp]),

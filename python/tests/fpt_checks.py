@@ -69,6 +69,7 @@ def basic():
     fpt.declare(4, 8 * 2, "float16")
     fpt.declare(5, 4 * 4, "float32")
     fpt.declare(6, 4 * 4, "float32")
+    fpt.declare(8, 16 * 4, "float32")  # never initialised nor pushed
     raises(fpt.StateError, "push before the key's init", fpt.push, 1, np.zeros(16, np.float32))
     a = np.full(16, 10.0 * (r + 1), np.float32)
     fpt.init(1, a)
@@ -91,7 +92,10 @@ def basic():
     ro = np.zeros(16, np.float32)
     ro.flags.writeable = False
     raises(fpt.ArgumentError, "pull into a read-only array", fpt.pull, 1, ro)
-    raises(fpt.StateError, "pull of an iteration not pushed", fpt.pull, 1, np.zeros(16, np.float32))
+    got = np.zeros(16, np.float32)
+    fpt.pull(1, got).wait()
+    check((got == 10).all(), "pull after init, before any push, gives the init's values (Gluon's broadcast)")
+    raises(fpt.StateError, "pull of a key neither initialised nor pushed", fpt.pull, 8, np.zeros(16, np.float32))
     raises(fpt.StateError, "declare after the first push", lambda: (fpt.push(6, np.zeros(4, np.float32)).wait(),
                                                                      fpt.declare(77, 64)))
     s6 = np.zeros(4, np.float32)
