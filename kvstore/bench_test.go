@@ -1,0 +1,168 @@
+package kvstore
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"testing"
+
+	"github.com/fptps/fpt/frame"
+)
+
+// The benchmarks compare the B-tree store with the map the server used
+// before (map[uint64]*Value), on ps-lite's home ground: many sparse keys
+// with small values (8 float32s, an embedding row). Run them with e.g.
+//
+//	go test -run '^$' -bench . -benchtime 1x ./kvstore/      (memory)
+//	go test -run '^$' -bench 'Lookup|Scan' -benchtime 0.5s ./kvstore/
+
+const valueBytes = 32
+
+var benchSizes = []int{1e5, 1e6}
+
+// sparseKeys are n distinct random keys, as hashed feature ids are.
+func sparseKeys(n int) []uint64 {
+	r := rand.New(rand.NewPCG(1, 2))
+	seen := make(map[uint64]struct{}, n)
+	keys := make([]uint64, 0, n)
+	for len(keys) < n {
+		k := r.Uint64()
+		if _, ok := seen[k]; !ok {
+			seen[k] = struct{}{}
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
+
+// store is what both contenders do in the benchmarks.
+type store interface {
+	add(key uint64, payload []byte)
+	get(key uint64) []byte
+	scan(fn func(key uint64, data []byte)) // in key order
+}
+
+type treeStore struct{ s *Store }
+
+func (t treeStore) add(key uint64, p []byte) {
+	if _, err := t.s.Add(key, frame.Float32, 0, p, uint64(len(p))); err != nil {
+		panic(err)
+	}
+}
+func (t treeStore) get(key uint64) []byte { v, _ := t.s.Get(key); return v.Data }
+func (t treeStore) scan(fn func(uint64, []byte)) {
+	t.s.Ascend(0, 0, func(k uint64, v Value) bool { fn(k, v.Data); return true })
+}
+
+type mapStore map[uint64]*Value
+
+func (m mapStore) add(key uint64, p []byte) {
+	v := m[key]
+	if v == nil {
+		v = &Value{DType: frame.Float32, Data: make([]byte, len(p))}
+		m[key] = v
+	}
+	copy(v.Data, p)
+}
+func (m mapStore) get(key uint64) []byte { return m[key].Data }
+
+// scan sorts the keys first: a map has no order.
+func (m mapStore) scan(fn func(uint64, []byte)) {
+	keys := make([]uint64, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		fn(k, m[k].Data)
+	}
+}
+
+var contenders = []struct {
+	name string
+	make func() store
+}{
+	{"btree", func() store { return treeStore{New()} }},
+	{"map", func() store { return mapStore{} }},
+}
+
+func fill(s store, keys []uint64) {
+	p := make([]byte, valueBytes)
+	for _, k := range keys {
+		s.add(k, p)
+	}
+}
+
+func BenchmarkLookup(b *testing.B) {
+	for _, n := range benchSizes {
+		keys := sparseKeys(n)
+		for _, c := range contenders {
+			b.Run(fmt.Sprintf("%s/keys=%d", c.name, n), func(b *testing.B) {
+				s := c.make()
+				fill(s, keys)
+				r := rand.New(rand.NewPCG(3, 4))
+				b.SetBytes(valueBytes)
+				b.ResetTimer()
+				for range b.N {
+					if len(s.get(keys[r.IntN(n)])) != valueBytes {
+						b.Fatal("lookup missed")
+					}
+				}
+			})
+		}
+	}
+}
+
+func BenchmarkScan(b *testing.B) {
+	for _, n := range benchSizes {
+		keys := sparseKeys(n)
+		for _, c := range contenders {
+			b.Run(fmt.Sprintf("%s/keys=%d", c.name, n), func(b *testing.B) {
+				s := c.make()
+				fill(s, keys)
+				b.SetBytes(int64(n) * valueBytes)
+				b.ResetTimer()
+				for range b.N {
+					var prev uint64
+					seen := 0
+					s.scan(func(k uint64, _ []byte) {
+						if seen > 0 && k <= prev {
+							b.Fatal("scan out of order")
+						}
+						prev = k
+						seen++
+					})
+					if seen != n {
+						b.Fatalf("scanned %d keys, want %d", seen, n)
+					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkMemory reports the heap each store takes per key, values
+// included (32 of the bytes are the value itself).
+func BenchmarkMemory(b *testing.B) {
+	for _, n := range benchSizes {
+		keys := sparseKeys(n)
+		for _, c := range contenders {
+			b.Run(fmt.Sprintf("%s/keys=%d", c.name, n), func(b *testing.B) {
+				var perKey float64
+				for range b.N {
+					var before, after runtime.MemStats
+					runtime.GC()
+					runtime.ReadMemStats(&before)
+					s := c.make()
+					fill(s, keys)
+					runtime.GC()
+					runtime.ReadMemStats(&after)
+					perKey = float64(after.HeapAlloc-before.HeapAlloc) / float64(n)
+					runtime.KeepAlive(s)
+				}
+				b.ReportMetric(perKey, "bytes/key")
+			})
+		}
+	}
+}
