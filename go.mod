@@ -3,14 +3,12 @@ module github.com/fptps/fpt
 go 1.26.0
 
 require (
+	github.com/google/btree v1.1.3
 	github.com/zeromq/goczmq v4.1.0+incompatible
 	golang.org/x/sys v0.49.0
 )
 
-require (
-	github.com/google/btree v1.1.3 // indirect
-	github.com/kylelemons/godebug v1.1.0 // indirect
-)
+require github.com/kylelemons/godebug v1.1.0 // indirect
 
 require (
 	github.com/beorn7/perks v1.0.1 // indirect
