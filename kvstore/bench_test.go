@@ -94,75 +94,75 @@ func fill(s store, keys []uint64) {
 	}
 }
 
-func BenchmarkLookup(b *testing.B) {
+// eachStore runs bench for every contender at every size, on the same
+// sparse keys.
+func eachStore(b *testing.B, bench func(b *testing.B, newStore func() store, keys []uint64)) {
 	for _, n := range benchSizes {
 		keys := sparseKeys(n)
 		for _, c := range contenders {
-			b.Run(fmt.Sprintf("%s/keys=%d", c.name, n), func(b *testing.B) {
-				s := c.make()
-				fill(s, keys)
-				r := rand.New(rand.NewPCG(3, 4))
-				b.SetBytes(valueBytes)
-				b.ResetTimer()
-				for range b.N {
-					if len(s.get(keys[r.IntN(n)])) != valueBytes {
-						b.Fatal("lookup missed")
-					}
-				}
-			})
+			b.Run(fmt.Sprintf("%s/keys=%d", c.name, n), func(b *testing.B) { bench(b, c.make, keys) })
 		}
 	}
 }
 
-func BenchmarkScan(b *testing.B) {
-	for _, n := range benchSizes {
-		keys := sparseKeys(n)
-		for _, c := range contenders {
-			b.Run(fmt.Sprintf("%s/keys=%d", c.name, n), func(b *testing.B) {
-				s := c.make()
-				fill(s, keys)
-				b.SetBytes(int64(n) * valueBytes)
-				b.ResetTimer()
-				for range b.N {
-					var prev uint64
-					seen := 0
-					s.scan(func(k uint64, _ []byte) {
-						if seen > 0 && k <= prev {
-							b.Fatal("scan out of order")
-						}
-						prev = k
-						seen++
-					})
-					if seen != n {
-						b.Fatalf("scanned %d keys, want %d", seen, n)
-					}
-				}
-			})
+// filled is a store holding keys, made outside the benchmark's timer.
+func filled(b *testing.B, newStore func() store, keys []uint64) store {
+	s := newStore()
+	fill(s, keys)
+	b.ResetTimer()
+	return s
+}
+
+func BenchmarkLookup(b *testing.B) {
+	eachStore(b, func(b *testing.B, newStore func() store, keys []uint64) {
+		s := filled(b, newStore, keys)
+		r := rand.New(rand.NewPCG(3, 4))
+		b.SetBytes(valueBytes)
+		for range b.N {
+			if len(s.get(keys[r.IntN(len(keys))])) != valueBytes {
+				b.Fatal("lookup missed")
+			}
 		}
-	}
+	})
+}
+
+func BenchmarkScan(b *testing.B) {
+	eachStore(b, func(b *testing.B, newStore func() store, keys []uint64) {
+		s := filled(b, newStore, keys)
+		b.SetBytes(int64(len(keys)) * valueBytes)
+		for range b.N {
+			var prev uint64
+			seen := 0
+			s.scan(func(k uint64, _ []byte) {
+				if seen > 0 && k <= prev {
+					b.Fatal("scan out of order")
+				}
+				prev = k
+				seen++
+			})
+			if seen != len(keys) {
+				b.Fatalf("scanned %d keys, want %d", seen, len(keys))
+			}
+		}
+	})
 }
 
 // BenchmarkMemory reports the heap each store takes per key, values
 // included (32 of the bytes are the value itself).
 func BenchmarkMemory(b *testing.B) {
-	for _, n := range benchSizes {
-		keys := sparseKeys(n)
-		for _, c := range contenders {
-			b.Run(fmt.Sprintf("%s/keys=%d", c.name, n), func(b *testing.B) {
-				var perKey float64
-				for range b.N {
-					var before, after runtime.MemStats
-					runtime.GC()
-					runtime.ReadMemStats(&before)
-					s := c.make()
-					fill(s, keys)
-					runtime.GC()
-					runtime.ReadMemStats(&after)
-					perKey = float64(after.HeapAlloc-before.HeapAlloc) / float64(n)
-					runtime.KeepAlive(s)
-				}
-				b.ReportMetric(perKey, "bytes/key")
-			})
+	eachStore(b, func(b *testing.B, newStore func() store, keys []uint64) {
+		var perKey float64
+		for range b.N {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			s := newStore()
+			fill(s, keys)
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			perKey = float64(after.HeapAlloc-before.HeapAlloc) / float64(len(keys))
+			runtime.KeepAlive(s)
 		}
-	}
+		b.ReportMetric(perKey, "bytes/key")
+	})
 }
