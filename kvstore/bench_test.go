@@ -14,8 +14,9 @@ import (
 // before (map[uint64]*Value), on ps-lite's home ground: many sparse keys
 // with small values (8 float32s, an embedding row). Run them with e.g.
 //
-//	go test -run '^$' -bench . -benchtime 1x ./kvstore/      (memory)
-//	go test -run '^$' -bench 'Lookup|Scan' -benchtime 0.5s ./kvstore/
+//	go test -run '^$' -bench Lookup -benchtime 1000000x ./kvstore/
+//	go test -run '^$' -bench Scan -benchtime 5x ./kvstore/
+//	go test -run '^$' -bench Memory -benchtime 1x ./kvstore/
 
 const valueBytes = 32
 
