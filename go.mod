@@ -3,6 +3,7 @@ module github.com/fptps/fpt
 go 1.26.0
 
 require (
+	github.com/google/btree v1.1.3
 	github.com/zeromq/goczmq v4.1.0+incompatible
 	golang.org/x/sys v0.49.0
 )

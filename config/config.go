@@ -84,6 +84,13 @@ type Config struct {
 	// TraceIters is the iterations traced (FPT_TRACE_ITERS: "10-20", "10-",
 	// "7"; default all).
 	TraceIters trace.Window
+	// CheckpointDir is where a server checkpoints its classic store, one
+	// file per rank (FPT_CHECKPOINT_DIR); empty: no checkpoints.
+	// CheckpointEvery is how often it writes one if the store changed
+	// (FPT_CHECKPOINT_EVERY, seconds; default 60); it also writes one at
+	// a clean end.
+	CheckpointDir   string
+	CheckpointEvery time.Duration
 
 	// Rank is the rank this server or worker asks the scheduler for, and
 	// RankVar the variable that set it (DMLC_WORKER_ID, DMLC_SERVER_ID or
@@ -102,6 +109,7 @@ const (
 	DefaultMaxFrameBytes     = 1 << 30
 	DefaultPoolBytes         = 512 << 20
 	DefaultStallTimeout      = 600 * time.Second
+	DefaultCheckpointEvery   = 60 * time.Second
 	// MinSecretBytes is the shortest secret accepted: 16 bytes of a random
 	// one are 128 bits.
 	MinSecretBytes = 16

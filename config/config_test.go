@@ -36,7 +36,7 @@ func TestFromEnvDefaults(t *testing.T) {
 		Van: "epoll", HeartbeatInterval: DefaultHeartbeatInterval, HeartbeatTimeout: DefaultHeartbeatTimeout,
 		StartTimeout: DefaultStartTimeout, PartitionBytes: DefaultPartitionBytes,
 		MaxFrameBytes: DefaultMaxFrameBytes, PoolBytes: DefaultPoolBytes, LB: true,
-		StallTimeout: DefaultStallTimeout, TraceIters: trace.All,
+		StallTimeout: DefaultStallTimeout, TraceIters: trace.All, CheckpointEvery: DefaultCheckpointEvery,
 	}
 	if c != want {
 		t.Fatalf("got %+v\nwant %+v", c, want)
@@ -103,6 +103,7 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		{"timeout infinite", func(e map[string]string) { e["PS_HEARTBEAT_TIMEOUT"] = "+Inf" }, []string{"PS_HEARTBEAT_TIMEOUT"}},
 		{"start timeout negative", func(e map[string]string) { e["FPT_START_TIMEOUT"] = "-5" }, []string{"FPT_START_TIMEOUT"}},
 		{"stall timeout NaN", func(e map[string]string) { e["FPT_STALL_TIMEOUT"] = "nan" }, []string{"FPT_STALL_TIMEOUT"}},
+		{"checkpoint every zero", func(e map[string]string) { e["FPT_CHECKPOINT_EVERY"] = "0" }, []string{"FPT_CHECKPOINT_EVERY"}},
 		{"secret short", func(e map[string]string) { e["FPT_CLUSTER_SECRET"] = "hunter2" }, []string{"FPT_CLUSTER_SECRET"}},
 		{"secret twice", func(e map[string]string) {
 			e["FPT_CLUSTER_SECRET"] = "0123456789abcdef0123"

@@ -205,6 +205,14 @@ func Known() []Var {
 				}
 			}},
 
+		// The servers' classic store.
+		{Name: "FPT_CHECKPOINT_DIR", Meaning: "where each server checkpoints its classic key-value store, as server-<rank>.ckpt, and loads it from when it starts; empty: no checkpoints", Use: NodeVar,
+			read: func(p *parser, name string, c *Config) { c.CheckpointDir, _ = p.optional(name) }},
+		{Name: "FPT_CHECKPOINT_EVERY", Meaning: "seconds between a server's checkpoints, written only if its store changed; a clean end always writes one", Default: seconds(DefaultCheckpointEvery), Use: NodeVar,
+			read: func(p *parser, name string, c *Config) {
+				c.CheckpointEvery = p.seconds(name, DefaultCheckpointEvery)
+			}},
+
 		// Set by ps-lite launchers, dmlc-tracker and the frameworks on
 		// them; read by ps-lite (a different transport) or by the
 		// launchers themselves. A launch script written for ps-lite runs

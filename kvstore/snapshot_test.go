@@ -1,0 +1,150 @@
+package kvstore
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+	"strings"
+	"testing"
+
+	"github.com/fptps/fpt/frame"
+)
+
+// sample is a store with several dtypes, sizes and sparse keys.
+func sample(t testing.TB) *Store {
+	s := New()
+	for _, p := range []struct {
+		key   uint64
+		dtype frame.DType
+		data  []byte
+	}{
+		{9, frame.Float32, f32s(1, 2, 3)},
+		{1 << 40, frame.Float64, make([]byte, 16)},
+		{2, frame.Float16, []byte{0, 0x3c}},
+		{5, frame.Float32, nil},
+	} {
+		if _, err := s.Add(p.key, p.dtype, 0, p.data, uint64(len(p.data))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
+func snapshot(t testing.TB, s *Store) []byte {
+	var b bytes.Buffer
+	n, err := s.Snapshot(&b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != int64(b.Len()) {
+		t.Fatalf("Snapshot says %d bytes, wrote %d", n, b.Len())
+	}
+	return b.Bytes()
+}
+
+func TestSnapshotRoundTrip(t *testing.T) {
+	for _, s := range []*Store{New(), sample(t)} {
+		b := snapshot(t, s)
+		got, err := Load(append([]byte(nil), b...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Len() != s.Len() {
+			t.Fatalf("loaded %d keys, saved %d", got.Len(), s.Len())
+		}
+		s.Ascend(0, 0, func(k uint64, v Value) bool {
+			g, ok := got.Get(k)
+			if !ok || g.DType != v.DType || !bytes.Equal(g.Data, v.Data) {
+				t.Fatalf("key %d: loaded %+v (%v), saved %+v", k, g, ok, v)
+			}
+			return true
+		})
+		// The same store writes the same bytes: snapshots are comparable.
+		if again := snapshot(t, got); !bytes.Equal(again, b) {
+			t.Fatal("a loaded store snapshots differently")
+		}
+	}
+}
+
+// reseal fixes the checksum of a hand-edited snapshot, so that the checks
+// behind it are reached.
+func reseal(b []byte) []byte {
+	body := b[:len(b)-trailerSize]
+	binary.LittleEndian.PutUint32(b[len(body):], crc32.Checksum(body, castagnoli))
+	return b
+}
+
+func TestLoadRefuses(t *testing.T) {
+	good := snapshot(t, sample(t))
+	edit := func(f func(b []byte) []byte) []byte {
+		return f(append([]byte(nil), good...))
+	}
+	first := headerSize // the first entry (key 2, float16, 2 bytes)
+	tests := []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"empty", nil, "shorter than a header"},
+		{"truncated to the header", good[:headerSize], "shorter than a header"},
+		{"torn in the middle", good[:len(good)/2], "checksum"},
+		{"torn by one byte", good[:len(good)-1], "checksum"},
+		{"a flipped bit", edit(func(b []byte) []byte { b[first+20] ^= 1; return b }), "checksum"},
+		{"wrong magic", edit(func(b []byte) []byte { b[0] = 'X'; return reseal(b) }), "magic"},
+		{"future version", edit(func(b []byte) []byte { b[len(magic)] = 2; return reseal(b) }), "version 2"},
+		{"huge count", edit(func(b []byte) []byte {
+			binary.LittleEndian.PutUint64(b[len(magic)+4:], 1<<62)
+			return reseal(b)
+		}), "cannot fit"},
+		{"count too small: bytes left over", edit(func(b []byte) []byte {
+			binary.LittleEndian.PutUint64(b[len(magic)+4:], 3)
+			return reseal(b)
+		}), "after the last"},
+		{"huge length", edit(func(b []byte) []byte {
+			binary.LittleEndian.PutUint64(b[first+9:], 1<<62)
+			return reseal(b)
+		}), "only"},
+		{"unknown dtype", edit(func(b []byte) []byte { b[first+8] = 77; return reseal(b) }), "unknown dtype"},
+		{"ragged value", edit(func(b []byte) []byte {
+			binary.LittleEndian.PutUint64(b[first+9:], 1)
+			return reseal(b)
+		}), "not a whole number"},
+		{"keys out of order", edit(func(b []byte) []byte {
+			binary.LittleEndian.PutUint64(b[first:], 1<<50)
+			return reseal(b)
+		}), "keys must increase"},
+		{"trailing bytes", reseal(append(append([]byte(nil), good[:len(good)-trailerSize]...), 0, 0, 0, 0, 0)), "after the last"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := Load(tt.b)
+			if err == nil {
+				t.Fatalf("loaded %d keys from a bad snapshot", s.Len())
+			}
+			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %q, want ErrCorrupt containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+type failWriter struct{ after int }
+
+func (w *failWriter) Write(p []byte) (int, error) {
+	if len(p) > w.after {
+		n := w.after
+		w.after = 0
+		return n, errors.New("disk full")
+	}
+	w.after -= len(p)
+	return len(p), nil
+}
+
+func TestSnapshotWriteError(t *testing.T) {
+	for _, after := range []int{0, headerSize + 3, len(snapshot(t, sample(t))) - 2} {
+		if _, err := sample(t).Snapshot(&failWriter{after: after}); err == nil || !strings.Contains(err.Error(), "disk full") {
+			t.Fatalf("failing after %d bytes: error %v, want disk full", after, err)
+		}
+	}
+}
