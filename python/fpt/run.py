@@ -108,8 +108,23 @@ def free_port():
     raise SystemExit("fptrun: no free port pair found")
 
 
+_ENV_HELP = """environment read:
+  FPT_PYTHON            the interpreter for a command that starts with python
+                        or python3 (default: the first python3 on PATH, then
+                        /usr/bin/python3, that imports torch)
+  FPT_BIN               the bin/fpt that runs the scheduler and servers
+                        (default: the repository's)
+  FPT_LIB               the libfpt.so the workers' fpt package loads (default:
+                        the repository's build/lib)
+  FPT_CLUSTER_SECRET, FPT_CLUSTER_SECRET_FILE
+                        the job's secret (default: a new one per job)
+  every other DMLC_*, PS_* and FPT_* variable reaches every node unchanged:
+  bin/fpt -h lists them"""
+
+
 def parse(argv):
     p = argparse.ArgumentParser(prog="fptrun", description="Runs an fpt job (see fpt/run.py's doc).",
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_ENV_HELP,
                                 usage=__doc__.split("    fptrun [", 1)[1].join(["fptrun [", ""]).strip())
     p.add_argument("-np", "--num-workers", dest="workers", type=int, default=None, help="workers in the job")
     p.add_argument("--servers", "--num-servers", dest="servers", type=int, default=None, help="servers in the job")
