@@ -253,3 +253,26 @@ func FuzzUnmarshalDirective(f *testing.F) {
 		_ = d.String()
 	})
 }
+
+// Servers get the first directive, every decision and every change of
+// shaping; a raised horizon alone goes to the workers only.
+func TestDirectiveForServers(t *testing.T) {
+	dec := &Decision{Version: 2, Iteration: 9, Aggregators: []node.ID{node.ServerID(0)}, Shares: []float64{1}}
+	for _, tc := range []struct {
+		name                    string
+		d                       Directive
+		sentBefore, lastShaping bool
+		want                    bool
+	}{
+		{"the first directive", Directive{Horizon: 2, Shaping: true}, false, false, true},
+		{"a horizon alone", Directive{Horizon: 3, Shaping: true}, true, true, false},
+		{"a decision", Directive{Horizon: 4, Decision: dec, Shaping: true}, true, true, true},
+		{"shaping off for a probe", Directive{Horizon: 5, Decision: dec, Probe: true}, true, true, true},
+		{"a horizon during the probe", Directive{Horizon: 6}, true, false, false},
+		{"shaping back on", Directive{Horizon: 7, Shaping: true}, true, false, true},
+	} {
+		if got := tc.d.ForServers(tc.sentBefore, tc.lastShaping); got != tc.want {
+			t.Errorf("%s: ForServers = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

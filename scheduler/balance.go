@@ -51,7 +51,8 @@ func (s *sched) report(m *control.Message) {
 	s.directed(ds, now)
 }
 
-// direct sends a directive to every server and worker.
+// direct sends a directive to every worker, and to every server that
+// needs it (lb.Directive.ForServers).
 func (s *sched) direct(d lb.Directive) {
 	if d.Decision != nil {
 		s.log.Info("lb decision", "version", d.Decision.Version, "from_iteration", d.Decision.Iteration,
@@ -65,7 +66,14 @@ func (s *sched) direct(d lb.Directive) {
 		s.log.Error("lb: directive not encodable", "err", err)
 		return
 	}
+	servers := d.ForServers(s.serversDirected, s.serversShaping)
+	if servers {
+		s.serversDirected, s.serversShaping = true, d.Shaping
+	}
 	for _, info := range s.table[1:] {
+		if info.Role == node.Server && !servers {
+			continue
+		}
 		s.send(info.ID, &control.Message{Command: control.Decision, Sender: node.SchedulerID, Body: body})
 	}
 }

@@ -60,17 +60,20 @@ func Serve(ctx context.Context, plane control.Transport, cfg config.Config, log 
 }
 
 type sched struct {
-	cfg       config.Config
-	log       *slog.Logger
-	plane     control.Transport
-	table     []node.Info
-	byID      map[node.ID]node.Info
-	lastSeen  map[node.ID]time.Time
-	lb        *lb.Balancer // nil when the LB is off
-	decisions io.Writer    // nil: decisions are only logged
-	byOrigin  map[string]node.ID
-	reject    *control.Rejecter
-	obs       observer
+	cfg      config.Config
+	log      *slog.Logger
+	plane    control.Transport
+	table    []node.Info
+	byID     map[node.ID]node.Info
+	lastSeen map[node.ID]time.Time
+	lb       *lb.Balancer // nil when the LB is off
+	// serversDirected says whether the servers were sent a directive,
+	// serversShaping the Shaping of the last one (lb.Directive.ForServers).
+	serversDirected, serversShaping bool
+	decisions                       io.Writer // nil: decisions are only logged
+	byOrigin                        map[string]node.ID
+	reject                          *control.Rejecter
+	obs                             observer
 }
 
 func (s *sched) register(ctx context.Context, reg *registry) error {
