@@ -86,7 +86,9 @@ func TestPSLitePrograms(t *testing.T) {
 // kill -9 of a server while the MXNet-shaped workers train: libfpt calls
 // every customer's handler with FPT_MSG_FAILED, the waiting KVWorker::Wait
 // (or the handler) ends the program with a check failure naming the
-// reason, status 1, within the heartbeat timeout: never a hang.
+// reason, status 1, within the heartbeat timeout: never a hang. A worker
+// whose next request goes to the dead server may end on that send's
+// FPT_ERR_CLUSTER first, which is as clear.
 func TestPSLiteClusterFailure(t *testing.T) {
 	dir := libPrograms(t, "default")
 	argv := []string{filepath.Join(dir, "pslite_mxnet_client"), "-iters", "100000"}
@@ -95,7 +97,9 @@ func TestPSLiteClusterFailure(t *testing.T) {
 	addr, killed := c.killMidRun("server1")
 	for _, name := range []string{"worker0", "worker1"} {
 		stderr := c.awaitFailed(killed, name)
-		mustContain(t, name+" stderr", stderr, "the cluster failed")
+		if !strings.Contains(stderr, "the cluster failed") && !strings.Contains(stderr, "FPT_ERR_CLUSTER") {
+			t.Errorf("%s stderr names no cluster failure:\n%s", name, stderr)
+		}
 		if !strings.Contains(stderr, addr) && !strings.Contains(stderr, "server1") && !strings.Contains(stderr, "node 10") {
 			t.Logf("%s's reason does not name the dead server (%s): %s", name, addr, lastLine(stderr))
 		}

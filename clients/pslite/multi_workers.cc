@@ -3,8 +3,8 @@
 // worker process runs -customers threads; thread c calls Start(c), makes a
 // KVWorker<float>(0, c) and pushes its own keys (offset by c) -repeat
 // times; after a barrier of every customer of every worker, a Pull must be
-// exactly the sum over the worker processes and the repeats, and
-// PushPull's answer one round more after the next barrier. Responses come
+// exactly the sum over the worker processes and the repeats, and, after
+// another barrier, PushPull's answer one round more after the next one. Responses come
 // to customer (0, c) of the right process: a mix-up shows as a wrong sum.
 // Servers run a KVServer<float> with KVServerDefaultHandle; the scheduler
 // only starts and finalizes (fpt's scheduler has no customers). Thread c
@@ -72,6 +72,9 @@ void RunWorker(int customer_id) {
     for (int r = 0; r < workers; ++r) want += Value(r, customer_id, i);
     CHECK_EQ(rets[i], want * g_repeat) << "customer " << customer_id << ": pull of key index " << i;
   }
+  // Every worker has pulled before any PushPull adds to the values (one
+  // worker's PushPull once reached a server before another's pull).
+  Postoffice::Get()->Barrier(customer_id, kWorkerGroup);
   std::vector<float> outs;
   kv.Wait(kv.PushPull(keys, vals, &outs));
   Postoffice::Get()->Barrier(customer_id, kWorkerGroup);
