@@ -151,12 +151,14 @@ func (l *Lib) customers(op string) (*customer.Set, error) {
 	return l.node.Customers(), nil
 }
 
-// key checks a customer's ids.
-func key(op string, app, cust int) (customer.Key, error) {
+// customer checks a customer's ids and finds the node's customers, as
+// customers does (nil on the scheduler).
+func (l *Lib) customer(op string, app, cust int) (*customer.Set, customer.Key, error) {
 	if app < math.MinInt32 || app > math.MaxInt32 || cust < math.MinInt32 || cust > math.MaxInt32 {
-		return customer.Key{}, fail(CodeArg, op, "app %d, customer %d out of range", app, cust)
+		return nil, customer.Key{}, fail(CodeArg, op, "app %d, customer %d out of range", app, cust)
 	}
-	return customer.Key{App: int32(app), Customer: int32(cust)}, nil
+	set, err := l.customers(op)
+	return set, customer.Key{App: int32(app), Customer: int32(cust)}, err
 }
 
 // CustomerAdd registers h as customer (app, cust). On the scheduler it is
@@ -166,11 +168,7 @@ func (l *Lib) CustomerAdd(app, cust int, h MsgHandler) error {
 	if h == nil {
 		return fail(CodeArg, op, "handler is NULL")
 	}
-	k, err := key(op, app, cust)
-	if err != nil {
-		return err
-	}
-	set, err := l.customers(op)
+	set, k, err := l.customer(op, app, cust)
 	if err != nil {
 		return err
 	}
@@ -193,11 +191,7 @@ func (l *Lib) CustomerAdd(app, cust int, h MsgHandler) error {
 // handler is not running and will not run again. Not from its own handler.
 func (l *Lib) CustomerRemove(app, cust int) error {
 	const op = "fpt_customer_remove"
-	k, err := key(op, app, cust)
-	if err != nil {
-		return err
-	}
-	set, err := l.customers(op)
+	set, k, err := l.customer(op, app, cust)
 	if err != nil {
 		return err
 	}
