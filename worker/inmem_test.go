@@ -207,19 +207,26 @@ func TestInMemoryFPTSums(t *testing.T) {
 	}
 }
 
-// Decisions forced on every worker at chosen iterations (the LB off, so
-// nothing else decides) move aggregation between servers and workers; the
-// sums stay exact across each switch, and every worker has applied each.
-func TestInMemoryForcedSwitches(t *testing.T) {
+// forcedDecisions move aggregation of a 2×2 cluster between servers and
+// workers at chosen iterations, from the initial even split over the
+// servers: both workers, then a mix, one worker, one server, everyone.
+func forcedDecisions() []lb.Decision {
 	s0, s1 := node.ServerID(0), node.ServerID(1)
 	w0, w1 := node.WorkerID(0), node.WorkerID(1)
-	decisions := []lb.Decision{
+	return []lb.Decision{
 		{Version: 1, Iteration: 2, Aggregators: []node.ID{w0, w1}, Shares: []float64{0.5, 0.5}},
 		{Version: 2, Iteration: 3, Aggregators: []node.ID{s0, w1, s1}, Shares: []float64{0.1, 0.6, 0.3}},
 		{Version: 3, Iteration: 5, Aggregators: []node.ID{w0}, Shares: []float64{1}},
 		{Version: 4, Iteration: 6, Aggregators: []node.ID{s1}, Shares: []float64{1}},
 		{Version: 5, Iteration: 8, Aggregators: []node.ID{s1, w0, s0, w1}, Shares: []float64{0.4, 0.2, 0.2, 0.2}},
 	}
+}
+
+// Decisions forced on every worker at chosen iterations (the LB off, so
+// nothing else decides) move aggregation between servers and workers; the
+// sums stay exact across each switch, and every worker has applied each.
+func TestInMemoryForcedSwitches(t *testing.T) {
+	decisions := forcedDecisions()
 	c := startMem(t, 2, 2, map[string]string{"FPT_LB": "off", "FPT_PARTITION_BYTES": memPartitionBytes})
 	for _, w := range c.Workers {
 		for _, d := range decisions {

@@ -17,11 +17,7 @@ import (
 func TestInMemoryTraceFollowsDecisions(t *testing.T) {
 	s0, s1 := node.ServerID(0), node.ServerID(1)
 	w0, w1 := node.WorkerID(0), node.WorkerID(1)
-	decisions := []lb.Decision{
-		{Version: 1, Iteration: 2, Aggregators: []node.ID{w0, w1}, Shares: []float64{0.5, 0.5}},
-		{Version: 2, Iteration: 3, Aggregators: []node.ID{s0, w1, s1}, Shares: []float64{0.1, 0.6, 0.3}},
-		{Version: 3, Iteration: 5, Aggregators: []node.ID{w0}, Shares: []float64{1}},
-	}
+	decisions := forcedDecisions()[:3]
 	// in force: iterations 0-1 v0 (servers), 2 v1, 3-4 v2, 5- v3.
 	inForce := func(it uint64) lb.Decision {
 		d := lb.Even(0, 0, []node.ID{s0, s1})
