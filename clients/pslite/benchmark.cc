@@ -29,15 +29,27 @@ namespace {
 
 float Value(int rank, size_t i) { return float((rank * 3 + i) % 7 + 1); }
 
-void RunWorker(size_t bytes, int num_keys, int iters) {
-  int rank = MyRank(), workers = NumWorkers();
+// ElemsPerKey is the float values each of num_keys keys gets of bytes.
+size_t ElemsPerKey(size_t bytes, int num_keys) {
   size_t per_key = bytes / sizeof(float) / num_keys;
   CHECK_GT(per_key, 0u) << "-bytes too small for -keys";
+  return per_key;
+}
+
+// Values is this worker's push: per_key values for each of num_keys keys.
+SArray<float> Values(size_t per_key, int num_keys) {
+  SArray<float> vals(per_key * num_keys);
+  for (size_t i = 0; i < vals.size(); ++i) vals[i] = Value(MyRank(), i);
+  return vals;
+}
+
+void RunWorker(size_t bytes, int num_keys, int iters) {
+  int rank = MyRank(), workers = NumWorkers();
+  size_t per_key = ElemsPerKey(bytes, num_keys);
   KVWorker<float> kv(0, 0);
   SArray<Key> keys(num_keys);
   for (int i = 0; i < num_keys; ++i) keys[i] = kMaxKey / num_keys * i;
-  SArray<float> vals(per_key * num_keys);
-  for (size_t i = 0; i < vals.size(); ++i) vals[i] = Value(rank, i);
+  SArray<float> vals = Values(per_key, num_keys);
   SArray<float> outs;
   double seconds = 0;
   for (int it = 0; it < iters; ++it) {
@@ -63,15 +75,13 @@ void RunWorker(size_t bytes, int num_keys, int iters) {
 
 void RunWorkerFPT(size_t bytes, int num_keys, int iters) {
   int rank = MyRank(), workers = NumWorkers();
-  size_t per_key = bytes / sizeof(float) / num_keys;
-  CHECK_GT(per_key, 0u) << "-bytes too small for -keys";
+  size_t per_key = ElemsPerKey(bytes, num_keys);
   KVWorker<float> kv(0, 0);
   SArray<Key> keys(num_keys);
   for (int i = 0; i < num_keys; ++i) keys[i] = Key(i);
   kv.FPTDeclare(keys, SArray<int>(num_keys, static_cast<int>(per_key)));
   Postoffice::Get()->Barrier(0, kWorkerGroup);
-  SArray<float> vals(per_key * num_keys);
-  for (size_t i = 0; i < vals.size(); ++i) vals[i] = Value(rank, i);
+  SArray<float> vals = Values(per_key, num_keys);
   SArray<float> outs(vals.size());
   kv.Wait(kv.FPTPush(keys, vals));  // the init round: worker 0's values
   kv.Wait(kv.FPTPull(keys, &outs));
