@@ -39,6 +39,14 @@ type Aggregator struct {
 	mu      sync.Mutex // the netconn van calls in parallel; workers add locally
 	table   *reduce.Table
 	adopted map[adoptKey]bool // pushes being read straight into a table buffer
+	retries []retry           // re-cuts after lost servers: pushes they supersede are dropped
+}
+
+// retry is a decision that re-cut iterations from from on: pushes of those
+// iterations cut under an older version are stale.
+type retry struct {
+	version uint32
+	from    uint64
 }
 
 // adoptKey names one worker's contribution to one partition.
@@ -77,8 +85,40 @@ func (a *Aggregator) HandlePush(h *frame.Header, payload []byte) error {
 	k := adoptKey{partID(h), h.Sender}
 	adopt := a.adopted[k]
 	delete(a.adopted, k)
+	if a.stale(h) {
+		if adopt {
+			a.table.Recycle(payload)
+		}
+		a.mu.Unlock()
+		return nil
+	}
 	a.mu.Unlock()
 	return a.add(h, payload, adopt)
+}
+
+// stale reports whether a retry superseded the push h: its iteration was
+// cut again under a newer decision. The caller holds a.mu.
+func (a *Aggregator) stale(h *frame.Header) bool {
+	for _, r := range a.retries {
+		if h.Iteration >= r.from && h.Aux < r.version {
+			return true
+		}
+	}
+	return false
+}
+
+// Retry applies a retry decision (version, taking effect at from): the
+// partial sums of iterations from on cut under older versions are
+// dropped, and so are such pushes arriving later. Workers push those
+// iterations again under the new version; its sums start from nothing, so
+// no contribution is counted twice.
+func (a *Aggregator) Retry(version uint32, from uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.retries = append(a.retries, retry{version, from})
+	if n := a.table.DropStale(version, from); n > 0 {
+		a.node.Logger().Info("partial sums dropped after a retry", "partitions", n, "from_iteration", from, "version", version)
+	}
 }
 
 // AddLocal adds this worker's own contribution to a partition it
@@ -91,6 +131,10 @@ func (a *Aggregator) AddLocal(h *frame.Header, data []byte) error {
 func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
 	a.trace.Begin(trace.Aggregate, h)
 	a.mu.Lock()
+	if !adopt && a.stale(h) {
+		a.mu.Unlock()
+		return nil
+	}
 	sum, err := a.table.Add(reduce.Contribution{
 		PartID: partID(h),
 		Adopt:  adopt,
@@ -155,5 +199,5 @@ func (a *Aggregator) broadcast(h *frame.Header, sum *reduce.Sum) error {
 }
 
 func partID(h *frame.Header) reduce.PartID {
-	return reduce.PartID{Key: h.Key, Partition: h.Partition, Iteration: h.Iteration}
+	return reduce.PartID{Key: h.Key, Partition: h.Partition, Iteration: h.Iteration, Version: h.Aux}
 }

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -71,6 +72,7 @@ type Member struct {
 	barrierWait map[barrierKey]chan struct{}
 	lastAck     time.Time
 	onControl   func(*control.Message)
+	onLeft      func(node.ID) error
 	// forRole carries the messages for onControl to roleLoop, so that a
 	// role busy under its own lock never holds up heartbeat answers,
 	// barriers or failure notices (a worker copying a 2 GiB result once
@@ -94,6 +96,9 @@ type topology struct {
 	self  node.Info
 	table []node.Info // sorted by id
 	byID  map[node.ID]node.Info
+	// left holds the nodes that left the job (FPT_ON_SERVER_LOSS=retry),
+	// so that messages can still name them.
+	left map[node.ID]node.Info
 }
 
 type barrierKey struct {
@@ -603,6 +608,8 @@ func (n *Member) barrier(ctx context.Context, g node.Group, flags uint8) error {
 			return nil // Terminate is the final barrier's release
 		}
 		return ErrTerminated
+	case <-n.stop:
+		return fmt.Errorf("cluster: barrier over group %d: the node was closed", g)
 	case <-ctx.Done():
 		return fmt.Errorf("cluster: barrier over group %d: %w", g, ctx.Err())
 	}
@@ -678,6 +685,8 @@ func (n *Member) handleControl(m *control.Message) {
 		n.mu.Unlock()
 	case control.NodeFailed:
 		n.fail(fmt.Errorf("cluster: %s failed: %s", n.describe(m.Target), m.Text), m.Target)
+	case control.NodeLeft:
+		n.leave(m.Target, m.Text)
 	case control.Terminate:
 		// Confirm, so that the scheduler knows it may exit.
 		_ = n.plane.Send(n.sched, &control.Message{Command: control.Terminate, Sender: n.Self().ID})
@@ -753,7 +762,50 @@ func (n *Member) describe(id node.ID) string {
 	if info, ok := n.Info(id); ok {
 		return info.String()
 	}
+	if t := n.topo.Load(); t != nil {
+		if info, ok := t.left[id]; ok {
+			return info.String()
+		}
+	}
 	return id.String()
+}
+
+// OnLeft installs f, which learns that a server left the job
+// (FPT_ON_SERVER_LOSS=retry) once the node table no longer lists it; an
+// error fails this node (a role that cannot go on without the server).
+// Call it before Start.
+func (n *Member) OnLeft(f func(node.ID) error) { n.onLeft = f }
+
+// leave takes server id out of the node table on the scheduler's
+// NodeLeft: the job goes on without it.
+func (n *Member) leave(id node.ID, why string) {
+	t := n.topo.Load()
+	info, ok := t.byID[id]
+	if !ok || info.Role != node.Server || id == t.self.ID {
+		n.log.Warn("NodeLeft for a node that is not a server of the table ignored", "node", id)
+		return
+	}
+	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: maps.Clone(t.left)}
+	if nt.left == nil {
+		nt.left = make(map[node.ID]node.Info)
+	}
+	delete(nt.byID, id)
+	nt.left[id] = info
+	nt.table = slices.DeleteFunc(slices.Clone(t.table), func(i node.Info) bool { return i.ID == id })
+	n.topo.Store(nt)
+	n.log.Warn("server left the job; going on without it", "node", info, "reason", why)
+	if n.onLeft != nil {
+		if err := n.onLeft(id); err != nil {
+			n.Fail(err)
+		}
+	}
+}
+
+// hasLeft reports whether id left the job.
+func (n *Member) hasLeft(id node.ID) bool {
+	t := n.topo.Load()
+	_, ok := t.left[id]
+	return ok
 }
 
 // vanHandler adapts the node to van.Handler and van.Sink: frames and the
@@ -790,5 +842,16 @@ func (h *vanHandler) PeerLost(id node.ID, err error) {
 	lostErr := fmt.Errorf("cluster: lost %s: %w", n.describe(id), err)
 	n.log.Warn("peer lost; waiting for the scheduler's verdict", "peer", n.describe(id), "err", err)
 	n.report(id, lostErr)
-	time.AfterFunc(lostPeerGrace, func() { n.record(lostErr) })
+	grace := lostPeerGrace
+	if info, _ := n.Info(id); info.Role == node.Server && n.cfg.RetryServerLoss {
+		// The scheduler may let the job go on without it (NodeLeft);
+		// its verdict can take until the heartbeat timeout when it has
+		// to notice the loss itself.
+		grace += n.cfg.HeartbeatTimeout
+	}
+	time.AfterFunc(grace, func() {
+		if !n.hasLeft(id) {
+			n.record(lostErr)
+		}
+	})
 }

@@ -63,6 +63,12 @@ type Config struct {
 	// iterations (FPT_LB_PROBE_EVERY; 0, the default: only when the
 	// measurements drift).
 	LBProbeEvery uint64
+	// RetryServerLoss (FPT_ON_SERVER_LOSS=retry) makes a lost server cost
+	// the job a retry of its incomplete iterations over the servers left,
+	// instead of the job: workers keep each push's buffer until every
+	// worker has that iteration's sum. Off (fail, the default), any node's
+	// loss ends the job.
+	RetryServerLoss bool
 
 	// Secret is the job's shared secret (FPT_CLUSTER_SECRET, or the
 	// contents of the file FPT_CLUSTER_SECRET_FILE names, surrounding

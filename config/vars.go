@@ -147,6 +147,18 @@ func Known() []Var {
 					c.StallTimeout = p.seconds(name, DefaultStallTimeout)
 				}
 			}},
+		{Name: "FPT_ON_SERVER_LOSS", Meaning: "what a lost server costs: fail (the job ends, naming it) or retry (its incomplete iterations are pushed again over the servers left; FPTPush/FPTPull only, a push completes once every worker has its iteration's sum)", Default: "fail", Use: NodeVar,
+			read: func(p *parser, name string, c *Config) {
+				if v, ok := p.optional(name); ok {
+					switch v {
+					case "fail":
+					case "retry":
+						c.RetryServerLoss = true
+					default:
+						p.fail(name, v, "must be fail or retry")
+					}
+				}
+			}},
 		{Name: "FPT_MAX_FRAME_BYTES", Meaning: "largest frame payload accepted, bytes", Default: strconv.Itoa(DefaultMaxFrameBytes), Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {
 				c.MaxFrameBytes = uint64(p.integer(name, DefaultMaxFrameBytes, 1<<10, 1<<48))

@@ -84,6 +84,8 @@ func (c Command) String() string {
 		return "REPORT"
 	case Decision:
 		return "DECISION"
+	case NodeLeft:
+		return "NODE_LEFT"
 	}
 	return "command(" + strconv.Itoa(int(c)) + ")"
 }

@@ -45,7 +45,12 @@ const (
 	// Report and Decision carry the LB's measurements and decisions in Body.
 	Report
 	Decision
-	lastCommand = Decision
+	// NodeLeft, from the scheduler, says that node Target is no longer a
+	// member (Text says why): a server lost under
+	// FPT_ON_SERVER_LOSS=retry. The job goes on without it; the LB's
+	// retry decision follows.
+	NodeLeft
+	lastCommand = NodeLeft
 )
 
 // Flags.
@@ -62,7 +67,7 @@ type Message struct {
 	Recipient node.ID // 0 when the recipient has no id yet
 	Group     node.Group
 	Seq       uint64
-	Target    node.ID // NodeFailed: the node that died
+	Target    node.ID // NodeFailed, NodeLeft: the node that died or left
 	Nodes     []node.Info
 	Text      string
 	Body      []byte

@@ -127,6 +127,15 @@ func (s *Set) Add(k Key, h Handler) error {
 	return nil
 }
 
+// Used reports whether a customer was ever registered: ps-lite's
+// KVWorker and KVServer talk to particular servers, and cannot go on
+// without one that left.
+func (s *Set) Used() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.c.boxes) > 0 || len(s.c.removed) > 0
+}
+
 // Remove unregisters customer k. When it returns, k's handler is not
 // running and will not run again. Not from k's own handler (it would wait
 // for itself).

@@ -66,6 +66,11 @@ type Config struct {
 	// RetryAfter is how many iterations after a failed probe the next one
 	// starts (default 10).
 	RetryAfter uint64
+	// Fixed keeps the even split over the servers for good: no probe, no
+	// balancing. The Balancer then only grants horizons and re-cuts after
+	// a lost server (Lose), which is what FPT_ON_SERVER_LOSS=retry needs
+	// with the LB off.
+	Fixed bool
 }
 
 const (
@@ -146,6 +151,9 @@ func NewBalancer(cfg Config) (*Balancer, error) {
 		to:   math.MaxUint64,
 	}
 	b.good = b.current
+	if cfg.Fixed {
+		b.probeAt = math.MaxUint64
+	}
 	for _, id := range cfg.Servers {
 		b.isWorker[id] = false
 	}
@@ -306,7 +314,58 @@ func (b *Balancer) step(i uint64, wall time.Duration) Directive {
 	}
 	d.Horizon = b.horizon
 	d.Shaping = b.state != Probe
+	d.Done = i + 1
 	return d
+}
+
+// Servers returns the servers the Balancer counts on, in order.
+func (b *Balancer) Servers() []node.ID { return slices.Clone(b.cfg.Servers) }
+
+// Done is one past the last iteration every worker has reported: the
+// oldest iteration that may still be incomplete on some worker.
+func (b *Balancer) Done() uint64 { return b.next }
+
+// Lose takes server id out of the job and returns the directive that
+// re-cuts every iteration some worker may not have the sum of yet,
+// without it: a decision with Retry set, taking effect at Done(), the
+// even split over the remaining servers. Workers push those iterations
+// again under it; aggregators drop what they hold of them under older
+// versions, so no sum mixes the two. With the LB on, the Balancer then
+// starts over from Default: a warm-up, then a probe that measures the
+// links that are left. It fails, changing nothing, when id is not one of
+// its servers or is the last.
+func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
+	i := slices.Index(b.cfg.Servers, id)
+	if i < 0 {
+		return Directive{}, fmt.Errorf("lb: lose %s: not a server of the job", id)
+	}
+	if len(b.cfg.Servers) == 1 {
+		return Directive{}, fmt.Errorf("lb: lose %s: it is the last server", id)
+	}
+	b.cfg.Servers = slices.Delete(slices.Clone(b.cfg.Servers), i, i+1)
+	b.all = slices.Concat(b.cfg.Servers, b.cfg.Workers)
+	delete(b.isWorker, id)
+	delete(b.seen, id)
+	dec := Even(b.current.Version+1, b.next, b.cfg.Servers)
+	b.current, b.good = dec, dec
+	b.lastDecisionAt = b.next
+	b.state = Default
+	b.up, b.down = make(map[node.ID]float64, len(b.all)), make(map[node.ID]float64, len(b.all))
+	b.from, b.to = b.next+1, math.MaxUint64
+	b.probeAt = math.MaxUint64
+	if !b.cfg.Fixed {
+		b.probeAt = satAdd(b.horizon, b.cfg.Warmup)
+		b.probeWhy = fmt.Sprintf("%s lost: measuring the links that are left", id)
+	}
+	out := clone(dec)
+	return Directive{
+		Horizon:  b.horizon,
+		Decision: &out,
+		Shaping:  true,
+		Retry:    true,
+		Done:     b.next,
+		Reason:   clip(fmt.Sprintf("%s lost (%s): iterations from %d pushed again over %d servers", id, why, b.next, len(b.cfg.Servers))),
+	}, nil
 }
 
 // issue makes the next decision from a split: the next version, taking

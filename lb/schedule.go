@@ -46,6 +46,24 @@ func (s *Schedule) Add(d Decision) error {
 	return nil
 }
 
+// Rewrite makes d the decision from d.Iteration on, dropping every
+// decision that takes effect at or after it: a retry re-cuts iterations
+// that earlier decisions had already been granted for. d must be valid and
+// its Version greater than every decision's held; the schedule is
+// unchanged otherwise.
+func (s *Schedule) Rewrite(d Decision) error {
+	if err := d.Validate(); err != nil {
+		return fmt.Errorf("lb: schedule: %w", err)
+	}
+	if last := s.ds[len(s.ds)-1]; d.Version <= last.Version {
+		return fmt.Errorf("lb: schedule: decision version %d is not after the latest, %d", d.Version, last.Version)
+	}
+	keep := sort.Search(len(s.ds), func(i int) bool { return s.ds[i].Iteration >= d.Iteration })
+	clear(s.ds[keep:])
+	s.ds = append(s.ds[:keep], clone(d))
+	return nil
+}
+
 // At returns the decision in force at iteration: the latest decision whose
 // Iteration is at most iteration, or the earliest one kept if there is none.
 // The result shares its slices with the schedule: do not modify them.

@@ -43,6 +43,16 @@ type Directive struct {
 	Shaping bool
 	// Probe says that Decision is a probe. It needs a Decision.
 	Probe bool
+	// Retry says that Decision re-cuts iterations already granted: a
+	// server was lost, and every iteration from Decision.Iteration on is
+	// pushed again without it (FPT_ON_SERVER_LOSS=retry). It needs a
+	// Decision.
+	Retry bool
+	// Done is one past the last iteration whose sum every worker has
+	// (0: none yet). With FPT_ON_SERVER_LOSS=retry a worker keeps each
+	// push's buffer until Done passes its iteration: until then a retry
+	// may need it again.
+	Done uint64
 	// Reason says why, for people reading logs.
 	Reason string
 }
@@ -74,8 +84,10 @@ func (d Directive) ForServers(sentBefore, lastShaping bool) bool {
 // Directive:
 //
 //	0   1    format byte: directiveV1
-//	1   1    flags: flagShaping | flagProbe | flagDecision; others zero
+//	1   1    flags: flagShaping | flagProbe | flagDecision | flagRetry |
+//	         flagDone; others zero
 //	2   8    Horizon
+//	         if flagDone: Done u64 (not zero)
 //	         if flagDecision: Version u32, Iteration u64, count n u32
 //	         (1..MaxAggregators), then n × (aggregator u32, share f64)
 //	    2    Reason length (≤ MaxReason), then Reason
@@ -90,7 +102,9 @@ const (
 	flagShaping  = 1
 	flagProbe    = 2
 	flagDecision = 4
-	flagsKnown   = flagShaping | flagProbe | flagDecision
+	flagRetry    = 8
+	flagDone     = 16
+	flagsKnown   = flagShaping | flagProbe | flagDecision | flagRetry | flagDone
 )
 
 // Limits of the wire format; decoding checks them before allocating.
@@ -150,8 +164,8 @@ func (d Directive) check() error {
 		return fmt.Errorf("reason of %d bytes, limit %d", len(d.Reason), MaxReason)
 	}
 	if d.Decision == nil {
-		if d.Probe {
-			return errors.New("probe without a decision")
+		if d.Probe || d.Retry {
+			return errors.New("probe or retry without a decision")
 		}
 		return nil
 	}
@@ -177,6 +191,13 @@ func (d Directive) MarshalBinary() ([]byte, error) {
 	if d.Probe {
 		flags |= flagProbe
 	}
+	if d.Retry {
+		flags |= flagRetry
+	}
+	if d.Done != 0 {
+		flags |= flagDone
+		n += 8
+	}
 	if d.Decision != nil {
 		flags |= flagDecision
 		n += decisionHead + aggregatorLen*len(d.Decision.Aggregators)
@@ -184,6 +205,9 @@ func (d Directive) MarshalBinary() ([]byte, error) {
 	b := make([]byte, 0, n)
 	b = append(b, directiveV1, flags)
 	b = binary.LittleEndian.AppendUint64(b, d.Horizon)
+	if d.Done != 0 {
+		b = binary.LittleEndian.AppendUint64(b, d.Done)
+	}
 	if dec := d.Decision; dec != nil {
 		b = binary.LittleEndian.AppendUint32(b, dec.Version)
 		b = binary.LittleEndian.AppendUint64(b, dec.Iteration)
@@ -219,6 +243,17 @@ func UnmarshalDirective(b []byte) (Directive, error) {
 		Horizon: binary.LittleEndian.Uint64(head[2:]),
 		Shaping: flags&flagShaping != 0,
 		Probe:   flags&flagProbe != 0,
+		Retry:   flags&flagRetry != 0,
+	}
+	if flags&flagDone != 0 {
+		done, err := r.next(8, "done")
+		if err != nil {
+			return Directive{}, err
+		}
+		// Zero is sent as no flag: accepting it would make two encodings.
+		if d.Done = binary.LittleEndian.Uint64(done); d.Done == 0 {
+			return Directive{}, malformed("done flag with a zero done")
+		}
 	}
 	if flags&flagDecision != 0 {
 		dh, err := r.next(decisionHead, "decision header")
@@ -250,8 +285,8 @@ func UnmarshalDirective(b []byte) (Directive, error) {
 			return Directive{}, fmt.Errorf("%w: carried decision: %w", ErrMalformed, err)
 		}
 		d.Decision = &dec
-	} else if d.Probe {
-		return Directive{}, malformed("probe flag without a decision")
+	} else if d.Probe || d.Retry {
+		return Directive{}, malformed("probe or retry flag without a decision")
 	}
 	rl, err := r.next(2, "reason length")
 	if err != nil {
@@ -310,6 +345,9 @@ func (d Directive) String() string {
 		}
 		if d.Probe {
 			sb.WriteString("; probe")
+		}
+		if d.Retry {
+			sb.WriteString("; retry")
 		}
 	} else {
 		fmt.Fprintf(&sb, "horizon %d, no change", d.Horizon)

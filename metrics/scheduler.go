@@ -24,6 +24,7 @@ type Scheduler struct {
 	iterations prometheus.Histogram
 	probes     prometheus.Counter
 	members    *prometheus.GaugeVec
+	membership prometheus.Gauge
 }
 
 // NewScheduler registers the scheduler's metrics on reg.
@@ -57,10 +58,14 @@ func NewScheduler(reg prometheus.Registerer) (*Scheduler, error) {
 		}),
 		members: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "fpt_members",
-			Help: "Nodes in the cluster, by role, once every one registered.",
+			Help: "Nodes in the cluster, by role, once every one registered; a server lost under FPT_ON_SERVER_LOSS=retry is no longer counted.",
 		}, []string{"role"}),
+		membership: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "fpt_membership_version",
+			Help: "Membership changes since the cluster started (0: the nodes it started with).",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.version, m.share, m.capacity, m.iteration, m.iterations, m.probes, m.members} {
+	for _, c := range []prometheus.Collector{m.version, m.share, m.capacity, m.iteration, m.iterations, m.probes, m.members, m.membership} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: register: %w", err)
 		}
@@ -80,6 +85,16 @@ func (m *Scheduler) Members(table []node.Info) {
 	for r, n := range counts {
 		m.members.WithLabelValues(r.String()).Set(float64(n))
 	}
+}
+
+// Membership records the node table after membership change number
+// version.
+func (m *Scheduler) Membership(table []node.Info, version int) {
+	if m == nil {
+		return
+	}
+	m.Members(table)
+	m.membership.Set(float64(version))
 }
 
 // Decision records a new decision; probe says it starts a probe.

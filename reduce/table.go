@@ -13,6 +13,10 @@ type PartID struct {
 	Key       uint64
 	Partition uint32
 	Iteration uint64
+	// Version is the LB decision the partition was cut under: after a
+	// retry (a lost server) the same iteration is cut again under a newer
+	// one, and the two rounds must never mix.
+	Version uint32
 }
 
 // Contribution is one worker's value for one partition.
@@ -232,6 +236,10 @@ func (t *Table) newSlot() *slot {
 // with Adopt set, which takes it back whatever happens.
 func (t *Table) Buffer(n int) []byte { return t.buffer(n) }
 
+// Recycle takes back a buffer handed out by Buffer that will not be given
+// to Add (its contribution turned out to be stale).
+func (t *Table) Recycle(buf []byte) { t.recycle(buf) }
+
 // recycle puts a buffer on the free list.
 func (t *Table) recycle(buf []byte) {
 	t.free[len(buf)] = append(t.free[len(buf)], buf)
@@ -288,6 +296,26 @@ func (t *Table) Release(s *Sum) {
 	*s = Sum{slot: sl}
 	t.recycle(buf)
 	t.slots = append(t.slots, sl)
+}
+
+// DropStale forgets the partitions being aggregated that a retry
+// superseded: those of iteration from or later cut under a version older
+// than version. Their buffers return to the free list; it returns how many
+// were dropped. Sums already handed out are not affected.
+func (t *Table) DropStale(version uint32, from uint64) int {
+	n := 0
+	for id, s := range t.pending {
+		if id.Iteration < from || id.Version >= version {
+			continue
+		}
+		delete(t.pending, id)
+		t.pendingBytes -= int64(len(s.sum.Data))
+		t.recycle(s.sum.Data)
+		s.sum = Sum{slot: s}
+		t.slots = append(t.slots, s)
+		n++
+	}
+	return n
 }
 
 // Pending returns the number of partitions that have some but not all of

@@ -7,11 +7,14 @@ package role
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/fptps/fpt/aggregator"
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/customer"
+	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/lbagent"
+	"github.com/fptps/fpt/node"
 )
 
 // Base is a server's or worker's aggregator, customers and LB agent.
@@ -27,11 +30,35 @@ type Base struct {
 // which must be there when directives begin to arrive. deliver and apply
 // are a worker's (its own copy of the sums it aggregates, the directives
 // it follows); a server passes nil for both.
-func New(n *cluster.Member, deliver aggregator.Deliver, apply lbagent.Apply) *Base {
+//
+// With FPT_ON_SERVER_LOSS=retry the agent runs even with the LB off (the
+// retry rides on its grants), a retry directive makes the aggregator drop
+// the partial sums it supersedes, and a server leaving the job fails this
+// node if its customers or classic calls (left, a worker's: nil on a
+// server) depend on the servers it had.
+func New(n *cluster.Member, deliver aggregator.Deliver, apply lbagent.Apply, left func(node.ID) error) *Base {
 	b := &Base{node: n, Agg: aggregator.New(n, deliver), Customers: customer.New(n)}
-	if n.Config().LB {
-		b.Agent = lbagent.New(n, apply)
+	cfg := n.Config()
+	if cfg.LB || cfg.RetryServerLoss {
+		b.Agent = lbagent.New(n, func(d lb.Directive) error {
+			if d.Retry && d.Decision != nil {
+				b.Agg.Retry(d.Decision.Version, d.Decision.Iteration)
+			}
+			if apply != nil {
+				return apply(d)
+			}
+			return nil
+		})
 	}
+	n.OnLeft(func(id node.ID) error {
+		if b.Customers.Used() {
+			return fmt.Errorf("role: server %s left the job, and ps-lite's KVWorker and KVServer cannot go on without it (FPT_ON_SERVER_LOSS=retry covers FPTPush and FPTPull only)", id)
+		}
+		if left != nil {
+			return left(id)
+		}
+		return nil
+	})
 	return b
 }
 

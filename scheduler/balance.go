@@ -14,7 +14,7 @@ import (
 // decisions are lb.Balancer's; the scheduler only carries its samples in
 // and its directives out, and logs every decision with its reason.
 func (s *sched) startLB() error {
-	cfg := lb.Config{ProbeEvery: s.cfg.LBProbeEvery}
+	cfg := lb.Config{ProbeEvery: s.cfg.LBProbeEvery, Fixed: !s.cfg.LB}
 	for _, info := range s.table {
 		switch info.Role {
 		case node.Server:

@@ -72,6 +72,13 @@ type sched struct {
 	serversDirected, serversShaping bool
 	decisions                       io.Writer // nil: decisions are only logged
 	byOrigin                        map[string]node.ID
+	// left holds the servers lost under FPT_ON_SERVER_LOSS=retry;
+	// membership counts such changes.
+	left       map[node.ID]bool
+	membership int
+	// finalSeq is the final barrier's number, once a member reached it.
+	finalSeq  uint64
+	finalSeen bool
 	reject                          *control.Rejecter
 	obs                             observer
 }
@@ -135,7 +142,9 @@ func (s *sched) register(ctx context.Context, reg *registry) error {
 		s.send(info.ID, &control.Message{Command: control.NodeTable, Recipient: info.ID, Nodes: s.table})
 	}
 	s.log.Info("node table sent", "nodes", len(s.table))
-	if s.cfg.LB {
+	// A retry after a lost server rides on the LB's grants, so it runs
+	// them even with the LB off (fixed at the even split).
+	if s.cfg.LB || s.cfg.RetryServerLoss {
 		if err := s.startLB(); err != nil {
 			return err
 		}
@@ -159,7 +168,15 @@ func (s *sched) serve(ctx context.Context) error {
 			s.publish(now)
 			for id, seen := range s.lastSeen {
 				if silent := now.Sub(seen); silent > s.cfg.HeartbeatTimeout {
-					return s.failed(id, fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond)))
+					why := fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond))
+					handled, final := s.lose(bars, id, why)
+					if final != nil {
+						s.terminate(final)
+						return nil
+					}
+					if !handled {
+						return s.failed(id, why)
+					}
 				}
 			}
 			if st, stalled := stalls.check(now); stalled {
@@ -181,6 +198,9 @@ func (s *sched) serve(ctx context.Context) error {
 					s.send(m.Sender, &control.Message{Command: control.HeartbeatAck, Sender: node.SchedulerID})
 				}
 			case control.Barrier:
+				if m.Flags&control.FlagFinal != 0 && m.Group == node.AllGroup {
+					s.finalSeq, s.finalSeen = m.Seq, true
+				}
 				release, err := bars.arrive(m.Sender, m.Group, m.Seq)
 				if err != nil {
 					s.reject.Reject("barrier", "from", m.Sender, "err", err)
@@ -198,7 +218,18 @@ func (s *sched) serve(ctx context.Context) error {
 					s.send(id, &control.Message{Command: control.BarrierDone, Sender: node.SchedulerID, Group: m.Group, Seq: m.Seq})
 				}
 			case control.NodeFailed:
-				return s.failed(culprit(m, s.table), m.Text)
+				target := culprit(m, s.table)
+				if _, member := s.byID[target]; !member && s.left[target] {
+					continue // a peer's report of a node that already left
+				}
+				handled, final := s.lose(bars, target, m.Text)
+				if final != nil {
+					s.terminate(final)
+					return nil
+				}
+				if !handled {
+					return s.failed(target, m.Text)
+				}
 			case control.Report:
 				s.report(m)
 			case control.AddNode:

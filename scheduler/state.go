@@ -1,7 +1,9 @@
 package scheduler
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	"github.com/fptps/fpt/node"
 )
@@ -126,6 +128,32 @@ func newBarriers(table []node.Info) *barriers {
 		}
 	}
 	return b
+}
+
+// release is a barrier to release: its group, number and members.
+type release struct {
+	g       node.Group
+	seq     uint64
+	members []node.ID
+}
+
+// remove takes id out of every group (it left the job) and returns the
+// barriers it was the last one missing from.
+func (b *barriers) remove(id node.ID) []release {
+	var out []release
+	for g, ms := range b.members {
+		b.members[g] = slices.DeleteFunc(slices.Clone(ms), func(m node.ID) bool { return m == id })
+		delete(b.next, memberGroup{id, g})
+	}
+	for k, set := range b.arrived {
+		delete(set, id)
+		if ms := b.members[k.group]; len(ms) > 0 && len(set) >= len(ms) {
+			delete(b.arrived, k)
+			out = append(out, release{k.group, k.seq, ms})
+		}
+	}
+	slices.SortFunc(out, func(a, b release) int { return cmp.Or(cmp.Compare(a.g, b.g), cmp.Compare(a.seq, b.seq)) })
+	return out
 }
 
 // arrive records that id reached barrier seq of group g. When it was the

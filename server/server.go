@@ -113,7 +113,7 @@ func (s *Server) snapshot(force bool) ([]byte, bool, error) {
 // aggregator and, with the LB on, its LB agent, which is installed on n
 // but measures only once Start started the node.
 func New(n *cluster.Member) *Server {
-	s := &Server{node: n, workers: n.Config().NumWorkers, base: role.New(n, nil, nil), store: kvstore.New(), loaded: make(chan struct{})}
+	s := &Server{node: n, workers: n.Config().NumWorkers, base: role.New(n, nil, nil, nil), store: kvstore.New(), loaded: make(chan struct{})}
 	close(s.loaded)
 	if s.base.Agent != nil {
 		s.onPush = s.base.Agent.ServerIterationBegan

@@ -164,8 +164,23 @@ func (r *Recorder) Directive(d lb.Directive, state lb.State, now time.Time) Poin
 	r.next++
 	r.last = now
 	r.state = state.String()
+	r.decided(d)
+	return p
+}
+
+// Left records a membership change at now: the node table without a
+// lost node, and the retry directive that re-cuts the iterations it left
+// incomplete (it marks no iteration as finished).
+func (r *Recorder) Left(table []node.Info, d lb.Directive, state lb.State) {
+	r.members = slices.Clone(table)
+	r.state = state.String()
+	r.decided(d)
+}
+
+// decided records d's decision, if it carries one.
+func (r *Recorder) decided(d lb.Directive) {
 	if d.Decision == nil {
-		return p
+		return
 	}
 	dec := &Decision{Version: d.Decision.Version, FromIteration: d.Decision.Iteration, Probe: d.Probe, Reason: d.Reason}
 	for i, a := range d.Decision.Aggregators {
@@ -178,7 +193,6 @@ func (r *Recorder) Directive(d lb.Directive, state lb.State, now time.Time) Poin
 	if d.Probe {
 		r.probes++
 	}
-	return p
 }
 
 // Measured records the LB's measured rates (bytes per second, as

@@ -67,6 +67,7 @@ func (c *core) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byteLe
 	if err != nil {
 		return todo{}, err
 	}
+	c.classicUsed = true
 	var msgs []van.Message
 	if out != nil {
 		req.dst = make(map[uint64]*kvDst, len(keys))

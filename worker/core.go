@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"time"
+	"unsafe"
 
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lb"
@@ -44,7 +45,59 @@ type core struct {
 	// err is the node's failure: every request settled with it, new ones
 	// are refused.
 	err error
+
+	// retryMode is FPT_ON_SERVER_LOSS=retry: a lost server's incomplete
+	// iterations are pushed again, so a push completes only once every
+	// worker has its iteration's sum (done passes it); until then it is
+	// held, and its buffer is still the worker's to send again.
+	retryMode bool
+	held      []*heldPush
+	// done is one past the last iteration every worker has the sum of
+	// (the LB's Directive.Done).
+	done uint64
+	// retried lists the retry decisions applied: results of iterations
+	// they re-cut may arrive twice, or under the version they replaced.
+	retried []retryMark
+	// sumsIn is one past the last iteration whose every sum is here, as
+	// reported to the LB (retry mode reports completions, not pushes).
+	sumsIn uint64
+	// classicUsed: a classic request was made. Its key ranges are sliced
+	// over the servers it started with, so it cannot go on without one.
+	classicUsed bool
+	// deferred are pulls into the buffer of a push still held: their
+	// sums are staged and copied in once every worker has them, since a
+	// retry would push the buffer again.
+	deferred []deferredPull
 }
+
+// deferredPull is a pull whose result lands in staging until done passes
+// its iteration.
+type deferredPull struct {
+	r  *result
+	pw *pullWait
+}
+
+// heldPush is a push whose frames may have to be sent again: until every
+// worker has the sums of its iterations.
+type heldPush struct {
+	req      *request
+	ts       []*tensor
+	iters    []uint64 // per tensor: the iteration pushed
+	parts    [][]byte // per tensor: the caller's values
+	priority int32
+	last     uint64 // the latest of iters
+}
+
+// retryMark is a retry decision applied: version, from iteration from on.
+type retryMark struct {
+	version uint32
+	from    uint64
+}
+
+// errStale is claim's answer for a result frame that a retry made
+// redundant (cut under a version it replaced, or a second copy of a sum
+// this worker already has): it is dropped, not a protocol error.
+var errStale = errors.New("stale result after a retry")
 
 // newCore returns a worker core. With the LB on nothing may be pushed
 // until the scheduler's first directive raises the horizon.
@@ -86,6 +139,10 @@ type tensor struct {
 	layoutVersion uint32
 	layout        []lb.Partition
 	spare         [][]byte // result buffers to reuse
+	// sumsIn counts the leading iterations whose sum is complete here;
+	// sumsAhead holds later ones that completed first.
+	sumsIn    uint64
+	sumsAhead map[uint64]bool
 	// initial is the key's value as Init left it, kept until its next
 	// push: a pull with no push outstanding returns it (MXNet broadcasts a
 	// parameter by init, then pull, one key at a time). It lies in kept.
@@ -146,6 +203,12 @@ type result struct {
 	left     int
 	complete bool
 	waiter   *pullWait // the FPTPull waiting for it, if it was called first
+	// gen counts re-cuts by retries: a landing claimed before one no
+	// longer counts. restage: re-cut while its pull copied from staging;
+	// new partitions are staged in a fresh buffer until that copy ends,
+	// since the new layout's partitions may overlap the ones being copied.
+	gen     int
+	restage bool
 }
 
 type pullWait struct {
@@ -160,6 +223,7 @@ type pullWait struct {
 // landing is where a claimed result partition's bytes go.
 type landing struct {
 	r       *result
+	gen     int    // r.gen when claimed
 	staging bool   // span is in r's staging buffer, not the waiter's
 	span    []byte // exactly the partition's bytes
 }
@@ -191,6 +255,7 @@ type call struct {
 type delivery struct {
 	r     *result
 	pw    *pullWait
+	buf   []byte // the staging buffer copied from
 	parts []lb.Partition
 }
 
@@ -209,6 +274,14 @@ type todo struct {
 	copies   []delivery
 	finished []*request
 	began    *iterationBegan
+	// resends are a retry's frames, pushed again from held pushes.
+	resends []resend
+}
+
+// resend is one held push's frames cut again by a retry decision.
+type resend struct {
+	req           *request
+	locals, sends []van.Message
 }
 
 // initialCopy is a key's value after Init, copied into a pull's buffer;
@@ -223,6 +296,11 @@ type iterationBegan struct{ iter, modelBytes uint64 }
 
 func (t *todo) merge(o todo) {
 	t.finished = append(t.finished, o.finished...)
+	t.copies = append(t.copies, o.copies...)
+	t.resends = append(t.resends, o.resends...)
+	if o.began != nil {
+		t.began = o.began
+	}
 }
 
 // ErrNoRequest is Wait's error for a timestamp no call returned.
@@ -245,28 +323,192 @@ func (c *core) decisionVersion() uint32 {
 // the horizon rises (moved reports that). Decisions must come in version
 // order, none missing: a worker that lacked one would cut tensors
 // differently from the others.
-func (c *core) follow(d lb.Directive) (moved bool, err error) {
-	if d.Decision != nil {
+func (c *core) follow(d lb.Directive) (out todo, moved bool, err error) {
+	if d.Retry {
+		if out, err = c.retry(d); err != nil {
+			return todo{}, false, err
+		}
+	} else if d.Decision != nil {
 		if !c.started {
-			return false, fmt.Errorf("worker: decision v%d before the worker started", d.Decision.Version)
+			return todo{}, false, fmt.Errorf("worker: decision v%d before the worker started", d.Decision.Version)
 		}
 		if latest := c.schedule.Latest(); d.Decision.Version != latest.Version+1 {
-			return false, fmt.Errorf("worker: decision v%d follows v%d: one is missing", d.Decision.Version, latest.Version)
+			return todo{}, false, fmt.Errorf("worker: decision v%d follows v%d: one is missing", d.Decision.Version, latest.Version)
 		}
 		// With the LB off the horizon is unbounded and only tests force
 		// decisions: there is no grant to check against.
 		if d.Decision.Iteration <= c.horizon && c.horizon != math.MaxUint64 {
-			return false, fmt.Errorf("worker: decision v%d takes effect at iteration %d, within the horizon already granted (%d)", d.Decision.Version, d.Decision.Iteration, c.horizon)
+			return todo{}, false, fmt.Errorf("worker: decision v%d takes effect at iteration %d, within the horizon already granted (%d)", d.Decision.Version, d.Decision.Iteration, c.horizon)
 		}
 		if err := c.schedule.Add(*d.Decision); err != nil {
-			return false, fmt.Errorf("worker: %w", err)
+			return todo{}, false, fmt.Errorf("worker: %w", err)
 		}
+	}
+	if d.Done > c.done {
+		c.done = d.Done
+		out.merge(c.releaseHeld())
 	}
 	if d.Horizon > c.horizon {
 		c.horizon = d.Horizon
-		return true, nil
+		return out, true, nil
 	}
-	return false, nil
+	return out, false, nil
+}
+
+// aliasesHeld reports whether dst overlaps the values of a held push of
+// t's iteration iter: a pull into its own push's buffer, as MXNet's
+// kvstore and in-place all-reduce do.
+func (c *core) aliasesHeld(t *tensor, iter uint64, dst []byte) bool {
+	for _, hp := range c.held {
+		for i, ht := range hp.ts {
+			if ht == t && hp.iters[i] == iter && overlaps(hp.parts[i], dst) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// overlaps reports whether a and b share memory.
+func overlaps(a, b []byte) bool {
+	if len(a) == 0 || len(b) == 0 {
+		return false
+	}
+	a0, b0 := uintptr(unsafe.Pointer(unsafe.SliceData(a))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return a0 < b0+uintptr(len(b)) && b0 < a0+uintptr(len(a))
+}
+
+// releaseHeld completes the held pushes whose iterations every worker has
+// the sums of, and hands over the deferred pulls of those iterations.
+func (c *core) releaseHeld() todo {
+	var out todo
+	c.deferred = slices.DeleteFunc(c.deferred, func(dp deferredPull) bool {
+		if dp.r.iter >= c.done {
+			return false
+		}
+		// done passed the iteration: its sum is complete here too.
+		if d, ok := dp.r.wait(dp.pw); ok {
+			out.copies = append(out.copies, d)
+		} else {
+			dp.r.waiter = nil
+			out.merge(c.delivered(dp.r, dp.pw.req))
+		}
+		return true
+	})
+	c.held = slices.DeleteFunc(c.held, func(hp *heldPush) bool {
+		if hp.last >= c.done && !hp.req.finished {
+			return false
+		}
+		out.merge(c.settle(hp.req, 1, nil))
+		return true
+	})
+	return out
+}
+
+// retry applies a retry decision (a server was lost): it replaces every
+// decision from its iteration on, results of those iterations not yet
+// complete start again under it, and the held pushes of those iterations
+// are cut again and returned to send.
+func (c *core) retry(d lb.Directive) (todo, error) {
+	dec := d.Decision
+	switch {
+	case !c.retryMode:
+		return todo{}, fmt.Errorf("worker: retry decision v%d, but FPT_ON_SERVER_LOSS is not retry here", dec.Version)
+	case !c.started:
+		return todo{}, fmt.Errorf("worker: retry decision v%d before the worker started", dec.Version)
+	case dec.Iteration < c.done:
+		return todo{}, fmt.Errorf("worker: retry decision v%d from iteration %d, but every worker has the sums up to %d", dec.Version, dec.Iteration, c.done)
+	}
+	if err := c.schedule.Rewrite(*dec); err != nil {
+		return todo{}, fmt.Errorf("worker: retry: %w", err)
+	}
+	c.retried = append(c.retried, retryMark{dec.Version, dec.Iteration})
+	for _, r := range c.results {
+		if r.iter >= dec.Iteration && !r.complete {
+			c.recut(r)
+		}
+	}
+	var out todo
+	for _, hp := range c.held {
+		if hp.req.finished {
+			continue
+		}
+		rs := resend{req: hp.req}
+		for i, t := range hp.ts {
+			if hp.iters[i] >= dec.Iteration {
+				sends, locals := c.cut(t, hp.iters[i], hp.parts[i], hp.priority)
+				rs.sends, rs.locals = append(rs.sends, sends...), append(rs.locals, locals...)
+			}
+		}
+		if len(rs.sends)+len(rs.locals) > 0 {
+			hp.req.left += len(rs.sends)
+			out.resends = append(out.resends, rs)
+		}
+	}
+	return out, nil
+}
+
+// recut starts r again under the layout now in force at its iteration:
+// partitions received under the replaced one no longer count.
+func (c *core) recut(r *result) {
+	_, layout := c.layoutFor(r.t, r.iter)
+	r.parts = layout
+	r.seen = make([]bool, len(layout))
+	r.staged = make([]bool, len(layout))
+	r.left = len(layout)
+	r.gen++
+	if r.waiter != nil && r.waiter.copying {
+		r.restage, r.buf = true, nil
+	}
+}
+
+// superseded reports whether a retry replaced the decision h was cut
+// under.
+func (c *core) superseded(h *frame.Header) bool {
+	for _, m := range c.retried {
+		if h.Iteration >= m.from && h.Aux < m.version {
+			return true
+		}
+	}
+	return false
+}
+
+// retriedAt reports whether a retry re-cut iteration iter.
+func (c *core) retriedAt(iter uint64) bool {
+	return slices.ContainsFunc(c.retried, func(m retryMark) bool { return iter >= m.from })
+}
+
+// sumIn records that t's sum of iteration iter is complete here, and
+// reports (began) when that completes an iteration for every tensor:
+// with retries on, the LB hears of completions rather than pushes, so
+// that its Done means that every worker has the sums.
+func (c *core) sumIn(t *tensor, iter uint64) todo {
+	if iter != t.sumsIn {
+		if t.sumsAhead == nil {
+			t.sumsAhead = make(map[uint64]bool)
+		}
+		t.sumsAhead[iter] = true
+		return todo{}
+	}
+	t.sumsIn++
+	for t.sumsAhead[t.sumsIn] {
+		delete(t.sumsAhead, t.sumsIn)
+		t.sumsIn++
+	}
+	if !c.retryMode {
+		return todo{}
+	}
+	n, any := uint64(math.MaxUint64), false
+	for _, tn := range c.tensors {
+		if tn.pushed > 0 || tn.sumsIn > 0 {
+			n, any = min(n, tn.sumsIn), true
+		}
+	}
+	if !any || n <= c.sumsIn {
+		return todo{}
+	}
+	c.sumsIn = n
+	return todo{began: &iterationBegan{iter: n, modelBytes: c.modelBytes}}
 }
 
 // setTensorsPerIteration announces how many tensors one iteration pushes.
@@ -497,46 +739,70 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	// locals are the partitions this worker aggregates itself.
 	var msgs, locals []van.Message
 	began := uint64(0)
+	iters := make([]uint64, len(ts))
 	for i, t := range ts {
-		iter := t.pushed
-		began = max(began, iter)
-		var flags uint8
-		if iter == 0 {
-			// The init round: only worker 0's value is sent and kept.
-			if c.rank != 0 {
-				continue
-			}
-			flags = frame.FlagInit
-		}
-		d, layout := c.layoutFor(t, iter)
-		for _, p := range layout {
-			m := van.Message{
-				Header: frame.Header{
-					Type: frame.Push, DType: t.dtype, Flags: flags,
-					Sender: uint32(c.self), Recipient: uint32(p.Aggregator),
-					Key: t.key, Partition: p.Index, Iteration: iter,
-					Offset: p.Offset, Total: t.bytes, Length: p.Length, Priority: priority, Aux: d.Version,
-				},
-				Payload: parts[i][p.Offset : p.Offset+p.Length],
-			}
-			if p.Aggregator == c.self {
-				locals = append(locals, m)
-			} else {
-				msgs = append(msgs, m)
-			}
-		}
+		iters[i] = t.pushed
+		began = max(began, t.pushed)
+		sends, own := c.cut(t, t.pushed, parts[i], priority)
+		msgs, locals = append(msgs, sends...), append(locals, own...)
 	}
-	req, err := c.newRequest(cl, len(msgs))
+	hold := 0
+	if c.retryMode && began >= c.done {
+		hold = 1 // settled once every worker has the sums (releaseHeld)
+	}
+	req, err := c.newRequest(cl, len(msgs)+hold)
 	if err != nil {
 		return todo{}, err
 	}
-	var unmap [][]byte
-	for _, t := range ts {
-		t.pushed++
-		unmap = append(unmap, t.forgetInitial()...)
+	if hold > 0 {
+		c.held = append(c.held, &heldPush{req: req, ts: ts, iters: iters, parts: parts, priority: priority, last: began})
 	}
-	return todo{req: req, locals: locals, sends: msgs, counted: true, unmap: unmap,
-		began: &iterationBegan{iter: began, modelBytes: c.modelBytes}}, nil
+	out := todo{req: req, locals: locals, sends: msgs, counted: true}
+	for i, t := range ts {
+		t.pushed++
+		out.unmap = append(out.unmap, t.forgetInitial()...)
+		if _, layout := c.layoutFor(t, iters[i]); len(layout) == 0 {
+			// An empty tensor's sum is complete as soon as it is pushed.
+			r := c.resultFor(t, iters[i])
+			r.complete = true
+			out.merge(c.sumIn(t, iters[i]))
+		}
+	}
+	if !c.retryMode {
+		out.began = &iterationBegan{iter: began, modelBytes: c.modelBytes}
+	}
+	return out, nil
+}
+
+// cut makes t's frames for an iteration from its values data, under the
+// decision in force then: the partitions to send, and those this worker
+// aggregates itself (locals). In the init round only worker 0 sends.
+func (c *core) cut(t *tensor, iter uint64, data []byte, priority int32) (sends, locals []van.Message) {
+	var flags uint8
+	if iter == 0 {
+		if c.rank != 0 {
+			return nil, nil
+		}
+		flags = frame.FlagInit
+	}
+	d, layout := c.layoutFor(t, iter)
+	for _, p := range layout {
+		m := van.Message{
+			Header: frame.Header{
+				Type: frame.Push, DType: t.dtype, Flags: flags,
+				Sender: uint32(c.self), Recipient: uint32(p.Aggregator),
+				Key: t.key, Partition: p.Index, Iteration: iter,
+				Offset: p.Offset, Total: t.bytes, Length: p.Length, Priority: priority, Aux: d.Version,
+			},
+			Payload: data[p.Offset : p.Offset+p.Length],
+		}
+		if p.Aggregator == c.self {
+			locals = append(locals, m)
+		} else {
+			sends = append(sends, m)
+		}
+	}
+	return sends, locals
 }
 
 // iterationsPushed is how many iterations this worker has pushed in full:
@@ -570,10 +836,14 @@ func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 		iter := t.pulled
 		t.pulled++
 		r := c.resultFor(t, iter)
+		if iter >= c.done && c.aliasesHeld(t, iter, parts[i]) {
+			c.deferred = append(c.deferred, deferredPull{r, &pullWait{req: req, dst: parts[i]}})
+			continue
+		}
 		if d, ok := r.wait(&pullWait{req: req, dst: parts[i]}); ok {
 			out.copies = append(out.copies, d)
 		} else if r.complete {
-			// Nothing to copy (no partitions): complete now.
+			// Nothing to copy: complete now.
 			r.waiter = nil
 			out.merge(c.delivered(r, req))
 		}
@@ -648,7 +918,6 @@ func (c *core) resultFor(t *tensor, iter uint64) *result {
 	_, layout := c.layoutFor(t, iter)
 	r := &result{t: t, iter: iter, parts: layout, seen: make([]bool, len(layout)),
 		staged: make([]bool, len(layout)), left: len(layout)}
-	r.complete = r.left == 0
 	c.results[k] = r
 	return r
 }
@@ -679,7 +948,7 @@ func (r *result) wait(pw *pullWait) (d delivery, ok bool) {
 		return delivery{}, false
 	}
 	pw.copying = true
-	return delivery{r: r, pw: pw, parts: d.parts}, true
+	return delivery{r: r, pw: pw, buf: r.buf, parts: d.parts}, true
 }
 
 // copied reports that the shell has copied d's staged partitions: the
@@ -687,6 +956,14 @@ func (r *result) wait(pw *pullWait) (d delivery, ok bool) {
 func (c *core) copied(d delivery) todo {
 	d.pw.copying = false
 	r := d.r
+	if r.restage {
+		// A retry re-cut r during the copy: what landed since was staged
+		// apart, and is copied now.
+		r.restage = false
+		if nd, ok := r.wait(d.pw); ok {
+			return todo{copies: []delivery{nd}}
+		}
+	}
 	if !r.complete {
 		return todo{} // land completes it with its last partition
 	}
@@ -738,18 +1015,27 @@ func (c *core) claim(h *frame.Header) (landing, error) {
 	if t == nil {
 		return landing{}, errors.New("result for an undeclared key (declare every key on every worker before the first push)")
 	}
+	if c.superseded(h) {
+		return landing{}, errStale
+	}
 	r := c.results[resultKey{h.Key, h.Iteration}]
 	if r == nil {
+		if h.Iteration < t.pulled && c.retriedAt(h.Iteration) {
+			return landing{}, errStale // pulled before the retry re-sent it
+		}
 		if h.Iteration < t.pulled || h.Iteration > t.pushed {
 			return landing{}, fmt.Errorf("result for iteration %d, but this worker pushed %d and pulled %d", h.Iteration, t.pushed, t.pulled)
 		}
 		r = c.resultFor(t, h.Iteration)
 	}
+	if r.complete && c.retriedAt(h.Iteration) {
+		return landing{}, errStale // complete here before the retry
+	}
 	if err := r.check(h); err != nil {
 		return landing{}, err
 	}
 	r.seen[h.Partition] = true
-	l := landing{r: r, staging: r.waiter == nil}
+	l := landing{r: r, gen: r.gen, staging: r.waiter == nil || r.restage}
 	var into []byte
 	if l.staging {
 		into = r.stage()
@@ -764,8 +1050,11 @@ func (c *core) claim(h *frame.Header) (landing, error) {
 // the result (and the FPTPull waiting for it) with its last partition.
 func (c *core) land(l landing, part uint32) todo {
 	r := l.r
+	if l.gen != r.gen {
+		return todo{} // claimed before a retry re-cut r: it no longer counts
+	}
 	if l.staging {
-		if r.waiter != nil {
+		if r.waiter != nil && !r.restage {
 			// The pull came while this partition was being staged.
 			p := r.parts[part]
 			copy(r.waiter.dst[p.Offset:p.Offset+p.Length], l.span)
@@ -778,12 +1067,14 @@ func (c *core) land(l landing, part uint32) todo {
 		return todo{}
 	}
 	r.complete = true
+	out := c.sumIn(r.t, r.iter)
 	wait := r.waiter
 	if wait == nil || wait.copying {
-		return todo{} // its pull, or copied, completes it
+		return out // its pull, or copied, completes it
 	}
 	r.waiter = nil
-	return c.delivered(r, wait.req)
+	out.merge(c.delivered(r, wait.req))
+	return out
 }
 
 // check verifies that a result frame is the partition the layout expects

@@ -440,7 +440,7 @@ func TestCoreHorizon(t *testing.T) {
 		horizon uint64
 		moved   bool
 	}{{1, true}, {1, false}, {0, false}, {3, true}} {
-		moved, err := c.follow(lb.Directive{Horizon: tt.horizon})
+		_, moved, err := c.follow(lb.Directive{Horizon: tt.horizon})
 		if err != nil || moved != tt.moved {
 			t.Errorf("horizon %d: moved %v, %v; want %v", tt.horizon, moved, err, tt.moved)
 		}
@@ -475,11 +475,11 @@ func TestCoreFollowDecisions(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := startedCore(t, 0, 1, tt.lbOn)
 			if tt.lbOn {
-				if _, err := c.follow(lb.Directive{Horizon: tt.horizon}); err != nil {
+				if _, _, err := c.follow(lb.Directive{Horizon: tt.horizon}); err != nil {
 					t.Fatal(err)
 				}
 			}
-			_, err := c.follow(lb.Directive{Decision: &tt.d, Horizon: 10})
+			_, _, err := c.follow(lb.Directive{Decision: &tt.d, Horizon: 10})
 			if tt.error == "" {
 				if err != nil || c.decisionVersion() != tt.d.Version {
 					t.Fatalf("%v; version %d", err, c.decisionVersion())
@@ -496,7 +496,7 @@ func TestCoreFollowDecisions(t *testing.T) {
 	}
 	c := newCore(testPartBytes, false)
 	d := lb.Even(1, 5, s0)
-	if _, err := c.follow(lb.Directive{Decision: &d}); err == nil {
+	if _, _, err := c.follow(lb.Directive{Decision: &d}); err == nil {
 		t.Error("a decision before start accepted")
 	}
 }
@@ -510,7 +510,7 @@ func TestCoreDecisionSwitch(t *testing.T) {
 	mustDeclare(t, c, 5, 64)
 	self := node.WorkerID(0)
 	d := lb.Decision{Version: 1, Iteration: 2, Aggregators: []node.ID{self}, Shares: []float64{1}}
-	if _, err := c.follow(lb.Directive{Decision: &d}); err != nil {
+	if _, _, err := c.follow(lb.Directive{Decision: &d}); err != nil {
 		t.Fatal(err)
 	}
 	for iter, wantLocal := range []bool{false, false, true, true} {

@@ -79,11 +79,12 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 		node:    n,
 		metrics: n.Metrics(),
 		trace:   n.Tracer(),
-		c:       newCore(cfg.PartitionBytes, cfg.LB),
+		c:       newCore(cfg.PartitionBytes, cfg.LB || cfg.RetryServerLoss),
 		moved:   make(chan struct{}),
 		quit:    make(chan struct{}),
 	}
-	w.base = role.New(n, w.deliverLocal, w.follow)
+	w.c.retryMode = cfg.RetryServerLoss
+	w.base = role.New(n, w.deliverLocal, w.follow, w.serverLeft)
 	if err := w.base.Start(ctx, w); err != nil {
 		return nil, err
 	}
@@ -149,42 +150,17 @@ func (w *Worker) do(t todo) {
 		w.update(func(c *core) todo { return c.initialCopied(t.initials) })
 	}
 	if req := t.req; req != nil {
-		var err error
-		for i := range t.locals {
-			m := &t.locals[i]
-			w.trace.Begin(trace.Push, &m.Header)
-			if err = w.base.Agg.AddLocal(&m.Header, m.Payload); err != nil {
-				err = fmt.Errorf("worker: own contribution to %s: %w", &m.Header, err)
-				break
-			}
-			w.trace.End(trace.Push, &m.Header)
-		}
-		if t.counted {
-			for i := range t.sends {
-				to, h := node.ID(t.sends[i].Header.Recipient), &t.sends[i].Header
-				w.trace.Begin(trace.Push, h)
-				t.sends[i].Done = func(err error) {
-					w.trace.End(trace.Push, h)
-					if err != nil {
-						err = w.toPeer(to, err)
-					}
-					w.update(func(c *core) todo { return c.sent(req, err) })
-				}
-			}
-		}
-		for i := range t.sends {
-			m := &t.sends[i]
-			if serr := w.node.Van().Send(m); serr != nil {
-				serr = w.toPeer(node.ID(m.Header.Recipient), serr)
-				w.update(func(c *core) todo { return c.sendFailed(req, &m.Header, serr) })
-				break
-			}
-		}
+		err := w.hand(req, t.locals, t.sends, t.counted)
 		w.update(func(c *core) todo { return c.handedOver(req, err) })
+	}
+	for _, rs := range t.resends {
+		if err := w.hand(rs.req, rs.locals, rs.sends, true); err != nil {
+			w.update(func(c *core) todo { return c.settle(rs.req, 0, err) })
+		}
 	}
 	for _, d := range t.copies {
 		for _, p := range d.parts {
-			copy(d.pw.dst[p.Offset:p.Offset+p.Length], d.r.buf[p.Offset:p.Offset+p.Length])
+			copy(d.pw.dst[p.Offset:p.Offset+p.Length], d.buf[p.Offset:p.Offset+p.Length])
 		}
 		w.update(func(c *core) todo { return c.copied(d) })
 	}
@@ -194,6 +170,73 @@ func (w *Worker) do(t todo) {
 	if b := t.began; b != nil && w.base.Agent != nil {
 		w.base.Agent.IterationBegan(b.iter, b.modelBytes)
 	}
+}
+
+// hand adds req's local contributions to the aggregator and queues its
+// frames; with counted, each frame's Done settles one of req's items. It
+// returns the local contributions' error.
+func (w *Worker) hand(req *request, locals, sends []van.Message, counted bool) error {
+	var err error
+	for i := range locals {
+		m := &locals[i]
+		w.trace.Begin(trace.Push, &m.Header)
+		if err = w.base.Agg.AddLocal(&m.Header, m.Payload); err != nil {
+			err = fmt.Errorf("worker: own contribution to %s: %w", &m.Header, err)
+			break
+		}
+		w.trace.End(trace.Push, &m.Header)
+	}
+	if counted {
+		for i := range sends {
+			to, h := node.ID(sends[i].Header.Recipient), &sends[i].Header
+			w.trace.Begin(trace.Push, h)
+			sends[i].Done = func(err error) {
+				w.trace.End(trace.Push, h)
+				if err != nil {
+					err = w.sendError(to, err)
+				}
+				w.update(func(c *core) todo { return c.sent(req, err) })
+			}
+		}
+	}
+	for i := range sends {
+		m := &sends[i]
+		if serr := w.node.Van().Send(m); serr != nil {
+			if serr = w.sendError(node.ID(m.Header.Recipient), serr); serr == nil && counted {
+				w.update(func(c *core) todo { return c.sent(req, nil) })
+				continue
+			}
+			w.update(func(c *core) todo { return c.sendFailed(req, &m.Header, serr) })
+			break
+		}
+	}
+	return err
+}
+
+// sendError is what a frame to peer id that could not be sent means for
+// its request. With FPT_ON_SERVER_LOSS=retry a frame lost with a server
+// means nothing (nil): if the server is gone, the scheduler's retry
+// decision has this worker push the frame's iteration again; if it is
+// not, the cluster fails anyway.
+func (w *Worker) sendError(id node.ID, err error) error {
+	if r, ok := id.Role(); ok && r == node.Server && w.node.Config().RetryServerLoss {
+		w.node.Logger().Debug("frame to a server lost; a retry sends it again", "server", id, "err", err)
+		return nil
+	}
+	return w.toPeer(id, err)
+}
+
+// serverLeft is told that a server left the job (role.New's left): a
+// worker that made classic requests cannot go on, since their key ranges
+// are sliced over the servers it started with.
+func (w *Worker) serverLeft(id node.ID) error {
+	w.mu.Lock()
+	used := w.c.classicUsed
+	w.mu.Unlock()
+	if used {
+		return fmt.Errorf("worker: server %s left the job, and classic Push/Pull slice their keys over the servers the job started with (FPT_ON_SERVER_LOSS=retry covers FPTPush and FPTPull only)", id)
+	}
+	return nil
 }
 
 // toPeer names the peer a send failed to, by role, rank and address (the
@@ -270,13 +313,17 @@ func (w *Worker) DecisionVersion() uint32 {
 // follow applies the LB's directive (lbagent.Apply).
 func (w *Worker) follow(d lb.Directive) error {
 	w.mu.Lock()
-	defer w.mu.Unlock()
-	moved, err := w.c.follow(d)
+	t, moved, err := w.c.follow(d)
 	if moved {
 		close(w.moved)
 		w.moved = make(chan struct{})
 	}
-	return err
+	w.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	w.do(t)
+	return nil
 }
 
 // Rank is this worker's rank, 0..NumWorkers-1.
@@ -442,6 +489,9 @@ func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
 	w.mu.Lock()
 	l, inPlace, err := w.c.received(h)
 	w.mu.Unlock()
+	if errors.Is(err, errStale) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -459,6 +509,9 @@ func (w *Worker) deliverLocal(h *frame.Header, data []byte) {
 	w.mu.Lock()
 	l, err := w.c.claim(h)
 	w.mu.Unlock()
+	if errors.Is(err, errStale) {
+		return
+	}
 	if err != nil {
 		w.node.Fail(fmt.Errorf("worker: own sum %s: %w", h, err))
 		return

@@ -59,6 +59,7 @@ type Cluster struct {
 	mu      sync.Mutex         // guards the two below, and taking from ended
 	waiting int                // ends not yet taken from ended
 	endErrs []error            // the errors they ended with
+	killed  sync.Map           // *launch.Node → true: ended by Kill, its error expected
 }
 
 // Start starts the scheduler, the servers and the workers, and returns
@@ -116,7 +117,13 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	}
 	// Every node starts as a real one does (launch.Start); the scheduler
 	// and the servers then serve until Finish or Close.
-	serve := func(n *launch.Node) { c.ended <- n.Finalize(ctx) }
+	serve := func(n *launch.Node) {
+		err := n.Finalize(ctx)
+		if _, killed := c.killed.Load(n); killed {
+			err = nil
+		}
+		c.ended <- err
+	}
 	sched, err := launch.Start(ctx, scfg, deps("scheduler", 0))
 	if err != nil {
 		cancel()
@@ -215,6 +222,27 @@ func (c *Cluster) Drop(id node.ID) error {
 	}
 	c.Control.Drop(c.ControlPort(id))
 	c.Data.Drop(id)
+	return nil
+}
+
+// Kill ends server id as kill -9 would: it is cut off both networks (every
+// peer sees its connections break, its control messages are lost) and
+// closed; its end no longer counts as an error in Finish or Ends.
+func (c *Cluster) Kill(id node.ID) error {
+	var victim *launch.Node
+	for _, n := range c.nodes {
+		if m := n.Member(); m != nil && m.Self().ID == id && n.Worker() == nil {
+			victim = n
+		}
+	}
+	if victim == nil {
+		return fmt.Errorf("memcluster: no server %s", id)
+	}
+	c.killed.Store(victim, true)
+	if err := c.Drop(id); err != nil {
+		return err
+	}
+	victim.Close()
 	return nil
 }
 

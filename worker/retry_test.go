@@ -1,0 +1,151 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/worker"
+)
+
+// TestServerLossRetry kills a server in the middle of an iteration of a
+// 2×2 job under FPT_ON_SERVER_LOSS=retry: the job finishes every
+// iteration over the server left, with every pulled value exact. In
+// "one worker has the sum", the killed server's sums reach worker 0 but
+// not worker 1 before it dies: worker 0 must push its values again
+// although its own pull is complete (its push's buffer is still held),
+// and ignore the second copy of the sums it has. The pull buffers are
+// not the push buffers here; TestServerLossRetryInPlace covers those.
+func TestServerLossRetry(t *testing.T) {
+	const iters, killAt = 12, 5
+	victim := node.ServerID(0)
+	for _, tt := range []struct {
+		name string
+		lb   string
+		// oneHasSum: only server 0's frames to worker 1 are held from
+		// killAt on, so worker 0 completes that iteration and worker 1
+		// does not; else both are held.
+		oneHasSum bool
+	}{
+		{"LB off", "off", false},
+		{"LB off, one worker has the sum", "off", true},
+		{"LB on", "on", false},
+		{"LB on, one worker has the sum", "on", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := startMem(t, 2, 2, map[string]string{
+				"FPT_PARTITION_BYTES": memPartitionBytes, "FPT_LB": tt.lb, "FPT_ON_SERVER_LOSS": "retry",
+			})
+			killed := make(chan error, 1)
+			fptRounds(t, c.Workers, iters, hooks{before: func(w *worker.Worker, it int) error {
+				if w.Rank() != 0 || it != killAt {
+					return nil
+				}
+				// Nobody can finish iteration killAt until the kill: its
+				// pushes are on their way, and some sums held back.
+				c.Data.Hold(victim, node.WorkerID(1))
+				if !tt.oneHasSum {
+					c.Data.Hold(victim, node.WorkerID(0))
+				}
+				time.AfterFunc(20*time.Millisecond, func() { killed <- c.Kill(victim) })
+				return nil
+			}})
+			if err := <-killed; err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := c.Finish(ctx); err != nil {
+				t.Fatalf("the job did not end cleanly after losing %s: %v", victim, err)
+			}
+			for _, w := range c.Workers {
+				if got := w.Node().Servers(); len(got) != 1 || got[0] != node.ServerID(1) {
+					t.Errorf("worker %d: servers %v after the loss, want [%s]", w.Rank(), got, node.ServerID(1))
+				}
+			}
+		})
+	}
+}
+
+// TestServerLossRetryInPlace is TestServerLossRetry with every pull into
+// its own push's buffer, as MXNet's kvstore and in-place all-reduce do:
+// worker 0 has the killed server's sums of iteration killAt in that
+// buffer before the retry needs its gradients again. Its pull is deferred
+// until every worker has the sums (the values stay its push's until
+// then); were they overwritten, the retry would push sums as gradients.
+func TestServerLossRetryInPlace(t *testing.T) {
+	const iters, killAt, elems = 10, 4, 5000
+	victim := node.ServerID(0)
+	c := startMem(t, 2, 2, map[string]string{
+		"FPT_PARTITION_BYTES": memPartitionBytes, "FPT_LB": "off", "FPT_ON_SERVER_LOSS": "retry",
+	})
+	killed := make(chan error, 1)
+	errs := make(chan error, 2)
+	for _, w := range c.Workers {
+		go func() {
+			errs <- inPlaceRounds(w, iters, elems, killAt, func() {
+				c.Data.Hold(victim, node.WorkerID(1))
+				time.AfterFunc(20*time.Millisecond, func() { killed <- c.Kill(victim) })
+			})
+		}()
+	}
+	for range c.Workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err) // the cleanup closes the cluster: the other worker's waits end
+		}
+	}
+	if err := <-killed; err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// inPlaceRounds pushes one key and pulls its sum into the same buffer,
+// iters times, checking every value; worker 0 calls kill as iteration
+// killAt begins.
+func inPlaceRounds(w *worker.Worker, iters, elems, killAt int, kill func()) error {
+	ctx := context.Background()
+	kv := worker.NewKV[float32](w)
+	if err := kv.Declare(3, elems, 0); err != nil {
+		return err
+	}
+	buf := make([]float32, elems)
+	for j := range buf {
+		buf[j] = grad(w.Rank(), 0, 3, j)
+	}
+	if err := kv.Init(ctx, []uint64{3}, buf, []int{elems}); err != nil {
+		return err
+	}
+	for it := 1; it <= iters; it++ {
+		if it == killAt && w.Rank() == 0 {
+			kill()
+		}
+		for j := range buf {
+			buf[j] = grad(w.Rank(), it, 3, j)
+		}
+		push, err := kv.FPTPush([]uint64{3}, buf, []int{elems}, 0, nil)
+		if err != nil {
+			return err
+		}
+		pull, err := kv.FPTPull([]uint64{3}, buf, []int{elems}, nil)
+		if err != nil {
+			return err
+		}
+		if err := errors.Join(kv.Wait(push), kv.Wait(pull)); err != nil {
+			return fmt.Errorf("worker %d iteration %d: %w", w.Rank(), it, err)
+		}
+		for j, got := range buf {
+			if want := grad(0, it, 3, j) + grad(1, it, 3, j); got != want {
+				return fmt.Errorf("worker %d iteration %d: element %d is %v, want %v", w.Rank(), it, j, got, want)
+			}
+		}
+	}
+	return nil
+}
