@@ -79,8 +79,8 @@ type sched struct {
 	// finalSeq is the final barrier's number, once a member reached it.
 	finalSeq  uint64
 	finalSeen bool
-	reject                          *control.Rejecter
-	obs                             observer
+	reject    *control.Rejecter
+	obs       observer
 }
 
 func (s *sched) register(ctx context.Context, reg *registry) error {
