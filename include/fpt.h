@@ -164,7 +164,11 @@ int fpt_init(const uint64_t* keys, size_t num_keys, void* vals, const uint64_t* 
  * its iteration n; fpt_init is iteration 0) to the aggregators that sum
  * them over the workers and send every worker the sum. Asynchronous: *ts
  * (if ts is not NULL) receives the request's timestamp for fpt_wait; cb, if
- * not NULL, is called once the values have left (vals is free again).
+ * not NULL, is called once vals is free again: when the values have left
+ * or, with FPT_ON_SERVER_LOSS=retry, once every worker has the sums of
+ * their iteration (a retry after a lost server pushes them again). Under
+ * retry, do not wait for one key's push before pushing the same
+ * iteration's other keys: it completes only once they are all summed.
  */
 int fpt_push(const uint64_t* keys, size_t num_keys, const void* vals, const uint64_t* lens,
              int priority, fpt_callback cb, void* user_data, int64_t* ts);
@@ -173,7 +177,8 @@ int fpt_push(const uint64_t* keys, size_t num_keys, const void* vals, const uint
  * FPTPull: the sums of the keys' next unpulled iteration into vals, once
  * they have arrived (a pull of an iteration not pushed yet is
  * FPT_ERR_STATE). Asynchronous, like fpt_push; cb is called when vals holds
- * the sums. Between fpt_init and the keys' next push, a pull gives the
+ * the sums (under FPT_ON_SERVER_LOSS=retry, a pull into the vals of its own
+ * push completes with that push). Between fpt_init and the keys' next push, a pull gives the
  * values fpt_init left (worker 0's), as MXNet's broadcast of a parameter
  * (init, then pull) needs; the library keeps a copy of them until then
  * (outside the Go heap, freed at the keys' next push).

@@ -45,7 +45,9 @@ import (
 )
 
 // Callback learns that a request completed: err is nil once a push's
-// values were sent or a pull's buffer holds the result, else why the
+// values may be reused (sent; with FPT_ON_SERVER_LOSS=retry, once every
+// worker has their iteration's sums) or a pull's buffer holds the result
+// (into its own push's buffer under retry: with that push), else why the
 // request failed (a refused key, the node's failure). It runs exactly
 // once per request, on a goroutine of its own (it may call the worker),
 // and Wait for the request returns after it returned. A call that returns

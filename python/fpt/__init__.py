@@ -339,7 +339,10 @@ def init(keys, buf):
 
 def push(keys, buf, priority=0):
     """FPTPush of the keys' values in buf (one key, or several end to end):
-    returns a Request; buf must not change until it is done."""
+    returns a Request; buf must not change until it is done. With
+    FPT_ON_SERVER_LOSS=retry it is done only once every worker has the
+    iteration's sums (a retry may push buf again): push all of an
+    iteration's keys before waiting for any of them."""
     keys, ck, cl, v = _tensors("fpt_push", keys, buf, False)
     fresh = [k for k in keys if k in _node.declared and k not in _node.initialized]
     if fresh and _node.started:
