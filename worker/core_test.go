@@ -106,7 +106,7 @@ func finishedTS(t todo) []int {
 // partitions into the pull's buffer, then reports it.
 func copyStaged(c *core, d delivery) todo {
 	for _, p := range d.parts {
-		copy(d.pw.dst[p.Offset:p.Offset+p.Length], d.r.buf[p.Offset:p.Offset+p.Length])
+		copy(d.pw.dst[p.Offset:p.Offset+p.Length], d.buf[p.Offset:p.Offset+p.Length])
 	}
 	return c.copied(d)
 }

@@ -1,0 +1,328 @@
+package worker
+
+import (
+	"bytes"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/node"
+)
+
+// The core under FPT_ON_SERVER_LOSS=retry: pushes held until every worker
+// has the sums, the retry decision that re-cuts iterations after a lost
+// server, and the results it makes stale.
+
+// retryCore is worker rank's core in retry mode, 2 servers, with the
+// horizon open and key 5 (64 bytes: 4 partitions, 2 per server) declared.
+func retryCore(t *testing.T, rank int) *core {
+	t.Helper()
+	c := startedCore(t, rank, 2, true)
+	c.retryMode = true
+	if _, _, err := c.follow(lb.Directive{Horizon: 100}); err != nil {
+		t.Fatal(err)
+	}
+	mustDeclare(t, c, 5, 64)
+	return c
+}
+
+// lose0 is the retry decision after server 0's loss, from iteration from.
+func lose0(from uint64) lb.Directive {
+	d := lb.Even(1, from, []node.ID{node.ServerID(1)})
+	return lb.Directive{Horizon: 100, Decision: &d, Retry: true, Done: from}
+}
+
+// versioned are the Result frames of key 5's iteration iter under the
+// decision in force then, stamped with its version as aggregators do.
+func versioned(c *core, iter uint64) []frame.Header {
+	hs := results(c, 5, iter)
+	for i := range hs {
+		hs[i].Aux = c.schedule.At(iter).Version
+	}
+	return hs
+}
+
+// deliver lands every frame of hs with its bytes of sum, and returns what
+// the last landing did.
+func deliver(t *testing.T, c *core, hs []frame.Header, sum []byte) todo {
+	t.Helper()
+	var out todo
+	for i := range hs {
+		h := &hs[i]
+		td, err := receive(c, h, sum[h.Offset:h.Offset+h.Length])
+		if err != nil {
+			t.Fatalf("result %s: %v", h, err)
+		}
+		out.merge(td)
+	}
+	return out
+}
+
+// initRound pushes and pulls key 5's iteration 0 on c, with its sum.
+func initRound(t *testing.T, c *core) {
+	t.Helper()
+	handOver(c, mustPush(t, c, 5, pattern(64, 0)))
+	deliver(t, c, versioned(c, 0), pattern(64, 0))
+	pull, err := c.pull([]uint64{5}, make([]byte, 64), []int{64}, frame.Float32, &call{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handOver(c, pull)
+	for _, d := range pull.copies {
+		copyStaged(c, d)
+	}
+}
+
+// A push completes once the LB's Done passes its iteration, not when its
+// frames are written: until then a retry may need its values.
+func TestCoreRetryHoldsPushes(t *testing.T) {
+	c := retryCore(t, 0)
+	td := mustPush(t, c, 5, pattern(64, 0))
+	if td.began != nil {
+		t.Errorf("a push reported iteration %d to the LB; under retry completions are reported", td.began.iter)
+	}
+	if fin := handOver(c, td); len(fin) != 0 {
+		t.Fatalf("push finished when its frames were written: %v", fin)
+	}
+	out, _, err := c.follow(lb.Directive{Horizon: 100, Done: 0})
+	if err != nil || len(out.finished) != 0 {
+		t.Fatalf("Done 0: finished %v, err %v", finishedTS(out), err)
+	}
+	out, _, err = c.follow(lb.Directive{Horizon: 100, Done: 1})
+	if err != nil || !slices.Equal(finishedTS(out), []int{td.req.ts}) {
+		t.Fatalf("Done 1: finished %v, err %v; want the push", finishedTS(out), err)
+	}
+	if len(c.held) != 0 {
+		t.Errorf("%d pushes still held", len(c.held))
+	}
+}
+
+// The retry decision re-cuts the held pushes of its iteration and later,
+// over the servers left, with the caller's values and the new version;
+// earlier iterations are not sent again.
+func TestCoreRetryPushesAgain(t *testing.T) {
+	c := retryCore(t, 1)
+	var pushes []todo
+	for it := range uint64(3) {
+		td := mustPush(t, c, 5, pattern(64, it))
+		handOver(c, td)
+		pushes = append(pushes, td)
+	}
+	out, _, err := c.follow(lose0(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The retry's Done (1) releases iteration 0's push.
+	if got := finishedTS(out); !slices.Equal(got, []int{pushes[0].req.ts}) {
+		t.Fatalf("the retry finished %v, want iteration 0's push", got)
+	}
+	// Rank 1 sends nothing in the init round: iterations 1 and 2 only.
+	if len(out.resends) != 2 {
+		t.Fatalf("%d pushes sent again, want 2 (iterations 1 and 2)", len(out.resends))
+	}
+	for i, rs := range out.resends {
+		it := uint64(i + 1)
+		if rs.req != pushes[it].req || len(rs.locals) != 0 {
+			t.Fatalf("resend %d: request %d, %d locals", i, rs.req.ts, len(rs.locals))
+		}
+		var got []byte
+		for _, m := range rs.sends {
+			h := m.Header
+			if node.ID(h.Recipient) != node.ServerID(1) || h.Aux != 1 || h.Iteration != it || h.Type != frame.Push {
+				t.Errorf("iteration %d: frame %s, want a push to %s under v1", it, &h, node.ServerID(1))
+			}
+			got = append(got, m.Payload...)
+		}
+		if !bytes.Equal(got, pattern(64, it)) {
+			t.Errorf("iteration %d: sent again %v, want the pushed values", it, got)
+		}
+		// The frames sent again must be written before the push completes.
+		for range rs.sends {
+			c.sent(rs.req, nil)
+		}
+	}
+	out, _, err = c.follow(lb.Directive{Horizon: 100, Done: 3})
+	if err != nil || len(out.finished) != 2 {
+		t.Fatalf("Done 3: finished %v, err %v; want the pushes of iterations 1 and 2", finishedTS(out), err)
+	}
+	// A retry from an iteration every worker has the sums of is a bug.
+	if _, _, err := c.follow(lose0(2)); err == nil {
+		t.Error("a second retry from iteration 2 (below Done 3) was accepted")
+	}
+}
+
+// Results across a retry: a result in progress starts again under the new
+// layout; frames of the replaced cut, and second copies of sums already
+// complete, are dropped, never summed or counted twice.
+func TestCoreRetryResults(t *testing.T) {
+	tests := []struct {
+		name string
+		// before: old-cut frames of iteration 1 landed before the retry
+		// (indices into its 4 partitions); all: the result was complete.
+		before []int
+		pulled bool // the pull was made (and, if complete, delivered) before the retry
+	}{
+		{"nothing arrived", nil, false},
+		{"half arrived, pull waiting", []int{0, 1}, true},
+		{"half arrived, no pull yet", []int{2, 3}, false},
+		{"complete, not pulled", []int{0, 1, 2, 3}, false},
+		{"complete and pulled", []int{0, 1, 2, 3}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := retryCore(t, 0)
+			initRound(t, c)
+			handOver(c, mustPush(t, c, 5, pattern(64, 1)))
+			sum := pattern(64, 9)
+			old := versioned(c, 1)
+			dst := make([]byte, 64)
+			var pull todo
+			if tt.pulled {
+				var err error
+				if pull, err = c.pull([]uint64{5}, dst, []int{64}, frame.Float32, &call{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var landed todo
+			for _, i := range tt.before {
+				td, err := receive(c, &old[i], sum[old[i].Offset:old[i].Offset+old[i].Length])
+				if err != nil {
+					t.Fatal(err)
+				}
+				landed.merge(td)
+			}
+			complete := len(tt.before) == 4
+			if _, _, err := c.follow(lose0(1)); err != nil {
+				t.Fatal(err)
+			}
+			// The rest of the replaced cut arrives late: dropped.
+			for i := range old {
+				if slices.Contains(tt.before, i) {
+					continue
+				}
+				if _, _, err := c.received(&old[i]); !errors.Is(err, errStale) {
+					t.Fatalf("old-cut partition %d after the retry: err %v, want errStale", i, err)
+				}
+			}
+			fresh := versioned(c, 1)
+			if len(fresh) != 4 || node.ID(fresh[0].Sender) != node.ServerID(1) || fresh[0].Aux != 1 {
+				t.Fatalf("new cut: %d partitions from %d under v%d", len(fresh), fresh[0].Sender, fresh[0].Aux)
+			}
+			if complete {
+				for i := range fresh {
+					if _, _, err := c.received(&fresh[i]); !errors.Is(err, errStale) {
+						t.Fatalf("second copy of partition %d of a complete sum: err %v, want errStale", i, err)
+					}
+				}
+			} else {
+				landed.merge(deliver(t, c, fresh, sum))
+			}
+			if !tt.pulled {
+				var err error
+				if pull, err = c.pull([]uint64{5}, dst, []int{64}, frame.Float32, &call{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			landed.merge(todo{finished: pull.finished})
+			landed.merge(c.handedOver(pull.req, nil))
+			pull.finished = nil
+			for _, d := range pull.copies {
+				landed.merge(copyStaged(c, d))
+			}
+			var done bool
+			for _, r := range slices.Concat(pull.finished, landed.finished) {
+				done = done || r == pull.req
+			}
+			if !done {
+				t.Fatal("the pull of iteration 1 did not complete")
+			}
+			if !bytes.Equal(dst, sum) {
+				t.Errorf("pulled %v, want %v", dst, sum)
+			}
+		})
+	}
+}
+
+// A pull into its own push's buffer is held until the push completes: the
+// sums would overwrite the values a retry pushes again.
+func TestCoreRetryInPlacePull(t *testing.T) {
+	c := retryCore(t, 0)
+	initRound(t, c)
+	buf := pattern(64, 1)
+	push := mustPush(t, c, 5, buf)
+	handOver(c, push)
+	pull, err := c.pull([]uint64{5}, buf, []int{64}, frame.Float32, &call{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handOver(c, pull)
+	sum := pattern(64, 9)
+	landed := deliver(t, c, versioned(c, 1), sum)
+	if landed.began == nil || landed.began.iter != 2 {
+		t.Errorf("the last partition reported %+v to the LB, want iteration 1 complete (began 2)", landed.began)
+	}
+	if len(landed.finished) != 0 || len(pull.finished) != 0 || !bytes.Equal(buf, pattern(64, 1)) {
+		t.Fatalf("the sums reached the push's buffer before the push completed: finished %v", finishedTS(landed))
+	}
+	out, _, err := c.follow(lb.Directive{Horizon: 100, Done: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range out.copies {
+		out.merge(copyStaged(c, d))
+	}
+	if got := finishedTS(out); !slices.Contains(got, push.req.ts) || !slices.Contains(got, pull.req.ts) {
+		t.Fatalf("Done 2 finished %v, want the push %d and the pull %d", got, push.req.ts, pull.req.ts)
+	}
+	if !bytes.Equal(buf, sum) {
+		t.Errorf("pulled %v, want %v", buf, sum)
+	}
+}
+
+// A partition the van was reading in place when the retry came lands
+// after it: it no longer counts, so the result completes with the new
+// cut's last partition, not one early.
+func TestCoreRetryLandingInFlight(t *testing.T) {
+	c := retryCore(t, 0)
+	initRound(t, c)
+	handOver(c, mustPush(t, c, 5, pattern(64, 1)))
+	dst := make([]byte, 64)
+	pull, err := c.pull([]uint64{5}, dst, []int{64}, frame.Float32, &call{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handOver(c, pull)
+	sum := pattern(64, 9)
+	old := versioned(c, 1)
+	span := c.sink(&old[0])
+	if span == nil {
+		t.Fatal("the sink refused an expected partition")
+	}
+	if _, _, err := c.follow(lose0(1)); err != nil {
+		t.Fatal(err)
+	}
+	copy(span, sum[old[0].Offset:old[0].Offset+old[0].Length])
+	l, inPlace, err := c.received(&old[0])
+	if err != nil || !inPlace {
+		t.Fatalf("the landing in flight: in place %v, err %v", inPlace, err)
+	}
+	if fin := finishedTS(c.land(l, old[0].Partition)); len(fin) != 0 {
+		t.Fatalf("the old cut's landing finished %v", fin)
+	}
+	fresh := versioned(c, 1)
+	for i := range fresh {
+		h := &fresh[i]
+		td, err := receive(c, h, sum[h.Offset:h.Offset+h.Length])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if done := slices.Contains(finishedTS(td), pull.req.ts); done != (i == len(fresh)-1) {
+			t.Fatalf("new-cut partition %d of %d: pull finished %v", i+1, len(fresh), done)
+		}
+	}
+	if !bytes.Equal(dst, sum) {
+		t.Errorf("pulled %v, want %v", dst, sum)
+	}
+}
