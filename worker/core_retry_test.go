@@ -326,3 +326,57 @@ func TestCoreRetryLandingInFlight(t *testing.T) {
 		t.Errorf("pulled %v, want %v", dst, sum)
 	}
 }
+
+// A retry while the pull copies the partitions staged before it: the new
+// cut's partitions may overlap the ones being copied, so they are staged
+// apart and copied once that copy is over.
+func TestCoreRetryDuringStagedCopy(t *testing.T) {
+	c := retryCore(t, 0)
+	initRound(t, c)
+	handOver(c, mustPush(t, c, 5, pattern(64, 1)))
+	sum := pattern(64, 9)
+	old := versioned(c, 1)
+	for _, i := range []int{0, 1} {
+		if _, err := receive(c, &old[i], sum[old[i].Offset:old[i].Offset+old[i].Length]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dst := make([]byte, 64)
+	pull, err := c.pull([]uint64{5}, dst, []int{64}, frame.Float32, &call{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handOver(c, pull)
+	if len(pull.copies) != 1 {
+		t.Fatalf("%d copies of staged partitions, want 1", len(pull.copies))
+	}
+	copying := pull.copies[0]
+	if _, _, err := c.follow(lose0(1)); err != nil {
+		t.Fatal(err)
+	}
+	fresh := versioned(c, 1)
+	for i := range fresh {
+		l, _, err := c.received(&fresh[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !l.staging {
+			t.Fatalf("new-cut partition %d lands in the pull's buffer while staged bytes are copied into it", i)
+		}
+		copy(l.span, sum[fresh[i].Offset:fresh[i].Offset+fresh[i].Length])
+		if fin := finishedTS(c.land(l, fresh[i].Partition)); len(fin) != 0 {
+			t.Fatalf("finished %v during the copy", fin)
+		}
+	}
+	out := copyStaged(c, copying)
+	if len(out.copies) != 1 {
+		t.Fatalf("after the copy: %d further copies, want 1 (the new cut's staged partitions)", len(out.copies))
+	}
+	out = copyStaged(c, out.copies[0])
+	if !slices.Contains(finishedTS(out), pull.req.ts) {
+		t.Fatalf("the pull did not complete: finished %v", finishedTS(out))
+	}
+	if !bytes.Equal(dst, sum) {
+		t.Errorf("pulled %v, want %v", dst, sum)
+	}
+}
