@@ -12,6 +12,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -81,6 +82,9 @@ type Member struct {
 	// progress is what a worker has pushed (SetProgress), sent to the
 	// scheduler with every heartbeat for its stall check.
 	progress atomic.Uint64
+	// joining: the node table made this server a member of a running job
+	// (control.FlagJoin): it skips the start barriers.
+	joining atomic.Bool
 
 	failOnce   sync.Once
 	failed     chan struct{}
@@ -266,6 +270,14 @@ func (n *Member) Start(ctx context.Context, h Handler) (err error) {
 		case <-ctx.Done():
 		}
 	}()
+	if n.joining.Load() {
+		if err := n.join(ctx); err != nil {
+			return err
+		}
+		ok = true
+		n.log.Info("joined the running job", "id", n.Self().ID, "servers", len(n.Servers()), "workers", len(n.Workers()))
+		return nil
+	}
 	// Every node knows its id before anyone dials: a Hello must find its
 	// recipient ready to check it.
 	if err := n.Barrier(ctx, node.AllGroup); err != nil {
@@ -374,6 +386,9 @@ func (n *Member) awaitTable(ctx context.Context) error {
 					return err
 				}
 				n.schedOrigin = m.Origin
+				if m.Flags&control.FlagJoin != 0 {
+					return n.startBarriers(m.Body)
+				}
 				return nil
 			case control.NodeFailed:
 				return fmt.Errorf("cluster: the scheduler gave up before the cluster started: %s", m.Text)
@@ -411,10 +426,17 @@ func (n *Member) setTable(m *control.Message) error {
 	if !ok || me.Host != self.Host || me.ControlPort != self.ControlPort {
 		return fmt.Errorf("cluster: node table does not list this node (%s) as id %d", self, m.Recipient)
 	}
-	if n.cfg.RankVar != "" && m.Recipient != node.RankID(n.cfg.Role, n.cfg.Rank) {
+	join := m.Flags&control.FlagJoin != 0
+	switch {
+	case join && n.cfg.RankVar != "":
+		n.log.Warn("joining a running job: the rank asked for is ignored; a joining server gets an id no node of the job had", "asked", n.cfg.RankVar, "id", m.Recipient)
+	case n.cfg.RankVar != "" && m.Recipient != node.RankID(n.cfg.Role, n.cfg.Rank):
 		return fmt.Errorf("cluster: the scheduler made this node %s, not rank %d as %s asks", m.Recipient, n.cfg.Rank, n.cfg.RankVar)
 	}
-	if servers != n.cfg.NumServers || workers != n.cfg.NumWorkers {
+	if join && me.Role == node.Server && workers == n.cfg.NumWorkers {
+		// A server joining a running job: the servers are whoever is
+		// there now, not DMLC_NUM_SERVER.
+	} else if servers != n.cfg.NumServers || workers != n.cfg.NumWorkers {
 		return fmt.Errorf("cluster: node table has %d servers and %d workers; DMLC_NUM_SERVER=%d, DMLC_NUM_WORKER=%d",
 			servers, workers, n.cfg.NumServers, n.cfg.NumWorkers)
 	}
@@ -435,7 +457,8 @@ func (n *Member) admitPeer(id node.ID) string {
 	switch {
 	case !ok || info.Role == node.Scheduler:
 		return "stranger"
-	case id >= t.self.ID:
+	case id >= t.self.ID && !n.joining.Load():
+		// A joining server is dialled by every member (welcome).
 		return "direction"
 	}
 	return ""
@@ -687,6 +710,8 @@ func (n *Member) handleControl(m *control.Message) {
 		n.fail(fmt.Errorf("cluster: %s failed: %s", n.describe(m.Target), m.Text), m.Target)
 	case control.NodeLeft:
 		n.leave(m.Target, m.Text)
+	case control.NodeJoined:
+		n.welcome(m)
 	case control.Terminate:
 		// Confirm, so that the scheduler knows it may exit.
 		_ = n.plane.Send(n.sched, &control.Message{Command: control.Terminate, Sender: n.Self().ID})
@@ -768,6 +793,82 @@ func (n *Member) describe(id node.ID) string {
 		}
 	}
 	return id.String()
+}
+
+// startBarriers takes a joining server's barrier numbers (FlagJoin's
+// Body): the running members' next ones.
+func (n *Member) startBarriers(body []byte) error {
+	if len(body) != 8*int(node.AllGroup) {
+		return fmt.Errorf("cluster: joining node table with %d bytes of barrier numbers, want %d", len(body), 8*int(node.AllGroup))
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for g := node.Group(1); g <= node.AllGroup; g++ {
+		n.barrierSeq[g] = binary.LittleEndian.Uint64(body[8*(g-1):])
+	}
+	n.joining.Store(true)
+	return nil
+}
+
+// join is a joining server's start, in place of the two start barriers:
+// it tells the scheduler it has its table (the members then dial it),
+// waits for every member to connect, and says so (the LB then gives it a
+// share).
+func (n *Member) join(ctx context.Context) error {
+	if err := n.plane.Send(n.sched, &control.Message{Command: control.Joined, Sender: n.Self().ID, Seq: 0}); err != nil {
+		return fmt.Errorf("cluster: join: %w", err)
+	}
+	var members []node.ID
+	for _, info := range n.Nodes() {
+		if info.Role != node.Scheduler && info.ID != n.Self().ID {
+			members = append(members, info.ID)
+		}
+	}
+	if err := n.van.AwaitPeers(ctx, members); err != nil {
+		return fmt.Errorf("cluster: join: waiting for %d members to connect: %w", len(members), err)
+	}
+	if err := n.plane.Send(n.sched, &control.Message{Command: control.Joined, Sender: n.Self().ID, Seq: 1}); err != nil {
+		return fmt.Errorf("cluster: join: %w", err)
+	}
+	return nil
+}
+
+// welcome adds a server joining the running job (the scheduler's
+// NodeJoined) to the table and dials it. Every member dials a joining
+// server, whatever the ids' order: it knows the joiner's table is set,
+// whereas the joiner cannot know when each member has heard of it.
+func (n *Member) welcome(m *control.Message) {
+	if len(m.Nodes) != 1 || m.Nodes[0].Role != node.Server {
+		n.log.Warn("NodeJoined for a node that cannot join ignored", "nodes", m.Nodes)
+		return
+	}
+	info := m.Nodes[0]
+	t := n.topo.Load()
+	if _, known := t.byID[info.ID]; known {
+		n.log.Warn("NodeJoined for a member ignored", "node", info)
+		return
+	}
+	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: t.left}
+	nt.byID[info.ID] = info
+	nt.table = append(slices.Clone(t.table), info)
+	n.topo.Store(nt)
+	n.log.Info("server joining; connecting to it", "node", info)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.StartTimeout)
+		defer cancel()
+		go func() {
+			select {
+			case <-n.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		if err := n.van.Dial(ctx, info.ID, info.DataAddr()); err != nil {
+			n.Fail(fmt.Errorf("cluster: connect to joining %s: %w", info, err))
+		}
+	}()
 }
 
 // OnLeft installs f, which learns that a server left the job

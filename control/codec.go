@@ -86,6 +86,10 @@ func (c Command) String() string {
 		return "DECISION"
 	case NodeLeft:
 		return "NODE_LEFT"
+	case NodeJoined:
+		return "NODE_JOINED"
+	case Joined:
+		return "JOINED"
 	}
 	return "command(" + strconv.Itoa(int(c)) + ")"
 }

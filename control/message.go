@@ -50,13 +50,24 @@ const (
 	// FPT_ON_SERVER_LOSS=retry. The job goes on without it; the LB's
 	// retry decision follows.
 	NodeLeft
-	lastCommand = NodeLeft
+	// NodeJoined, from the scheduler, announces a server that joins the
+	// running job (Nodes[0]): members add it to their table and dial it.
+	NodeJoined
+	// Joined, from a joining server, says it has its table (Seq 0: the
+	// members may dial it) or is connected to every member (Seq 1: the LB
+	// may give it a share).
+	Joined
+	lastCommand = Joined
 )
 
 // Flags.
 const (
 	// FlagFinal marks the barrier that ends the cluster's life.
 	FlagFinal uint8 = 1 << iota
+	// FlagJoin marks a NodeTable sent to a server joining a running job:
+	// it skips the start barriers, and Body holds the next barrier number
+	// of each group 1..7 (7 little-endian uint64s).
+	FlagJoin
 )
 
 // Message is one control message.

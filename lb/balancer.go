@@ -325,6 +325,42 @@ func (b *Balancer) Servers() []node.ID { return slices.Clone(b.cfg.Servers) }
 // oldest iteration that may still be incomplete on some worker.
 func (b *Balancer) Done() uint64 { return b.next }
 
+// Join adds server id to the job. With the LB fixed (off) it returns the
+// directive that gives it its share at once: the even split over every
+// server, from the iteration after the horizon granted, as any decision
+// (ok true). With the LB on it returns none (ok false): the next step
+// starts a probe that measures the new server's links with every other
+// node's, and the split after it decides its share. It fails, changing
+// nothing, when id is already a node of the job.
+func (b *Balancer) Join(id node.ID) (d Directive, ok bool, err error) {
+	if _, known := b.isWorker[id]; known {
+		return Directive{}, false, fmt.Errorf("lb: join %s: already a node of the job", id)
+	}
+	if len(b.all) >= MaxAggregators {
+		return Directive{}, false, fmt.Errorf("lb: join %s: the job has %d nodes, as many as a decision can name", id, len(b.all))
+	}
+	b.cfg.Servers = append(slices.Clone(b.cfg.Servers), id)
+	b.all = slices.Concat(b.cfg.Servers, b.cfg.Workers)
+	b.isWorker[id] = false
+	if !b.cfg.Fixed {
+		b.state = Default
+		b.probeAt = b.next
+		b.probeWhy = fmt.Sprintf("%s joined: measuring its links", id)
+		return Directive{}, false, nil
+	}
+	dec := Even(b.current.Version+1, b.horizon+1, b.cfg.Servers)
+	b.current, b.good = dec, dec
+	b.lastDecisionAt = b.next
+	out := clone(dec)
+	return Directive{
+		Horizon:  b.horizon,
+		Decision: &out,
+		Shaping:  true,
+		Done:     b.next,
+		Reason:   clip(fmt.Sprintf("%s joined: even split over %d servers", id, len(b.cfg.Servers))),
+	}, true, nil
+}
+
 // Lose takes server id out of the job and returns the directive that
 // re-cuts every iteration some worker may not have the sum of yet,
 // without it: a decision with Retry set, taking effect at Done(), the

@@ -76,6 +76,11 @@ type sched struct {
 	// membership counts such changes.
 	left       map[node.ID]bool
 	membership int
+	// servers counts the server ids ever assigned: a joining server gets
+	// the next one, so no id is ever used twice in a job. joining holds
+	// the servers admitted but not yet connected to every member.
+	servers int
+	joining map[node.ID]bool
 	// finalSeq is the final barrier's number, once a member reached it.
 	finalSeq  uint64
 	finalSeen bool
@@ -186,6 +191,12 @@ func (s *sched) serve(ctx context.Context) error {
 			if !ok {
 				return errors.New("scheduler: control plane closed")
 			}
+			if m.Command == control.AddNode {
+				// A server joining the running job: the only message a
+				// connection of no member may send.
+				s.admit(bars, m)
+				continue
+			}
 			if !s.authentic(m) {
 				continue
 			}
@@ -232,10 +243,8 @@ func (s *sched) serve(ctx context.Context) error {
 				}
 			case control.Report:
 				s.report(m)
-			case control.AddNode:
-				// From a member (authentic): a confused node, which
-				// learns nothing from a reply naming another address.
-				s.log.Warn("registration refused: the cluster has already started", "from", m.Sender)
+			case control.Joined:
+				s.joined(bars, m)
 			default:
 				s.log.Warn("unexpected control message", "command", m.Command, "from", m.Sender)
 			}

@@ -137,6 +137,33 @@ type release struct {
 	members []node.ID
 }
 
+// add makes id a member of every group it belongs to, from the barriers
+// nextSeqs names on: the numbers a joining server was given.
+func (b *barriers) add(id node.ID) {
+	seqs := b.nextSeqs()
+	for g := node.Group(1); g <= node.AllGroup; g++ {
+		if id.InGroup(g) && !slices.Contains(b.members[g], id) {
+			b.members[g] = append(slices.Clone(b.members[g]), id)
+			b.next[memberGroup{id, g}] = seqs[g-1]
+		}
+	}
+}
+
+// nextSeqs is, for each group 1..7, the number of the next barrier its
+// members have not all passed: where a member joining now starts.
+func (b *barriers) nextSeqs() [node.AllGroup]uint64 {
+	var out [node.AllGroup]uint64
+	for g := node.Group(1); g <= node.AllGroup; g++ {
+		first := true
+		for _, id := range b.members[g] {
+			if n := b.next[memberGroup{id, g}]; first || n < out[g-1] {
+				out[g-1], first = n, false
+			}
+		}
+	}
+	return out
+}
+
 // remove takes id out of every group (it left the job) and returns the
 // barriers it was the last one missing from.
 func (b *barriers) remove(id node.ID) []release {

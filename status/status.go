@@ -168,10 +168,11 @@ func (r *Recorder) Directive(d lb.Directive, state lb.State, now time.Time) Poin
 	return p
 }
 
-// Left records a membership change at now: the node table without a
-// lost node, and the retry directive that re-cuts the iterations it left
-// incomplete (it marks no iteration as finished).
-func (r *Recorder) Left(table []node.Info, d lb.Directive, state lb.State) {
+// Changed records a membership change: the node table after it, and the
+// directive that came with it (a retry after a lost server, the decision
+// that gives a joining one its share, or none); it marks no iteration as
+// finished.
+func (r *Recorder) Changed(table []node.Info, d lb.Directive, state lb.State) {
 	r.members = slices.Clone(table)
 	r.state = state.String()
 	r.decided(d)

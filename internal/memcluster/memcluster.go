@@ -34,6 +34,9 @@ import (
 // schedulerPort is the scheduler's port on the in-memory control network.
 const schedulerPort = 9000
 
+// maxAdded bounds the servers AddServer may start in one cluster.
+const maxAdded = 256
+
 // Options describe a cluster.
 type Options struct {
 	Servers, Workers int
@@ -53,6 +56,7 @@ type Cluster struct {
 	// Workers are the workers, by rank.
 	Workers []*worker.Worker
 
+	nodesMu sync.Mutex         // guards nodes, which AddServer appends to
 	nodes   []*launch.Node     // the scheduler, servers and workers
 	cancel  context.CancelFunc // ends every node's context
 	ended   chan error         // the scheduler's and every server's end
@@ -60,6 +64,8 @@ type Cluster struct {
 	waiting int                // ends not yet taken from ended
 	endErrs []error            // the errors they ended with
 	killed  sync.Map           // *launch.Node → true: ended by Kill, its error expected
+	// addServer starts one more server with the job's environment.
+	addServer func() (*launch.Node, error)
 }
 
 // Start starts the scheduler, the servers and the workers, and returns
@@ -103,7 +109,7 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		cancel:  cancel,
 		Control: memplane.NewNetwork(),
 		Data:    memvan.NewNetwork(),
-		ended:   make(chan error, o.Servers+1),
+		ended:   make(chan error, o.Servers+1+maxAdded),
 		waiting: o.Servers + 1,
 	}
 	deps := func(role string, i int) launch.Deps {
@@ -149,6 +155,30 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 			starts <- started{false, n, err}
 		}()
 	}
+	next := o.Servers
+	c.addServer = func() (*launch.Node, error) {
+		c.nodesMu.Lock()
+		i := next
+		if i-o.Servers >= maxAdded {
+			c.nodesMu.Unlock()
+			return nil, fmt.Errorf("memcluster: more than %d servers added", maxAdded)
+		}
+		next++
+		c.nodesMu.Unlock()
+		c.mu.Lock()
+		c.waiting++
+		c.mu.Unlock()
+		n, err := launch.Start(ctx, srvCfg, deps("server", i))
+		if err != nil {
+			c.ended <- err
+			return nil, err
+		}
+		c.nodesMu.Lock()
+		c.nodes = append(c.nodes, n)
+		c.nodesMu.Unlock()
+		go serve(n)
+		return n, nil
+	}
 	var errs []error
 	byRank := make([]*worker.Worker, o.Workers)
 	for range o.Servers + o.Workers {
@@ -179,9 +209,16 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	return c, nil
 }
 
+// all is a copy of the nodes started so far.
+func (c *Cluster) all() []*launch.Node {
+	c.nodesMu.Lock()
+	defer c.nodesMu.Unlock()
+	return slices.Clone(c.nodes)
+}
+
 // Member is the membership of node id (a server or a worker), nil if none.
 func (c *Cluster) Member(id node.ID) *cluster.Member {
-	for _, n := range c.nodes {
+	for _, n := range c.all() {
 		if m := n.Member(); m != nil && m.Self().ID == id {
 			return m
 		}
@@ -192,7 +229,7 @@ func (c *Cluster) Member(id node.ID) *cluster.Member {
 // Customers is the customer set of node id (a server or a worker), nil
 // if none.
 func (c *Cluster) Customers(id node.ID) *customer.Set {
-	for _, n := range c.nodes {
+	for _, n := range c.all() {
 		if m := n.Member(); m != nil && m.Self().ID == id {
 			return n.Customers()
 		}
@@ -225,12 +262,23 @@ func (c *Cluster) Drop(id node.ID) error {
 	return nil
 }
 
+// AddServer starts a server with the job's environment while the job
+// runs, as a launcher would start one more process, and returns its id
+// once it has joined.
+func (c *Cluster) AddServer() (node.ID, error) {
+	n, err := c.addServer()
+	if err != nil {
+		return 0, err
+	}
+	return n.Member().Self().ID, nil
+}
+
 // Kill ends server id as kill -9 would: it is cut off both networks (every
 // peer sees its connections break, its control messages are lost) and
 // closed; its end no longer counts as an error in Finish or Ends.
 func (c *Cluster) Kill(id node.ID) error {
 	var victim *launch.Node
-	for _, n := range c.nodes {
+	for _, n := range c.all() {
 		if m := n.Member(); m != nil && m.Self().ID == id && n.Worker() == nil {
 			victim = n
 		}
@@ -297,7 +345,7 @@ func (c *Cluster) awaitEnds(ctx context.Context) error {
 // and the scheduler to return. It may follow Finish.
 func (c *Cluster) Close() {
 	c.cancel()
-	for _, n := range c.nodes {
+	for _, n := range c.all() {
 		n.Close()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

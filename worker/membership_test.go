@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -148,4 +150,96 @@ func inPlaceRounds(w *worker.Worker, iters, elems, killAt int, kill func()) erro
 		}
 	}
 	return nil
+}
+
+// TestServerJoins starts a second server while a 1×2 job trains: it gets
+// an id no node had, every member adds it, and the LB gives it a share
+// (at once with the LB off; after a probe of its links with the LB on):
+// its aggregator then receives pushes. Every value stays exact.
+func TestServerJoins(t *testing.T) {
+	const iters, joinAt = 16, 3
+	for _, lbMode := range []string{"off", "on"} {
+		t.Run("LB "+lbMode, func(t *testing.T) {
+			c := startMem(t, 1, 2, map[string]string{
+				"FPT_PARTITION_BYTES": memPartitionBytes, "FPT_LB": lbMode, "FPT_ON_SERVER_LOSS": "retry",
+			})
+			joined := make(chan node.ID, 1)
+			fptRounds(t, c.Workers, iters, hooks{before: func(w *worker.Worker, it int) error {
+				if w.Rank() != 0 || it != joinAt {
+					return nil
+				}
+				id, err := c.AddServer()
+				joined <- id
+				return err
+			}})
+			id := <-joined
+			if id != node.ServerID(1) {
+				t.Errorf("the joining server got id %s, want %s (the next server id)", id, node.ServerID(1))
+			}
+			for _, w := range c.Workers {
+				if got := w.Node().Servers(); !slices.Equal(got, []node.ID{node.ServerID(0), id}) {
+					t.Errorf("worker %d: servers %v", w.Rank(), got)
+				}
+			}
+			var received uint64
+			for _, p := range c.Member(id).Van().Stats() {
+				received += p.ReceivedBytes
+			}
+			if received < 1<<10 {
+				t.Errorf("the joined server received %d bytes: the LB gave it no share", received)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := c.Finish(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestMembershipStress runs 500 iterations of a 2×2 job through 50
+// membership events, one every 10 iterations: a random live server
+// killed (while another remains), or a new one started. Every pulled
+// value is checked exactly, and no id is ever given twice.
+func TestMembershipStress(t *testing.T) {
+	const events, every = 50, 10
+	for _, lbMode := range []string{"off", "on"} {
+		t.Run("LB "+lbMode, func(t *testing.T) {
+			c := startMem(t, 2, 2, map[string]string{
+				"FPT_PARTITION_BYTES": memPartitionBytes, "FPT_LB": lbMode, "FPT_ON_SERVER_LOSS": "retry",
+			})
+			rng := rand.New(rand.NewPCG(14, uint64(len(lbMode))))
+			ids := []node.ID{node.ServerID(0), node.ServerID(1)}
+			var kills, joins int
+			fptRounds(t, c.Workers, events*every, hooks{before: func(w *worker.Worker, it int) error {
+				if w.Rank() != 0 || it%every != 0 {
+					return nil
+				}
+				live := w.Node().Servers()
+				if len(live) > 1 && rng.IntN(2) == 0 {
+					kills++
+					return c.Kill(live[rng.IntN(len(live))])
+				}
+				id, err := c.AddServer()
+				if err != nil {
+					return err
+				}
+				if slices.Contains(ids, id) || id < slices.Max(ids) {
+					return fmt.Errorf("iteration %d: a joining server got %s; ids given so far: %v", it, id, ids)
+				}
+				ids = append(ids, id)
+				joins++
+				return nil
+			}})
+			t.Logf("%d kills, %d joins; server ids %v", kills, joins, ids)
+			if kills < 10 || joins < 10 {
+				t.Errorf("%d kills and %d joins: the stress did not exercise both", kills, joins)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := c.Finish(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 }
