@@ -11,6 +11,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -433,10 +434,10 @@ func (n *Member) setTable(m *control.Message) error {
 	case n.cfg.RankVar != "" && m.Recipient != node.RankID(n.cfg.Role, n.cfg.Rank):
 		return fmt.Errorf("cluster: the scheduler made this node %s, not rank %d as %s asks", m.Recipient, n.cfg.Rank, n.cfg.RankVar)
 	}
-	if join && me.Role == node.Server && workers == n.cfg.NumWorkers {
-		// A server joining a running job: the servers are whoever is
-		// there now, not DMLC_NUM_SERVER.
-	} else if servers != n.cfg.NumServers || workers != n.cfg.NumWorkers {
+	// A server joining a running job finds the servers there are now,
+	// not DMLC_NUM_SERVER.
+	joiningServer := join && me.Role == node.Server
+	if workers != n.cfg.NumWorkers || servers != n.cfg.NumServers && !joiningServer {
 		return fmt.Errorf("cluster: node table has %d servers and %d workers; DMLC_NUM_SERVER=%d, DMLC_NUM_WORKER=%d",
 			servers, workers, n.cfg.NumServers, n.cfg.NumWorkers)
 	}
@@ -851,6 +852,7 @@ func (n *Member) welcome(m *control.Message) {
 	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: t.left}
 	nt.byID[info.ID] = info
 	nt.table = append(slices.Clone(t.table), info)
+	slices.SortFunc(nt.table, func(a, b node.Info) int { return cmp.Compare(a.ID, b.ID) })
 	n.topo.Store(nt)
 	n.log.Info("server joining; connecting to it", "node", info)
 	n.wg.Add(1)
