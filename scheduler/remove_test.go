@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/fptps/fpt/node"
@@ -120,5 +121,27 @@ func TestBarriersRemove(t *testing.T) {
 				t.Errorf("%d barriers still pending at the end", len(b.arrived))
 			}
 		})
+	}
+}
+
+// TestBarriersRefuseDeparted: an arrival from a member that left (its
+// message was in flight) is refused: counted, it would stand in for a
+// member still missing and release the barrier early.
+func TestBarriersRefuseDeparted(t *testing.T) {
+	s0, s1, s2 := node.ServerID(0), node.ServerID(1), node.ServerID(2)
+	b := newBarriers([]node.Info{{ID: node.SchedulerID}, {ID: s0}, {ID: s1}, {ID: s2}, {ID: node.WorkerID(0)}})
+	if rel := b.remove(s1); rel != nil {
+		t.Fatalf("released %v", rel)
+	}
+	for _, g := range []node.Group{node.ServerGroup, node.AllGroup} {
+		if rel, err := b.arrive(s1, g, 0); err == nil {
+			t.Errorf("group %d: arrival of the departed %s accepted (release %v)", g, s1, rel)
+		}
+	}
+	if rel, err := b.arrive(s0, node.ServerGroup, 0); err != nil || rel != nil {
+		t.Fatalf("%s: %v, %v: released without %s", s0, rel, err, s2)
+	}
+	if rel, err := b.arrive(s2, node.ServerGroup, 0); err != nil || !slices.Equal(rel, []node.ID{s0, s2}) {
+		t.Fatalf("%s: %v, %v", s2, rel, err)
 	}
 }
