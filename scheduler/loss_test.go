@@ -28,13 +28,16 @@ func TestServeNodeLoss(t *testing.T) {
 		servers, workers int
 		lost             node.ID
 		leaves           bool // the job goes on without it
+		final            bool // the others wait for it at the final barrier
 	}{
-		{"retry, LB off: the server leaves", true, false, 2, 2, node.ServerID(1), true},
-		{"retry, LB on: the server leaves", true, true, 3, 1, node.ServerID(0), true},
-		{"fail (default): relayed", false, false, 2, 2, node.ServerID(1), false},
-		{"fail (default), LB on: relayed", false, true, 2, 2, node.ServerID(1), false},
-		{"retry, a worker: relayed", true, false, 2, 2, node.WorkerID(1), false},
-		{"retry, the last server: relayed", true, false, 1, 2, node.ServerID(0), false},
+		{"retry, LB off: the server leaves", true, false, 2, 2, node.ServerID(1), true, false},
+		{"retry, LB on: the server leaves", true, true, 3, 1, node.ServerID(0), true, false},
+		{"retry: the final barrier passes without it", true, false, 2, 2, node.ServerID(0), true, true},
+		{"fail (default): relayed", false, false, 2, 2, node.ServerID(1), false, false},
+		{"fail (default), LB on: relayed", false, true, 2, 2, node.ServerID(1), false, false},
+		{"fail (default), at the final barrier: relayed", false, false, 2, 2, node.ServerID(1), false, true},
+		{"retry, a worker: relayed", true, false, 2, 2, node.WorkerID(1), false, false},
+		{"retry, the last server: relayed", true, false, 1, 2, node.ServerID(0), false, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -92,9 +95,13 @@ func TestServeNodeLoss(t *testing.T) {
 			}
 			// Everyone but the lost node waits at a barrier: only the loss
 			// can release it.
+			var flags uint8
+			if tc.final {
+				flags = control.FlagFinal
+			}
 			for id, p := range members {
 				if id != tc.lost {
-					_ = p.Send(sched, &control.Message{Command: control.Barrier, Sender: id, Group: node.AllGroup})
+					_ = p.Send(sched, &control.Message{Command: control.Barrier, Flags: flags, Sender: id, Group: node.AllGroup})
 				}
 			}
 			lost := &control.Message{Command: control.NodeFailed, Sender: reporter, Target: tc.lost, Text: "connection reset"}
@@ -131,7 +138,15 @@ func TestServeNodeLoss(t *testing.T) {
 				if len(d.Decision.Aggregators) != tc.servers-1 {
 					t.Fatalf("%s got %v: want %d servers", id, d, tc.servers-1)
 				}
-				if m := next(t, p); m.Command != control.BarrierDone || m.Group != node.AllGroup || m.Seq != 0 {
+				m = next(t, p)
+				if tc.final {
+					if m.Command != control.Terminate {
+						t.Fatalf("%s got %v, want Terminate: the final barrier waited only for the lost server", id, m.Command)
+					}
+					_ = p.Send(sched, &control.Message{Command: control.Terminate, Sender: id})
+					continue
+				}
+				if m.Command != control.BarrierDone || m.Group != node.AllGroup || m.Seq != 0 {
 					t.Fatalf("%s got %v (group %d, seq %d), want the barrier released", id, m.Command, m.Group, m.Seq)
 				}
 			}
@@ -146,25 +161,27 @@ func TestServeNodeLoss(t *testing.T) {
 				}
 				return
 			}
-			// A late report of the same loss is not a failure.
-			if err := members[reporter].Send(sched, lost); err != nil {
-				t.Fatal(err)
-			}
-			// The members left reach the final barrier without the lost
-			// server, and are terminated.
-			for id, p := range members {
-				if id != tc.lost {
-					_ = p.Send(sched, &control.Message{Command: control.Barrier, Flags: control.FlagFinal, Sender: id, Group: node.AllGroup, Seq: 1})
+			if !tc.final {
+				// A late report of the same loss is not a failure.
+				if err := members[reporter].Send(sched, lost); err != nil {
+					t.Fatal(err)
 				}
-			}
-			for id, p := range members {
-				if id == tc.lost {
-					continue
+				// The members left reach the final barrier without the
+				// lost server, and are terminated.
+				for id, p := range members {
+					if id != tc.lost {
+						_ = p.Send(sched, &control.Message{Command: control.Barrier, Flags: control.FlagFinal, Sender: id, Group: node.AllGroup, Seq: 1})
+					}
 				}
-				if m := next(t, p); m.Command != control.Terminate {
-					t.Fatalf("%s got %v, want Terminate", id, m.Command)
+				for id, p := range members {
+					if id == tc.lost {
+						continue
+					}
+					if m := next(t, p); m.Command != control.Terminate {
+						t.Fatalf("%s got %v, want Terminate", id, m.Command)
+					}
+					_ = p.Send(sched, &control.Message{Command: control.Terminate, Sender: id})
 				}
-				_ = p.Send(sched, &control.Message{Command: control.Terminate, Sender: id})
 			}
 			select {
 			case err := <-done:
