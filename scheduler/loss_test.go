@@ -199,3 +199,67 @@ func TestServeNodeLoss(t *testing.T) {
 		})
 	}
 }
+
+// TestServeSilentServerLeaves: under retry a server whose heartbeats stop
+// leaves the job like one reported lost, while the members that keep
+// beating stay.
+func TestServeSilentServerLeaves(t *testing.T) {
+	net := memplane.NewNetwork()
+	sp, err := net.Listen(0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Config{Role: node.Scheduler, RootURI: "127.0.0.1", RootPort: sp.Port(), NumServers: 2, NumWorkers: 1,
+		HeartbeatInterval: 20 * time.Millisecond, HeartbeatTimeout: 2 * time.Second, StartTimeout: waitTime, RetryServerLoss: true}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	go func() { done <- Serve(ctx, sp, cfg, quiet, nil, nil, Observers{}) }()
+	defer func() { cancel(); <-done }()
+	sched := "tcp://127.0.0.1:" + strconv.Itoa(sp.Port())
+	var planes []*memplane.Plane
+	for _, role := range []node.Role{node.Server, node.Server, node.Worker} {
+		p, err := net.Listen(0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info := node.Info{Role: role, Host: "127.0.0.1", ControlPort: p.Port(), DataPort: p.Port() + 1}
+		if err := p.Send(sched, &control.Message{Command: control.AddNode, Nodes: []node.Info{info}}); err != nil {
+			t.Fatal(err)
+		}
+		planes = append(planes, p)
+	}
+	members := map[node.ID]*memplane.Plane{}
+	for _, p := range planes {
+		members[next(t, p).Recipient] = p
+	}
+	silent, beating := node.ServerID(1), []node.ID{node.ServerID(0), node.WorkerID(0)}
+	stop := make(chan struct{})
+	beat := make(chan struct{})
+	go func() {
+		defer close(beat)
+		for {
+			for _, id := range beating {
+				_ = members[id].Send(sched, &control.Message{Command: control.Heartbeat, Sender: id})
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	defer func() { close(stop); <-beat }()
+	for _, id := range beating {
+		for {
+			m := next(t, members[id])
+			if m.Command == control.HeartbeatAck || m.Command == control.Decision {
+				continue
+			}
+			if m.Command != control.NodeLeft || m.Target != silent || !strings.Contains(m.Text, "no heartbeat") {
+				t.Fatalf("%s got %v naming %s (%q), want NodeLeft naming %s", id, m.Command, m.Target, m.Text, silent)
+			}
+			break
+		}
+	}
+}
