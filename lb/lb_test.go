@@ -401,3 +401,85 @@ func TestSchedule(t *testing.T) {
 		t.Fatal("schedule shares the caller's slice")
 	}
 }
+
+// TestScheduleRewrite: a retry's decision replaces every decision taking
+// effect at or after its iteration and leaves the earlier ones in force;
+// one that is invalid or not newer than every decision held changes
+// nothing.
+func TestScheduleRewrite(t *testing.T) {
+	servers := []node.ID{8, 10, 12}
+	left := []node.ID{8, 12} // server 10 lost
+	base := func(t *testing.T) *Schedule {
+		t.Helper()
+		s, err := NewSchedule(Even(1, 0, servers))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range []Decision{
+			{Version: 2, Iteration: 10, Aggregators: servers, Shares: []float64{0.5, 0.25, 0.25}},
+			{Version: 3, Iteration: 20, Aggregators: servers, Shares: []float64{0.25, 0.5, 0.25}},
+			{Version: 4, Iteration: 30, Aggregators: servers, Shares: []float64{0.25, 0.25, 0.5}},
+		} {
+			if err := s.Add(d); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return s
+	}
+	cases := []struct {
+		name string
+		d    Decision
+		ok   bool
+		kept int // decisions kept from before
+	}{
+		{"between two decisions", Even(5, 15, left), true, 2},
+		{"at a decision's iteration: replaces it", Even(5, 20, left), true, 2},
+		{"at the first decision: replaces all", Even(5, 0, left), true, 0},
+		{"after the latest: appends", Even(5, 40, left), true, 4},
+		{"version may skip", Even(9, 25, left), true, 3},
+		{"same version as the latest", Even(4, 15, left), false, 4},
+		{"older than the latest", Even(3, 35, left), false, 4},
+		{"invalid shares", Decision{Version: 5, Iteration: 15, Aggregators: left, Shares: []float64{0.6, 0.6}}, false, 4},
+		{"no aggregators", Decision{Version: 5, Iteration: 15}, false, 4},
+	}
+	probe := []uint64{0, 9, 10, 14, 15, 19, 20, 24, 25, 29, 30, 39, 40, 1 << 40}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, old := base(t), base(t)
+			err := s.Rewrite(tc.d)
+			if tc.ok != (err == nil) {
+				t.Fatalf("err %v, want ok=%v", err, tc.ok)
+			}
+			if want := tc.kept + map[bool]int{true: 1}[tc.ok]; s.Len() != want {
+				t.Fatalf("%d decisions, want %d", s.Len(), want)
+			}
+			for _, it := range probe {
+				want := old.At(it)
+				if tc.ok && it >= tc.d.Iteration {
+					want = tc.d
+				}
+				if got := s.At(it); !reflect.DeepEqual(got, want) {
+					t.Errorf("At(%d) = %v, want %v", it, got, want)
+				}
+			}
+			if !tc.ok {
+				return
+			}
+			if !reflect.DeepEqual(s.Latest(), tc.d) {
+				t.Errorf("Latest() = %v, want %v", s.Latest(), tc.d)
+			}
+			// The schedule keeps its own copy, and later decisions follow
+			// the rewritten one.
+			tc.d.Shares[0] = 42
+			if s.Latest().Shares[0] == 42 {
+				t.Error("schedule shares the caller's slice")
+			}
+			if err := s.Add(Even(tc.d.Version, tc.d.Iteration+1, left)); err == nil {
+				t.Error("Add of the rewritten decision's version accepted")
+			}
+			if err := s.Add(Even(tc.d.Version+1, tc.d.Iteration+1, left)); err != nil {
+				t.Errorf("Add after Rewrite: %v", err)
+			}
+		})
+	}
+}

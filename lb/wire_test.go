@@ -30,6 +30,7 @@ func directiveCases() map[string]Directive {
 		many[i] = node.ID(8 + i)
 	}
 	big := Even(1<<32-1, 1<<64-1, many)
+	retry := Even(5, 9, []node.ID{8, 12})
 	return map[string]Directive{
 		"empty":       {},
 		"no change":   {Horizon: 14, Shaping: true},
@@ -40,6 +41,11 @@ func directiveCases() map[string]Directive {
 		"utf-8":       {Horizon: 3, Reason: "débit ↑ 10 Mbit/s"},
 		"long reason": {Reason: strings.Repeat("x", MaxReason)},
 		"many":        {Horizon: 1<<64 - 1, Decision: &big, Shaping: true},
+		// FPT_ON_SERVER_LOSS=retry: a re-cut at the oldest incomplete
+		// iteration, and the progress every worker's held pushes wait on.
+		"retry":    {Horizon: 14, Decision: &retry, Shaping: true, Retry: true, Done: 9, Reason: "server1(10) lost"},
+		"done":     {Horizon: 14, Shaping: true, Done: 12},
+		"max done": {Horizon: 1<<64 - 1, Done: 1<<64 - 1},
 	}
 }
 
@@ -113,6 +119,7 @@ func TestMarshalDirectiveRejects(t *testing.T) {
 		"missing share":      {Decision: &Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{1}}},
 		"no aggregators":     {Decision: &Decision{}},
 		"probe, no decision": {Probe: true},
+		"retry, no decision": {Retry: true, Done: 3},
 		"reason too long":    {Reason: strings.Repeat("x", MaxReason+1)},
 		"too many":           {Decision: func() *Decision { d := Even(1, 0, make([]node.ID, MaxAggregators+1)); return &d }()},
 	}
@@ -147,6 +154,14 @@ func TestUnmarshalDirectiveRejects(t *testing.T) {
 		{"duplicate aggregator", edit(func(b []byte) []byte { le.PutUint32(b[26:], 10); return b }), true},
 		{"no aggregators", cat([]byte{directiveV1, flagDecision}, make([]byte, 8+4+8+4), []byte{0, 0}), true},
 		{"probe without decision", cat([]byte{directiveV1, flagProbe}, make([]byte, 8), []byte{0, 0}), false},
+		{"retry without decision", cat([]byte{directiveV1, flagRetry | flagDone}, make([]byte, 8), le.AppendUint64(nil, 3), []byte{0, 0}), false},
+		// Zero is sent as no flag: a second encoding of it is refused.
+		{"done flag, zero done", cat([]byte{directiveV1, flagDone}, make([]byte, 8), make([]byte, 8), []byte{0, 0}), false},
+		{"done cut short", cat([]byte{directiveV1, flagDone}, make([]byte, 8), []byte{3, 0, 0}), false},
+		{"done missing", cat([]byte{directiveV1, flagDone | flagShaping}, make([]byte, 8)), false},
+		// The done flag moves the decision by 8 bytes: a decoder that
+		// skipped it would read Done as the decision header.
+		{"done flag, done absent", edit(func(b []byte) []byte { b[1] |= flagDone; return b }), true},
 		{"reason beyond the bytes", cat([]byte{directiveV1, 0}, make([]byte, 8), []byte{5, 0}, []byte("abc")), false},
 		{"reason beyond the limit", cat([]byte{directiveV1, 0}, make([]byte, 8), le.AppendUint16(nil, MaxReason+1), make([]byte, MaxReason+1)), false},
 	}
@@ -187,6 +202,10 @@ func TestDirectiveString(t *testing.T) {
 		{
 			Directive{Horizon: 19, Probe: true, Decision: &Decision{Version: 4, Iteration: 19, Aggregators: []node.ID{8, 9}, Shares: []float64{0.5, 0.5}}, Reason: "probe: warm-up done"},
 			"v4 from iteration 19: server0(8) 50.0%, worker0(9) 50.0%; probe; shaping off (probe: warm-up done)",
+		},
+		{
+			Directive{Horizon: 14, Shaping: true, Retry: true, Done: 9, Decision: &Decision{Version: 5, Iteration: 9, Aggregators: []node.ID{8, 12}, Shares: []float64{0.5, 0.5}}, Reason: "server1(10) lost"},
+			"v5 from iteration 9: server0(8) 50.0%, server2(12) 50.0%; retry (server1(10) lost)",
 		},
 		{Directive{Horizon: 14, Shaping: true}, "horizon 14, no change"},
 		{Directive{Horizon: 15}, "horizon 15, no change; shaping off"},

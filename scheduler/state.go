@@ -106,6 +106,9 @@ type barriers struct {
 	members map[node.Group][]node.ID
 	arrived map[barrierKey]map[node.ID]bool
 	next    map[memberGroup]uint64
+	// left holds the members removed: a message of theirs still in
+	// flight must not count for one still missing.
+	left map[node.ID]bool
 }
 
 type memberGroup struct {
@@ -119,7 +122,7 @@ type barrierKey struct {
 }
 
 func newBarriers(table []node.Info) *barriers {
-	b := &barriers{members: map[node.Group][]node.ID{}, arrived: map[barrierKey]map[node.ID]bool{}, next: map[memberGroup]uint64{}}
+	b := &barriers{members: map[node.Group][]node.ID{}, arrived: map[barrierKey]map[node.ID]bool{}, next: map[memberGroup]uint64{}, left: map[node.ID]bool{}}
 	for g := node.Group(1); g <= node.AllGroup; g++ {
 		for _, info := range table {
 			if info.ID != node.SchedulerID && info.ID.InGroup(g) {
@@ -168,6 +171,7 @@ func (b *barriers) nextSeqs() [node.AllGroup]uint64 {
 // barriers it was the last one missing from.
 func (b *barriers) remove(id node.ID) []release {
 	var out []release
+	b.left[id] = true
 	for g, ms := range b.members {
 		b.members[g] = slices.DeleteFunc(slices.Clone(ms), func(m node.ID) bool { return m == id })
 		delete(b.next, memberGroup{id, g})
@@ -189,7 +193,7 @@ func (b *barriers) arrive(id node.ID, g node.Group, seq uint64) (release []node.
 	if g == 0 || g > node.AllGroup {
 		return nil, fmt.Errorf("barrier: unknown group %d", g)
 	}
-	if !id.InGroup(g) || id == node.SchedulerID {
+	if !id.InGroup(g) || id == node.SchedulerID || b.left[id] {
 		return nil, fmt.Errorf("barrier: %s is not a member of group %d", id, g)
 	}
 	if want := b.next[memberGroup{id, g}]; seq != want {

@@ -1,0 +1,109 @@
+package aggregator
+
+import (
+	"io"
+	"log/slog"
+	"testing"
+
+	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/node"
+)
+
+// TestRetryDropsStale: after a retry decision the aggregator forgets the
+// partial sums it superseded and drops later pushes cut under an older
+// version for the iterations it re-cut, so that no sum mixes two cuts.
+// No round completes here (two workers, one push each at most), so the
+// member needs no cluster: nothing is sent.
+func TestRetryDropsStale(t *testing.T) {
+	type op struct {
+		retry   bool // Retry(version, iter) instead of a push
+		worker  int
+		local   bool // AddLocal rather than HandlePush
+		adopt   bool // the van read it into PayloadBuffer's buffer
+		iter    uint64
+		version uint32
+		pending int // table.Pending() afterwards
+	}
+	push := func(worker int, iter uint64, version uint32, pending int) op {
+		return op{worker: worker, iter: iter, version: version, pending: pending}
+	}
+	retry := func(version uint32, from uint64, pending int) op {
+		return op{retry: true, iter: from, version: version, pending: pending}
+	}
+	with := func(o op, f func(*op)) op { f(&o); return o }
+	adopted := func(o *op) { o.adopt = true }
+	cases := []struct {
+		name string
+		ops  []op
+	}{
+		{"partial sums from the retry's iteration on under older versions go", []op{
+			push(0, 4, 1, 1), push(0, 5, 1, 2), push(0, 6, 1, 3), push(0, 6, 2, 4),
+			retry(2, 5, 2), // 5 and 6 under v1
+		}},
+		{"a late push of a re-cut iteration is dropped", []op{
+			push(0, 5, 1, 1),
+			retry(2, 5, 0),
+			push(1, 5, 1, 0), push(1, 7, 0, 0),
+			with(push(1, 6, 1, 0), adopted),
+			with(push(0, 5, 1, 0), func(o *op) { o.local = true }),
+		}},
+		{"pushes before the retry's iteration, or under its version, count", []op{
+			retry(2, 5, 0),
+			push(1, 4, 1, 1),
+			push(1, 5, 2, 2),
+			with(push(0, 6, 3, 3), adopted),
+			with(push(0, 7, 2, 4), func(o *op) { o.local = true }),
+		}},
+		{"every retry applies", []op{
+			retry(2, 5, 0),
+			retry(3, 8, 0),
+			push(0, 6, 2, 1), // re-cut at 5 under v2, not at 8
+			push(0, 8, 2, 1),
+			push(0, 5, 1, 1),
+			push(0, 9, 3, 2),
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.Config{Role: node.Server, NumServers: 2, NumWorkers: 2}
+			m := cluster.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), cluster.Planes{})
+			a := New(m, nil)
+			for i, o := range tc.ops {
+				h := &frame.Header{Type: frame.Push, DType: frame.Float32, Sender: uint32(node.WorkerID(o.worker)),
+					Key: 3, Partition: 1, Iteration: o.iter, Aux: o.version, Total: 64, Length: 8}
+				var err error
+				before := a.table.Pending()
+				switch {
+				case o.retry:
+					a.Retry(o.version, o.iter)
+				case o.local:
+					err = a.AddLocal(h, make([]byte, h.Length))
+				case o.adopt:
+					buf := a.PayloadBuffer(h)
+					err = a.HandlePush(h, buf)
+					if len(a.adopted) != 0 {
+						t.Fatalf("op %d: %d adopted buffers outstanding", i, len(a.adopted))
+					}
+					// A dropped push's buffer goes back to the table; a
+					// counted one's is the round's sum.
+					dropped := a.table.Pending() == before
+					again := a.table.Buffer(int(h.Length))
+					if reused := &again[0] == &buf[0]; reused != dropped {
+						t.Fatalf("op %d (%+v): dropped %v, but its buffer handed out again: %v", i, o, dropped, reused)
+					}
+					a.table.Recycle(again)
+				default:
+					err = a.HandlePush(h, make([]byte, h.Length))
+				}
+				if err != nil {
+					t.Fatalf("op %d (%+v): %v", i, o, err)
+				}
+				if got := a.table.Pending(); got != o.pending {
+					t.Fatalf("op %d (%+v): %d partitions pending, want %d", i, o, got, o.pending)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,265 @@
+package scheduler
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/control"
+	"github.com/fptps/fpt/control/memplane"
+	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/node"
+)
+
+// TestServeNodeLoss: under FPT_ON_SERVER_LOSS=retry a lost server leaves
+// the job (every other member hears NodeLeft, then the LB's retry
+// decision) and the job goes on to its final barrier without it; by
+// default, or when the lost node is a worker or the last server, the
+// failure is relayed and the scheduler ends with an error naming it.
+func TestServeNodeLoss(t *testing.T) {
+	cases := []struct {
+		name             string
+		retry, lb        bool
+		servers, workers int
+		lost             node.ID
+		leaves           bool // the job goes on without it
+		final            bool // the others wait for it at the final barrier
+	}{
+		{"retry, LB off: the server leaves", true, false, 2, 2, node.ServerID(1), true, false},
+		{"retry, LB on: the server leaves", true, true, 3, 1, node.ServerID(0), true, false},
+		{"retry: the final barrier passes without it", true, false, 2, 2, node.ServerID(0), true, true},
+		{"fail (default): relayed", false, false, 2, 2, node.ServerID(1), false, false},
+		{"fail (default), LB on: relayed", false, true, 2, 2, node.ServerID(1), false, false},
+		{"fail (default), at the final barrier: relayed", false, false, 2, 2, node.ServerID(1), false, true},
+		{"retry, a worker: relayed", true, false, 2, 2, node.WorkerID(1), false, false},
+		{"retry, the last server: relayed", true, false, 1, 2, node.ServerID(0), false, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			net := memplane.NewNetwork()
+			sp, err := net.Listen(0, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := config.Config{Role: node.Scheduler, RootURI: "127.0.0.1", RootPort: sp.Port(),
+				NumServers: tc.servers, NumWorkers: tc.workers, HeartbeatInterval: time.Hour, HeartbeatTimeout: 2 * time.Hour,
+				StartTimeout: waitTime, LB: tc.lb, RetryServerLoss: tc.retry}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+			go func() { done <- Serve(ctx, sp, cfg, quiet, nil, nil, Observers{}) }()
+			sched := "tcp://127.0.0.1:" + strconv.Itoa(sp.Port())
+			var planes []*memplane.Plane
+			for i := range tc.servers + tc.workers {
+				role := node.Server
+				if i >= tc.servers {
+					role = node.Worker
+				}
+				p, err := net.Listen(0, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				info := node.Info{Role: role, Host: "127.0.0.1", ControlPort: p.Port(), DataPort: p.Port() + 1}
+				if err := p.Send(sched, &control.Message{Command: control.AddNode, Nodes: []node.Info{info}}); err != nil {
+					t.Fatal(err)
+				}
+				planes = append(planes, p)
+			}
+			members := map[node.ID]*memplane.Plane{}
+			for _, p := range planes {
+				m := next(t, p)
+				if m.Command != control.NodeTable {
+					t.Fatalf("got %v, want the node table", m.Command)
+				}
+				members[m.Recipient] = p
+			}
+			// Whatever the LB sends at the start.
+			if tc.lb || tc.retry {
+				for id, p := range members {
+					if m := next(t, p); m.Command != control.Decision {
+						t.Fatalf("%s got %v, want the first directive", id, m.Command)
+					}
+				}
+			}
+			var reporter node.ID // some other member notices the loss
+			for id := range members {
+				if id != tc.lost && reporter == 0 {
+					reporter = id
+				}
+			}
+			// Everyone but the lost node waits at a barrier: only the loss
+			// can release it.
+			var flags uint8
+			if tc.final {
+				flags = control.FlagFinal
+			}
+			for id, p := range members {
+				if id != tc.lost {
+					_ = p.Send(sched, &control.Message{Command: control.Barrier, Flags: flags, Sender: id, Group: node.AllGroup})
+				}
+			}
+			lost := &control.Message{Command: control.NodeFailed, Sender: reporter, Target: tc.lost, Text: "connection reset"}
+			if err := members[reporter].Send(sched, lost); err != nil {
+				t.Fatal(err)
+			}
+			for id, p := range members {
+				if id == tc.lost {
+					continue
+				}
+				m := next(t, p)
+				if !tc.leaves {
+					if m.Command != control.NodeFailed || m.Target != tc.lost {
+						t.Fatalf("%s got %v naming %s, want NodeFailed naming %s", id, m.Command, m.Target, tc.lost)
+					}
+					continue
+				}
+				if m.Command != control.NodeLeft || m.Target != tc.lost || m.Text != "connection reset" {
+					t.Fatalf("%s got %v naming %s (%q), want NodeLeft naming %s", id, m.Command, m.Target, m.Text, tc.lost)
+				}
+				m = next(t, p)
+				if m.Command != control.Decision {
+					t.Fatalf("%s got %v after NodeLeft, want the retry decision", id, m.Command)
+				}
+				d, err := lb.UnmarshalDirective(m.Body)
+				if err != nil || !d.Retry || d.Decision == nil || d.Decision.Version != 1 {
+					t.Fatalf("%s got %v, %v: want a retry decision, version 1", id, d, err)
+				}
+				for _, a := range d.Decision.Aggregators {
+					if r, _ := a.Role(); a == tc.lost || r != node.Server {
+						t.Fatalf("%s got %v: aggregators other than the servers left", id, d)
+					}
+				}
+				if len(d.Decision.Aggregators) != tc.servers-1 {
+					t.Fatalf("%s got %v: want %d servers", id, d, tc.servers-1)
+				}
+				m = next(t, p)
+				if tc.final {
+					if m.Command != control.Terminate {
+						t.Fatalf("%s got %v, want Terminate: the final barrier waited only for the lost server", id, m.Command)
+					}
+					_ = p.Send(sched, &control.Message{Command: control.Terminate, Sender: id})
+					continue
+				}
+				if m.Command != control.BarrierDone || m.Group != node.AllGroup || m.Seq != 0 {
+					t.Fatalf("%s got %v (group %d, seq %d), want the barrier released", id, m.Command, m.Group, m.Seq)
+				}
+			}
+			if !tc.leaves {
+				select {
+				case err := <-done:
+					if err == nil || !strings.Contains(err.Error(), tc.lost.String()) {
+						t.Fatalf("Serve: %v, want an error naming %s", err, tc.lost)
+					}
+				case <-time.After(waitTime):
+					t.Fatal("Serve did not return")
+				}
+				return
+			}
+			if !tc.final {
+				// A late report of the same loss is not a failure.
+				if err := members[reporter].Send(sched, lost); err != nil {
+					t.Fatal(err)
+				}
+				// The members left reach the final barrier without the
+				// lost server, and are terminated.
+				for id, p := range members {
+					if id != tc.lost {
+						_ = p.Send(sched, &control.Message{Command: control.Barrier, Flags: control.FlagFinal, Sender: id, Group: node.AllGroup, Seq: 1})
+					}
+				}
+				for id, p := range members {
+					if id == tc.lost {
+						continue
+					}
+					if m := next(t, p); m.Command != control.Terminate {
+						t.Fatalf("%s got %v, want Terminate", id, m.Command)
+					}
+					_ = p.Send(sched, &control.Message{Command: control.Terminate, Sender: id})
+				}
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("Serve: %v", err)
+				}
+			case <-time.After(waitTime):
+				t.Fatal("Serve did not return")
+			}
+			select {
+			case m := <-members[tc.lost].Incoming():
+				t.Errorf("the lost server got %v", m.Command)
+			default:
+			}
+		})
+	}
+}
+
+// TestServeSilentServerLeaves: under retry a server whose heartbeats stop
+// leaves the job like one reported lost, while the members that keep
+// beating stay.
+func TestServeSilentServerLeaves(t *testing.T) {
+	net := memplane.NewNetwork()
+	sp, err := net.Listen(0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Config{Role: node.Scheduler, RootURI: "127.0.0.1", RootPort: sp.Port(), NumServers: 2, NumWorkers: 1,
+		HeartbeatInterval: 20 * time.Millisecond, HeartbeatTimeout: 2 * time.Second, StartTimeout: waitTime, RetryServerLoss: true}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	go func() { done <- Serve(ctx, sp, cfg, quiet, nil, nil, Observers{}) }()
+	defer func() { cancel(); <-done }()
+	sched := "tcp://127.0.0.1:" + strconv.Itoa(sp.Port())
+	var planes []*memplane.Plane
+	for _, role := range []node.Role{node.Server, node.Server, node.Worker} {
+		p, err := net.Listen(0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info := node.Info{Role: role, Host: "127.0.0.1", ControlPort: p.Port(), DataPort: p.Port() + 1}
+		if err := p.Send(sched, &control.Message{Command: control.AddNode, Nodes: []node.Info{info}}); err != nil {
+			t.Fatal(err)
+		}
+		planes = append(planes, p)
+	}
+	members := map[node.ID]*memplane.Plane{}
+	for _, p := range planes {
+		members[next(t, p).Recipient] = p
+	}
+	silent, beating := node.ServerID(1), []node.ID{node.ServerID(0), node.WorkerID(0)}
+	stop := make(chan struct{})
+	beat := make(chan struct{})
+	go func() {
+		defer close(beat)
+		for {
+			for _, id := range beating {
+				_ = members[id].Send(sched, &control.Message{Command: control.Heartbeat, Sender: id})
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	defer func() { close(stop); <-beat }()
+	for _, id := range beating {
+		for {
+			m := next(t, members[id])
+			if m.Command == control.HeartbeatAck || m.Command == control.Decision {
+				continue
+			}
+			if m.Command != control.NodeLeft || m.Target != silent || !strings.Contains(m.Text, "no heartbeat") {
+				t.Fatalf("%s got %v naming %s (%q), want NodeLeft naming %s", id, m.Command, m.Target, m.Text, silent)
+			}
+			break
+		}
+	}
+}
