@@ -144,6 +144,7 @@ type release struct {
 // nextSeqs names on: the numbers a joining server was given.
 func (b *barriers) add(id node.ID) {
 	seqs := b.nextSeqs()
+	delete(b.left, id)
 	for g := node.Group(1); g <= node.AllGroup; g++ {
 		if id.InGroup(g) && !slices.Contains(b.members[g], id) {
 			b.members[g] = append(slices.Clone(b.members[g]), id)
