@@ -26,6 +26,8 @@ func TestScheduler(t *testing.T) {
 	m.Decision(lb.Decision{Version: 2, Iteration: 8, Aggregators: all[1:], Shares: []float64{0.75, 0.25}}, false)
 	m.Capacities(map[node.ID]float64{node.ServerID(0): 1e6}, map[node.ID]float64{node.ServerID(0): 2e6})
 	m.Iteration(7, 1500*time.Millisecond)
+	// After three membership changes the table has two servers.
+	m.Membership([]node.Info{{ID: node.SchedulerID, Role: node.Scheduler}, {ID: node.ServerID(1), Role: node.Server}, {ID: node.ServerID(2), Role: node.Server}, {ID: node.WorkerID(0), Role: node.Worker}, {ID: node.WorkerID(1), Role: node.Worker}}, 3)
 	want := `
 # HELP fpt_lb_decision_version Version of the latest LB decision issued (0: the initial even split over the servers).
 # TYPE fpt_lb_decision_version gauge
@@ -44,13 +46,16 @@ fpt_lb_capacity_bits_per_second{direction="send",node="server 0"} 8e+06
 # HELP fpt_iteration The latest iteration every worker has finished (the LB's count; iteration 0 is the init round).
 # TYPE fpt_iteration gauge
 fpt_iteration 7
-# HELP fpt_members Nodes in the cluster, by role, once every one registered.
+# HELP fpt_members Nodes in the cluster, by role, once every one registered; then as servers join or leave a running job.
 # TYPE fpt_members gauge
 fpt_members{role="scheduler"} 1
-fpt_members{role="server"} 1
+fpt_members{role="server"} 2
 fpt_members{role="worker"} 2
+# HELP fpt_membership_version Membership changes since the cluster started (0: the nodes it started with).
+# TYPE fpt_membership_version gauge
+fpt_membership_version 3
 `
-	names := []string{"fpt_lb_decision_version", "fpt_lb_share", "fpt_lb_probes_total", "fpt_lb_capacity_bits_per_second", "fpt_iteration", "fpt_members"}
+	names := []string{"fpt_lb_decision_version", "fpt_lb_share", "fpt_lb_probes_total", "fpt_lb_capacity_bits_per_second", "fpt_iteration", "fpt_members", "fpt_membership_version"}
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
 		t.Error(err)
 	}
@@ -60,6 +65,7 @@ fpt_members{role="worker"} 2
 	// A nil *Scheduler (no FPT_METRICS_ADDR) records nothing, and does not panic.
 	var none *metrics.Scheduler
 	none.Members(nil)
+	none.Membership(nil, 1)
 	none.Decision(lb.Even(1, 0, all), true)
 	none.Capacities(nil, nil)
 	none.Iteration(1, time.Second)

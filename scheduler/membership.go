@@ -13,8 +13,8 @@ import (
 
 // lose handles the loss of node id (why says how it was noticed). A
 // server still joining leaves without consequence; under
-// FPT_ON_SERVER_LOSS=retry any lost server leaves the job instead of
-// ending it: the LB issues a retry decision without it, every member hears
+// FPT_ON_SERVER_LOSS=retry any other lost server, once the job has
+// started, leaves it instead of ending it: the LB issues a retry decision without it, every member hears
 // NodeLeft and then the directive, and barriers stop waiting for it.
 // handled is false when the loss must end the job (not a server, retry
 // off, or the last server). final is set when the departure released
@@ -25,7 +25,7 @@ func (s *sched) lose(bars *barriers, id node.ID, why string) (handled bool, fina
 		return false, nil
 	}
 	joining := s.joining[id]
-	if !joining && !s.cfg.RetryServerLoss {
+	if !joining && (!s.cfg.RetryServerLoss || !s.running) {
 		return false, nil
 	}
 	var d lb.Directive
@@ -176,3 +176,8 @@ func (s *sched) joined(bars *barriers, m *control.Message) {
 		s.reject.Reject("joined", "from", id, "seq", m.Seq)
 	}
 }
+
+// startBarrier is the number of the start barrier over all nodes (the
+// second of a node's start, after the table barrier): once it passes,
+// every server and worker has started.
+const startBarrier = 1

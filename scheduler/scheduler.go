@@ -81,6 +81,10 @@ type sched struct {
 	// the servers admitted but not yet connected to every member.
 	servers int
 	joining map[node.ID]bool
+	// running: the start barrier passed, every worker has started. A
+	// server lost before that ends the job even under retry: a worker
+	// cannot follow a retry before it has started.
+	running bool
 	// finalSeq is the final barrier's number, once a member reached it.
 	finalSeq  uint64
 	finalSeen bool
@@ -227,6 +231,9 @@ func (s *sched) serve(ctx context.Context) error {
 				}
 				for _, id := range release {
 					s.send(id, &control.Message{Command: control.BarrierDone, Sender: node.SchedulerID, Group: m.Group, Seq: m.Seq})
+				}
+				if m.Group == node.AllGroup && m.Seq >= startBarrier {
+					s.running = true
 				}
 			case control.NodeFailed:
 				target := culprit(m, s.table)

@@ -61,6 +61,9 @@ type core struct {
 	// sumsIn is one past the last iteration whose every sum is here, as
 	// reported to the LB (retry mode reports completions, not pushes).
 	sumsIn uint64
+	// early holds the directives with a decision or a Done that came
+	// before start.
+	early []lb.Directive
 	// classicUsed: a classic request was made. Its key ranges are sliced
 	// over the servers it started with, so it cannot go on without one.
 	classicUsed bool
@@ -125,6 +128,15 @@ func (c *core) start(self node.ID, servers []node.ID) error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	c.self, c.rank, c.servers, c.schedule, c.started = self, self.Rank(), servers, sched, true
+	early := c.early
+	c.early = nil
+	for _, d := range early {
+		// Nothing is pushed or pulled yet: there is nothing to do but
+		// follow.
+		if _, _, err := c.follow(d); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -324,14 +336,17 @@ func (c *core) decisionVersion() uint32 {
 // order, none missing: a worker that lacked one would cut tensors
 // differently from the others.
 func (c *core) follow(d lb.Directive) (out todo, moved bool, err error) {
+	if !c.started && (d.Decision != nil || d.Done > 0) {
+		// The node's control loop runs before the worker has its
+		// schedule: start applies these.
+		c.early = append(c.early, d)
+		return todo{}, false, nil
+	}
 	if d.Retry {
 		if out, err = c.retry(d); err != nil {
 			return todo{}, false, err
 		}
 	} else if d.Decision != nil {
-		if !c.started {
-			return todo{}, false, fmt.Errorf("worker: decision v%d before the worker started", d.Decision.Version)
-		}
 		if latest := c.schedule.Latest(); d.Decision.Version != latest.Version+1 {
 			return todo{}, false, fmt.Errorf("worker: decision v%d follows v%d: one is missing", d.Decision.Version, latest.Version)
 		}
@@ -414,8 +429,6 @@ func (c *core) retry(d lb.Directive) (todo, error) {
 	switch {
 	case !c.retryMode:
 		return todo{}, fmt.Errorf("worker: retry decision v%d, but FPT_ON_SERVER_LOSS is not retry here", dec.Version)
-	case !c.started:
-		return todo{}, fmt.Errorf("worker: retry decision v%d before the worker started", dec.Version)
 	case dec.Iteration < c.done:
 		return todo{}, fmt.Errorf("worker: retry decision v%d from iteration %d, but every worker has the sums up to %d", dec.Version, dec.Iteration, c.done)
 	}

@@ -380,3 +380,29 @@ func TestCoreRetryDuringStagedCopy(t *testing.T) {
 		t.Errorf("pulled %v, want %v", dst, sum)
 	}
 }
+
+// Directives reach the worker from the moment its node has a table,
+// before the worker has its schedule (a server lost during the start,
+// a decision issued early): start applies them in order.
+func TestCoreDirectivesBeforeStart(t *testing.T) {
+	c := newCore(testPartBytes, true)
+	c.retryMode = true
+	servers := []node.ID{node.ServerID(0), node.ServerID(1)}
+	dec := lb.Even(1, 3, servers)
+	retry := lose0(0)
+	retry.Decision.Version = 2
+	for _, d := range []lb.Directive{{Horizon: 2}, {Horizon: 2, Decision: &dec}, retry} {
+		if _, _, err := c.follow(d); err != nil {
+			t.Fatalf("directive %s before start: %v", d, err)
+		}
+	}
+	if err := c.start(node.WorkerID(0), servers); err != nil {
+		t.Fatal(err)
+	}
+	if v := c.decisionVersion(); v != 2 {
+		t.Errorf("after start: decision v%d, want v2 (the retry, which replaced v1)", v)
+	}
+	if got := c.schedule.At(5).Aggregators; !slices.Equal(got, []node.ID{node.ServerID(1)}) {
+		t.Errorf("iteration 5 goes to %v, want server 1 only", got)
+	}
+}

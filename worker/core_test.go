@@ -494,10 +494,15 @@ func TestCoreFollowDecisions(t *testing.T) {
 			}
 		})
 	}
+	// Before start a decision waits for it (TestCoreDirectivesBeforeStart);
+	// one out of order fails the start.
 	c := newCore(testPartBytes, false)
-	d := lb.Even(1, 5, s0)
-	if _, _, err := c.follow(lb.Directive{Decision: &d}); err == nil {
-		t.Error("a decision before start accepted")
+	d := lb.Even(2, 5, s0)
+	if _, _, err := c.follow(lb.Directive{Decision: &d}); err != nil {
+		t.Fatalf("a decision before start: %v", err)
+	}
+	if err := c.start(node.WorkerID(0), s0); err == nil {
+		t.Error("a decision out of order before start accepted")
 	}
 }
 
