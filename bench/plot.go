@@ -29,6 +29,8 @@ func plotPanels(results []tableRow, header []string) []svgplot.Panel {
 		switch r := r.(type) {
 		case lbResult:
 			panels = append(panels, r.chart())
+		case failoverResult:
+			panels = append(panels, r.chart())
 		case goodputResult:
 			goodput = append(goodput, r)
 		default:
@@ -183,6 +185,8 @@ func readResults(r io.Reader) ([]tableRow, error) {
 			res, err = decodeAs[lbResult](line)
 		case probe.Scenario == scenarioShaping:
 			res, err = decodeAs[shapingResult](line)
+		case probe.Scenario == scenarioFailover:
+			res, err = decodeAs[failoverResult](line)
 		case probe.Scenario == scenarioPriority:
 			res, err = decodeAs[priorityResult](line)
 		default:
@@ -218,6 +222,8 @@ func headerOf(rs []tableRow) []string {
 		return lbResultHeader
 	case shapingResult:
 		return shapingHeader
+	case failoverResult:
+		return failoverHeader
 	}
 	return priorityHeader
 }
