@@ -148,13 +148,6 @@ func (r *failoverResult) aggregate(baseline, retry []float64, retryFrom int) err
 // chart is both runs' iteration times, the loss marked where the retry
 // took effect.
 func (r failoverResult) chart() svgplot.LineChart {
-	xs := func(n int) []float64 {
-		x := make([]float64, n)
-		for i := range x {
-			x[i] = float64(i + 1)
-		}
-		return x
-	}
 	return svgplot.LineChart{
 		Title:  fmt.Sprintf("failover: %d workers, %d servers, %s killed (FPT_ON_SERVER_LOSS=retry)", r.Workers, r.Servers, r.LostNode),
 		XLabel: "iteration", YLabel: "iteration time (ms)",
