@@ -65,6 +65,11 @@ With --scenario, runs a cluster in an emulated network (network namespaces, tbf)
             the configured rates allow); one host is at --slow-rate in slow-server (server
             rank 1 of 2, 2 workers) and slow-worker (worker rank 3 of 4, 2 servers); equal
             has 4 workers and 4 servers
+  failover  on loopback (no root): 2 workers, 2 servers, the simulated trainer for --iters
+            iterations (default 60) without a failure, then with FPT_ON_SERVER_LOSS=retry and
+            server1 killed (kill -9) in iteration --kill-at (default 20); each iteration's time
+            around the loss in both runs, the means before and after it as ratios to the
+            run without a failure, and the retried iteration's time
 
 Every run prints a table, or with --json one JSON object per result; progress goes to
 stderr. --plot FILE also draws the results as an SVG image; --from FILE draws (and
@@ -82,6 +87,7 @@ type flags struct {
 	scen    scenarioOptions
 	weights string
 	lbs     lbOptions
+	killAt  int    // failover scenario: the iteration the server is lost in
 	plot    string // --plot: an SVG file
 	from    string // --from: results to print and plot instead of a run
 }
@@ -104,14 +110,15 @@ func newFlags(output io.Writer) *flags {
 	fs.StringVar(&f.lb, "lb", "off", "the load balancer, on or off (one configuration instead of the default rows)")
 	fs.StringVar(&f.peers, "peers", "", "comma-separated peer counts W (as 1,2,4,8): one row of W workers x W servers,\nLB off, for each")
 	fs.Int64Var(&o.tensorBytes, "tensor-bytes", 64<<20, "size of the one float32 tensor pushed and pulled; shaping and priority: of each\ntensor (default 16 MiB there)")
-	fs.IntVar(&o.iters, "iters", 50, "timed iterations (after init and two warm-up iterations); LB scenarios:\ntraining iterations per run (default 20 there); shaping: tensors queued at once\n(default 6); priority: rounds (default 3)")
+	fs.IntVar(&o.iters, "iters", 50, "timed iterations (after init and two warm-up iterations); LB and failover\nscenarios: training iterations per run (default 20 there, 60 in failover); shaping: tensors queued at once\n(default 6); priority: rounds (default 3)")
 	fs.Int64Var(&o.partitionBytes, "partition-bytes", 0, "FPT_PARTITION_BYTES for the cluster (0: the default, 256 KiB in shaping and\npriority)")
 	fs.BoolVar(&o.jsonOut, "json", false, "one JSON object per line (else a table)")
 	fs.BoolVar(&o.authCompare, "auth-compare", false, "run each goodput row four times, without a cluster secret\n(FPT_CLUSTER_SECRET), with one twice, and without again, and give the\nsecret-on rows' mean goodput and CPU per GB relative to the secret-off rows'")
-	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor one or more of slow-server, equal, slow-worker (comma-separated)")
+	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor one or more of slow-server, equal, slow-worker (comma-separated); or failover,\non loopback (no root)")
 	fs.StringVar(&f.scen.rate, "rate", "200mbit", "shaping and priority: the worker host's link rate, both ways (tc syntax); LB scenarios:\nevery host's but the slow one's (default 400mbit there)")
 	registerLBFlags(fs, &f.lbs)
-	fs.StringVar(&f.plot, "plot", "", "also draw the results as an SVG image in this file: LB scenarios' iteration times\n(off, on, bound, decisions), goodput vs raw TCP, CPU per GB by peers")
+	fs.IntVar(&f.killAt, "kill-at", failoverDefaultKillAt, "failover scenario: server1 is killed (kill -9) once worker 0 has verified the\niteration before this one")
+	fs.StringVar(&f.plot, "plot", "", "also draw the results as an SVG image in this file: LB scenarios' iteration times\n(off, on, bound, decisions), failover's (both runs, the loss), goodput vs raw TCP, CPU per GB by peers")
 	fs.StringVar(&f.from, "from", "", "run nothing: read the results a --json run printed from this file (- for stdin),\nprint them and draw them with --plot")
 	fs.StringVar(&f.weights, "weights", "3:1", "shaping scenario: the worker's flow weights for server 0 and server 1")
 	fs.Usage = func() {
@@ -139,6 +146,8 @@ func Main(args []string) int {
 	switch {
 	case f.from != "":
 		return plotMain(f)
+	case name == scenarioFailover:
+		return failoverMain(f)
 	case name != "" && isLBScenario(name):
 		return lbScenarioMain(f)
 	case name != "":
@@ -150,8 +159,14 @@ func Main(args []string) int {
 // waitCluster waits, at most timeout, for every process of c to exit;
 // ctx's end (an interrupt) ends the wait early.
 func waitCluster(ctx context.Context, c *localcluster.Cluster, timeout time.Duration) error {
+	return waitSurvivors(ctx, c, nil, timeout)
+}
+
+// waitSurvivors is waitCluster for every process but lost (one the bench
+// killed; nil: none).
+func waitSurvivors(ctx context.Context, c *localcluster.Cluster, lost *localcluster.Proc, timeout time.Duration) error {
 	waited := make(chan error, 1)
-	go func() { waited <- c.Wait(timeout) }()
+	go func() { waited <- c.WaitExcept(timeout, lost) }()
 	select {
 	case err := <-waited:
 		return err

@@ -70,9 +70,9 @@ type lbOptions struct {
 func registerLBFlags(fs *flag.FlagSet, lo *lbOptions) {
 	fs.StringVar(&lo.slowRate, "slow-rate", "", "LB scenarios: the slow host's rate, both ways (default: a quarter of --rate)")
 	fs.IntVar(&lo.tail, "tail", lbDefaultTail, "LB scenarios: iteration time is the median of the last N iterations of each run")
-	fs.IntVar(&lo.tensors, "tensors", lbDefaultTensors, "LB scenarios: tensors in the model")
-	fs.IntVar(&lo.minBytes, "min-bytes", lbDefaultMinBytes, "LB scenarios: smallest tensor in bytes (sizes are geometric up to --max-bytes)")
-	fs.IntVar(&lo.maxBytes, "max-bytes", lbDefaultMaxBytes, "LB scenarios: largest tensor in bytes")
+	fs.IntVar(&lo.tensors, "tensors", lbDefaultTensors, "LB and failover scenarios: tensors in the model")
+	fs.IntVar(&lo.minBytes, "min-bytes", lbDefaultMinBytes, "LB and failover scenarios: smallest tensor in bytes (sizes are geometric up to --max-bytes)")
+	fs.IntVar(&lo.maxBytes, "max-bytes", lbDefaultMaxBytes, "LB and failover scenarios: largest tensor in bytes (failover: default 4 MiB)")
 }
 
 // isLBScenario tells whether name is one LB scenario or a comma-separated
@@ -312,6 +312,21 @@ func lbWorker(ctx context.Context, w *worker.Worker, lo lbOptions, out, errOut i
 	return writeJSONLine(out, rep)
 }
 
+// rank0Report is the report of worker rank 0 of c (which has workers
+// workers): the one worker that prints to its stdout, as lbWorker does.
+func rank0Report(c *localcluster.Cluster, workers int) (lbWorkerReport, error) {
+	for i := range workers {
+		proc := c.Proc("worker" + strconv.Itoa(i))
+		if strings.TrimSpace(proc.Stdout.String()) == "" {
+			continue
+		}
+		var rep lbWorkerReport
+		err := decodeReport(proc, &rep)
+		return rep, err
+	}
+	return lbWorkerReport{}, errors.New("no worker reported its iteration times")
+}
+
 // lbResultHeader and row are the table of the LB scenarios without --json.
 var lbResultHeader = []string{"scenario", "workers", "servers", "rate", "slow rate",
 	"even ms", "LB ms", "bound ms", "even model ms", "LB/bound", "even/LB", "decisions"}
@@ -464,20 +479,11 @@ func runLBCluster(ctx context.Context, net *netem.Network, l lbLayout, name stri
 	if err := waitCluster(ctx, c, 30*time.Minute); err != nil {
 		return nil, nil, err
 	}
-	var rep *lbWorkerReport
-	for i := range len(l.workerHosts) {
-		proc := c.Proc("worker" + strconv.Itoa(i))
-		if strings.TrimSpace(proc.Stdout.String()) == "" {
-			continue
-		}
-		rep = new(lbWorkerReport)
-		if err := decodeReport(proc, rep); err != nil {
-			return nil, nil, err
-		}
+	rep, err := rank0Report(c, len(l.workerHosts))
+	if err != nil {
+		return nil, nil, err
 	}
 	switch {
-	case rep == nil:
-		return nil, nil, errors.New("no worker reported its iteration times")
 	case rep.Host != net.Addr(l.workerHosts[0]):
 		// The slow host would not be the rank the scenario means.
 		return nil, nil, fmt.Errorf("worker rank 0 ran on %s, want %s: ranks are not in address order", rep.Host, net.Addr(l.workerHosts[0]))

@@ -29,6 +29,8 @@ func plotPanels(results []tableRow, header []string) []svgplot.Panel {
 		switch r := r.(type) {
 		case lbResult:
 			panels = append(panels, r.chart())
+		case failoverResult:
+			panels = append(panels, r.chart())
 		case goodputResult:
 			goodput = append(goodput, r)
 		default:
@@ -51,13 +53,6 @@ func plotPanels(results []tableRow, header []string) []svgplot.Panel {
 // The trainer's iteration i (from 1) is the LB's iteration i (0 is the
 // init round), so decisions mark the iteration they take effect from.
 func (r lbResult) chart() svgplot.LineChart {
-	xs := func(n int) []float64 {
-		x := make([]float64, n)
-		for i := range x {
-			x[i] = float64(i + 1)
-		}
-		return x
-	}
 	n := max(len(r.EvenItersMs), len(r.LBItersMs))
 	c := svgplot.LineChart{
 		Title:  fmt.Sprintf("%s: %d workers, %d servers at %s (slow %s)", r.Scenario, r.Workers, r.Servers, r.Rate, r.SlowRate),
@@ -72,6 +67,16 @@ func (r lbResult) chart() svgplot.LineChart {
 		c.Marks = append(c.Marks, svgplot.Mark{X: float64(d.Iteration), Label: "v" + strconv.FormatUint(uint64(d.Version), 10)})
 	}
 	return c
+}
+
+// xs are the x values of n iterations' times: 1 to n (0 is the init
+// round, untimed).
+func xs(n int) []float64 {
+	x := make([]float64, n)
+	for i := range x {
+		x[i] = float64(i + 1)
+	}
+	return x
 }
 
 // goodputLabel names a goodput row in a chart.
@@ -183,6 +188,8 @@ func readResults(r io.Reader) ([]tableRow, error) {
 			res, err = decodeAs[lbResult](line)
 		case probe.Scenario == scenarioShaping:
 			res, err = decodeAs[shapingResult](line)
+		case probe.Scenario == scenarioFailover:
+			res, err = decodeAs[failoverResult](line)
 		case probe.Scenario == scenarioPriority:
 			res, err = decodeAs[priorityResult](line)
 		default:
@@ -218,6 +225,8 @@ func headerOf(rs []tableRow) []string {
 		return lbResultHeader
 	case shapingResult:
 		return shapingHeader
+	case failoverResult:
+		return failoverHeader
 	}
 	return priorityHeader
 }

@@ -511,7 +511,7 @@ func scenarioMain(f *flags) int {
 	case scenarioPriority:
 		so.tensorBytes, so.iters = 16<<20, 3
 	default:
-		return usageError("unknown scenario %q (want %s, %s or %s)", so.name, scenarioShaping, scenarioPriority, strings.Join(lbScenarios, ", "))
+		return usageError("unknown scenario %q (want %s, %s, %s or %s)", so.name, scenarioShaping, scenarioPriority, strings.Join(lbScenarios, ", "), scenarioFailover)
 	}
 	if f.set("tensor-bytes") {
 		so.tensorBytes = f.goodput.tensorBytes

@@ -21,6 +21,18 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
+// mean is the mean of xs, 0 for none.
+func mean(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}
+
 // tailMedian is the median of the last k of xs, to three decimals.
 func tailMedian(xs []float64, k int) (float64, error) {
 	if k < 1 || len(xs) < k {

@@ -209,15 +209,19 @@ func (c *Cluster) Proc(name string) *Proc {
 
 // Wait waits up to timeout for every process and reports the first that
 // is still running or exited non-zero.
-func (c *Cluster) Wait(timeout time.Duration) error {
+func (c *Cluster) Wait(timeout time.Duration) error { return c.WaitExcept(timeout, nil) }
+
+// WaitExcept is Wait for every process but lost (one the caller killed,
+// say), whose exit it does not wait for or judge; nil waits for all.
+func (c *Cluster) WaitExcept(timeout time.Duration, lost *Proc) error {
 	deadline := time.Now().Add(timeout)
 	for _, p := range c.Procs {
-		if !p.Wait(time.Until(deadline)) {
+		if p != lost && !p.Wait(time.Until(deadline)) {
 			return fmt.Errorf("localcluster: %s still running after %s", p.Name, timeout)
 		}
 	}
 	for _, p := range c.Procs {
-		if p.code != 0 {
+		if p != lost && p.code != 0 {
 			return fmt.Errorf("localcluster: %s exited with status %d: %s", p.Name, p.code, lastLine(p.Stderr.String()))
 		}
 	}

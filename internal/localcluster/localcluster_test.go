@@ -47,3 +47,36 @@ func TestCPUAndTee(t *testing.T) {
 		t.Errorf("server0's buffer got %q", got)
 	}
 }
+
+// WaitExcept judges every process but the one the caller killed: that
+// one's death is no failure, another's non-zero exit is.
+func TestWaitExcept(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		worker  string // the worker's shell command
+		wantErr bool
+	}{
+		{"survivors exit 0", "exit 0", false},
+		{"a survivor fails", "exit 3", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := Start(Spec{Servers: 1, Workers: 1,
+				Scheduler: []string{"true"}, Server: []string{"sleep", "60"}, Worker: []string{"sh", "-c", tc.worker}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Kill()
+			victim := c.Proc("server0")
+			if err := victim.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			err = c.WaitExcept(time.Minute, victim)
+			if (err != nil) != tc.wantErr {
+				t.Errorf("WaitExcept = %v, want an error: %v", err, tc.wantErr)
+			}
+			if err := c.Wait(time.Minute); err == nil {
+				t.Error("Wait judging the killed server too: no error")
+			}
+		})
+	}
+}
