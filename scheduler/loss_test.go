@@ -29,15 +29,17 @@ func TestServeNodeLoss(t *testing.T) {
 		lost             node.ID
 		leaves           bool // the job goes on without it
 		final            bool // the others wait for it at the final barrier
+		beforeStart      bool // lost before the start barrier passed
 	}{
-		{"retry, LB off: the server leaves", true, false, 2, 2, node.ServerID(1), true, false},
-		{"retry, LB on: the server leaves", true, true, 3, 1, node.ServerID(0), true, false},
-		{"retry: the final barrier passes without it", true, false, 2, 2, node.ServerID(0), true, true},
-		{"fail (default): relayed", false, false, 2, 2, node.ServerID(1), false, false},
-		{"fail (default), LB on: relayed", false, true, 2, 2, node.ServerID(1), false, false},
-		{"fail (default), at the final barrier: relayed", false, false, 2, 2, node.ServerID(1), false, true},
-		{"retry, a worker: relayed", true, false, 2, 2, node.WorkerID(1), false, false},
-		{"retry, the last server: relayed", true, false, 1, 2, node.ServerID(0), false, false},
+		{"retry, LB off: the server leaves", true, false, 2, 2, node.ServerID(1), true, false, false},
+		{"retry, LB on: the server leaves", true, true, 3, 1, node.ServerID(0), true, false, false},
+		{"retry: the final barrier passes without it", true, false, 2, 2, node.ServerID(0), true, true, false},
+		{"fail (default): relayed", false, false, 2, 2, node.ServerID(1), false, false, false},
+		{"fail (default), LB on: relayed", false, true, 2, 2, node.ServerID(1), false, false, false},
+		{"fail (default), at the final barrier: relayed", false, false, 2, 2, node.ServerID(1), false, true, false},
+		{"retry, a worker: relayed", true, false, 2, 2, node.WorkerID(1), false, false, false},
+		{"retry, the last server: relayed", true, false, 1, 2, node.ServerID(0), false, false, false},
+		{"retry, before the start: relayed", true, false, 2, 2, node.ServerID(1), false, false, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -87,6 +89,9 @@ func TestServeNodeLoss(t *testing.T) {
 					}
 				}
 			}
+			if !tc.beforeStart {
+				passStart(t, sched, members)
+			}
 			var reporter node.ID // some other member notices the loss
 			for id := range members {
 				if id != tc.lost && reporter == 0 {
@@ -96,12 +101,16 @@ func TestServeNodeLoss(t *testing.T) {
 			// Everyone but the lost node waits at a barrier: only the loss
 			// can release it.
 			var flags uint8
+			barrierSeq := uint64(startBarrier + 1)
+			if tc.beforeStart {
+				barrierSeq = 0
+			}
 			if tc.final {
 				flags = control.FlagFinal
 			}
 			for id, p := range members {
 				if id != tc.lost {
-					_ = p.Send(sched, &control.Message{Command: control.Barrier, Flags: flags, Sender: id, Group: node.AllGroup})
+					_ = p.Send(sched, &control.Message{Command: control.Barrier, Flags: flags, Sender: id, Group: node.AllGroup, Seq: barrierSeq})
 				}
 			}
 			lost := &control.Message{Command: control.NodeFailed, Sender: reporter, Target: tc.lost, Text: "connection reset"}
@@ -146,7 +155,7 @@ func TestServeNodeLoss(t *testing.T) {
 					_ = p.Send(sched, &control.Message{Command: control.Terminate, Sender: id})
 					continue
 				}
-				if m.Command != control.BarrierDone || m.Group != node.AllGroup || m.Seq != 0 {
+				if m.Command != control.BarrierDone || m.Group != node.AllGroup || m.Seq != startBarrier+1 {
 					t.Fatalf("%s got %v (group %d, seq %d), want the barrier released", id, m.Command, m.Group, m.Seq)
 				}
 			}
@@ -170,7 +179,7 @@ func TestServeNodeLoss(t *testing.T) {
 				// lost server, and are terminated.
 				for id, p := range members {
 					if id != tc.lost {
-						_ = p.Send(sched, &control.Message{Command: control.Barrier, Flags: control.FlagFinal, Sender: id, Group: node.AllGroup, Seq: 1})
+						_ = p.Send(sched, &control.Message{Command: control.Barrier, Flags: control.FlagFinal, Sender: id, Group: node.AllGroup, Seq: startBarrier + 2})
 					}
 				}
 				for id, p := range members {
@@ -197,6 +206,22 @@ func TestServeNodeLoss(t *testing.T) {
 			default:
 			}
 		})
+	}
+}
+
+// passStart has every member pass the two start barriers: a server lost
+// before them ends the job even under retry.
+func passStart(t *testing.T, sched string, members map[node.ID]*memplane.Plane) {
+	t.Helper()
+	for seq := range uint64(startBarrier + 1) {
+		for id, p := range members {
+			_ = p.Send(sched, &control.Message{Command: control.Barrier, Sender: id, Group: node.AllGroup, Seq: seq})
+		}
+		for id, p := range members {
+			if m := next(t, p); m.Command != control.BarrierDone || m.Seq != seq {
+				t.Fatalf("%s got %v (seq %d), want start barrier %d released", id, m.Command, m.Seq, seq)
+			}
+		}
 	}
 }
 
@@ -233,6 +258,12 @@ func TestServeSilentServerLeaves(t *testing.T) {
 	for _, p := range planes {
 		members[next(t, p).Recipient] = p
 	}
+	for id, p := range members {
+		if m := next(t, p); m.Command != control.Decision {
+			t.Fatalf("%s got %v, want the first directive", id, m.Command)
+		}
+	}
+	passStart(t, sched, members)
 	silent, beating := node.ServerID(1), []node.ID{node.ServerID(0), node.WorkerID(0)}
 	stop := make(chan struct{})
 	beat := make(chan struct{})
