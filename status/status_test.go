@@ -163,3 +163,34 @@ func TestSnapshotJSON(t *testing.T) {
 		t.Error("NaN bound")
 	}
 }
+
+// A membership change replaces the members shown and marks its decision,
+// without counting an iteration as finished.
+func TestRecorderMembershipChange(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	r := NewRecorder(true, 10*time.Second, 0)
+	r.Started(table, t0)
+	r.Directive(lb.Directive{}, lb.Default, t0.Add(time.Second))
+	joined := node.Info{ID: node.ServerID(1), Role: node.Server, Host: "127.0.0.1", ControlPort: 9300, DataPort: 9301}
+	after := []node.Info{table[0], table[2], joined} // server 0 left, server 1 joined
+	retry := lb.Even(3, 1, []node.ID{joined.ID})
+	r.Changed(after, lb.Directive{Decision: &retry, Retry: true, Reason: "server 0 lost"}, lb.Default)
+	r.Changed(after, lb.Directive{}, lb.Default) // a join with the LB on: no decision yet
+	s := r.Snapshot(t0.Add(2*time.Second), nil)
+	var names []string
+	for _, m := range s.Members {
+		names = append(names, m.Name)
+	}
+	if want := []string{"scheduler", "worker 0", "server 1"}; !slices.Equal(names, want) {
+		t.Errorf("members %v, want %v", names, want)
+	}
+	if len(s.Iterations) != 1 {
+		t.Errorf("%d iterations recorded, want 1: a membership change finishes none", len(s.Iterations))
+	}
+	if want := []Mark{{3, 1, false}}; !slices.Equal(s.Decisions, want) {
+		t.Errorf("decision marks %v, want %v", s.Decisions, want)
+	}
+	if d := s.Decision; d == nil || d.Version != 3 || !slices.Equal(d.Shares, []Share{{"server 1", 1}}) {
+		t.Errorf("decision %+v, want v3 with server 1 100%%", d)
+	}
+}

@@ -82,29 +82,34 @@ func TestKillNodeStopsEveryone(t *testing.T) {
 }
 
 // kill -9 of the scheduler: the servers and workers notice the silence and
-// exit non-zero within 30 s.
+// exit non-zero within 30 s, also under FPT_ON_SERVER_LOSS=retry (a
+// restartable scheduler is out of scope: its loss ends the job).
 func TestKillSchedulerStopsEveryone(t *testing.T) {
-	c := startCluster(t, spec{servers: 1, workers: 2, appArgs: []string{"-iters", "100000", "-max-bytes", "65536"},
-		env: []string{"PS_HEARTBEAT_TIMEOUT=5"}})
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(`init: `)); err != nil {
-		c.dump()
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	if err := c.proc("scheduler").Kill(); err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range c.Procs[1:] {
-		if !p.Wait(30*time.Second - time.Since(killed)) {
-			c.dump()
-			t.Fatalf("%s still running 30 s after the scheduler was killed", p.Name)
-		}
-		if p.ExitCode() == 0 {
-			t.Errorf("%s exited 0 after the scheduler died", p.Name)
-		}
-		mustContain(t, p.Name+" stderr", p.Stderr.String(), "scheduler")
+	for _, onLoss := range []string{"fail", "retry"} {
+		t.Run(onLoss, func(t *testing.T) {
+			c := startCluster(t, spec{servers: 1, workers: 2, appArgs: []string{"-iters", "100000", "-max-bytes", "65536"},
+				env: []string{"PS_HEARTBEAT_TIMEOUT=5", "FPT_ON_SERVER_LOSS=" + onLoss}})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(`init: `)); err != nil {
+				c.dump()
+				t.Fatal(err)
+			}
+			killed := time.Now()
+			if err := c.proc("scheduler").Kill(); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range c.Procs[1:] {
+				if !p.Wait(30*time.Second - time.Since(killed)) {
+					c.dump()
+					t.Fatalf("%s still running 30 s after the scheduler was killed", p.Name)
+				}
+				if p.ExitCode() == 0 {
+					t.Errorf("%s exited 0 after the scheduler died", p.Name)
+				}
+				mustContain(t, p.Name+" stderr", p.Stderr.String(), "scheduler")
+			}
+		})
 	}
 }
 
