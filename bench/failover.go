@@ -205,7 +205,9 @@ func (r failoverResult) chart() svgplot.LineChart {
 		marks = append(marks, svgplot.Mark{X: float64(r.JoinFrom), Label: "join, share"})
 	}
 	return svgplot.LineChart{
-		Title:  fmt.Sprintf("failover: %d workers, %d servers, %s killed, %s joined (FPT_ON_SERVER_LOSS=retry)", r.Workers, r.Servers, r.LostNode, r.JoinedNode),
+		// Nodes without their addresses, to fit the title in the chart.
+		Title: fmt.Sprintf("failover: %d workers, %d servers, %s killed, %s joined (FPT_ON_SERVER_LOSS=retry)", r.Workers, r.Servers,
+			strings.Split(r.LostNode, "@")[0], strings.Split(r.JoinedNode, "@")[0]),
 		XLabel: "iteration", YLabel: "iteration time (ms)",
 		Series: []svgplot.Series{
 			{Name: "no failure", X: xs(len(r.BaselineItersMs)), Y: r.BaselineItersMs},
