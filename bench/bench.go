@@ -121,7 +121,7 @@ func newFlags(output io.Writer) *flags {
 	fs.StringVar(&f.scen.rate, "rate", "200mbit", "shaping and priority: the worker host's link rate, both ways (tc syntax); LB scenarios:\nevery host's but the slow one's (default 400mbit there)")
 	registerLBFlags(fs, &f.lbs)
 	fs.IntVar(&f.killAt, "kill-at", failoverDefaultKillAt, "failover scenario: server1 is killed (kill -9) once worker 0 has verified the\niteration before this one")
-	fs.IntVar(&f.joinAt, "join-at", 0, "failover scenario: a new server is started, after the loss, once worker 0 has\nverified the iteration before this one (default kill-at+15, at most iters-2)")
+	fs.IntVar(&f.joinAt, "join-at", 0, "failover scenario: a new server is started, after the loss, once worker 0 has\nverified the iteration before this one (default kill-at+15, at most iters-10)")
 	fs.StringVar(&f.plot, "plot", "", "also draw the results as an SVG image in this file: LB scenarios' iteration times\n(off, on, bound, decisions), failover's (both runs, the loss, the join), goodput vs raw TCP, CPU per GB by peers")
 	fs.StringVar(&f.from, "from", "", "run nothing: read the results a --json run printed from this file (- for stdin),\nprint them and draw them with --plot")
 	fs.StringVar(&f.weights, "weights", "3:1", "shaping scenario: the worker's flow weights for server 0 and server 1")

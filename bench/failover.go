@@ -42,9 +42,14 @@ const (
 	// failoverDefaultJoinAfter is --join-at's default distance from
 	// --kill-at.
 	failoverDefaultJoinAfter = 15
-	failoverDefaultMaxBytes  = 4 << 20
-	failoverServers          = 2
-	failoverWorkers          = 2
+	// failoverJoinTail is how many iterations at least follow --join-at:
+	// with the LB on, the joined server's share comes with a probe that
+	// starts past the iterations already granted (lb's lookahead), and
+	// the mean after it needs some.
+	failoverJoinTail        = 10
+	failoverDefaultMaxBytes = 4 << 20
+	failoverServers         = 2
+	failoverWorkers         = 2
 	// failoverVictim is the process killed (a process name, not a rank:
 	// the scheduler's log names the rank it had).
 	failoverVictim = "server1"
@@ -275,13 +280,15 @@ func failoverMain(f *flags) int {
 		fo.maxBytes = failoverDefaultMaxBytes
 	}
 	if !f.set("join-at") {
-		fo.joinAt = min(fo.killAt+failoverDefaultJoinAfter, fo.iters-2)
+		fo.joinAt = min(fo.killAt+failoverDefaultJoinAfter, fo.iters-failoverJoinTail)
 	}
-	if fo.killAt < 3 || fo.killAt > fo.iters-4 {
-		return usageError("--kill-at %d, --iters %d: want 3 <= kill-at <= iters-4 (iterations before the loss, and after it before and after a join)", fo.killAt, fo.iters)
+	if fo.killAt < 3 || fo.killAt > fo.iters-failoverJoinTail-2 {
+		return usageError("--kill-at %d, --iters %d: want 3 <= kill-at <= iters-%d (iterations before the loss, and after it before and after a join)",
+			fo.killAt, fo.iters, failoverJoinTail+2)
 	}
-	if fo.joinAt < fo.killAt+2 || fo.joinAt > fo.iters-2 {
-		return usageError("--join-at %d, --kill-at %d, --iters %d: want kill-at+2 <= join-at <= iters-2 (iterations between the loss and the join, and after the join)", fo.joinAt, fo.killAt, fo.iters)
+	if fo.joinAt < fo.killAt+2 || fo.joinAt > fo.iters-failoverJoinTail {
+		return usageError("--join-at %d, --kill-at %d, --iters %d: want kill-at+2 <= join-at <= iters-%d (iterations between the loss and the join, and after the join)",
+			fo.joinAt, fo.killAt, fo.iters, failoverJoinTail)
 	}
 	if err := fo.trainerOptions().Validate(); err != nil {
 		return usageError("%v", err)

@@ -175,9 +175,9 @@ func TestFailoverUsage(t *testing.T) {
 	for _, args := range [][]string{
 		{"--scenario", "failover", "--kill-at", "2"},
 		{"--scenario", "failover", "--iters", "10", "--kill-at", "9"},
-		{"--scenario", "failover", "--iters", "10", "--kill-at", "7"},
+		{"--scenario", "failover", "--iters", "30", "--kill-at", "19"},
 		{"--scenario", "failover", "--kill-at", "20", "--join-at", "21"},
-		{"--scenario", "failover", "--iters", "40", "--join-at", "39"},
+		{"--scenario", "failover", "--iters", "40", "--join-at", "31"},
 		{"--scenario", "failover", "--tensors", "0"},
 	} {
 		f := newFlags(io.Discard)
