@@ -66,10 +66,12 @@ With --scenario, runs a cluster in an emulated network (network namespaces, tbf)
             rank 1 of 2, 2 workers) and slow-worker (worker rank 3 of 4, 2 servers); equal
             has 4 workers and 4 servers
   failover  on loopback (no root): 2 workers, 2 servers, the simulated trainer for --iters
-            iterations (default 60) without a failure, then with FPT_ON_SERVER_LOSS=retry and
-            server1 killed (kill -9) in iteration --kill-at (default 20); each iteration's time
-            around the loss in both runs, the means before and after it as ratios to the
-            run without a failure, and the retried iteration's time
+            iterations (default 60) without a failure, then with FPT_ON_SERVER_LOSS=retry,
+            server1 killed (kill -9) in iteration --kill-at (default 20) and a new server
+            started in iteration --join-at (default kill-at+15); each iteration's time around
+            the loss and around the join in both runs, the means before the loss, between it
+            and the join and after the join as ratios to the run without a failure, and the
+            retried iteration's time
 
 Every run prints a table, or with --json one JSON object per result; progress goes to
 stderr. --plot FILE also draws the results as an SVG image; --from FILE draws (and
@@ -88,6 +90,7 @@ type flags struct {
 	weights string
 	lbs     lbOptions
 	killAt  int    // failover scenario: the iteration the server is lost in
+	joinAt  int    // failover scenario: the iteration a new server is started in
 	plot    string // --plot: an SVG file
 	from    string // --from: results to print and plot instead of a run
 }
@@ -118,7 +121,8 @@ func newFlags(output io.Writer) *flags {
 	fs.StringVar(&f.scen.rate, "rate", "200mbit", "shaping and priority: the worker host's link rate, both ways (tc syntax); LB scenarios:\nevery host's but the slow one's (default 400mbit there)")
 	registerLBFlags(fs, &f.lbs)
 	fs.IntVar(&f.killAt, "kill-at", failoverDefaultKillAt, "failover scenario: server1 is killed (kill -9) once worker 0 has verified the\niteration before this one")
-	fs.StringVar(&f.plot, "plot", "", "also draw the results as an SVG image in this file: LB scenarios' iteration times\n(off, on, bound, decisions), failover's (both runs, the loss), goodput vs raw TCP, CPU per GB by peers")
+	fs.IntVar(&f.joinAt, "join-at", 0, "failover scenario: a new server is started, after the loss, once worker 0 has\nverified the iteration before this one (default kill-at+15, at most iters-10)")
+	fs.StringVar(&f.plot, "plot", "", "also draw the results as an SVG image in this file: LB scenarios' iteration times\n(off, on, bound, decisions), failover's (both runs, the loss, the join), goodput vs raw TCP, CPU per GB by peers")
 	fs.StringVar(&f.from, "from", "", "run nothing: read the results a --json run printed from this file (- for stdin),\nprint them and draw them with --plot")
 	fs.StringVar(&f.weights, "weights", "3:1", "shaping scenario: the worker's flow weights for server 0 and server 1")
 	fs.Usage = func() {

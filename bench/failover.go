@@ -16,25 +16,37 @@ import (
 
 	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/launch"
+	"github.com/fptps/fpt/scheduler"
 	"github.com/fptps/fpt/svgplot"
 	"github.com/fptps/fpt/worker"
 )
 
 // The failover scenario of "fpt bench --scenario failover": what losing a
-// server costs a job under FPT_ON_SERVER_LOSS=retry. On loopback (no
-// emulated network, no root), 2 servers and 2 workers run the simulated
-// trainer twice: without a failure (the baseline), then with
-// FPT_ON_SERVER_LOSS=retry and the process server1 killed with SIGKILL
-// once worker rank 0 has verified iteration --kill-at minus one, so that
-// the loss lands in iteration --kill-at. It prints the iteration times
-// around the loss, side by side.
+// server, and a new one joining, cost a job under
+// FPT_ON_SERVER_LOSS=retry. On loopback (no emulated network, no root), 2
+// servers and 2 workers run the simulated trainer twice: without a
+// failure (the baseline), then with FPT_ON_SERVER_LOSS=retry, the process
+// server1 killed with SIGKILL once worker rank 0 has verified iteration
+// --kill-at minus one, so that the loss lands in iteration --kill-at, and
+// a new server process (server2) started with the job's environment once
+// the loss is done and worker rank 0 has verified iteration --join-at
+// minus one. It prints the iteration times around the loss and around the
+// join, side by side.
 const scenarioFailover = "failover"
 
 // Defaults of the failover scenario: a model of about 9 MB an iteration,
 // tens of milliseconds on loopback.
 const (
-	failoverDefaultIters    = 60
-	failoverDefaultKillAt   = 20
+	failoverDefaultIters  = 60
+	failoverDefaultKillAt = 20
+	// failoverDefaultJoinAfter is --join-at's default distance from
+	// --kill-at.
+	failoverDefaultJoinAfter = 15
+	// failoverJoinTail is how many iterations at least follow --join-at:
+	// with the LB on, the joined server's share comes with a probe that
+	// starts past the iterations already granted (lb's lookahead), and
+	// the mean after it needs some.
+	failoverJoinTail        = 10
 	failoverDefaultMaxBytes = 4 << 20
 	failoverServers         = 2
 	failoverWorkers         = 2
@@ -48,10 +60,11 @@ const (
 const failoverBefore, failoverAfter = 3, 10
 
 // failoverOptions are the failover scenario's settings: the iterations
-// and model (the LB scenarios' flags) and when the server is killed.
+// and model (the LB scenarios' flags), when the server is killed and when
+// the new one is started.
 type failoverOptions struct {
 	lbOptions
-	killAt int
+	killAt, joinAt int
 }
 
 // failoverResult is the failover scenario's result. Times are
@@ -65,22 +78,32 @@ type failoverResult struct {
 	ModelBytes int64  `json:"model_bytes"`
 	Iterations int    `json:"iterations"`
 	KillAt     int    `json:"kill_at"`
+	JoinAt     int    `json:"join_at"`
 	// LostNode is the server the scheduler took out of the job, as its
 	// log names it; RetryFrom the iteration its retry decision took
 	// effect from (the first one pushed again).
 	LostNode  string `json:"lost_node"`
 	RetryFrom int    `json:"retry_from_iteration"`
+	// JoinedNode is the server the scheduler admitted into the running
+	// job, as its log names it; JoinFrom the first iteration an LB
+	// decision gave it a share of (with the LB on, a probe's).
+	JoinedNode string `json:"joined_node"`
+	JoinFrom   int    `json:"join_from_iteration"`
 	// The means are over iterations 2 to RetryFrom-1 (before: the first
-	// is a warm-up) and RetryFrom+1 to the last (after), in both runs.
+	// is a warm-up), RetryFrom+1 to JoinFrom-1 (after the loss) and
+	// JoinFrom+1 to the last (joined), in both runs.
 	BaselineBeforeMs float64 `json:"baseline_before_ms"`
 	BaselineAfterMs  float64 `json:"baseline_after_ms"`
+	BaselineJoinedMs float64 `json:"baseline_joined_ms"`
 	RetryBeforeMs    float64 `json:"retry_before_ms"`
 	RetryAfterMs     float64 `json:"retry_after_ms"`
-	// BeforeRatio and AfterRatio are the retry run's means over the
-	// baseline's; RetriedIterMs is the retried iteration's time and
-	// RetriedRatio that over the baseline's mean before.
+	RetryJoinedMs    float64 `json:"retry_joined_ms"`
+	// BeforeRatio, AfterRatio and JoinedRatio are the retry run's means
+	// over the baseline's; RetriedIterMs is the retried iteration's time
+	// and RetriedRatio that over the baseline's mean before.
 	BeforeRatio     float64   `json:"before_ratio"`
 	AfterRatio      float64   `json:"after_ratio"`
+	JoinedRatio     float64   `json:"joined_ratio"`
 	RetriedIterMs   float64   `json:"retried_iter_ms"`
 	RetriedRatio    float64   `json:"retried_ratio"`
 	BaselineItersMs []float64 `json:"baseline_iters_ms"`
@@ -88,29 +111,55 @@ type failoverResult struct {
 }
 
 // failoverHeader and row are the summary table without --json.
-var failoverHeader = []string{"scenario", "workers", "servers", "iters", "lost", "retry from",
-	"baseline before ms", "baseline after ms", "retry before ms", "retry after ms",
-	"before ratio", "after ratio", "retried ms", "retried ratio"}
+var failoverHeader = []string{"scenario", "workers", "servers", "iters", "lost", "retry from", "joined", "share from",
+	"baseline before ms", "baseline after ms", "baseline joined ms", "retry before ms", "retry after ms", "retry joined ms",
+	"before ratio", "after ratio", "joined ratio", "retried ms", "retried ratio"}
 
 func (r failoverResult) row() []string {
 	f := func(x float64) string { return strconv.FormatFloat(x, 'f', -1, 64) }
 	return []string{r.Scenario, strconv.Itoa(r.Workers), strconv.Itoa(r.Servers), strconv.Itoa(r.Iterations),
-		r.LostNode, strconv.Itoa(r.RetryFrom), f(r.BaselineBeforeMs), f(r.BaselineAfterMs),
-		f(r.RetryBeforeMs), f(r.RetryAfterMs), f(r.BeforeRatio), f(r.AfterRatio), f(r.RetriedIterMs), f(r.RetriedRatio)}
+		r.LostNode, strconv.Itoa(r.RetryFrom), r.JoinedNode, strconv.Itoa(r.JoinFrom),
+		f(r.BaselineBeforeMs), f(r.BaselineAfterMs), f(r.BaselineJoinedMs), f(r.RetryBeforeMs), f(r.RetryAfterMs), f(r.RetryJoinedMs),
+		f(r.BeforeRatio), f(r.AfterRatio), f(r.JoinedRatio), f(r.RetriedIterMs), f(r.RetriedRatio)}
 }
 
-// window is the table of the iterations around the retried one: each
-// run's time and their ratio.
-func (r failoverResult) window() (header []string, rows [][]string) {
+// Notes of the windows' rows.
+const (
+	noteRetried = "<- server lost, retried"
+	noteStarted = "<- new server started"
+	noteShare   = "<- joined server's first share"
+)
+
+// lossWindow and joinWindow are the tables of the iterations around the
+// retried one and around the join (from the one the new server was
+// started in to the first the LB gave it a share of): each run's time
+// and their ratio.
+func (r failoverResult) lossWindow() (header []string, rows [][]string) {
+	return r.window(r.RetryFrom, r.RetryFrom)
+}
+
+func (r failoverResult) joinWindow() (header []string, rows [][]string) {
+	return r.window(min(r.JoinAt, r.JoinFrom), r.JoinFrom)
+}
+
+// window is the table from failoverBefore iterations before from to
+// failoverAfter after to, within the run.
+func (r failoverResult) window(from, to int) (header []string, rows [][]string) {
 	header = []string{"iteration", "baseline ms", "retry ms", "retry/baseline", ""}
-	first := max(1, r.RetryFrom-failoverBefore)
-	last := min(r.Iterations, r.RetryFrom+failoverAfter, len(r.BaselineItersMs), len(r.RetryItersMs))
+	first := max(1, from-failoverBefore)
+	last := min(r.Iterations, to+failoverAfter, len(r.BaselineItersMs), len(r.RetryItersMs))
 	for it := first; it <= last; it++ {
 		b, x := r.BaselineItersMs[it-1], r.RetryItersMs[it-1]
-		note := ""
-		if it == r.RetryFrom {
-			note = "<- server lost, retried"
+		var notes []string
+		for _, n := range []struct {
+			at   int
+			note string
+		}{{r.RetryFrom, noteRetried}, {r.JoinAt, noteStarted}, {r.JoinFrom, noteShare}} {
+			if it == n.at {
+				notes = append(notes, n.note)
+			}
 		}
+		note := strings.Join(notes, " ")
 		ratio := "-"
 		if b > 0 {
 			ratio = fmt.Sprintf("%.2f", x/b)
@@ -120,42 +169,56 @@ func (r failoverResult) window() (header []string, rows [][]string) {
 	return header, rows
 }
 
-// aggregate fills in the means and ratios from both runs' iteration times
-// and the iteration the retry took effect from.
-func (r *failoverResult) aggregate(baseline, retry []float64, retryFrom int) error {
+// aggregate fills in the means and ratios from both runs' iteration times,
+// the iteration the retry took effect from and the first the joined
+// server had a share of.
+func (r *failoverResult) aggregate(baseline, retry []float64, retryFrom, joinFrom int) error {
 	switch {
 	case len(baseline) != r.Iterations || len(retry) != r.Iterations:
 		return fmt.Errorf("%d and %d iteration times, want %d", len(baseline), len(retry), r.Iterations)
-	case retryFrom < 3 || retryFrom >= r.Iterations:
-		// The means need an iteration before (past the warm-up) and after.
-		return fmt.Errorf("the retry took effect from iteration %d: want 3 to %d for a time before and after it", retryFrom, r.Iterations-1)
+	case retryFrom < 3:
+		// The means need an iteration before the loss, past the warm-up.
+		return fmt.Errorf("the retry took effect from iteration %d: want 3 or later for a time before it", retryFrom)
+	case joinFrom < retryFrom+2 || joinFrom >= r.Iterations:
+		// And one between the loss and the join, and one after the join.
+		return fmt.Errorf("the retry took effect from iteration %d and the joined server's share from %d: want the share from %d to %d for times between them and after it (raise --iters or move --join-at)",
+			retryFrom, joinFrom, retryFrom+2, r.Iterations-1)
 	}
-	r.RetryFrom, r.BaselineItersMs, r.RetryItersMs = retryFrom, baseline, retry
-	before, after := func(xs []float64) float64 { return round3(mean(xs[1 : retryFrom-1])) },
-		func(xs []float64) float64 { return round3(mean(xs[retryFrom:])) }
-	r.BaselineBeforeMs, r.BaselineAfterMs = before(baseline), after(baseline)
-	r.RetryBeforeMs, r.RetryAfterMs = before(retry), after(retry)
+	r.RetryFrom, r.JoinFrom, r.BaselineItersMs, r.RetryItersMs = retryFrom, joinFrom, baseline, retry
+	// Iteration i is xs[i-1].
+	before, after, joined := func(xs []float64) float64 { return round3(mean(xs[1 : retryFrom-1])) },
+		func(xs []float64) float64 { return round3(mean(xs[retryFrom : joinFrom-1])) },
+		func(xs []float64) float64 { return round3(mean(xs[joinFrom:])) }
+	r.BaselineBeforeMs, r.BaselineAfterMs, r.BaselineJoinedMs = before(baseline), after(baseline), joined(baseline)
+	r.RetryBeforeMs, r.RetryAfterMs, r.RetryJoinedMs = before(retry), after(retry), joined(retry)
 	r.RetriedIterMs = retry[retryFrom-1]
-	if r.BaselineBeforeMs <= 0 || r.BaselineAfterMs <= 0 {
-		return fmt.Errorf("non-positive baseline times %v and %v ms", r.BaselineBeforeMs, r.BaselineAfterMs)
+	if r.BaselineBeforeMs <= 0 || r.BaselineAfterMs <= 0 || r.BaselineJoinedMs <= 0 {
+		return fmt.Errorf("non-positive baseline times %v, %v and %v ms", r.BaselineBeforeMs, r.BaselineAfterMs, r.BaselineJoinedMs)
 	}
 	r.BeforeRatio = round3(r.RetryBeforeMs / r.BaselineBeforeMs)
 	r.AfterRatio = round3(r.RetryAfterMs / r.BaselineAfterMs)
+	r.JoinedRatio = round3(r.RetryJoinedMs / r.BaselineJoinedMs)
 	r.RetriedRatio = round3(r.RetriedIterMs / r.BaselineBeforeMs)
 	return nil
 }
 
 // chart is both runs' iteration times, the loss marked where the retry
-// took effect.
+// took effect and the join where the joined server's share did.
 func (r failoverResult) chart() svgplot.LineChart {
+	marks := []svgplot.Mark{{X: float64(r.RetryFrom), Label: "loss, retry"}}
+	if r.JoinFrom > 0 {
+		marks = append(marks, svgplot.Mark{X: float64(r.JoinFrom), Label: "join, share"})
+	}
 	return svgplot.LineChart{
-		Title:  fmt.Sprintf("failover: %d workers, %d servers, %s killed (FPT_ON_SERVER_LOSS=retry)", r.Workers, r.Servers, r.LostNode),
+		// Nodes without their addresses, to fit the title in the chart.
+		Title: fmt.Sprintf("failover: %d workers, %d servers, %s killed, %s joined (FPT_ON_SERVER_LOSS=retry)", r.Workers, r.Servers,
+			strings.Split(r.LostNode, "@")[0], strings.Split(r.JoinedNode, "@")[0]),
 		XLabel: "iteration", YLabel: "iteration time (ms)",
 		Series: []svgplot.Series{
 			{Name: "no failure", X: xs(len(r.BaselineItersMs)), Y: r.BaselineItersMs},
-			{Name: "server lost, retry", X: xs(len(r.RetryItersMs)), Y: r.RetryItersMs},
+			{Name: "server lost, then one joined", X: xs(len(r.RetryItersMs)), Y: r.RetryItersMs},
 		},
-		Marks: []svgplot.Mark{{X: float64(r.RetryFrom), Label: "loss, retry"}},
+		Marks: marks,
 	}
 }
 
@@ -174,10 +237,41 @@ func parseLoss(log string) (node string, retryFrom int, err error) {
 	return m[1], retryFrom, err
 }
 
+var (
+	// joinedRe matches the scheduler's log line for a server admitted
+	// into the running job; shareRe an aggregator and its share in a
+	// decision line (scheduler.DecisionLine).
+	joinedRe = regexp.MustCompile(`msg="membership change: server joined" .*?node=((\S+?)@\S+)`)
+	shareRe  = regexp.MustCompile(`(\S+\(\d+\)) (\d+(?:\.\d+)?)%`)
+)
+
+// parseJoin reads the joined server from a scheduler's log (stderr) and
+// the first iteration an LB decision gave it a share of from its decision
+// lines (stdout). The joined server's id is new to the job, so any
+// decision naming it came after the join.
+func parseJoin(log, decisions string) (node string, from int, err error) {
+	m := joinedRe.FindStringSubmatch(log)
+	if m == nil {
+		return "", 0, errors.New(`the scheduler logged no "membership change: server joined"`)
+	}
+	for _, line := range strings.Split(decisions, "\n") {
+		_, it, ok := scheduler.ParseDecisionLine(line)
+		if !ok {
+			continue
+		}
+		for _, s := range shareRe.FindAllStringSubmatch(line, -1) {
+			if share, _ := strconv.ParseFloat(s[2], 64); s[1] == m[2] && share > 0 {
+				return m[1], int(it), nil
+			}
+		}
+	}
+	return m[1], 0, fmt.Errorf("no LB decision gave the joined server %s a share within the run (raise --iters or lower --join-at)", m[1])
+}
+
 // failoverMain runs "fpt bench --scenario failover": in the parent both
 // runs and the result; in a worker it starts, the trainer.
 func failoverMain(f *flags) int {
-	fo := failoverOptions{lbOptions: f.lbs, killAt: f.killAt}
+	fo := failoverOptions{lbOptions: f.lbs, killAt: f.killAt, joinAt: f.joinAt}
 	fo.iters, fo.partitionBytes = failoverDefaultIters, f.goodput.partitionBytes
 	if f.set("iters") {
 		fo.iters = f.goodput.iters
@@ -185,8 +279,16 @@ func failoverMain(f *flags) int {
 	if !f.set("max-bytes") {
 		fo.maxBytes = failoverDefaultMaxBytes
 	}
-	if fo.killAt < 3 || fo.killAt > fo.iters-2 {
-		return usageError("--kill-at %d, --iters %d: want 3 <= kill-at <= iters-2 (iterations before and after the loss)", fo.killAt, fo.iters)
+	if !f.set("join-at") {
+		fo.joinAt = min(fo.killAt+failoverDefaultJoinAfter, fo.iters-failoverJoinTail)
+	}
+	if fo.killAt < 3 || fo.killAt > fo.iters-failoverJoinTail-2 {
+		return usageError("--kill-at %d, --iters %d: want 3 <= kill-at <= iters-%d (iterations before the loss, and after it before and after a join)",
+			fo.killAt, fo.iters, failoverJoinTail+2)
+	}
+	if fo.joinAt < fo.killAt+2 || fo.joinAt > fo.iters-failoverJoinTail {
+		return usageError("--join-at %d, --kill-at %d, --iters %d: want kill-at+2 <= join-at <= iters-%d (iterations between the loss and the join, and after the join)",
+			fo.joinAt, fo.killAt, fo.iters, failoverJoinTail)
 	}
 	if err := fo.trainerOptions().Validate(); err != nil {
 		return usageError("%v", err)
@@ -212,16 +314,19 @@ func failoverMain(f *flags) int {
 	return launch.ExitOK
 }
 
-// writeFailover prints res: the iterations around the loss and the
-// summary as tables, or one JSON line; and draws it with plot set.
+// writeFailover prints res: the iterations around the loss, those around
+// the join and the summary as tables, or one JSON line; and draws it with
+// plot set.
 func writeFailover(w io.Writer, res failoverResult, jsonOut bool, plot string) error {
 	if !jsonOut {
-		header, rows := res.window()
-		if err := writeTable(w, header, rows); err != nil {
-			return err
-		}
-		if _, err := fmt.Fprintln(w); err != nil {
-			return err
+		for _, window := range []func() ([]string, [][]string){res.lossWindow, res.joinWindow} {
+			header, rows := window()
+			if err := writeTable(w, header, rows); err != nil {
+				return err
+			}
+			if _, err := fmt.Fprintln(w); err != nil {
+				return err
+			}
 		}
 	}
 	results := resultWriter{w: w, jsonOut: jsonOut, header: failoverHeader, plot: plot}
@@ -231,11 +336,11 @@ func writeFailover(w io.Writer, res failoverResult, jsonOut bool, plot string) e
 	return results.flush()
 }
 
-// runFailover runs the baseline, then the run that loses a server, and
-// aggregates them. self is the fpt binary (the cluster's every process).
+// runFailover runs the baseline, then the run that loses a server and
+// has one join, and aggregates them. self is the fpt binary (the cluster's every process).
 func runFailover(ctx context.Context, self string, fo failoverOptions, p *progress) (failoverResult, error) {
 	res := failoverResult{Scenario: scenarioFailover, Servers: failoverServers, Workers: failoverWorkers,
-		Tensors: fo.tensors, Iterations: fo.iters, KillAt: fo.killAt}
+		Tensors: fo.tensors, Iterations: fo.iters, KillAt: fo.killAt, JoinAt: fo.joinAt}
 	for _, n := range fo.trainerOptions().Sizes() {
 		res.ModelBytes += int64(n) * 4
 	}
@@ -252,8 +357,8 @@ func runFailover(ctx context.Context, self string, fo failoverOptions, p *progre
 			return res, fmt.Errorf("worker 0 trained %d bytes per iteration, want %d", r.ModelBytes, res.ModelBytes)
 		}
 	}
-	res.LostNode = retry.lost
-	return res, res.aggregate(baseline.report.IterMs, retry.report.IterMs, retry.retryFrom)
+	res.LostNode, res.JoinedNode = retry.lost, retry.joined
+	return res, res.aggregate(baseline.report.IterMs, retry.report.IterMs, retry.retryFrom, retry.joinFrom)
 }
 
 // failoverRun is what one run of the scenario's cluster gave.
@@ -261,43 +366,46 @@ type failoverRun struct {
 	report    lbWorkerReport
 	lost      string // the lost server, as the scheduler names it
 	retryFrom int
+	joined    string // the joined server, as the scheduler names it
+	joinFrom  int
 }
 
 // runFailoverCluster runs the scenario's cluster on loopback once; with
 // kill, under FPT_ON_SERVER_LOSS=retry, and kills failoverVictim once
-// worker rank 0 has verified iteration killAt-1.
+// worker rank 0 has verified iteration killAt-1, then starts a new server
+// once the scheduler has taken the victim out and worker rank 0 has
+// verified iteration joinAt-1.
 func runFailoverCluster(ctx context.Context, self string, fo failoverOptions, kill bool, p *progress) (failoverRun, error) {
 	args := []string{self, "bench", "--scenario", scenarioFailover, "--iters", strconv.Itoa(fo.iters),
-		"--kill-at", strconv.Itoa(fo.killAt), "--tensors", strconv.Itoa(fo.tensors),
+		"--kill-at", strconv.Itoa(fo.killAt), "--join-at", strconv.Itoa(fo.joinAt), "--tensors", strconv.Itoa(fo.tensors),
 		"--min-bytes", strconv.Itoa(fo.minBytes), "--max-bytes", strconv.Itoa(fo.maxBytes)}
 	env := []string{childEnv + "=1"}
 	run := "failover, no failure"
 	if kill {
 		env = append(env, "FPT_ON_SERVER_LOSS=retry")
-		run = fmt.Sprintf("failover, %s killed at iteration %d", failoverVictim, fo.killAt)
+		run = fmt.Sprintf("failover, %s killed at iteration %d, a server joins at %d", failoverVictim, fo.killAt, fo.joinAt)
 	}
 	if fo.partitionBytes > 0 {
 		env = append(env, "FPT_PARTITION_BYTES="+strconv.FormatInt(fo.partitionBytes, 10))
 	}
 	// Worker rank 0 writes a progress line per verified iteration: the
-	// one before killAt is the signal.
-	trigger := progressMark + fmt.Sprintf("worker 0: iteration %d/", fo.killAt-1)
-	reached := make(chan struct{})
-	var once sync.Once
+	// ones before killAt and joinAt are the signals; the scheduler's line
+	// for the loss, that the join may follow.
+	killAt, joinAt, left := newSignal(progressMark+fmt.Sprintf("worker 0: iteration %d/", fo.killAt-1)),
+		newSignal(progressMark+fmt.Sprintf("worker 0: iteration %d/", fo.joinAt-1)),
+		newSignal(`msg="membership change: server left`)
 	p.printf(run, "cluster starting")
 	c, err := localcluster.Start(localcluster.Spec{
 		Servers: failoverServers, Workers: failoverWorkers,
 		Scheduler: []string{self}, Server: []string{self}, Worker: args, Env: env,
 		Stderr: func(proc string) io.Writer {
-			if !strings.HasPrefix(proc, "worker") {
-				return nil
+			switch {
+			case proc == "scheduler":
+				return &lineWriter{line: left.watch}
+			case strings.HasPrefix(proc, "worker"):
+				return io.MultiWriter(p.relay(run), &lineWriter{line: func(l string) { killAt.watch(l); joinAt.watch(l) }})
 			}
-			watch := &lineWriter{line: func(l string) {
-				if strings.HasPrefix(l, trigger) {
-					once.Do(func() { close(reached) })
-				}
-			}}
-			return io.MultiWriter(p.relay(run), watch)
+			return nil
 		},
 	})
 	if err != nil {
@@ -307,17 +415,24 @@ func runFailoverCluster(ctx context.Context, self string, fo failoverOptions, ki
 	var victim *localcluster.Proc
 	if kill {
 		victim = c.Proc(failoverVictim)
-		select {
-		case <-reached:
-		case <-anyExited(c):
-			// Let the wait below say which one and why.
-		case <-ctx.Done():
-			return failoverRun{}, errors.New("interrupted")
+		if _, err := awaitSignals(ctx, c, nil, killAt); err != nil {
+			return failoverRun{}, err
 		}
 		if err := victim.Kill(); err != nil {
 			return failoverRun{}, fmt.Errorf("kill %s: %w", failoverVictim, err)
 		}
 		p.printf(run, "killed %s", failoverVictim)
+		seen, err := awaitSignals(ctx, c, victim, left, joinAt)
+		if err != nil {
+			return failoverRun{}, err
+		}
+		if seen {
+			joiner, err := c.Add("server")
+			if err != nil {
+				return failoverRun{}, err
+			}
+			p.printf(run, "started %s", joiner.Name)
+		}
 	}
 	if err := waitSurvivors(ctx, c, victim, 10*time.Minute); err != nil {
 		return failoverRun{}, err
@@ -331,18 +446,60 @@ func runFailoverCluster(ctx context.Context, self string, fo failoverOptions, ki
 	}
 	r := failoverRun{report: rep}
 	if kill {
-		if r.lost, r.retryFrom, err = parseLoss(c.Proc("scheduler").Stderr.String()); err != nil {
+		sched := c.Proc("scheduler")
+		if r.lost, r.retryFrom, err = parseLoss(sched.Stderr.String()); err != nil {
+			return r, err
+		}
+		if r.joined, r.joinFrom, err = parseJoin(sched.Stderr.String(), sched.Stdout.String()); err != nil {
 			return r, err
 		}
 	}
 	return r, nil
 }
 
-// anyExited is closed once some process of c has exited.
-func anyExited(c *localcluster.Cluster) <-chan struct{} {
+// logSignal is a channel closed once a line containing substr has been
+// seen.
+type logSignal struct {
+	substr string
+	ch     chan struct{}
+	once   sync.Once
+}
+
+func newSignal(substr string) *logSignal { return &logSignal{substr: substr, ch: make(chan struct{})} }
+
+// watch is a lineWriter's line function, or part of one.
+func (s *logSignal) watch(line string) {
+	if strings.Contains(line, s.substr) {
+		s.once.Do(func() { close(s.ch) })
+	}
+}
+
+// awaitSignals waits for every signal and reports whether all came. It
+// returns false early once a process of c other than lost has exited
+// (the caller's wait for the cluster then says which one and why), and
+// an error if ctx ends.
+func awaitSignals(ctx context.Context, c *localcluster.Cluster, lost *localcluster.Proc, signals ...*logSignal) (bool, error) {
+	exited := anyExited(c, lost)
+	for _, s := range signals {
+		select {
+		case <-s.ch:
+		case <-exited:
+			return false, nil
+		case <-ctx.Done():
+			return false, errors.New("interrupted")
+		}
+	}
+	return true, nil
+}
+
+// anyExited is closed once some process of c other than lost has exited.
+func anyExited(c *localcluster.Cluster, lost *localcluster.Proc) <-chan struct{} {
 	ch := make(chan struct{})
 	var once sync.Once
 	for _, p := range c.Procs {
+		if p == lost {
+			continue
+		}
 		go func() {
 			<-p.Done()
 			once.Do(func() { close(ch) })

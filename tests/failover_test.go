@@ -5,13 +5,17 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/fptps/fpt/internal/localcluster"
 )
 
 // failoverIters and failoverKillAt: a run long enough that the kill lands
-// well inside it, on a small model that keeps it fast.
-const failoverIters, failoverKillAt = 50, 15
+// well inside it, on a small model that keeps it fast; joinAt is when a
+// server joins a job that lost none.
+const failoverIters, failoverKillAt, joinAt = 50, 15, 10
 
 // failoverModel is 4 tensors of 4 KiB to 2 MiB over 64 KiB partitions,
 // so every tensor but the smallest is cut across both servers.
@@ -42,25 +46,7 @@ func TestKillServerRetry(t *testing.T) {
 			if err := victim.Kill(); err != nil {
 				t.Fatal(err)
 			}
-			for _, p := range c.Procs {
-				if p == victim {
-					continue
-				}
-				if !p.Wait(2 * time.Minute) {
-					c.dump()
-					t.Fatalf("%s still running 2 min after server1 was killed", p.Name)
-				}
-				if p.ExitCode() != 0 {
-					c.dump()
-					t.Fatalf("%s exited %d after server1 was killed, want 0", p.Name, p.ExitCode())
-				}
-			}
-			for _, w := range []string{"worker0", "worker1"} {
-				t.Log(lastLine(c.proc(w).Stdout.String()))
-				mustContain(t, w+" stdout", c.proc(w).Stdout.String(),
-					fmt.Sprintf("iteration %d/%d verified", failoverIters, failoverIters),
-					fmt.Sprintf("PASS: %d iterations", failoverIters))
-			}
+			c.survived(victim)
 			log := c.proc("scheduler").Stderr.String()
 			m := membershipRe.FindStringSubmatch(log)
 			if m == nil {
@@ -72,6 +58,151 @@ func TestKillServerRetry(t *testing.T) {
 				t.Errorf("retry_from_iteration=%d, want within %d..%d", from, failoverKillAt, failoverIters)
 			}
 			t.Logf("scheduler: %s", m[0])
+		})
+	}
+}
+
+// survived fails the test unless every process but victim (nil: all)
+// exits 0 and every worker verified all failoverIters iterations.
+func (c *cluster) survived(victim *localcluster.Proc) {
+	c.t.Helper()
+	if err := c.WaitExcept(2*time.Minute, victim); err != nil {
+		c.dump()
+		c.t.Fatal(err)
+	}
+	for _, w := range []string{"worker0", "worker1"} {
+		c.t.Log(lastLine(c.proc(w).Stdout.String()))
+		mustContain(c.t, w+" stdout", c.proc(w).Stdout.String(),
+			fmt.Sprintf("iteration %d/%d verified", failoverIters, failoverIters),
+			fmt.Sprintf("PASS: %d iterations", failoverIters))
+	}
+}
+
+var (
+	// joinedRe is the scheduler's line for a server admitted into the
+	// running job; startedRe a node's line naming the id it started with.
+	joinedRe  = regexp.MustCompile(`msg="membership change: server joined" .*?node=(\S+)@`)
+	startedRe = regexp.MustCompile(`msg=(?:started|"joined the running job") .*?id=(\S+)`)
+	// decisionRe is the scheduler's line for an LB decision; shareRe an
+	// aggregator and its share in that line's split.
+	decisionRe = regexp.MustCompile(`msg="lb decision" .*?from_iteration=(\d+) .*?split="([^"]*)"`)
+	shareRe    = regexp.MustCompile(`(\S+\(\d+\)) (\d+\.\d)%`)
+)
+
+// TestServerJoin starts a new server process, with the job's environment,
+// into a running 2 × 2 job under FPT_ON_SERVER_LOSS=retry: after server1
+// was killed (kill -9) in iteration failoverKillAt, or into the whole
+// cluster in iteration joinAt. Checked: the scheduler admitted it under a
+// server id no node had, every process but the killed one exits 0, the
+// workers verified every iteration, and the joined server was given a
+// share of the tensors within the run (with the LB off, by the decision
+// right after the join, equal to the other servers'; with it on, in a
+// probe).
+func TestServerJoin(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lb   string
+		kill bool
+	}{
+		{"after a loss, LB off", "off", true},
+		{"after a loss, LB on", "on", true},
+		{"no loss, LB off", "off", false},
+		{"no loss, LB on", "on", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The pause per iteration leaves the join time to land within
+			// the run, also on a loaded machine.
+			c := startCluster(t, spec{servers: 2, workers: 2,
+				env:     []string{"FPT_ON_SERVER_LOSS=retry", "FPT_LB=" + tc.lb, "FPT_PARTITION_BYTES=65536"},
+				appArgs: append([]string{"-iters", strconv.Itoa(failoverIters), "-compute", "20ms"}, failoverModel...)})
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			sched := c.proc("scheduler")
+			var victim *localcluster.Proc
+			at := joinAt
+			if tc.kill {
+				victim, at = c.proc("server1"), failoverKillAt
+			}
+			if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(fmt.Sprintf(`iteration %d/`, at))); err != nil {
+				c.dump()
+				t.Fatal(err)
+			}
+			if victim != nil {
+				if err := victim.Kill(); err != nil {
+					t.Fatal(err)
+				}
+				// The loss first: then the join is one, not a race with it.
+				if _, err := waitOutput(ctx, sched, membershipRe); err != nil {
+					c.dump()
+					t.Fatal(err)
+				}
+			}
+			ids := map[string]string{} // id -> the process that had it
+			for _, p := range c.Procs[1:] {
+				m, err := waitOutput(ctx, p, startedRe)
+				if err != nil {
+					c.dump()
+					t.Fatal(err)
+				}
+				ids[m[1]] = p.Name
+			}
+			joiner, err := c.Add("server")
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.survived(victim)
+
+			log := sched.Stderr.String()
+			m := joinedRe.FindStringSubmatchIndex(log)
+			if m == nil {
+				t.Fatalf("the scheduler did not log a server joining:\n%s", tail(log))
+			}
+			id := log[m[2]:m[3]]
+			if had, ok := ids[id]; ok {
+				t.Errorf("the joined server has id %s, which %s had", id, had)
+			}
+			mustContain(t, "the joined server's log", joiner.Stderr.String(), `msg="joined the running job" role=server id=`+id+" ")
+			t.Logf("scheduler: %s", strings.SplitN(log[m[0]:], "\n", 2)[0])
+
+			// The servers the joined one's share must be equal to: those
+			// left, it included.
+			servers := 3
+			if tc.kill {
+				servers = 2
+			}
+			given := false
+			for _, d := range decisionRe.FindAllStringSubmatch(log[m[1]:], -1) {
+				from, _ := strconv.Atoi(d[1])
+				shares := map[string]string{}
+				for _, s := range shareRe.FindAllStringSubmatch(d[2], -1) {
+					shares[s[1]] = s[2]
+				}
+				if tc.lb == "off" {
+					// The decision right after the join: an even split over
+					// the servers, the joined one included.
+					even := fmt.Sprintf("%.1f", 100/float64(servers))
+					if len(shares) != servers || shares[id] != even || from > failoverIters {
+						t.Errorf("first decision after the join: from iteration %d, split %q; want %d servers at %s%%, %s among them, within %d iterations",
+							from, d[2], servers, even, id, failoverIters)
+					}
+					for s, share := range shares {
+						if share != even {
+							t.Errorf("%s has %s%%, want %s%%", s, share, even)
+						}
+					}
+					given = true
+					t.Logf("decision after the join: from iteration %d: %s", from, d[2])
+					break
+				}
+				if strings.Contains(d[2], "; probe") && shares[id] != "" && shares[id] != "0.0" && from <= failoverIters {
+					given = true
+					t.Logf("probe after the join: from iteration %d: %s", from, d[2])
+					break
+				}
+			}
+			if !given {
+				t.Errorf("no decision after the join gave %s a share within the run:\n%s", id, tail(log))
+			}
 		})
 	}
 }

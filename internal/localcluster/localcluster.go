@@ -92,7 +92,12 @@ func (p *Proc) Kill() error { return p.Cmd.Process.Signal(syscall.SIGKILL) }
 // Cluster is a running cluster.
 type Cluster struct {
 	Port  int     // the scheduler's port
-	Procs []*Proc // scheduler, servers, then workers
+	Procs []*Proc // scheduler, servers, then workers, then those Add started
+
+	spec    Spec
+	env     []string // every process's environment but DMLC_ROLE
+	command func(name string, argv []string) *exec.Cmd
+	started map[string]int // processes started per role
 }
 
 // Start starts the scheduler, the servers and the workers, named
@@ -125,54 +130,76 @@ func Start(s Spec) (*Cluster, error) {
 		}
 		env = append(env, "FPT_CLUSTER_SECRET="+secret)
 	}
-	c := &Cluster{Port: port}
-	start := func(name, role string, argv []string) error {
-		if len(argv) == 0 {
-			return fmt.Errorf("localcluster: no command for the %s", role)
-		}
-		p := &Proc{Name: name, done: make(chan struct{})}
-		p.Cmd = command(name, argv)
-		// What the Command hook set comes last, so it wins.
-		p.Cmd.Env = append(append(append([]string(nil), env...), "DMLC_ROLE="+role), p.Cmd.Env...)
-		p.Cmd.Stdout, p.Cmd.Stderr = tee(&p.Stdout, s.Stdout, name), tee(&p.Stderr, s.Stderr, name)
-		// Children die with the parent, whatever kills it.
-		p.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := p.Cmd.Start(); err != nil {
-			return fmt.Errorf("localcluster: start %s: %w", name, err)
-		}
-		go func() {
-			err := p.Cmd.Wait()
-			p.exitedAt = time.Now()
-			if ps := p.Cmd.ProcessState; ps != nil {
-				if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
-					p.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-				}
-			}
-			var ee *exec.ExitError
-			switch {
-			case err == nil:
-			case errors.As(err, &ee):
-				p.code = ee.ExitCode()
-			default:
-				p.code = -1
-			}
-			close(p.done)
-		}()
-		c.Procs = append(c.Procs, p)
-		return nil
-	}
-	err = start("scheduler", "scheduler", s.Scheduler)
+	c := &Cluster{Port: port, spec: s, env: env, command: command, started: make(map[string]int)}
+	_, err = c.start("scheduler", "scheduler", s.Scheduler)
 	for i := 0; err == nil && i < s.Servers; i++ {
-		err = start(fmt.Sprintf("server%d", i), "server", s.Server)
+		_, err = c.Add("server")
 	}
 	for i := 0; err == nil && i < s.Workers; i++ {
-		err = start(fmt.Sprintf("worker%d", i), "worker", s.Worker)
+		_, err = c.Add("worker")
 	}
 	if err != nil {
 		c.Kill()
 		return nil, err
 	}
 	return c, nil
+}
+
+// Add starts one more server or worker (role) with the cluster's
+// environment, secret and command, as a user would start a process by hand
+// into a running job (a server joining it, say). It is named after its
+// role and how many of that role the cluster started before: the third
+// server is "server2", whatever became of the first two. Add is not safe
+// for use alongside the Cluster's other methods.
+func (c *Cluster) Add(role string) (*Proc, error) {
+	var argv []string
+	switch role {
+	case "server":
+		argv = c.spec.Server
+	case "worker":
+		argv = c.spec.Worker
+	default:
+		return nil, fmt.Errorf("localcluster: add a %q: want a server or a worker", role)
+	}
+	return c.start(fmt.Sprintf("%s%d", role, c.started[role]), role, argv)
+}
+
+// start starts one process of the cluster.
+func (c *Cluster) start(name, role string, argv []string) (*Proc, error) {
+	if len(argv) == 0 {
+		return nil, fmt.Errorf("localcluster: no command for the %s", role)
+	}
+	p := &Proc{Name: name, done: make(chan struct{})}
+	p.Cmd = c.command(name, argv)
+	// What the Command hook set comes last, so it wins.
+	p.Cmd.Env = append(append(append([]string(nil), c.env...), "DMLC_ROLE="+role), p.Cmd.Env...)
+	p.Cmd.Stdout, p.Cmd.Stderr = tee(&p.Stdout, c.spec.Stdout, name), tee(&p.Stderr, c.spec.Stderr, name)
+	// Children die with the parent, whatever kills it.
+	p.Cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.Cmd.Start(); err != nil {
+		return nil, fmt.Errorf("localcluster: start %s: %w", name, err)
+	}
+	go func() {
+		err := p.Cmd.Wait()
+		p.exitedAt = time.Now()
+		if ps := p.Cmd.ProcessState; ps != nil {
+			if ru, ok := ps.SysUsage().(*syscall.Rusage); ok {
+				p.cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+			}
+		}
+		var ee *exec.ExitError
+		switch {
+		case err == nil:
+		case errors.As(err, &ee):
+			p.code = ee.ExitCode()
+		default:
+			p.code = -1
+		}
+		close(p.done)
+	}()
+	c.started[role]++
+	c.Procs = append(c.Procs, p)
+	return p, nil
 }
 
 // tee is buf, and also extra(name)'s writer when there is one.

@@ -2,6 +2,7 @@ package localcluster
 
 import (
 	"io"
+	"strings"
 	"testing"
 	"time"
 )
@@ -78,5 +79,45 @@ func TestWaitExcept(t *testing.T) {
 				t.Error("Wait judging the killed server too: no error")
 			}
 		})
+	}
+}
+
+// A process Add starts into a running cluster gets the cluster's
+// environment (root, secret, sizes) and its role, and the next name of
+// that role; only servers and workers are added.
+func TestAdd(t *testing.T) {
+	echo := []string{"sh", "-c", `echo "$DMLC_ROLE $DMLC_PS_ROOT_PORT $DMLC_NUM_SERVER $FPT_CLUSTER_SECRET"`}
+	c, err := Start(Spec{Servers: 2, Workers: 1, Scheduler: []string{"true"}, Server: echo, Worker: echo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Kill()
+	for _, tc := range []struct{ role, name string }{
+		{"server", "server2"},
+		{"worker", "worker1"},
+		{"server", "server3"},
+	} {
+		p, err := c.Add(tc.role)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Name != tc.name || c.Proc(tc.name) != p {
+			t.Errorf("Add(%q) started %q, want %q, found by name", tc.role, p.Name, tc.name)
+		}
+	}
+	if _, err := c.Add("scheduler"); err == nil {
+		t.Error("Add(scheduler): no error")
+	}
+	if err := c.Wait(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	first := c.Proc("server0").Stdout.String()
+	if !strings.HasPrefix(first, "server ") || len(strings.Fields(first)) != 4 {
+		t.Fatalf("server0 printed %q, want its role, root port, server count and secret", first)
+	}
+	for name, want := range map[string]string{"server3": first, "worker1": "worker" + strings.TrimPrefix(first, "server")} {
+		if got := c.Proc(name).Stdout.String(); got != want {
+			t.Errorf("%s printed %q, want %q", name, got, want)
+		}
 	}
 }
