@@ -66,6 +66,12 @@ type Config struct {
 	// RetryAfter is how many iterations after a failed probe the next one
 	// starts (default 10).
 	RetryAfter uint64
+	// JoinSettle is how long a joining server's links are measured
+	// before the probe that includes it (default 500 ms): its agent
+	// reports no rate until it has seen a whole measuring window
+	// (lbagent.Window, 250 ms), and a probe of short iterations would
+	// otherwise fail for want of its rates.
+	JoinSettle time.Duration
 	// Fixed keeps the even split over the servers for good: no probe, no
 	// balancing. The Balancer then only grants horizons and re-cuts after
 	// a lost server (Lose), which is what FPT_ON_SERVER_LOSS=retry needs
@@ -80,6 +86,7 @@ const (
 	defaultDriftFactor     = 1.5
 	defaultDriftIterations = 3
 	defaultRetryAfter      = 10
+	defaultJoinSettle      = 500 * time.Millisecond
 	// Sanity bounds: beyond these a setting is a mistake, not a choice.
 	maxLookahead       = 1 << 16
 	maxProbeIterations = 1 << 16
@@ -112,6 +119,9 @@ type Balancer struct {
 
 	probeAt  uint64 // Default: the step that starts the next probe
 	probeWhy string
+	// probeAfter: Default: the next probe waits for this time too (a
+	// joining server's first measurements).
+	probeAfter time.Time
 
 	// Per-node highest rates, from samples of iterations in [from, to].
 	up, down map[node.ID]float64
@@ -188,6 +198,9 @@ func (c *Config) fill() error {
 	def(&c.Warmup, defaultWarmup)
 	def(&c.ProbeIterations, defaultProbeIterations)
 	def(&c.RetryAfter, defaultRetryAfter)
+	if c.JoinSettle == 0 {
+		c.JoinSettle = defaultJoinSettle
+	}
 	if c.Tolerance == 0 {
 		c.Tolerance = DefaultTolerance
 	}
@@ -284,7 +297,7 @@ func (b *Balancer) Observe(s Sample, now time.Time) []Directive {
 	b.lastStep, b.stepped = now, true
 	out := make([]Directive, 0, k)
 	for ; b.next < doneTo; b.next++ {
-		out = append(out, b.step(b.next, wall))
+		out = append(out, b.step(b.next, wall, now))
 	}
 	return out
 }
@@ -294,13 +307,13 @@ func usableRate(r float64) bool { return r >= 0 && r <= MaxCapacity } // false f
 
 // step advances past iteration i, now done, which took wall (0: unknown),
 // and returns the directive for it.
-func (b *Balancer) step(i uint64, wall time.Duration) Directive {
+func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
 	prev := b.horizon
 	b.horizon = max(prev, i+1+b.cfg.Lookahead)
 	var d Directive
 	switch b.state {
 	case Default:
-		if i >= b.probeAt {
+		if i >= b.probeAt && !now.Before(b.probeAfter) {
 			d = b.startProbe(i, prev, b.probeWhy, true)
 		}
 	case Probe:
@@ -328,11 +341,12 @@ func (b *Balancer) Done() uint64 { return b.next }
 // Join adds server id to the job. With the LB fixed (off) it returns the
 // directive that gives it its share at once: the even split over every
 // server, from the iteration after the horizon granted, as any decision
-// (ok true). With the LB on it returns none (ok false): the next step
-// starts a probe that measures the new server's links with every other
-// node's, and the split after it decides its share. It fails, changing
-// nothing, when id is already a node of the job.
-func (b *Balancer) Join(id node.ID) (d Directive, ok bool, err error) {
+// (ok true). With the LB on it returns none (ok false): the first step
+// JoinSettle after now starts a probe that measures the new server's
+// links with every other node's, and the split after it decides its
+// share. It fails, changing nothing, when id is already a node of the
+// job.
+func (b *Balancer) Join(id node.ID, now time.Time) (d Directive, ok bool, err error) {
 	if _, known := b.isWorker[id]; known {
 		return Directive{}, false, fmt.Errorf("lb: join %s: already a node of the job", id)
 	}
@@ -345,6 +359,7 @@ func (b *Balancer) Join(id node.ID) (d Directive, ok bool, err error) {
 	if !b.cfg.Fixed {
 		b.state = Default
 		b.probeAt = b.next
+		b.probeAfter = now.Add(b.cfg.JoinSettle)
 		b.probeWhy = fmt.Sprintf("%s joined: measuring its links", id)
 		return Directive{}, false, nil
 	}

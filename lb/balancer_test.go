@@ -36,7 +36,8 @@ type sim struct {
 	skip     func(id node.ID, it uint64) bool // samples not sent
 	model    uint64
 	now      time.Time
-	it       uint64 // the next iteration to report
+	it       uint64    // the next iteration to report
+	joined   time.Time // when a server joined (TestBalancerJoin)
 
 	checker
 	steps []step // one per directive, in order
@@ -616,7 +617,7 @@ func TestNewBalancer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Config{Servers: servers, Workers: workers, Lookahead: 2, Warmup: 2, ProbeIterations: 2, Tolerance: DefaultTolerance, DriftFactor: 1.5, DriftIterations: 3, RetryAfter: 10}
+	want := Config{Servers: servers, Workers: workers, Lookahead: 2, Warmup: 2, ProbeIterations: 2, Tolerance: DefaultTolerance, DriftFactor: 1.5, DriftIterations: 3, RetryAfter: 10, JoinSettle: 500 * time.Millisecond}
 	if !reflect.DeepEqual(b.cfg, want) {
 		t.Fatalf("defaults %+v", b.cfg)
 	}

@@ -153,7 +153,7 @@ func (s *sched) joined(bars *barriers, m *control.Message) {
 	case 1:
 		delete(s.joining, id)
 		bars.add(id)
-		d, ok, err := s.lb.Join(id)
+		d, ok, err := s.lb.Join(id, time.Now())
 		if err != nil {
 			s.log.Error("joining server not given a share", "node", info, "err", err)
 			return
