@@ -378,7 +378,7 @@ type failoverRun struct {
 func runFailoverCluster(ctx context.Context, self string, fo failoverOptions, kill bool, p *progress) (failoverRun, error) {
 	args := []string{self, "bench", "--scenario", scenarioFailover, "--iters", strconv.Itoa(fo.iters),
 		"--kill-at", strconv.Itoa(fo.killAt), "--join-at", strconv.Itoa(fo.joinAt), "--tensors", strconv.Itoa(fo.tensors),
-		"--min-bytes", strconv.Itoa(fo.minBytes), "--max-bytes", strconv.Itoa(fo.maxBytes)}
+		"--min-bytes", strconv.Itoa(fo.minBytes), "--max-bytes", strconv.Itoa(fo.maxBytes), "--compute", fo.compute.String()}
 	env := []string{childEnv + "=1"}
 	run := "failover, no failure"
 	if kill {

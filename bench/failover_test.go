@@ -28,8 +28,11 @@ func TestFailoverScenario(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building fpt: %v\n%s", err, out)
 	}
+	// 50 ms of compute per iteration: the LB probes a joined server's links
+	// only once it has been measured for lb.Config.JoinSettle (500 ms).
 	const iters, killAt, joinAt = 24, 5, 10
-	fo := failoverOptions{killAt: killAt, joinAt: joinAt, lbOptions: lbOptions{iters: iters, tensors: 4, minBytes: 16 << 10, maxBytes: 1 << 20}}
+	fo := failoverOptions{killAt: killAt, joinAt: joinAt, lbOptions: lbOptions{iters: iters, tensors: 4, minBytes: 16 << 10, maxBytes: 1 << 20,
+		compute: 50 * time.Millisecond}}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	res, err := runFailover(ctx, fpt, fo, newProgress(io.Discard))

@@ -62,7 +62,8 @@ type lbOptions struct {
 	tensors        int
 	minBytes       int
 	maxBytes       int
-	partitionBytes int64 // FPT_PARTITION_BYTES (0: the default)
+	partitionBytes int64         // FPT_PARTITION_BYTES (0: the default)
+	compute        time.Duration // the trainer's pause before each iteration's pushes
 }
 
 // registerLBFlags adds the LB scenarios' own flags to fs (--rate, --iters,
@@ -73,6 +74,7 @@ func registerLBFlags(fs *flag.FlagSet, lo *lbOptions) {
 	fs.IntVar(&lo.tensors, "tensors", lbDefaultTensors, "LB and failover scenarios: tensors in the model")
 	fs.IntVar(&lo.minBytes, "min-bytes", lbDefaultMinBytes, "LB and failover scenarios: smallest tensor in bytes (sizes are geometric up to --max-bytes)")
 	fs.IntVar(&lo.maxBytes, "max-bytes", lbDefaultMaxBytes, "LB and failover scenarios: largest tensor in bytes (failover: default 4 MiB)")
+	fs.DurationVar(&lo.compute, "compute", 0, "LB and failover scenarios: the workers pause this long before each iteration's\npushes, standing for the forward and backward passes")
 }
 
 // isLBScenario tells whether name is one LB scenario or a comma-separated
@@ -89,7 +91,7 @@ func isLBScenario(name string) bool {
 // trainerOptions is the model the scenario's workers train.
 func (lo lbOptions) trainerOptions() trainer.Options {
 	return trainer.Options{Iterations: lo.iters, Tensors: lo.tensors, MinBytes: lo.minBytes, MaxBytes: lo.maxBytes,
-		DType: frame.Float32, Quiet: true}
+		DType: frame.Float32, Quiet: true, Compute: lo.compute}
 }
 
 // lbResult is an LB scenario's line. Times are milliseconds per iteration.
@@ -445,7 +447,7 @@ func runLBCluster(ctx context.Context, net *netem.Network, l lbLayout, name stri
 	}
 	args := []string{self, "bench", "--scenario", name, "--rate", lo.rate, "--slow-rate", lo.slowRate,
 		"--iters", strconv.Itoa(lo.iters), "--tail", strconv.Itoa(lo.tail), "--tensors", strconv.Itoa(lo.tensors),
-		"--min-bytes", strconv.Itoa(lo.minBytes), "--max-bytes", strconv.Itoa(lo.maxBytes)}
+		"--min-bytes", strconv.Itoa(lo.minBytes), "--max-bytes", strconv.Itoa(lo.maxBytes), "--compute", lo.compute.String()}
 	mode := "off"
 	if lbOn {
 		mode = "on"
