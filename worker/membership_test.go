@@ -157,7 +157,7 @@ func inPlaceRounds(w *worker.Worker, iters, elems, killAt int, kill func()) erro
 // (at once with the LB off; after a probe of its links with the LB on):
 // its aggregator then receives pushes. Every value stays exact.
 func TestServerJoins(t *testing.T) {
-	const iters, joinAt = 16, 3
+	const iters, joinAt = 30, 3
 	for _, lbMode := range []string{"off", "on"} {
 		t.Run("LB "+lbMode, func(t *testing.T) {
 			c := startMem(t, 1, 2, map[string]string{
@@ -165,6 +165,12 @@ func TestServerJoins(t *testing.T) {
 			})
 			joined := make(chan node.ID, 1)
 			fptRounds(t, c.Workers, iters, hooks{before: func(w *worker.Worker, it int) error {
+				if it > joinAt && lbMode == "on" {
+					// Iterations of 40 ms: the LB probes the joined
+					// server once it has been measured for
+					// lb.Config.JoinSettle (500 ms).
+					time.Sleep(40 * time.Millisecond)
+				}
 				if w.Rank() != 0 || it != joinAt {
 					return nil
 				}
