@@ -12,13 +12,14 @@ import (
 )
 
 // lose handles the loss of node id (why says how it was noticed). A
-// server still joining leaves without consequence; under
-// FPT_ON_SERVER_LOSS=retry any other lost server, once the job has
-// started, leaves it instead of ending it: the LB issues a retry decision without it, every member hears
-// NodeLeft and then the directive, and barriers stop waiting for it.
-// handled is false when the loss must end the job (not a server, retry
-// off, or the last server). final is set when the departure released
-// the final barrier: the scheduler terminates those members.
+// server still joining leaves without consequence. Under
+// FPT_ON_SERVER_LOSS=retry any other server lost once the job has started
+// leaves it instead of ending it: the LB issues a retry decision without
+// it, every member hears NodeLeft and then the directive, and barriers
+// stop waiting for it. handled is false when the loss must end the job
+// (not a server, retry off, before the start, or the last server). final
+// is set when the departure released the final barrier: the scheduler
+// terminates those members.
 func (s *sched) lose(bars *barriers, id node.ID, why string) (handled bool, final []node.ID) {
 	info, ok := s.byID[id]
 	if s.lb == nil || !ok || info.Role != node.Server {
