@@ -869,7 +869,12 @@ func (n *Member) welcome(m *control.Message) {
 		}()
 		if err := n.van.Dial(ctx, info.ID, info.DataAddr()); err != nil {
 			n.Fail(fmt.Errorf("cluster: connect to joining %s: %w", info, err))
+			return
 		}
+		// The joiner sees this connection before Dial returns here: the
+		// scheduler waits for this word too before any decision may
+		// send to it.
+		_ = n.plane.Send(n.sched, &control.Message{Command: control.Joined, Sender: n.Self().ID, Target: info.ID, Seq: 2})
 	}()
 }
 

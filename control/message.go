@@ -53,9 +53,11 @@ const (
 	// NodeJoined, from the scheduler, announces a server that joins the
 	// running job (Nodes[0]): members add it to their table and dial it.
 	NodeJoined
-	// Joined, from a joining server, says it has its table (Seq 0: the
-	// members may dial it) or is connected to every member (Seq 1: the LB
-	// may give it a share).
+	// Joined follows a server joining a running job. From the joining
+	// server: Seq 0, it has its table (the members may dial it); Seq 1,
+	// every member's connection reached it. From a member: Seq 2, its own
+	// connection to the joining server Target is ready to send on. The
+	// LB gives the joining server a share once all of these came.
 	Joined
 	lastCommand = Joined
 )

@@ -25,7 +25,7 @@ func (s *sched) lose(bars *barriers, id node.ID, why string) (handled bool, fina
 	if s.lb == nil || !ok || info.Role != node.Server {
 		return false, nil
 	}
-	joining := s.joining[id]
+	_, joining := s.joining[id]
 	if !joining && (!s.cfg.RetryServerLoss || !s.running) {
 		return false, nil
 	}
@@ -57,6 +57,10 @@ func (s *sched) lose(bars *barriers, id node.ID, why string) (handled bool, fina
 		// It had no share yet: nothing to push again.
 		s.log.Warn("joining server lost before it had a share; the job goes on without it", "node", info, "reason", why)
 		return true, nil
+	}
+	// A joining server may have waited for this member's connection only.
+	for j := range s.joining {
+		s.admitIfReady(bars, j)
 	}
 	s.membership++
 	s.log.Warn("membership change: server left; its incomplete iterations are pushed again",
@@ -121,9 +125,9 @@ func (s *sched) admit(bars *barriers, m *control.Message) {
 	s.lastSeen[info.ID] = time.Now()
 	s.byOrigin[m.Origin] = info.ID
 	if s.joining == nil {
-		s.joining = make(map[node.ID]bool)
+		s.joining = make(map[node.ID]*joining)
 	}
-	s.joining[info.ID] = true
+	s.joining[info.ID] = &joining{dialled: make(map[node.ID]bool)}
 	seqs := bars.nextSeqs()
 	body := make([]byte, 0, 8*len(seqs))
 	for _, n := range seqs {
@@ -133,49 +137,83 @@ func (s *sched) admit(bars *barriers, m *control.Message) {
 	s.send(info.ID, &control.Message{Command: control.NodeTable, Flags: control.FlagJoin, Recipient: info.ID, Nodes: s.table, Body: body})
 }
 
+// joining is a server admitted to the running job but not yet given a
+// share: it waits for its connections.
+type joining struct {
+	connected bool             // every member's connection reached it (Joined, Seq 1)
+	dialled   map[node.ID]bool // members whose connection to it is ready (Joined, Seq 2)
+}
+
 // joined follows a joining server: once it has its table (Seq 0) the
-// members dial it; once it is connected to every member (Seq 1) it is a
-// member, and the LB gives it a share (at once with the LB off, after a
-// probe of its links with the LB on).
+// members dial it; once it has every member's connection (Seq 1) and
+// every member's connection to it is ready (Seq 2 from each: the joiner
+// can see a connection a moment before the member that dialled may send
+// on it), it is a member, and the LB gives it a share.
 func (s *sched) joined(bars *barriers, m *control.Message) {
 	id := m.Sender
-	if !s.joining[id] {
-		s.reject.Reject("joined", "from", id)
+	if m.Seq == 2 {
+		id = m.Target
+	}
+	j := s.joining[id]
+	if j == nil || (m.Seq == 2) == (m.Sender == id) {
+		s.reject.Reject("joined", "from", m.Sender, "seq", m.Seq, "target", m.Target)
 		return
 	}
-	info := s.byID[id]
 	switch m.Seq {
 	case 0:
+		info := s.byID[id]
 		for _, n := range s.table[1:] {
 			if n.ID != id {
 				s.send(n.ID, &control.Message{Command: control.NodeJoined, Sender: node.SchedulerID, Nodes: []node.Info{info}})
 			}
 		}
 	case 1:
-		delete(s.joining, id)
-		bars.add(id)
-		d, ok, err := s.lb.Join(id, time.Now())
-		if err != nil {
-			s.log.Error("joining server not given a share", "node", info, "err", err)
-			return
-		}
-		s.membership++
-		share := "after the next probe"
-		if ok {
-			share = fmt.Sprintf("from iteration %d", d.Decision.Iteration)
-		}
-		s.log.Warn("membership change: server joined", "node", info, "membership_version", s.membership,
-			"servers", len(s.lb.Servers()), "share", share)
-		if ok {
-			s.direct(d)
-			s.obs.Metrics.Decision(*d.Decision, false)
-		}
-		s.obs.rec.Changed(s.table, d, s.lb.State())
-		s.obs.Metrics.Membership(s.table, s.membership)
-		s.publish(time.Now())
+		j.connected = true
+		s.admitIfReady(bars, id)
+	case 2:
+		j.dialled[m.Sender] = true
+		s.admitIfReady(bars, id)
 	default:
 		s.reject.Reject("joined", "from", id, "seq", m.Seq)
 	}
+}
+
+// admitIfReady makes joining server id a member, and has the LB give it
+// a share, once it has every member's connection and every member can
+// send on it (the servers still joining aside: of two, the later one is
+// dialled by the earlier, which then reports).
+func (s *sched) admitIfReady(bars *barriers, id node.ID) {
+	j := s.joining[id]
+	if j == nil || !j.connected {
+		return
+	}
+	for _, n := range s.table[1:] {
+		if _, other := s.joining[n.ID]; !other && !j.dialled[n.ID] {
+			return
+		}
+	}
+	info := s.byID[id]
+	delete(s.joining, id)
+	bars.add(id)
+	d, ok, err := s.lb.Join(id, time.Now())
+	if err != nil {
+		s.log.Error("joining server not given a share", "node", info, "err", err)
+		return
+	}
+	s.membership++
+	share := "after the next probe"
+	if ok {
+		share = fmt.Sprintf("from iteration %d", d.Decision.Iteration)
+	}
+	s.log.Warn("membership change: server joined", "node", info, "membership_version", s.membership,
+		"servers", len(s.lb.Servers()), "share", share)
+	if ok {
+		s.direct(d)
+		s.obs.Metrics.Decision(*d.Decision, false)
+	}
+	s.obs.rec.Changed(s.table, d, s.lb.State())
+	s.obs.Metrics.Membership(s.table, s.membership)
+	s.publish(time.Now())
 }
 
 // startBarrier is the number of the start barrier over all nodes (the

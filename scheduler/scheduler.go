@@ -80,7 +80,7 @@ type sched struct {
 	// the next one, so no id is ever used twice in a job. joining holds
 	// the servers admitted but not yet connected to every member.
 	servers int
-	joining map[node.ID]bool
+	joining map[node.ID]*joining
 	// running: the start barrier passed, every worker has started. A
 	// server lost before that ends the job even under retry: a worker
 	// cannot follow a retry before it has started.

@@ -1,0 +1,109 @@
+package scheduler
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/control"
+	"github.com/fptps/fpt/control/memplane"
+	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/node"
+)
+
+// TestServeJoin: a server registering after the start gets the next
+// server id and a FlagJoin table; the members hear of it once it has its
+// table; and it gets its share (LB off: the even split over both servers)
+// only once it has every member's connection AND every member has said
+// that its own connection to it is ready, since a member may see the
+// joiner's side first. Acknowledged heartbeats show what the scheduler
+// has processed, so "nothing yet" is checked without waiting on a clock.
+func TestServeJoin(t *testing.T) {
+	net := memplane.NewNetwork()
+	sp, err := net.Listen(0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Config{Role: node.Scheduler, RootURI: "127.0.0.1", RootPort: sp.Port(), NumServers: 1, NumWorkers: 1,
+		HeartbeatInterval: time.Hour, HeartbeatTimeout: 2 * time.Hour, StartTimeout: waitTime, RetryServerLoss: true}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, sp, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, nil, Observers{}) }()
+	defer func() { cancel(); <-done }()
+	sched := "tcp://127.0.0.1:" + strconv.Itoa(sp.Port())
+	listen := func(role node.Role) (*memplane.Plane, node.Info) {
+		p, err := net.Listen(0, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info := node.Info{Role: role, Host: "127.0.0.1", ControlPort: p.Port(), DataPort: p.Port() + 1}
+		if err := p.Send(sched, &control.Message{Command: control.AddNode, Nodes: []node.Info{info}}); err != nil {
+			t.Fatal(err)
+		}
+		return p, info
+	}
+	srv, _ := listen(node.Server)
+	wrk, _ := listen(node.Worker)
+	members := map[node.ID]*memplane.Plane{}
+	for _, p := range []*memplane.Plane{srv, wrk} {
+		members[next(t, p).Recipient] = p
+	}
+	for id, p := range members {
+		if m := next(t, p); m.Command != control.Decision {
+			t.Fatalf("%s got %v, want the first directive", id, m.Command)
+		}
+	}
+	passStart(t, sched, members)
+	s0, w0 := node.ServerID(0), node.WorkerID(0)
+	// synced sends from p as id, then a heartbeat, and returns once its
+	// answer came: the scheduler has processed what p sent.
+	synced := func(p *memplane.Plane, id node.ID, m *control.Message) {
+		t.Helper()
+		m.Sender = id
+		_ = p.Send(sched, m)
+		_ = p.Send(sched, &control.Message{Command: control.Heartbeat, Sender: id})
+		for {
+			got := next(t, p)
+			if got.Command == control.HeartbeatAck {
+				return
+			}
+			if got.Command == control.Decision {
+				t.Fatalf("%s got a decision too early", id)
+			}
+		}
+	}
+
+	joiner, _ := listen(node.Server)
+	tbl := next(t, joiner)
+	j := node.ServerID(1)
+	if tbl.Command != control.NodeTable || tbl.Flags&control.FlagJoin == 0 || tbl.Recipient != j || len(tbl.Body) != 8*int(node.AllGroup) {
+		t.Fatalf("the joiner got %v (flags %d) as %s with %d bytes, want a FlagJoin table as %s", tbl.Command, tbl.Flags, tbl.Recipient, len(tbl.Body), j)
+	}
+	synced(joiner, j, &control.Message{Command: control.Joined, Seq: 0})
+	for id, p := range members {
+		if m := next(t, p); m.Command != control.NodeJoined || len(m.Nodes) != 1 || m.Nodes[0].ID != j {
+			t.Fatalf("%s got %v, want NodeJoined for %s", id, m.Command, j)
+		}
+	}
+	synced(joiner, j, &control.Message{Command: control.Joined, Seq: 1})
+	synced(srv, s0, &control.Message{Command: control.Joined, Seq: 2, Target: j})
+	// The worker's connection is not ready yet: no decision may name j.
+	_ = wrk.Send(sched, &control.Message{Command: control.Heartbeat, Sender: w0})
+	if m := next(t, wrk); m.Command != control.HeartbeatAck {
+		t.Fatalf("the worker got %v before its connection to %s was ready", m.Command, j)
+	}
+	_ = wrk.Send(sched, &control.Message{Command: control.Joined, Sender: w0, Seq: 2, Target: j})
+	m := next(t, wrk)
+	if m.Command != control.Decision {
+		t.Fatalf("the worker got %v once every connection was ready, want the decision", m.Command)
+	}
+	d, err := lb.UnmarshalDirective(m.Body)
+	if err != nil || d.Decision == nil || !slices.Equal(d.Decision.Aggregators, []node.ID{s0, j}) {
+		t.Fatalf("decision %v, %v: want the even split over %s and %s", d, err, s0, j)
+	}
+}
