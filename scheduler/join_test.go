@@ -1,11 +1,7 @@
 package scheduler
 
 import (
-	"context"
-	"io"
-	"log/slog"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -24,33 +20,13 @@ import (
 // joiner's side first. Acknowledged heartbeats show what the scheduler
 // has processed, so "nothing yet" is checked without waiting on a clock.
 func TestServeJoin(t *testing.T) {
-	net := memplane.NewNetwork()
-	sp, err := net.Listen(0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := config.Config{Role: node.Scheduler, RootURI: "127.0.0.1", RootPort: sp.Port(), NumServers: 1, NumWorkers: 1,
-		HeartbeatInterval: time.Hour, HeartbeatTimeout: 2 * time.Hour, StartTimeout: waitTime, RetryServerLoss: true}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, sp, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, nil, Observers{}) }()
-	defer func() { cancel(); <-done }()
-	sched := "tcp://127.0.0.1:" + strconv.Itoa(sp.Port())
-	listen := func(role node.Role) (*memplane.Plane, node.Info) {
-		p, err := net.Listen(0, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		info := node.Info{Role: role, Host: "127.0.0.1", ControlPort: p.Port(), DataPort: p.Port() + 1}
-		if err := p.Send(sched, &control.Message{Command: control.AddNode, Nodes: []node.Info{info}}); err != nil {
-			t.Fatal(err)
-		}
-		return p, info
-	}
-	srv, _ := listen(node.Server)
-	wrk, _ := listen(node.Worker)
+	srv := serve(t, config.Config{NumServers: 1, NumWorkers: 1, HeartbeatInterval: time.Hour, HeartbeatTimeout: 2 * time.Hour,
+		StartTimeout: waitTime, RetryServerLoss: true})
+	sched := srv.sched
+	planes := srv.register(t, node.Server, node.Worker)
+	srvP, wrk := planes[0], planes[1]
 	members := map[node.ID]*memplane.Plane{}
-	for _, p := range []*memplane.Plane{srv, wrk} {
+	for _, p := range planes {
 		members[next(t, p).Recipient] = p
 	}
 	for id, p := range members {
@@ -78,7 +54,7 @@ func TestServeJoin(t *testing.T) {
 		}
 	}
 
-	joiner, _ := listen(node.Server)
+	joiner := srv.register(t, node.Server)[0]
 	tbl := next(t, joiner)
 	j := node.ServerID(1)
 	if tbl.Command != control.NodeTable || tbl.Flags&control.FlagJoin == 0 || tbl.Recipient != j || len(tbl.Body) != 8*int(node.AllGroup) {
@@ -91,7 +67,7 @@ func TestServeJoin(t *testing.T) {
 		}
 	}
 	synced(joiner, j, &control.Message{Command: control.Joined, Seq: 1})
-	synced(srv, s0, &control.Message{Command: control.Joined, Seq: 2, Target: j})
+	synced(srvP, s0, &control.Message{Command: control.Joined, Seq: 2, Target: j})
 	// The worker's connection is not ready yet: no decision may name j.
 	_ = wrk.Send(sched, &control.Message{Command: control.Heartbeat, Sender: w0})
 	if m := next(t, wrk); m.Command != control.HeartbeatAck {

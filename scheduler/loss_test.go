@@ -1,10 +1,6 @@
 package scheduler
 
 import (
-	"context"
-	"io"
-	"log/slog"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -43,36 +39,10 @@ func TestServeNodeLoss(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			net := memplane.NewNetwork()
-			sp, err := net.Listen(0, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cfg := config.Config{Role: node.Scheduler, RootURI: "127.0.0.1", RootPort: sp.Port(),
-				NumServers: tc.servers, NumWorkers: tc.workers, HeartbeatInterval: time.Hour, HeartbeatTimeout: 2 * time.Hour,
-				StartTimeout: waitTime, LB: tc.lb, RetryServerLoss: tc.retry}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			done := make(chan error, 1)
-			quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-			go func() { done <- Serve(ctx, sp, cfg, quiet, nil, nil, Observers{}) }()
-			sched := "tcp://127.0.0.1:" + strconv.Itoa(sp.Port())
-			var planes []*memplane.Plane
-			for i := range tc.servers + tc.workers {
-				role := node.Server
-				if i >= tc.servers {
-					role = node.Worker
-				}
-				p, err := net.Listen(0, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				info := node.Info{Role: role, Host: "127.0.0.1", ControlPort: p.Port(), DataPort: p.Port() + 1}
-				if err := p.Send(sched, &control.Message{Command: control.AddNode, Nodes: []node.Info{info}}); err != nil {
-					t.Fatal(err)
-				}
-				planes = append(planes, p)
-			}
+			srv := serve(t, config.Config{NumServers: tc.servers, NumWorkers: tc.workers, HeartbeatInterval: time.Hour,
+				HeartbeatTimeout: 2 * time.Hour, StartTimeout: waitTime, LB: tc.lb, RetryServerLoss: tc.retry})
+			sched := srv.sched
+			planes := srv.register(t, roles(tc.servers, tc.workers)...)
 			members := map[node.ID]*memplane.Plane{}
 			for _, p := range planes {
 				m := next(t, p)
@@ -160,13 +130,8 @@ func TestServeNodeLoss(t *testing.T) {
 				}
 			}
 			if !tc.leaves {
-				select {
-				case err := <-done:
-					if err == nil || !strings.Contains(err.Error(), tc.lost.String()) {
-						t.Fatalf("Serve: %v, want an error naming %s", err, tc.lost)
-					}
-				case <-time.After(waitTime):
-					t.Fatal("Serve did not return")
+				if err := srv.ended(t); err == nil || !strings.Contains(err.Error(), tc.lost.String()) {
+					t.Fatalf("Serve: %v, want an error naming %s", err, tc.lost)
 				}
 				return
 			}
@@ -192,13 +157,8 @@ func TestServeNodeLoss(t *testing.T) {
 					_ = p.Send(sched, &control.Message{Command: control.Terminate, Sender: id})
 				}
 			}
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Fatalf("Serve: %v", err)
-				}
-			case <-time.After(waitTime):
-				t.Fatal("Serve did not return")
+			if err := srv.ended(t); err != nil {
+				t.Fatalf("Serve: %v", err)
 			}
 			select {
 			case m := <-members[tc.lost].Incoming():
@@ -229,31 +189,10 @@ func passStart(t *testing.T, sched string, members map[node.ID]*memplane.Plane) 
 // leaves the job like one reported lost, while the members that keep
 // beating stay.
 func TestServeSilentServerLeaves(t *testing.T) {
-	net := memplane.NewNetwork()
-	sp, err := net.Listen(0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := config.Config{Role: node.Scheduler, RootURI: "127.0.0.1", RootPort: sp.Port(), NumServers: 2, NumWorkers: 1,
-		HeartbeatInterval: 20 * time.Millisecond, HeartbeatTimeout: 2 * time.Second, StartTimeout: waitTime, RetryServerLoss: true}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	go func() { done <- Serve(ctx, sp, cfg, quiet, nil, nil, Observers{}) }()
-	defer func() { cancel(); <-done }()
-	sched := "tcp://127.0.0.1:" + strconv.Itoa(sp.Port())
-	var planes []*memplane.Plane
-	for _, role := range []node.Role{node.Server, node.Server, node.Worker} {
-		p, err := net.Listen(0, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		info := node.Info{Role: role, Host: "127.0.0.1", ControlPort: p.Port(), DataPort: p.Port() + 1}
-		if err := p.Send(sched, &control.Message{Command: control.AddNode, Nodes: []node.Info{info}}); err != nil {
-			t.Fatal(err)
-		}
-		planes = append(planes, p)
-	}
+	srv := serve(t, config.Config{NumServers: 2, NumWorkers: 1, HeartbeatInterval: 20 * time.Millisecond,
+		HeartbeatTimeout: 2 * time.Second, StartTimeout: waitTime, RetryServerLoss: true})
+	sched := srv.sched
+	planes := srv.register(t, roles(2, 1)...)
 	members := map[node.ID]*memplane.Plane{}
 	for _, p := range planes {
 		members[next(t, p).Recipient] = p
