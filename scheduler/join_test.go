@@ -25,16 +25,7 @@ func TestServeJoin(t *testing.T) {
 	sched := srv.sched
 	planes := srv.register(t, node.Server, node.Worker)
 	srvP, wrk := planes[0], planes[1]
-	members := map[node.ID]*memplane.Plane{}
-	for _, p := range planes {
-		members[next(t, p).Recipient] = p
-	}
-	for id, p := range members {
-		if m := next(t, p); m.Command != control.Decision {
-			t.Fatalf("%s got %v, want the first directive", id, m.Command)
-		}
-	}
-	passStart(t, sched, members)
+	members := srv.started(t, planes)
 	s0, w0 := node.ServerID(0), node.WorkerID(0)
 	// synced sends from p as id, then a heartbeat, and returns once its
 	// answer came: the scheduler has processed what p sent.

@@ -193,16 +193,7 @@ func TestServeSilentServerLeaves(t *testing.T) {
 		HeartbeatTimeout: 2 * time.Second, StartTimeout: waitTime, RetryServerLoss: true})
 	sched := srv.sched
 	planes := srv.register(t, roles(2, 1)...)
-	members := map[node.ID]*memplane.Plane{}
-	for _, p := range planes {
-		members[next(t, p).Recipient] = p
-	}
-	for id, p := range members {
-		if m := next(t, p); m.Command != control.Decision {
-			t.Fatalf("%s got %v, want the first directive", id, m.Command)
-		}
-	}
-	passStart(t, sched, members)
+	members := srv.started(t, planes)
 	silent, beating := node.ServerID(1), []node.ID{node.ServerID(0), node.WorkerID(0)}
 	stop := make(chan struct{})
 	beat := make(chan struct{})

@@ -85,6 +85,23 @@ func (s *served) register(t *testing.T, roles ...node.Role) []*memplane.Plane {
 	return planes
 }
 
+// started takes each plane's node table and first LB directive, has
+// every member pass the start barriers, and returns the members by id.
+func (s *served) started(t *testing.T, planes []*memplane.Plane) map[node.ID]*memplane.Plane {
+	t.Helper()
+	members := map[node.ID]*memplane.Plane{}
+	for _, p := range planes {
+		members[next(t, p).Recipient] = p
+	}
+	for id, p := range members {
+		if m := next(t, p); m.Command != control.Decision {
+			t.Fatalf("%s got %v, want the first directive", id, m.Command)
+		}
+	}
+	passStart(t, s.sched, members)
+	return members
+}
+
 // roles is servers servers, then workers workers.
 func roles(servers, workers int) []node.Role {
 	var out []node.Role
