@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"encoding/binary"
 	"slices"
 	"testing"
 	"time"
@@ -58,6 +59,10 @@ func TestServeJoin(t *testing.T) {
 		}
 	}
 	synced(joiner, j, &control.Message{Command: control.Joined, Seq: 1})
+	// Its start is over: a server goes straight to the final barrier, at
+	// the number the table gave it, possibly before it has a share.
+	final := binary.LittleEndian.Uint64(tbl.Body[8*(node.AllGroup-1):])
+	_ = joiner.Send(sched, &control.Message{Command: control.Barrier, Flags: control.FlagFinal, Sender: j, Group: node.AllGroup, Seq: final})
 	synced(srvP, s0, &control.Message{Command: control.Joined, Seq: 2, Target: j})
 	// The worker's connection is not ready yet: no decision may name j.
 	_ = wrk.Send(sched, &control.Message{Command: control.Heartbeat, Sender: w0})
@@ -72,5 +77,26 @@ func TestServeJoin(t *testing.T) {
 	d, err := lb.UnmarshalDirective(m.Body)
 	if err != nil || d.Decision == nil || !slices.Equal(d.Decision.Aggregators, []node.ID{s0, j}) {
 		t.Fatalf("decision %v, %v: want the even split over %s and %s", d, err, s0, j)
+	}
+	// The final barrier counts the joined server's early arrival: every
+	// member is terminated, the joiner too.
+	for id, p := range members {
+		_ = p.Send(sched, &control.Message{Command: control.Barrier, Flags: control.FlagFinal, Sender: id, Group: node.AllGroup, Seq: final})
+	}
+	members[j] = joiner
+	for id, p := range members {
+		for {
+			m := next(t, p)
+			if m.Command == control.Terminate {
+				break
+			}
+			if m.Command != control.Decision && m.Command != control.HeartbeatAck {
+				t.Fatalf("%s got %v, want Terminate", id, m.Command)
+			}
+		}
+		_ = p.Send(sched, &control.Message{Command: control.Terminate, Sender: id})
+	}
+	if err := srv.ended(t); err != nil {
+		t.Fatalf("Serve: %v", err)
 	}
 }

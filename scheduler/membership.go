@@ -56,11 +56,11 @@ func (s *sched) lose(bars *barriers, id node.ID, why string) (handled bool, fina
 	if joining {
 		// It had no share yet: nothing to push again.
 		s.log.Warn("joining server lost before it had a share; the job goes on without it", "node", info, "reason", why)
-		return true, nil
+		return true, s.leaveBarriers(bars, id)
 	}
 	// A joining server may have waited for this member's connection only.
 	for j := range s.joining {
-		s.admitIfReady(bars, j)
+		s.admitIfReady(j)
 	}
 	s.membership++
 	s.log.Warn("membership change: server left; its incomplete iterations are pushed again",
@@ -72,15 +72,22 @@ func (s *sched) lose(bars *barriers, id node.ID, why string) (handled bool, fina
 	s.obs.Metrics.Membership(s.table, s.membership)
 	s.obs.Metrics.Decision(*d.Decision, false)
 	s.publish(time.Now())
+	return true, s.leaveBarriers(bars, id)
+}
+
+// leaveBarriers takes id out of the barriers and releases those it was
+// the last one missing from; it returns the members to terminate when
+// that was the final barrier.
+func (s *sched) leaveBarriers(bars *barriers, id node.ID) (final []node.ID) {
 	for _, r := range bars.remove(id) {
 		if r.g == node.AllGroup && s.finalSeen && r.seq == s.finalSeq {
-			return true, r.members
+			return r.members
 		}
 		for _, m := range r.members {
 			s.send(m, &control.Message{Command: control.BarrierDone, Sender: node.SchedulerID, Group: r.g, Seq: r.seq})
 		}
 	}
-	return true, nil
+	return nil
 }
 
 // admit handles an AddNode after the start. A server that is not a member
@@ -168,11 +175,15 @@ func (s *sched) joined(bars *barriers, m *control.Message) {
 			}
 		}
 	case 1:
+		// Its start is over: its barriers (the final one) may follow at
+		// once on this route, so it counts in them from now on, before
+		// the LB gives it a share.
 		j.connected = true
-		s.admitIfReady(bars, id)
+		bars.add(id)
+		s.admitIfReady(id)
 	case 2:
 		j.dialled[m.Sender] = true
-		s.admitIfReady(bars, id)
+		s.admitIfReady(id)
 	default:
 		s.reject.Reject("joined", "from", id, "seq", m.Seq)
 	}
@@ -182,7 +193,7 @@ func (s *sched) joined(bars *barriers, m *control.Message) {
 // a share, once it has every member's connection and every member can
 // send on it (the servers still joining aside: of two, the later one is
 // dialled by the earlier, which then reports).
-func (s *sched) admitIfReady(bars *barriers, id node.ID) {
+func (s *sched) admitIfReady(id node.ID) {
 	j := s.joining[id]
 	if j == nil || !j.connected {
 		return
@@ -194,7 +205,6 @@ func (s *sched) admitIfReady(bars *barriers, id node.ID) {
 	}
 	info := s.byID[id]
 	delete(s.joining, id)
-	bars.add(id)
 	d, ok, err := s.lb.Join(id, time.Now())
 	if err != nil {
 		s.log.Error("joining server not given a share", "node", info, "err", err)
