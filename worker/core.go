@@ -152,7 +152,8 @@ type tensor struct {
 	layout        []lb.Partition
 	spare         [][]byte // result buffers to reuse
 	// sumsIn counts the leading iterations whose sum is complete here;
-	// sumsAhead holds later ones that completed first.
+	// sumsAhead holds later ones that completed first. Kept under retry
+	// only (sumIn).
 	sumsIn    uint64
 	sumsAhead map[uint64]bool
 	// initial is the key's value as Init left it, kept until its next
@@ -449,8 +450,7 @@ func (c *core) retry(d lb.Directive) (todo, error) {
 		rs := resend{req: hp.req}
 		for i, t := range hp.ts {
 			if hp.iters[i] >= dec.Iteration {
-				sends, locals := c.cut(t, hp.iters[i], hp.parts[i], hp.priority)
-				rs.sends, rs.locals = append(rs.sends, sends...), append(rs.locals, locals...)
+				rs.sends, rs.locals = c.cut(rs.sends, rs.locals, t, hp.iters[i], hp.parts[i], hp.priority)
 			}
 		}
 		if len(rs.sends)+len(rs.locals) > 0 {
@@ -496,6 +496,9 @@ func (c *core) retriedAt(iter uint64) bool {
 // with retries on, the LB hears of completions rather than pushes, so
 // that its Done means that every worker has the sums.
 func (c *core) sumIn(t *tensor, iter uint64) todo {
+	if !c.retryMode {
+		return todo{} // only retries need to know
+	}
 	if iter != t.sumsIn {
 		if t.sumsAhead == nil {
 			t.sumsAhead = make(map[uint64]bool)
@@ -507,9 +510,6 @@ func (c *core) sumIn(t *tensor, iter uint64) todo {
 	for t.sumsAhead[t.sumsIn] {
 		delete(t.sumsAhead, t.sumsIn)
 		t.sumsIn++
-	}
-	if !c.retryMode {
-		return todo{}
 	}
 	n, any := uint64(math.MaxUint64), false
 	for _, tn := range c.tensors {
@@ -752,12 +752,9 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	// locals are the partitions this worker aggregates itself.
 	var msgs, locals []van.Message
 	began := uint64(0)
-	iters := make([]uint64, len(ts))
 	for i, t := range ts {
-		iters[i] = t.pushed
 		began = max(began, t.pushed)
-		sends, own := c.cut(t, t.pushed, parts[i], priority)
-		msgs, locals = append(msgs, sends...), append(locals, own...)
+		msgs, locals = c.cut(msgs, locals, t, t.pushed, parts[i], priority)
 	}
 	hold := 0
 	if c.retryMode && began >= c.done {
@@ -768,17 +765,22 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 		return todo{}, err
 	}
 	if hold > 0 {
-		c.held = append(c.held, &heldPush{req: req, ts: ts, iters: iters, parts: parts, priority: priority, last: began})
+		hp := &heldPush{req: req, ts: ts, iters: make([]uint64, len(ts)), parts: parts, priority: priority, last: began}
+		for i, t := range ts {
+			hp.iters[i] = t.pushed
+		}
+		c.held = append(c.held, hp)
 	}
 	out := todo{req: req, locals: locals, sends: msgs, counted: true}
-	for i, t := range ts {
+	for _, t := range ts {
+		iter := t.pushed
 		t.pushed++
 		out.unmap = append(out.unmap, t.forgetInitial()...)
-		if _, layout := c.layoutFor(t, iters[i]); len(layout) == 0 {
+		if _, layout := c.layoutFor(t, iter); len(layout) == 0 {
 			// An empty tensor's sum is complete as soon as it is pushed.
-			r := c.resultFor(t, iters[i])
+			r := c.resultFor(t, iter)
 			r.complete = true
-			out.merge(c.sumIn(t, iters[i]))
+			out.merge(c.sumIn(t, iter))
 		}
 	}
 	if !c.retryMode {
@@ -787,14 +789,15 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	return out, nil
 }
 
-// cut makes t's frames for an iteration from its values data, under the
-// decision in force then: the partitions to send, and those this worker
-// aggregates itself (locals). In the init round only worker 0 sends.
-func (c *core) cut(t *tensor, iter uint64, data []byte, priority int32) (sends, locals []van.Message) {
+// cut appends t's frames for an iteration, from its values data, under
+// the decision in force then: to sends the partitions to send, to locals
+// those this worker aggregates itself. In the init round only worker 0
+// sends.
+func (c *core) cut(sends, locals []van.Message, t *tensor, iter uint64, data []byte, priority int32) ([]van.Message, []van.Message) {
 	var flags uint8
 	if iter == 0 {
 		if c.rank != 0 {
-			return nil, nil
+			return sends, locals
 		}
 		flags = frame.FlagInit
 	}
