@@ -950,14 +950,9 @@ func (h *vanHandler) PeerLost(id node.ID, err error) {
 	lostErr := fmt.Errorf("cluster: lost %s: %w", n.describe(id), err)
 	n.log.Warn("peer lost; waiting for the scheduler's verdict", "peer", n.describe(id), "err", err)
 	n.report(id, lostErr)
-	grace := lostPeerGrace
-	if info, _ := n.Info(id); info.Role == node.Server && n.cfg.RetryServerLoss {
-		// The scheduler may let the job go on without it (NodeLeft);
-		// its verdict can take until the heartbeat timeout when it has
-		// to notice the loss itself.
-		grace += n.cfg.HeartbeatTimeout
-	}
-	time.AfterFunc(grace, func() {
+	time.AfterFunc(lostPeerGrace, func() {
+		// Under FPT_ON_SERVER_LOSS=retry the scheduler's verdict on this
+		// very report may be that the job goes on without it.
 		if !n.hasLeft(id) {
 			n.record(lostErr)
 		}

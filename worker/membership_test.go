@@ -78,6 +78,8 @@ func TestServerLossRetry(t *testing.T) {
 // buffer before the retry needs its gradients again. Its pull is deferred
 // until every worker has the sums (the values stay its push's until
 // then); were they overwritten, the retry would push sums as gradients.
+// The job then outlives the 2 s a node gives a lost peer before failing
+// on its own account: the peer left the job, nobody fails.
 func TestServerLossRetryInPlace(t *testing.T) {
 	const iters, killAt, elems = 10, 4, 5000
 	victim := node.ServerID(0)
@@ -101,6 +103,14 @@ func TestServerLossRetryInPlace(t *testing.T) {
 	}
 	if err := <-killed; err != nil {
 		t.Fatal(err)
+	}
+	// A node that lost a peer fails on its own account after a grace of
+	// 2 s unless the peer has left the job meanwhile: outlive it.
+	time.Sleep(2500 * time.Millisecond)
+	for _, w := range c.Workers {
+		if err := w.Node().Err(); err != nil {
+			t.Fatalf("worker %d failed after the server left: %v", w.Rank(), err)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
