@@ -1,8 +1,6 @@
 package scheduler
 
 import (
-	"context"
-	"strconv"
 	"testing"
 	"time"
 
@@ -17,29 +15,11 @@ import (
 // and those that change something for them, a decision or the shaping: a
 // raised horizon alone means nothing to a node that does not push.
 func TestServersGetOnlyDirectivesForThem(t *testing.T) {
-	net := memplane.NewNetwork()
-	sp, err := net.Listen(0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := config.Config{Role: node.Scheduler, RootURI: "127.0.0.1", RootPort: sp.Port(), NumServers: 1, NumWorkers: 1,
-		HeartbeatInterval: time.Hour, HeartbeatTimeout: 2 * time.Hour, StartTimeout: waitTime, LB: true}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, sp, cfg, nil, nil, nil, Observers{}) }()
-	defer func() { cancel(); <-done }()
-	sched := "tcp://127.0.0.1:" + strconv.Itoa(sp.Port())
-	srv, _ := net.Listen(0, nil)
-	wrk, _ := net.Listen(0, nil)
-	for _, r := range []struct {
-		p    *memplane.Plane
-		role node.Role
-	}{{srv, node.Server}, {wrk, node.Worker}} {
-		info := node.Info{Role: r.role, Host: "127.0.0.1", ControlPort: r.p.Port(), DataPort: r.p.Port() + 1}
-		if err := r.p.Send(sched, &control.Message{Command: control.AddNode, Nodes: []node.Info{info}}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	srv := serve(t, config.Config{NumServers: 1, NumWorkers: 1, HeartbeatInterval: time.Hour, HeartbeatTimeout: 2 * time.Hour,
+		StartTimeout: waitTime, LB: true})
+	sched := srv.sched
+	planes := srv.register(t, node.Server, node.Worker)
+	srvP, wrk := planes[0], planes[1]
 	directive := func(p *memplane.Plane) lb.Directive {
 		t.Helper()
 		for {
@@ -74,7 +54,7 @@ func TestServersGetOnlyDirectivesForThem(t *testing.T) {
 	var server []lb.Directive
 	for drained := false; !drained; {
 		select {
-		case m := <-srv.Incoming():
+		case m := <-srvP.Incoming():
 			if m.Command == control.Decision {
 				d, err := lb.UnmarshalDirective(m.Body)
 				if err != nil {

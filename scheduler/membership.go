@@ -122,9 +122,6 @@ func (s *sched) admit(bars *barriers, m *control.Message) {
 		_ = s.plane.Send(info.ControlEndpoint(), &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Text: why})
 		return
 	}
-	if s.servers == 0 {
-		s.servers = s.cfg.NumServers
-	}
 	info.ID = node.ServerID(s.servers)
 	s.servers++
 	s.table = append(s.table, info)

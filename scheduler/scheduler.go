@@ -136,6 +136,7 @@ func (s *sched) register(ctx context.Context, reg *registry) error {
 		}
 	}
 	s.table = reg.assign(node.Info{Host: s.cfg.RootURI, ControlPort: s.plane.Port()})
+	s.servers = s.cfg.NumServers
 	s.byID = make(map[node.ID]node.Info, len(s.table))
 	s.lastSeen = make(map[node.ID]time.Time, len(s.table))
 	s.byOrigin = make(map[string]node.ID, len(s.table))
