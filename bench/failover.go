@@ -222,50 +222,53 @@ func (r failoverResult) chart() svgplot.LineChart {
 	}
 }
 
-// membershipRe matches the scheduler's log line for a server that left
-// the job under FPT_ON_SERVER_LOSS=retry.
-var membershipRe = regexp.MustCompile(`msg="membership change: server left[^"]*".*? node=(\S+).*? retry_from_iteration=(\d+)`)
-
 // parseLoss reads the lost server and the retry's first iteration from a
 // scheduler's log.
 func parseLoss(log string) (node string, retryFrom int, err error) {
-	m := membershipRe.FindStringSubmatch(log)
-	if m == nil {
+	m, ok := membershipIn(log, false)
+	if !ok {
 		return "", 0, errors.New(`the scheduler logged no "membership change: server left"`)
 	}
-	retryFrom, err = strconv.Atoi(m[2])
-	return m[1], retryFrom, err
+	return m.Node, int(m.RetryFrom), nil
 }
 
-var (
-	// joinedRe matches the scheduler's log line for a server admitted
-	// into the running job; shareRe an aggregator and its share in a
-	// decision line (scheduler.DecisionLine).
-	joinedRe = regexp.MustCompile(`msg="membership change: server joined" .*?node=((\S+?)@\S+)`)
-	shareRe  = regexp.MustCompile(`(\S+\(\d+\)) (\d+(?:\.\d+)?)%`)
-)
+// membershipIn is the first membership change of the kind joined in a
+// scheduler's log.
+func membershipIn(log string, joined bool) (scheduler.Membership, bool) {
+	for line := range strings.SplitSeq(log, "\n") {
+		if m, ok := scheduler.ParseMembershipLine(line); ok && m.Joined == joined {
+			return m, true
+		}
+	}
+	return scheduler.Membership{}, false
+}
+
+// shareRe matches an aggregator and its share in a decision line
+// (scheduler.DecisionLine).
+var shareRe = regexp.MustCompile(`(\S+\(\d+\)) (\d+(?:\.\d+)?)%`)
 
 // parseJoin reads the joined server from a scheduler's log (stderr) and
 // the first iteration an LB decision gave it a share of from its decision
 // lines (stdout). The joined server's id is new to the job, so any
 // decision naming it came after the join.
 func parseJoin(log, decisions string) (node string, from int, err error) {
-	m := joinedRe.FindStringSubmatch(log)
-	if m == nil {
+	m, ok := membershipIn(log, true)
+	if !ok {
 		return "", 0, errors.New(`the scheduler logged no "membership change: server joined"`)
 	}
+	name, _, _ := strings.Cut(m.Node, "@")
 	for _, line := range strings.Split(decisions, "\n") {
 		_, it, ok := scheduler.ParseDecisionLine(line)
 		if !ok {
 			continue
 		}
 		for _, s := range shareRe.FindAllStringSubmatch(line, -1) {
-			if share, _ := strconv.ParseFloat(s[2], 64); s[1] == m[2] && share > 0 {
-				return m[1], int(it), nil
+			if share, _ := strconv.ParseFloat(s[2], 64); s[1] == name && share > 0 {
+				return m.Node, int(it), nil
 			}
 		}
 	}
-	return m[1], 0, fmt.Errorf("no LB decision gave the joined server %s a share within the run (raise --iters or lower --join-at)", m[1])
+	return m.Node, 0, fmt.Errorf("no LB decision gave the joined server %s a share within the run (raise --iters or lower --join-at)", m.Node)
 }
 
 // failoverMain runs "fpt bench --scenario failover": in the parent both

@@ -3,7 +3,9 @@ package scheduler
 import (
 	"encoding/binary"
 	"fmt"
+	"regexp"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/fptps/fpt/control"
@@ -63,7 +65,7 @@ func (s *sched) lose(bars *barriers, id node.ID, why string) (handled bool, fina
 		s.admitIfReady(j)
 	}
 	s.membership++
-	s.log.Warn("membership change: server left; its incomplete iterations are pushed again",
+	s.log.Warn(msgServerLeft,
 		"node", info, "reason", why, "membership_version", s.membership,
 		"retry_from_iteration", d.Decision.Iteration, "decision_version", d.Decision.Version,
 		"servers", len(s.lb.Servers()))
@@ -212,7 +214,7 @@ func (s *sched) admitIfReady(id node.ID) {
 	if ok {
 		share = fmt.Sprintf("from iteration %d", d.Decision.Iteration)
 	}
-	s.log.Warn("membership change: server joined", "node", info, "membership_version", s.membership,
+	s.log.Warn(msgServerJoined, "node", info, "membership_version", s.membership,
 		"servers", len(s.lb.Servers()), "share", share)
 	if ok {
 		s.direct(d)
@@ -227,3 +229,46 @@ func (s *sched) admitIfReady(id node.ID) {
 // second of a node's start, after the table barrier): once it passes,
 // every server and worker has started.
 const startBarrier = 1
+
+// The scheduler's log messages for membership changes, which
+// ParseMembershipLine reads back.
+const (
+	msgServerLeft   = "membership change: server left; its incomplete iterations are pushed again"
+	msgServerJoined = "membership change: server joined"
+)
+
+// Membership is a membership change as the scheduler logs it.
+type Membership struct {
+	// Joined: a server joined the job; else one left it.
+	Joined bool
+	// Node is the server as logged, "server2(12)@10.0.0.3:9100".
+	Node string
+	// RetryFrom is, for a server that left, the iteration the workers
+	// push again from.
+	RetryFrom uint64
+}
+
+// membershipLine matches the scheduler's line for a membership change
+// (log/slog's text format).
+var membershipLine = regexp.MustCompile(`msg="(` + regexp.QuoteMeta(msgServerLeft) + `|` + regexp.QuoteMeta(msgServerJoined) +
+	`)".*? node=(\S+)(?:.*? retry_from_iteration=(\d+))?`)
+
+// ParseMembershipLine reads a membership change from one line of the
+// scheduler's log (stderr, log/slog's text format); ok is false for any
+// other line. Programs that watch a job (fpt bench) use it, as
+// ParseDecisionLine for the LB's decisions.
+func ParseMembershipLine(line string) (m Membership, ok bool) {
+	sub := membershipLine.FindStringSubmatch(line)
+	if sub == nil {
+		return Membership{}, false
+	}
+	m = Membership{Joined: sub[1] == msgServerJoined, Node: sub[2]}
+	if !m.Joined {
+		from, err := strconv.ParseUint(sub[3], 10, 64)
+		if err != nil {
+			return Membership{}, false
+		}
+		m.RetryFrom = from
+	}
+	return m, true
+}
