@@ -38,6 +38,11 @@ type Decision struct {
 	Iteration   uint64    // first iteration it applies to
 	Aggregators []node.ID // servers and workers
 	Shares      []float64 // same length; non-negative; sum 1
+	// Workers, when not nil, are the workers whose pushes every sum adds
+	// up from Iteration on, in increasing id order: a worker was lost
+	// (FPT_ON_WORKER_LOSS=continue) or joined. Nil leaves them as the
+	// decision before had them; a Schedule fills them in on Add.
+	Workers []node.ID
 }
 
 // ShareTolerance is how far from 1 the shares of a valid decision may sum.

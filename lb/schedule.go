@@ -4,6 +4,7 @@ import (
 	"github.com/fptps/fpt/node"
 
 	"fmt"
+	"slices"
 	"sort"
 )
 
@@ -106,5 +107,6 @@ func (s *Schedule) Len() int { return len(s.ds) }
 func clone(d Decision) Decision {
 	d.Aggregators = append([]node.ID(nil), d.Aggregators...)
 	d.Shares = append([]float64(nil), d.Shares...)
+	d.Workers = slices.Clone(d.Workers)
 	return d
 }

@@ -26,6 +26,11 @@ type Sample struct {
 	// ModelBytes is M, the bytes one iteration pushes, from workers; 0
 	// from servers.
 	ModelBytes uint64
+	// Version is the latest retry decision the worker applied (0: none).
+	// After a lost worker the sums of the iterations the retry re-cuts
+	// change, and a report of such an iteration made before the retry
+	// must not count as having the new sums.
+	Version uint32
 }
 
 // Directive is what the LB scheduler sends every worker after each
