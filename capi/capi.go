@@ -223,6 +223,18 @@ func (l *Lib) NumWorkers() (int, error) {
 	return cfg.NumWorkers, err
 }
 
+// NumWorkersAt is the number of workers whose pushes the sums of
+// iteration iter add up (worker.Worker.NumWorkersAt): DMLC_NUM_WORKER,
+// unless a worker was lost under FPT_ON_WORKER_LOSS=continue. Workers
+// only, once started.
+func (l *Lib) NumWorkersAt(iter uint64) (int, error) {
+	w, err := l.worker("fpt_num_workers_at")
+	if err != nil {
+		return 0, err
+	}
+	return w.NumWorkersAt(iter), nil
+}
+
 // NumServers is DMLC_NUM_SERVER; it is readable before Start.
 func (l *Lib) NumServers() (int, error) {
 	cfg, err := l.config("fpt_num_servers")

@@ -878,19 +878,24 @@ func (n *Member) welcome(m *control.Message) {
 	}()
 }
 
-// OnLeft installs f, which learns that a server left the job
-// (FPT_ON_SERVER_LOSS=retry) once the node table no longer lists it; an
-// error fails this node (a role that cannot go on without the server).
-// Call it before Start.
+// OnLeft installs f, which learns that a server or a worker left the job
+// (FPT_ON_SERVER_LOSS=retry, FPT_ON_WORKER_LOSS=continue) once the node
+// table no longer lists it; an error fails this node (a role that cannot
+// go on without it). Call it before Start.
 func (n *Member) OnLeft(f func(node.ID) error) { n.onLeft = f }
 
-// leave takes server id out of the node table on the scheduler's
-// NodeLeft: the job goes on without it.
+// leave takes server or worker id out of the node table on the
+// scheduler's NodeLeft: the job goes on without it. This node itself
+// leaving (the others lost it, say behind a cut link) ends it.
 func (n *Member) leave(id node.ID, why string) {
 	t := n.topo.Load()
+	if id == t.self.ID {
+		n.record(fmt.Errorf("cluster: this node was taken out of the job: %s", why))
+		return
+	}
 	info, ok := t.byID[id]
-	if !ok || info.Role != node.Server || id == t.self.ID {
-		n.log.Warn("NodeLeft for a node that is not a server of the table ignored", "node", id)
+	if !ok || (info.Role != node.Server && info.Role != node.Worker) {
+		n.log.Warn("NodeLeft for a node that is not a server or worker of the table ignored", "node", id)
 		return
 	}
 	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: maps.Clone(t.left)}
@@ -901,7 +906,7 @@ func (n *Member) leave(id node.ID, why string) {
 	nt.left[id] = info
 	nt.table = slices.DeleteFunc(slices.Clone(t.table), func(i node.Info) bool { return i.ID == id })
 	n.topo.Store(nt)
-	n.log.Warn("server left the job; going on without it", "node", info, "reason", why)
+	n.log.Warn(info.Role.String()+" left the job; going on without it", "node", info, "reason", why)
 	if n.onLeft != nil {
 		if err := n.onLeft(id); err != nil {
 			n.Fail(err)

@@ -69,6 +69,8 @@ type Config struct {
 	// worker has that iteration's sum. Off (fail, the default), any node's
 	// loss ends the job.
 	RetryServerLoss bool
+	// WorkerLoss (FPT_ON_WORKER_LOSS) is what a lost worker costs.
+	WorkerLoss WorkerLoss
 
 	// Secret is the job's shared secret (FPT_CLUSTER_SECRET, or the
 	// contents of the file FPT_CLUSTER_SECRET_FILE names, surrounding
@@ -333,4 +335,57 @@ func (c *Config) ResolveHost() (string, error) {
 // SchedulerEndpoint is the scheduler's ZeroMQ endpoint.
 func (c *Config) SchedulerEndpoint() string {
 	return "tcp://" + net.JoinHostPort(c.RootURI, strconv.Itoa(c.RootPort))
+}
+
+// WorkerLoss is what a lost worker costs the job (FPT_ON_WORKER_LOSS).
+type WorkerLoss int
+
+const (
+	// WorkerLossFail ends the job, naming the worker (the default).
+	WorkerLossFail WorkerLoss = iota
+	// WorkerLossContinue goes on with the workers left: the iterations
+	// some worker may not have every sum of are summed again over them,
+	// and each iteration's sum says how many workers it adds up.
+	WorkerLossContinue
+)
+
+func (w WorkerLoss) String() string {
+	switch w {
+	case WorkerLossFail:
+		return "fail"
+	case WorkerLossContinue:
+		return "continue"
+	}
+	return fmt.Sprintf("WorkerLoss(%d)", int(w))
+}
+
+// Grants reports whether the scheduler's LB grants run: with the LB on,
+// and with either loss policy that retries, since a retry rides on them
+// (the LB then stays at the even split over the servers).
+func (c *Config) Grants() bool {
+	return c.LB || c.Retries()
+}
+
+// Retries reports whether a lost node may cost a retry rather than the
+// job: workers then keep each push's buffer until every worker has its
+// iteration's sum.
+func (c *Config) Retries() bool {
+	return c.RetryServerLoss || c.WorkerLoss != WorkerLossFail
+}
+
+// Survives reports whether the job may go on without node id: a server
+// under FPT_ON_SERVER_LOSS=retry, a worker under
+// FPT_ON_WORKER_LOSS=continue. A frame lost with such a peer is sent
+// again by the retry its loss brings, if it is lost.
+func (c *Config) Survives(id node.ID) bool {
+	r, ok := id.Role()
+	switch {
+	case !ok:
+		return false
+	case r == node.Server:
+		return c.RetryServerLoss
+	case r == node.Worker:
+		return c.WorkerLoss == WorkerLossContinue
+	}
+	return false
 }

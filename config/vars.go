@@ -159,6 +159,18 @@ func Known() []Var {
 					}
 				}
 			}},
+		{Name: "FPT_ON_WORKER_LOSS", Meaning: "what a lost worker costs: fail (the job ends, naming it) or continue (the iterations not every worker has the sums of are summed again over the workers left, and fpt_num_workers_at says so; FPTPush/FPTPull only, a push and a pull complete once every worker has its iteration's sum)", Default: "fail", Use: NodeVar,
+			read: func(p *parser, name string, c *Config) {
+				if v, ok := p.optional(name); ok {
+					switch v {
+					case "fail":
+					case "continue":
+						c.WorkerLoss = WorkerLossContinue
+					default:
+						p.fail(name, v, "must be fail or continue")
+					}
+				}
+			}},
 		{Name: "FPT_MAX_FRAME_BYTES", Meaning: "largest frame payload accepted, bytes", Default: strconv.Itoa(DefaultMaxFrameBytes), Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {
 				c.MaxFrameBytes = uint64(p.integer(name, DefaultMaxFrameBytes, 1<<10, 1<<48))

@@ -47,7 +47,8 @@ const (
 	Decision
 	// NodeLeft, from the scheduler, says that node Target is no longer a
 	// member (Text says why): a server lost under
-	// FPT_ON_SERVER_LOSS=retry. The job goes on without it; the LB's
+	// FPT_ON_SERVER_LOSS=retry, or a worker under
+	// FPT_ON_WORKER_LOSS=continue. The job goes on without it; the LB's
 	// retry decision follows.
 	NodeLeft
 	// NodeJoined, from the scheduler, announces a server that joins the

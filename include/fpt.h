@@ -114,6 +114,14 @@ int fpt_rank(int* rank);
 int fpt_num_workers(int* num_workers);
 int fpt_num_servers(int* num_servers);
 
+/* How many workers' pushes the sums of a key's iteration add up: what to
+ * divide them by to average. A key's iteration n is its n-th fpt_push (0:
+ * fpt_init). DMLC_NUM_WORKER, unless a worker was lost under
+ * FPT_ON_WORKER_LOSS=continue: from the iteration its loss took effect at,
+ * the sums add up the workers left. Final once a pull of that iteration
+ * has completed. Workers only, after fpt_start. */
+int fpt_num_workers_at(uint64_t iteration, int* num_workers);
+
 /*
  * Workers only, from here on.
  *
@@ -165,10 +173,11 @@ int fpt_init(const uint64_t* keys, size_t num_keys, void* vals, const uint64_t* 
  * them over the workers and send every worker the sum. Asynchronous: *ts
  * (if ts is not NULL) receives the request's timestamp for fpt_wait; cb, if
  * not NULL, is called once vals is free again: when the values have left
- * or, with FPT_ON_SERVER_LOSS=retry, once every worker has the sums of
- * their iteration (a retry after a lost server pushes them again). Under
- * retry, do not wait for one key's push before pushing the same
- * iteration's other keys: it completes only once they are all summed.
+ * or, with FPT_ON_SERVER_LOSS=retry or FPT_ON_WORKER_LOSS=continue, once
+ * every worker has the sums of their iteration (a retry after a lost node
+ * pushes them again). Under either, do not wait for one key's push before
+ * pushing the same iteration's other keys: it completes only once they are
+ * all summed.
  */
 int fpt_push(const uint64_t* keys, size_t num_keys, const void* vals, const uint64_t* lens,
              int priority, fpt_callback cb, void* user_data, int64_t* ts);
@@ -178,7 +187,9 @@ int fpt_push(const uint64_t* keys, size_t num_keys, const void* vals, const uint
  * they have arrived (a pull of an iteration not pushed yet is
  * FPT_ERR_STATE). Asynchronous, like fpt_push; cb is called when vals holds
  * the sums (under FPT_ON_SERVER_LOSS=retry, a pull into the vals of its own
- * push completes with that push). Between fpt_init and the keys' next push, a pull gives the
+ * push completes with that push; under FPT_ON_WORKER_LOSS=continue every
+ * pull completes once every worker has its iteration's sums, which a lost
+ * worker's retry sums again: fpt_num_workers_at says over how many). Between fpt_init and the keys' next push, a pull gives the
  * values fpt_init left (worker 0's), as MXNet's broadcast of a parameter
  * (init, then pull) needs; the library keeps a copy of them until then
  * (outside the Go heap, freed at the keys' next push).

@@ -45,6 +45,8 @@ type Agent struct {
 	// predecessor's sample sent). Atomic: a server calls IterationBegan
 	// for every pushed frame, and all but one per iteration stop here.
 	reported atomic.Uint64
+	// version is the latest retry version reported under.
+	version atomic.Uint32
 	shaping  bool
 	quit     chan struct{}
 	stopOnce sync.Once
@@ -95,19 +97,24 @@ func (a *Agent) sample() {
 }
 
 // IterationBegan tells the agent that the node saw iteration iter begin (a
-// worker pushed it, an aggregator received a push of it); the first time,
-// it reports what the node measured during iteration iter−1. modelBytes is
-// the bytes one iteration pushes (0 on servers). Safe from any goroutine.
-func (a *Agent) IterationBegan(iter, modelBytes uint64) {
-	if iter <= a.reported.Load() {
+// worker pushed it, an aggregator received a push of it; under a retry
+// policy, a worker has every sum of iteration iter−1); the first time, it
+// reports what the node measured during iteration iter−1. modelBytes is
+// the bytes one iteration pushes (0 on servers). version is the latest
+// retry decision the worker applied: a newer one reports again from iter
+// (after a lost worker, sums of iterations already reported change).
+// Safe from any goroutine.
+func (a *Agent) IterationBegan(iter, modelBytes uint64, version uint32) {
+	if iter == 0 || iter <= a.reported.Load() && version <= a.version.Load() {
 		return
 	}
 	a.mu.Lock()
-	if iter <= a.reported.Load() {
+	if iter <= a.reported.Load() && version <= a.version.Load() {
 		a.mu.Unlock()
 		return
 	}
-	s := lb.Sample{Node: a.node.Self().ID, Iteration: iter - 1, ModelBytes: modelBytes}
+	a.version.Store(max(version, a.version.Load()))
+	s := lb.Sample{Node: a.node.Self().ID, Iteration: iter - 1, ModelBytes: modelBytes, Version: version}
 	s.UpRate, s.DownRate, s.SentBytes, s.ReceivedBytes = a.meter.Take()
 	a.reported.Store(iter)
 	a.mu.Unlock()
@@ -122,7 +129,7 @@ func (a *Agent) IterationBegan(iter, modelBytes uint64) {
 
 // ServerIterationBegan is IterationBegan for a server, which pushes no
 // model of its own.
-func (a *Agent) ServerIterationBegan(iter uint64) { a.IterationBegan(iter, 0) }
+func (a *Agent) ServerIterationBegan(iter uint64) { a.IterationBegan(iter, 0, 0) }
 
 func (a *Agent) handleControl(m *control.Message) {
 	if m.Command != control.Decision {

@@ -8,34 +8,47 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/node"
 )
 
 // lose handles the loss of node id (why says how it was noticed). A
-// server still joining leaves without consequence. Under
-// FPT_ON_SERVER_LOSS=retry any other server lost once the job has started
-// leaves it instead of ending it: the LB issues a retry decision without
-// it, every member hears NodeLeft and then the directive, and barriers
-// stop waiting for it. handled is false when the loss must end the job
-// (not a server, retry off, before the start, or the last server). final
-// is set when the departure released the final barrier: the scheduler
+// server still joining leaves without consequence. Once the job has
+// started, a server lost under FPT_ON_SERVER_LOSS=retry, or a worker lost
+// under FPT_ON_WORKER_LOSS=continue, leaves it instead of ending it: the
+// LB issues a retry decision without it, every member hears NodeLeft and
+// then the directive, and barriers and the stall watch stop waiting for
+// it. handled is false when the loss must end the job (another role, the
+// policy fail, before the start, or the last server or worker). final is
+// set when the departure released the final barrier: the scheduler
 // terminates those members.
-func (s *sched) lose(bars *barriers, id node.ID, why string) (handled bool, final []node.ID) {
+func (s *sched) lose(bars *barriers, stalls *stallWatch, id node.ID, why string) (handled bool, final []node.ID) {
 	info, ok := s.byID[id]
-	if s.lb == nil || !ok || info.Role != node.Server {
+	if s.lb == nil || !ok {
 		return false, nil
 	}
 	_, joining := s.joining[id]
-	if !joining && (!s.cfg.RetryServerLoss || !s.running) {
+	switch info.Role {
+	case node.Server:
+		if !joining && (!s.cfg.RetryServerLoss || !s.running) {
+			return false, nil
+		}
+	case node.Worker:
+		// Until every worker has the init round's values, losing worker
+		// 0 would lose them: a worker lost that early ends the job.
+		if s.cfg.WorkerLoss != config.WorkerLossContinue || !s.running || s.lb.Done() == 0 {
+			return false, nil
+		}
+	default:
 		return false, nil
 	}
 	var d lb.Directive
 	if !joining {
 		var err error
 		if d, err = s.lb.Lose(id, why); err != nil {
-			s.log.Error("server lost; the job cannot go on without it", "node", info, "err", err)
+			s.log.Error("node lost; the job cannot go on without it", "node", info, "err", err)
 			return false, nil
 		}
 	}
@@ -52,6 +65,7 @@ func (s *sched) lose(bars *barriers, id node.ID, why string) (handled bool, fina
 		s.left = make(map[node.ID]bool)
 	}
 	s.left[id] = true
+	stalls.remove(id)
 	for _, n := range s.table[1:] {
 		s.send(n.ID, &control.Message{Command: control.NodeLeft, Sender: node.SchedulerID, Target: id, Text: why})
 	}
@@ -65,10 +79,14 @@ func (s *sched) lose(bars *barriers, id node.ID, why string) (handled bool, fina
 		s.admitIfReady(j)
 	}
 	s.membership++
-	s.log.Warn(msgServerLeft,
+	msg := msgServerLeft
+	if info.Role == node.Worker {
+		msg = msgWorkerLeft
+	}
+	s.log.Warn(msg,
 		"node", info, "reason", why, "membership_version", s.membership,
 		"retry_from_iteration", d.Decision.Iteration, "decision_version", d.Decision.Version,
-		"servers", len(s.lb.Servers()))
+		"servers", len(s.lb.Servers()), "workers", len(s.lb.Workers()))
 	s.direct(d)
 	s.obs.rec.Changed(s.table, d, s.lb.State())
 	s.obs.Metrics.Membership(s.table, s.membership)
@@ -235,22 +253,23 @@ const startBarrier = 1
 const (
 	msgServerLeft   = "membership change: server left; its incomplete iterations are pushed again"
 	msgServerJoined = "membership change: server joined"
+	msgWorkerLeft   = "membership change: worker left; the iterations not every worker has the sums of are summed again over the workers left"
 )
 
 // Membership is a membership change as the scheduler logs it.
 type Membership struct {
-	// Joined: a server joined the job; else one left it.
+	// Joined: a server joined the job; else a server or worker left it.
 	Joined bool
-	// Node is the server as logged, "server2(12)@10.0.0.3:9100".
+	// Node is the node as logged, "server2(12)@10.0.0.3:9100".
 	Node string
-	// RetryFrom is, for a server that left, the iteration the workers
+	// RetryFrom is, for a node that left, the iteration the workers
 	// push again from.
 	RetryFrom uint64
 }
 
 // membershipLine matches the scheduler's line for a membership change
 // (log/slog's text format).
-var membershipLine = regexp.MustCompile(`msg="(` + regexp.QuoteMeta(msgServerLeft) + `|` + regexp.QuoteMeta(msgServerJoined) +
+var membershipLine = regexp.MustCompile(`msg="(` + regexp.QuoteMeta(msgServerLeft) + `|` + regexp.QuoteMeta(msgWorkerLeft) + `|` + regexp.QuoteMeta(msgServerJoined) +
 	`)".*? node=(\S+)(?:.*? retry_from_iteration=(\d+))?`)
 
 // ParseMembershipLine reads a membership change from one line of the

@@ -72,8 +72,8 @@ type sched struct {
 	serversDirected, serversShaping bool
 	decisions                       io.Writer // nil: decisions are only logged
 	byOrigin                        map[string]node.ID
-	// left holds the servers lost under FPT_ON_SERVER_LOSS=retry;
-	// membership counts such changes.
+	// left holds the nodes that left the job (FPT_ON_SERVER_LOSS=retry,
+	// FPT_ON_WORKER_LOSS=continue); membership counts such changes.
 	left       map[node.ID]bool
 	membership int
 	// servers counts the server ids ever assigned: a joining server gets
@@ -152,9 +152,9 @@ func (s *sched) register(ctx context.Context, reg *registry) error {
 		s.send(info.ID, &control.Message{Command: control.NodeTable, Recipient: info.ID, Nodes: s.table})
 	}
 	s.log.Info("node table sent", "nodes", len(s.table))
-	// A retry after a lost server rides on the LB's grants, so it runs
+	// A retry after a lost node rides on the LB's grants, so it runs
 	// them even with the LB off (fixed at the even split).
-	if s.cfg.LB || s.cfg.RetryServerLoss {
+	if s.cfg.Grants() {
 		if err := s.startLB(); err != nil {
 			return err
 		}
@@ -179,7 +179,7 @@ func (s *sched) serve(ctx context.Context) error {
 			for id, seen := range s.lastSeen {
 				if silent := now.Sub(seen); silent > s.cfg.HeartbeatTimeout {
 					why := fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond))
-					handled, final := s.lose(bars, id, why)
+					handled, final := s.lose(bars, stalls, id, why)
 					if final != nil {
 						s.terminate(final)
 						return nil
@@ -190,7 +190,19 @@ func (s *sched) serve(ctx context.Context) error {
 				}
 			}
 			if st, stalled := stalls.check(now); stalled {
-				return s.stalled(st)
+				// Under FPT_ON_WORKER_LOSS=continue a stalled worker is
+				// lost like a dead one; it is told so, since it is alive.
+				why := st.reason()
+				info := s.byID[st.worker]
+				handled, final := s.lose(bars, stalls, st.worker, why)
+				if final != nil {
+					s.terminate(final)
+					return nil
+				}
+				if !handled {
+					return s.stalled(st)
+				}
+				_ = s.plane.Send(info.ControlEndpoint(), &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: st.worker, Text: why})
 			}
 		case m, ok := <-s.plane.Incoming():
 			if !ok {
@@ -241,7 +253,7 @@ func (s *sched) serve(ctx context.Context) error {
 				if _, member := s.byID[target]; !member && s.left[target] {
 					continue // a peer's report of a node that already left
 				}
-				handled, final := s.lose(bars, target, m.Text)
+				handled, final := s.lose(bars, stalls, target, m.Text)
 				if final != nil {
 					s.terminate(final)
 					return nil

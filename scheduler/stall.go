@@ -64,6 +64,23 @@ func (w *stallWatch) report(id node.ID, pushed uint64, now time.Time) {
 	w.most = pushed
 }
 
+// remove stops watching worker id (it left the job). The front may move
+// back to the workers left.
+func (w *stallWatch) remove(id node.ID) {
+	p, ok := w.workers[id]
+	if !ok {
+		return
+	}
+	delete(w.workers, id)
+	if p.pushed < w.most {
+		return
+	}
+	w.most = 0
+	for _, q := range w.workers {
+		w.most = max(w.most, q.pushed)
+	}
+}
+
 // check returns a worker that has kept the others waiting for longer than
 // the timeout (the lowest id when several have), or ok false.
 func (w *stallWatch) check(now time.Time) (s stall, ok bool) {
@@ -82,7 +99,8 @@ func (w *stallWatch) check(now time.Time) (s stall, ok bool) {
 }
 
 // reason says what the stalled worker did not do, for every node's error.
-func (s stall) reason(name string) string {
+func (s stall) reason() string {
+	name := fmt.Sprintf("worker %d (id %d)", s.worker.Rank(), s.worker)
 	return fmt.Sprintf("%s has pushed nothing for iteration %d for %s while the other workers wait (FPT_STALL_TIMEOUT)",
 		name, s.iter, s.waited.Round(time.Second))
 }
@@ -101,7 +119,7 @@ func (s *sched) workerIDs() []node.ID {
 // stalled tells every node, the stalled worker included (it is alive and
 // would otherwise wait on), that the job fails because of it.
 func (s *sched) stalled(st stall) error {
-	reason := st.reason(fmt.Sprintf("worker %d (id %d)", st.worker.Rank(), st.worker))
+	reason := st.reason()
 	s.log.Error("worker stalled; stopping the cluster", "worker", st.worker, "iteration", st.iter, "for", st.waited)
 	for _, info := range s.table[1:] {
 		s.send(info.ID, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: st.worker, Text: reason})

@@ -64,7 +64,7 @@ func TestStallWatch(t *testing.T) {
 
 func TestStallReason(t *testing.T) {
 	s := stall{worker: node.WorkerID(1), iter: 7, waited: 10 * time.Minute}
-	got := s.reason("worker 1 (id 11)")
+	got := s.reason()
 	want := "worker 1 (id 11) has pushed nothing for iteration 7 for 10m0s while the other workers wait (FPT_STALL_TIMEOUT)"
 	if got != want || !strings.Contains(got, "FPT_STALL_TIMEOUT") {
 		t.Fatalf("reason %q, want %q", got, want)

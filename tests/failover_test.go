@@ -206,3 +206,49 @@ func TestServerJoin(t *testing.T) {
 		})
 	}
 }
+
+// workerLeftRe is the scheduler's line for a worker that left under
+// FPT_ON_WORKER_LOSS=continue.
+var workerLeftRe = regexp.MustCompile(`msg="membership change: worker left.*retry_from_iteration=(\d+)`)
+
+// kill -9 of worker 2 of a 2 × 3 job mid-run under
+// FPT_ON_WORKER_LOSS=continue: the two workers left finish every
+// iteration, verifying every value against the workers each iteration's
+// sums add up (all three before the retry, the two left from its
+// iteration on: test_kv_app asks the library and exits non-zero on a
+// wrong value), say from which iteration on the sums are over two, and
+// every process left exits 0.
+func TestKillWorkerContinue(t *testing.T) {
+	for _, lbMode := range []string{"off", "on"} {
+		t.Run("LB "+lbMode, func(t *testing.T) {
+			c := startCluster(t, spec{servers: 2, workers: 3,
+				env:     []string{"FPT_ON_WORKER_LOSS=continue", "FPT_LB=" + lbMode, "FPT_PARTITION_BYTES=65536"},
+				appArgs: append([]string{"-iters", strconv.Itoa(failoverIters)}, failoverModel...)})
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			victim := c.proc("worker2")
+			if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(fmt.Sprintf(`iteration %d/`, failoverKillAt))); err != nil {
+				c.dump()
+				t.Fatal(err)
+			}
+			if err := victim.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			c.survived(victim)
+			log := c.proc("scheduler").Stderr.String()
+			m := workerLeftRe.FindStringSubmatch(log)
+			if m == nil {
+				t.Fatalf("the scheduler did not log the membership change:\n%s", tail(log))
+			}
+			from, _ := strconv.Atoi(m[1])
+			if from < failoverKillAt || from > failoverIters {
+				t.Errorf("retry_from_iteration=%d, want within %d..%d", from, failoverKillAt, failoverIters)
+			}
+			for _, w := range []string{"worker0", "worker1"} {
+				mustContain(t, w+" stdout", c.proc(w).Stdout.String(),
+					fmt.Sprintf("iteration %d on: sums over 2 of 3 workers [0 1]", from))
+			}
+			t.Logf("scheduler: %s", m[0])
+		})
+	}
+}

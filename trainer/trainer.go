@@ -125,16 +125,29 @@ func Value(rank, iter int, key uint64, j int) float64 {
 }
 
 // Expected is the sum the workers' FPTPull must return: the sum over the
-// W workers, except iteration 0, where every worker gets worker 0's value.
-func Expected(workers, iter int, key uint64, j int) float64 {
+// workers of the given ranks (those whose pushes the iteration's sums add
+// up: all W, unless one was lost under FPT_ON_WORKER_LOSS=continue),
+// except iteration 0, where every worker gets worker 0's value.
+func Expected(ranks []int, iter int, key uint64, j int) float64 {
 	if iter == 0 {
 		return Value(0, 0, key, j)
 	}
 	s := 0.0
-	for r := range workers {
+	for _, r := range ranks {
 		s += Value(r, iter, key, j)
 	}
 	return s
+}
+
+// ranksAt is the ranks of the workers whose pushes the sums of iteration
+// iter add up.
+func ranksAt(w *worker.Worker, iter int) []int {
+	ids := w.WorkersAt(uint64(iter))
+	ranks := make([]int, len(ids))
+	for i, id := range ids {
+		ranks[i] = id.Rank()
+	}
+	return ranks
 }
 
 // Run trains on w and writes progress to out. It returns an error on the
@@ -179,7 +192,7 @@ func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out i
 	if err := kv.Init(ctx, keys, grads, sizes); err != nil {
 		return sum, fmt.Errorf("init: %w", err)
 	}
-	n, err := check(grads, sizes, keys, workers, 0)
+	n, err := check(grads, sizes, keys, nil, 0)
 	if err != nil {
 		return sum, fmt.Errorf("%s: init: %w", label, err)
 	}
@@ -188,6 +201,7 @@ func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out i
 		fmt.Fprintf(out, "%s: init: %d tensors, %s, every value is worker 0's\n", label, len(keys), human(model))
 	}
 
+	summed := workers // how many workers the latest sums added up
 	for it := 1; it <= o.Iterations; it++ {
 		if err := pause(ctx, o.Compute); err != nil {
 			return sum, err
@@ -221,10 +235,15 @@ func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out i
 			}
 		}
 		d := time.Since(t0)
-		n, err := check(sums, sizes, keys, workers, it)
+		ranks := ranksAt(w, it)
+		n, err := check(sums, sizes, keys, ranks, it)
 		if err != nil {
-			return sum, fmt.Errorf("%s: iteration %d: %w", label, it, err)
+			return sum, fmt.Errorf("%s: iteration %d (summed over workers %v): %w", label, it, ranks, err)
 		}
+		if len(ranks) != summed && !o.Quiet {
+			fmt.Fprintf(out, "%s: iteration %d on: sums over %d of %d workers %v (a worker left the job)\n", label, it, len(ranks), workers, ranks)
+		}
+		summed = len(ranks)
 		sum.Values += n
 		sum.addIteration(it, d)
 		if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
@@ -250,7 +269,8 @@ func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out i
 // and the expected values are sums over all rounds so far.
 func classic[T worker.Float](ctx context.Context, kv *worker.KV[T], o Options, keys []uint64, sizes []int, out io.Writer) (int64, error) {
 	w := kv.Worker()
-	rank, workers := w.Rank(), w.NumWorkers()
+	// The servers' stores add up the pushes of the workers still in the job.
+	rank, ranks := w.Rank(), ranksAt(w, math.MaxInt)
 	// Keys far apart in the key space, so that range slicing spreads them
 	// over the servers.
 	ckeys := make([]uint64, len(keys))
@@ -285,7 +305,7 @@ func classic[T worker.Float](ctx context.Context, kv *worker.KV[T], o Options, k
 		n, err := verify(got, sizes, ckeys, func(key uint64, j int) float64 {
 			s := 0.0
 			for r2 := 0; r2 <= round; r2++ {
-				for r := range workers {
+				for _, r := range ranks {
 					s += Value(r, 1000+r2, key, j)
 				}
 			}
@@ -303,7 +323,7 @@ func classic[T worker.Float](ctx context.Context, kv *worker.KV[T], o Options, k
 		// PushPull by one worker at a time has an exact answer: the stored
 		// value plus its own push.
 		fill(vals, sizes, ckeys, rank, 2000)
-		for turn := range workers {
+		for _, turn := range ranks {
 			if turn == rank {
 				before := append([]T(nil), got...)
 				ts, err := kv.PushPull(ckeys, vals, got, sizes, nil)
@@ -348,8 +368,8 @@ func fill[T worker.Float](vals []T, sizes []int, keys []uint64, rank, iter int) 
 	}
 }
 
-func check[T worker.Float](vals []T, sizes []int, keys []uint64, workers, iter int) (int64, error) {
-	return verify(vals, sizes, keys, func(key uint64, j int) float64 { return Expected(workers, iter, key, j) })
+func check[T worker.Float](vals []T, sizes []int, keys []uint64, ranks []int, iter int) (int64, error) {
+	return verify(vals, sizes, keys, func(key uint64, j int) float64 { return Expected(ranks, iter, key, j) })
 }
 
 // verify compares every value with want and reports the first mismatches.

@@ -33,12 +33,12 @@ func TestSizes(t *testing.T) {
 func TestExpected(t *testing.T) {
 	for _, k := range []uint64{0, 5, 1 << 60} {
 		for _, j := range []int{0, 1, 1000, 1 << 28} {
-			if got, want := Expected(4, 0, k, j), Value(0, 0, k, j); got != want {
+			if got, want := Expected([]int{0, 1, 2, 3}, 0, k, j), Value(0, 0, k, j); got != want {
 				t.Errorf("init: Expected = %v, want worker 0's %v", got, want)
 			}
 			sum := Value(0, 3, k, j) + Value(1, 3, k, j) + Value(2, 3, k, j)
-			if got := Expected(3, 3, k, j); got != sum {
-				t.Errorf("Expected(3, 3, %d, %d) = %v, want %v", k, j, got, sum)
+			if got := Expected([]int{0, 1, 2}, 3, k, j); got != sum {
+				t.Errorf("Expected(ranks 0-2, 3, %d, %d) = %v, want %v", k, j, got, sum)
 			}
 			// Small integers: every float32 sum is exact, whatever the order.
 			if v := Value(7, 1<<20, k, j); v < 0 || v > 60 || v != float64(float32(v)) {

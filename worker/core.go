@@ -52,6 +52,15 @@ type core struct {
 	// held, and its buffer is still the worker's to send again.
 	retryMode bool
 	held      []*heldPush
+	// resum is FPT_ON_WORKER_LOSS=continue: a lost worker's retry sums
+	// the incomplete iterations again over the workers left, so their
+	// sums change. A pull then completes only once every worker has its
+	// iteration's sum (heldPulls), so that no program saw the old one.
+	resum     bool
+	heldPulls []*result
+	// version is the latest retry decision applied: the LB counts only
+	// reports of re-summed iterations made under it.
+	version uint32
 	// done is one past the last iteration every worker has the sum of
 	// (the LB's Directive.Done).
 	done uint64
@@ -121,9 +130,12 @@ func newCore(partBytes uint64, lbOn bool) *core {
 }
 
 // start records what the worker learns once the cluster has started: its
-// id and the servers, over which the initial decision splits evenly.
-func (c *core) start(self node.ID, servers []node.ID) error {
-	sched, err := lb.NewSchedule(lb.Even(0, 0, servers))
+// id, the servers, over which the initial decision splits evenly, and the
+// workers whose pushes the sums add up.
+func (c *core) start(self node.ID, servers, workers []node.ID) error {
+	initial := lb.Even(0, 0, servers)
+	initial.Workers = workers
+	sched, err := lb.NewSchedule(initial)
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
@@ -222,6 +234,9 @@ type result struct {
 	// since the new layout's partitions may overlap the ones being copied.
 	gen     int
 	restage bool
+	// held: complete, but its pull waits until every worker has the sum
+	// (resum); the pull stays its waiter.
+	held bool
 }
 
 type pullWait struct {
@@ -304,8 +319,12 @@ type initialCopy struct {
 	kept     *keptInit
 }
 
-// iterationBegan is what the LB agent learns from a push.
-type iterationBegan struct{ iter, modelBytes uint64 }
+// iterationBegan is what the LB agent learns from a push (or, under
+// retry, a completed iteration), under the latest retry version.
+type iterationBegan struct {
+	iter, modelBytes uint64
+	version          uint32
+}
 
 func (t *todo) merge(o todo) {
 	t.finished = append(t.finished, o.finished...)
@@ -330,6 +349,15 @@ func (c *core) decisionVersion() uint32 {
 		return 0
 	}
 	return c.schedule.Latest().Version
+}
+
+// workersAt is the workers whose pushes the sums of iteration iter add
+// up (nil before start).
+func (c *core) workersAt(iter uint64) []node.ID {
+	if c.schedule == nil {
+		return nil
+	}
+	return slices.Clone(c.schedule.WorkersAt(iter))
 }
 
 // follow applies the LB's directive: its decision joins the schedule and
@@ -406,9 +434,16 @@ func (c *core) releaseHeld() todo {
 		if d, ok := dp.r.wait(dp.pw); ok {
 			out.copies = append(out.copies, d)
 		} else {
-			dp.r.waiter = nil
-			out.merge(c.delivered(dp.r, dp.pw.req))
+			out.merge(c.finish(dp.r, dp.pw))
 		}
+		return true
+	})
+	c.heldPulls = slices.DeleteFunc(c.heldPulls, func(r *result) bool {
+		if r.iter >= c.done {
+			return false
+		}
+		r.held = false
+		out.merge(c.finish(r, r.waiter))
 		return true
 	})
 	c.held = slices.DeleteFunc(c.held, func(hp *heldPush) bool {
@@ -421,15 +456,19 @@ func (c *core) releaseHeld() todo {
 	return out
 }
 
-// retry applies a retry decision (a server was lost): it replaces every
-// decision from its iteration on, results of those iterations not yet
-// complete start again under it, and the held pushes of those iterations
-// are cut again and returned to send.
+// retry applies a retry decision (a server or a worker was lost): it
+// replaces every decision from its iteration on, results of those
+// iterations start again under it (the complete ones too when the workers
+// changed: their sums do), and the held pushes of those iterations are cut
+// again and returned to send.
 func (c *core) retry(d lb.Directive) (todo, error) {
 	dec := d.Decision
+	resum := dec.Workers != nil
 	switch {
 	case !c.retryMode:
-		return todo{}, fmt.Errorf("worker: retry decision v%d, but FPT_ON_SERVER_LOSS is not retry here", dec.Version)
+		return todo{}, fmt.Errorf("worker: retry decision v%d, but neither FPT_ON_SERVER_LOSS=retry nor FPT_ON_WORKER_LOSS=continue is set here", dec.Version)
+	case resum && !c.resum:
+		return todo{}, fmt.Errorf("worker: retry decision v%d changes the workers, but FPT_ON_WORKER_LOSS is not continue here", dec.Version)
 	case dec.Iteration < c.done:
 		return todo{}, fmt.Errorf("worker: retry decision v%d from iteration %d, but every worker has the sums up to %d", dec.Version, dec.Iteration, c.done)
 	}
@@ -437,12 +476,17 @@ func (c *core) retry(d lb.Directive) (todo, error) {
 		return todo{}, fmt.Errorf("worker: retry: %w", err)
 	}
 	c.retried = append(c.retried, retryMark{dec.Version, dec.Iteration})
+	c.version = dec.Version
 	for _, r := range c.results {
-		if r.iter >= dec.Iteration && !r.complete {
-			c.recut(r)
+		if r.iter >= dec.Iteration && (!r.complete || resum) {
+			c.recut(r, resum)
 		}
 	}
 	var out todo
+	if resum {
+		c.heldPulls = slices.DeleteFunc(c.heldPulls, func(r *result) bool { return !r.held })
+		out.merge(c.resumFrom(dec.Iteration))
+	}
 	for _, hp := range c.held {
 		if hp.req.finished {
 			continue
@@ -462,14 +506,19 @@ func (c *core) retry(d lb.Directive) (todo, error) {
 }
 
 // recut starts r again under the layout now in force at its iteration:
-// partitions received under the replaced one no longer count.
-func (c *core) recut(r *result) {
+// partitions received under the replaced one no longer count. With
+// resum the workers changed, so a complete sum is summed again too (an
+// empty tensor's excepted: it has nothing to sum).
+func (c *core) recut(r *result, resum bool) {
 	_, layout := c.layoutFor(r.t, r.iter)
 	r.parts = layout
 	r.seen = make([]bool, len(layout))
 	r.staged = make([]bool, len(layout))
 	r.left = len(layout)
 	r.gen++
+	if resum && len(layout) > 0 {
+		r.complete, r.held = false, false
+	}
 	if r.waiter != nil && r.waiter.copying {
 		r.restage, r.buf = true, nil
 	}
@@ -496,7 +545,7 @@ func (c *core) retriedAt(iter uint64) bool {
 // with retries on, the LB hears of completions rather than pushes, so
 // that its Done means that every worker has the sums.
 func (c *core) sumIn(t *tensor, iter uint64) todo {
-	if !c.retryMode {
+	if !c.retryMode || iter < t.sumsIn {
 		return todo{} // only retries need to know
 	}
 	if iter != t.sumsIn {
@@ -511,6 +560,12 @@ func (c *core) sumIn(t *tensor, iter uint64) todo {
 		delete(t.sumsAhead, t.sumsIn)
 		t.sumsIn++
 	}
+	return c.reportSums()
+}
+
+// reportSums reports (began) the iterations whose every sum is now here,
+// if that is more than reported.
+func (c *core) reportSums() todo {
 	n, any := uint64(math.MaxUint64), false
 	for _, tn := range c.tensors {
 		if tn.pushed > 0 || tn.sumsIn > 0 {
@@ -521,7 +576,47 @@ func (c *core) sumIn(t *tensor, iter uint64) todo {
 		return todo{}
 	}
 	c.sumsIn = n
-	return todo{began: &iterationBegan{iter: n, modelBytes: c.modelBytes}}
+	return todo{began: &iterationBegan{iter: n, modelBytes: c.modelBytes, version: c.version}}
+}
+
+// resumFrom forgets that the sums of iterations from on are here: after
+// a lost worker they are summed again, and the LB must hear of them anew
+// (under the retry's version). Empty tensors' sums stay complete.
+func (c *core) resumFrom(from uint64) todo {
+	for _, t := range c.tensors {
+		for it := range t.sumsAhead {
+			if it >= from {
+				delete(t.sumsAhead, it)
+			}
+		}
+		if t.sumsIn <= from {
+			continue
+		}
+		t.sumsIn = from
+		for {
+			r := c.results[resultKey{t.key, t.sumsIn}]
+			if r == nil || !r.complete {
+				break
+			}
+			t.sumsIn++
+		}
+	}
+	c.sumsIn = min(c.sumsIn, from)
+	return c.reportSums()
+}
+
+// finish completes pull pw of result r, whose bytes are all in its
+// buffer. With resum the pull completes only once every worker has the
+// iteration's sum: until then it stays r's waiter, so that a retry lands
+// the new sum in its buffer.
+func (c *core) finish(r *result, pw *pullWait) todo {
+	if c.resum && r.iter >= c.done {
+		r.waiter, r.held = pw, true
+		c.heldPulls = append(c.heldPulls, r)
+		return todo{}
+	}
+	r.waiter = nil
+	return c.delivered(r, pw.req)
 }
 
 // setTensorsPerIteration announces how many tensors one iteration pushes.
@@ -784,7 +879,7 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 		}
 	}
 	if !c.retryMode {
-		out.began = &iterationBegan{iter: began, modelBytes: c.modelBytes}
+		out.began = &iterationBegan{iter: began, modelBytes: c.modelBytes, version: c.version}
 	}
 	return out, nil
 }
@@ -860,8 +955,7 @@ func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 			out.copies = append(out.copies, d)
 		} else if r.complete {
 			// Nothing to copy: complete now.
-			r.waiter = nil
-			out.merge(c.delivered(r, req))
+			out.merge(c.finish(r, r.waiter))
 		}
 	}
 	return out, nil
@@ -983,8 +1077,7 @@ func (c *core) copied(d delivery) todo {
 	if !r.complete {
 		return todo{} // land completes it with its last partition
 	}
-	r.waiter = nil
-	return c.delivered(r, d.pw.req)
+	return c.finish(r, d.pw)
 }
 
 // delivered completes an FPTPull's share of a result once its bytes are in
@@ -1088,8 +1181,7 @@ func (c *core) land(l landing, part uint32) todo {
 	if wait == nil || wait.copying {
 		return out // its pull, or copied, completes it
 	}
-	r.waiter = nil
-	out.merge(c.delivered(r, wait.req))
+	out.merge(c.finish(r, wait))
 	return out
 }
 

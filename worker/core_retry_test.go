@@ -396,7 +396,7 @@ func TestCoreDirectivesBeforeStart(t *testing.T) {
 			t.Fatalf("directive %s before start: %v", d, err)
 		}
 	}
-	if err := c.start(node.WorkerID(0), servers); err != nil {
+	if err := c.start(node.WorkerID(0), servers, testWorkers(2)); err != nil {
 		t.Fatal(err)
 	}
 	if v := c.decisionVersion(); v != 2 {

@@ -25,10 +25,19 @@ func startedCore(t *testing.T, rank, servers int, lbOn bool) *core {
 	for i := range servers {
 		ids = append(ids, node.ServerID(i))
 	}
-	if err := c.start(node.WorkerID(rank), ids); err != nil {
+	if err := c.start(node.WorkerID(rank), ids, testWorkers(rank+1)); err != nil {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// testWorkers is the ids of a job's first n workers.
+func testWorkers(n int) []node.ID {
+	ids := make([]node.ID, n)
+	for r := range ids {
+		ids[r] = node.WorkerID(r)
+	}
+	return ids
 }
 
 func mustDeclare(t *testing.T, c *core, key uint64, n int) {
@@ -501,7 +510,7 @@ func TestCoreFollowDecisions(t *testing.T) {
 	if _, _, err := c.follow(lb.Directive{Decision: &d}); err != nil {
 		t.Fatalf("a decision before start: %v", err)
 	}
-	if err := c.start(node.WorkerID(0), s0); err == nil {
+	if err := c.start(node.WorkerID(0), s0, testWorkers(1)); err == nil {
 		t.Error("a decision out of order before start accepted")
 	}
 }

@@ -100,14 +100,20 @@ func fptWorker(w *worker.Worker, workers, iters int, h hooks) error {
 		}
 	}
 	verify := func(it int, got []float32) error {
+		// The workers whose pushes the sums add up: all of them, unless
+		// one was lost under FPT_ON_WORKER_LOSS=continue.
+		ids := w.WorkersAt(uint64(it))
+		if len(ids) == 0 || len(ids) > workers {
+			return fmt.Errorf("iteration %d: summed over workers %v of %d", it, ids, workers)
+		}
 		off := 0
 		for _, tn := range memTensors {
 			for j := range tn.elems {
 				want := grad(0, 0, tn.key, j)
 				if it > 0 {
 					want = 0
-					for r := range workers {
-						want += grad(r, it, tn.key, j)
+					for _, id := range ids {
+						want += grad(id.Rank(), it, tn.key, j)
 					}
 				}
 				if got[off+j] != want {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -255,6 +256,100 @@ func TestMembershipStress(t *testing.T) {
 			defer cancel()
 			if err := c.Finish(ctx); err != nil {
 				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestWorkerLossContinue kills worker 2 of a 2×3 job in the middle of
+// iteration killAt under FPT_ON_WORKER_LOSS=continue: the two workers
+// left finish every iteration, and every sum from killAt on adds up
+// exactly their two pushes, as WorkersAt says (fptWorker checks every
+// value against it). "Pushes half sent": the killed worker's frames to
+// server 0 are held, so server 1's partial sums of killAt include its
+// values and server 0's do not; both must be dropped. "One worker has
+// the sum": it pushes everything, and the sums reach worker 0 but not
+// worker 1 before it dies; worker 0's pull of killAt must not complete
+// with the sum over three workers while worker 1's adds up two.
+func TestWorkerLossContinue(t *testing.T) {
+	const iters, killAt = 12, 5
+	victim := node.WorkerID(2)
+	for _, tt := range []struct {
+		name      string
+		lb        string
+		oneHasSum bool
+	}{
+		{"LB off, pushes half sent", "off", false},
+		{"LB off, one worker has the sum", "off", true},
+		{"LB on, pushes half sent", "on", false},
+		{"LB on, one worker has the sum", "on", true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := startMem(t, 2, 3, map[string]string{
+				"FPT_PARTITION_BYTES": memPartitionBytes, "FPT_LB": tt.lb, "FPT_ON_WORKER_LOSS": "continue",
+			})
+			held := []struct{ from, to node.ID }{{victim, node.ServerID(0)}}
+			if tt.oneHasSum {
+				held = []struct{ from, to node.ID }{{node.ServerID(0), node.WorkerID(1)}, {node.ServerID(1), node.WorkerID(1)}}
+			}
+			killed := make(chan error, 1)
+			var wg sync.WaitGroup
+			errs := make(chan error, len(c.Workers))
+			for _, w := range c.Workers {
+				wg.Go(func() {
+					err := fptWorker(w, len(c.Workers), iters, hooks{before: func(w *worker.Worker, it int) error {
+						if w.Node().Self().ID != victim || it != killAt {
+							return nil
+						}
+						for _, h := range held {
+							c.Data.Hold(h.from, h.to)
+						}
+						go func() {
+							time.Sleep(30 * time.Millisecond) // its pushes of killAt are out
+							if err := c.Kill(victim); err != nil {
+								killed <- err
+								return
+							}
+							// Once worker 1 follows the retry, the old sums
+							// held on their way to it may arrive: it must
+							// drop them.
+							for c.Workers[1].NumWorkersAt(killAt) != 2 {
+								time.Sleep(time.Millisecond)
+							}
+							for _, h := range held {
+								c.Data.Release(h.from, h.to)
+							}
+							killed <- nil
+						}()
+						return nil
+					}})
+					if w.Node().Self().ID == victim {
+						return // it was killed: its error is expected
+					}
+					if err != nil {
+						errs <- fmt.Errorf("worker %d: %w", w.Rank(), err)
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			if err := <-killed; err != nil {
+				t.Fatal(err)
+			}
+			for _, w := range c.Workers[:2] {
+				before, after := w.WorkersAt(killAt-1), w.WorkersAt(killAt)
+				if len(before) != 3 || !slices.Equal(after, []node.ID{node.WorkerID(0), node.WorkerID(1)}) {
+					t.Errorf("worker %d: iteration %d summed over %v, %d over %v; want all three, then workers 0 and 1",
+						w.Rank(), killAt-1, before, killAt, after)
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := c.Finish(ctx); err != nil {
+				t.Fatalf("the job did not end cleanly after losing %s: %v", victim, err)
 			}
 		})
 	}

@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/customer"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lb"
@@ -45,9 +46,11 @@ import (
 )
 
 // Callback learns that a request completed: err is nil once a push's
-// values may be reused (sent; with FPT_ON_SERVER_LOSS=retry, once every
-// worker has their iteration's sums) or a pull's buffer holds the result
-// (into its own push's buffer under retry: with that push), else why the
+// values may be reused (sent; with FPT_ON_SERVER_LOSS=retry or
+// FPT_ON_WORKER_LOSS=continue, once every worker has their iteration's
+// sums) or a pull's buffer holds the result (into its own push's buffer
+// under either: with that push; under continue, every pull once every
+// worker has the sums, which a lost worker's retry changes), else why the
 // request failed (a refused key, the node's failure). It runs exactly
 // once per request, on a goroutine of its own (it may call the worker),
 // and Wait for the request returns after it returned. A call that returns
@@ -81,17 +84,18 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 		node:    n,
 		metrics: n.Metrics(),
 		trace:   n.Tracer(),
-		c:       newCore(cfg.PartitionBytes, cfg.LB || cfg.RetryServerLoss),
+		c:       newCore(cfg.PartitionBytes, cfg.Grants()),
 		moved:   make(chan struct{}),
 		quit:    make(chan struct{}),
 	}
-	w.c.retryMode = cfg.RetryServerLoss
-	w.base = role.New(n, w.deliverLocal, w.follow, w.serverLeft)
+	w.c.retryMode = cfg.Retries()
+	w.c.resum = cfg.WorkerLoss == config.WorkerLossContinue
+	w.base = role.New(n, w.deliverLocal, w.follow, w.left)
 	if err := w.base.Start(ctx, w); err != nil {
 		return nil, err
 	}
 	w.mu.Lock()
-	err := w.c.start(n.Self().ID, n.Servers())
+	err := w.c.start(n.Self().ID, n.Servers(), n.Workers())
 	w.mu.Unlock()
 	if err != nil {
 		w.base.Close()
@@ -170,7 +174,7 @@ func (w *Worker) do(t todo) {
 		w.complete(r)
 	}
 	if b := t.began; b != nil && w.base.Agent != nil {
-		w.base.Agent.IterationBegan(b.iter, b.modelBytes)
+		w.base.Agent.IterationBegan(b.iter, b.modelBytes, b.version)
 	}
 }
 
@@ -216,22 +220,27 @@ func (w *Worker) hand(req *request, locals, sends []van.Message, counted bool) e
 }
 
 // sendError is what a frame to peer id that could not be sent means for
-// its request. With FPT_ON_SERVER_LOSS=retry a frame lost with a server
-// means nothing (nil): if the server is gone, the scheduler's retry
-// decision has this worker push the frame's iteration again; if it is
-// not, the cluster fails anyway.
+// its request. A frame lost with a server under FPT_ON_SERVER_LOSS=retry,
+// or with a worker (an aggregator of a balanced split) under
+// FPT_ON_WORKER_LOSS=continue, means nothing (nil): if the peer is gone,
+// the scheduler's retry decision has this worker push the frame's
+// iteration again; if it is not, the cluster fails anyway.
 func (w *Worker) sendError(id node.ID, err error) error {
-	if r, ok := id.Role(); ok && r == node.Server && w.node.Config().RetryServerLoss {
-		w.node.Logger().Debug("frame to a server lost; a retry sends it again", "server", id, "err", err)
+	if cfg := w.node.Config(); cfg.Survives(id) {
+		w.node.Logger().Debug("frame to a lost peer; a retry sends it again", "peer", id, "err", err)
 		return nil
 	}
 	return w.toPeer(id, err)
 }
 
-// serverLeft is told that a server left the job (role.New's left): a
-// worker that made classic requests cannot go on, since their key ranges
-// are sliced over the servers it started with.
-func (w *Worker) serverLeft(id node.ID) error {
+// left is told that a server or a worker left the job (role.New's
+// left): a worker that made classic requests cannot go on without a
+// server, since their key ranges are sliced over the servers it started
+// with. A lost worker changes nothing for them.
+func (w *Worker) left(id node.ID) error {
+	if r, _ := id.Role(); r != node.Server {
+		return nil
+	}
 	w.mu.Lock()
 	used := w.c.classicUsed
 	w.mu.Unlock()
@@ -327,6 +336,22 @@ func (w *Worker) follow(d lb.Directive) error {
 	w.do(t)
 	return nil
 }
+
+// WorkersAt returns the workers whose pushes make up the sums of
+// iteration iter, in increasing id order (a key's iteration n is its n-th
+// FPTPush, 0 the init round). All of them, unless a worker was lost under
+// FPT_ON_WORKER_LOSS=continue: from the iteration its retry took effect
+// at, the sums add up the workers left. The answer for an iteration is
+// final once a pull of it has completed.
+func (w *Worker) WorkersAt(iter uint64) []node.ID {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.c.workersAt(iter)
+}
+
+// NumWorkersAt is len(WorkersAt(iter)): what a program divides an
+// iteration's sums by to average them.
+func (w *Worker) NumWorkersAt(iter uint64) int { return len(w.WorkersAt(iter)) }
 
 // Rank is this worker's rank, 0..NumWorkers-1.
 func (w *Worker) Rank() int { return w.node.Self().ID.Rank() }

@@ -162,6 +162,11 @@ func fpt_rank(rank *C.int) C.int { return intOut("fpt_rank", rank, lib.Rank) }
 //export fpt_num_workers
 func fpt_num_workers(n *C.int) C.int { return intOut("fpt_num_workers", n, lib.NumWorkers) }
 
+//export fpt_num_workers_at
+func fpt_num_workers_at(iteration C.uint64_t, n *C.int) C.int {
+	return intOut("fpt_num_workers_at", n, func() (int, error) { return lib.NumWorkersAt(uint64(iteration)) })
+}
+
 //export fpt_num_servers
 func fpt_num_servers(n *C.int) C.int { return intOut("fpt_num_servers", n, lib.NumServers) }
 

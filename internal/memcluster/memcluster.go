@@ -273,18 +273,19 @@ func (c *Cluster) AddServer() (node.ID, error) {
 	return n.Member().Self().ID, nil
 }
 
-// Kill ends server id as kill -9 would: it is cut off both networks (every
-// peer sees its connections break, its control messages are lost) and
-// closed; its end no longer counts as an error in Finish or Ends.
+// Kill ends server or worker id as kill -9 would: it is cut off both
+// networks (every peer sees its connections break, its control messages
+// are lost) and closed; its end no longer counts as an error in Finish or
+// Ends, and Finish does not finalize it.
 func (c *Cluster) Kill(id node.ID) error {
 	var victim *launch.Node
 	for _, n := range c.all() {
-		if m := n.Member(); m != nil && m.Self().ID == id && n.Worker() == nil {
+		if m := n.Member(); m != nil && m.Self().ID == id && id != node.SchedulerID {
 			victim = n
 		}
 	}
 	if victim == nil {
-		return fmt.Errorf("memcluster: no server %s", id)
+		return fmt.Errorf("memcluster: no server or worker %s", id)
 	}
 	c.killed.Store(victim, true)
 	if err := c.Drop(id); err != nil {
@@ -294,12 +295,15 @@ func (c *Cluster) Kill(id node.ID) error {
 	return nil
 }
 
-// Finish finalizes every worker, then waits for the servers and the
-// scheduler to end; it returns the first error of any.
+// Finish finalizes every worker not killed, then waits for the servers
+// and the scheduler to end; it returns the first error of any.
 func (c *Cluster) Finish(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(c.Workers))
 	for i, w := range c.Workers {
+		if c.isKilled(w) {
+			continue
+		}
 		wg.Go(func() {
 			if err := w.Finalize(ctx); err != nil {
 				errs[i] = fmt.Errorf("worker %d: %w", i, err)
@@ -311,6 +315,17 @@ func (c *Cluster) Finish(ctx context.Context) error {
 		return err
 	}
 	return c.awaitEnds(ctx)
+}
+
+// isKilled reports whether worker w was ended by Kill.
+func (c *Cluster) isKilled(w *worker.Worker) bool {
+	for _, n := range c.all() {
+		if n.Worker() == w {
+			_, killed := c.killed.Load(n)
+			return killed
+		}
+	}
+	return false
 }
 
 // Ends waits for the scheduler and every server to end, and returns their

@@ -32,7 +32,7 @@ from ._buffers import FLOAT16, FLOAT32, FLOAT64
 __all__ = [
     "FPTError", "ArgumentError", "StateError", "UnknownKeyError", "SizeError", "ConfigError",
     "ClusterError", "InternalError", "Request", "FLOAT32", "FLOAT64", "FLOAT16",
-    "start", "finalize", "role", "rank", "num_workers", "num_servers", "set_tensors_per_iteration",
+    "start", "finalize", "role", "rank", "num_workers", "num_workers_at", "num_servers", "set_tensors_per_iteration",
     "declare", "declared", "init", "push", "pull", "wait_all", "barrier", "my_id", "group_ids",
     "barrier_group", "GROUP_SCHEDULER", "GROUP_SERVERS", "GROUP_WORKERS",
 ]
@@ -247,6 +247,14 @@ def num_workers():
     return _int_out(_node.lib.fpt_num_workers)
 
 
+def num_workers_at(iteration):
+    """How many workers' pushes the sums of a key's iteration add up (its
+    n-th push is iteration n, init is 0): what to divide them by to average.
+    num_workers(), unless a worker was lost under FPT_ON_WORKER_LOSS=continue;
+    final once a pull of that iteration is done."""
+    return _int_out(lambda out: _node.lib.fpt_num_workers_at(iteration, out))
+
+
 def num_servers():
     return _int_out(_node.lib.fpt_num_servers)
 
@@ -340,9 +348,9 @@ def init(keys, buf):
 def push(keys, buf, priority=0):
     """FPTPush of the keys' values in buf (one key, or several end to end):
     returns a Request; buf must not change until it is done. With
-    FPT_ON_SERVER_LOSS=retry it is done only once every worker has the
-    iteration's sums (a retry may push buf again): push all of an
-    iteration's keys before waiting for any of them."""
+    FPT_ON_SERVER_LOSS=retry or FPT_ON_WORKER_LOSS=continue it is done only
+    once every worker has the iteration's sums (a retry may push buf again):
+    push all of an iteration's keys before waiting for any of them."""
     keys, ck, cl, v = _tensors("fpt_push", keys, buf, False)
     fresh = [k for k in keys if k in _node.declared and k not in _node.initialized]
     if fresh and _node.started:

@@ -130,7 +130,9 @@ class _Distributed:
                 raise TypeError("fpt.torch.DistributedOptimizer: parameter %s is %s on %s; fpt takes CPU float32, "
                                 "float64 and float16" % (n, p.dtype, p.device))
         self._fpt_params = params
-        self._fpt_workers = fpt.num_workers()
+        # Every key is pushed once a step, so they share an iteration
+        # number: 0 was init.
+        self._fpt_iteration = 1
         keys = _keys.take(len(params))
         self._fpt_keys = keys
         # Buckets in backward order (the reverse of the parameters'), so that
@@ -225,8 +227,12 @@ class _Distributed:
         for push, pull in self._fpt_handles:
             push.wait()
             pull.wait()
+        # All of them, unless a worker was lost under
+        # FPT_ON_WORKER_LOSS=continue.
+        workers = fpt.num_workers_at(self._fpt_iteration)
+        self._fpt_iteration += 1
         for dt, grads in self._fpt_grads.items():
-            torch.div(self._fpt_sums[dt], self._fpt_workers, out=grads)
+            torch.div(self._fpt_sums[dt], workers, out=grads)
         for b in self._fpt_buckets:
             b.ready = 0
         self._fpt_handles, self._fpt_ready = [], set()
@@ -247,7 +253,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, bucket_bytes=1 << 20)
     accumulated all of its gradients, at the priority of its earliest layer
     (earlier layers first); bucket_bytes=0 pushes each gradient alone.
     step() waits for the sums and divides them by the number of workers
-    before stepping. Returns
+    whose gradients they add up (fpt.num_workers_at) before stepping. Returns
     the same optimizer object (its class becomes a subclass of its own, so
     LR schedulers still accept it). Collective: declares and initialises
     the gradients' keys on every worker."""
