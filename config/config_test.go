@@ -61,13 +61,15 @@ func TestFromEnvOptional(t *testing.T) {
 	e["FPT_LB_PROBE_EVERY"] = "7"
 	e["FPT_TRACE_FILE"] = "/tmp/{role}{rank}.json"
 	e["FPT_TRACE_ITERS"] = "10-20"
+	e["FPT_ON_WORKER_LOSS"] = "continue"
 	c, err := FromEnv(env(e))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Van != "netconn" || c.MetricsAddr != ":9100" || c.StatusAddr != "127.0.0.1:0" || c.HeartbeatInterval != 500*time.Millisecond || c.HeartbeatTimeout != 3*time.Second ||
 		c.PartitionBytes != 65536 || c.NodeHost != "198.18.0.2" || c.NodePort != 7000 || c.Verbose != 2 || c.LB || c.LBProbeEvery != 7 ||
-		c.TraceFile != "/tmp/{role}{rank}.json" || c.TraceIters != (trace.Window{First: 10, Last: 20}) {
+		c.TraceFile != "/tmp/{role}{rank}.json" || c.TraceIters != (trace.Window{First: 10, Last: 20}) ||
+		c.WorkerLoss != WorkerLossContinue || !c.Retries() || !c.Grants() || !c.Survives(node.WorkerID(3)) || c.Survives(node.ServerID(0)) {
 		t.Fatalf("unexpected %+v", c)
 	}
 	if h, err := c.ResolveHost(); err != nil || h != "198.18.0.2" {
@@ -111,6 +113,7 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		}, []string{"FPT_CLUSTER_SECRET_FILE"}},
 		{"secret file missing", func(e map[string]string) { e["FPT_CLUSTER_SECRET_FILE"] = "/no/such/secret" }, []string{"FPT_CLUSTER_SECRET_FILE"}},
 		{"insecure word", func(e map[string]string) { e["FPT_INSECURE"] = "please" }, []string{"FPT_INSECURE"}},
+		{"worker loss wait", func(e map[string]string) { e["FPT_ON_WORKER_LOSS"] = "wait" }, []string{"FPT_ON_WORKER_LOSS", "fail or continue"}},
 		{"bad trace window", func(e map[string]string) { e["FPT_TRACE_ITERS"] = "20-10" }, []string{"FPT_TRACE_ITERS", "A ≤ B"}},
 	}
 	for _, tt := range tests {

@@ -406,3 +406,125 @@ func TestCoreDirectivesBeforeStart(t *testing.T) {
 		t.Errorf("iteration 5 goes to %v, want server 1 only", got)
 	}
 }
+
+// loseWorker1 is the retry decision after worker 1's loss (2 servers
+// still), from iteration from: the sums from then on add up worker 0's
+// pushes only.
+func loseWorker1(from uint64) lb.Directive {
+	d := lb.Even(1, from, []node.ID{node.ServerID(0), node.ServerID(1)})
+	d.Workers = []node.ID{node.WorkerID(0)}
+	return lb.Directive{Horizon: 100, Decision: &d, Retry: true, Done: from}
+}
+
+// Under FPT_ON_WORKER_LOSS=continue a lost worker's retry changes the
+// sums of the iterations it covers, complete ones too, so a pull completes
+// only once every worker has its iteration's sum: whenever the sum over
+// both workers arrived (before the pull, after it, half of it), the pull
+// completes with the re-summed values, and only at Done.
+func TestCoreResumRetry(t *testing.T) {
+	tests := []struct {
+		name       string
+		before     []int // old-sum partitions of iteration 1 landed before the retry
+		pullBefore bool  // the pull was made before the retry
+	}{
+		{"nothing arrived", nil, true},
+		{"half arrived, pull waiting", []int{1, 3}, true},
+		{"complete, pull waiting (held)", []int{0, 1, 2, 3}, true},
+		{"complete, no pull yet", []int{0, 1, 2, 3}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := retryCore(t, 0)
+			c.resum = true
+			initRound(t, c)
+			if _, _, err := c.follow(lb.Directive{Horizon: 100, Done: 1}); err != nil {
+				t.Fatal(err)
+			}
+			handOver(c, mustPush(t, c, 5, pattern(64, 1)))
+			old, both, alone := versioned(c, 1), pattern(64, 9), pattern(64, 1)
+			dst := make([]byte, 64)
+			pull := func() todo {
+				td, err := c.pull([]uint64{5}, dst, []int{64}, frame.Float32, &call{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return td
+			}
+			var finished []int
+			var began *iterationBegan
+			note := func(td todo) {
+				finished = append(finished, finishedTS(td)...)
+				if td.began != nil {
+					began = td.began
+				}
+				for _, d := range td.copies {
+					note(copyStaged(c, d))
+				}
+			}
+			var req *request
+			if tt.pullBefore {
+				td := pull()
+				req = td.req
+				note(td)
+			}
+			for _, i := range tt.before {
+				td, err := receive(c, &old[i], both[old[i].Offset:old[i].Offset+old[i].Length])
+				if err != nil {
+					t.Fatal(err)
+				}
+				note(td)
+			}
+			if len(tt.before) == 4 && (began == nil || began.iter != 2 || began.version != 0) {
+				t.Fatalf("the sum over both workers reported %+v, want iteration 1 done under version 0", began)
+			}
+			out, _, err := c.follow(loseWorker1(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			note(out)
+			if !tt.pullBefore {
+				td := pull()
+				req = td.req
+				note(td)
+			}
+			if slices.Contains(finished, req.ts) {
+				t.Fatal("the pull completed with the sum over both workers")
+			}
+			began = nil
+			note(deliver(t, c, versioned(c, 1), alone))
+			if began == nil || began.iter != 2 || began.version != 1 {
+				t.Fatalf("the re-sum reported %+v, want iteration 1 done under version 1", began)
+			}
+			if slices.Contains(finished, req.ts) {
+				t.Fatal("the pull completed before every worker had the sum (Done 1)")
+			}
+			out, _, err = c.follow(lb.Directive{Horizon: 100, Done: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			note(out)
+			if !slices.Contains(finished, req.ts) {
+				t.Fatal("Done 2 did not complete the pull")
+			}
+			if !bytes.Equal(dst, alone) {
+				t.Errorf("pulled %v, want worker 0's sum alone %v", dst, alone)
+			}
+			if got := c.workersAt(1); !slices.Equal(got, []node.ID{node.WorkerID(0)}) {
+				t.Errorf("workersAt(1) = %v, want [%s]", got, node.WorkerID(0))
+			}
+			if got := c.workersAt(0); !slices.Equal(got, testWorkers(2)) {
+				t.Errorf("workersAt(0) = %v, want both workers", got)
+			}
+		})
+	}
+}
+
+// A decision that changes the workers is refused where
+// FPT_ON_WORKER_LOSS is not continue: that node's sums would differ from
+// the others'.
+func TestCoreResumNeedsContinue(t *testing.T) {
+	c := retryCore(t, 0)
+	if _, _, err := c.follow(loseWorker1(1)); err == nil {
+		t.Fatal("a retry changing the workers was followed without FPT_ON_WORKER_LOSS=continue")
+	}
+}

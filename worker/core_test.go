@@ -25,7 +25,7 @@ func startedCore(t *testing.T, rank, servers int, lbOn bool) *core {
 	for i := range servers {
 		ids = append(ids, node.ServerID(i))
 	}
-	if err := c.start(node.WorkerID(rank), ids, testWorkers(rank+1)); err != nil {
+	if err := c.start(node.WorkerID(rank), ids, testWorkers(max(rank+1, 2))); err != nil {
 		t.Fatal(err)
 	}
 	return c
