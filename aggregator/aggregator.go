@@ -59,7 +59,7 @@ type adoptKey struct {
 // of each sum when n is a worker; it is nil on a server.
 func New(n *cluster.Member, deliver Deliver) *Aggregator {
 	w := n.Config().NumWorkers
-	return &Aggregator{node: n, workers: w, deliver: deliver, table: reduce.NewTable(w),
+	return &Aggregator{node: n, workers: w, deliver: deliver, table: reduce.NewTable(),
 		adopted: make(map[adoptKey]bool), trace: n.Tracer()}
 }
 
@@ -136,14 +136,15 @@ func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
 		return nil
 	}
 	sum, err := a.table.Add(reduce.Contribution{
-		PartID: partID(h),
-		Adopt:  adopt,
-		Worker: node.ID(h.Sender).Rank(),
-		DType:  h.DType,
-		Offset: h.Offset,
-		Total:  h.Total,
-		Init:   h.Flags&frame.FlagInit != 0,
-		Data:   data,
+		PartID:  partID(h),
+		Adopt:   adopt,
+		Workers: a.workers,
+		Worker:  node.ID(h.Sender).Rank(),
+		DType:   h.DType,
+		Offset:  h.Offset,
+		Total:   h.Total,
+		Init:    h.Flags&frame.FlagInit != 0,
+		Data:    data,
 	})
 	a.mu.Unlock()
 	if err != nil || sum == nil {
