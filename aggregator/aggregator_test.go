@@ -13,11 +13,19 @@ import (
 	"github.com/fptps/fpt/node"
 )
 
+// unstarted returns the aggregator of a server of a job with the given
+// number of workers that has not joined a cluster: it can send nothing,
+// so no round may complete.
+func unstarted(workers int) *Aggregator {
+	cfg := config.Config{Role: node.Server, NumServers: 1, NumWorkers: workers}
+	return New(cluster.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), cluster.Planes{}), nil)
+}
+
 // TestRetryDropsStale: after a retry decision the aggregator forgets the
 // partial sums it superseded and drops later pushes cut under an older
 // version for the iterations it re-cut, so that no sum mixes two cuts.
 // No round completes here (two workers, one push each at most), so the
-// member needs no cluster: nothing is sent.
+// aggregator needs no cluster: nothing is sent.
 func TestRetryDropsStale(t *testing.T) {
 	type op struct {
 		retry   bool // Follow a retry directive (version, iter) instead of a push
@@ -69,9 +77,7 @@ func TestRetryDropsStale(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := config.Config{Role: node.Server, NumServers: 2, NumWorkers: 2}
-			m := cluster.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), cluster.Planes{})
-			a := New(m, nil)
+			a := unstarted(2)
 			for i, o := range tc.ops {
 				h := &frame.Header{Type: frame.Push, DType: frame.Float32, Sender: uint32(node.WorkerID(o.worker)),
 					Key: 3, Partition: 1, Iteration: o.iter, Aux: o.version, Total: 64, Length: 8}
@@ -149,9 +155,7 @@ func TestFollowWorkerSets(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := config.Config{Role: node.Server, NumServers: 1, NumWorkers: 3}
-			m := cluster.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), cluster.Planes{})
-			a := New(m, nil)
+			a := unstarted(3)
 			for i, d := range tc.follow {
 				d.Version = uint32(i + 1)
 				a.Follow(lb.Directive{Decision: &d})

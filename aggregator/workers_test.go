@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"strconv"
 	"testing"
 	"time"
 
@@ -51,7 +52,7 @@ func startMembers(t *testing.T, ctx context.Context, workers int) (server *clust
 		"DMLC_PS_ROOT_PORT": "9000",
 		"DMLC_NODE_HOST":    "127.0.0.1",
 		"DMLC_NUM_SERVER":   "1",
-		"DMLC_NUM_WORKER":   "2",
+		"DMLC_NUM_WORKER":   strconv.Itoa(workers),
 		"FPT_START_TIMEOUT": "30",
 	}
 	cfgFor := func(role string) config.Config {
