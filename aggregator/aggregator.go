@@ -1,7 +1,9 @@
 // Package aggregator is a node's aggregator role (docs/design.md): it takes
 // the workers' pushed partitions off the van, sums them in a reduce.Table
-// and, when a partition has all W contributions, sends the sum to every
-// worker. Servers run one; so does every worker, since the LB may make a
+// and, when a partition has the contributions of every worker of its
+// iteration, sends the sum to each of them. The workers of an iteration
+// are the job's at the start, then those the LB decisions name (a worker
+// lost under FPT_ON_WORKER_LOSS=continue, or joining): Follow. Servers run one; so does every worker, since the LB may make a
 // worker the aggregator of part of a tensor. On a worker the node's own
 // contribution to a partition it aggregates is added in place (AddLocal)
 // and its own copy of the sum is handed over in place too: it never
@@ -13,11 +15,13 @@ package aggregator
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/reduce"
 	"github.com/fptps/fpt/trace"
@@ -32,14 +36,25 @@ type Deliver func(h *frame.Header, data []byte)
 // Aggregator sums the partitions pushed to one node.
 type Aggregator struct {
 	node    *cluster.Member
-	workers int
 	deliver Deliver         // nil on servers
 	trace   *trace.Recorder // nil: not tracing
 
 	mu      sync.Mutex // the netconn van calls in parallel; workers add locally
 	table   *reduce.Table
 	adopted map[adoptKey]bool // pushes being read straight into a table buffer
-	retries []retry           // re-cuts after lost servers: pushes they supersede are dropped
+	retries []retry           // re-cuts after lost nodes: pushes they supersede are dropped
+	// sets are the workers of every iteration, by increasing from; the
+	// first is from 0. One per change of workers, which is rare: none is
+	// forgotten, so that a lost worker's late push is always recognised.
+	sets []workerSet
+}
+
+// workerSet is the workers whose contributions make up every sum from
+// iteration from on (until the next set's from), in increasing id order.
+// The slice is never modified: broadcasts read it outside the lock.
+type workerSet struct {
+	from uint64
+	ids  []node.ID
 }
 
 // retry is a decision that re-cut iterations from from on: pushes of those
@@ -58,9 +73,12 @@ type adoptKey struct {
 // New returns the aggregator of node n. deliver receives the node's own copy
 // of each sum when n is a worker; it is nil on a server.
 func New(n *cluster.Member, deliver Deliver) *Aggregator {
-	w := n.Config().NumWorkers
-	return &Aggregator{node: n, workers: w, deliver: deliver, table: reduce.NewTable(w),
-		adopted: make(map[adoptKey]bool), trace: n.Tracer()}
+	ids := make([]node.ID, n.Config().NumWorkers)
+	for rank := range ids {
+		ids[rank] = node.WorkerID(rank)
+	}
+	return &Aggregator{node: n, deliver: deliver, table: reduce.NewTable(),
+		adopted: make(map[adoptKey]bool), trace: n.Tracer(), sets: []workerSet{{0, ids}}}
 }
 
 // PayloadBuffer is the van.Sink half for Push frames: a pushed partition is
@@ -75,23 +93,14 @@ func (a *Aggregator) PayloadBuffer(h *frame.Header) []byte {
 }
 
 // HandlePush adds a Push frame received from a worker and sends the sum
-// when it is complete.
+// when it is complete. A push that a retry superseded, or a late one from
+// a worker that was lost before its iteration, is dropped; one from a node
+// that is no worker of its iteration, and never was before, is an error.
 func (a *Aggregator) HandlePush(h *frame.Header, payload []byte) error {
-	from := node.ID(h.Sender)
-	if r, ok := from.Role(); !ok || r != node.Worker || from.Rank() >= a.workers {
-		return fmt.Errorf("push from %s, which is not a worker of this cluster", from)
-	}
 	a.mu.Lock()
 	k := adoptKey{partID(h), h.Sender}
 	adopt := a.adopted[k]
 	delete(a.adopted, k)
-	if a.stale(h) {
-		if adopt {
-			a.table.Recycle(payload)
-		}
-		a.mu.Unlock()
-		return nil
-	}
 	a.mu.Unlock()
 	return a.add(h, payload, adopt)
 }
@@ -107,58 +116,101 @@ func (a *Aggregator) stale(h *frame.Header) bool {
 	return false
 }
 
-// Retry applies a retry decision (version, taking effect at from): the
-// partial sums of iterations from on cut under older versions are
-// dropped, and so are such pushes arriving later. Workers push those
-// iterations again under the new version; its sums start from nothing, so
-// no contribution is counted twice.
-func (a *Aggregator) Retry(version uint32, from uint64) {
+// workersAt returns the workers of iteration and the index of their set.
+// The caller holds a.mu.
+func (a *Aggregator) workersAt(iteration uint64) ([]node.ID, int) {
+	i := len(a.sets) - 1
+	for i > 0 && a.sets[i].from > iteration {
+		i--
+	}
+	return a.sets[i].ids, i
+}
+
+// Follow applies what an LB directive changes for the aggregator. A
+// decision naming workers makes them the workers of every iteration from
+// its Iteration on (replacing any set taking effect there or later, as
+// lb.Schedule.Rewrite does). A retry decision (a lost node) re-cuts the
+// iterations from its Iteration on: their partial sums cut under older
+// versions are dropped, and so are such pushes arriving later. Workers
+// push those iterations again under the new version (to the workers left,
+// when a worker was lost); their sums start from nothing, so no
+// contribution is counted twice and none of the lost worker's remains.
+func (a *Aggregator) Follow(d lb.Directive) {
+	if d.Decision == nil {
+		return
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.retries = append(a.retries, retry{version, from})
-	if n := a.table.DropStale(version, from); n > 0 {
-		a.node.Logger().Info("partial sums dropped after a retry", "partitions", n, "from_iteration", from, "version", version)
+	from := d.Decision.Iteration
+	if ws := d.Decision.Workers; ws != nil {
+		keep := len(a.sets)
+		for keep > 0 && a.sets[keep-1].from >= from {
+			keep--
+		}
+		a.sets = append(a.sets[:keep], workerSet{from, slices.Clone(ws)})
+		a.node.Logger().Info("workers of the sums changed", "from_iteration", from, "workers", ws, "version", d.Decision.Version)
+	}
+	if d.Retry {
+		a.retries = append(a.retries, retry{d.Decision.Version, from})
+		if n := a.table.DropStale(d.Decision.Version, from); n > 0 {
+			a.node.Logger().Info("partial sums dropped after a retry", "partitions", n, "from_iteration", from, "version", d.Decision.Version)
+		}
 	}
 }
 
 // AddLocal adds this worker's own contribution to a partition it
-// aggregates. h is the Push header it would have sent (Sender is this
-// node); data is copied before AddLocal returns.
+// aggregates, under the rules of HandlePush. h is the Push header it would
+// have sent (Sender is this node); data is copied before AddLocal returns.
 func (a *Aggregator) AddLocal(h *frame.Header, data []byte) error {
 	return a.add(h, data, false)
 }
 
+// add counts the contribution h of one of the iteration's workers, drops
+// it (taking an adopted buffer back) if it must not count, and sends the
+// sum when it is complete.
 func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
-	a.trace.Begin(trace.Aggregate, h)
+	from := node.ID(h.Sender)
 	a.mu.Lock()
-	if !adopt && a.stale(h) {
+	ws, set := a.workersAt(h.Iteration)
+	index := slices.Index(ws, from)
+	if index < 0 || a.stale(h) {
+		if adopt {
+			a.table.Recycle(data)
+		}
+		lost := index < 0 && slices.ContainsFunc(a.sets[:set], func(s workerSet) bool { return slices.Contains(s.ids, from) })
 		a.mu.Unlock()
+		if index < 0 && !lost {
+			return fmt.Errorf("push from %s, which is not a worker of iteration %d (workers %v)", from, h.Iteration, ws)
+		}
 		return nil
 	}
+	// Under the lock: a dropped push must not open an aggregation span.
+	a.trace.Begin(trace.Aggregate, h)
 	sum, err := a.table.Add(reduce.Contribution{
-		PartID: partID(h),
-		Adopt:  adopt,
-		Worker: node.ID(h.Sender).Rank(),
-		DType:  h.DType,
-		Offset: h.Offset,
-		Total:  h.Total,
-		Init:   h.Flags&frame.FlagInit != 0,
-		Data:   data,
+		PartID:  partID(h),
+		Adopt:   adopt,
+		Workers: len(ws),
+		Worker:  index,
+		DType:   h.DType,
+		Offset:  h.Offset,
+		Total:   h.Total,
+		Init:    h.Flags&frame.FlagInit != 0,
+		Data:    data,
 	})
 	a.mu.Unlock()
 	if err != nil || sum == nil {
 		return err
 	}
 	a.trace.End(trace.Aggregate, h) // before any worker can have the sum
-	return a.broadcast(h, sum)
+	return a.broadcast(h, sum, ws)
 }
 
-// broadcast sends sum to every worker (handing this node's own copy over
-// in place) and returns its buffer to the table once the last copy has
-// left.
-func (a *Aggregator) broadcast(h *frame.Header, sum *reduce.Sum) error {
+// broadcast sends sum to the workers of its iteration, ws (handing this
+// node's own copy over in place), and returns its buffer to the table once
+// the last copy has left.
+func (a *Aggregator) broadcast(h *frame.Header, sum *reduce.Sum, ws []node.ID) error {
 	self := uint32(a.node.Self().ID)
-	remaining := int32(a.workers)
+	remaining := int32(len(ws))
 	release := func(error) {
 		if atomic.AddInt32(&remaining, -1) == 0 {
 			a.mu.Lock()
@@ -166,20 +218,20 @@ func (a *Aggregator) broadcast(h *frame.Header, sum *reduce.Sum) error {
 			a.mu.Unlock()
 		}
 	}
-	msgs := make([]van.Message, a.workers) // live until their Done
-	for rank := range msgs {
-		msgs[rank].Header = frame.Header{
+	msgs := make([]van.Message, len(ws)) // live until their Done
+	for i, id := range ws {
+		msgs[i].Header = frame.Header{
 			Type: frame.Result, DType: sum.DType, Flags: h.Flags,
-			Sender: self, Recipient: uint32(node.WorkerID(rank)),
+			Sender: self, Recipient: uint32(id),
 			Key: sum.Key, Partition: sum.Partition, Iteration: sum.Iteration,
 			Offset: sum.Offset, Total: sum.Total, Length: uint64(len(sum.Data)),
 			Priority: h.Priority, Aux: h.Aux,
 		}
-		msgs[rank].Payload = sum.Data
-		msgs[rank].Done = release
+		msgs[i].Payload = sum.Data
+		msgs[i].Done = release
 	}
-	for rank := range msgs {
-		m := &msgs[rank]
+	for i := range msgs {
+		m := &msgs[i]
 		if m.Header.Recipient == self {
 			if a.deliver != nil {
 				a.deliver(&m.Header, sum.Data)
@@ -189,10 +241,10 @@ func (a *Aggregator) broadcast(h *frame.Header, sum *reduce.Sum) error {
 		}
 		if err := a.node.Van().Forward(m); err != nil {
 			// Neither this frame nor the ones after it will call Done.
-			for range a.workers - rank {
+			for range len(msgs) - i {
 				release(err)
 			}
-			return fmt.Errorf("broadcast to worker %d: %w", rank, err)
+			return fmt.Errorf("broadcast to %s: %w", ws[i], err)
 		}
 	}
 	return nil

@@ -37,9 +37,9 @@ func TestTableDropStale(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			tb := NewTable(workers)
+			tb := NewTable()
 			for i, id := range parts {
-				c := Contribution{PartID: id, Worker: 0, DType: frame.Float32, Total: 64, Data: f32(make([]float64, size(i)/4)...)}
+				c := Contribution{PartID: id, Workers: workers, Worker: 0, DType: frame.Float32, Total: 64, Data: f32(make([]float64, size(i)/4)...)}
 				if s, err := tb.Add(c); err != nil || s != nil {
 					t.Fatalf("%+v: %v, %v", id, s, err)
 				}
@@ -71,7 +71,7 @@ func TestTableDropStale(t *testing.T) {
 					for j := range vals {
 						vals[j] = float64(w)
 					}
-					s, err := tb.Add(Contribution{PartID: id, Worker: w, DType: frame.Float32, Total: 64, Data: f32(vals...)})
+					s, err := tb.Add(Contribution{PartID: id, Workers: workers, Worker: w, DType: frame.Float32, Total: 64, Data: f32(vals...)})
 					if err != nil {
 						t.Fatalf("%+v worker %d: %v", id, w, err)
 					}
@@ -86,7 +86,7 @@ func TestTableDropStale(t *testing.T) {
 					}
 				}
 				if dropped {
-					s, err := tb.Add(Contribution{PartID: id, Worker: 0, DType: frame.Float32, Total: 64, Data: f32(make([]float64, size(i)/4)...)})
+					s, err := tb.Add(Contribution{PartID: id, Workers: workers, Worker: 0, DType: frame.Float32, Total: 64, Data: f32(make([]float64, size(i)/4)...)})
 					if err != nil || s == nil {
 						t.Fatalf("%+v: worker 0 again after the drop: %v, %v", id, s, err)
 					}
@@ -108,7 +108,7 @@ func TestTableCutsNeverMix(t *testing.T) {
 	cut := old
 	cut.Version = 2
 	c := func(id PartID, w int, v float64) Contribution {
-		return Contribution{PartID: id, Worker: w, DType: frame.Float32, Total: 64, Data: f32(v)}
+		return Contribution{PartID: id, Workers: 2, Worker: w, DType: frame.Float32, Total: 64, Data: f32(v)}
 	}
 	cases := []struct {
 		name string
@@ -116,7 +116,7 @@ func TestTableCutsNeverMix(t *testing.T) {
 	}{{"old round dropped", true}, {"old round still pending", false}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			tb := NewTable(2)
+			tb := NewTable()
 			if s, err := tb.Add(c(old, 0, 1000)); err != nil || s != nil {
 				t.Fatalf("old: %v, %v", s, err)
 			}
@@ -167,14 +167,14 @@ func TestTableCutsNeverMix(t *testing.T) {
 // reused, so a job retrying again and again allocates nothing once warm;
 // a buffer that Recycle takes back is handed out again.
 func TestTableDropStaleReuses(t *testing.T) {
-	tb := NewTable(2)
+	tb := NewTable()
 	data := make([]byte, 4096)
 	id := PartID{Key: 3}
 	round := func() {
 		id.Version++
 		for p := range uint32(8) {
 			id.Partition = p
-			if _, err := tb.Add(Contribution{PartID: id, Worker: 1, DType: frame.Float32, Total: 1 << 20, Data: data}); err != nil {
+			if _, err := tb.Add(Contribution{PartID: id, Workers: 2, Worker: 1, DType: frame.Float32, Total: 1 << 20, Data: data}); err != nil {
 				t.Fatal(err)
 			}
 		}

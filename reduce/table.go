@@ -22,11 +22,18 @@ type PartID struct {
 // Contribution is one worker's value for one partition.
 type Contribution struct {
 	PartID
-	Worker        int         // worker rank, 0..W-1
+	// Workers is how many workers' contributions make up the round (> 0):
+	// the job's workers in that iteration, which may change while it runs
+	// (a worker lost or joining). Every contribution to a round says the
+	// same.
+	Workers int
+	// Worker is the contributor's index among them, 0..Workers-1.
+	Worker        int
 	DType         frame.DType // element type of Data
 	Offset, Total uint64      // where this partition sits in its tensor (bytes)
-	// Init marks the key's init round: only worker 0 contributes and its
-	// value is the result (ps-lite/MXNet init semantics).
+	// Init marks the key's init round: only worker 0 (the first of the
+	// iteration's workers) contributes and its value is the result
+	// (ps-lite/MXNet init semantics).
 	Init bool
 	Data []byte // only read during Table.Add; never retained, unless Adopt
 	// Adopt says that Data was handed out by the table's Buffer: the table
@@ -51,7 +58,7 @@ type Sum struct {
 // Errors returned by Table.Add, wrapped with the partition and worker they
 // concern; test with errors.Is.
 var (
-	ErrWorker    = errors.New("aggregator: worker rank out of range")
+	ErrWorker    = errors.New("aggregator: worker index out of range")
 	ErrDuplicate = errors.New("aggregator: duplicate contribution")
 	ErrMismatch  = errors.New("aggregator: contribution does not match the partition's first")
 	ErrInit      = errors.New("aggregator: bad init contribution")
@@ -61,14 +68,18 @@ var (
 // slot is the record of one partition being aggregated (or of one Sum handed
 // out and not yet released). Slots are recycled.
 type slot struct {
-	sum   Sum
-	owner *Table
-	seen  []uint64 // bitset of worker ranks that have contributed
-	count int      // number of bits set in seen
+	sum     Sum
+	owner   *Table
+	workers int      // contributions the round needs
+	seen    []uint64 // bitset of worker indexes that have contributed
+	count   int      // number of bits set in seen
 }
 
-// Table aggregates contributions partition by partition. The zero value is
-// not usable: call NewTable. A Table is not safe for concurrent use.
+// Table aggregates contributions partition by partition; each round needs
+// as many contributions as its contributions' Workers says, so rounds of
+// different worker counts (before and after a worker left) may be pending
+// side by side. The zero value is not usable: call NewTable. A Table is not
+// safe for concurrent use.
 //
 // Memory: each partition's sum lives in one buffer, filled by copying the
 // first contribution and adding the others into it. Released buffers are
@@ -80,7 +91,6 @@ type slot struct {
 // has ever had in use at once. A layout change therefore does not strand the
 // old sizes' buffers. Trim drops every idle buffer.
 type Table struct {
-	workers      int
 	pending      map[PartID]*slot
 	pendingBytes int64
 
@@ -89,33 +99,29 @@ type Table struct {
 	slots     []*slot // idle slots
 }
 
-// NewTable returns a table for a job with the given number of workers. It
-// panics if workers is not positive.
-func NewTable(workers int) *Table {
-	if workers <= 0 {
-		panic(fmt.Sprintf("aggregator: NewTable: %d workers", workers))
-	}
+// NewTable returns an empty table.
+func NewTable() *Table {
 	return &Table{
-		workers: workers,
 		pending: make(map[PartID]*slot),
 		free:    make(map[int][][]byte),
 	}
 }
 
 // Add records contribution c. It returns the completed Sum when c is the
-// last contribution the partition was waiting for (the W-th of a normal
-// round, or worker 0's value in an init round), and nil otherwise. Once a
+// last contribution the partition was waiting for (the c.Workers-th of a
+// normal round, or worker 0's value in an init round), and nil otherwise. Once a
 // Sum is returned the Table forgets its PartID: the same PartID may start a
 // new round. The Sum must be passed to Release when the caller is done with
 // it.
 //
 // c.Data is copied or added into the table's buffer; it is not retained
 // (unless adopted: see Contribution.Adopt). On error the table is unchanged,
-// but for taking back an adopted buffer. Errors: the worker rank is out of
-// range (ErrWorker); the dtype is unknown or Data, Offset and Total disagree with
-// it or with each other (ErrData); the worker already contributed to this
-// PartID (ErrDuplicate); DType, Offset, Total or len(Data) differ from the
-// partition's first contribution (ErrMismatch); an init contribution comes
+// but for taking back an adopted buffer. Errors: the worker index is out of
+// range of c.Workers (ErrWorker); the dtype is unknown or Data, Offset and
+// Total disagree with it or with each other (ErrData); Workers, DType,
+// Offset, Total or len(Data) differ from the partition's first contribution
+// (ErrMismatch); the worker already contributed to this PartID
+// (ErrDuplicate); an init contribution comes
 // from a worker other than 0 or for a partition that has normal
 // contributions pending (ErrInit). A normal contribution that follows an
 // init round for the same PartID cannot be told from a new round: it starts
@@ -134,7 +140,7 @@ func (t *Table) Add(c Contribution) (*Sum, error) {
 	s := t.pending[c.PartID]
 	if s == nil {
 		s = t.start(c)
-		if s.count == t.workers {
+		if s.count == s.workers {
 			return &s.sum, nil // a single-worker job
 		}
 		t.pending[c.PartID] = s
@@ -148,7 +154,7 @@ func (t *Table) Add(c Contribution) (*Sum, error) {
 	}
 	s.seen[c.Worker/64] |= 1 << (c.Worker % 64)
 	s.count++
-	if s.count < t.workers {
+	if s.count < s.workers {
 		return nil, nil
 	}
 	delete(t.pending, c.PartID)
@@ -159,8 +165,8 @@ func (t *Table) Add(c Contribution) (*Sum, error) {
 // check validates c against the table without changing anything. The
 // returned error is not yet wrapped with c's identity.
 func (t *Table) check(c Contribution) error {
-	if c.Worker < 0 || c.Worker >= t.workers {
-		return fmt.Errorf("%w: rank %d, job has %d workers", ErrWorker, c.Worker, t.workers)
+	if c.Worker < 0 || c.Worker >= c.Workers {
+		return fmt.Errorf("%w: index %d of %d workers", ErrWorker, c.Worker, c.Workers)
 	}
 	es := c.DType.Size()
 	if es == 0 {
@@ -187,6 +193,10 @@ func (t *Table) check(c Contribution) error {
 	if s == nil {
 		return nil
 	}
+	if c.Workers != s.workers {
+		// Before the duplicate test: seen is sized for s.workers.
+		return fmt.Errorf("%w: a round of %d workers, first was of %d", ErrMismatch, c.Workers, s.workers)
+	}
 	if s.seen[c.Worker/64]&(1<<(c.Worker%64)) != 0 {
 		return ErrDuplicate
 	}
@@ -201,7 +211,7 @@ func (t *Table) check(c Contribution) error {
 // start opens a round with c as its first contribution: a slot whose buffer
 // holds a copy of c.Data.
 func (t *Table) start(c Contribution) *slot {
-	s := t.newSlot()
+	s := t.newSlot(c.Workers)
 	buf := c.Data
 	if !c.Adopt {
 		buf = t.buffer(len(c.Data))
@@ -220,15 +230,26 @@ func (t *Table) start(c Contribution) *slot {
 	return s
 }
 
-func (t *Table) newSlot() *slot {
+// newSlot returns an idle slot, or a new one, for a round of the given
+// number of workers, its bitset clear.
+func (t *Table) newSlot(workers int) *slot {
+	words := (workers + 63) / 64
+	var s *slot
 	if n := len(t.slots); n > 0 {
-		s := t.slots[n-1]
+		s = t.slots[n-1]
 		t.slots[n-1] = nil
 		t.slots = t.slots[:n-1]
-		clear(s.seen)
-		return s
+	} else {
+		s = &slot{owner: t}
 	}
-	return &slot{owner: t, seen: make([]uint64, (t.workers+63)/64)}
+	if cap(s.seen) < words {
+		s.seen = make([]uint64, words)
+	} else {
+		s.seen = s.seen[:words]
+		clear(s.seen)
+	}
+	s.workers = workers
+	return s
 }
 
 // Buffer hands out a buffer of exactly n bytes (idle or new, contents

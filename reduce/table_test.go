@@ -14,15 +14,19 @@ import (
 
 func f32(vals ...float64) []byte { return encode(frame.Float32, vals) }
 
-// contrib builds a float32 contribution for partition 0 of key 7,
-// iteration 1, sitting at offset 0 of a 64-byte tensor.
-func contrib(worker int, vals ...float64) Contribution {
+// contrib builds a float32 contribution of worker (of 3) for partition 0
+// of key 7, iteration 1, sitting at offset 0 of a 64-byte tensor.
+func contrib(worker int, vals ...float64) Contribution { return contribOf(3, worker, vals...) }
+
+// contribOf is contrib in a round of the given number of workers.
+func contribOf(workers, worker int, vals ...float64) Contribution {
 	return Contribution{
-		PartID: PartID{Key: 7, Partition: 0, Iteration: 1},
-		Worker: worker,
-		DType:  frame.Float32,
-		Total:  64,
-		Data:   f32(vals...),
+		PartID:  PartID{Key: 7, Partition: 0, Iteration: 1},
+		Workers: workers,
+		Worker:  worker,
+		DType:   frame.Float32,
+		Total:   64,
+		Data:    f32(vals...),
 	}
 }
 
@@ -37,6 +41,7 @@ func TestTableRules(t *testing.T) {
 		pending int       // Pending() afterwards
 	}
 	with := func(c Contribution, f func(*Contribution)) Contribution { f(&c); return c }
+	at := func(iter uint64, c Contribution) Contribution { c.Iteration = iter; return c }
 	cases := []struct {
 		name  string
 		steps []step
@@ -114,10 +119,40 @@ func TestTableRules(t *testing.T) {
 			{c: contrib(0, 1), pending: 1},
 			{c: contrib(2, 1), done: true, sum: []float64{3}},
 		}},
+		// The workers of an iteration may change while the job runs (a
+		// worker lost or joining): each contribution says how many make
+		// up its round.
+		{"worker index out of range of its round's count", []step{
+			{c: contribOf(2, 2, 1), wantErr: ErrWorker},
+			{c: contribOf(0, 0, 1), wantErr: ErrWorker},
+			{c: with(contribOf(0, 0, 1), func(c *Contribution) { c.Init = true }), wantErr: ErrWorker},
+			{c: contribOf(2, 1, 1), pending: 1},
+			{c: contribOf(2, 2, 1), wantErr: ErrWorker, pending: 1},
+		}},
+		{"worker count differs from the pending round's", []step{
+			{c: contrib(0, 1), pending: 1},
+			{c: contribOf(2, 1, 1), wantErr: ErrMismatch, pending: 1},
+			{c: contribOf(130, 129, 1), wantErr: ErrMismatch, pending: 1}, // beyond the round's bitset
+			{c: contribOf(1, 0, 1), wantErr: ErrMismatch, pending: 1},
+			{c: contrib(1, 2), pending: 1},
+			{c: contrib(2, 3), done: true, sum: []float64{6}},
+		}},
+		{"rounds of different worker counts side by side", []step{
+			{c: contrib(0, 1), pending: 1},
+			{c: at(2, contribOf(2, 1, 20)), pending: 2},
+			{c: at(3, contribOf(1, 0, 300)), done: true, sum: []float64{300}, pending: 2},
+			{c: contrib(2, 3), pending: 2},
+			{c: at(2, contribOf(2, 0, 10)), done: true, sum: []float64{30}, pending: 1},
+			{c: contrib(1, 2), done: true, sum: []float64{6}},
+		}},
+		{"init round of a smaller set", []step{
+			{c: with(contribOf(2, 0, 4), func(c *Contribution) { c.Init = true }), done: true, sum: []float64{4}},
+			{c: with(contribOf(2, 1, 4), func(c *Contribution) { c.Init = true }), wantErr: ErrInit},
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			tb := NewTable(3)
+			tb := NewTable()
 			for i, st := range tc.steps {
 				s, err := tb.Add(st.c)
 				switch {
@@ -158,18 +193,18 @@ func TestTableRules(t *testing.T) {
 // does not count: the round still needs the same workers and the sum is
 // unaffected.
 func TestTableErrorLeavesTableUnchanged(t *testing.T) {
-	tb := NewTable(2)
-	if _, err := tb.Add(contrib(0, 1)); err != nil {
+	tb := NewTable()
+	if _, err := tb.Add(contribOf(2, 0, 1)); err != nil {
 		t.Fatal(err)
 	}
-	bad := contrib(1, 1000, 1000) // wrong length
+	bad := contribOf(2, 1, 1000, 1000) // wrong length
 	if _, err := tb.Add(bad); !errors.Is(err, ErrMismatch) {
 		t.Fatalf("got %v", err)
 	}
 	if tb.Pending() != 1 || tb.PendingBytes() != 4 {
 		t.Fatalf("pending %d / %d bytes", tb.Pending(), tb.PendingBytes())
 	}
-	s, err := tb.Add(contrib(1, 2))
+	s, err := tb.Add(contribOf(2, 1, 2))
 	if err != nil || s == nil {
 		t.Fatalf("sum %v, err %v", s, err)
 	}
@@ -179,13 +214,13 @@ func TestTableErrorLeavesTableUnchanged(t *testing.T) {
 }
 
 func TestTableDoesNotRetainData(t *testing.T) {
-	tb := NewTable(2)
-	c := contrib(0, 1, 2)
+	tb := NewTable()
+	c := contribOf(2, 0, 1, 2)
 	if _, err := tb.Add(c); err != nil {
 		t.Fatal(err)
 	}
 	copy(c.Data, f32(50, 50)) // the caller reuses its buffer
-	s, err := tb.Add(contrib(1, 10, 20))
+	s, err := tb.Add(contribOf(2, 1, 10, 20))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,8 +230,8 @@ func TestTableDoesNotRetainData(t *testing.T) {
 }
 
 func TestTableSingleWorker(t *testing.T) {
-	tb := NewTable(1)
-	s, err := tb.Add(contrib(0, 3))
+	tb := NewTable()
+	s, err := tb.Add(contribOf(1, 0, 3))
 	if err != nil || s == nil {
 		t.Fatalf("sum %v, err %v", s, err)
 	}
@@ -210,31 +245,22 @@ func TestTableSingleWorker(t *testing.T) {
 
 func TestTableManyWorkers(t *testing.T) {
 	const w = 130 // more than one bitset word
-	tb := NewTable(w)
+	tb := NewTable()
 	for r := 0; r < w-1; r++ {
-		if s, err := tb.Add(contrib(r, float64(r))); err != nil || s != nil {
+		if s, err := tb.Add(contribOf(w, r, float64(r))); err != nil || s != nil {
 			t.Fatalf("worker %d: sum %v, err %v", r, s, err)
 		}
 	}
-	if _, err := tb.Add(contrib(64, 1)); !errors.Is(err, ErrDuplicate) {
+	if _, err := tb.Add(contribOf(w, 64, 1)); !errors.Is(err, ErrDuplicate) {
 		t.Fatalf("duplicate of worker 64: %v", err)
 	}
-	s, err := tb.Add(contrib(w-1, float64(w-1)))
+	s, err := tb.Add(contribOf(w, w-1, float64(w-1)))
 	if err != nil || s == nil {
 		t.Fatalf("last: sum %v, err %v", s, err)
 	}
 	if got := decode(frame.Float32, s.Data)[0]; got != w*(w-1)/2 {
 		t.Fatalf("sum %v", got)
 	}
-}
-
-func TestNewTablePanics(t *testing.T) {
-	defer func() {
-		if recover() == nil {
-			t.Fatal("NewTable(0) did not panic")
-		}
-	}()
-	NewTable(0)
 }
 
 // TestTableInterleaved runs 3 workers over several keys, partitions and
@@ -254,8 +280,8 @@ func TestTableInterleaved(t *testing.T) {
 						vals[e] = value(w, k, p, i, e)
 					}
 					cs = append(cs, Contribution{
-						PartID: PartID{Key: uint64(k), Partition: uint32(p), Iteration: uint64(i)},
-						Worker: w, DType: frame.Float32,
+						PartID:  PartID{Key: uint64(k), Partition: uint32(p), Iteration: uint64(i)},
+						Workers: workers, Worker: w, DType: frame.Float32,
 						Offset: uint64(p * elems * 4), Total: parts * elems * 4,
 						Data: f32(vals...),
 					})
@@ -271,7 +297,7 @@ func TestTableInterleaved(t *testing.T) {
 		w := cs[start:min(start+window, len(cs))]
 		rng.Shuffle(len(w), func(i, j int) { w[i], w[j] = w[j], w[i] })
 	}
-	tb := NewTable(workers)
+	tb := NewTable()
 	got := map[PartID]bool{}
 	maxPending := 0
 	for _, c := range cs {
@@ -314,13 +340,13 @@ func TestTableInterleaved(t *testing.T) {
 }
 
 func TestTableFloat16(t *testing.T) {
-	tb := NewTable(3)
+	tb := NewTable()
 	id := PartID{Key: 1, Partition: 2, Iteration: 3}
 	inputs := [][]float64{{1, 0.5, -2, 65504}, {2, 0.25, 2, 0}, {0.125, 1e-7, 0, 65504}}
 	var s *Sum
 	for w, vals := range inputs {
 		var err error
-		s, err = tb.Add(Contribution{PartID: id, Worker: w, DType: frame.Float16, Offset: 8, Total: 16, Data: encode(frame.Float16, vals)})
+		s, err = tb.Add(Contribution{PartID: id, Workers: 3, Worker: w, DType: frame.Float16, Offset: 8, Total: 16, Data: encode(frame.Float16, vals)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -342,19 +368,19 @@ func TestTableFloat16(t *testing.T) {
 }
 
 func TestTableRelease(t *testing.T) {
-	tb := NewTable(1)
+	tb := NewTable()
 	tb.Release(nil)
 	tb.Release(&Sum{Data: make([]byte, 4)}) // not from the table
 	if tb.idleBytes != 0 {
 		t.Fatal("a foreign Sum was taken in")
 	}
-	other := NewTable(1)
-	os, _ := other.Add(contrib(0, 1))
+	other := NewTable()
+	os, _ := other.Add(contribOf(1, 0, 1))
 	tb.Release(os)
 	if tb.idleBytes != 0 || os.Data == nil {
 		t.Fatal("another table's Sum was taken in")
 	}
-	s, _ := tb.Add(contrib(0, 1))
+	s, _ := tb.Add(contribOf(1, 0, 1))
 	buf := s.Data
 	tb.Release(s)
 	if s.Data != nil || tb.idleBytes != 4 {
@@ -364,7 +390,7 @@ func TestTableRelease(t *testing.T) {
 	if tb.idleBytes != 4 {
 		t.Fatalf("double release: idle %d", tb.idleBytes)
 	}
-	s2, _ := tb.Add(contrib(0, 2))
+	s2, _ := tb.Add(contribOf(1, 0, 2))
 	if &s2.Data[0] != &buf[0] {
 		t.Fatal("released buffer not reused")
 	}
@@ -381,8 +407,8 @@ func TestTableRelease(t *testing.T) {
 // TestTableReleaseWhilePendingIgnored: a stale Sum whose record now
 // aggregates another round cannot release that round's buffer.
 func TestTableReleaseWhilePendingIgnored(t *testing.T) {
-	tb := NewTable(2)
-	c0, c1 := contrib(0, 1), contrib(1, 2)
+	tb := NewTable()
+	c0, c1 := contribOf(2, 0, 1), contribOf(2, 1, 2)
 	tb.Add(c0)
 	s, _ := tb.Add(c1)
 	stale := s
@@ -410,7 +436,7 @@ func TestTableSteadyStateAllocatesNothing(t *testing.T) {
 			data[w][p] = make([]byte, sizes[p%len(sizes)])
 		}
 	}
-	tb := NewTable(workers)
+	tb := NewTable()
 	sums := make([]*Sum, 0, parts)
 	iter := uint64(0)
 	round := func() {
@@ -418,8 +444,8 @@ func TestTableSteadyStateAllocatesNothing(t *testing.T) {
 		for w := range workers {
 			for p := range parts {
 				s, err := tb.Add(Contribution{
-					PartID: PartID{Key: uint64(p % 5), Partition: uint32(p), Iteration: iter},
-					Worker: w, DType: frame.Float32, Total: 1 << 20, Data: data[w][p],
+					PartID:  PartID{Key: uint64(p % 5), Partition: uint32(p), Iteration: iter},
+					Workers: workers, Worker: w, DType: frame.Float32, Total: 1 << 20, Data: data[w][p],
 				})
 				if err != nil {
 					t.Fatal(err)
@@ -445,16 +471,62 @@ func TestTableSteadyStateAllocatesNothing(t *testing.T) {
 	}
 }
 
+// TestTableWorkerCountChanges: a recycled record serves rounds of any
+// worker count (its bitset grows when too small and is clear again), and
+// once the count settles after a change the table allocates nothing.
+func TestTableWorkerCountChanges(t *testing.T) {
+	tb := NewTable()
+	iter := uint64(0)
+	data := f32(1)
+	// round aggregates one partition over workers, in reverse order, and
+	// checks the sum (without allocating); dup tries every contribution
+	// twice (errors allocate).
+	round := func(workers int, dup bool) {
+		iter++
+		c := Contribution{PartID: PartID{Key: 9, Iteration: iter}, Workers: workers, DType: frame.Float32, Total: 64, Data: data}
+		for w := workers - 1; w >= 0; w-- {
+			c.Worker = w
+			s, err := tb.Add(c)
+			if err != nil || (s != nil) != (w == 0) {
+				t.Fatalf("%d workers, worker %d: sum %v, err %v", workers, w, s, err)
+			}
+			if s == nil && dup {
+				if _, err := tb.Add(c); !errors.Is(err, ErrDuplicate) {
+					t.Fatalf("%d workers, worker %d again: %v", workers, w, err)
+				}
+			}
+			if s == nil {
+				continue
+			}
+			if got := math.Float32frombits(binary.LittleEndian.Uint32(s.Data)); got != float32(workers) {
+				t.Fatalf("%d workers: sum %v", workers, got)
+			}
+			tb.Release(s)
+		}
+	}
+	for _, workers := range []int{1, 130, 2, 3, 200, 64, 65, 1} {
+		round(workers, true)
+	}
+	// A lost worker: 3, then 2 for good.
+	for range 3 {
+		round(3, false)
+	}
+	round(2, false)
+	if n := testing.AllocsPerRun(100, func() { round(2, false) }); n != 0 {
+		t.Fatalf("%v allocations per round once the count settled", n)
+	}
+}
+
 // TestTableIdleBound: after a layout change the old sizes' idle buffers
 // make room for the new ones, so memory does not accumulate.
 func TestTableIdleBound(t *testing.T) {
-	tb := NewTable(1)
+	tb := NewTable()
 	peak := int64(0)
 	for size := 1000; size < 1100; size += 4 { // a new size every round
 		var sums []*Sum
 		var inUse int64
 		for p := range 8 {
-			s, err := tb.Add(Contribution{PartID: PartID{Partition: uint32(p)}, DType: frame.Float32, Total: 1 << 20, Data: make([]byte, size)})
+			s, err := tb.Add(Contribution{PartID: PartID{Partition: uint32(p)}, Workers: 1, DType: frame.Float32, Total: 1 << 20, Data: make([]byte, size)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -477,13 +549,13 @@ func TestTableIdleBound(t *testing.T) {
 // are summed and recycled otherwise, and come back on error: a steady loop
 // of adopting contributions allocates nothing.
 func TestTableAdopt(t *testing.T) {
-	tab := NewTable(2)
+	tab := NewTable()
 	id := PartID{Key: 1, Partition: 0, Iteration: 1}
 	contrib := func(worker int, v float32) Contribution {
 		buf := tab.Buffer(8)
 		binary.LittleEndian.PutUint32(buf, math.Float32bits(v))
 		binary.LittleEndian.PutUint32(buf[4:], math.Float32bits(v))
-		return Contribution{PartID: id, Worker: worker, DType: frame.Float32, Total: 8, Data: buf, Adopt: true}
+		return Contribution{PartID: id, Workers: 2, Worker: worker, DType: frame.Float32, Total: 8, Data: buf, Adopt: true}
 	}
 	first := contrib(0, 1)
 	if sum, err := tab.Add(first); err != nil || sum != nil {

@@ -32,8 +32,10 @@ type Base struct {
 // it follows); a server passes nil for both.
 //
 // With FPT_ON_SERVER_LOSS=retry the agent runs even with the LB off (the
-// retry rides on its grants), a retry directive makes the aggregator drop
-// the partial sums it supersedes, and a server leaving the job fails this
+// retry rides on its grants), every directive goes to the aggregator (a
+// retry drops the partial sums it supersedes; a decision naming workers
+// changes whose pushes the sums add up: aggregator.Follow), and a server
+// leaving the job fails this
 // node if its customers or classic calls (left, a worker's: nil on a
 // server) depend on the servers it had.
 func New(n *cluster.Member, deliver aggregator.Deliver, apply lbagent.Apply, left func(node.ID) error) *Base {
@@ -41,9 +43,7 @@ func New(n *cluster.Member, deliver aggregator.Deliver, apply lbagent.Apply, lef
 	cfg := n.Config()
 	if cfg.LB || cfg.RetryServerLoss {
 		b.Agent = lbagent.New(n, func(d lb.Directive) error {
-			if d.Retry && d.Decision != nil {
-				b.Agg.Retry(d.Decision.Version, d.Decision.Iteration)
-			}
+			b.Agg.Follow(d)
 			if apply != nil {
 				return apply(d)
 			}
