@@ -240,6 +240,14 @@ func (a *Aggregator) broadcast(h *frame.Header, sum *reduce.Sum, ws []node.ID) e
 			continue
 		}
 		if err := a.node.Van().Forward(m); err != nil {
+			if cfg := a.node.Config(); cfg.Survives(ws[i]) {
+				// A worker the job may go on without (FPT_ON_WORKER_LOSS=
+				// continue): if it is gone, its retry sums this iteration
+				// again without it; if not, the cluster fails anyway.
+				a.node.Logger().Debug("sum not sent to a lost worker", "worker", ws[i], "err", err)
+				release(err)
+				continue
+			}
 			// Neither this frame nor the ones after it will call Done.
 			for range len(msgs) - i {
 				release(err)

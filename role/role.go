@@ -31,17 +31,17 @@ type Base struct {
 // are a worker's (its own copy of the sums it aggregates, the directives
 // it follows); a server passes nil for both.
 //
-// With FPT_ON_SERVER_LOSS=retry the agent runs even with the LB off (the
-// retry rides on its grants), every directive goes to the aggregator (a
-// retry drops the partial sums it supersedes; a decision naming workers
-// changes whose pushes the sums add up: aggregator.Follow), and a server
-// leaving the job fails this
-// node if its customers or classic calls (left, a worker's: nil on a
-// server) depend on the servers it had.
+// With FPT_ON_SERVER_LOSS=retry or FPT_ON_WORKER_LOSS=continue the agent
+// runs even with the LB off (a retry rides on its grants). Every
+// directive goes to the aggregator (a retry drops the partial sums it
+// supersedes; a decision naming workers changes whose pushes the sums add
+// up: aggregator.Follow). A server leaving the job fails this node if its
+// customers depend on the servers it had; left (a worker's: nil on a
+// server) hears of every node that leaves.
 func New(n *cluster.Member, deliver aggregator.Deliver, apply lbagent.Apply, left func(node.ID) error) *Base {
 	b := &Base{node: n, Agg: aggregator.New(n, deliver), Customers: customer.New(n)}
 	cfg := n.Config()
-	if cfg.LB || cfg.RetryServerLoss {
+	if cfg.Grants() {
 		b.Agent = lbagent.New(n, func(d lb.Directive) error {
 			b.Agg.Follow(d)
 			if apply != nil {
@@ -51,7 +51,7 @@ func New(n *cluster.Member, deliver aggregator.Deliver, apply lbagent.Apply, lef
 		})
 	}
 	n.OnLeft(func(id node.ID) error {
-		if b.Customers.Used() {
+		if r, _ := id.Role(); r == node.Server && b.Customers.Used() {
 			return fmt.Errorf("role: server %s left the job, and ps-lite's KVWorker and KVServer cannot go on without it (FPT_ON_SERVER_LOSS=retry covers FPTPush and FPTPull only)", id)
 		}
 		if left != nil {
