@@ -11,41 +11,6 @@ import (
 	"github.com/fptps/fpt/node"
 )
 
-// TestValidateWorkers: a decision's Workers, when set, are worker ids in
-// strictly increasing order, at least one.
-func TestValidateWorkers(t *testing.T) {
-	with := func(ws ...node.ID) Decision {
-		d := Even(3, 10, []node.ID{8, 10})
-		d.Workers = ws
-		return d
-	}
-	cases := []struct {
-		name string
-		d    Decision
-		ok   bool
-	}{
-		{"nil: unchanged", with(), true},
-		{"one", with(9), true},
-		{"increasing, with gaps", with(9, 13, 21), true},
-		{"empty", with([]node.ID{}...), false},
-		{"unsorted", with(13, 9), false},
-		{"twice", with(9, 9), false},
-		{"a server", with(8, 9), false},
-		{"the scheduler", with(1), false},
-		{"a group id", with(4), false},
-		{"zero", with(0, 9), false},
-	}
-	for _, c := range cases {
-		err := c.d.Validate()
-		if c.ok && err != nil {
-			t.Errorf("%s: %v", c.name, err)
-		}
-		if !c.ok && !errors.Is(err, ErrInvalid) {
-			t.Errorf("%s: got %v, want ErrInvalid", c.name, err)
-		}
-	}
-}
-
 // TestMarshalDirectiveRejectsWorkers: what Validate refuses does not
 // encode either.
 func TestMarshalDirectiveRejectsWorkers(t *testing.T) {
@@ -85,11 +50,7 @@ func TestUnmarshalDirectiveRejectsWorkers(t *testing.T) {
 	}
 	edit := func(f func(b []byte) []byte) []byte { return f(slices.Clone(good)) }
 	count := func(n uint32) []byte { return edit(func(b []byte) []byte { le.PutUint32(b[50:], n); return b }) }
-	cases := []struct {
-		name    string
-		b       []byte
-		invalid bool // wraps ErrInvalid too
-	}{
+	checkRejects(t, []rejectCase{
 		{"workers flag without a decision", cat([]byte{directiveV1, flagWorkers}, make([]byte, 8), le.AppendUint32(nil, 1), le.AppendUint32(nil, 9), []byte{0, 0}), false},
 		{"workers flag alone", cat([]byte{directiveV1, flagWorkers}, make([]byte, 8), []byte{0, 0}), false},
 		// Nil is sent as no flag: an empty set would be a second encoding.
@@ -103,16 +64,7 @@ func TestUnmarshalDirectiveRejectsWorkers(t *testing.T) {
 		{"unsorted", edit(func(b []byte) []byte { le.PutUint32(b[54:], 13); le.PutUint32(b[58:], 9); return b }), true},
 		{"twice", edit(func(b []byte) []byte { le.PutUint32(b[58:], 9); return b }), true},
 		{"a server", edit(func(b []byte) []byte { le.PutUint32(b[54:], 8); return b }), true},
-	}
-	for _, c := range cases {
-		d, err := UnmarshalDirective(c.b)
-		if !errors.Is(err, ErrMalformed) || c.invalid != errors.Is(err, ErrInvalid) {
-			t.Errorf("%s: %v (ErrInvalid %v)", c.name, err, errors.Is(err, ErrInvalid))
-		}
-		if !reflect.DeepEqual(d, Directive{}) {
-			t.Errorf("%s: returned %v with the error", c.name, d)
-		}
-	}
+	})
 }
 
 // TestScheduleWorkers: a decision that leaves Workers nil inherits them

@@ -154,11 +154,7 @@ func TestUnmarshalDirectiveRejects(t *testing.T) {
 	edit := func(f func(b []byte) []byte) []byte { return f(bytes.Clone(good)) }
 	// Offsets in good: 10 Version, 14 Iteration, 22 count, 26 first
 	// aggregator, 30 its share.
-	cases := []struct {
-		name    string
-		b       []byte
-		invalid bool // wraps ErrInvalid too
-	}{
+	cases := []rejectCase{
 		{"nil", nil, false},
 		{"wrong format", edit(func(b []byte) []byte { b[0] = sampleV2; return b }), false},
 		{"unknown flag", edit(func(b []byte) []byte { b[1] |= 0x80; return b }), false},
@@ -183,15 +179,7 @@ func TestUnmarshalDirectiveRejects(t *testing.T) {
 		{"reason beyond the bytes", cat([]byte{directiveV1, 0}, make([]byte, 8), []byte{5, 0}, []byte("abc")), false},
 		{"reason beyond the limit", cat([]byte{directiveV1, 0}, make([]byte, 8), le.AppendUint16(nil, MaxReason+1), make([]byte, MaxReason+1)), false},
 	}
-	for _, c := range cases {
-		d, err := UnmarshalDirective(c.b)
-		if !errors.Is(err, ErrMalformed) || c.invalid != errors.Is(err, ErrInvalid) {
-			t.Errorf("%s: %v (ErrInvalid %v)", c.name, err, errors.Is(err, ErrInvalid))
-		}
-		if !reflect.DeepEqual(d, Directive{}) {
-			t.Errorf("%s: returned %v with the error", c.name, d)
-		}
-	}
+	checkRejects(t, cases)
 	// Every truncation of every valid directive is rejected.
 	for name, d := range directiveCases() {
 		if strings.HasPrefix(name, "many") {
@@ -202,6 +190,26 @@ func TestUnmarshalDirectiveRejects(t *testing.T) {
 			if _, err := UnmarshalDirective(b[:n]); err == nil {
 				t.Fatalf("%s: prefix of %d/%d bytes accepted", name, n, len(b))
 			}
+		}
+	}
+}
+
+// rejectCase is an encoding UnmarshalDirective must refuse.
+type rejectCase struct {
+	name    string
+	b       []byte
+	invalid bool // the error wraps ErrInvalid too
+}
+
+func checkRejects(t *testing.T, cases []rejectCase) {
+	t.Helper()
+	for _, c := range cases {
+		d, err := UnmarshalDirective(c.b)
+		if !errors.Is(err, ErrMalformed) || c.invalid != errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v (ErrInvalid %v)", c.name, err, errors.Is(err, ErrInvalid))
+		}
+		if !reflect.DeepEqual(d, Directive{}) {
+			t.Errorf("%s: returned %v with the error", c.name, d)
 		}
 	}
 }
