@@ -50,8 +50,9 @@ type Directive struct {
 	Probe bool
 	// Retry says that Decision re-cuts iterations already granted: a
 	// server was lost, and every iteration from Decision.Iteration on is
-	// pushed again without it (FPT_ON_SERVER_LOSS=retry). It needs a
-	// Decision.
+	// pushed again without it (FPT_ON_SERVER_LOSS=retry), or a worker was,
+	// and those iterations are pushed again by the workers left,
+	// Decision.Workers (FPT_ON_WORKER_LOSS=continue). It needs a Decision.
 	Retry bool
 	// Done is one past the last iteration whose sum every worker has
 	// (0: none yet). With FPT_ON_SERVER_LOSS=retry a worker keeps each
