@@ -74,8 +74,8 @@ type Config struct {
 	JoinSettle time.Duration
 	// Fixed keeps the even split over the servers for good: no probe, no
 	// balancing. The Balancer then only grants horizons and re-cuts after
-	// a lost server (Lose), which is what FPT_ON_SERVER_LOSS=retry needs
-	// with the LB off.
+	// a lost server or worker (Lose), which is what FPT_ON_SERVER_LOSS=retry
+	// and FPT_ON_WORKER_LOSS=continue need with the LB off.
 	Fixed bool
 }
 
@@ -113,6 +113,13 @@ type Balancer struct {
 
 	current Decision // the latest decision issued
 	good    Decision // the latest non-probe decision: what a failed probe falls back to
+
+	// The latest retry for a lost worker: its version, and the first
+	// iteration it re-cuts (0, 0: none). A worker's report of an
+	// iteration from then on, made before it applied that version, is of
+	// a sum over the old workers and shows no progress.
+	recutVersion uint32
+	recutFrom    uint64
 
 	lastStep time.Time // now at the latest step
 	stepped  bool
@@ -264,13 +271,18 @@ func (b *Balancer) Bound() (time.Duration, error) { return Bound(b.input()) }
 // (which no node can have finished), are ignored. Rates that are NaN,
 // infinite, negative or above MaxCapacity are not used, but the sample
 // still counts as the node's progress: a node with a broken rate counter
-// must not stall training.
+// must not stall training. A worker's sample of an iteration that the
+// latest lost worker's retry re-cut, made before the worker applied that
+// retry (Version older), gives rates but no progress: that worker has
+// yet to push the iteration again.
 func (b *Balancer) Observe(s Sample, now time.Time) []Directive {
 	worker, known := b.isWorker[s.Node]
 	if !known || s.Iteration > b.horizon {
 		return nil
 	}
-	b.seen[s.Node] = max(b.seen[s.Node], s.Iteration+1)
+	if !worker || s.Version >= b.recutVersion || s.Iteration < b.recutFrom {
+		b.seen[s.Node] = max(b.seen[s.Node], s.Iteration+1)
+	}
 	if worker {
 		b.model = max(b.model, s.ModelBytes)
 	}
@@ -334,6 +346,9 @@ func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
 // Servers returns the servers the Balancer counts on, in order.
 func (b *Balancer) Servers() []node.ID { return slices.Clone(b.cfg.Servers) }
 
+// Workers returns the workers the Balancer counts on, in order.
+func (b *Balancer) Workers() []node.ID { return slices.Clone(b.cfg.Workers) }
+
 // Done is one past the last iteration every worker has reported: the
 // oldest iteration that may still be incomplete on some worker.
 func (b *Balancer) Done() uint64 { return b.next }
@@ -376,28 +391,60 @@ func (b *Balancer) Join(id node.ID, now time.Time) (d Directive, ok bool, err er
 	}, true, nil
 }
 
-// Lose takes server id out of the job and returns the directive that
-// re-cuts every iteration some worker may not have the sum of yet,
-// without it: a decision with Retry set, taking effect at Done(), the
-// even split over the remaining servers. Workers push those iterations
-// again under it; aggregators drop what they hold of them under older
-// versions, so no sum mixes the two. With the LB on, the Balancer then
-// starts over from Default: a warm-up, then a probe that measures the
-// links that are left. It fails, changing nothing, when id is not one of
-// its servers or is the last.
+// Lose takes server or worker id out of the job and returns the
+// directive that re-cuts every iteration some worker may not have the sum
+// of yet, without it: a decision with Retry set, taking effect at Done(),
+// the even split over the remaining servers. Workers push those
+// iterations again under it; aggregators drop what they hold of them
+// under older versions, so no sum mixes the two. With the LB on, the
+// Balancer then starts over from Default: a warm-up, then a probe that
+// measures the links that are left. It fails, changing nothing, when id
+// is not a node of the job or is its last server or last worker.
+//
+// A lost worker (FPT_ON_WORKER_LOSS=continue) changes what the re-cut
+// iterations sum: the decision's Workers names the workers left, in
+// increasing id order (a lost server's leaves Workers nil: unchanged).
+// The workers left must then report those iterations again, under the
+// retry's version (Sample.Version) or later, before they count as done.
 func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
-	i := slices.Index(b.cfg.Servers, id)
-	if i < 0 {
-		return Directive{}, fmt.Errorf("lb: lose %s: not a server of the job", id)
+	worker, known := b.isWorker[id]
+	if !known {
+		return Directive{}, fmt.Errorf("lb: lose %s: not a node of the job", id)
 	}
-	if len(b.cfg.Servers) == 1 {
-		return Directive{}, fmt.Errorf("lb: lose %s: it is the last server", id)
+	role, members := "server", &b.cfg.Servers
+	if worker {
+		role, members = "worker", &b.cfg.Workers
 	}
-	b.cfg.Servers = slices.Delete(slices.Clone(b.cfg.Servers), i, i+1)
+	if len(*members) == 1 {
+		return Directive{}, fmt.Errorf("lb: lose %s: it is the last %s", id, role)
+	}
+	i := slices.Index(*members, id)
+	left := slices.Delete(slices.Clone(*members), i, i+1)
+	servers := b.cfg.Servers
+	if !worker {
+		servers = left
+	}
+	dec := Even(b.current.Version+1, b.next, servers)
+	if worker {
+		dec.Workers = slices.Sorted(slices.Values(left))
+	}
+	// Config ids are not checked for their roles: a worker id that is
+	// not one would make a retry no node accepts.
+	if err := dec.Validate(); err != nil {
+		return Directive{}, fmt.Errorf("lb: lose %s: %w", id, err)
+	}
+	*members = left
 	b.all = slices.Concat(b.cfg.Servers, b.cfg.Workers)
 	delete(b.isWorker, id)
 	delete(b.seen, id)
-	dec := Even(b.current.Version+1, b.next, b.cfg.Servers)
+	if worker {
+		b.recutVersion, b.recutFrom = dec.Version, dec.Iteration
+		// Their reports from the retry's iteration on were of sums that
+		// included the lost worker's pushes: they report them again.
+		for _, w := range b.cfg.Workers {
+			b.seen[w] = min(b.seen[w], b.next)
+		}
+	}
 	b.current, b.good = dec, dec
 	b.lastDecisionAt = b.next
 	b.state = Default
@@ -408,6 +455,10 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 		b.probeAt = satAdd(b.horizon, b.cfg.Warmup)
 		b.probeWhy = fmt.Sprintf("%s lost: measuring the links that are left", id)
 	}
+	reason := fmt.Sprintf("%s lost (%s): iterations from %d pushed again over %d servers", id, why, b.next, len(b.cfg.Servers))
+	if worker {
+		reason = fmt.Sprintf("%s lost (%s): iterations from %d pushed again by the %d workers left", id, why, b.next, len(b.cfg.Workers))
+	}
 	out := clone(dec)
 	return Directive{
 		Horizon:  b.horizon,
@@ -415,7 +466,7 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 		Shaping:  true,
 		Retry:    true,
 		Done:     b.next,
-		Reason:   clip(fmt.Sprintf("%s lost (%s): iterations from %d pushed again over %d servers", id, why, b.next, len(b.cfg.Servers))),
+		Reason:   clip(reason),
 	}, nil
 }
 

@@ -38,6 +38,7 @@ type sim struct {
 	now      time.Time
 	it       uint64    // the next iteration to report
 	joined   time.Time // when a server joined (TestBalancerJoin)
+	retried  uint32    // the latest retry's version: the workers' Sample.Version
 
 	checker
 	steps []step // one per directive, in order
@@ -129,7 +130,7 @@ func (s *sim) run(last uint64) {
 			up, down := s.rate(id, s.it)
 			smp := Sample{Node: id, Iteration: s.it, UpRate: up, DownRate: down, SentBytes: 1, ReceivedBytes: 1}
 			if slices.Contains(s.workers, id) {
-				smp.ModelBytes = s.model
+				smp.ModelBytes, smp.Version = s.model, s.retried
 			}
 			for _, d := range s.b.Observe(smp, s.now) {
 				s.check(s.t, d)

@@ -41,7 +41,8 @@ type Decision struct {
 	// Workers, when not nil, are the workers whose pushes every sum adds
 	// up from Iteration on, in increasing id order: a worker was lost
 	// (FPT_ON_WORKER_LOSS=continue) or joined. Nil leaves them as the
-	// decision before had them; a Schedule fills them in on Add.
+	// decision before had them; a Schedule fills them in on Add and
+	// Rewrite.
 	Workers []node.ID
 }
 
@@ -68,7 +69,9 @@ func Even(version uint32, iteration uint64, aggregators []node.ID) Decision {
 
 // Validate checks that d can be used: at least one aggregator, as many
 // shares as aggregators, every share finite and non-negative, the shares
-// summing to 1 (within ShareTolerance), and no aggregator named twice.
+// summing to 1 (within ShareTolerance), no aggregator named twice, and
+// Workers, when not nil, non-empty worker ids in strictly increasing order
+// (one order, so that every node's copy and encoding are the same).
 func (d Decision) Validate() error {
 	if len(d.Aggregators) == 0 {
 		return fmt.Errorf("%w: version %d (iteration %d) has no aggregators", ErrInvalid, d.Version, d.Iteration)
@@ -93,9 +96,23 @@ func (d Decision) Validate() error {
 		}
 		seen[a] = true
 	}
+	if d.Workers != nil && len(d.Workers) == 0 {
+		return fmt.Errorf("%w: version %d names an empty set of workers", ErrInvalid, d.Version)
+	}
+	for i, w := range d.Workers {
+		if r, ok := w.Role(); !ok || r != node.Worker {
+			return fmt.Errorf("%w: version %d counts %s as a worker", ErrInvalid, d.Version, w)
+		}
+		if i > 0 && w <= d.Workers[i-1] {
+			return fmt.Errorf("%w: version %d's workers %v are not in strictly increasing order", ErrInvalid, d.Version, d.Workers)
+		}
+	}
 	return nil
 }
 
 func (d Decision) String() string {
+	if d.Workers != nil {
+		return fmt.Sprintf("decision v%d from iteration %d: aggregators %v shares %v workers %v", d.Version, d.Iteration, d.Aggregators, d.Shares, d.Workers)
+	}
 	return fmt.Sprintf("decision v%d from iteration %d: aggregators %v shares %v", d.Version, d.Iteration, d.Aggregators, d.Shares)
 }

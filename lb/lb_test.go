@@ -39,6 +39,11 @@ func TestEven(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
+	withWorkers := func(ws ...node.ID) Decision {
+		d := Even(3, 10, []node.ID{8, 10})
+		d.Workers = ws
+		return d
+	}
 	cases := []struct {
 		name string
 		d    Decision
@@ -58,6 +63,17 @@ func TestValidate(t *testing.T) {
 		{"sum off by 1e-8", Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{0.5, 0.5 + 1e-8}}, false},
 		{"all zero", Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{0, 0}}, false},
 		{"duplicate aggregator", Decision{Aggregators: []node.ID{8, 10, 8}, Shares: []float64{0.4, 0.3, 0.3}}, false},
+		// Workers, when set: worker ids in strictly increasing order, at
+		// least one.
+		{"one worker", withWorkers(9), true},
+		{"workers increasing, with gaps", withWorkers(9, 13, 21), true},
+		{"no workers, not nil", withWorkers([]node.ID{}...), false},
+		{"workers unsorted", withWorkers(13, 9), false},
+		{"a worker twice", withWorkers(9, 9), false},
+		{"a server as a worker", withWorkers(8, 9), false},
+		{"the scheduler as a worker", withWorkers(1), false},
+		{"a group id as a worker", withWorkers(4), false},
+		{"id 0 as a worker", withWorkers(0, 9), false},
 	}
 	for _, c := range cases {
 		err := c.d.Validate()

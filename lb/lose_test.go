@@ -9,18 +9,26 @@ import (
 	"github.com/fptps/fpt/node"
 )
 
-// lose has the sim's Balancer lose server id, checks the retry directive
-// every node relies on, and carries on without the server: it reports no
-// more, and the checker's schedule takes the retry like a worker's does.
+// lose has the sim's Balancer lose server or worker id, checks the retry
+// directive every node relies on, and carries on without the node: it
+// reports no more, and the checker's schedule takes the retry like a
+// worker's does. After a lost worker the workers left push, and report,
+// the re-cut iterations again.
 func (s *sim) lose(id node.ID) Directive {
 	s.t.Helper()
 	prev, done := s.b.Current().Version, s.b.Done()
-	left := slices.DeleteFunc(slices.Clone(s.servers), func(n node.ID) bool { return n == id })
+	without := func(ids []node.ID) []node.ID {
+		return slices.DeleteFunc(slices.Clone(ids), func(n node.ID) bool { return n == id })
+	}
+	left, workers := without(s.servers), without(s.workers)
 	d, err := s.b.Lose(id, "connection reset")
 	if err != nil {
 		s.t.Fatalf("Lose(%s): %v", id, err)
 	}
 	want := Even(prev+1, done, left)
+	if len(workers) < len(s.workers) {
+		want.Workers = slices.Sorted(slices.Values(workers))
+	}
 	switch {
 	case !d.Retry || d.Probe || !d.Shaping || d.Decision == nil:
 		s.t.Fatalf("Lose(%s) = %v: want a retry decision, shaping on", id, d)
@@ -30,8 +38,8 @@ func (s *sim) lose(id node.ID) Directive {
 		s.t.Fatalf("Lose(%s) = %v, want the even split over the servers left, %v", id, d.Decision, want)
 	case d.Horizon != s.granted:
 		s.t.Fatalf("Lose(%s): horizon %d, granted %d", id, d.Horizon, s.granted)
-	case !slices.Equal(s.b.Servers(), left):
-		s.t.Fatalf("Servers() = %v after losing %s, want %v", s.b.Servers(), id, left)
+	case !slices.Equal(s.b.Servers(), left) || !slices.Equal(s.b.Workers(), workers):
+		s.t.Fatalf("Servers() = %v, Workers() = %v after losing %s, want %v and %v", s.b.Servers(), s.b.Workers(), id, left, workers)
 	case s.b.State() != Default || !reflect.DeepEqual(s.b.Current(), want):
 		s.t.Fatalf("after Lose: state %v, current %v", s.b.State(), s.b.Current())
 	}
@@ -45,8 +53,12 @@ func (s *sim) lose(id node.ID) Directive {
 	if err := s.sched.Rewrite(*d.Decision); err != nil {
 		s.t.Fatalf("a worker's schedule refuses %v: %v", d, err)
 	}
-	s.version = d.Decision.Version
+	s.version, s.retried = d.Decision.Version, d.Decision.Version
 	s.servers = left
+	if len(workers) < len(s.workers) {
+		s.workers = workers
+		s.it = d.Decision.Iteration
+	}
 	// A late report from the lost server is not a member's: it is ignored.
 	if out := s.b.Observe(Sample{Node: id, Iteration: s.it, UpRate: 1, DownRate: 1}, s.now); out != nil {
 		s.t.Fatalf("a report of the lost server produced %v", out)
@@ -171,15 +183,15 @@ func TestBalancerDone(t *testing.T) {
 	}
 }
 
-// TestBalancerLoseRefused: losing what is not one of the job's servers,
-// or its last one, fails and changes nothing.
+// TestBalancerLoseRefused: losing what is not a node of the job, or its
+// last server or last worker, fails and changes nothing.
 func TestBalancerLoseRefused(t *testing.T) {
 	cases := []struct {
 		name             string
 		servers, workers int
 		id               func(servers, workers []node.ID) node.ID
 	}{
-		{"a worker", 2, 2, func(_, w []node.ID) node.ID { return w[0] }},
+		{"the last worker", 2, 1, func(_, w []node.ID) node.ID { return w[0] }},
 		{"an unknown id", 2, 2, func([]node.ID, []node.ID) node.ID { return node.ServerID(7) }},
 		{"the scheduler", 2, 2, func([]node.ID, []node.ID) node.ID { return node.SchedulerID }},
 		{"the last server", 1, 2, func(s, _ []node.ID) node.ID { return s[0] }},
@@ -196,7 +208,8 @@ func TestBalancerLoseRefused(t *testing.T) {
 			}
 			up2, down2 := s.b.Measured()
 			if s.b.State() != state || !reflect.DeepEqual(s.b.Current(), cur) || s.b.Done() != done ||
-				!slices.Equal(s.b.Servers(), servers) || !reflect.DeepEqual(up, up2) || !reflect.DeepEqual(down, down2) {
+				!slices.Equal(s.b.Servers(), servers) || !slices.Equal(s.b.Workers(), workers) ||
+				!reflect.DeepEqual(up, up2) || !reflect.DeepEqual(down, down2) {
 				t.Fatalf("refused Lose changed the Balancer: state %v, current %v, done %d, servers %v",
 					s.b.State(), s.b.Current(), s.b.Done(), s.b.Servers())
 			}

@@ -19,7 +19,9 @@ type Schedule struct {
 
 // NewSchedule returns a schedule starting with initial, which must be
 // valid. The initial decision is in force from its Iteration on, and for
-// any earlier iteration too.
+// any earlier iteration too. Its Workers may be nil (a node that does not
+// track the workers); the decisions after it then keep nil Workers until
+// one names them.
 func NewSchedule(initial Decision) (*Schedule, error) {
 	if err := initial.Validate(); err != nil {
 		return nil, fmt.Errorf("lb: new schedule: %w", err)
@@ -30,7 +32,9 @@ func NewSchedule(initial Decision) (*Schedule, error) {
 // Add appends d. It must be valid, its Version must be greater than the
 // latest's and its Iteration not earlier than the latest's; otherwise Add
 // returns an error and the schedule is unchanged. A decision taking effect
-// at the same iteration as the latest supersedes it there.
+// at the same iteration as the latest supersedes it there. A nil Workers
+// is filled in from the latest decision's, so that every decision held
+// names its workers once one has.
 func (s *Schedule) Add(d Decision) error {
 	if err := d.Validate(); err != nil {
 		return fmt.Errorf("lb: schedule: %w", err)
@@ -43,7 +47,7 @@ func (s *Schedule) Add(d Decision) error {
 		return fmt.Errorf("lb: schedule: decision version %d takes effect at iteration %d, before the latest (version %d at iteration %d)",
 			d.Version, d.Iteration, last.Version, last.Iteration)
 	}
-	s.ds = append(s.ds, clone(d))
+	s.ds = append(s.ds, inherit(clone(d), last))
 	return nil
 }
 
@@ -51,18 +55,32 @@ func (s *Schedule) Add(d Decision) error {
 // decision that takes effect at or after it: a retry re-cuts iterations
 // that earlier decisions had already been granted for. d must be valid and
 // its Version greater than every decision's held; the schedule is
-// unchanged otherwise.
+// unchanged otherwise. A nil Workers is filled in from the latest
+// decision's, even one that d drops: workers change only by the version
+// order (a worker lost by version 5 is still lost when a server loss's
+// version 6 re-cuts from the same iteration), not by the iteration order.
 func (s *Schedule) Rewrite(d Decision) error {
 	if err := d.Validate(); err != nil {
 		return fmt.Errorf("lb: schedule: %w", err)
 	}
-	if last := s.ds[len(s.ds)-1]; d.Version <= last.Version {
+	last := s.ds[len(s.ds)-1]
+	if d.Version <= last.Version {
 		return fmt.Errorf("lb: schedule: decision version %d is not after the latest, %d", d.Version, last.Version)
 	}
 	keep := sort.Search(len(s.ds), func(i int) bool { return s.ds[i].Iteration >= d.Iteration })
 	clear(s.ds[keep:])
-	s.ds = append(s.ds[:keep], clone(d))
+	s.ds = append(s.ds[:keep], inherit(clone(d), last))
 	return nil
+}
+
+// inherit gives d the workers of the decision before it, prev, when d
+// leaves them unchanged (nil). The slice is shared: decisions held are
+// never modified.
+func inherit(d, prev Decision) Decision {
+	if d.Workers == nil {
+		d.Workers = prev.Workers
+	}
+	return d
 }
 
 // At returns the decision in force at iteration: the latest decision whose
@@ -78,6 +96,14 @@ func (s *Schedule) index(iteration uint64) int {
 	// is in force.
 	i := sort.Search(len(s.ds), func(i int) bool { return s.ds[i].Iteration > iteration })
 	return max(i-1, 0)
+}
+
+// WorkersAt returns the workers whose pushes the sums of iteration add up
+// (the Workers of the decision in force at it), or nil if no decision
+// held has named them. The slice is shared with the schedule: do not
+// modify it.
+func (s *Schedule) WorkersAt(iteration uint64) []node.ID {
+	return s.At(iteration).Workers
 }
 
 // Latest returns the most recently added decision (which may not be in

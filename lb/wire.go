@@ -50,8 +50,9 @@ type Directive struct {
 	Probe bool
 	// Retry says that Decision re-cuts iterations already granted: a
 	// server was lost, and every iteration from Decision.Iteration on is
-	// pushed again without it (FPT_ON_SERVER_LOSS=retry). It needs a
-	// Decision.
+	// pushed again without it (FPT_ON_SERVER_LOSS=retry), or a worker was,
+	// and those iterations are pushed again by the workers left,
+	// Decision.Workers (FPT_ON_WORKER_LOSS=continue). It needs a Decision.
 	Retry bool
 	// Done is one past the last iteration whose sum every worker has
 	// (0: none yet). With FPT_ON_SERVER_LOSS=retry a worker keeps each
@@ -72,12 +73,12 @@ func (d Directive) ForServers(sentBefore, lastShaping bool) bool {
 	return !sentBefore || d.Decision != nil || d.Shaping != lastShaping
 }
 
-// Wire format, version 1. Little-endian, fixed layout, so the encoding is
-// canonical (decode∘encode is the identity, which the fuzzers check).
-// Sample, 53 bytes:
+// Wire format. Little-endian, fixed layout, so the encoding is canonical
+// (decode∘encode is the identity, which the fuzzers check).
+// Sample, version 2, 57 bytes:
 //
 //	off size field
-//	0   1    format byte: sampleV1
+//	0   1    format byte: sampleV2
 //	1   4    Node
 //	5   8    Iteration
 //	13  8    UpRate (IEEE 754 bits)
@@ -85,31 +86,37 @@ func (d Directive) ForServers(sentBefore, lastShaping bool) bool {
 //	29  8    SentBytes
 //	37  8    ReceivedBytes
 //	45  8    ModelBytes
+//	53  4    Version
 //
-// Directive:
+// Directive, version 1:
 //
 //	0   1    format byte: directiveV1
 //	1   1    flags: flagShaping | flagProbe | flagDecision | flagRetry |
-//	         flagDone; others zero
+//	         flagDone | flagWorkers; others zero
 //	2   8    Horizon
 //	         if flagDone: Done u64 (not zero)
 //	         if flagDecision: Version u32, Iteration u64, count n u32
 //	         (1..MaxAggregators), then n × (aggregator u32, share f64)
+//	         if flagWorkers (needs flagDecision): count m u32
+//	         (1..MaxAggregators), then m × worker u32, increasing
 //	    2    Reason length (≤ MaxReason), then Reason
 //
-// The two format bytes differ, so neither message can be read as the
-// other; a later version changes them.
+// The format bytes differ, so no message can be read as another; a later
+// version changes them. Version 1 of the sample (0xA1, 53 bytes, without
+// Version) is refused: a worker that cannot say which retry it applied
+// would count as having the sums of a lost worker's retry.
 const (
-	sampleV1    = 0xA1
+	sampleV2    = 0xA3
 	directiveV1 = 0xA2
-	sampleLen   = 1 + 4 + 8 + 8 + 8 + 8 + 8 + 8
+	sampleLen   = 1 + 4 + 8 + 8 + 8 + 8 + 8 + 8 + 4
 
 	flagShaping  = 1
 	flagProbe    = 2
 	flagDecision = 4
 	flagRetry    = 8
 	flagDone     = 16
-	flagsKnown   = flagShaping | flagProbe | flagDecision | flagRetry | flagDone
+	flagWorkers  = 32
+	flagsKnown   = flagShaping | flagProbe | flagDecision | flagRetry | flagDone | flagWorkers
 )
 
 // Limits of the wire format; decoding checks them before allocating.
@@ -118,6 +125,7 @@ const (
 	MaxReason      = 4 << 10   // bytes of Directive.Reason
 	aggregatorLen  = 4 + 8     // one aggregator on the wire
 	decisionHead   = 4 + 8 + 4 // Version, Iteration, count
+	workerLen      = 4         // one worker id on the wire
 )
 
 // ErrMalformed is wrapped by every error UnmarshalSample and
@@ -131,7 +139,7 @@ func malformed(format string, args ...any) error {
 // MarshalBinary encodes s (encoding.BinaryMarshaler). It never fails.
 func (s Sample) MarshalBinary() ([]byte, error) {
 	b := make([]byte, 0, sampleLen)
-	b = append(b, sampleV1)
+	b = append(b, sampleV2)
 	b = binary.LittleEndian.AppendUint32(b, uint32(s.Node))
 	b = binary.LittleEndian.AppendUint64(b, s.Iteration)
 	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(s.UpRate))
@@ -139,6 +147,7 @@ func (s Sample) MarshalBinary() ([]byte, error) {
 	b = binary.LittleEndian.AppendUint64(b, s.SentBytes)
 	b = binary.LittleEndian.AppendUint64(b, s.ReceivedBytes)
 	b = binary.LittleEndian.AppendUint64(b, s.ModelBytes)
+	b = binary.LittleEndian.AppendUint32(b, s.Version)
 	return b, nil
 }
 
@@ -148,8 +157,8 @@ func UnmarshalSample(b []byte) (Sample, error) {
 	if len(b) != sampleLen {
 		return Sample{}, malformed("sample of %d bytes, want %d", len(b), sampleLen)
 	}
-	if b[0] != sampleV1 {
-		return Sample{}, malformed("sample format byte %#x, want %#x", b[0], sampleV1)
+	if b[0] != sampleV2 {
+		return Sample{}, malformed("sample format byte %#x, want %#x", b[0], sampleV2)
 	}
 	le := binary.LittleEndian
 	return Sample{
@@ -160,6 +169,7 @@ func UnmarshalSample(b []byte) (Sample, error) {
 		SentBytes:     le.Uint64(b[29:]),
 		ReceivedBytes: le.Uint64(b[37:]),
 		ModelBytes:    le.Uint64(b[45:]),
+		Version:       le.Uint32(b[53:]),
 	}, nil
 }
 
@@ -176,6 +186,9 @@ func (d Directive) check() error {
 	}
 	if n := len(d.Decision.Aggregators); n > MaxAggregators {
 		return fmt.Errorf("%d aggregators, limit %d", n, MaxAggregators)
+	}
+	if n := len(d.Decision.Workers); n > MaxAggregators {
+		return fmt.Errorf("%d workers, limit %d", n, MaxAggregators)
 	}
 	return d.Decision.Validate()
 }
@@ -206,6 +219,10 @@ func (d Directive) MarshalBinary() ([]byte, error) {
 	if d.Decision != nil {
 		flags |= flagDecision
 		n += decisionHead + aggregatorLen*len(d.Decision.Aggregators)
+		if d.Decision.Workers != nil {
+			flags |= flagWorkers
+			n += 4 + workerLen*len(d.Decision.Workers)
+		}
 	}
 	b := make([]byte, 0, n)
 	b = append(b, directiveV1, flags)
@@ -220,6 +237,12 @@ func (d Directive) MarshalBinary() ([]byte, error) {
 		for i, a := range dec.Aggregators {
 			b = binary.LittleEndian.AppendUint32(b, uint32(a))
 			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(dec.Shares[i]))
+		}
+		if dec.Workers != nil {
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(dec.Workers)))
+			for _, w := range dec.Workers {
+				b = binary.LittleEndian.AppendUint32(b, uint32(w))
+			}
 		}
 	}
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(d.Reason)))
@@ -286,12 +309,17 @@ func UnmarshalDirective(b []byte) (Directive, error) {
 			dec.Aggregators[i] = node.ID(binary.LittleEndian.Uint32(e))
 			dec.Shares[i] = math.Float64frombits(binary.LittleEndian.Uint64(e[4:]))
 		}
+		if flags&flagWorkers != 0 {
+			if dec.Workers, err = readWorkers(&r); err != nil {
+				return Directive{}, err
+			}
+		}
 		if err := dec.Validate(); err != nil {
 			return Directive{}, fmt.Errorf("%w: carried decision: %w", ErrMalformed, err)
 		}
 		d.Decision = &dec
-	} else if d.Probe || d.Retry {
-		return Directive{}, malformed("probe or retry flag without a decision")
+	} else if d.Probe || d.Retry || flags&flagWorkers != 0 {
+		return Directive{}, malformed("probe, retry or workers flag without a decision")
 	}
 	rl, err := r.next(2, "reason length")
 	if err != nil {
@@ -310,6 +338,31 @@ func UnmarshalDirective(b []byte) (Directive, error) {
 		return Directive{}, malformed("%d trailing bytes after the directive", r.left())
 	}
 	return d, nil
+}
+
+// readWorkers reads a decision's workers: a count, then the ids. The
+// count is checked against the limit and the bytes present before the
+// slice exists; the ids' order is Validate's to check.
+func readWorkers(r *reader) ([]node.ID, error) {
+	cb, err := r.next(4, "worker count")
+	if err != nil {
+		return nil, err
+	}
+	n := int(binary.LittleEndian.Uint32(cb))
+	// An empty set is sent as no flag: accepting it would make two
+	// encodings of nil.
+	if n == 0 || n > MaxAggregators {
+		return nil, malformed("decision of %d workers, want 1..%d", n, MaxAggregators)
+	}
+	body, err := r.next(n*workerLen, "workers")
+	if err != nil {
+		return nil, err
+	}
+	ws := make([]node.ID, n)
+	for i := range ws {
+		ws[i] = node.ID(binary.LittleEndian.Uint32(body[i*workerLen:]))
+	}
+	return ws, nil
 }
 
 // reader walks an input buffer, checking the bounds before every read, so
@@ -333,6 +386,7 @@ func (r *reader) next(n int, what string) ([]byte, error) {
 // String is the one-line description shown in logs, such as
 //
 //	v3 from iteration 12: server0(8) 12.5%, worker0(9) 87.5% (balanced: ...)
+//	v4 from iteration 15: server0(8) 100.0%; workers worker1(11); retry (...)
 //	horizon 14, no change
 func (d Directive) String() string {
 	var sb strings.Builder
@@ -347,6 +401,15 @@ func (d Directive) String() string {
 				share = dec.Shares[i]
 			}
 			fmt.Fprintf(&sb, " %s %.1f%%", node.ID(a), 100*share)
+		}
+		if dec.Workers != nil {
+			sb.WriteString("; workers")
+			for i, w := range dec.Workers {
+				if i > 0 {
+					sb.WriteByte(',')
+				}
+				fmt.Fprintf(&sb, " %s", w)
+			}
 		}
 		if d.Probe {
 			sb.WriteString("; probe")

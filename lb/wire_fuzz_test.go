@@ -2,6 +2,7 @@ package lb
 
 import (
 	"runtime"
+	"strings"
 	"testing"
 )
 
@@ -11,7 +12,7 @@ import (
 // allocates at most a small multiple of its size.
 func FuzzUnmarshalDirectiveAllocs(f *testing.F) {
 	for name, d := range directiveCases() {
-		if name != "many" && name != "long reason" {
+		if !strings.HasPrefix(name, "many") && name != "long reason" {
 			f.Add(mustMarshal(f, d))
 		}
 	}
