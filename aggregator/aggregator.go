@@ -47,7 +47,25 @@ type Aggregator struct {
 	// first is from 0. One per change of workers, which is rare: none is
 	// forgotten, so that a lost worker's late push is always recognised.
 	sets []workerSet
+	// version is the latest decision followed. A push cut under a later
+	// one (its worker heard of it first: a retry's pushes follow it at
+	// once) may count over workers this node does not know yet, so it
+	// waits in early until Follow brings that decision.
+	version uint32
+	early   []earlyPush
 }
+
+// earlyPush is a push cut under a decision not followed yet; data is a
+// buffer of the table (the van's, adopted, or a copy).
+type earlyPush struct {
+	h    frame.Header
+	data []byte
+}
+
+// maxVersionsAhead bounds how far past the latest decision followed a
+// push's may be: workers follow the same directives a moment apart, a few
+// versions at most; a push beyond is an error, not held forever.
+const maxVersionsAhead = 64
 
 // workerSet is the workers whose contributions make up every sum from
 // iteration from on (until the next set's from), in increasing id order.
@@ -140,7 +158,29 @@ func (a *Aggregator) Follow(d lb.Directive) {
 		return
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	ready := a.follow(d)
+	a.mu.Unlock()
+	for i := range ready {
+		e := &ready[i]
+		if err := a.add(&e.h, e.data, true); err != nil {
+			a.node.Fail(fmt.Errorf("aggregator: from %s: %s: %w", node.ID(e.h.Sender), &e.h, err))
+			return
+		}
+	}
+}
+
+// follow is Follow under a.mu; it returns the early pushes the decision
+// lets in.
+func (a *Aggregator) follow(d lb.Directive) []earlyPush {
+	a.version = max(a.version, d.Decision.Version)
+	var ready []earlyPush
+	a.early = slices.DeleteFunc(a.early, func(e earlyPush) bool {
+		if e.h.Aux > a.version {
+			return false
+		}
+		ready = append(ready, e)
+		return true
+	})
 	from := d.Decision.Iteration
 	if ws := d.Decision.Workers; ws != nil {
 		keep := len(a.sets)
@@ -156,6 +196,7 @@ func (a *Aggregator) Follow(d lb.Directive) {
 			a.node.Logger().Info("partial sums dropped after a retry", "partitions", n, "from_iteration", from, "version", d.Decision.Version)
 		}
 	}
+	return ready
 }
 
 // AddLocal adds this worker's own contribution to a partition it
@@ -171,6 +212,22 @@ func (a *Aggregator) AddLocal(h *frame.Header, data []byte) error {
 func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
 	from := node.ID(h.Sender)
 	a.mu.Lock()
+	if h.Aux > a.version {
+		defer a.mu.Unlock()
+		if h.Aux-a.version > maxVersionsAhead {
+			if adopt {
+				a.table.Recycle(data)
+			}
+			return fmt.Errorf("push cut under decision v%d, and this node follows v%d", h.Aux, a.version)
+		}
+		if !adopt {
+			buf := a.table.Buffer(len(data))
+			copy(buf, data)
+			data = buf
+		}
+		a.early = append(a.early, earlyPush{*h, data})
+		return nil
+	}
 	ws, set := a.workersAt(h.Iteration)
 	index := slices.Index(ws, from)
 	if index < 0 || a.stale(h) {

@@ -78,6 +78,9 @@ func TestRetryDropsStale(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			a := unstarted(2)
+			// This node follows every version the pushes are cut under
+			// (pushes under a later one wait: TestFollowLostWorker).
+			a.Follow(lb.Directive{Decision: &lb.Decision{Version: 3}})
 			for i, o := range tc.ops {
 				h := &frame.Header{Type: frame.Push, DType: frame.Float32, Sender: uint32(node.WorkerID(o.worker)),
 					Key: 3, Partition: 1, Iteration: o.iter, Aux: o.version, Total: 64, Length: 8}

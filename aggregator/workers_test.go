@@ -109,7 +109,9 @@ func startMembers(t *testing.T, ctx context.Context, workers int) (server *clust
 // iteration k on names w0 alone. From k on, a sum is w0's push alone and
 // goes to w0 only: the partial sum of k holding w1's push is dropped and
 // so is w1's late push of k, without an error. Iterations before k still
-// add up both workers' pushes and go to both.
+// add up both workers' pushes and go to both. w0's push of k comes before
+// this node follows the retry (w0 heard of it first): it waits for it,
+// rather than open a round of both workers.
 func TestFollowLostWorker(t *testing.T) {
 	const k = 5
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -129,15 +131,18 @@ func TestFollowLostWorker(t *testing.T) {
 		do      func() error
 		pending int // a.table.Pending() afterwards
 	}{
-		{"w1 pushes k", func() error { return a.HandlePush(push(w1, k, 1), payload(1000)) }, 1},
-		{"w0 pushes k-1", func() error { return a.HandlePush(push(w0, k-1, 1), payload(1)) }, 2},
-		{"retry from k over w0 alone", func() error {
-			a.Follow(lb.Directive{Retry: true, Decision: &lb.Decision{Version: 2, Iteration: k,
+		{"w1 pushes k", func() error { return a.HandlePush(push(w1, k, 0), payload(1000)) }, 1},
+		{"w0 pushes k-1", func() error { return a.HandlePush(push(w0, k-1, 0), payload(1)) }, 2},
+		{"w0 pushes k under the retry, before this node follows it", func() error {
+			return a.HandlePush(push(w0, k, 1), payload(10))
+		}, 2},
+		{"retry from k over w0 alone: w0's push of k completes the sum", func() error {
+			a.Follow(lb.Directive{Retry: true, Decision: &lb.Decision{Version: 1, Iteration: k,
 				Aggregators: []node.ID{node.ServerID(0)}, Shares: []float64{1}, Workers: []node.ID{w0}}})
 			return nil
 		}, 1},
 		{"w1's late push of k under the new version", func() error {
-			h := push(w1, k, 2)
+			h := push(w1, k, 1)
 			buf := a.PayloadBuffer(h)
 			copy(buf, payload(100))
 			if err := a.HandlePush(h, buf); err != nil {
@@ -151,8 +156,7 @@ func TestFollowLostWorker(t *testing.T) {
 			}
 			return nil
 		}, 1},
-		{"w0 pushes k: the sum is complete", func() error { return a.HandlePush(push(w0, k, 2), payload(10)) }, 1},
-		{"w1 pushes k-1: the sum is complete", func() error { return a.HandlePush(push(w1, k-1, 1), payload(2)) }, 0},
+		{"w1 pushes k-1: the sum is complete", func() error { return a.HandlePush(push(w1, k-1, 0), payload(2)) }, 0},
 	}
 	for _, st := range steps {
 		if err := st.do(); err != nil {
@@ -185,7 +189,7 @@ func TestFollowLostWorker(t *testing.T) {
 	// error, at k as before it.
 	for _, from := range []node.ID{node.WorkerID(2), node.ServerID(0)} {
 		for _, iter := range []uint64{k - 1, k} {
-			if err := a.HandlePush(push(from, iter, 2), payload(1)); err == nil {
+			if err := a.HandlePush(push(from, iter, 1), payload(1)); err == nil {
 				t.Errorf("push from %s of iteration %d accepted", from, iter)
 			}
 		}

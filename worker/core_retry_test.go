@@ -443,16 +443,10 @@ func TestCoreResumRetry(t *testing.T) {
 			handOver(c, mustPush(t, c, 5, pattern(64, 1)))
 			old, both, alone := versioned(c, 1), pattern(64, 9), pattern(64, 1)
 			dst := make([]byte, 64)
-			pull := func() todo {
-				td, err := c.pull([]uint64{5}, dst, []int{64}, frame.Float32, &call{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				return td
-			}
 			var finished []int
 			var began *iterationBegan
-			note := func(td todo) {
+			var note func(todo)
+			note = func(td todo) {
 				finished = append(finished, finishedTS(td)...)
 				if td.began != nil {
 					began = td.began
@@ -461,11 +455,22 @@ func TestCoreResumRetry(t *testing.T) {
 					note(copyStaged(c, d))
 				}
 			}
+			// pull makes the FPTPull, as the shell does: its hand-over, and
+			// the copies of what was staged.
+			pull := func() *request {
+				td, err := c.pull([]uint64{5}, dst, []int{64}, frame.Float32, &call{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				finished = append(finished, handOver(c, td)...)
+				for _, d := range td.copies {
+					note(copyStaged(c, d))
+				}
+				return td.req
+			}
 			var req *request
 			if tt.pullBefore {
-				td := pull()
-				req = td.req
-				note(td)
+				req = pull()
 			}
 			for _, i := range tt.before {
 				td, err := receive(c, &old[i], both[old[i].Offset:old[i].Offset+old[i].Length])
@@ -483,9 +488,7 @@ func TestCoreResumRetry(t *testing.T) {
 			}
 			note(out)
 			if !tt.pullBefore {
-				td := pull()
-				req = td.req
-				note(td)
+				req = pull()
 			}
 			if slices.Contains(finished, req.ts) {
 				t.Fatal("the pull completed with the sum over both workers")

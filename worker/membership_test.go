@@ -328,13 +328,26 @@ func TestWorkerLossContinue(t *testing.T) {
 					}
 					if err != nil {
 						errs <- fmt.Errorf("worker %d: %w", w.Rank(), err)
+						// The other worker would wait for this one at its
+						// next barrier for ever: end the cluster.
+						go c.Close()
 					}
 				})
 			}
+			// A survivor stuck waiting for a sum that never comes would
+			// hold the test until its timeout: end the cluster instead.
+			stuck := time.AfterFunc(time.Minute, func() {
+				t.Error("the workers left did not finish within a minute")
+				c.Close()
+			})
 			wg.Wait()
+			stuck.Stop()
 			close(errs)
 			for err := range errs {
 				t.Error(err)
+			}
+			if t.Failed() {
+				t.FailNow()
 			}
 			if err := <-killed; err != nil {
 				t.Fatal(err)
