@@ -60,6 +60,7 @@ static void every_worker_call(int want, const char* want_msg) {
   int64_t ts = 0;
   int out = 0;
   EXPECT(fpt_rank(&out), want, want_msg);
+  EXPECT(fpt_num_workers_at(1, &out), want, want_msg);
   EXPECT(fpt_set_tensors_per_iteration(1), want, want_msg);
   EXPECT(fpt_declare(1, 4, FPT_FLOAT32, 0), want, want_msg);
   EXPECT(fpt_init(&key, 1, &v, &len), want, want_msg);
@@ -280,6 +281,13 @@ int main(void) {
   if (out != 1) {
     fprintf(stderr, "fpt_bad_calls needs DMLC_NUM_WORKER=1, got %d\n", out);
     return 1;
+  }
+  EXPECT(fpt_num_workers_at(7, NULL), FPT_ERR_ARG, "NULL");
+  out = -1;
+  EXPECT(fpt_num_workers_at(7, &out), FPT_OK, NULL);
+  if (out != 1) {
+    printf("FAIL fpt_num_workers_at(7) = %d, want 1\n", out);
+    failures++;
   }
 
   /* Declarations. */
