@@ -25,28 +25,38 @@ func TestStallWatch(t *testing.T) {
 		checkAt float64
 		want    node.ID // 0: no stall
 		iter    uint64
+		left    []node.ID // workers that left the job (remove) before the check
 	}{
-		{"nobody pushed", 2 * time.Second, nil, 100, 0, 0},
-		{"all level", 2 * time.Second, []rep{{1, w0, 3}, {1, w1, 3}, {1, w2, 3}}, 100, 0, 0},
-		{"one behind, within the timeout", 2 * time.Second, []rep{{1, w0, 8}, {1, w1, 8}, {1, w2, 7}, {2, w0, 9}, {2, w1, 9}}, 2.9, 0, 0},
-		{"one behind, past the timeout", 2 * time.Second, []rep{{1, w0, 8}, {1, w1, 8}, {1, w2, 7}, {2, w0, 9}, {2, w1, 9}}, 4.5, w2, 7},
+		{"nobody pushed", 2 * time.Second, nil, 100, 0, 0, nil},
+		{"all level", 2 * time.Second, []rep{{1, w0, 3}, {1, w1, 3}, {1, w2, 3}}, 100, 0, 0, nil},
+		{"one behind, within the timeout", 2 * time.Second, []rep{{1, w0, 8}, {1, w1, 8}, {1, w2, 7}, {2, w0, 9}, {2, w1, 9}}, 2.9, 0, 0, nil},
+		{"one behind, past the timeout", 2 * time.Second, []rep{{1, w0, 8}, {1, w1, 8}, {1, w2, 7}, {2, w0, 9}, {2, w1, 9}}, 4.5, w2, 7, nil},
 		// w2 pushed 8 at 1 s, before the others: it fell behind only when w0 pushed 9 at 2 s.
-		{"clock starts when it falls behind", 2 * time.Second, []rep{{1, w2, 8}, {1, w0, 8}, {1, w1, 8}, {2, w0, 9}, {2, w1, 9}}, 3.9, 0, 0},
-		{"fell behind, then waited too long", 2 * time.Second, []rep{{1, w2, 8}, {1, w0, 8}, {1, w1, 8}, {2, w0, 9}, {2, w1, 9}}, 4.1, w2, 8},
+		{"clock starts when it falls behind", 2 * time.Second, []rep{{1, w2, 8}, {1, w0, 8}, {1, w1, 8}, {2, w0, 9}, {2, w1, 9}}, 3.9, 0, 0, nil},
+		{"fell behind, then waited too long", 2 * time.Second, []rep{{1, w2, 8}, {1, w0, 8}, {1, w1, 8}, {2, w0, 9}, {2, w1, 9}}, 4.1, w2, 8, nil},
 		// Slow but moving: always one behind, each iteration 1.5 s.
 		{"slow worker moving", 2 * time.Second, []rep{
 			{0, w0, 1}, {0, w1, 1}, {1.5, w2, 1}, {1.5, w0, 2}, {1.5, w1, 2}, {3, w2, 2}, {3, w0, 3}, {3, w1, 3}, {4.5, w2, 3}, {4.5, w0, 4}, {4.5, w1, 4},
-		}, 6, 0, 0},
-		{"late heartbeat going backwards", 2 * time.Second, []rep{{1, w0, 5}, {1, w1, 5}, {1, w2, 5}, {9, w2, 4}}, 100, 0, 0},
-		{"off", 0, []rep{{1, w0, 8}, {1, w1, 8}, {1, w2, 7}}, 1000, 0, 0},
-		{"not a worker", 2 * time.Second, []rep{{1, node.ServerID(0), 8}}, 100, 0, 0},
-		{"two stalled: the lowest id", 2 * time.Second, []rep{{1, w0, 8}}, 100, w1, 0},
+		}, 6, 0, 0, nil},
+		{"late heartbeat going backwards", 2 * time.Second, []rep{{1, w0, 5}, {1, w1, 5}, {1, w2, 5}, {9, w2, 4}}, 100, 0, 0, nil},
+		{"off", 0, []rep{{1, w0, 8}, {1, w1, 8}, {1, w2, 7}}, 1000, 0, 0, nil},
+		{"not a worker", 2 * time.Second, []rep{{1, node.ServerID(0), 8}}, 100, 0, 0, nil},
+		{"two stalled: the lowest id", 2 * time.Second, []rep{{1, w0, 8}}, 100, w1, 0, nil},
+		// FPT_ON_WORKER_LOSS=continue: a worker that left is waited for
+		// by nobody, and the front may move back.
+		{"the stalled worker left", 2 * time.Second, []rep{{1, w0, 8}, {1, w1, 8}, {1, w2, 7}}, 100, 0, 0, []node.ID{w2}},
+		{"the front worker left", 2 * time.Second, []rep{{1, w0, 9}, {1, w1, 8}, {1, w2, 8}}, 100, 0, 0, []node.ID{w0}},
+		{"the front left, one still behind the new front", 2 * time.Second, []rep{{1, w0, 9}, {1, w1, 8}, {1, w2, 7}}, 100, w2, 7, []node.ID{w0}},
+		{"a level worker left", 2 * time.Second, []rep{{1, w0, 8}, {1, w1, 8}, {1, w2, 7}}, 100, w2, 7, []node.ID{w1}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			w := newStallWatch(c.timeout, []node.ID{w0, w1, w2}, t0)
 			for _, r := range c.reports {
 				w.report(r.id, r.pushed, at(r.at))
+			}
+			for _, id := range c.left {
+				w.remove(id)
 			}
 			s, ok := w.check(at(c.checkAt))
 			if c.want == 0 {
