@@ -235,6 +235,16 @@ func (l *Lib) NumWorkersAt(iter uint64) (int, error) {
 	return w.NumWorkersAt(iter), nil
 }
 
+// RankAt is this worker's dense rank among the workers of iteration iter
+// (worker.Worker.RankAt). Workers only, once started.
+func (l *Lib) RankAt(iter uint64) (int, error) {
+	w, err := l.worker("fpt_rank_at")
+	if err != nil {
+		return 0, err
+	}
+	return w.RankAt(iter), nil
+}
+
 // NumServers is DMLC_NUM_SERVER; it is readable before Start.
 func (l *Lib) NumServers() (int, error) {
 	cfg, err := l.config("fpt_num_servers")

@@ -122,6 +122,11 @@ int fpt_num_servers(int* num_servers);
  * has completed. Workers only, after fpt_start. */
 int fpt_num_workers_at(uint64_t iteration, int* num_workers);
 
+/* This worker's rank among those of fpt_num_workers_at(iteration), 0 to
+ * that count - 1: fpt_rank until a worker is lost, then dense again over
+ * the workers left (what to shard data by). Workers only, after fpt_start. */
+int fpt_rank_at(uint64_t iteration, int* rank);
+
 /*
  * Workers only, from here on.
  *

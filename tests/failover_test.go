@@ -256,9 +256,17 @@ func TestKillWorkerContinue(t *testing.T) {
 					left = append(left, strconv.Itoa(r))
 				}
 			}
+			// Each says so, with its dense rank among the two.
+			dense := map[string]bool{}
 			for _, w := range []string{"worker0", "worker1"} {
-				mustContain(t, w+" stdout", c.proc(w).Stdout.String(),
-					fmt.Sprintf("iteration %d on: sums over 2 of 3 workers [%s]", from, strings.Join(left, " ")))
+				out := c.proc(w).Stdout.String()
+				mustContain(t, w+" stdout", out, fmt.Sprintf("iteration %d on: sums over 2 of 3 workers [%s]", from, strings.Join(left, " ")))
+				if m := regexp.MustCompile(`this worker is now rank (\d) of 2`).FindStringSubmatch(out); m != nil {
+					dense[m[1]] = true
+				}
+			}
+			if !dense["0"] || !dense["1"] {
+				t.Errorf("the workers left are not ranks 0 and 1 of 2 now: %v", dense)
 			}
 			t.Logf("scheduler: %s", m[0])
 		})

@@ -241,7 +241,8 @@ func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out i
 			return sum, fmt.Errorf("%s: iteration %d (summed over workers %v): %w", label, it, ranks, err)
 		}
 		if len(ranks) != summed && !o.Quiet {
-			fmt.Fprintf(out, "%s: iteration %d on: sums over %d of %d workers %v (a worker left the job)\n", label, it, len(ranks), workers, ranks)
+			fmt.Fprintf(out, "%s: iteration %d on: sums over %d of %d workers %v (a worker left the job); this worker is now rank %d of %d\n",
+				label, it, len(ranks), workers, ranks, w.RankAt(uint64(it)), len(ranks))
 		}
 		summed = len(ranks)
 		sum.Values += n

@@ -353,6 +353,9 @@ func TestWorkerLossContinue(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, w := range c.Workers[:2] {
+				if r := w.RankAt(killAt); r != w.Rank() {
+					t.Errorf("worker %d: rank %d at iteration %d, want %d", w.Rank(), r, killAt, w.Rank())
+				}
 				before, after := w.WorkersAt(killAt-1), w.WorkersAt(killAt)
 				if len(before) != 3 || !slices.Equal(after, []node.ID{node.WorkerID(0), node.WorkerID(1)}) {
 					t.Errorf("worker %d: iteration %d summed over %v, %d over %v; want all three, then workers 0 and 1",

@@ -30,6 +30,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -352,6 +353,11 @@ func (w *Worker) WorkersAt(iter uint64) []node.ID {
 // NumWorkersAt is len(WorkersAt(iter)): what a program divides an
 // iteration's sums by to average them.
 func (w *Worker) NumWorkersAt(iter uint64) int { return len(w.WorkersAt(iter)) }
+
+// RankAt is this worker's dense rank among WorkersAt(iter), 0 to
+// NumWorkersAt(iter)-1: Rank until a worker is lost, then the rank a
+// program reshards its data by (-1 if this worker is not among them).
+func (w *Worker) RankAt(iter uint64) int { return slices.Index(w.WorkersAt(iter), w.node.Self().ID) }
 
 // Rank is this worker's rank, 0..NumWorkers-1.
 func (w *Worker) Rank() int { return w.node.Self().ID.Rank() }

@@ -61,6 +61,7 @@ static void every_worker_call(int want, const char* want_msg) {
   int out = 0;
   EXPECT(fpt_rank(&out), want, want_msg);
   EXPECT(fpt_num_workers_at(1, &out), want, want_msg);
+  EXPECT(fpt_rank_at(1, &out), want, want_msg);
   EXPECT(fpt_set_tensors_per_iteration(1), want, want_msg);
   EXPECT(fpt_declare(1, 4, FPT_FLOAT32, 0), want, want_msg);
   EXPECT(fpt_init(&key, 1, &v, &len), want, want_msg);
@@ -287,6 +288,13 @@ int main(void) {
   EXPECT(fpt_num_workers_at(7, &out), FPT_OK, NULL);
   if (out != 1) {
     printf("FAIL fpt_num_workers_at(7) = %d, want 1\n", out);
+    failures++;
+  }
+  EXPECT(fpt_rank_at(7, NULL), FPT_ERR_ARG, "NULL");
+  out = -1;
+  EXPECT(fpt_rank_at(7, &out), FPT_OK, NULL);
+  if (out != 0) {
+    printf("FAIL fpt_rank_at(7) = %d, want 0\n", out);
     failures++;
   }
 

@@ -167,6 +167,11 @@ func fpt_num_workers_at(iteration C.uint64_t, n *C.int) C.int {
 	return intOut("fpt_num_workers_at", n, func() (int, error) { return lib.NumWorkersAt(uint64(iteration)) })
 }
 
+//export fpt_rank_at
+func fpt_rank_at(iteration C.uint64_t, rank *C.int) C.int {
+	return intOut("fpt_rank_at", rank, func() (int, error) { return lib.RankAt(uint64(iteration)) })
+}
+
 //export fpt_num_servers
 func fpt_num_servers(n *C.int) C.int { return intOut("fpt_num_servers", n, lib.NumServers) }
 

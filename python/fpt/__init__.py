@@ -32,7 +32,7 @@ from ._buffers import FLOAT16, FLOAT32, FLOAT64
 __all__ = [
     "FPTError", "ArgumentError", "StateError", "UnknownKeyError", "SizeError", "ConfigError",
     "ClusterError", "InternalError", "Request", "FLOAT32", "FLOAT64", "FLOAT16",
-    "start", "finalize", "role", "rank", "num_workers", "num_workers_at", "num_servers", "set_tensors_per_iteration",
+    "start", "finalize", "role", "rank", "num_workers", "num_workers_at", "rank_at", "num_servers", "set_tensors_per_iteration",
     "declare", "declared", "init", "push", "pull", "wait_all", "barrier", "my_id", "group_ids",
     "barrier_group", "GROUP_SCHEDULER", "GROUP_SERVERS", "GROUP_WORKERS",
 ]
@@ -253,6 +253,13 @@ def num_workers_at(iteration):
     num_workers(), unless a worker was lost under FPT_ON_WORKER_LOSS=continue;
     final once a pull of that iteration is done."""
     return _int_out(lambda out: _node.lib.fpt_num_workers_at(iteration, out))
+
+
+def rank_at(iteration):
+    """This worker's rank among the num_workers_at(iteration) workers whose
+    pushes make up that iteration's sums: rank() until a worker is lost,
+    then dense again over the workers left (what to shard data by)."""
+    return _int_out(lambda out: _node.lib.fpt_rank_at(iteration, out))
 
 
 def num_servers():

@@ -23,6 +23,7 @@ _PROTOS = {
     "fpt_rank": (ctypes.c_int, [_intp]),
     "fpt_num_workers": (ctypes.c_int, [_intp]),
     "fpt_num_workers_at": (ctypes.c_int, [ctypes.c_uint64, _intp]),
+    "fpt_rank_at": (ctypes.c_int, [ctypes.c_uint64, _intp]),
     "fpt_num_servers": (ctypes.c_int, [_intp]),
     "fpt_set_tensors_per_iteration": (ctypes.c_int, [ctypes.c_int]),
     "fpt_declare": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int, ctypes.c_int]),

@@ -108,6 +108,7 @@ def basic():
     fpt.wait_all([h, s])
     check((out == 3).all(), "numpy float32 push/pull sum")
     check(fpt.num_workers_at(1) == 2, "num_workers_at: both workers' pushes make up key 1's iteration 1")
+    check(fpt.rank_at(1) == r, "rank_at is rank while no worker was lost")
     tt, to = torch.full((16,), r + 1.0, dtype=torch.float64), torch.zeros(16, dtype=torch.float64)
     fpt.wait_all([fpt.push(2, tt), fpt.pull(2, to)])
     check(bool((to == 3).all()), "torch float64 push/pull sum")
