@@ -50,9 +50,12 @@ type Aggregator struct {
 	// version is the latest decision followed. A push cut under a later
 	// one (its worker heard of it first: a retry's pushes follow it at
 	// once) may count over workers this node does not know yet, so it
-	// waits in early until Follow brings that decision.
+	// waits in early until Follow brings that decision. Only where the
+	// LB's directives come at all (config.Grants): without them no
+	// decision changes the workers.
 	version uint32
 	early   []earlyPush
+	follows bool
 }
 
 // earlyPush is a push cut under a decision not followed yet; data is a
@@ -91,12 +94,13 @@ type adoptKey struct {
 // New returns the aggregator of node n. deliver receives the node's own copy
 // of each sum when n is a worker; it is nil on a server.
 func New(n *cluster.Member, deliver Deliver) *Aggregator {
-	ids := make([]node.ID, n.Config().NumWorkers)
+	cfg := n.Config()
+	ids := make([]node.ID, cfg.NumWorkers)
 	for rank := range ids {
 		ids[rank] = node.WorkerID(rank)
 	}
 	return &Aggregator{node: n, deliver: deliver, table: reduce.NewTable(),
-		adopted: make(map[adoptKey]bool), trace: n.Tracer(), sets: []workerSet{{0, ids}}}
+		adopted: make(map[adoptKey]bool), trace: n.Tracer(), sets: []workerSet{{0, ids}}, follows: cfg.Grants()}
 }
 
 // PayloadBuffer is the van.Sink half for Push frames: a pushed partition is
@@ -212,7 +216,7 @@ func (a *Aggregator) AddLocal(h *frame.Header, data []byte) error {
 func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
 	from := node.ID(h.Sender)
 	a.mu.Lock()
-	if h.Aux > a.version {
+	if h.Aux > a.version && a.follows {
 		defer a.mu.Unlock()
 		if h.Aux-a.version > maxVersionsAhead {
 			if adopt {
