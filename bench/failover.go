@@ -321,10 +321,18 @@ func failoverMain(f *flags) int {
 // the join and the summary as tables, or one JSON line; and draws it with
 // plot set.
 func writeFailover(w io.Writer, res failoverResult, jsonOut bool, plot string) error {
+	return writeWindowed(w, res, failoverHeader, jsonOut, plot, res.lossWindow, res.joinWindow)
+}
+
+// writeWindowed prints one result of a run around its events: without
+// jsonOut, each window (a table of iterations) then the summary table
+// under header; with it, one JSON line. It draws the result with plot
+// set.
+func writeWindowed(w io.Writer, res tableRow, header []string, jsonOut bool, plot string, windows ...func() ([]string, [][]string)) error {
 	if !jsonOut {
-		for _, window := range []func() ([]string, [][]string){res.lossWindow, res.joinWindow} {
-			header, rows := window()
-			if err := writeTable(w, header, rows); err != nil {
+		for _, window := range windows {
+			cols, rows := window()
+			if err := writeTable(w, cols, rows); err != nil {
 				return err
 			}
 			if _, err := fmt.Fprintln(w); err != nil {
@@ -332,7 +340,7 @@ func writeFailover(w io.Writer, res failoverResult, jsonOut bool, plot string) e
 			}
 		}
 	}
-	results := resultWriter{w: w, jsonOut: jsonOut, header: failoverHeader, plot: plot}
+	results := resultWriter{w: w, jsonOut: jsonOut, header: header, plot: plot}
 	if err := results.add(res); err != nil {
 		return err
 	}

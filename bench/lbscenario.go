@@ -156,6 +156,13 @@ func lbScenarioLayout(name string, fast, slow netem.HostSpec) (lbLayout, error) 
 	default:
 		return lbLayout{}, fmt.Errorf("unknown LB scenario %q (want %s)", name, strings.Join(lbScenarios, ", "))
 	}
+	return newLayout(servers, workers, slowServer, slowWorker, fast, slow), nil
+}
+
+// newLayout lays out servers and workers, one host each, then the
+// scheduler's (unlimited); every link fast but those of server rank
+// slowServer and worker rank slowWorker (-1: none).
+func newLayout(servers, workers, slowServer, slowWorker int, fast, slow netem.HostSpec) lbLayout {
 	l := lbLayout{hosts: make([]netem.HostSpec, servers+workers+1), schedulerHost: servers + workers,
 		procHost: map[string]int{"scheduler": servers + workers}}
 	for i := range servers {
@@ -179,7 +186,7 @@ func lbScenarioLayout(name string, fast, slow netem.HostSpec) (lbLayout, error) 
 			l.hosts[h] = slow
 		}
 	}
-	return l, nil
+	return l
 }
 
 // byAddress sorts hosts the way the scheduler ranks nodes: by address

@@ -55,6 +55,14 @@ const (
 	// elasticJoiner is the joined server's process name (localcluster
 	// names the third server started so).
 	elasticJoiner = "server2"
+	// elasticServers are the servers a run starts with; the workers are
+	// 2 unless --workers says otherwise (with 2, every worker's link
+	// carries the model whatever the servers, so the bound does not move
+	// with them; from 3 on it does).
+	elasticServers        = 2
+	elasticDefaultWorkers = 2
+	// elasticMaxWorkers keeps a run within what two cores can drive.
+	elasticMaxWorkers = 6
 )
 
 // isElasticScenario tells whether name is one of the elastic scenarios.
@@ -65,9 +73,10 @@ func isElasticScenario(name string) bool {
 // elasticOptions are an elastic scenario's settings.
 type elasticOptions struct {
 	lbOptions
-	name   string
-	killAt int // server-loss
-	joinAt int // server-join
+	name    string
+	workers int
+	killAt  int // server-loss
+	joinAt  int // server-join
 }
 
 // event is the iteration the scenario's server is killed or started in.
@@ -228,22 +237,20 @@ func (r elasticResult) chart() svgplot.LineChart {
 	}
 }
 
-// elasticLayout places the scenario's nodes: the LB scenarios' slow-server
-// layout (every link fast for server-loss), plus for server-join a fast
-// host for the joiner, last.
-func elasticLayout(name string, fast, slow netem.HostSpec) (lbLayout, error) {
+// elasticLayout places the scenario's nodes: the LB scenarios'
+// slow-server layout with workers workers (every link fast for
+// server-loss), plus for server-join a fast host for the joiner, last.
+func elasticLayout(name string, workers int, fast, slow netem.HostSpec) lbLayout {
+	slowServer := 1
 	if name == scenarioServerLoss {
-		slow = fast
+		slowServer = -1
 	}
-	l, err := lbScenarioLayout(scenarioSlowServer, fast, slow)
-	if err != nil {
-		return l, err
-	}
+	l := newLayout(elasticServers, workers, slowServer, -1, fast, slow)
 	if name == scenarioServerJoin {
 		l.hosts = append(l.hosts, fast)
 		l.procHost[elasticJoiner] = len(l.hosts) - 1
 	}
-	return l, nil
+	return l
 }
 
 // elasticBounds are lb.Bound before the event and after it: without the
@@ -260,6 +267,9 @@ func elasticBounds(l lbLayout, name string, model float64) (before, after time.D
 	switch name {
 	case scenarioServerLoss:
 		r := slices.Index(l.serverHosts, l.procHost[failoverVictim])
+		if r < 0 {
+			return 0, 0, fmt.Errorf("%s has no server host", failoverVictim)
+		}
 		lost := node.ServerID(r)
 		in.Servers = slices.DeleteFunc(slices.Clone(in.Servers), func(id node.ID) bool { return id == lost })
 		delete(in.Capacity, lost)
@@ -280,7 +290,13 @@ func elasticBounds(l lbLayout, name string, model float64) (before, after time.D
 // parent the network, the run and the result; in a worker it starts, the
 // trainer.
 func elasticMain(f *flags) int {
-	eo := elasticOptions{lbOptions: f.lbs, name: f.scen.name, killAt: f.killAt, joinAt: f.joinAt}
+	eo := elasticOptions{name: f.scen.name, workers: elasticDefaultWorkers, killAt: f.killAt, joinAt: f.joinAt}
+	if f.set("workers") {
+		eo.workers = f.goodput.workers
+	}
+	if eo.workers < 1 || eo.workers > elasticMaxWorkers {
+		return usageError("--workers %d: want 1 to %d (one host each)", eo.workers, elasticMaxWorkers)
+	}
 	iters := elasticDefaultIters
 	if eo.name == scenarioServerJoin {
 		iters = elasticJoinDefaultIters
@@ -297,8 +313,9 @@ func elasticMain(f *flags) int {
 		eo.joinAt = eo.iters / elasticJoinDivisor
 	}
 	if at := eo.event(); at < 3 || at > eo.iters-eo.tail {
-		return usageError("%s in iteration %d, --iters %d, --tail %d: want 3 <= it <= iters-tail (--kill-at, --join-at)",
-			eo.name, at, eo.iters, eo.tail)
+		flag := map[string]string{scenarioServerLoss: "--kill-at", scenarioServerJoin: "--join-at"}[eo.name]
+		return usageError("%s %d, --iters %d, --tail %d: want 3 <= %s <= iters-tail (times before the event and after it)",
+			flag, at, eo.iters, eo.tail, flag[2:])
 	}
 	if isChild() {
 		return runWorker(func(ctx context.Context, w *worker.Worker) error {
@@ -320,30 +337,14 @@ func elasticMain(f *flags) int {
 // writeElastic prints res: the iterations around the event and the
 // summary as tables, or one JSON line; and draws it with plot set.
 func writeElastic(w io.Writer, res elasticResult, jsonOut bool, plot string) error {
-	if !jsonOut {
-		header, rows := res.window()
-		if err := writeTable(w, header, rows); err != nil {
-			return err
-		}
-		if _, err := fmt.Fprintln(w); err != nil {
-			return err
-		}
-	}
-	results := resultWriter{w: w, jsonOut: jsonOut, header: elasticHeader, plot: plot}
-	if err := results.add(res); err != nil {
-		return err
-	}
-	return results.flush()
+	return writeWindowed(w, res, elasticHeader, jsonOut, plot, res.window)
 }
 
 // runElasticScenario builds the scenario's network and runs its cluster
 // once. The network is torn down on every path.
 func runElasticScenario(ctx context.Context, eo elasticOptions, p *progress) (elasticResult, error) {
 	fast := netem.HostSpec{Up: eo.rate, Down: eo.rate}
-	l, err := elasticLayout(eo.name, fast, netem.HostSpec{Up: eo.slowRate, Down: eo.slowRate})
-	if err != nil {
-		return elasticResult{}, err
-	}
+	l := elasticLayout(eo.name, eo.workers, fast, netem.HostSpec{Up: eo.slowRate, Down: eo.slowRate})
 	var model int64
 	for _, n := range eo.trainerOptions().Sizes() {
 		model += int64(n) * 4
@@ -373,7 +374,7 @@ func runElasticScenario(ctx context.Context, eo elasticOptions, p *progress) (el
 	args := []string{self, "bench", "--scenario", eo.name, "--rate", eo.rate, "--slow-rate", eo.slowRate,
 		"--iters", strconv.Itoa(eo.iters), "--tail", strconv.Itoa(eo.tail), "--tensors", strconv.Itoa(eo.tensors),
 		"--min-bytes", strconv.Itoa(eo.minBytes), "--max-bytes", strconv.Itoa(eo.maxBytes), "--compute", eo.compute.String(),
-		"--kill-at", strconv.Itoa(eo.killAt), "--join-at", strconv.Itoa(eo.joinAt)}
+		"--kill-at", strconv.Itoa(eo.killAt), "--join-at", strconv.Itoa(eo.joinAt), "--workers", strconv.Itoa(eo.workers)}
 	env := []string{childEnv + "=1", "DMLC_INTERFACE=" + net.Iface(), "FPT_LB=on"}
 	er := elasticRun{label: eo.name, iters: eo.iters, workers: len(l.workerHosts)}
 	if eo.name == scenarioServerLoss {
