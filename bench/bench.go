@@ -78,10 +78,10 @@ With --scenario, runs a cluster in an emulated network (network namespaces, tbf)
             2 workers and 2 servers at --rate under FPT_ON_SERVER_LOSS=retry, server1 killed
             (kill -9) in iteration --kill-at (default iters/3); in server-join (default 40
             iterations) the slow-server set-up and a third server at --rate started in
-            iteration --join-at (default iters/2); median iteration time before the event and over the last --tail
-            iterations, next to the LB's bound before and after it (bound_before_ms,
-            bound_after_ms), the retry's or the joined server's first share's iteration and
-            every process's exit
+            iteration --join-at (default iters/2); --workers (default 2) in either; the median
+            iteration time before the event and over the last --tail iterations, next to the
+            LB's bound before and after it (bound_before_ms, bound_after_ms), the retry's or
+            the joined server's first share's iteration, and every process's exit
 
 Every run prints a table, or with --json one JSON object per result; progress goes to
 stderr. --plot FILE also draws the results as an SVG image; --from FILE draws (and
@@ -118,7 +118,7 @@ func newFlags(output io.Writer) *flags {
 	fs.SetOutput(output)
 	o := &f.goodput
 	fs.StringVar(&f.vans, "van", "epoll,netconn", "vans to measure, comma-separated (epoll, netconn)")
-	fs.IntVar(&o.workers, "workers", 1, "workers (one configuration instead of the default rows)")
+	fs.IntVar(&o.workers, "workers", 1, "workers (one configuration instead of the default rows); server-loss and server-join:\nthe job's workers, one host each (default 2)")
 	fs.IntVar(&o.servers, "servers", 1, "servers (one configuration instead of the default rows)")
 	fs.StringVar(&f.lb, "lb", "off", "the load balancer, on or off (one configuration instead of the default rows)")
 	fs.StringVar(&f.peers, "peers", "", "comma-separated peer counts W (as 1,2,4,8): one row of W workers x W servers,\nLB off, for each")
