@@ -2,7 +2,8 @@
 // cost of push and pull on loopback against raw TCP (goodput.go), the
 // CPU-per-peer table, and the scenarios that run a cluster in an emulated
 // network (package netem): flow shaping and priority (scenario.go) and the
-// load balancer against its bound (lbscenario.go).
+// load balancer against its bound (lbscenario.go), a server lost or joined
+// there (netfailover.go) and on loopback (failover.go).
 //
 // Each experiment starts its cluster with internal/localcluster from the
 // same binary ("fpt bench" re-runs itself as the cluster's workers, marked
@@ -72,6 +73,15 @@ With --scenario, runs a cluster in an emulated network (network namespaces, tbf)
             the loss and around the join in both runs, the means before the loss, between it
             and the join and after the join as ratios to the run without a failure, and the
             retried iteration's time
+  server-loss, server-join
+            the simulated trainer once, LB on: in server-loss, --iters iterations (default 30),
+            2 workers and 2 servers at --rate under FPT_ON_SERVER_LOSS=retry, server1 killed
+            (kill -9) in iteration --kill-at (default iters/3); in server-join (default 40
+            iterations) the slow-server set-up and a third server at --rate started in
+            iteration --join-at (default iters/2); --workers (default 2) in either; the median
+            iteration time before the event and over the last --tail iterations, next to the
+            LB's bound before and after it (bound_before_ms, bound_after_ms), the retry's or
+            the joined server's first share's iteration, and every process's exit
 
 Every run prints a table, or with --json one JSON object per result; progress goes to
 stderr. --plot FILE also draws the results as an SVG image; --from FILE draws (and
@@ -108,20 +118,20 @@ func newFlags(output io.Writer) *flags {
 	fs.SetOutput(output)
 	o := &f.goodput
 	fs.StringVar(&f.vans, "van", "epoll,netconn", "vans to measure, comma-separated (epoll, netconn)")
-	fs.IntVar(&o.workers, "workers", 1, "workers (one configuration instead of the default rows)")
+	fs.IntVar(&o.workers, "workers", 1, "workers (one configuration instead of the default rows); server-loss and server-join:\nthe job's workers, one host each (default 2)")
 	fs.IntVar(&o.servers, "servers", 1, "servers (one configuration instead of the default rows)")
 	fs.StringVar(&f.lb, "lb", "off", "the load balancer, on or off (one configuration instead of the default rows)")
 	fs.StringVar(&f.peers, "peers", "", "comma-separated peer counts W (as 1,2,4,8): one row of W workers x W servers,\nLB off, for each")
 	fs.Int64Var(&o.tensorBytes, "tensor-bytes", 64<<20, "size of the one float32 tensor pushed and pulled; shaping and priority: of each\ntensor (default 16 MiB there)")
-	fs.IntVar(&o.iters, "iters", 50, "timed iterations (after init and two warm-up iterations); LB and failover\nscenarios: training iterations per run (default 20 there, 60 in failover); shaping: tensors queued at once\n(default 6); priority: rounds (default 3)")
+	fs.IntVar(&o.iters, "iters", 50, "timed iterations (after init and two warm-up iterations); LB and failover\nscenarios: training iterations per run (default 20 there, 60 in failover, 30 in server-loss, 40 in server-join); shaping: tensors queued at once\n(default 6); priority: rounds (default 3)")
 	fs.Int64Var(&o.partitionBytes, "partition-bytes", 0, "FPT_PARTITION_BYTES for the cluster (0: the default, 256 KiB in shaping and\npriority)")
 	fs.BoolVar(&o.jsonOut, "json", false, "one JSON object per line (else a table)")
 	fs.BoolVar(&o.authCompare, "auth-compare", false, "run each goodput row four times, without a cluster secret\n(FPT_CLUSTER_SECRET), with one twice, and without again, and give the\nsecret-on rows' mean goodput and CPU per GB relative to the secret-off rows'")
-	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor one or more of slow-server, equal, slow-worker (comma-separated); or failover,\non loopback (no root)")
+	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor one or more of slow-server, equal, slow-worker (comma-separated), or server-loss or\nserver-join; or failover, on loopback (no root)")
 	fs.StringVar(&f.scen.rate, "rate", "200mbit", "shaping and priority: the worker host's link rate, both ways (tc syntax); LB scenarios:\nevery host's but the slow one's (default 400mbit there)")
 	registerLBFlags(fs, &f.lbs)
-	fs.IntVar(&f.killAt, "kill-at", failoverDefaultKillAt, "failover scenario: server1 is killed (kill -9) once worker 0 has verified the\niteration before this one")
-	fs.IntVar(&f.joinAt, "join-at", 0, "failover scenario: a new server is started, after the loss, once worker 0 has\nverified the iteration before this one (default kill-at+15, at most iters-10)")
+	fs.IntVar(&f.killAt, "kill-at", failoverDefaultKillAt, "failover and server-loss scenarios: server1 is killed (kill -9) once worker 0 has\nverified the iteration before this one (server-loss: default iters/3)")
+	fs.IntVar(&f.joinAt, "join-at", 0, "failover and server-join scenarios: a new server is started (failover: after the\nloss) once worker 0 has verified the iteration before this one (default kill-at+15, at\nmost iters-10; server-join: iters/2)")
 	fs.StringVar(&f.plot, "plot", "", "also draw the results as an SVG image in this file: LB scenarios' iteration times\n(off, on, bound, decisions), failover's (both runs, the loss, the join), goodput vs raw TCP, CPU per GB by peers")
 	fs.StringVar(&f.from, "from", "", "run nothing: read the results a --json run printed from this file (- for stdin),\nprint them and draw them with --plot")
 	fs.StringVar(&f.weights, "weights", "3:1", "shaping scenario: the worker's flow weights for server 0 and server 1")
@@ -152,6 +162,8 @@ func Main(args []string) int {
 		return plotMain(f)
 	case name == scenarioFailover:
 		return failoverMain(f)
+	case isElasticScenario(name):
+		return elasticMain(f)
 	case name != "" && isLBScenario(name):
 		return lbScenarioMain(f)
 	case name != "":

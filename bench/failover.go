@@ -321,10 +321,18 @@ func failoverMain(f *flags) int {
 // the join and the summary as tables, or one JSON line; and draws it with
 // plot set.
 func writeFailover(w io.Writer, res failoverResult, jsonOut bool, plot string) error {
+	return writeWindowed(w, res, failoverHeader, jsonOut, plot, res.lossWindow, res.joinWindow)
+}
+
+// writeWindowed prints one result of a run around its events: without
+// jsonOut, each window (a table of iterations) then the summary table
+// under header; with it, one JSON line. It draws the result with plot
+// set.
+func writeWindowed(w io.Writer, res tableRow, header []string, jsonOut bool, plot string, windows ...func() ([]string, [][]string)) error {
 	if !jsonOut {
-		for _, window := range []func() ([]string, [][]string){res.lossWindow, res.joinWindow} {
-			header, rows := window()
-			if err := writeTable(w, header, rows); err != nil {
+		for _, window := range windows {
+			cols, rows := window()
+			if err := writeTable(w, cols, rows); err != nil {
 				return err
 			}
 			if _, err := fmt.Fprintln(w); err != nil {
@@ -332,7 +340,7 @@ func writeFailover(w io.Writer, res failoverResult, jsonOut bool, plot string) e
 			}
 		}
 	}
-	results := resultWriter{w: w, jsonOut: jsonOut, header: failoverHeader, plot: plot}
+	results := resultWriter{w: w, jsonOut: jsonOut, header: header, plot: plot}
 	if err := results.add(res); err != nil {
 		return err
 	}
@@ -364,69 +372,105 @@ func runFailover(ctx context.Context, self string, fo failoverOptions, p *progre
 	return res, res.aggregate(baseline.report.IterMs, retry.report.IterMs, retry.retryFrom, retry.joinFrom)
 }
 
-// failoverRun is what one run of the scenario's cluster gave.
+// failoverRun is what one run of an elastic cluster gave.
 type failoverRun struct {
 	report    lbWorkerReport
 	lost      string // the lost server, as the scheduler names it
 	retryFrom int
 	joined    string // the joined server, as the scheduler names it
 	joinFrom  int
+	exits     map[string]int // every process's exit status (-1: killed)
 }
 
-// runFailoverCluster runs the scenario's cluster on loopback once; with
-// kill, under FPT_ON_SERVER_LOSS=retry, and kills failoverVictim once
-// worker rank 0 has verified iteration killAt-1, then starts a new server
-// once the scheduler has taken the victim out and worker rank 0 has
-// verified iteration joinAt-1.
+// elasticRun is one run of a cluster that loses a server, has one join,
+// or both: the failover scenario's on loopback and the server-loss and
+// server-join scenarios' in an emulated network.
+type elasticRun struct {
+	// spec is the cluster; runElastic sets its Stderr.
+	spec    localcluster.Spec
+	label   string // the run's name in progress lines
+	iters   int
+	workers int
+	// victim is the process killed (SIGKILL) once worker rank 0 has
+	// verified iteration killAt-1; "" kills none.
+	victim string
+	killAt int
+	// joinAt > 0 starts a new server once worker rank 0 has verified
+	// iteration joinAt-1 (and the scheduler has taken the victim out, if
+	// there is one).
+	joinAt int
+}
+
+// runFailoverCluster runs the failover scenario's cluster on loopback
+// once; with kill, under FPT_ON_SERVER_LOSS=retry, failoverVictim killed
+// in iteration killAt and a new server started in iteration joinAt.
 func runFailoverCluster(ctx context.Context, self string, fo failoverOptions, kill bool, p *progress) (failoverRun, error) {
 	args := []string{self, "bench", "--scenario", scenarioFailover, "--iters", strconv.Itoa(fo.iters),
 		"--kill-at", strconv.Itoa(fo.killAt), "--join-at", strconv.Itoa(fo.joinAt), "--tensors", strconv.Itoa(fo.tensors),
 		"--min-bytes", strconv.Itoa(fo.minBytes), "--max-bytes", strconv.Itoa(fo.maxBytes), "--compute", fo.compute.String()}
 	env := []string{childEnv + "=1"}
-	run := "failover, no failure"
+	er := elasticRun{label: "failover, no failure", iters: fo.iters, workers: failoverWorkers}
 	if kill {
 		env = append(env, "FPT_ON_SERVER_LOSS=retry")
-		run = fmt.Sprintf("failover, %s killed at iteration %d, a server joins at %d", failoverVictim, fo.killAt, fo.joinAt)
+		er.label = fmt.Sprintf("failover, %s killed at iteration %d, a server joins at %d", failoverVictim, fo.killAt, fo.joinAt)
+		er.victim, er.killAt, er.joinAt = failoverVictim, fo.killAt, fo.joinAt
 	}
 	if fo.partitionBytes > 0 {
 		env = append(env, "FPT_PARTITION_BYTES="+strconv.FormatInt(fo.partitionBytes, 10))
 	}
+	er.spec = localcluster.Spec{Servers: failoverServers, Workers: failoverWorkers,
+		Scheduler: []string{self}, Server: []string{self}, Worker: args, Env: env}
+	return runElastic(ctx, er, p)
+}
+
+// runElastic runs er's cluster to its end: it kills the victim and
+// starts the joiner when worker rank 0's progress lines say so, then
+// reads worker rank 0's report and, from the scheduler's log, the loss
+// and the join.
+func runElastic(ctx context.Context, er elasticRun, p *progress) (failoverRun, error) {
 	// Worker rank 0 writes a progress line per verified iteration: the
 	// ones before killAt and joinAt are the signals; the scheduler's line
 	// for the loss, that the join may follow.
-	killAt, joinAt, left := newSignal(progressMark+fmt.Sprintf("worker 0: iteration %d/", fo.killAt-1)),
-		newSignal(progressMark+fmt.Sprintf("worker 0: iteration %d/", fo.joinAt-1)),
+	killAt, joinAt, left := newSignal(progressMark+fmt.Sprintf("worker 0: iteration %d/", er.killAt-1)),
+		newSignal(progressMark+fmt.Sprintf("worker 0: iteration %d/", er.joinAt-1)),
 		newSignal(`msg="membership change: server left`)
-	p.printf(run, "cluster starting")
-	c, err := localcluster.Start(localcluster.Spec{
-		Servers: failoverServers, Workers: failoverWorkers,
-		Scheduler: []string{self}, Server: []string{self}, Worker: args, Env: env,
-		Stderr: func(proc string) io.Writer {
-			switch {
-			case proc == "scheduler":
-				return &lineWriter{line: left.watch}
-			case strings.HasPrefix(proc, "worker"):
-				return io.MultiWriter(p.relay(run), &lineWriter{line: func(l string) { killAt.watch(l); joinAt.watch(l) }})
-			}
-			return nil
-		},
-	})
+	p.printf(er.label, "cluster starting")
+	er.spec.Stderr = func(proc string) io.Writer {
+		switch {
+		case proc == "scheduler":
+			return &lineWriter{line: left.watch}
+		case strings.HasPrefix(proc, "worker"):
+			return io.MultiWriter(p.relay(er.label), &lineWriter{line: func(l string) { killAt.watch(l); joinAt.watch(l) }})
+		}
+		return nil
+	}
+	c, err := localcluster.Start(er.spec)
 	if err != nil {
 		return failoverRun{}, err
 	}
 	defer c.Kill()
 	var victim *localcluster.Proc
-	if kill {
-		victim = c.Proc(failoverVictim)
-		if _, err := awaitSignals(ctx, c, nil, killAt); err != nil {
+	seen := true
+	if er.victim != "" {
+		if victim = c.Proc(er.victim); victim == nil {
+			return failoverRun{}, fmt.Errorf("no process %s to kill", er.victim)
+		}
+		if seen, err = awaitSignals(ctx, c, nil, killAt); err != nil {
 			return failoverRun{}, err
 		}
-		if err := victim.Kill(); err != nil {
-			return failoverRun{}, fmt.Errorf("kill %s: %w", failoverVictim, err)
+		if seen {
+			if err := victim.Kill(); err != nil {
+				return failoverRun{}, fmt.Errorf("kill %s: %w", er.victim, err)
+			}
+			p.printf(er.label, "killed %s", er.victim)
+			seen, err = awaitSignals(ctx, c, victim, left)
+			if err != nil {
+				return failoverRun{}, err
+			}
 		}
-		p.printf(run, "killed %s", failoverVictim)
-		seen, err := awaitSignals(ctx, c, victim, left, joinAt)
-		if err != nil {
+	}
+	if er.joinAt > 0 && seen {
+		if seen, err = awaitSignals(ctx, c, victim, joinAt); err != nil {
 			return failoverRun{}, err
 		}
 		if seen {
@@ -434,25 +478,30 @@ func runFailoverCluster(ctx context.Context, self string, fo failoverOptions, ki
 			if err != nil {
 				return failoverRun{}, err
 			}
-			p.printf(run, "started %s", joiner.Name)
+			p.printf(er.label, "started %s", joiner.Name)
 		}
 	}
 	if err := waitSurvivors(ctx, c, victim, 10*time.Minute); err != nil {
 		return failoverRun{}, err
 	}
-	rep, err := rank0Report(c, failoverWorkers)
+	rep, err := rank0Report(c, er.workers)
 	if err != nil {
 		return failoverRun{}, err
 	}
-	if len(rep.IterMs) != fo.iters {
-		return failoverRun{}, fmt.Errorf("worker 0 reported %d iterations, want %d", len(rep.IterMs), fo.iters)
+	if len(rep.IterMs) != er.iters {
+		return failoverRun{}, fmt.Errorf("worker 0 reported %d iterations, want %d", len(rep.IterMs), er.iters)
 	}
-	r := failoverRun{report: rep}
-	if kill {
-		sched := c.Proc("scheduler")
+	r := failoverRun{report: rep, exits: map[string]int{}}
+	for _, proc := range c.Procs {
+		r.exits[proc.Name] = proc.ExitCode()
+	}
+	sched := c.Proc("scheduler")
+	if er.victim != "" {
 		if r.lost, r.retryFrom, err = parseLoss(sched.Stderr.String()); err != nil {
 			return r, err
 		}
+	}
+	if er.joinAt > 0 {
 		if r.joined, r.joinFrom, err = parseJoin(sched.Stderr.String(), sched.Stdout.String()); err != nil {
 			return r, err
 		}

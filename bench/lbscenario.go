@@ -156,6 +156,13 @@ func lbScenarioLayout(name string, fast, slow netem.HostSpec) (lbLayout, error) 
 	default:
 		return lbLayout{}, fmt.Errorf("unknown LB scenario %q (want %s)", name, strings.Join(lbScenarios, ", "))
 	}
+	return newLayout(servers, workers, slowServer, slowWorker, fast, slow), nil
+}
+
+// newLayout lays out servers and workers, one host each, then the
+// scheduler's (unlimited); every link fast but those of server rank
+// slowServer and worker rank slowWorker (-1: none).
+func newLayout(servers, workers, slowServer, slowWorker int, fast, slow netem.HostSpec) lbLayout {
 	l := lbLayout{hosts: make([]netem.HostSpec, servers+workers+1), schedulerHost: servers + workers,
 		procHost: map[string]int{"scheduler": servers + workers}}
 	for i := range servers {
@@ -179,7 +186,7 @@ func lbScenarioLayout(name string, fast, slow netem.HostSpec) (lbLayout, error) 
 			l.hosts[h] = slow
 		}
 	}
-	return l, nil
+	return l
 }
 
 // byAddress sorts hosts the way the scheduler ranks nodes: by address
@@ -340,13 +347,12 @@ func (r lbResult) row() []string {
 		strconv.Itoa(r.LBDecisions)}
 }
 
-// lbScenarioMain runs "fpt bench --scenario slow-server|equal|slow-worker"
-// (or a comma-separated list of them): in the parent, for each scenario its
-// network and both runs, one JSON line each with --json, else a table; in
-// a worker it starts, the worker's side.
-func lbScenarioMain(f *flags) int {
+// lbDefaults are the LB options from the command line, checked, with the
+// rates' defaults and iters as --iters' (the LB and elastic scenarios
+// share them); a status other than launch.ExitOK is a usage error, reported.
+func lbDefaults(f *flags, iters int) (lbOptions, int) {
 	lo := f.lbs
-	lo.rate, lo.iters, lo.partitionBytes = lbDefaultRate, lbDefaultIters, f.goodput.partitionBytes
+	lo.rate, lo.iters, lo.partitionBytes = lbDefaultRate, iters, f.goodput.partitionBytes
 	if f.set("rate") {
 		lo.rate = f.scen.rate
 	}
@@ -354,22 +360,34 @@ func lbScenarioMain(f *flags) int {
 		lo.iters = f.goodput.iters
 	}
 	if _, err := netem.ParseRate(lo.rate); err != nil {
-		return usageError("--rate %q: want one finite tc rate, as 400mbit: %v", lo.rate, err)
+		return lo, usageError("--rate %q: want one finite tc rate, as 400mbit: %v", lo.rate, err)
 	}
 	if lo.slowRate == "" {
 		s, err := netem.DivideRate(lo.rate, lbSlowDivisor)
 		if err != nil {
-			return usageError("--rate %q: %v", lo.rate, err)
+			return lo, usageError("--rate %q: %v", lo.rate, err)
 		}
 		lo.slowRate = s
 	} else if _, err := netem.ParseRate(lo.slowRate); err != nil {
-		return usageError("--slow-rate %q: want one finite tc rate, as 100mbit: %v", lo.slowRate, err)
+		return lo, usageError("--slow-rate %q: want one finite tc rate, as 100mbit: %v", lo.slowRate, err)
 	}
 	if lo.tail < 1 || lo.iters < lo.tail {
-		return usageError("--iters %d, --tail %d: want 1 <= tail <= iters", lo.iters, lo.tail)
+		return lo, usageError("--iters %d, --tail %d: want 1 <= tail <= iters", lo.iters, lo.tail)
 	}
 	if err := lo.trainerOptions().Validate(); err != nil {
-		return usageError("%v", err)
+		return lo, usageError("%v", err)
+	}
+	return lo, launch.ExitOK
+}
+
+// lbScenarioMain runs "fpt bench --scenario slow-server|equal|slow-worker"
+// (or a comma-separated list of them): in the parent, for each scenario its
+// network and both runs, one JSON line each with --json, else a table; in
+// a worker it starts, the worker's side.
+func lbScenarioMain(f *flags) int {
+	lo, code := lbDefaults(f, lbDefaultIters)
+	if code != launch.ExitOK {
+		return code
 	}
 	if isChild() {
 		return runWorker(func(ctx context.Context, w *worker.Worker) error {
@@ -485,14 +503,24 @@ func runLBCluster(ctx context.Context, net *netem.Network, l lbLayout, name stri
 	if err != nil {
 		return nil, nil, err
 	}
-	switch {
-	case rep.Host != net.Addr(l.workerHosts[0]):
-		// The slow host would not be the rank the scenario means.
-		return nil, nil, fmt.Errorf("worker rank 0 ran on %s, want %s: ranks are not in address order", rep.Host, net.Addr(l.workerHosts[0]))
-	case len(rep.IterMs) != lo.iters:
+	if len(rep.IterMs) != lo.iters {
 		return nil, nil, fmt.Errorf("worker 0 reported %d iterations, want %d", len(rep.IterMs), lo.iters)
-	case rep.ModelBytes != model:
-		return nil, nil, fmt.Errorf("worker 0 trained %d bytes per iteration, want %d", rep.ModelBytes, model)
+	}
+	if err := checkRank0(rep, net.Addr(l.workerHosts[0]), model); err != nil {
+		return nil, nil, err
 	}
 	return rep.IterMs, decisionMarks(c.Proc("scheduler").Stdout.String()), nil
+}
+
+// checkRank0 checks worker rank 0's report: it ran on host (else a slow
+// host would not be the rank the scenario means) and trained model bytes
+// per iteration.
+func checkRank0(rep lbWorkerReport, host string, model int64) error {
+	switch {
+	case rep.Host != host:
+		return fmt.Errorf("worker rank 0 ran on %s, want %s: ranks are not in address order", rep.Host, host)
+	case rep.ModelBytes != model:
+		return fmt.Errorf("worker 0 trained %d bytes per iteration, want %d", rep.ModelBytes, model)
+	}
+	return nil
 }

@@ -31,6 +31,8 @@ func plotPanels(results []tableRow, header []string) []svgplot.Panel {
 			panels = append(panels, r.chart())
 		case failoverResult:
 			panels = append(panels, r.chart())
+		case elasticResult:
+			panels = append(panels, r.chart())
 		case goodputResult:
 			goodput = append(goodput, r)
 		default:
@@ -190,6 +192,8 @@ func readResults(r io.Reader) ([]tableRow, error) {
 			res, err = decodeAs[shapingResult](line)
 		case probe.Scenario == scenarioFailover:
 			res, err = decodeAs[failoverResult](line)
+		case isElasticScenario(probe.Scenario):
+			res, err = decodeAs[elasticResult](line)
 		case probe.Scenario == scenarioPriority:
 			res, err = decodeAs[priorityResult](line)
 		default:
@@ -227,6 +231,8 @@ func headerOf(rs []tableRow) []string {
 		return shapingHeader
 	case failoverResult:
 		return failoverHeader
+	case elasticResult:
+		return elasticHeader
 	}
 	return priorityHeader
 }

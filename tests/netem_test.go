@@ -188,6 +188,13 @@ func TestBenchScenarios(t *testing.T) {
 		{lbScenarioArgs("slow-server"), lbScenarioFields},
 		{lbScenarioArgs("equal"), lbScenarioFields},
 		{lbScenarioArgs("slow-worker"), lbScenarioFields},
+		// The elastic scenarios, small (the later flags win): server1
+		// killed in iteration 4 of 12; a server started in iteration 5 of
+		// 20 (its probe needs the joiner measured for half a second first).
+		{append(lbScenarioArgs("server-loss"), "--iters", "12", "--kill-at", "4", "--tail", "3"),
+			append(elasticFields, "retry_from_iteration", "retried_iter_ms", "kill_at")},
+		{append(lbScenarioArgs("server-join"), "--iters", "20", "--join-at", "5", "--tail", "3"),
+			append(elasticFields, "share_from_iteration", "join_at")},
 	} {
 		t.Run(tc.args[1], func(t *testing.T) {
 			r := startFPT(t, append([]string{"bench"}, tc.args...)...)
@@ -207,9 +214,37 @@ func TestBenchScenarios(t *testing.T) {
 					t.Errorf("%s = %v, want a positive number: %s", f, line[f], out)
 				}
 			}
+			checkExits(t, line)
 			t.Logf("%s", out)
 			r.checkGone(t)
 		})
+	}
+}
+
+// elasticFields are the elastic scenarios' figures that must be positive.
+var elasticFields = []string{"before_iter_ms", "after_iter_ms", "bound_before_ms", "bound_after_ms",
+	"after_over_bound", "after_over_before", "model_bytes", "iterations"}
+
+// checkExits checks an elastic scenario's exits, when it has them: every
+// process exited 0 (a worker's 0 is its trainer's PASS) but server1 in
+// server-loss, killed by a signal (-1).
+func checkExits(t *testing.T, line map[string]any) {
+	t.Helper()
+	exits, ok := line["exits"].(map[string]any)
+	if !ok {
+		return
+	}
+	for _, name := range []string{"scheduler", "server0", "server1", "worker0", "worker1"} {
+		want := 0.0
+		if name == "server1" && line["scenario"] == "server-loss" {
+			want = -1
+		}
+		if exits[name] != want {
+			t.Errorf("%s exited %v, want %v: %v", name, exits[name], want, exits)
+		}
+	}
+	if line["scenario"] == "server-join" && exits["server2"] != 0.0 {
+		t.Errorf("the joined server2 exited %v, want 0: %v", exits["server2"], exits)
 	}
 }
 
