@@ -46,7 +46,7 @@ type Agent struct {
 	// for every pushed frame, and all but one per iteration stop here.
 	reported atomic.Uint64
 	// version is the latest retry version reported under.
-	version atomic.Uint32
+	version  atomic.Uint32
 	shaping  bool
 	quit     chan struct{}
 	stopOnce sync.Once

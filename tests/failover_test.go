@@ -36,30 +36,42 @@ func TestKillServerRetry(t *testing.T) {
 			c := startCluster(t, spec{servers: 2, workers: 2,
 				env:     []string{"FPT_ON_SERVER_LOSS=retry", "FPT_LB=" + lbMode, "FPT_PARTITION_BYTES=65536"},
 				appArgs: append([]string{"-iters", strconv.Itoa(failoverIters)}, failoverModel...)})
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			victim := c.proc("server1")
-			if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(fmt.Sprintf(`iteration %d/`, failoverKillAt))); err != nil {
-				c.dump()
-				t.Fatal(err)
-			}
-			if err := victim.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			c.survived(victim)
-			log := c.proc("scheduler").Stderr.String()
-			m := membershipRe.FindStringSubmatch(log)
-			if m == nil {
-				t.Fatalf("the scheduler did not log the membership change:\n%s", tail(log))
-			}
-			// The retry starts at an iteration the workers had not all
-			// finished when the server died: after the kill's trigger.
-			if from, _ := strconv.Atoi(m[1]); from < failoverKillAt || from > failoverIters {
-				t.Errorf("retry_from_iteration=%d, want within %d..%d", from, failoverKillAt, failoverIters)
-			}
-			t.Logf("scheduler: %s", m[0])
+			c.killRetry("server1", membershipRe)
 		})
 	}
+}
+
+// killRetry kills (kill -9) the named process once worker0 is into
+// iteration failoverKillAt, checks that the job goes on without it
+// (survived), and returns the iteration the retry started at, from the
+// scheduler's line for the membership change (left, with its iteration
+// as the first group).
+func (c *cluster) killRetry(name string, left *regexp.Regexp) (from int) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	victim := c.proc(name)
+	if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(fmt.Sprintf(`iteration %d/`, failoverKillAt))); err != nil {
+		c.dump()
+		c.t.Fatal(err)
+	}
+	if err := victim.Kill(); err != nil {
+		c.t.Fatal(err)
+	}
+	c.survived(victim)
+	log := c.proc("scheduler").Stderr.String()
+	m := left.FindStringSubmatch(log)
+	if m == nil {
+		c.t.Fatalf("the scheduler did not log the membership change:\n%s", tail(log))
+	}
+	// The retry starts at an iteration the workers had not all finished
+	// when the node died: after the kill's trigger.
+	from, _ = strconv.Atoi(m[1])
+	if from < failoverKillAt || from > failoverIters {
+		c.t.Errorf("retry_from_iteration=%d, want within %d..%d", from, failoverKillAt, failoverIters)
+	}
+	c.t.Logf("scheduler: %s", m[0])
+	return from
 }
 
 // survived fails the test unless every process but victim (nil: all)
@@ -224,26 +236,8 @@ func TestKillWorkerContinue(t *testing.T) {
 			c := startCluster(t, spec{servers: 2, workers: 3,
 				env:     []string{"FPT_ON_WORKER_LOSS=continue", "FPT_LB=" + lbMode, "FPT_PARTITION_BYTES=65536"},
 				appArgs: append([]string{"-iters", strconv.Itoa(failoverIters)}, failoverModel...)})
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
 			victim := c.proc("worker2")
-			if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(fmt.Sprintf(`iteration %d/`, failoverKillAt))); err != nil {
-				c.dump()
-				t.Fatal(err)
-			}
-			if err := victim.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			c.survived(victim)
-			log := c.proc("scheduler").Stderr.String()
-			m := workerLeftRe.FindStringSubmatch(log)
-			if m == nil {
-				t.Fatalf("the scheduler did not log the membership change:\n%s", tail(log))
-			}
-			from, _ := strconv.Atoi(m[1])
-			if from < failoverKillAt || from > failoverIters {
-				t.Errorf("retry_from_iteration=%d, want within %d..%d", from, failoverKillAt, failoverIters)
-			}
+			from := c.killRetry("worker2", workerLeftRe)
 			// Ranks come with registration, not with process names: the
 			// two left are those the killed one's does not name.
 			vm := regexp.MustCompile(`(?m)^worker (\d): `).FindStringSubmatch(victim.Stdout.String())
@@ -268,7 +262,6 @@ func TestKillWorkerContinue(t *testing.T) {
 			if !dense["0"] || !dense["1"] {
 				t.Errorf("the workers left are not ranks 0 and 1 of 2 now: %v", dense)
 			}
-			t.Logf("scheduler: %s", m[0])
 		})
 	}
 }
