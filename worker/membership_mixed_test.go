@@ -71,16 +71,10 @@ func TestMembershipStressWorkers(t *testing.T) {
 					serverKills++
 					return c.Kill(live[rng.IntN(len(live))])
 				}
-				id, err := c.AddServer()
-				if err != nil {
-					return err
-				}
-				if slices.Contains(ids, id) || id < slices.Max(ids) {
-					return fmt.Errorf("iteration %d: a joining server got %s; ids given so far: %v", it, id, ids)
-				}
-				ids = append(ids, id)
+				var err error
+				ids, err = joinServer(c, ids, it)
 				joins++
-				return nil
+				return err
 			}
 			// seen[rank][it] is WorkersAt(it) as the worker saw it once its
 			// pull of it completed: final from then on.
@@ -185,6 +179,20 @@ func TestServerJoinsAfterWorkerLoss(t *testing.T) {
 	if err := c.Finish(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// joinServer starts a server in c at iteration it, and returns ids (the
+// server ids given so far) with its id added: an id no node had, larger
+// than every one before it.
+func joinServer(c *memcluster.Cluster, ids []node.ID, it int) ([]node.ID, error) {
+	id, err := c.AddServer()
+	if err != nil {
+		return ids, fmt.Errorf("iteration %d: a server joining: %w", it, err)
+	}
+	if slices.Contains(ids, id) || id < slices.Max(ids) {
+		return ids, fmt.Errorf("iteration %d: a joining server got %s; ids given so far: %v", it, id, ids)
+	}
+	return append(ids, id), nil
 }
 
 // survive runs fptWorker on every worker of c for iters iterations with
