@@ -65,11 +65,6 @@ type earlyPush struct {
 	data []byte
 }
 
-// maxVersionsAhead bounds how far past the latest decision followed a
-// push's may be: workers follow the same directives a moment apart, a few
-// versions at most; a push beyond is an error, not held forever.
-const maxVersionsAhead = 64
-
 // workerSet is the workers whose contributions make up every sum from
 // iteration from on (until the next set's from), in increasing id order.
 // The slice is never modified: broadcasts read it outside the lock.
@@ -95,12 +90,37 @@ type adoptKey struct {
 // of each sum when n is a worker; it is nil on a server.
 func New(n *cluster.Member, deliver Deliver) *Aggregator {
 	cfg := n.Config()
-	ids := make([]node.ID, cfg.NumWorkers)
-	for rank := range ids {
-		ids[rank] = node.WorkerID(rank)
-	}
 	return &Aggregator{node: n, deliver: deliver, table: reduce.NewTable(),
-		adopted: make(map[adoptKey]bool), trace: n.Tracer(), sets: []workerSet{{0, ids}}, follows: cfg.Grants()}
+		adopted: make(map[adoptKey]bool), trace: n.Tracer(), follows: cfg.Grants()}
+}
+
+// Started takes the workers of the node table, which the node has once
+// it started, as those of the first iterations: a server that joins a
+// running job after a worker left finds fewer workers than
+// DMLC_NUM_WORKER. Call it as soon as the node has started.
+func (a *Aggregator) Started() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.initSets()
+}
+
+// initSets sets the first worker set, once, from the node table (a push
+// may come a moment before Started); without one (an aggregator never
+// started, in tests) the configured workers stand in. The caller holds
+// a.mu.
+func (a *Aggregator) initSets() {
+	if a.sets != nil {
+		return
+	}
+	ids := a.node.Workers()
+	if len(ids) == 0 {
+		ids = make([]node.ID, a.node.Config().NumWorkers)
+		for rank := range ids {
+			ids[rank] = node.WorkerID(rank)
+		}
+	}
+	slices.Sort(ids)
+	a.sets = []workerSet{{0, ids}}
 }
 
 // PayloadBuffer is the van.Sink half for Push frames: a pushed partition is
@@ -141,6 +161,7 @@ func (a *Aggregator) stale(h *frame.Header) bool {
 // workersAt returns the workers of iteration and the index of their set.
 // The caller holds a.mu.
 func (a *Aggregator) workersAt(iteration uint64) ([]node.ID, int) {
+	a.initSets()
 	i := len(a.sets) - 1
 	for i > 0 && a.sets[i].from > iteration {
 		i--
@@ -176,6 +197,7 @@ func (a *Aggregator) Follow(d lb.Directive) {
 // follow is Follow under a.mu; it returns the early pushes the decision
 // lets in.
 func (a *Aggregator) follow(d lb.Directive) []earlyPush {
+	a.initSets()
 	a.version = max(a.version, d.Decision.Version)
 	var ready []earlyPush
 	a.early = slices.DeleteFunc(a.early, func(e earlyPush) bool {
@@ -217,13 +239,9 @@ func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
 	from := node.ID(h.Sender)
 	a.mu.Lock()
 	if h.Aux > a.version && a.follows {
+		// Held, however far ahead: a server that joined a running job
+		// starts at version 0 and hears only of decisions made since.
 		defer a.mu.Unlock()
-		if h.Aux-a.version > maxVersionsAhead {
-			if adopt {
-				a.table.Recycle(data)
-			}
-			return fmt.Errorf("push cut under decision v%d, and this node follows v%d", h.Aux, a.version)
-		}
 		if !adopt {
 			buf := a.table.Buffer(len(data))
 			copy(buf, data)

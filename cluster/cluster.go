@@ -435,9 +435,11 @@ func (n *Member) setTable(m *control.Message) error {
 		return fmt.Errorf("cluster: the scheduler made this node %s, not rank %d as %s asks", m.Recipient, n.cfg.Rank, n.cfg.RankVar)
 	}
 	// A server joining a running job finds the servers there are now,
-	// not DMLC_NUM_SERVER.
+	// not DMLC_NUM_SERVER, and the workers left (FPT_ON_WORKER_LOSS=
+	// continue), not DMLC_NUM_WORKER.
 	joiningServer := join && me.Role == node.Server
-	if workers != n.cfg.NumWorkers || servers != n.cfg.NumServers && !joiningServer {
+	if joiningServer && (workers < 1 || workers > n.cfg.NumWorkers) ||
+		!joiningServer && (workers != n.cfg.NumWorkers || servers != n.cfg.NumServers) {
 		return fmt.Errorf("cluster: node table has %d servers and %d workers; DMLC_NUM_SERVER=%d, DMLC_NUM_WORKER=%d",
 			servers, workers, n.cfg.NumServers, n.cfg.NumWorkers)
 	}

@@ -68,6 +68,7 @@ func (b *Base) Start(ctx context.Context, h cluster.Handler) error {
 	if err := b.node.Start(ctx, h); err != nil {
 		return err
 	}
+	b.Agg.Started()
 	if b.Agent != nil {
 		b.Agent.Start()
 	}
