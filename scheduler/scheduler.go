@@ -181,7 +181,7 @@ func (s *sched) serve(ctx context.Context) error {
 					why := fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond))
 					handled, final := s.lose(bars, stalls, id, why)
 					if final != nil {
-						s.terminate(final)
+						s.terminate(ctx, final)
 						return nil
 					}
 					if !handled {
@@ -196,7 +196,7 @@ func (s *sched) serve(ctx context.Context) error {
 				info := s.byID[st.worker]
 				handled, final := s.lose(bars, stalls, st.worker, why)
 				if final != nil {
-					s.terminate(final)
+					s.terminate(ctx, final)
 					return nil
 				}
 				if !handled {
@@ -239,7 +239,7 @@ func (s *sched) serve(ctx context.Context) error {
 				}
 				if m.Flags&control.FlagFinal != 0 && m.Group == node.AllGroup {
 					s.log.Info("final barrier passed; terminating the cluster")
-					s.terminate(release)
+					s.terminate(ctx, release)
 					return nil
 				}
 				for _, id := range release {
@@ -255,7 +255,7 @@ func (s *sched) serve(ctx context.Context) error {
 				}
 				handled, final := s.lose(bars, stalls, target, m.Text)
 				if final != nil {
-					s.terminate(final)
+					s.terminate(ctx, final)
 					return nil
 				}
 				if !handled {
@@ -272,11 +272,11 @@ func (s *sched) serve(ctx context.Context) error {
 	}
 }
 
-// terminate sends Terminate to every node and waits, for a bounded time,
-// for each to echo it: a process that exits right after queueing a ZeroMQ
-// message may lose it, and a node that never hears Terminate would wait for
-// its heartbeat timeout and fail.
-func (s *sched) terminate(ids []node.ID) {
+// terminate sends Terminate to every node and waits, for a bounded time
+// (or until ctx ends), for each to echo it: a process that exits right
+// after queueing a ZeroMQ message may lose it, and a node that never
+// hears Terminate would wait for its heartbeat timeout and fail.
+func (s *sched) terminate(ctx context.Context, ids []node.ID) {
 	waiting := make(map[node.ID]bool, len(ids))
 	for _, id := range ids {
 		waiting[id] = true
@@ -286,6 +286,8 @@ func (s *sched) terminate(ids []node.ID) {
 	defer deadline.Stop()
 	for len(waiting) > 0 {
 		select {
+		case <-ctx.Done():
+			return
 		case <-deadline.C:
 			s.log.Warn("nodes did not confirm termination", "nodes", len(waiting))
 			return

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -237,14 +236,10 @@ func TestMembershipStress(t *testing.T) {
 					kills++
 					return c.Kill(live[rng.IntN(len(live))])
 				}
-				id, err := c.AddServer()
-				if err != nil {
+				var err error
+				if ids, err = joinServer(c, ids, it); err != nil {
 					return err
 				}
-				if slices.Contains(ids, id) || id < slices.Max(ids) {
-					return fmt.Errorf("iteration %d: a joining server got %s; ids given so far: %v", it, id, ids)
-				}
-				ids = append(ids, id)
 				joins++
 				return nil
 			}})
@@ -293,62 +288,31 @@ func TestWorkerLossContinue(t *testing.T) {
 				held = []struct{ from, to node.ID }{{node.ServerID(0), node.WorkerID(1)}, {node.ServerID(1), node.WorkerID(1)}}
 			}
 			killed := make(chan error, 1)
-			var wg sync.WaitGroup
-			errs := make(chan error, len(c.Workers))
-			for _, w := range c.Workers {
-				wg.Go(func() {
-					err := fptWorker(w, len(c.Workers), iters, hooks{before: func(w *worker.Worker, it int) error {
-						if w.Node().Self().ID != victim || it != killAt {
-							return nil
-						}
-						for _, h := range held {
-							c.Data.Hold(h.from, h.to)
-						}
-						go func() {
-							time.Sleep(30 * time.Millisecond) // its pushes of killAt are out
-							if err := c.Kill(victim); err != nil {
-								killed <- err
-								return
-							}
-							// Once worker 1 follows the retry, the old sums
-							// held on their way to it may arrive: it must
-							// drop them.
-							for c.Workers[1].NumWorkersAt(killAt) != 2 {
-								time.Sleep(time.Millisecond)
-							}
-							for _, h := range held {
-								c.Data.Release(h.from, h.to)
-							}
-							killed <- nil
-						}()
-						return nil
-					}})
-					if w.Node().Self().ID == victim {
-						return // it was killed: its error is expected
+			survive(t, c, iters, hooks{before: func(w *worker.Worker, it int) error {
+				if w.Node().Self().ID != victim || it != killAt {
+					return nil
+				}
+				for _, h := range held {
+					c.Data.Hold(h.from, h.to)
+				}
+				go func() {
+					time.Sleep(30 * time.Millisecond) // its pushes of killAt are out
+					if err := c.Kill(victim); err != nil {
+						killed <- err
+						return
 					}
-					if err != nil {
-						errs <- fmt.Errorf("worker %d: %w", w.Rank(), err)
-						// The other worker would wait for this one at its
-						// next barrier for ever: end the cluster.
-						go c.Close()
+					// Once worker 1 follows the retry, the old sums held
+					// on their way to it may arrive: it must drop them.
+					for c.Workers[1].NumWorkersAt(killAt) != 2 {
+						time.Sleep(time.Millisecond)
 					}
-				})
-			}
-			// A survivor stuck waiting for a sum that never comes would
-			// hold the test until its timeout: end the cluster instead.
-			stuck := time.AfterFunc(time.Minute, func() {
-				t.Error("the workers left did not finish within a minute")
-				c.Close()
-			})
-			wg.Wait()
-			stuck.Stop()
-			close(errs)
-			for err := range errs {
-				t.Error(err)
-			}
-			if t.Failed() {
-				t.FailNow()
-			}
+					for _, h := range held {
+						c.Data.Release(h.from, h.to)
+					}
+					killed <- nil
+				}()
+				return nil
+			}}, func(id node.ID) bool { return id == victim }, time.Minute)
 			if err := <-killed; err != nil {
 				t.Fatal(err)
 			}
