@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts one node's share of an fpt cluster (scheduler, servers, workers
 # running test_kv_app), labels their output by role and rank, and stops
-# them all on the first failure or Ctrl-C. The help text is usage() below.
+# them all on the first failure (but a node the job goes on without) or
+# Ctrl-C. The help text is usage() below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +15,10 @@ and W simulated-trainer workers (bin/test_kv_app), each its own process, plus a
 monitor printing this host's transmit and receive rate while they run. Output
 lines are labelled [scheduler], [server R], [worker R] (R the node's rank). The
 last line says whether every process finished cleanly; the exit status is 0 if
-so, else 1. Children are stopped on failure or Ctrl-C.
+so, else 1. Children are stopped on failure or Ctrl-C, except when a worker
+fails under FPT_ON_WORKER_LOSS=continue or a server under
+FPT_ON_SERVER_LOSS=retry: the job goes on without it, and the others run to
+their end (the status is still 1: a process failed).
 
 With no flags: a whole local cluster on loopback (scheduler, 2 servers, 2
 workers). Across machines, run it on each with the same --root and cluster
@@ -236,9 +240,21 @@ fi
 # Job control off again: it would report every stopped group, source and all.
 set +m
 
-# Wait for every node; the first failure stops the rest.
+# survivable reports whether the job goes on without the node labelled $1
+# (FPT_ON_WORKER_LOSS=continue, FPT_ON_SERVER_LOSS=retry).
+survivable() {
+  case "$1" in
+    worker*) [ "${FPT_ON_WORKER_LOSS:-}" = continue ] ;;
+    server*) [ "${FPT_ON_SERVER_LOSS:-}" = retry ] ;;
+    *) false ;;
+  esac
+}
+
+# Wait for every node; the first failure stops the rest, unless the job
+# goes on without that node.
 status=0
 failed=""
+lost=""
 running=("${pids[@]}")
 while [ ${#running[@]} -gt 0 ]; do
   done_pid=""
@@ -251,9 +267,16 @@ while [ ${#running[@]} -gt 0 ]; do
   for pid in "${running[@]}"; do [ "$pid" != "$done_pid" ] && still+=("$pid"); done
   running=(${still[@]+"${still[@]}"})
   if [ "$code" -ne 0 ]; then
+    name=""
     for i in "${!pids[@]}"; do
-      [ "${pids[$i]}" = "$done_pid" ] && failed="${names[$i]} exited with status $code"
+      [ "${pids[$i]}" = "$done_pid" ] && name="${names[$i]}"
     done
+    if survivable "$name"; then
+      echo "run_test.sh: $name exited with status $code; the job goes on without it" >&2
+      lost="${lost:+$lost, }$name (status $code)"
+      continue
+    fi
+    failed="$name exited with status $code"
     status=1
     break
   fi
@@ -263,7 +286,10 @@ if [ -n "${mon_pid:-}" ]; then
   kill -- "-$mon_pid" 2>/dev/null || true
   wait "$mon_pid" 2>/dev/null || true
 fi
-if [ "$status" -eq 0 ]; then
+if [ "$status" -eq 0 ] && [ -n "$lost" ]; then
+  echo "run_test.sh: the others finished cleanly; the job went on without $lost" >&2
+  status=1
+elif [ "$status" -eq 0 ]; then
   echo "run_test.sh: all ${#pids[@]} processes finished cleanly"
 else
   # Their last lines come before the final one.

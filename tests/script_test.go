@@ -2,6 +2,7 @@ package tests
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -147,5 +148,69 @@ func TestRunTestScriptInterrupted(t *testing.T) {
 		t.Errorf("scheduler port still taken: %v", err)
 	} else {
 		l.Close()
+	}
+}
+
+// Under FPT_ON_WORKER_LOSS=continue a worker killed (kill -9) mid-run
+// does not stop the others: the two left run to their end and pass, the
+// script says which node the job went on without, and its status is still
+// 1 (a process failed). Nothing is left behind.
+func TestRunTestScriptWorkerLoss(t *testing.T) {
+	port, err := localcluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := runScript(port, "--num-workers", "3", "--", "-iters", "60", "-compute", "20ms", "-max-bytes", "65536", "-classic", "0")
+	cmd.Env = append(cmd.Env, "FPT_ON_WORKER_LOSS=continue")
+	var out localcluster.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(out.String(), "iteration 10/") {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("no progress:\n%s", tail(out.String()))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// One worker of this cluster: its pid leads processesWithEnv's line.
+	var victim int
+	for _, p := range processesWithEnv(fmt.Sprintf("DMLC_PS_ROOT_PORT=%d", port)) {
+		if strings.Contains(p, "test_kv_app") {
+			victim, _ = strconv.Atoi(p[:strings.IndexByte(p, ':')])
+			break
+		}
+	}
+	if victim == 0 {
+		cmd.Process.Kill()
+		t.Fatal("no worker process found")
+	}
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killedAt := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-time.After(2 * time.Minute):
+		cmd.Process.Kill()
+		t.Fatalf("run_test.sh did not end:\n%s", tail(out.String()))
+	}
+	s := out.String()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Errorf("run_test.sh: %v, want exit status 1 (a process failed)", err)
+	}
+	if n := strings.Count(s, "PASS: 60 iterations"); n != 2 {
+		t.Errorf("%d workers passed, want the 2 left:\n%s", n, tail(s))
+	}
+	t.Logf("%s (ended %s after the kill)", tail(s), time.Since(killedAt).Round(time.Millisecond))
+	mustContain(t, "run_test.sh output", s, "exited with status 137; the job goes on without it",
+		"run_test.sh: the others finished cleanly; the job went on without worker")
+	if left := survivors(port); len(left) > 0 {
+		t.Errorf("processes left behind: %v", left)
 	}
 }
