@@ -13,6 +13,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -181,6 +182,20 @@ func (p *parser) optional(name string) (string, bool) {
 	v, ok := p.lookup(name)
 	v = strings.TrimSpace(v)
 	return v, ok && v != ""
+}
+
+// choice returns name's value, one of choices (the first when unset); any
+// other value is an error naming them, and gives the first.
+func (p *parser) choice(name string, choices ...string) string {
+	v, ok := p.optional(name)
+	switch {
+	case !ok:
+		return choices[0]
+	case slices.Contains(choices, v):
+		return v
+	}
+	p.fail(name, v, "must be "+strings.Join(choices[:len(choices)-1], ", ")+" or "+choices[len(choices)-1])
+	return choices[0]
 }
 
 func (p *parser) required(name string) (string, bool) {

@@ -116,15 +116,7 @@ func Known() []Var {
 
 		// Transport and timing.
 		{Name: "FPT_VAN", Meaning: "the data plane: epoll or netconn", Default: "epoll", Use: NodeVar,
-			read: func(p *parser, name string, c *Config) {
-				c.Van = "epoll"
-				if v, ok := p.optional(name); ok {
-					if v != "epoll" && v != "netconn" {
-						p.fail(name, v, "must be epoll or netconn")
-					}
-					c.Van = v
-				}
-			}},
+			read: func(p *parser, name string, c *Config) { c.Van = p.choice(name, "epoll", "netconn") }},
 		{Name: "PS_HEARTBEAT_INTERVAL", Meaning: "seconds between heartbeats", Default: seconds(DefaultHeartbeatInterval), Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {
 				c.HeartbeatInterval = p.seconds(name, DefaultHeartbeatInterval)
@@ -149,26 +141,12 @@ func Known() []Var {
 			}},
 		{Name: "FPT_ON_SERVER_LOSS", Meaning: "what a lost server costs: fail (the job ends, naming it) or retry (its incomplete iterations are pushed again over the servers left; FPTPush/FPTPull only, a push completes once every worker has its iteration's sum)", Default: "fail", Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {
-				if v, ok := p.optional(name); ok {
-					switch v {
-					case "fail":
-					case "retry":
-						c.RetryServerLoss = true
-					default:
-						p.fail(name, v, "must be fail or retry")
-					}
-				}
+				c.RetryServerLoss = p.choice(name, "fail", "retry") == "retry"
 			}},
 		{Name: "FPT_ON_WORKER_LOSS", Meaning: "what a lost worker costs: fail (the job ends, naming it) or continue (the iterations not every worker has the sums of are summed again over the workers left, and fpt_num_workers_at says so; FPTPush/FPTPull only, a push and a pull complete once every worker has its iteration's sum)", Default: "fail", Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {
-				if v, ok := p.optional(name); ok {
-					switch v {
-					case "fail":
-					case "continue":
-						c.WorkerLoss = WorkerLossContinue
-					default:
-						p.fail(name, v, "must be fail or continue")
-					}
+				if p.choice(name, "fail", "continue") == "continue" {
+					c.WorkerLoss = WorkerLossContinue
 				}
 			}},
 		{Name: "FPT_MAX_FRAME_BYTES", Meaning: "largest frame payload accepted, bytes", Default: strconv.Itoa(DefaultMaxFrameBytes), Use: NodeVar,
