@@ -422,3 +422,41 @@ func TestPythonWheel(t *testing.T) {
 		}
 	}
 }
+
+// Under FPT_ON_WORKER_LOSS=continue a worker killed (kill -9) mid-run does
+// not stop the others: fptrun lets the two left run to their end (each
+// passes, every value checked), names the worker the job went on without,
+// and still exits 1. The workers are test_kv_app: fptrun runs any command.
+func TestFptrunWorkerLoss(t *testing.T) {
+	py := needPython(t)
+	r := startFptrun(t, py, []string{"FPT_ON_WORKER_LOSS=continue"}, "-np", "3", "--servers", "2",
+		"../bin/test_kv_app", "-iters", "60", "-compute", "20ms", "-max-bytes", "65536", "-classic", "0")
+	port := fptrunPort(t, r)
+	fptrunOutput(t, r, regexp.MustCompile(`iteration 10/`))
+	var victim int
+	for _, p := range survivors(port) {
+		if strings.Contains(p, "test_kv_app") {
+			victim, _ = strconv.Atoi(p[:strings.IndexByte(p, ':')])
+			break
+		}
+	}
+	if victim == 0 {
+		t.Fatal("no worker process found")
+	}
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	code := r.wait(t, 2*time.Minute)
+	out := r.out.String()
+	if code != 1 {
+		t.Errorf("fptrun exited %d, want 1 (a process failed)", code)
+	}
+	if n := strings.Count(out, "PASS: 60 iterations"); n != 2 {
+		t.Errorf("%d workers passed, want the 2 left:\n%s", n, tail(out))
+	}
+	mustContain(t, "fptrun output", out, "exited with status -9; the job goes on without it",
+		"fptrun: the others finished cleanly; the job went on without worker")
+	if left := survivors(port); len(left) > 0 {
+		t.Errorf("processes left behind: %v", left)
+	}
+}

@@ -9,7 +9,10 @@ one is given, and PYTHONPATH reaching this package. Each line of output
 gets its process's name: [scheduler], [server0], [worker1] (a worker's
 rank as fpt assigned it once the worker has started; [worker.i] before
 that, i its launch index). When any process fails, the others are
-stopped and fptrun exits non-zero; Ctrl-C stops them all.
+stopped and fptrun exits non-zero; Ctrl-C stops them all. A worker that
+fails under FPT_ON_WORKER_LOSS=continue, or a server under
+FPT_ON_SERVER_LOSS=retry, is the exception: the job goes on without it,
+the others run to their end, and fptrun still exits non-zero.
 
 A command starting with python or python3 runs the interpreter FPT_PYTHON
 names; without it, the first python3 on PATH that imports torch, then
@@ -336,7 +339,14 @@ def main(argv=None):
         print("fptrun: cannot start %s: %s" % (command[0], e), file=sys.stderr)
         return 1
 
+    def survivable(name):
+        # The job goes on without this node (the scheduler decides; a
+        # failure it cannot survive ends every other process anyway).
+        return (name.startswith("worker") and env.get("FPT_ON_WORKER_LOSS") == "continue"
+                or name.startswith("server") and env.get("FPT_ON_SERVER_LOSS") == "retry")
+
     status = 0
+    lost = []
     # Workers first: when a worker's failure ends the servers too, the
     # worker is the one to name.
     running = job.procs[::-1]
@@ -356,6 +366,12 @@ def main(argv=None):
             if code is None:
                 continue
             running.remove(entry)
+            if code != 0 and survivable(label["name"]):
+                job.flush(p.pid)
+                print("fptrun: %s exited with status %d; the job goes on without it" % (label["name"], code),
+                      file=sys.stderr, flush=True)
+                lost.append("%s (status %d)" % (label["name"], code))
+                continue
             if code != 0:
                 job.flush(p.pid)  # its last words before fptrun's
                 print("fptrun: %s exited with status %d; stopping the others" % (label["name"], code),
@@ -367,7 +383,11 @@ def main(argv=None):
         print("fptrun: interrupted; stopping every process", file=sys.stderr, flush=True)
         status = 128 + stopping[0]
     job.stop()
-    if status == 0:
+    if status == 0 and lost:
+        print("fptrun: the others finished cleanly; the job went on without %s" % ", ".join(lost),
+              file=sys.stderr, flush=True)
+        status = 1
+    elif status == 0:
         print("fptrun: all %d processes finished cleanly" % len(job.procs), flush=True)
     return status
 
