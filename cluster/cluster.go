@@ -887,17 +887,14 @@ func (n *Member) welcome(m *control.Message) {
 func (n *Member) OnLeft(f func(node.ID) error) { n.onLeft = f }
 
 // leave takes server or worker id out of the node table on the
-// scheduler's NodeLeft: the job goes on without it. This node itself
-// leaving (the others lost it, say behind a cut link) ends it.
+// scheduler's NodeLeft: the job goes on without it. (The scheduler tells
+// the members left, never the node itself: a live one it takes out, a
+// stalled worker, hears NodeFailed.)
 func (n *Member) leave(id node.ID, why string) {
 	t := n.topo.Load()
-	if id == t.self.ID {
-		n.record(fmt.Errorf("cluster: this node was taken out of the job: %s", why))
-		return
-	}
 	info, ok := t.byID[id]
-	if !ok || (info.Role != node.Server && info.Role != node.Worker) {
-		n.log.Warn("NodeLeft for a node that is not a server or worker of the table ignored", "node", id)
+	if !ok || id == t.self.ID || (info.Role != node.Server && info.Role != node.Worker) {
+		n.log.Warn("NodeLeft for a node that is not another server or worker of the table ignored", "node", id)
 		return
 	}
 	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: maps.Clone(t.left)}

@@ -58,9 +58,6 @@ type core struct {
 	// iteration's sum (heldPulls), so that no program saw the old one.
 	resum     bool
 	heldPulls []*result
-	// version is the latest retry decision applied: the LB counts only
-	// reports of re-summed iterations made under it.
-	version uint32
 	// done is one past the last iteration every worker has the sum of
 	// (the LB's Directive.Done).
 	done uint64
@@ -476,7 +473,6 @@ func (c *core) retry(d lb.Directive) (todo, error) {
 		return todo{}, fmt.Errorf("worker: retry: %w", err)
 	}
 	c.retried = append(c.retried, retryMark{dec.Version, dec.Iteration})
-	c.version = dec.Version
 	for _, r := range c.results {
 		if r.iter >= dec.Iteration && (!r.complete || resum) {
 			c.recut(r, resum)
@@ -535,6 +531,15 @@ func (c *core) superseded(h *frame.Header) bool {
 	return false
 }
 
+// retryVersion is the latest retry decision applied (0: none): the LB
+// counts only reports of re-summed iterations made under it.
+func (c *core) retryVersion() uint32 {
+	if len(c.retried) == 0 {
+		return 0
+	}
+	return c.retried[len(c.retried)-1].version
+}
+
 // retriedAt reports whether a retry re-cut iteration iter.
 func (c *core) retriedAt(iter uint64) bool {
 	return slices.ContainsFunc(c.retried, func(m retryMark) bool { return iter >= m.from })
@@ -576,7 +581,7 @@ func (c *core) reportSums() todo {
 		return todo{}
 	}
 	c.sumsIn = n
-	return todo{began: &iterationBegan{iter: n, modelBytes: c.modelBytes, version: c.version}}
+	return todo{began: &iterationBegan{iter: n, modelBytes: c.modelBytes, version: c.retryVersion()}}
 }
 
 // resumFrom forgets that the sums of iterations from on are here: after
@@ -879,7 +884,7 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 		}
 	}
 	if !c.retryMode {
-		out.began = &iterationBegan{iter: began, modelBytes: c.modelBytes, version: c.version}
+		out.began = &iterationBegan{iter: began, modelBytes: c.modelBytes, version: c.retryVersion()}
 	}
 	return out, nil
 }
