@@ -1,13 +1,16 @@
 package worker_test
 
 import (
+	"context"
 	"errors"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/worker"
 )
 
@@ -87,5 +90,46 @@ func TestSlowWorkerIsNotStalled(t *testing.T) {
 		if err := w.Node().Err(); err != nil {
 			t.Fatalf("worker %d failed: %v", w.Rank(), err)
 		}
+	}
+}
+
+// Under FPT_ON_WORKER_LOSS=continue a stalled worker is lost like a dead
+// one: it is told why (its node fails naming it), and the two others
+// finish every iteration, summed over both of them from the retry on.
+func TestStalledWorkerLeavesUnderContinue(t *testing.T) {
+	env := maps.Clone(stallEnv)
+	env["FPT_ON_WORKER_LOSS"] = "continue"
+	c := startMem(t, 1, 3, env)
+	const stopAt, iters = 3, 10
+	stalled := node.WorkerID(1)
+	survive(t, c, iters, hooks{before: func(w *worker.Worker, it int) error {
+		if w.Node().Self().ID == stalled && it == stopAt {
+			// Alive and heartbeating, but pushing nothing more.
+			<-w.Node().Done()
+			return errors.New("stopped on purpose")
+		}
+		return nil
+	}}, func(id node.ID) bool { return id == stalled }, time.Minute)
+	want := "worker 1 (id 11) has pushed nothing for iteration 3 for"
+	if err := c.Workers[1].Node().Err(); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("the stalled worker's node error: %v, want %q", err, want)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, w := range []*worker.Worker{c.Workers[0], c.Workers[2]} {
+		if got := w.WorkersAt(iters); !slices.Equal(got, []node.ID{node.WorkerID(0), node.WorkerID(2)}) {
+			t.Errorf("worker %d: the last iteration summed over %v, want workers 0 and 2", w.Rank(), got)
+		}
+		// Together: each waits for the other at the final barrier.
+		wg.Go(func() {
+			if err := w.Finalize(ctx); err != nil {
+				t.Errorf("worker %d: %v", w.Rank(), err)
+			}
+		})
+	}
+	wg.Wait()
+	if errs, err := c.Ends(ctx); err != nil || len(errs) > 0 {
+		t.Errorf("the scheduler and the server ended with %v, %v", errs, err)
 	}
 }
