@@ -942,6 +942,7 @@ func (h *vanHandler) PayloadBuffer(hdr *frame.Header) []byte {
 
 func (h *vanHandler) PeerLost(id node.ID, err error) {
 	n := (*Member)(h)
+	h.handler.PeerLost(id, err) // the role releases what the peer's last frame held
 	if _, known := n.Info(id); !known {
 		n.log.Warn("connection from a node not in the table dropped", "peer", id, "err", err)
 		return

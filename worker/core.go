@@ -36,7 +36,7 @@ type core struct {
 	perIter    int    // SetTensorsPerIteration; 0 = not announced
 	tensors    map[uint64]*tensor
 	results    map[resultKey]*result
-	sunk       map[partKey]landing // result partitions being read in place
+	sunk       map[sunkKey]landing // result partitions being read in place
 
 	requests map[int]*request // not yet released
 	// errs holds released requests' errors until a Wait collects them.
@@ -116,7 +116,7 @@ func newCore(partBytes uint64, lbOn bool) *core {
 		horizon:   math.MaxUint64,
 		tensors:   make(map[uint64]*tensor),
 		results:   make(map[resultKey]*result),
-		sunk:      make(map[partKey]landing),
+		sunk:      make(map[sunkKey]landing),
 		requests:  make(map[int]*request),
 		errs:      make(map[int]error),
 	}
@@ -205,10 +205,16 @@ func (t *tensor) forgetInitial() [][]byte {
 
 type resultKey struct{ key, iter uint64 }
 
-// partKey names one partition of one key's iteration.
-type partKey struct {
+// sunkKey names a result frame being read in place: the sender's
+// partition of one key's iteration.
+type sunkKey struct {
+	sender    node.ID
 	key, iter uint64
 	part      uint32
+}
+
+func sunkKeyOf(h *frame.Header) sunkKey {
+	return sunkKey{node.ID(h.Sender), h.Key, h.Iteration, h.Partition}
 }
 
 // result gathers the partitions of one key's sum for one iteration. Once
@@ -226,10 +232,16 @@ type result struct {
 	complete bool
 	waiter   *pullWait // the FPTPull waiting for it, if it was called first
 	// gen counts re-cuts by retries: a landing claimed before one no
-	// longer counts. restage: re-cut while its pull copied from staging;
-	// new partitions are staged in a fresh buffer until that copy ends,
-	// since the new layout's partitions may overlap the ones being copied.
+	// longer counts. writing counts this gen's landings claimed and not
+	// yet landed, stale those of older gens: their bytes are still being
+	// written (the van reads a frame in place across many reads, and the
+	// shell copies outside the lock). restage: re-cut while its pull copied
+	// from staging or a stale landing was still being written into the
+	// pull's buffer; new partitions are staged in a fresh buffer until
+	// both end, since the new layout's partitions may overlap those bytes.
 	gen     int
+	writing int
+	stale   int
 	restage bool
 	// held: complete, but its pull waits until every worker has the sum
 	// (resum); the pull stays its waiter.
@@ -512,12 +524,34 @@ func (c *core) recut(r *result, resum bool) {
 	r.staged = make([]bool, len(layout))
 	r.left = len(layout)
 	r.gen++
+	r.stale += r.writing
+	r.writing = 0
 	if resum && len(layout) > 0 {
 		r.complete, r.held = false, false
 	}
-	if r.waiter != nil && r.waiter.copying {
+	if r.stale > 0 {
+		r.buf = nil // stale landings may still write into the old one
+	}
+	if r.waiter != nil && (r.waiter.copying || r.stale > 0) {
 		r.restage, r.buf = true, nil
 	}
+}
+
+// unstage ends r's restage once nothing older is written into its pull's
+// buffer any more: the partitions staged apart meanwhile are copied over,
+// or the pull completes if they are all in.
+func (c *core) unstage(r *result) todo {
+	if !r.restage || r.stale > 0 || r.waiter == nil || r.waiter.copying {
+		return todo{}
+	}
+	r.restage = false
+	if d, ok := r.wait(r.waiter); ok {
+		return todo{copies: []delivery{d}}
+	}
+	if !r.complete {
+		return todo{} // land completes it with its last partition
+	}
+	return c.finish(r, r.waiter)
 }
 
 // superseded reports whether a retry replaced the decision h was cut
@@ -1073,11 +1107,8 @@ func (c *core) copied(d delivery) todo {
 	r := d.r
 	if r.restage {
 		// A retry re-cut r during the copy: what landed since was staged
-		// apart, and is copied now.
-		r.restage = false
-		if nd, ok := r.wait(d.pw); ok {
-			return todo{copies: []delivery{nd}}
-		}
+		// apart, and is copied now (or once stale landings end).
+		return c.unstage(r)
 	}
 	if !r.complete {
 		return todo{} // land completes it with its last partition
@@ -1103,14 +1134,35 @@ func (c *core) sink(h *frame.Header) []byte {
 	if err != nil {
 		return nil
 	}
-	c.sunk[partKey{h.Key, h.Iteration, h.Partition}] = l
+	c.sunk[sunkKeyOf(h)] = l
 	return l.span
+}
+
+// abandon releases the landing of a frame its sender's connection was
+// reading in place when it ended: the partition never lands, so a retry
+// (or the job's failure) follows, but its bytes are no longer written.
+func (c *core) abandon(peer node.ID) todo {
+	var out todo
+	for k, l := range c.sunk {
+		if k.sender != peer {
+			continue
+		}
+		delete(c.sunk, k)
+		r := l.r
+		if l.gen != r.gen {
+			r.stale--
+			out.merge(c.unstage(r))
+			continue
+		}
+		r.writing--
+	}
+	return out
 }
 
 // received takes a Result frame: its landing, and whether sink already
 // put its bytes there (else the shell copies the payload into l.span).
 func (c *core) received(h *frame.Header) (l landing, inPlace bool, err error) {
-	k := partKey{h.Key, h.Iteration, h.Partition}
+	k := sunkKeyOf(h)
 	if l, ok := c.sunk[k]; ok {
 		delete(c.sunk, k)
 		return l, true, nil
@@ -1149,6 +1201,7 @@ func (c *core) claim(h *frame.Header) (landing, error) {
 		return landing{}, err
 	}
 	r.seen[h.Partition] = true
+	r.writing++
 	l := landing{r: r, gen: r.gen, staging: r.waiter == nil || r.restage}
 	var into []byte
 	if l.staging {
@@ -1165,8 +1218,12 @@ func (c *core) claim(h *frame.Header) (landing, error) {
 func (c *core) land(l landing, part uint32) todo {
 	r := l.r
 	if l.gen != r.gen {
-		return todo{} // claimed before a retry re-cut r: it no longer counts
+		// Claimed before a retry re-cut r: it no longer counts, but the
+		// new cut's partitions may now go where its bytes went.
+		r.stale--
+		return c.unstage(r)
 	}
+	r.writing--
 	if l.staging {
 		if r.waiter != nil && !r.restage {
 			// The pull came while this partition was being staged.
@@ -1183,8 +1240,8 @@ func (c *core) land(l landing, part uint32) todo {
 	r.complete = true
 	out := c.sumIn(r.t, r.iter)
 	wait := r.waiter
-	if wait == nil || wait.copying {
-		return out // its pull, or copied, completes it
+	if wait == nil || wait.copying || r.restage {
+		return out // its pull, copied or unstage completes it
 	}
 	out.merge(c.finish(r, wait))
 	return out

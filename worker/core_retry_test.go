@@ -327,6 +327,73 @@ func TestCoreRetryLandingInFlight(t *testing.T) {
 	}
 }
 
+// A partition the van was reading in place into the pull's buffer when
+// the retry came, whose last bytes arrive after the new cut's partitions
+// covering them (another connection): the new cut is staged apart until
+// the old landing ends, or those bytes would overwrite the new sum.
+func TestCoreRetryLandingOutlivesNewCut(t *testing.T) {
+	for _, lost := range []bool{false, true} {
+		name := "lands"
+		if lost {
+			name = "connection lost"
+		}
+		t.Run(name, func(t *testing.T) {
+			c := retryCore(t, 0)
+			initRound(t, c)
+			handOver(c, mustPush(t, c, 5, pattern(64, 1)))
+			dst := make([]byte, 64)
+			pull, err := c.pull([]uint64{5}, dst, []int{64}, frame.Float32, &call{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			handOver(c, pull)
+			sum := pattern(64, 9)
+			old := versioned(c, 1)
+			span := c.sink(&old[2])
+			if span == nil {
+				t.Fatal("the sink refused an expected partition")
+			}
+			if _, _, err := c.follow(lose0(1)); err != nil {
+				t.Fatal(err)
+			}
+			var out todo
+			for _, h := range versioned(c, 1) {
+				td, err := receive(c, &h, sum[h.Offset:h.Offset+h.Length])
+				if err != nil {
+					t.Fatal(err)
+				}
+				if fin := finishedTS(td); len(fin) != 0 {
+					t.Fatalf("the new cut finished %v while the old landing was still written", fin)
+				}
+				out.merge(td)
+			}
+			for i := range span {
+				span[i] = 0xEE // the old cut's sum, a different one
+			}
+			if lost {
+				out = c.abandon(node.ID(old[2].Sender))
+			} else {
+				l, inPlace, err := c.received(&old[2])
+				if err != nil || !inPlace {
+					t.Fatalf("the landing in flight: in place %v, err %v", inPlace, err)
+				}
+				out = c.land(l, old[2].Partition)
+			}
+			for len(out.copies) > 0 {
+				d := out.copies[0]
+				out.copies = out.copies[1:]
+				out.merge(copyStaged(c, d))
+			}
+			if !slices.Contains(finishedTS(out), pull.req.ts) {
+				t.Fatalf("the pull did not complete: finished %v", finishedTS(out))
+			}
+			if !bytes.Equal(dst, sum) {
+				t.Errorf("pulled %v, want %v", dst, sum)
+			}
+		})
+	}
+}
+
 // A retry while the pull copies the partitions staged before it: the new
 // cut's partitions may overlap the ones being copied, so they are staged
 // apart and copied once that copy is over.

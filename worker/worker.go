@@ -496,8 +496,12 @@ func (w *Worker) HandleFrame(h *frame.Header, payload []byte) {
 	}
 }
 
-// PeerLost implements van.Handler; the cluster node handles it.
-func (w *Worker) PeerLost(node.ID, error) {}
+// PeerLost implements van.Handler: a result partition the peer's
+// connection was reading in place is no longer written. The cluster node
+// decides what the loss means.
+func (w *Worker) PeerLost(peer node.ID, _ error) {
+	w.update(func(c *core) todo { return c.abandon(peer) })
+}
 
 // Customers is the worker's customers (fpt.h's fpt_customer_add).
 func (w *Worker) Customers() *customer.Set { return w.base.Customers }
