@@ -541,6 +541,10 @@ func (n *Member) idsOf(r node.Role) []node.ID {
 // Config is the configuration the node started with.
 func (n *Member) Config() config.Config { return n.cfg }
 
+// Joined reports whether this node joined a running job (its node table
+// was marked control.FlagJoin) rather than starting with it.
+func (n *Member) Joined() bool { return n.joining.Load() }
+
 // Logger is the node's logger, tagged with its id.
 func (n *Member) Logger() *slog.Logger { return n.log }
 

@@ -57,10 +57,15 @@ const (
 	// Message, fpt.h's fpt_msg_send): its payload is package appmsg's
 	// encoding, not tensor data, so DType, Key, Offset and Total are 0.
 	App
-	lastType = App
+	// Params carries (a partition of) a key's parameters from a worker to
+	// one that joins the running job at Iteration: the values it starts
+	// from, as its Init's. A Params frame with FlagRefused instead says
+	// why the sender has none (its payload, text; no DType).
+	Params
+	lastType = Params
 )
 
-var typeNames = [...]string{"", "hello", "bye", "push", "result", "kv-push", "kv-pull", "kv-pushpull", "kv-ack", "kv-data", "kv-error", "app"}
+var typeNames = [...]string{"", "hello", "bye", "push", "result", "kv-push", "kv-pull", "kv-pushpull", "kv-ack", "kv-data", "kv-error", "app", "params"}
 
 func (t Type) String() string {
 	if t == 0 || t > lastType {
@@ -72,7 +77,7 @@ func (t Type) String() string {
 // carriesTensor reports whether a frame's payload is tensor data.
 func (t Type) carriesTensor() bool {
 	switch t {
-	case Push, Result, KVPush, KVPushPull, KVData:
+	case Push, Result, KVPush, KVPushPull, KVData, Params:
 		return true
 	}
 	return false
@@ -150,6 +155,9 @@ const (
 	// FlagInit marks the init round of a key: the aggregator takes worker
 	// 0's value instead of a sum.
 	FlagInit uint8 = 1 << iota
+	// FlagRefused marks a Params frame that carries the reason the sender
+	// has no parameters to give, not values.
+	FlagRefused
 )
 
 // Errors returned by Decode. They are wrapped with detail; test with errors.Is.
@@ -233,7 +241,7 @@ func (h *Header) Validate(maxPayload uint64) error {
 	if h.Length > maxPayload {
 		return fmt.Errorf("%w: %d > %d bytes (%s)", ErrTooLarge, h.Length, maxPayload, h.Type)
 	}
-	if !h.Type.carriesTensor() {
+	if !h.Type.carriesTensor() || h.Type == Params && h.Flags&FlagRefused != 0 {
 		return nil
 	}
 	es := h.DType.Size()

