@@ -6,15 +6,24 @@
 //
 // Values are small integers, so float sums are exact whatever the order of
 // addition: a mismatch is a real routing, aggregation or iteration bug.
+//
+// It also keeps a model's parameters, as a real trainer does: Init's
+// values, plus each iteration's sums once verified. A worker that joins the
+// running job starts from the parameters the others hand over (its
+// ParamsSource), and every worker ends with the same parameters, which it
+// prints as a checksum.
 package trainer
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"math"
+	"slices"
 	"time"
+	"unsafe"
 
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
@@ -70,13 +79,19 @@ type Summary struct {
 	// iteration take about as long on every worker.
 	IterTimes []time.Duration
 	Values    int64 // values checked
+	// Start is the first FPT iteration this worker pushed: 1, or the
+	// iteration it joined the running job at. Iterations counts from it.
+	Start int
+	// Checksum is FNV-64a of the parameters' bytes after the last
+	// iteration: the same on every worker of a job.
+	Checksum uint64
 }
 
-// addIteration records iteration it's communication time d.
-func (s *Summary) addIteration(it int, d time.Duration) {
+// addIteration records one more iteration's communication time d.
+func (s *Summary) addIteration(d time.Duration) {
 	s.Elapsed += d
 	s.IterTimes = append(s.IterTimes, d)
-	s.Iterations = it
+	s.Iterations++
 }
 
 // GoodputGbps is bytes pushed plus bytes pulled per second, in Gbit/s.
@@ -164,16 +179,13 @@ func Run(ctx context.Context, w *worker.Worker, o Options, out io.Writer) (Summa
 
 func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out io.Writer) (Summary, error) {
 	kv := worker.NewKV[T](w)
-	rank, workers := w.Rank(), w.NumWorkers()
+	rank := w.Rank()
 	sizes := o.Sizes()
 	keys := make([]uint64, len(sizes))
-	var model int64
-	total := 0
-	for i, n := range sizes {
+	for i := range keys {
 		keys[i] = uint64(i)
-		model += int64(n) * int64(o.DType.Size())
-		total += n
 	}
+	m := newModel[T](keys, sizes)
 	if err := w.SetTensorsPerIteration(len(keys)); err != nil {
 		return Summary{}, err
 	}
@@ -183,26 +195,52 @@ func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out i
 			return Summary{}, err
 		}
 	}
-	grads := make([]T, total)
-	sums := make([]T, total)
+	// Called, if this worker hands the parameters to a joiner, during its
+	// first push of the join iteration: on this goroutine, before that
+	// iteration's sums are added, so m.params are the start of it.
+	w.SetParamsSource(m.source)
+	model := m.bytes()
+	grads := make([]T, len(m.params))
+	sums := make([]T, len(m.params))
 	sum := Summary{Rank: rank, Tensors: len(keys), ModelBytes: model, IterTimes: make([]time.Duration, 0, o.Iterations)}
 	label := fmt.Sprintf("worker %d", rank)
 
-	fill(grads, sizes, keys, rank, 0)
-	if err := kv.Init(ctx, keys, grads, sizes); err != nil {
+	// The parameters start as Init's values: worker 0's, or on a worker
+	// that joins the running job, the parameters the others have then.
+	fill(m.params, sizes, keys, rank, 0)
+	if err := kv.Init(ctx, keys, m.params, sizes); err != nil {
 		return sum, fmt.Errorf("init: %w", err)
 	}
-	n, err := check(grads, sizes, keys, nil, 0)
-	if err != nil {
-		return sum, fmt.Errorf("%s: init: %w", label, err)
+	start := int(w.StartIteration())
+	if start < 1 {
+		return sum, fmt.Errorf("%s: start iteration %d after Init (want 1 or later)", label, start)
 	}
-	sum.Values += n
-	if !o.Quiet {
-		fmt.Fprintf(out, "%s: init: %d tensors, %s, every value is worker 0's\n", label, len(keys), human(model))
+	sum.Start = start
+	var prev []int // the ranks the latest sums added up; nil: none yet
+	if w.Joined() {
+		// The parameters are the sums of iterations before this worker
+		// came: the checksum at the end checks them against the others'.
+		prev = ranksAt(w, start)
+		fmt.Fprintf(out, "%s: joined the running job at iteration %d with worker %d's parameters; sums now over %d workers %v\n",
+			label, start, handedBy(prev, rank), len(prev), prev)
+	} else {
+		n, err := check(m.params, sizes, keys, nil, 0)
+		if err != nil {
+			return sum, fmt.Errorf("%s: init: %w", label, err)
+		}
+		sum.Values += n
+		prev = ranksAt(w, 0)
+		if !o.Quiet {
+			fmt.Fprintf(out, "%s: init: %d tensors, %s, every value is worker 0's\n", label, len(keys), human(model))
+		}
 	}
 
-	summed := workers // how many workers the latest sums added up
-	for it := 1; it <= o.Iterations; it++ {
+	// No barrier per iteration: a worker joining the job counts in the
+	// job's barriers from its admission, while its first push is of an
+	// iteration the others push only after that barrier, so they would
+	// wait for it there as it waits for their push. The sums keep the
+	// workers in step anyway (a pull completes once every worker pushed).
+	for it := start; it <= o.Iterations; it++ {
 		if err := pause(ctx, o.Compute); err != nil {
 			return sum, err
 		}
@@ -240,22 +278,22 @@ func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out i
 		if err != nil {
 			return sum, fmt.Errorf("%s: iteration %d (summed over workers %v): %w", label, it, ranks, err)
 		}
-		if len(ranks) != summed && !o.Quiet {
-			fmt.Fprintf(out, "%s: iteration %d on: sums over %d of %d workers %v (a worker left the job); this worker is now rank %d of %d\n",
-				label, it, len(ranks), workers, ranks, w.RankAt(uint64(it)), len(ranks))
+		m.apply(sums)
+		if !slices.Equal(ranks, prev) && !o.Quiet {
+			fmt.Fprintf(out, "%s: iteration %d on: sums over %d of %d workers %v (%s); this worker is now rank %d of %d\n",
+				label, it, len(ranks), jobWorkers(w.NumWorkers(), ranks), ranks, change(prev, ranks), w.RankAt(uint64(it)), len(ranks))
 		}
-		summed = len(ranks)
+		prev = ranks
 		sum.Values += n
-		sum.addIteration(it, d)
-		if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
-			return sum, err
-		}
+		sum.addIteration(d)
 		if !o.Quiet {
 			fmt.Fprintf(out, "%s: iteration %d/%d verified: %d tensors, %s pushed and pulled in %s (%.2f Gbit/s)\n",
 				label, it, o.Iterations, len(keys), human(2*model), d.Round(time.Millisecond), float64(2*model)*8/d.Seconds()/1e9)
 		}
 	}
-	n, err = classic(ctx, kv, o, keys, sizes, out)
+	sum.Checksum = m.checksum()
+	fmt.Fprintf(out, "%s: parameters checksum %#016x\n", label, sum.Checksum)
+	n, err := classic(ctx, kv, o, keys, sizes, out)
 	sum.Values += n
 	if err != nil {
 		return sum, fmt.Errorf("%s: classic: %w", label, err)
@@ -265,13 +303,114 @@ func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out i
 	return sum, nil
 }
 
+// handedBy is the worker that handed a joiner its parameters: the lowest
+// rank among the join iteration's workers other than the joiner (the
+// others' ids are all lower than a joiner's, which is new).
+func handedBy(ranks []int, self int) int {
+	for _, r := range ranks {
+		if r != self {
+			return r
+		}
+	}
+	return -1
+}
+
+// jobWorkers is how many workers the job has had: those it started with,
+// and those that joined it (a joiner's rank is the next no worker had).
+func jobWorkers(started int, ranks []int) int {
+	n := started
+	for _, r := range ranks {
+		n = max(n, r+1)
+	}
+	return n
+}
+
+// change says how the workers of the sums changed from prev to ranks.
+func change(prev, ranks []int) string {
+	switch {
+	case len(ranks) > len(prev):
+		return "a worker joined the job"
+	case len(ranks) < len(prev):
+		return "a worker left the job"
+	}
+	return "a worker left the job and another joined it"
+}
+
+// model is a simulated model's parameters: the keys' tensors end to end,
+// Init's values plus every verified iteration's sums.
+type model[T worker.Float] struct {
+	keys   []uint64
+	offs   []int // offs[i]: where keys[i]'s elements start in params
+	sizes  []int
+	params []T
+}
+
+func newModel[T worker.Float](keys []uint64, sizes []int) *model[T] {
+	m := &model[T]{keys: keys, sizes: sizes, offs: make([]int, len(keys))}
+	total := 0
+	for i, n := range sizes {
+		m.offs[i] = total
+		total += n
+	}
+	m.params = make([]T, total)
+	return m
+}
+
+// bytes is the size of one copy of the parameters.
+func (m *model[T]) bytes() int64 {
+	return int64(len(m.params)) * int64(unsafe.Sizeof(T(0)))
+}
+
+// apply adds an iteration's sums (every key's, end to end) to the
+// parameters, as an optimizer step would.
+func (m *model[T]) apply(sums []T) {
+	for j, s := range sums {
+		m.params[j] += s
+	}
+}
+
+// source is the model's worker.ParamsSource: key's parameters as the
+// worker lays them out on the wire (T's bytes in this machine's order, as
+// KV sends them).
+func (m *model[T]) source(_, key uint64, dst []byte) error {
+	i := slices.Index(m.keys, key)
+	if i < 0 {
+		return fmt.Errorf("trainer: key %d is not one of the model's %d", key, len(m.keys))
+	}
+	src := asBytes(m.params[m.offs[i] : m.offs[i]+m.sizes[i]])
+	if len(dst) != len(src) {
+		return fmt.Errorf("trainer: key %d has %d bytes of parameters, the worker asks for %d", key, len(src), len(dst))
+	}
+	copy(dst, src)
+	return nil
+}
+
+// checksum is FNV-64a of the parameters' bytes.
+func (m *model[T]) checksum() uint64 {
+	h := fnv.New64a()
+	h.Write(asBytes(m.params))
+	return h.Sum64()
+}
+
+// asBytes is the memory of s.
+func asBytes[T worker.Float](s []T) []byte {
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(T(0))))
+}
+
 // classic exercises ps-lite's Push, Pull and PushPull. The servers'
 // stored values accumulate every push, so each round is fenced by barriers
-// and the expected values are sums over all rounds so far.
+// and the expected values are sums over all rounds so far. Its barriers
+// are the job's only ones after Init: every worker, a joiner too, reaches
+// them in step.
 func classic[T worker.Float](ctx context.Context, kv *worker.KV[T], o Options, keys []uint64, sizes []int, out io.Writer) (int64, error) {
 	w := kv.Worker()
-	// The servers' stores add up the pushes of the workers still in the job.
-	rank, ranks := w.Rank(), ranksAt(w, math.MaxInt)
+	// The workers that push are those of the last iteration: a worker lost
+	// before it is out of the job, a joiner is in (after the joiner's
+	// first pull the answer is final on every worker). A worker not among
+	// them (one whose join took effect after the last iteration) only
+	// follows: it checks the pulls and passes the barriers.
+	rank, ranks := w.Rank(), ranksAt(w, o.Iterations)
+	pushes := slices.Contains(ranks, rank)
 	// Keys far apart in the key space, so that range slicing spreads them
 	// over the servers.
 	ckeys := make([]uint64, len(keys))
@@ -286,18 +425,21 @@ func classic[T worker.Float](ctx context.Context, kv *worker.KV[T], o Options, k
 	got := make([]T, total)
 	var checked int64
 	for round := 0; round < o.Classic; round++ {
-		fill(vals, sizes, ckeys, rank, 1000+round)
-		ts, err := kv.Push(ckeys, vals, sizes, nil)
-		if err != nil {
-			return checked, err
-		}
-		if err := kv.Wait(ts); err != nil {
-			return checked, err
+		if pushes {
+			fill(vals, sizes, ckeys, rank, 1000+round)
+			ts, err := kv.Push(ckeys, vals, sizes, nil)
+			if err != nil {
+				return checked, err
+			}
+			if err := kv.Wait(ts); err != nil {
+				return checked, err
+			}
 		}
 		if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
 			return checked, err
 		}
-		if ts, err = kv.Pull(ckeys, got, sizes, nil); err != nil {
+		ts, err := kv.Pull(ckeys, got, sizes, nil)
+		if err != nil {
 			return checked, err
 		}
 		if err := kv.Wait(ts); err != nil {

@@ -1,10 +1,18 @@
 package trainer
 
 import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/internal/memcluster"
+	"github.com/fptps/fpt/worker"
 )
 
 func TestSizes(t *testing.T) {
@@ -65,5 +73,224 @@ func TestValidate(t *testing.T) {
 		if o.Validate() == nil {
 			t.Errorf("accepted %+v", o)
 		}
+	}
+}
+
+// The model's parameters: Init's values plus each iteration's sums, handed
+// to a joiner key by key in T's bytes, and a checksum that sees any change.
+func TestModel(t *testing.T) {
+	t.Run("float32", func(t *testing.T) { testModel[float32](t) })
+	t.Run("float64", func(t *testing.T) { testModel[float64](t) })
+}
+
+func testModel[T worker.Float](t *testing.T) {
+	keys, sizes := []uint64{0, 1, 2}, []int{3, 0, 2}
+	m := newModel[T](keys, sizes)
+	fill(m.params, sizes, keys, 0, 0)
+	before := m.checksum()
+	sums := make([]T, len(m.params))
+	fill(sums, sizes, keys, 1, 4)
+	want := make([]T, len(m.params))
+	for j := range want {
+		want[j] = m.params[j] + sums[j]
+	}
+	m.apply(sums)
+	if !slices.Equal(m.params, want) {
+		t.Fatalf("after apply: %v, want %v", m.params, want)
+	}
+	if m.checksum() == before {
+		t.Error("the checksum did not change with the parameters")
+	}
+	if m2 := newModel[T](keys, sizes); copy(m2.params, m.params) > 0 && m2.checksum() != m.checksum() {
+		t.Error("equal parameters, different checksums")
+	}
+	size := int(unsafe.Sizeof(T(0)))
+	tests := []struct {
+		name string
+		key  uint64
+		dst  int // bytes
+		want []T // nil: an error
+		msg  string
+	}{
+		{"first key", 0, 3 * size, want[:3], ""},
+		{"last key", 2, 2 * size, want[3:], ""},
+		{"empty key", 1, 0, []T{}, ""},
+		{"unknown key", 7, 8, nil, "key 7 is not one of the model's 3"},
+		{"wrong size", 2, 3 * size, nil, "asks for"},
+	}
+	for _, tt := range tests {
+		dst := make([]byte, tt.dst)
+		err := m.source(9, tt.key, dst)
+		if tt.want == nil {
+			if err == nil || !strings.Contains(err.Error(), tt.msg) {
+				t.Errorf("%s: source: %v, want an error containing %q", tt.name, err, tt.msg)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: source: %v", tt.name, err)
+			continue
+		}
+		got := unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(dst))), len(dst)/size)
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%s: source gave %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestWorkersChange(t *testing.T) {
+	tests := []struct {
+		prev, ranks []int
+		started     int
+		change      string
+		workers     int
+		handedBy    int
+	}{
+		{[]int{0, 1, 2}, []int{0, 2}, 3, "a worker left the job", 3, 0},
+		{[]int{0, 1, 2}, []int{0, 1, 2, 3}, 3, "a worker joined the job", 4, 0},
+		{[]int{0, 2}, []int{0, 2, 3}, 3, "a worker joined the job", 4, 0},
+		{[]int{1, 2}, []int{1, 2, 4}, 3, "a worker joined the job", 5, 1},
+		{[]int{0, 1}, []int{0, 2}, 3, "a worker left the job and another joined it", 3, 0},
+	}
+	for _, tt := range tests {
+		if got := change(tt.prev, tt.ranks); got != tt.change {
+			t.Errorf("change(%v, %v) = %q, want %q", tt.prev, tt.ranks, got, tt.change)
+		}
+		if got := jobWorkers(tt.started, tt.ranks); got != tt.workers {
+			t.Errorf("jobWorkers(%d, %v) = %d, want %d", tt.started, tt.ranks, got, tt.workers)
+		}
+		joiner := tt.ranks[len(tt.ranks)-1]
+		if got := handedBy(tt.ranks, joiner); got != tt.handedBy {
+			t.Errorf("handedBy(%v, %d) = %d, want %d", tt.ranks, joiner, got, tt.handedBy)
+		}
+		// A joiner's rank beyond DMLC_NUM_WORKER counts in the sums.
+		if got, want := Expected(tt.ranks, 3, 5, 1), Value(joiner, 3, 5, 1); got < want {
+			t.Errorf("Expected(%v) = %v, less than the joiner's own value %v", tt.ranks, got, want)
+		}
+	}
+}
+
+// watch is a trainer's output that runs f once a line contains s.
+type watch struct {
+	mu   sync.Mutex
+	buf  strings.Builder
+	s    string
+	f    func()
+	done bool
+}
+
+func (w *watch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	if !w.done && strings.Contains(w.buf.String(), w.s) {
+		w.done = true
+		go w.f()
+	}
+	return len(p), nil
+}
+
+func (w *watch) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// wantChecksum is the parameters' checksum after iters iterations whose
+// sums add up the workers of ranksAt(it): Init's values plus every sum.
+func wantChecksum(o Options, ranksAt func(it int) []int) uint64 {
+	sizes := o.Sizes()
+	keys := make([]uint64, len(sizes))
+	for i := range keys {
+		keys[i] = uint64(i)
+	}
+	m := newModel[float32](keys, sizes)
+	fill(m.params, sizes, keys, 0, 0)
+	sums := make([]float32, len(m.params))
+	for it := 1; it <= o.Iterations; it++ {
+		off := 0
+		for i, n := range sizes {
+			for j := range n {
+				sums[off+j] = float32(Expected(ranksAt(it), it, keys[i], j))
+			}
+			off += n
+		}
+		m.apply(sums)
+	}
+	return m.checksum()
+}
+
+// Whole jobs in memory (the real scheduler, servers and workers): every
+// worker ends with the parameters Init's values and every iteration's sums
+// make, and says so in the same checksum; the classic rounds count the
+// workers that are left. With one killed under FPT_ON_WORKER_LOSS=continue
+// and no barrier per iteration, the two left run on, the sums over them
+// from the iteration the loss took effect at, and both pass the classic
+// rounds (whose barriers and stored sums count the two).
+func TestRunJob(t *testing.T) {
+	o := Options{Iterations: 8, Tensors: 3, MinBytes: 4, MaxBytes: 64 << 10, DType: frame.Float32, Classic: 2}
+	tests := []struct {
+		name    string
+		workers int
+		env     map[string]string
+		kill    int // rank to kill after its iteration 3, or -1
+	}{
+		{"two workers", 2, nil, -1},
+		{"a worker lost", 3, map[string]string{"FPT_ON_WORKER_LOSS": "continue"}, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := memcluster.Start(context.Background(), memcluster.Options{Servers: 2, Workers: tt.workers, Env: tt.env})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			outs := make([]*watch, tt.workers)
+			sums := make([]Summary, tt.workers)
+			errs := make([]error, tt.workers)
+			var wg sync.WaitGroup
+			for r, w := range c.Workers {
+				outs[r] = &watch{s: "iteration 3/", f: func() {}}
+				if r == tt.kill {
+					outs[r].f = func() {
+						if err := c.Kill(w.Node().Self().ID); err != nil {
+							t.Error(err)
+						}
+					}
+				}
+				wg.Go(func() { sums[r], errs[r] = Run(context.Background(), w, o, outs[r]) })
+			}
+			wg.Wait()
+			ranks := func(it int) []int { return ranksAt(c.Workers[0], it) }
+			want := wantChecksum(o, ranks)
+			for r := range c.Workers {
+				if r == tt.kill {
+					continue
+				}
+				if errs[r] != nil {
+					t.Fatalf("worker %d: %v\n%s", r, errs[r], outs[r])
+				}
+				s, out := sums[r], outs[r].String()
+				if s.Start != 1 || s.Iterations != o.Iterations || s.Checksum != want {
+					t.Errorf("worker %d: start %d, %d iterations, checksum %#x; want 1, %d, %#x", r, s.Start, s.Iterations, s.Checksum, o.Iterations, want)
+				}
+				for _, line := range []string{fmt.Sprintf("parameters checksum %#016x", want), "classic Push/Pull/PushPull over 2 servers verified", "PASS"} {
+					if !strings.Contains(out, line) {
+						t.Errorf("worker %d printed no %q:\n%s", r, line, out)
+					}
+				}
+				if tt.kill >= 0 && !strings.Contains(out, "of 3 workers [0 1] (a worker left the job)") {
+					t.Errorf("worker %d did not say the sums are over the two left:\n%s", r, out)
+				}
+			}
+			if tt.kill >= 0 && len(ranks(o.Iterations)) != 2 {
+				t.Errorf("the last iteration summed %v, want the two left", ranks(o.Iterations))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := c.Finish(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
