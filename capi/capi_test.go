@@ -149,6 +149,9 @@ func TestBeforeStart(t *testing.T) {
 		{"Pull", func() error { _, err := l.Pull(one, nil); return err }},
 		{"Wait", func() error { return l.Wait(1) }},
 		{"Barrier", l.Barrier},
+		{"SetParamsSource", func() error { return l.SetParamsSource(nil) }},
+		{"StartIteration", func() error { _, err := l.StartIteration(); return err }},
+		{"Joined", func() error { _, err := l.Joined(); return err }},
 		{"Finalize", l.Finalize},
 	}
 	for _, c := range calls {
@@ -305,8 +308,17 @@ func TestLibCluster(t *testing.T) {
 		for j := range f32s(weights) {
 			f32s(weights)[j] = float32(rank*100 + j%50)
 		}
+		if err := l.SetParamsSource(func(_, _ uint64, dst []byte) int { copy(dst, weights); return 0 }); err != nil {
+			return err
+		}
 		if err := l.Init(Tensors{Keys: keys, Lens: lens, Data: weights}); err != nil {
 			return err
+		}
+		if it, err := l.StartIteration(); err != nil || it != 1 {
+			return fmt.Errorf("rank %d: StartIteration = %d, %v; want 1 on a worker that started with the job", rank, it, err)
+		}
+		if j, err := l.Joined(); err != nil || j {
+			return fmt.Errorf("rank %d: Joined = %v, %v; want false", rank, j, err)
 		}
 		for j, f := range f32s(weights) {
 			if f != float32(j%50) {
@@ -403,6 +415,9 @@ func TestLibClusterFailure(t *testing.T) {
 	if err := c.servers[0].Barrier(); CodeOf(err) != CodeState || !strings.Contains(err.Error(), "only a worker") {
 		t.Errorf("Barrier on a server: %v, want CodeState", err)
 	}
+	if err := c.servers[0].SetParamsSource(func(uint64, uint64, []byte) int { return 0 }); CodeOf(err) != CodeState {
+		t.Errorf("SetParamsSource on a server: %v, want CodeState", err)
+	}
 	if r, err := c.sched.Rank(); err != nil || r != 0 {
 		t.Errorf("scheduler Rank = %d, %v", r, err)
 	}
@@ -495,5 +510,42 @@ func TestHeaderConstants(t *testing.T) {
 	}
 	if len(header) != len(want) {
 		t.Errorf("fpt.h has %d constants, the test knows %d: %v", len(header), len(want), header)
+	}
+}
+
+// A C parameters source's status becomes the error the joining worker is
+// told, naming the key and iteration; no source is no ParamsSource.
+func TestParamsSource(t *testing.T) {
+	if paramsSource(nil) != nil {
+		t.Error("paramsSource(nil) is not nil: the worker would think a source is registered")
+	}
+	tests := []struct {
+		name   string
+		status int
+		msg    string // "": no error
+	}{
+		{"success", 0, ""},
+		{"failure", 5, "fpt_params_fn returned 5 for key 3 at iteration 17"},
+		{"negative status", -1, "returned -1"},
+	}
+	for _, tt := range tests {
+		var gotIter, gotKey uint64
+		var gotLen int
+		src := paramsSource(func(iteration, key uint64, dst []byte) int {
+			gotIter, gotKey, gotLen = iteration, key, len(dst)
+			copy(dst, "params")
+			return tt.status
+		})
+		dst := make([]byte, 6)
+		err := src(17, 3, dst)
+		if gotIter != 17 || gotKey != 3 || gotLen != 6 {
+			t.Errorf("%s: the C source got iteration %d, key %d, %d bytes; want 17, 3, 6", tt.name, gotIter, gotKey, gotLen)
+		}
+		switch {
+		case tt.msg == "" && (err != nil || string(dst) != "params"):
+			t.Errorf("%s: %v, dst %q; want no error and the source's bytes", tt.name, err, dst)
+		case tt.msg != "" && (err == nil || !strings.Contains(err.Error(), tt.msg)):
+			t.Errorf("%s: %v, want an error containing %q", tt.name, err, tt.msg)
+		}
 	}
 }

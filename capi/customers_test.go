@@ -251,7 +251,7 @@ func TestHeaderDefines(t *testing.T) {
 		header[m[1]] = v
 	}
 	want := map[string]int{
-		"FPT_API_VERSION":      2,
+		"FPT_API_VERSION":      3,
 		"FPT_GROUP_SCHEDULER":  int(node.SchedulerGroup),
 		"FPT_GROUP_SERVERS":    int(node.ServerGroup),
 		"FPT_GROUP_WORKERS":    int(node.WorkerGroup),

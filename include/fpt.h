@@ -38,8 +38,9 @@
 extern "C" {
 #endif
 
-/* The version of this interface. */
-#define FPT_API_VERSION 2
+/* The version of this interface (2: nodes, groups and customers; 3: a
+ * joinable worker's fpt_set_params_source, fpt_start_iteration, fpt_joined). */
+#define FPT_API_VERSION 3
 
 /* Status codes. */
 typedef enum fpt_status {
@@ -128,6 +129,45 @@ int fpt_num_workers_at(uint64_t iteration, int* num_workers);
 int fpt_rank_at(uint64_t iteration, int* rank);
 
 /*
+ * A worker joining a running job. A worker process started with the job's
+ * environment while the job runs (the LB's grants must run: FPT_LB=on,
+ * FPT_ON_SERVER_LOSS=retry or FPT_ON_WORKER_LOSS=continue|wait) is
+ * admitted with a new rank (at least DMLC_NUM_WORKER), and the sums count
+ * its pushes from the first iteration no worker has pushed yet, J. It must
+ * start from the parameters the others have at the start of J; the library
+ * holds sums, not parameters, so the program hands them over through a
+ * parameters source, which every worker of a job that may be joined
+ * registers, before its first fpt_push. On the joiner, fpt_init does no
+ * init round and waits at no barrier: it returns the keys' parameters in
+ * vals, and its first fpt_push is of iteration J (fpt_start_iteration).
+ *
+ * fn(ctx, iteration, key, dst, bytes) copies key's parameters as they are
+ * at the start of iteration (before that iteration's sums are applied) into
+ * dst: exactly bytes, the key's declared size, laid out as its pushes are.
+ * It returns 0, or non-zero on failure: the joining worker then fails,
+ * told the code, key and iteration. It is called on one worker only (the
+ * one with the lowest rank among the workers of both iteration J-1 and J),
+ * once for every declared key, during its first fpt_push of iteration J:
+ * on the thread calling that fpt_push, before its values are sent and
+ * before it returns. A program that pushes an iteration's gradients before
+ * applying its sums (any synchronous trainer) has the right values then.
+ * fn must not call fpt_push, fpt_pull, fpt_wait or fpt_barrier. NULL
+ * removes the source: a worker that then tries to join fails, saying so.
+ * Workers only, after fpt_start.
+ */
+typedef int (*fpt_params_fn)(void* ctx, uint64_t iteration, uint64_t key, void* dst, uint64_t bytes);
+int fpt_set_params_source(fpt_params_fn fn, void* ctx);
+
+/* The iteration of this worker's first fpt_push after fpt_init: 1 on a
+ * worker that started with the job, J on one that joined it (known once
+ * fpt_init has returned; 0 before). Workers only, after fpt_start. */
+int fpt_start_iteration(uint64_t* iteration);
+
+/* *joined is 1 if this worker joined a running job, 0 if it started with
+ * it. Workers only, after fpt_start. */
+int fpt_joined(int* joined);
+
+/*
  * Workers only, from here on.
  *
  * Announces how many tensors one iteration pushes (FPT's kvstore announces
@@ -168,7 +208,9 @@ typedef void (*fpt_callback)(int64_t ts, int status, void* user_data);
  * Sets the keys' starting values on every worker to worker 0's vals
  * (MXNet's kvstore init): on every worker vals holds worker 0's values when
  * it returns. Collective: every worker calls it with the same keys, before
- * their first push. Blocks.
+ * their first push. Blocks. On a worker that joined a running job, vals
+ * holds the keys' parameters at the start of its first iteration instead
+ * (see fpt_set_params_source).
  */
 int fpt_init(const uint64_t* keys, size_t num_keys, void* vals, const uint64_t* lens);
 

@@ -52,16 +52,27 @@ static void on_done(int64_t ts, int status, void* user) {
   *(int*)user = 1;
 }
 
+/* A parameters source (never called here: no worker joins this job). */
+static int params_calls;
+static int params_fn(void* ctx, uint64_t iteration, uint64_t key, void* dst, uint64_t bytes) {
+  (void)ctx, (void)iteration, (void)key, (void)dst, (void)bytes;
+  params_calls++;
+  return 1;
+}
+
 /* The calls that need a started worker, each of which must fail with the
  * same status and message in the current state. */
 static void every_worker_call(int want, const char* want_msg) {
-  uint64_t key = 1, len = 4;
+  uint64_t key = 1, len = 4, it = 0;
   float v = 0;
   int64_t ts = 0;
   int out = 0;
   EXPECT(fpt_rank(&out), want, want_msg);
   EXPECT(fpt_num_workers_at(1, &out), want, want_msg);
   EXPECT(fpt_rank_at(1, &out), want, want_msg);
+  EXPECT(fpt_set_params_source(params_fn, NULL), want, want_msg);
+  EXPECT(fpt_start_iteration(&it), want, want_msg);
+  EXPECT(fpt_joined(&out), want, want_msg);
   EXPECT(fpt_set_tensors_per_iteration(1), want, want_msg);
   EXPECT(fpt_declare(1, 4, FPT_FLOAT32, 0), want, want_msg);
   EXPECT(fpt_init(&key, 1, &v, &len), want, want_msg);
@@ -73,7 +84,7 @@ static void every_worker_call(int want, const char* want_msg) {
 
 static void on_msg(const fpt_msg_meta* meta, const fpt_segment* segs, size_t num_segs, void* user);
 
-/* The node, group and customer calls (fpt.h API version 2), each of
+/* The node, group and customer calls (fpt.h API version 2 on), each of
  * which must fail with the same status and message in the current state. */
 static void every_customer_call(int want, const char* want_msg) {
   int out = 0, ids[4];
@@ -298,6 +309,21 @@ int main(void) {
     failures++;
   }
 
+  /* A joinable worker's calls: this one started with the job. */
+  uint64_t start_it = 0;
+  EXPECT(fpt_start_iteration(NULL), FPT_ERR_ARG, "NULL");
+  EXPECT(fpt_joined(NULL), FPT_ERR_ARG, "NULL");
+  EXPECT(fpt_joined(&out), FPT_OK, NULL);
+  EXPECT(fpt_start_iteration(&start_it), FPT_OK, NULL);
+  if (out != 0 || start_it != 1) {
+    printf("FAIL fpt_joined = %d, fpt_start_iteration = %llu; want 0 and 1 on a worker that started the job\n", out,
+           (unsigned long long)start_it);
+    failures++;
+  }
+  EXPECT(fpt_set_params_source(params_fn, &out), FPT_OK, NULL);
+  EXPECT(fpt_set_params_source(NULL, NULL), FPT_OK, NULL); /* removes it */
+  EXPECT(fpt_set_params_source(params_fn, NULL), FPT_OK, NULL);
+
   /* Declarations. */
   EXPECT(fpt_set_tensors_per_iteration(0), FPT_ERR_ARG, "at least 1");
   EXPECT(fpt_set_tensors_per_iteration(3), FPT_OK, NULL);
@@ -380,6 +406,10 @@ int main(void) {
       failures++;
       break;
     }
+  }
+  if (params_calls != 0) {
+    printf("FAIL the parameters source was called %d times with no worker joining\n", params_calls);
+    failures++;
   }
   EXPECT(fpt_barrier(), FPT_OK, NULL);
   customer_calls();

@@ -14,7 +14,9 @@
 // Go pointer handed to C is an error message's bytes, for the duration of
 // a call that copies them; C's pointers (tensors, user data, callbacks) are
 // held by Go, which the rules allow, and user data only as an integer.
-// A customer's handler is the one exception: it reads a message's
+// A parameters source gets the destination of a key's parameters, which
+// may be Go memory, as a call's argument (pinned for the call by cgo, and
+// free of Go pointers). A customer's handler is the one exception: it reads a message's
 // segments from Go memory, pinned (runtime.Pinner) for the call, through a
 // segment array in Go memory that holds only those pinned pointers.
 package main
@@ -170,6 +172,53 @@ func fpt_num_workers_at(iteration C.uint64_t, n *C.int) C.int {
 //export fpt_rank_at
 func fpt_rank_at(iteration C.uint64_t, rank *C.int) C.int {
 	return intOut("fpt_rank_at", rank, func() (int, error) { return lib.RankAt(uint64(iteration)) })
+}
+
+//export fpt_set_params_source
+func fpt_set_params_source(fn C.fpt_params_fn, ctx unsafe.Pointer) C.int {
+	return guard("fpt_set_params_source", func() error { return lib.SetParamsSource(paramsFn(fn, ctx)) })
+}
+
+// paramsFn wraps a C parameters source for capi; nil when the caller gave
+// none. ctx travels as an integer, as callbacks' user data do.
+func paramsFn(fn C.fpt_params_fn, ctx unsafe.Pointer) capi.ParamsFn {
+	if fn == nil {
+		return nil
+	}
+	u := C.uintptr_t(uintptr(ctx))
+	return func(iteration, key uint64, dst []byte) int {
+		var p unsafe.Pointer
+		if len(dst) > 0 {
+			p = unsafe.Pointer(unsafe.SliceData(dst))
+		}
+		return int(C.fpt_invoke_params(fn, u, C.uint64_t(iteration), C.uint64_t(key), p, C.uint64_t(len(dst))))
+	}
+}
+
+//export fpt_start_iteration
+func fpt_start_iteration(iteration *C.uint64_t) C.int {
+	const op = "fpt_start_iteration"
+	return guard(op, func() error {
+		if iteration == nil {
+			return nullArg(op, "the output pointer")
+		}
+		v, err := lib.StartIteration()
+		if err == nil {
+			*iteration = C.uint64_t(v)
+		}
+		return err
+	})
+}
+
+//export fpt_joined
+func fpt_joined(joined *C.int) C.int {
+	return intOut("fpt_joined", joined, func() (int, error) {
+		j, err := lib.Joined()
+		if j {
+			return 1, err
+		}
+		return 0, err
+	})
 }
 
 //export fpt_num_servers

@@ -43,3 +43,8 @@ void fpt_invoke_msg(fpt_msg_handler handler, const fpt_msg_meta* meta, const fpt
   fpt_set_last_error(msg, msg_len);
   handler(meta, segs, n, (void*)user);
 }
+
+int fpt_invoke_params(fpt_params_fn fn, uintptr_t ctx, uint64_t iteration, uint64_t key, void* dst,
+                      uint64_t bytes) {
+  return fn((void*)ctx, iteration, key, dst, bytes);
+}
