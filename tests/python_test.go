@@ -104,7 +104,9 @@ func TestPythonBindings(t *testing.T) {
 		out := c.proc(w).Stdout.String()
 		mustContain(t, w+" stdout", out, "BINDINGS PASS",
 			"push of an undeclared key raises UnknownKeyError", "push of the wrong size raises SizeError",
-			"push after finalize raises StateError", "mid-push was sent intact")
+			"push after finalize raises StateError", "mid-push was sent intact",
+			"joined before start raises StateError", "params source: numpy bytes copied",
+			"params source: an exception is a non-zero status")
 		if n := strings.Count(out, "ok   "); n < 35 {
 			t.Errorf("%s: only %d checks passed:\n%s", w, n, out)
 		}
@@ -115,7 +117,8 @@ var optParamsRe = regexp.MustCompile(`optimizer params ([0-9a-f]+)`)
 
 // fpt.torch's gradient buckets (one, one per gradient, several; gradients
 // in place or set to None between steps) train the same parameters bit
-// for bit, on both workers.
+// for bit, on both workers; the parameters source fpt.torch registers for
+// a joining worker gives the model's current parameters.
 func TestPythonOptimizerBuckets(t *testing.T) {
 	py := needPython(t)
 	c := startPyChecks(t, py, 1, "optimizer")
@@ -123,7 +126,8 @@ func TestPythonOptimizerBuckets(t *testing.T) {
 	var hashes []string
 	for _, w := range []string{"worker0", "worker1"} {
 		out := c.proc(w).Stdout.String()
-		mustContain(t, w+" stdout", out, "OPTIMIZER PASS", "broadcast_parameters from rank 1 raises ValueError")
+		mustContain(t, w+" stdout", out, "OPTIMIZER PASS", "broadcast_parameters from rank 1 raises ValueError",
+			"the registered source copies the parameter's bytes (after 5 steps)", "steps numbered from start_iteration()")
 		if m := optParamsRe.FindStringSubmatch(out); m != nil {
 			hashes = append(hashes, m[1])
 		}

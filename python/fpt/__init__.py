@@ -25,6 +25,7 @@ import ctypes
 import itertools
 import sys
 import threading
+import traceback
 
 from . import _buffers, _lib
 from ._buffers import FLOAT16, FLOAT32, FLOAT64
@@ -33,6 +34,7 @@ __all__ = [
     "FPTError", "ArgumentError", "StateError", "UnknownKeyError", "SizeError", "ConfigError",
     "ClusterError", "InternalError", "Request", "FLOAT32", "FLOAT64", "FLOAT16",
     "start", "finalize", "role", "rank", "num_workers", "num_workers_at", "rank_at", "num_servers", "set_tensors_per_iteration",
+    "set_params_source", "start_iteration", "joined",
     "declare", "declared", "init", "push", "pull", "wait_all", "barrier", "my_id", "group_ids",
     "barrier_group", "GROUP_SCHEDULER", "GROUP_SERVERS", "GROUP_WORKERS",
 ]
@@ -147,6 +149,7 @@ class _Node:
         # Kept for the life of the process: the library may call it until
         # fpt_finalize returns.
         self.callback = _lib.CALLBACK(self._on_done)
+        self.params_cb = None  # the registered parameters source, kept alive
 
     @property
     def lib(self):
@@ -266,6 +269,68 @@ def num_servers():
     return _int_out(_node.lib.fpt_num_servers)
 
 
+def _params_trampoline(fn):
+    """fn as the library calls a parameters source (fpt_params_fn): copies
+    what fn returns into dst; 0, or 1 after printing why it failed (the
+    joining worker is told the code, not the message)."""
+
+    def call(ctx, iteration, key, dst, nbytes):
+        try:
+            v = _buffers.view(fn(iteration, key), False, "parameters source")
+            if v.nbytes != nbytes:
+                raise SizeError(_lib.ERR_SIZE, "the parameters source gave %d bytes for key %d, declared as %d"
+                                % (v.nbytes, key, nbytes))
+            d = _node.declared.get(key)
+            if d is not None and v.dtype is not None and v.dtype != d[1]:
+                raise ArgumentError(_lib.ERR_ARG, "the parameters source gave %s for key %d, declared %s"
+                                    % (_buffers.DTYPE_NAMES[v.dtype], key, _buffers.DTYPE_NAMES[d[1]]))
+            if nbytes:
+                ctypes.memmove(dst, v.ptr, nbytes)
+            return 0
+        except BaseException:  # noqa: BLE001 - nothing may cross into the library
+            print("fpt: the parameters source failed for key %d at iteration %d (the joining worker fails):"
+                  % (key, iteration), file=sys.stderr)
+            traceback.print_exc()
+            return 1
+
+    return call
+
+
+def set_params_source(fn):
+    """Makes this worker joinable: registers fn as the source of the
+    parameters a worker joining the running job starts from (the library
+    holds sums, not parameters). fn(iteration, key) returns key's
+    parameters as they are at the start of iteration, before its sums are
+    applied: a bytes-like object, NumPy array or CPU torch tensor of exactly
+    the key's declared bytes (and dtype); or raises, which fails the joiner.
+    It is called on one worker only, once per declared key, during its
+    first push of the join iteration, on the thread calling fpt.push (a
+    program that pushes an iteration's gradients before applying its sums
+    has the right values then); it must not push, pull or wait. On the
+    joiner, init returns those parameters instead of worker 0's values, and
+    start_iteration() says where its training starts. Register it before
+    the first push; None removes it. fpt.torch registers the model's."""
+    cb = None if fn is None else _lib.PARAMS_FN(_params_trampoline(fn))
+    _node.check(_node.lib.fpt_set_params_source(ctypes.cast(cb, ctypes.c_void_p) if cb else None, None))
+    _node.params_cb = cb
+
+
+def start_iteration():
+    """The iteration of this worker's first push after init: 1 on a worker
+    that started with the job, the iteration it joined at on one that
+    joined a running job (known once init has returned)."""
+    v = ctypes.c_uint64()
+    _node.check(_node.lib.fpt_start_iteration(ctypes.byref(v)))
+    return v.value
+
+
+def joined():
+    """Whether this worker joined a running job (rather than starting
+    with it): its init returned the parameters another worker's source
+    gave, and its training starts at start_iteration()."""
+    return _int_out(_node.lib.fpt_joined) != 0
+
+
 def my_id():
     """This node's ps-lite id (scheduler 1, server r 8+2r, worker r 9+2r)."""
     return _int_out(_node.lib.fpt_my_id)
@@ -346,7 +411,9 @@ def _tensors(op, keys, buf, writable):
 
 def init(keys, buf):
     """Sets the keys' starting values on every worker to worker 0's: buf
-    holds worker 0's values when it returns. Collective; blocks."""
+    holds worker 0's values when it returns. Collective; blocks. On a worker
+    that joined a running job, buf holds the keys' parameters from another
+    worker's source instead (see set_params_source)."""
     keys, ck, cl, v = _tensors("fpt_init", keys, buf, True)
     _node.check(_node.lib.fpt_init(ck, len(keys), v.ptr, cl))
     _node.initialized.update(keys)

@@ -12,6 +12,10 @@ OK, ERR_ARG, ERR_STATE, ERR_KEY, ERR_SIZE, ERR_CONFIG, ERR_CLUSTER, ERR_INTERNAL
 # fpt_callback: void (*)(int64_t ts, int status, void* user_data).
 CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p)
 
+# fpt_params_fn: int (*)(void* ctx, uint64_t iteration, uint64_t key, void* dst, uint64_t bytes).
+PARAMS_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p,
+                             ctypes.c_uint64)
+
 _u64p = ctypes.POINTER(ctypes.c_uint64)
 _intp = ctypes.POINTER(ctypes.c_int)
 _PROTOS = {
@@ -25,6 +29,10 @@ _PROTOS = {
     "fpt_num_workers_at": (ctypes.c_int, [ctypes.c_uint64, _intp]),
     "fpt_rank_at": (ctypes.c_int, [ctypes.c_uint64, _intp]),
     "fpt_num_servers": (ctypes.c_int, [_intp]),
+    # The source as a plain pointer, so that None passes NULL.
+    "fpt_set_params_source": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
+    "fpt_start_iteration": (ctypes.c_int, [_u64p]),
+    "fpt_joined": (ctypes.c_int, [_intp]),
     "fpt_set_tensors_per_iteration": (ctypes.c_int, [ctypes.c_int]),
     "fpt_declare": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int, ctypes.c_int]),
     "fpt_init": (ctypes.c_int, [_u64p, ctypes.c_size_t, ctypes.c_void_p, _u64p]),

@@ -13,6 +13,15 @@ Every worker makes these calls in the same order (each takes fresh keys,
 and every key is declared before the first push). Only root_rank=0 is
 supported: fpt_init gives every worker worker 0's values, so another root
 is refused with ValueError. float32, float64 and float16 tensors.
+
+A worker may join the running job (started with the job's environment while
+it runs) with the same script: these calls register the model's tensors as
+the job's parameters source (fpt.set_params_source; params_source is it),
+so on a joiner DistributedOptimizer and broadcast_parameters give the
+model the parameters the others have at the start of the iteration it
+joins at, and its steps are numbered from there (fpt.start_iteration()).
+broadcast_optimizer_state gives a joiner the current values of the state
+tensors worker 0 had at its broadcast, and the numbers it had then.
 """
 
 import torch
@@ -38,6 +47,29 @@ class _Keys:
 
 _keys = _Keys()
 
+# key -> a function giving the key's current values, as pushed (flat, in
+# the key's declared dtype): what a joining worker starts from.
+_sources = {}
+
+
+def params_source(iteration, key):
+    """The parameters source fpt.torch registers: key's current values
+    (a model parameter or a broadcast tensor, taken as they are when the
+    library asks, at the start of the iteration a worker joins at). A
+    program that declares keys of its own registers a source that covers
+    them and calls this one for fpt.torch's."""
+    get = _sources.get(key)
+    if get is None:
+        raise KeyError("fpt.torch: key %d is not one of fpt.torch's: register a source with fpt.set_params_source "
+                       "that covers the keys the program declared itself" % key)
+    return get()
+
+
+def _register(keys, getters):
+    """Makes getters[i]() the parameters of keys[i] for a joining worker."""
+    _sources.update(zip(keys, getters))
+    fpt.set_params_source(params_source)
+
 
 def _check_root(root_rank, what):
     if root_rank != 0:
@@ -58,6 +90,8 @@ def _broadcast(tensors):
             keys = _keys.take(len(ts))
             for k, t in zip(keys, ts):
                 fpt.declare(k, t.numel() * torch.empty((), dtype=wire).element_size(), str(wire), priority=0)
+            # A joiner's init gives these tensors' values when it joins.
+            _register(keys, [lambda t=t, wire=wire: t.detach().reshape(-1).to(wire).contiguous() for t in ts])
             flat = torch.cat([t.detach().reshape(-1).to(wire) for t in ts]) if ts else torch.empty(0, dtype=wire)
             fpt.init(keys, flat)
             off = 0
@@ -130,9 +164,6 @@ class _Distributed:
                 raise TypeError("fpt.torch.DistributedOptimizer: parameter %s is %s on %s; fpt takes CPU float32, "
                                 "float64 and float16" % (n, p.dtype, p.device))
         self._fpt_params = params
-        # Every key is pushed once a step, so they share an iteration
-        # number: 0 was init.
-        self._fpt_iteration = 1
         keys = _keys.take(len(params))
         self._fpt_keys = keys
         # Buckets in backward order (the reverse of the parameters'), so that
@@ -163,11 +194,21 @@ class _Distributed:
         for b in self._fpt_buckets:
             b.keys = [keys[i] for i in b.members]
             b.priority = -min(b.members)
+        # A gradient key's parameters, for a worker joining the job, are its
+        # parameter's values: its init gives the joiner the model.
+        _register(keys, [lambda p=p: p.detach().contiguous() for _, p in params])
         # The keys' init round (fpt_init is each key's iteration 0), so that
         # the first gradient push is summed.
         for dt in size:
             ks = [k for b in self._fpt_buckets if b.dtype == dt for k in b.keys]
             fpt.init(ks, self._fpt_sums[dt])
+        # Every key is pushed once a step, so they share an iteration
+        # number: 1 after init, or on a joiner the iteration it joined at.
+        self._fpt_iteration = fpt.start_iteration()
+        if fpt.joined():
+            with torch.no_grad():
+                for i, (_, p) in enumerate(params):
+                    p.copy_(self._fpt_view(i, self._fpt_sums[p.dtype]))
         with torch.no_grad():
             for i, (_, p) in enumerate(params):
                 view = self._fpt_view(i)
@@ -256,7 +297,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, bucket_bytes=1 << 20)
     whose gradients they add up (fpt.num_workers_at) before stepping. Returns
     the same optimizer object (its class becomes a subclass of its own, so
     LR schedulers still accept it). Collective: declares and initialises
-    the gradients' keys on every worker."""
+    the gradients' keys on every worker. It registers the parameters as the
+    job's parameters source: on a worker joining the running job, it sets
+    them to the others' and numbers its steps from the join iteration."""
     base = optimizer.__class__
     cls = type("Distributed" + base.__name__, (base,), {k: v for k, v in vars(_Distributed).items()
                                                         if not k.startswith("__")})

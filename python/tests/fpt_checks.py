@@ -12,6 +12,7 @@
     fpt_checks.py loop    pushes and pulls for ever (to be interrupted)
 """
 
+import ctypes
 import gc
 import os
 import sys
@@ -51,6 +52,9 @@ def basic():
     raises(fpt.StateError, "rank before start", fpt.rank)
     raises(fpt.StateError, "declare before start", fpt.declare, 1, 64)
     raises(fpt.StateError, "push before start", fpt.push, 1, np.zeros(16, np.float32))
+    raises(fpt.StateError, "set_params_source before start", fpt.set_params_source, lambda it, k: b"")
+    raises(fpt.StateError, "start_iteration before start", fpt.start_iteration)
+    raises(fpt.StateError, "joined before start", fpt.joined)
     threads_before = threading.active_count()
     fpt.start()
     r = fpt.rank()
@@ -80,6 +84,9 @@ def basic():
     fpt.init(3, torch.zeros(big))
     fpt.init(4, np.zeros(8, np.float16))
     fpt.init([5, 6], np.zeros(8, np.float32))
+    check(not fpt.joined() and fpt.start_iteration() == 1, "a worker that started the job did not join it; "
+          "its first push after init is iteration 1")
+    params_source()
 
     # Error paths of push and pull.
     raises(fpt.SizeError, "push of the wrong size", fpt.push, 1, np.zeros(8, np.float32))
@@ -182,6 +189,34 @@ def basic():
     print("BINDINGS PASS", flush=True)
 
 
+def params_source():
+    """The parameters source as the library calls it (no worker joins this
+    job, so the checks call the registered function pointer): the bytes
+    fn gives land in dst; a wrong size or dtype, or an exception, is a
+    non-zero status, never an exception into the library."""
+    got = []
+
+    def src(iteration, key):
+        got.append((iteration, key))
+        if key == 99:
+            raise RuntimeError("no parameters for key 99")
+        return {1: np.arange(16, dtype=np.float32), 2: torch.arange(16, dtype=torch.float64),
+                5: np.zeros(3, np.float32), 6: np.zeros(2, np.float64)}[key]
+
+    fpt.set_params_source(src)
+    call = fpt._node.params_cb
+    dst = (ctypes.c_char * 128)()
+    check(call(None, 7, 1, ctypes.addressof(dst), 64) == 0 and got == [(7, 1)] and
+          (np.frombuffer(dst, np.float32, 16) == np.arange(16)).all(), "params source: numpy bytes copied")
+    check(call(None, 7, 2, ctypes.addressof(dst), 128) == 0 and
+          (np.frombuffer(dst, np.float64, 16) == np.arange(16)).all(), "params source: torch bytes copied")
+    check(call(None, 7, 5, ctypes.addressof(dst), 16) == 1, "params source: the wrong size is a non-zero status")
+    check(call(None, 7, 6, ctypes.addressof(dst), 16) == 1, "params source: the wrong dtype is a non-zero status")
+    check(call(None, 7, 99, ctypes.addressof(dst), 16) == 1, "params source: an exception is a non-zero status")
+    fpt.set_params_source(None)
+    check(fpt._node.params_cb is None, "set_params_source(None) removes it")
+
+
 def optimizer():
     """fpt.torch.DistributedOptimizer with one bucket, one per gradient and
     several (the gradients set to None between steps, so they are copied
@@ -205,6 +240,23 @@ def optimizer():
         fpt.torch.broadcast_parameters(m.state_dict())
         runs.append((m, opt, none))
     raises(ValueError, "broadcast_parameters from rank 1", fpt.torch.broadcast_parameters, {}, 1)
+    m0, opt0, _ = runs[0]
+    first = next(m0.parameters())
+
+    def source_is_param(when):
+        key = opt0._fpt_keys[0]
+        want = first.detach().numpy().tobytes()
+        check(fpt.torch.params_source(5, key).numpy().tobytes() == want,
+              "fpt.torch's source gives a gradient key's parameter (%s)" % when)
+        dst = (ctypes.c_char * len(want))()
+        check(fpt._node.params_cb(None, 5, key, ctypes.addressof(dst), len(want)) == 0 and bytes(dst) == want,
+              "the registered source copies the parameter's bytes (%s)" % when)
+
+    source_is_param("before training")
+    check(len(fpt.torch._sources) == fpt.torch._keys.next - fpt.torch.KEY_BASE,
+          "every key fpt.torch declared (gradients and broadcasts) has a source")
+    raises(KeyError, "fpt.torch's source for a key it did not declare", fpt.torch.params_source, 5, 3)
+    check(opt0._fpt_iteration == fpt.start_iteration() == 1, "steps numbered from start_iteration()")
     x, y = dataset(512, 1)
     hashes = []
     for m, opt, none in runs:
@@ -214,6 +266,8 @@ def optimizer():
             F.cross_entropy(m(x[lo:lo + 32]), y[lo:lo + 32]).backward()
             opt.step()
         hashes.append(hashlib.sha256(b"".join(q.detach().numpy().tobytes() for q in m.parameters())).hexdigest()[:16])
+    source_is_param("after 5 steps")
+    check(opt0._fpt_iteration == 6, "5 steps: iteration %d next, want 6" % opt0._fpt_iteration)
     check(len(runs[0][1]._fpt_buckets) == 1 and len(runs[1][1]._fpt_buckets) == 6 and
           len(runs[2][1]._fpt_buckets) > 1, "bucket counts %s" % [len(o._fpt_buckets) for _, o, _ in runs])
     check(len(set(hashes)) == 1, "one bucket, one per gradient, several: same parameters %s" % hashes)
