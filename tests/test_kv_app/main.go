@@ -2,7 +2,10 @@
 // ps-lite's test programs, runs as whichever role DMLC_ROLE names: the
 // scheduler, a server, or a worker that trains for N iterations over T
 // tensors of mixed sizes and priorities and checks every pulled value
-// exactly. It exits non-zero on any mismatch or failure.
+// exactly. It keeps the model's parameters (Init's values plus every
+// iteration's sums), so a worker started while the job runs can join it,
+// and prints their checksum at the end, equal on every worker. It exits
+// non-zero on any mismatch or failure.
 package main
 
 import (
@@ -22,8 +25,10 @@ const usage = `usage: test_kv_app [flags]
 
 fpt's simulated trainer. Run as whichever role DMLC_ROLE names: the
 scheduler, a server, or a worker that trains and checks every pulled value
-exactly, printing "worker RANK: ..." lines and PASS. Exits 0 on success, 1
-on a mismatch or failure, 2 on bad flags or environment.
+exactly, printing "worker RANK: ..." lines, the parameters' checksum (the
+same on every worker) and PASS. A worker started while the job runs joins
+it, from the others' parameters. Exits 0 on success, 1 on a mismatch or
+failure, 2 on bad flags or environment.
 
 Flags:
 `
