@@ -1292,4 +1292,3 @@ func (r *result) check(h *frame.Header) error {
 	}
 	return nil
 }
-
