@@ -917,6 +917,13 @@ func (n *Member) leave(id node.ID, why string) {
 	}
 }
 
+// WasMember reports whether id is a member of the job or was one (it
+// left): a frame of its may still be on its way.
+func (n *Member) WasMember(id node.ID) bool {
+	_, ok := n.Info(id)
+	return ok || n.hasLeft(id)
+}
+
 // hasLeft reports whether id left the job.
 func (n *Member) hasLeft(id node.ID) bool {
 	t := n.topo.Load()

@@ -363,7 +363,8 @@ func (w *Worker) initJoined(ctx context.Context, keys []uint64, data []byte, byt
 	_, _, err := w.c.split(keys, data, byteLens, dtype)
 	var t todo
 	if err == nil {
-		t, err = w.c.awaitParams(keys, &call{})
+		// No began: waiting for a join is no pull's latency.
+		t, err = w.c.awaitParams(keys, &call{done: make(chan struct{})})
 	}
 	w.mu.Unlock()
 	if err != nil {

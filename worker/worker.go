@@ -281,7 +281,7 @@ func newCall(cb Callback, pull bool) *call {
 // request.
 func (w *Worker) complete(r *request) {
 	cl := r.call
-	if r.err == nil {
+	if r.err == nil && !cl.began.IsZero() {
 		if cl.pull {
 			w.metrics.ObservePull(time.Since(cl.began))
 		} else {
