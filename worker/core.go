@@ -898,7 +898,7 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	if err != nil {
 		return todo{}, err
 	}
-	if c.join != nil && !c.join.taken {
+	if c.join != nil && slices.ContainsFunc(ts, func(t *tensor) bool { return !c.join.took[t.key] }) {
 		return todo{}, errors.New("worker: a worker that joined a running job calls Init first: it gets the parameters there")
 	}
 	if slices.ContainsFunc(ts, func(t *tensor) bool { return t.pushed > c.horizon }) {

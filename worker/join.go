@@ -70,10 +70,16 @@ type joinState struct {
 	first uint64
 	parts map[uint64][]paramsPart // by key
 	got   map[uint64]uint64       // bytes received, by key
-	// want are the keys Init waits for, and waiter its request.
-	want   []uint64
-	waiter *request
-	taken  bool
+	// waits are the Init calls waiting for their keys' parameters (MXNet
+	// initialises one key per call); took the keys an Init took.
+	waits []paramsWait
+	took  map[uint64]bool
+}
+
+// paramsWait is an Init call waiting for the parameters of its keys.
+type paramsWait struct {
+	keys []uint64
+	req  *request
 }
 
 // paramsPart is one Params frame's values.
@@ -100,7 +106,7 @@ type paramsDuty struct {
 
 // joining marks the core as a worker that joined a running job.
 func (c *core) joining() {
-	c.join = &joinState{parts: make(map[uint64][]paramsPart), got: make(map[uint64]uint64)}
+	c.join = &joinState{parts: make(map[uint64][]paramsPart), got: make(map[uint64]uint64), took: make(map[uint64]bool)}
 }
 
 // joinedAt starts a joining worker's tensors at iteration first, that of
@@ -176,8 +182,8 @@ func (c *core) params(h *frame.Header, data []byte) (todo, error) {
 		return todo{}, errors.New("parameters for a worker that did not join a running job")
 	case h.Flags&frame.FlagRefused != 0:
 		return todo{}, fmt.Errorf("%s cannot hand over the parameters this joining worker starts from: %s", node.ID(h.Sender), data)
-	case j.taken:
-		return todo{}, errors.New("parameters after Init took them")
+	case j.took[h.Key]:
+		return todo{}, fmt.Errorf("parameters of key %d after Init took them", h.Key)
 	}
 	for _, p := range j.parts[h.Key] {
 		switch {
@@ -199,19 +205,19 @@ func (c *core) params(h *frame.Header, data []byte) (todo, error) {
 // the keys' parameters are all here (paramsTake then hands them over).
 func (c *core) awaitParams(keys []uint64, cl *call) (todo, error) {
 	j := c.join
-	if j.waiter != nil || j.taken {
-		return todo{}, errors.New("worker: Init: a joining worker gets its parameters once")
-	}
 	for _, k := range keys {
-		if c.tensors[k] == nil {
+		switch {
+		case c.tensors[k] == nil:
 			return todo{}, fmt.Errorf("worker: Init: key %d is not declared", k)
+		case j.took[k] || slices.ContainsFunc(j.waits, func(w paramsWait) bool { return slices.Contains(w.keys, k) }):
+			return todo{}, fmt.Errorf("worker: Init: key %d: a joining worker gets a key's parameters once", k)
 		}
 	}
 	req, err := c.newRequest(cl, 1)
 	if err != nil {
 		return todo{}, err
 	}
-	j.want, j.waiter = slices.Clone(keys), req
+	j.waits = append(j.waits, paramsWait{slices.Clone(keys), req})
 	out := todo{req: req}
 	if err := c.paramsReady(); err != nil {
 		return todo{}, err
@@ -247,38 +253,45 @@ func (c *core) sender() node.ID {
 	return slices.Min(c.schedule.WorkersAt(c.join.first))
 }
 
-// paramsSettle completes the waiting Init once every key it names has
-// all its parameters and this worker knows where it starts.
+// paramsSettle completes the waiting Inits whose keys have all their
+// parameters, once this worker knows where it starts.
 func (c *core) paramsSettle() todo {
 	j := c.join
-	if j.waiter == nil || j.first == 0 {
-		return todo{}
+	var out todo
+	if j.first == 0 {
+		return out
 	}
-	for _, k := range j.want {
-		if j.got[k] != c.tensors[k].bytes {
-			return todo{}
+	j.waits = slices.DeleteFunc(j.waits, func(w paramsWait) bool {
+		for _, k := range w.keys {
+			if j.got[k] != c.tensors[k].bytes {
+				return false
+			}
 		}
-	}
-	req := j.waiter
-	j.waiter = nil
-	return c.settle(req, 1, nil)
+		out.merge(c.settle(w.req, 1, nil))
+		return true
+	})
+	return out
 }
 
 // paramsTake hands the parameters to the joining worker's Init, once its
 // request completed: spans of data to copy them into, by key.
 func (c *core) paramsTake(keys []uint64, data []byte, byteLens []int) ([]initialCopy, error) {
 	j := c.join
-	j.taken = true
 	var out []initialCopy
 	off := 0
 	for i, k := range keys {
 		dst := data[off : off+byteLens[i]]
 		off += byteLens[i]
+		if j.got[k] != uint64(len(dst)) {
+			return nil, fmt.Errorf("key %d: %d bytes of parameters, want %d", k, j.got[k], len(dst))
+		}
 		for _, p := range j.parts[k] {
 			out = append(out, initialCopy{dst: dst[p.off : p.off+uint64(len(p.data))], src: p.data})
 		}
+		delete(j.parts, k)
+		delete(j.got, k)
+		j.took[k] = true
 	}
-	j.parts, j.got = nil, nil
 	return out, nil
 }
 

@@ -203,3 +203,42 @@ func TestCoreParamsNotJoining(t *testing.T) {
 		t.Fatal("parameters accepted by a worker that did not join")
 	}
 }
+
+// MXNet initialises one key per call: a joiner's Init calls each take
+// their own keys' parameters, and a key is pushed only once its Init
+// took them.
+func TestCoreJoinerInitPerKey(t *testing.T) {
+	c := joinerCore(t)
+	mustDeclare(t, c, 6, 32)
+	for _, h := range paramsFrames(3, pattern(64, 3)) {
+		if _, err := c.params(&h, make([]byte, h.Length)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, err := c.awaitParams([]uint64{5}, &call{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fin := handOver(c, first); !slices.Contains(fin, first.req.ts) {
+		t.Fatalf("Init of key 5, whose parameters are all here, finished %v", fin)
+	}
+	if _, err := c.paramsTake([]uint64{5}, make([]byte, 64), []int{64}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.push([]uint64{5}, make([]byte, 64), []int{64}, frame.Float32, 0, &call{}); err != nil {
+		t.Fatalf("push of key 5 after its Init: %v", err)
+	}
+	if _, err := c.push([]uint64{6}, make([]byte, 32), []int{32}, frame.Float32, 0, &call{}); err == nil {
+		t.Fatal("push of key 6 before its Init accepted")
+	}
+	if _, err := c.awaitParams([]uint64{5}, &call{}); err == nil {
+		t.Fatal("a second Init of key 5 accepted")
+	}
+	second, err := c.awaitParams([]uint64{6}, &call{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fin := handOver(c, second); len(fin) != 0 {
+		t.Fatalf("Init of key 6 finished %v with none of its parameters", fin)
+	}
+}
