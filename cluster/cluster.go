@@ -83,8 +83,8 @@ type Member struct {
 	// progress is what a worker has pushed (SetProgress), sent to the
 	// scheduler with every heartbeat for its stall check.
 	progress atomic.Uint64
-	// joining: the node table made this server a member of a running job
-	// (control.FlagJoin): it skips the start barriers.
+	// joining: the node table made this server or worker a member of a
+	// running job (control.FlagJoin): it skips the start barriers.
 	joining atomic.Bool
 
 	failOnce   sync.Once
@@ -430,16 +430,16 @@ func (n *Member) setTable(m *control.Message) error {
 	join := m.Flags&control.FlagJoin != 0
 	switch {
 	case join && n.cfg.RankVar != "":
-		n.log.Warn("joining a running job: the rank asked for is ignored; a joining server gets an id no node of the job had", "asked", n.cfg.RankVar, "id", m.Recipient)
+		n.log.Warn("joining a running job: the rank asked for is ignored; a joining node gets an id no node of the job had", "asked", n.cfg.RankVar, "id", m.Recipient)
 	case n.cfg.RankVar != "" && m.Recipient != node.RankID(n.cfg.Role, n.cfg.Rank):
 		return fmt.Errorf("cluster: the scheduler made this node %s, not rank %d as %s asks", m.Recipient, n.cfg.Rank, n.cfg.RankVar)
 	}
-	// A server joining a running job finds the servers there are now,
-	// not DMLC_NUM_SERVER, and the workers left (FPT_ON_WORKER_LOSS=
-	// continue), not DMLC_NUM_WORKER.
-	joiningServer := join && me.Role == node.Server
-	if joiningServer && (workers < 1 || workers > n.cfg.NumWorkers) ||
-		!joiningServer && (workers != n.cfg.NumWorkers || servers != n.cfg.NumServers) {
+	// A node joining a running job finds the servers and workers there
+	// are now, not DMLC_NUM_SERVER and DMLC_NUM_WORKER: servers joined
+	// and left (FPT_ON_SERVER_LOSS=retry), workers left
+	// (FPT_ON_WORKER_LOSS=continue) or joined.
+	if join && (servers < 1 || workers < 1) ||
+		!join && (workers != n.cfg.NumWorkers || servers != n.cfg.NumServers) {
 		return fmt.Errorf("cluster: node table has %d servers and %d workers; DMLC_NUM_SERVER=%d, DMLC_NUM_WORKER=%d",
 			servers, workers, n.cfg.NumServers, n.cfg.NumWorkers)
 	}
@@ -461,7 +461,7 @@ func (n *Member) admitPeer(id node.ID) string {
 	case !ok || info.Role == node.Scheduler:
 		return "stranger"
 	case id >= t.self.ID && !n.joining.Load():
-		// A joining server is dialled by every member (welcome).
+		// A joining node is dialled by every member (welcome).
 		return "direction"
 	}
 	return ""
@@ -802,7 +802,7 @@ func (n *Member) describe(id node.ID) string {
 	return id.String()
 }
 
-// startBarriers takes a joining server's barrier numbers (FlagJoin's
+// startBarriers takes a joining node's barrier numbers (FlagJoin's
 // Body): the running members' next ones.
 func (n *Member) startBarriers(body []byte) error {
 	if len(body) != 8*int(node.AllGroup) {
@@ -817,7 +817,7 @@ func (n *Member) startBarriers(body []byte) error {
 	return nil
 }
 
-// join is a joining server's start, in place of the two start barriers:
+// join is a joining node's start, in place of the two start barriers:
 // it tells the scheduler it has its table (the members then dial it),
 // waits for every member to connect, and says so (the LB then gives it a
 // share).
@@ -840,12 +840,12 @@ func (n *Member) join(ctx context.Context) error {
 	return nil
 }
 
-// welcome adds a server joining the running job (the scheduler's
-// NodeJoined) to the table and dials it. Every member dials a joining
-// server, whatever the ids' order: it knows the joiner's table is set,
-// whereas the joiner cannot know when each member has heard of it.
+// welcome adds a server or worker joining the running job (the
+// scheduler's NodeJoined) to the table and dials it. Every member dials a
+// joining node, whatever the ids' order: it knows the joiner's table is
+// set, whereas the joiner cannot know when each member has heard of it.
 func (n *Member) welcome(m *control.Message) {
-	if len(m.Nodes) != 1 || m.Nodes[0].Role != node.Server {
+	if len(m.Nodes) != 1 || m.Nodes[0].Role != node.Server && m.Nodes[0].Role != node.Worker {
 		n.log.Warn("NodeJoined for a node that cannot join ignored", "nodes", m.Nodes)
 		return
 	}
@@ -860,7 +860,7 @@ func (n *Member) welcome(m *control.Message) {
 	nt.table = append(slices.Clone(t.table), info)
 	slices.SortFunc(nt.table, func(a, b node.Info) int { return cmp.Compare(a.ID, b.ID) })
 	n.topo.Store(nt)
-	n.log.Info("server joining; connecting to it", "node", info)
+	n.log.Info(info.Role.String()+" joining; connecting to it", "node", info)
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -915,6 +915,13 @@ func (n *Member) leave(id node.ID, why string) {
 			n.Fail(err)
 		}
 	}
+}
+
+// WasMember reports whether id is a member of the job or was one (it
+// left): a frame of its may still be on its way.
+func (n *Member) WasMember(id node.ID) bool {
+	_, ok := n.Info(id)
+	return ok || n.hasLeft(id)
 }
 
 // hasLeft reports whether id left the job.

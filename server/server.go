@@ -26,10 +26,9 @@ import (
 
 // Server is a running server node.
 type Server struct {
-	node    *cluster.Member
-	workers int
-	base    *role.Base             // the aggregator and the LB agent
-	onPush  func(iteration uint64) // the agent's; nil without one
+	node   *cluster.Member
+	base   *role.Base             // the aggregator and the LB agent
+	onPush func(iteration uint64) // the agent's; nil without one
 
 	mu    sync.Mutex // guards store and dirty (the netconn van calls in parallel)
 	store *kvstore.Store
@@ -113,7 +112,7 @@ func (s *Server) snapshot(force bool) ([]byte, bool, error) {
 // aggregator and, with the LB on, its LB agent, which is installed on n
 // but measures only once Start started the node.
 func New(n *cluster.Member) *Server {
-	s := &Server{node: n, workers: n.Config().NumWorkers, base: role.New(n, nil, nil, nil), store: kvstore.New(), loaded: make(chan struct{})}
+	s := &Server{node: n, base: role.New(n, nil, nil, nil), store: kvstore.New(), loaded: make(chan struct{})}
 	close(s.loaded)
 	if s.base.Agent != nil {
 		s.onPush = s.base.Agent.ServerIterationBegan
@@ -144,7 +143,7 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 		}
 		return
 	}
-	if r, ok := from.Role(); !ok || r != node.Worker || from.Rank() >= s.workers {
+	if r, ok := from.Role(); !ok || r != node.Worker || !s.node.WasMember(from) {
 		s.node.Fail(fmt.Errorf("server: %s frame from %s, which is not a worker of this cluster", h.Type, from))
 		return
 	}

@@ -91,12 +91,21 @@ func (c *cluster) dump() {
 	}
 }
 
+// tail is the end of a process's output; a crash's first lines (a Go
+// panic or fatal error, whose goroutine dump would push them out) are
+// kept ahead of it.
 func tail(s string) string {
 	const max = 4000
-	if len(s) > max {
-		return "..." + s[len(s)-max:]
+	if len(s) <= max {
+		return s
 	}
-	return s
+	end := "..." + s[len(s)-max:]
+	for _, mark := range []string{"panic: ", "fatal error: ", "SIGSEGV", "unexpected signal"} {
+		if i := strings.Index(s, mark); i >= 0 && i < len(s)-max {
+			return s[i:min(i+max/2, len(s)-max)] + "\n" + end
+		}
+	}
+	return end
 }
 
 // waitOutput waits until p's stdout or stderr matches re.

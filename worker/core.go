@@ -73,6 +73,11 @@ type core struct {
 	// classicUsed: a classic request was made. Its key ranges are sliced
 	// over the servers it started with, so it cannot go on without one.
 	classicUsed bool
+	// join is set on a worker that joined a running job.
+	join *joinState
+	// dutiesDone are the join iterations this worker handed its
+	// parameters over for (or was not the one to).
+	dutiesDone map[uint64]bool
 	// deferred are pulls into the buffer of a push still held: their
 	// sums are staged and copied in once every worker has them, since a
 	// retry would push the buffer again.
@@ -313,6 +318,8 @@ type todo struct {
 	began    *iterationBegan
 	// resends are a retry's frames, pushed again from held pushes.
 	resends []resend
+	// duty: hand the parameters to joining workers, before sends.
+	duty *paramsDuty
 }
 
 // resend is one held push's frames cut again by a retry decision.
@@ -380,7 +387,17 @@ func (c *core) follow(d lb.Directive) (out todo, moved bool, err error) {
 		c.early = append(c.early, d)
 		return todo{}, false, nil
 	}
-	if d.Retry {
+	if c.join != nil && c.join.first == 0 {
+		// A joining worker starts from the decision naming it: the
+		// decisions and retries before it are of iterations it never
+		// pushes.
+		if d.Decision != nil && slices.Contains(d.Decision.Workers, c.self) {
+			if err := c.joinedAt(*d.Decision); err != nil {
+				return todo{}, false, err
+			}
+			out.merge(c.paramsSettle())
+		}
+	} else if d.Retry {
 		if out, err = c.retry(d); err != nil {
 			return todo{}, false, err
 		}
@@ -683,7 +700,9 @@ func (c *core) declare(key uint64, dtype frame.DType, bytes uint64, priority int
 	if c.perIter > 0 && len(c.tensors) >= c.perIter {
 		return fmt.Errorf("worker: declaring key %d would exceed the %d tensors per iteration announced", key, c.perIter)
 	}
-	c.tensors[key] = &tensor{key: key, dtype: dtype, bytes: bytes, priority: priority}
+	t := &tensor{key: key, dtype: dtype, bytes: bytes, priority: priority}
+	c.startTensor(t)
+	c.tensors[key] = t
 	c.modelBytes += bytes
 	return nil
 }
@@ -879,6 +898,9 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	if err != nil {
 		return todo{}, err
 	}
+	if c.join != nil && slices.ContainsFunc(ts, func(t *tensor) bool { return !c.join.took[t.key] }) {
+		return todo{}, errors.New("worker: a worker that joined a running job calls Init first: it gets the parameters there")
+	}
 	if slices.ContainsFunc(ts, func(t *tensor) bool { return t.pushed > c.horizon }) {
 		return todo{}, errHorizon
 	}
@@ -908,6 +930,9 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	out := todo{req: req, locals: locals, sends: msgs, counted: true}
 	for _, t := range ts {
 		iter := t.pushed
+		if out.duty == nil {
+			out.duty = c.duty(iter, priority)
+		}
 		t.pushed++
 		out.unmap = append(out.unmap, t.forgetInitial()...)
 		if _, layout := c.layoutFor(t, iter); len(layout) == 0 {
@@ -1266,11 +1291,4 @@ func (r *result) check(h *frame.Header) error {
 		return fmt.Errorf("partition %d received twice", h.Partition)
 	}
 	return nil
-}
-
-// startIteration is the iteration of the first push after Init: 1, or
-// for a worker that joined a running job the iteration it joined at (0
-// until it knows).
-func (c *core) startIteration() uint64 {
-	return 1
 }

@@ -60,6 +60,9 @@ func (w *Worker) InitBytes(ctx context.Context, keys []uint64, data []byte, byte
 // initBytes makes the keys' first push worker 0's values, between two
 // barriers over the workers, and pulls them into data.
 func (w *Worker) initBytes(ctx context.Context, keys []uint64, data []byte, byteLens []int, dtype frame.DType) error {
+	if w.node.Joined() {
+		return w.initJoined(ctx, keys, data, byteLens, dtype)
+	}
 	// A bad call fails here, before the barrier, rather than after it.
 	w.mu.Lock()
 	_, _, err := w.c.split(keys, data, byteLens, dtype)

@@ -92,12 +92,15 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 		quit:    make(chan struct{}),
 	}
 	w.c.retryMode = cfg.Retries()
-	w.c.resum = cfg.WorkerLoss == config.WorkerLossContinue
+	w.c.resum = cfg.WorkerLoss != config.WorkerLossFail
 	w.base = role.New(n, w.deliverLocal, w.follow, w.left)
 	if err := w.base.Start(ctx, w); err != nil {
 		return nil, err
 	}
 	w.mu.Lock()
+	if n.Joined() {
+		w.c.joining()
+	}
 	err := w.c.start(n.Self().ID, n.Servers(), n.Workers())
 	w.mu.Unlock()
 	if err != nil {
@@ -151,6 +154,9 @@ func (w *Worker) do(t todo) {
 		if err := unmapKept(m); err != nil {
 			w.node.Logger().Warn("unmapping the values kept after Init", "err", err)
 		}
+	}
+	if t.duty != nil {
+		w.sendParams(t.duty)
 	}
 	if len(t.initials) > 0 {
 		for _, c := range t.initials {
@@ -275,7 +281,7 @@ func newCall(cb Callback, pull bool) *call {
 // request.
 func (w *Worker) complete(r *request) {
 	cl := r.call
-	if r.err == nil {
+	if r.err == nil && !cl.began.IsZero() {
 		if cl.pull {
 			w.metrics.ObservePull(time.Since(cl.began))
 		} else {
@@ -490,6 +496,8 @@ func (w *Worker) HandleFrame(h *frame.Header, payload []byte) {
 		err = w.handleKV(h, payload)
 	case frame.App:
 		err = w.base.Customers.HandleFrame(h, payload)
+	case frame.Params:
+		err = w.handleParams(h, payload)
 	default:
 		err = fmt.Errorf("unexpected %s frame", h.Type)
 	}

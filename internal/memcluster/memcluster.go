@@ -56,7 +56,7 @@ type Cluster struct {
 	// Workers are the workers, by rank.
 	Workers []*worker.Worker
 
-	nodesMu sync.Mutex         // guards nodes, which AddServer appends to
+	nodesMu sync.Mutex         // guards nodes, which AddServer and AddWorker append to
 	nodes   []*launch.Node     // the scheduler, servers and workers
 	cancel  context.CancelFunc // ends every node's context
 	ended   chan error         // the scheduler's and every server's end
@@ -64,8 +64,8 @@ type Cluster struct {
 	waiting int                // ends not yet taken from ended
 	endErrs []error            // the errors they ended with
 	killed  sync.Map           // *launch.Node → true: ended by Kill, its error expected
-	// addServer starts one more server with the job's environment.
-	addServer func() (*launch.Node, error)
+	// add starts one more server or worker with the job's environment.
+	add func(server bool) (*launch.Node, error)
 }
 
 // Start starts the scheduler, the servers and the workers, and returns
@@ -155,16 +155,27 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 			starts <- started{false, n, err}
 		}()
 	}
-	next := o.Servers
-	c.addServer = func() (*launch.Node, error) {
+	added := 0
+	c.add = func(server bool) (*launch.Node, error) {
 		c.nodesMu.Lock()
-		i := next
-		if i-o.Servers >= maxAdded {
+		i := o.Servers + o.Workers + added
+		if added >= maxAdded {
 			c.nodesMu.Unlock()
-			return nil, fmt.Errorf("memcluster: more than %d servers added", maxAdded)
+			return nil, fmt.Errorf("memcluster: more than %d nodes added", maxAdded)
 		}
-		next++
+		added++
 		c.nodesMu.Unlock()
+		if !server {
+			n, err := launch.Start(ctx, wCfg, deps("worker", i))
+			if err != nil {
+				return nil, err
+			}
+			c.nodesMu.Lock()
+			c.nodes = append(c.nodes, n)
+			c.Workers = append(c.Workers, n.Worker())
+			c.nodesMu.Unlock()
+			return n, nil
+		}
 		c.mu.Lock()
 		c.waiting++
 		c.mu.Unlock()
@@ -266,11 +277,23 @@ func (c *Cluster) Drop(id node.ID) error {
 // runs, as a launcher would start one more process, and returns its id
 // once it has joined.
 func (c *Cluster) AddServer() (node.ID, error) {
-	n, err := c.addServer()
+	n, err := c.add(true)
 	if err != nil {
 		return 0, err
 	}
 	return n.Member().Self().ID, nil
+}
+
+// AddWorker starts a worker with the job's environment while the job
+// runs, as a launcher would start one more process, and returns it once
+// it has joined (its Init then waits for the parameters). It is appended
+// to Workers: do not read Workers while AddWorker runs.
+func (c *Cluster) AddWorker() (*worker.Worker, error) {
+	n, err := c.add(false)
+	if err != nil {
+		return nil, err
+	}
+	return n.Worker(), nil
 }
 
 // Kill ends server or worker id as kill -9 would: it is cut off both

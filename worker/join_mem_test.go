@@ -1,0 +1,228 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/worker"
+)
+
+// model is a worker's simulated model for the join tests: parameters that
+// start as Init's values and add every iteration's sums, so that every
+// worker, a joiner included, must hold the same ones at the end.
+type model struct {
+	keys   []uint64
+	lens   []int
+	offs   map[uint64]int
+	params []float32
+}
+
+func newModel() *model {
+	m := &model{offs: make(map[uint64]int)}
+	total := 0
+	for _, tn := range memTensors {
+		m.keys, m.lens = append(m.keys, tn.key), append(m.lens, tn.elems)
+		m.offs[tn.key] = total
+		total += tn.elems
+	}
+	m.params = make([]float32, total)
+	return m
+}
+
+// source is the model's worker.ParamsSource.
+func (m *model) source(_, key uint64, dst []byte) error {
+	off, ok := m.offs[key]
+	if !ok {
+		return fmt.Errorf("no key %d", key)
+	}
+	for j := range len(dst) / 4 {
+		binary.LittleEndian.PutUint32(dst[4*j:], math.Float32bits(m.params[off+j]))
+	}
+	return nil
+}
+
+// trainJoinable trains m on w from its start iteration to iters, checking
+// every sum against the workers it adds up; a worker that joined gets its
+// parameters from Init. There is no barrier between iterations: a joining
+// worker takes part in barriers from its admission on, and the others
+// would wait at one for a joiner that waits for their next push.
+func trainJoinable(ctx context.Context, w *worker.Worker, m *model, iters int, h hooks) error {
+	kv := worker.NewKV[float32](w)
+	w.SetParamsSource(m.source)
+	if err := w.SetTensorsPerIteration(len(m.keys)); err != nil {
+		return err
+	}
+	for i, k := range m.keys {
+		if err := kv.Declare(k, m.lens[i], -int32(i)); err != nil {
+			return err
+		}
+	}
+	off := 0
+	for _, tn := range memTensors {
+		for j := range tn.elems {
+			m.params[off+j] = grad(0, 0, tn.key, j)
+		}
+		off += tn.elems
+	}
+	mine := slices.Clone(m.params)
+	if err := kv.Init(ctx, m.keys, m.params, m.lens); err != nil {
+		return fmt.Errorf("init: %w", err)
+	}
+	if !w.Joined() && !slices.Equal(mine, m.params) {
+		return fmt.Errorf("init: not worker 0's values")
+	}
+	grads, sums := make([]float32, len(m.params)), make([]float32, len(m.params))
+	for it := int(w.StartIteration()); it <= iters; it++ {
+		if h.before != nil {
+			if err := h.before(w, it); err != nil {
+				return err
+			}
+		}
+		off := 0
+		for _, tn := range memTensors {
+			for j := range tn.elems {
+				grads[off+j] = grad(w.Node().Self().ID.Rank(), it, tn.key, j)
+			}
+			off += tn.elems
+		}
+		var reqs []int
+		off = 0
+		for i := range m.keys {
+			ts, err := kv.FPTPush(m.keys[i:i+1], grads[off:off+m.lens[i]], m.lens[i:i+1], -int32(i), nil)
+			if err != nil {
+				return fmt.Errorf("iteration %d: push: %w", it, err)
+			}
+			reqs = append(reqs, ts)
+			off += m.lens[i]
+		}
+		ts, err := kv.FPTPull(m.keys, sums, m.lens, nil)
+		if err != nil {
+			return fmt.Errorf("iteration %d: pull: %w", it, err)
+		}
+		for _, r := range append(reqs, ts) {
+			if err := kv.Wait(r); err != nil {
+				return fmt.Errorf("iteration %d: %w", it, err)
+			}
+		}
+		ids := w.WorkersAt(uint64(it))
+		off = 0
+		for _, tn := range memTensors {
+			for j := range tn.elems {
+				var want float32
+				for _, id := range ids {
+					want += grad(id.Rank(), it, tn.key, j)
+				}
+				if sums[off+j] != want {
+					return fmt.Errorf("iteration %d (workers %v): key %d element %d is %v, want %v", it, ids, tn.key, j, sums[off+j], want)
+				}
+				m.params[off+j] += sums[off+j]
+			}
+			off += tn.elems
+		}
+	}
+	return nil
+}
+
+// TestWorkerJoins starts a third worker while a 2×2 job trains: it is
+// admitted with the next worker id, gets the parameters the others have
+// at the start of its first iteration, and every sum from then on adds
+// up its pushes, exactly, as WorkersAt says; all three end with the same
+// parameters.
+func TestWorkerJoins(t *testing.T) {
+	const iters, joinAt = 14, 4
+	for _, tt := range []struct {
+		name string
+		env  map[string]string
+	}{
+		{"LB on", map[string]string{"FPT_LB": "on"}},
+		{"LB off, continue", map[string]string{"FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env := map[string]string{"FPT_PARTITION_BYTES": memPartitionBytes}
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			c := startMem(t, 2, 2, env)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			models := []*model{newModel(), newModel(), newModel()}
+			errs := make(chan error, 8)
+			var wg sync.WaitGroup
+			joined := make(chan *worker.Worker, 1)
+			old := slices.Clone(c.Workers)
+			for i, w := range old {
+				wg.Go(func() {
+					errs <- trainJoinable(ctx, w, models[i], iters, hooks{before: func(w *worker.Worker, it int) error {
+						if w.Rank() == 0 && it == joinAt {
+							go func() {
+								j, err := c.AddWorker()
+								if err != nil {
+									errs <- fmt.Errorf("joining: %w", err)
+									cancel()
+									close(joined)
+									return
+								}
+								joined <- j
+							}()
+						}
+						return nil
+					}})
+				})
+			}
+			j, ok := <-joined
+			if !ok {
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					t.Error(err)
+				}
+				t.FailNow()
+			}
+			if id := j.Node().Self().ID; id != node.WorkerID(2) || !j.Joined() {
+				t.Errorf("the joiner is %s (joined %v), want %s", id, j.Joined(), node.WorkerID(2))
+			}
+			wg.Go(func() {
+				if err := trainJoinable(ctx, j, models[2], iters, hooks{}); err != nil {
+					errs <- fmt.Errorf("joiner: %w", err)
+				}
+			})
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Error(err)
+				}
+			}
+			if t.Failed() {
+				return
+			}
+			first := j.StartIteration()
+			if first <= joinAt || first > iters {
+				t.Fatalf("the joiner started at iteration %d, want within (%d, %d]", first, joinAt, iters)
+			}
+			for _, w := range append(old, j) {
+				if got := w.WorkersAt(first - 1); w != j && len(got) != 2 {
+					t.Errorf("%s: iteration %d summed over %v, want the 2 first workers", w.Node().Self().ID, first-1, got)
+				}
+				if got := w.WorkersAt(iters); !slices.Equal(got, []node.ID{node.WorkerID(0), node.WorkerID(1), node.WorkerID(2)}) {
+					t.Errorf("%s: iteration %d summed over %v, want all 3", w.Node().Self().ID, iters, got)
+				}
+			}
+			for i, m := range models[1:] {
+				if !slices.Equal(m.params, models[0].params) {
+					t.Errorf("worker %d's parameters differ from worker 0's at the end", i+1)
+				}
+			}
+			if err := c.Finish(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
