@@ -294,3 +294,106 @@ func TestRunJob(t *testing.T) {
 		})
 	}
 }
+
+// A third worker joins a 2×2 job while it trains (memcluster.AddWorker once
+// worker 0 verified iteration 3): test_kv_app's model hands the joiner the
+// parameters, the joiner trains from its start iteration to the end and
+// counts only those iterations, the others say a worker joined, and all
+// three end with the parameters every iteration's sums make (one
+// checksum) and pass the classic rounds together, whose barriers the
+// joiner counts in: the barrier per iteration is gone, or this would
+// deadlock.
+func TestRunJoin(t *testing.T) {
+	o := Options{Iterations: 14, Tensors: 3, MinBytes: 4, MaxBytes: 64 << 10, DType: frame.Float32, Classic: 2,
+		Compute: 5 * time.Millisecond}
+	for _, tt := range []struct {
+		name string
+		env  map[string]string
+	}{
+		{"LB on", map[string]string{"FPT_LB": "on"}},
+		{"LB off, continue", map[string]string{"FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := memcluster.Start(context.Background(), memcluster.Options{Servers: 2, Workers: 2, Env: tt.env})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			old := slices.Clone(c.Workers)
+			outs := make([]*watch, 3)
+			sums := make([]Summary, 3)
+			errs := make([]error, 3)
+			var joiner *worker.Worker
+			var wg sync.WaitGroup
+			for r, w := range old {
+				outs[r] = &watch{s: "iteration 3/", f: func() {}}
+				if r == 0 {
+					outs[r].f = func() {
+						wg.Go(func() {
+							j, err := c.AddWorker()
+							if err != nil {
+								errs[2] = fmt.Errorf("joining: %w", err)
+								cancel()
+								return
+							}
+							joiner = j
+							outs[2] = &watch{}
+							sums[2], errs[2] = Run(ctx, j, o, outs[2])
+						})
+					}
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					sums[r], errs[r] = Run(ctx, w, o, outs[r])
+				}()
+			}
+			wg.Wait()
+			for r, err := range errs {
+				if err != nil {
+					out := ""
+					if outs[r] != nil {
+						out = outs[r].String()
+					}
+					t.Errorf("worker %d: %v\n%s", r, err, out)
+				}
+			}
+			if t.Failed() {
+				t.FailNow()
+			}
+			want := wantChecksum(o, func(it int) []int { return ranksAt(old[0], it) })
+			start := sums[2].Start
+			if rank := joiner.Rank(); rank != 2 || !joiner.Joined() || old[0].Joined() {
+				t.Errorf("the joiner has rank %d, joined %v (worker 0: %v); want 2, true (false)", rank, joiner.Joined(), old[0].Joined())
+			}
+			if start <= 1 || start > o.Iterations || sums[2].Iterations != o.Iterations-start+1 {
+				t.Errorf("the joiner started at iteration %d and ran %d; want one in 2..%d, and the rest", start, sums[2].Iterations, o.Iterations)
+			}
+			if got := ranksAt(old[0], start); !slices.Equal(got, []int{0, 1, 2}) || len(ranksAt(old[0], start-1)) != 2 {
+				t.Errorf("iteration %d summed %v, %d summed %v; want workers 0 and 1, then 0, 1 and 2", start-1, ranksAt(old[0], start-1), start, got)
+			}
+			for r, s := range sums {
+				out := outs[r].String()
+				if s.Checksum != want {
+					t.Errorf("worker %d: parameters checksum %#x, want %#x\n%s", r, s.Checksum, want, out)
+				}
+				lines := []string{fmt.Sprintf("parameters checksum %#016x", want), "classic Push/Pull/PushPull over 2 servers verified", "PASS"}
+				if r == 2 {
+					lines = append(lines, fmt.Sprintf("worker 2: joined the running job at iteration %d with worker 0's parameters; sums now over 3 workers [0 1 2]", start))
+				} else {
+					lines = append(lines, fmt.Sprintf("iteration %d on: sums over 3 of 3 workers [0 1 2] (a worker joined the job)", start))
+				}
+				for _, line := range lines {
+					if !strings.Contains(out, line) {
+						t.Errorf("worker %d printed no %q:\n%s", r, line, out)
+					}
+				}
+			}
+			if err := c.Finish(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
