@@ -183,7 +183,7 @@ func (w *watch) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.buf.Write(p)
-	if !w.done && strings.Contains(w.buf.String(), w.s) {
+	if w.f != nil && !w.done && strings.Contains(w.buf.String(), w.s) {
 		w.done = true
 		go w.f()
 	}
