@@ -188,6 +188,8 @@ type libCluster struct {
 	servers   []*Lib
 	workers   []*Lib // by rank
 	shutdowns atomic.Int32
+	// lib makes one more node's library with the job's environment.
+	lib func(role string) *Lib
 }
 
 func startLibs(t *testing.T, servers, workers int) *libCluster {
@@ -212,6 +214,7 @@ func startLibsWith(t *testing.T, servers, workers int, setup func(role string, v
 		}
 		return l
 	}
+	c.lib = lib
 	c.sched = lib("scheduler")
 	if err := c.sched.Start(); err != nil {
 		t.Fatal(err)
