@@ -137,6 +137,54 @@ func TestPythonOptimizerBuckets(t *testing.T) {
 	}
 }
 
+var (
+	joinParamsRe = regexp.MustCompile(`join params ([0-9a-f]+)`)
+	joinedAtRe   = regexp.MustCompile(`rank 2 joined at iteration ([0-9]+)`)
+)
+
+// A third Python worker started while two train with fpt.torch joins the
+// job with the same script: fpt.torch hands it the model (every worker
+// starts from its own random weights, so only the handover makes them
+// equal), it numbers its steps from the iteration it joined at, and all
+// three end with the same parameters bit for bit.
+func TestPythonJoin(t *testing.T) {
+	py := needPython(t)
+	c := startPyChecks(t, py, 1, "join")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(`step 3 over`)); err != nil {
+		c.dump()
+		t.Fatal(err)
+	}
+	if _, err := c.Add("worker"); err != nil {
+		t.Fatal(err)
+	}
+	c.waitAll(3 * time.Minute)
+	var hashes []string
+	for _, w := range []string{"worker0", "worker1", "worker2"} {
+		out := c.proc(w).Stdout.String()
+		mustContain(t, w+" stdout", out, "JOIN PASS", "step 40 over 3 workers")
+		if m := joinParamsRe.FindStringSubmatch(out); m != nil {
+			hashes = append(hashes, m[1])
+		}
+	}
+	joiner := ""
+	for _, w := range []string{"worker0", "worker1", "worker2"} {
+		if m := joinedAtRe.FindStringSubmatch(c.proc(w).Stdout.String()); m != nil {
+			joiner = w
+			if at, _ := strconv.Atoi(m[1]); at <= 3 || at > 40 {
+				t.Errorf("the joiner started at iteration %d, want one in 4..40", at)
+			}
+		}
+	}
+	if joiner == "" {
+		t.Error("no worker said it joined as rank 2")
+	}
+	if len(hashes) != 3 || hashes[0] != hashes[1] || hashes[0] != hashes[2] {
+		t.Errorf("the workers' parameters hash %v, want three equal", hashes)
+	}
+}
+
 // kill -9 of a server while Python workers push and pull: each worker's
 // wait raises ClusterError naming the dead node, and the worker exits 1
 // within the heartbeat timeout rather than hanging.

@@ -6,6 +6,10 @@
                           them, nothing left after finalize: "BINDINGS PASS"
     fpt_checks.py optimizer  fpt.torch's buckets give the same training as one
                           push per gradient
+    fpt_checks.py join    fpt.torch training that a third worker joins: it
+                          gets the others' model, numbers its steps from
+                          start_iteration(); every worker prints its final
+                          parameters' hash ("join params ...")
     fpt_checks.py dead    pushes and pulls until a node dies: the wait raises
                           ClusterError (printed), exit status 1
     fpt_checks.py raise   worker rank 1 raises after a few iterations
@@ -278,6 +282,46 @@ def optimizer():
     print("OPTIMIZER PASS", flush=True)
 
 
+def join(steps=40):
+    """The example's network trained with fpt.torch, plain SGD (optimizer
+    state the optimizer makes during training, such as momentum buffers,
+    is not handed to a joiner), the same batch on every worker. Each worker
+    starts from its own random weights: only the handover can make a
+    joiner's parameters the others'."""
+    import hashlib
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "pytorch"))
+    from model import Net, dataset
+    import fpt.torch
+    import torch.nn.functional as F
+
+    fpt.start()
+    r = fpt.rank()
+    torch.manual_seed(100 + r)
+    m = Net(1)
+    opt = fpt.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05), m.named_parameters())
+    fpt.torch.broadcast_parameters(m.state_dict())
+    start = fpt.start_iteration()
+    check(fpt.joined() == (r >= 2), "joined() is %s on rank %d" % (fpt.joined(), r))
+    if fpt.joined():
+        print("rank %d joined at iteration %d" % (r, start), flush=True)
+    x, y = dataset(256, 1)
+    for step in range(start, steps + 1):
+        lo = (step * 32) % 224
+        opt.zero_grad()
+        F.cross_entropy(m(x[lo:lo + 32]), y[lo:lo + 32]).backward()
+        opt.step()
+        print("step %d over %d workers" % (step, fpt.num_workers_at(step)), flush=True)
+        time.sleep(0.05)  # the rest of a step: room for a worker to join
+    check(opt._fpt_iteration == steps + 1, "the steps ended at iteration %d" % (opt._fpt_iteration - 1))
+    print("join params %s" % hashlib.sha256(b"".join(q.detach().numpy().tobytes() for q in m.parameters()))
+          .hexdigest()[:16], flush=True)
+    fpt.finalize()
+    if failures:
+        sys.exit(1)
+    print("JOIN PASS", flush=True)
+
+
 def loop(raise_at=None):
     """Iterations of push and pull; rank 1 raises at raise_at."""
     fpt.start()
@@ -303,4 +347,4 @@ def loop(raise_at=None):
 
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "basic"
-    {"basic": basic, "optimizer": optimizer, "dead": loop, "loop": loop, "raise": lambda: loop(raise_at=4)}[mode]()
+    {"basic": basic, "optimizer": optimizer, "join": join, "dead": loop, "loop": loop, "raise": lambda: loop(raise_at=4)}[mode]()
