@@ -282,7 +282,7 @@ def optimizer():
     print("OPTIMIZER PASS", flush=True)
 
 
-def join(steps=40):
+def join(steps=60):
     """The example's network trained with fpt.torch, plain SGD (optimizer
     state the optimizer makes during training, such as momentum buffers,
     is not handed to a joiner), the same batch on every worker. Each worker
@@ -311,8 +311,11 @@ def join(steps=40):
         opt.zero_grad()
         F.cross_entropy(m(x[lo:lo + 32]), y[lo:lo + 32]).backward()
         opt.step()
-        print("step %d over %d workers" % (step, fpt.num_workers_at(step)), flush=True)
-        time.sleep(0.05)  # the rest of a step: room for a worker to join
+        n = fpt.num_workers_at(step)
+        print("step %d over %d workers" % (step, n), flush=True)
+        # The rest of a step, long until the third worker is in: room for
+        # its process to start.
+        time.sleep(0.2 if n < 3 else 0.01)
     check(opt._fpt_iteration == steps + 1, "the steps ended at iteration %d" % (opt._fpt_iteration - 1))
     print("join params %s" % hashlib.sha256(b"".join(q.detach().numpy().tobytes() for q in m.parameters()))
           .hexdigest()[:16], flush=True)
