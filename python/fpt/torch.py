@@ -197,14 +197,22 @@ class _Distributed:
         # A gradient key's parameters, for a worker joining the job, are its
         # parameter's values: its init gives the joiner the model.
         _register(keys, [lambda p=p: p.detach().contiguous() for _, p in params])
+        # One more key tells a joiner how many entries the optimizer's state
+        # holds where it joins (see _fpt_check_state).
+        (self._fpt_state_key,) = _keys.take(1)
+        fpt.declare(self._fpt_state_key, 8, "float64")
+        _register([self._fpt_state_key], [lambda: torch.tensor([float(self._fpt_state_entries())], dtype=torch.float64)])
+        self._fpt_state_at_join = torch.zeros(1, dtype=torch.float64)
         # The keys' init round (fpt_init is each key's iteration 0), so that
         # the first gradient push is summed.
         for dt in size:
             ks = [k for b in self._fpt_buckets if b.dtype == dt for k in b.keys]
             fpt.init(ks, self._fpt_sums[dt])
+        fpt.init(self._fpt_state_key, self._fpt_state_at_join)
         # Every key is pushed once a step, so they share an iteration
         # number: 1 after init, or on a joiner the iteration it joined at.
         self._fpt_iteration = fpt.start_iteration()
+        self._fpt_check_pending = fpt.joined()
         if fpt.joined():
             with torch.no_grad():
                 for i, (_, p) in enumerate(params):
@@ -255,8 +263,32 @@ class _Distributed:
             self._fpt_send(b)
 
     def _fpt_send(self, b):
+        if self._fpt_check_pending:  # before a joiner's first push
+            self._fpt_check_state()
         grads, sums = self._fpt_grads[b.dtype][b.lo:b.hi], self._fpt_sums[b.dtype][b.lo:b.hi]
         self._fpt_handles.append((fpt.push(b.keys, grads, b.priority), fpt.pull(b.keys, sums)))
+
+    def _fpt_state_entries(self):
+        """How many entries (momentum buffers, moments, step counts) the
+        optimizer's state holds."""
+        return sum(1 for st in self.state.values() for v in st.values() if v is not None)
+
+    def _fpt_check_state(self):
+        """On a joiner, before its first push: the optimizer state the
+        others had where it joined must be here too (broadcast by
+        broadcast_optimizer_state, or restored by the program). State the
+        optimizer made during training is not handed over, and a joiner
+        without it would step differently from the others for good."""
+        self._fpt_check_pending = False
+        theirs, mine = int(self._fpt_state_at_join[0]), self._fpt_state_entries()
+        if theirs > mine:
+            raise RuntimeError(
+                "fpt.torch: this worker joined the running job at iteration %d, where the optimizer's state holds %d "
+                "entries (momentum buffers, moments...) and this worker's %d: fpt.torch hands over parameters, not "
+                "state the optimizer made while training, and without it this worker's steps would differ from the "
+                "others'. Use an optimizer without such state, or hand it over yourself (declare keys for it before "
+                "the first push, and register a source that covers them and fpt.torch's: fpt.torch.params_source)"
+                % (self._fpt_iteration, theirs, mine))
 
     def synchronize(self):
         """Waits for every gradient's sum and sets each gradient to the

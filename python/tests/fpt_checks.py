@@ -10,6 +10,8 @@
                           gets the others' model, numbers its steps from
                           start_iteration(); every worker prints its final
                           parameters' hash ("join params ...")
+    fpt_checks.py join-momentum  the same with SGD's momentum: a joiner
+                          raises (fpt.torch does not hand over its buffers)
     fpt_checks.py dead    pushes and pulls until a node dies: the wait raises
                           ClusterError (printed), exit status 1
     fpt_checks.py raise   worker rank 1 raises after a few iterations
@@ -282,12 +284,12 @@ def optimizer():
     print("OPTIMIZER PASS", flush=True)
 
 
-def join(steps=60):
-    """The example's network trained with fpt.torch, plain SGD (optimizer
-    state the optimizer makes during training, such as momentum buffers,
-    is not handed to a joiner), the same batch on every worker. Each worker
-    starts from its own random weights: only the handover can make a
-    joiner's parameters the others'."""
+def join(steps=60, momentum=0.0):
+    """The example's network trained with fpt.torch, the same batch on
+    every worker. Each worker starts from its own random weights: only the
+    handover can make a joiner's parameters the others'. Plain SGD: state
+    the optimizer makes while training (momentum buffers) is not handed
+    over, and with momentum the joiner refuses to train (RuntimeError)."""
     import hashlib
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "pytorch"))
@@ -299,7 +301,8 @@ def join(steps=60):
     r = fpt.rank()
     torch.manual_seed(100 + r)
     m = Net(1)
-    opt = fpt.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05), m.named_parameters())
+    opt = fpt.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05, momentum=momentum),
+                                         m.named_parameters())
     fpt.torch.broadcast_parameters(m.state_dict())
     start = fpt.start_iteration()
     check(fpt.joined() == (r >= 2), "joined() is %s on rank %d" % (fpt.joined(), r))
@@ -350,4 +353,4 @@ def loop(raise_at=None):
 
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "basic"
-    {"basic": basic, "optimizer": optimizer, "join": join, "dead": loop, "loop": loop, "raise": lambda: loop(raise_at=4)}[mode]()
+    {"basic": basic, "optimizer": optimizer, "join": join, "join-momentum": lambda: join(steps=30, momentum=0.9), "dead": loop, "loop": loop, "raise": lambda: loop(raise_at=4)}[mode]()
