@@ -20,8 +20,11 @@ the job's parameters source (fpt.set_params_source; params_source is it),
 so on a joiner DistributedOptimizer and broadcast_parameters give the
 model the parameters the others have at the start of the iteration it
 joins at, and its steps are numbered from there (fpt.start_iteration()).
-broadcast_optimizer_state gives a joiner the current values of the state
-tensors worker 0 had at its broadcast, and the numbers it had then.
+broadcast_optimizer_state gives a joiner the optimizer's state and numbers
+(lr included) as they are then; state the optimizer made after it
+(momentum buffers, moments made while training) is not handed over, and a
+worker with such state refuses to hand over the parameters: the join fails
+rather than let the joiner step differently from the others.
 """
 
 import torch
@@ -77,21 +80,32 @@ def _check_root(root_rank, what):
                          % (what, root_rank))
 
 
-def _broadcast(tensors):
+def _state_entries(optimizer):
+    """How many entries (momentum buffers, moments, step counts) an
+    optimizer's state holds."""
+    return sum(1 for st in optimizer.state.values() for v in st.values() if v is not None)
+
+
+def _broadcast(tensors, current=None):
     """Gives every tensor worker 0's values, in place: one fpt_init per
     dtype over fresh keys, through one flat buffer per dtype. Tensors of
-    other types travel as float64 (exact for integers below 2**53)."""
+    other types travel as float64 (exact for integers below 2**53).
+    current[i]() is tensor i's value as it is later, for a joining worker
+    (default: the tensor itself)."""
     groups = {}
-    for t in tensors:
+    for i, t in enumerate(tensors):
         wire = t.dtype if t.dtype in _DTYPES else torch.float64
-        groups.setdefault(wire, []).append(t)
+        get = current[i] if current is not None else (lambda t=t: t)
+        groups.setdefault(wire, []).append((t, get))
     with torch.no_grad():
-        for wire, ts in groups.items():
+        for wire, pairs in groups.items():
+            ts = [t for t, _ in pairs]
             keys = _keys.take(len(ts))
             for k, t in zip(keys, ts):
                 fpt.declare(k, t.numel() * torch.empty((), dtype=wire).element_size(), str(wire), priority=0)
             # A joiner's init gives these tensors' values when it joins.
-            _register(keys, [lambda t=t, wire=wire: t.detach().reshape(-1).to(wire).contiguous() for t in ts])
+            _register(keys, [lambda get=get, wire=wire: get().detach().reshape(-1).to(wire).contiguous()
+                             for _, get in pairs])
             flat = torch.cat([t.detach().reshape(-1).to(wire) for t in ts]) if ts else torch.empty(0, dtype=wire)
             fpt.init(keys, flat)
             off = 0
@@ -115,6 +129,28 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
     Every worker must have the same state entries: call it before
     training, or after loading the same checkpoint structure everywhere."""
     _check_root(root_rank, "broadcast_optimizer_state")
+    sd, tensors, scalars, setters = _optimizer_values(optimizer)
+    nums = torch.tensor(scalars, dtype=torch.float64)
+
+    def current(i):
+        # For a joiner, the optimizer's values when it joins, read in the
+        # same order (load_state_dict below copies the tensors).
+        def get():
+            _, ts, sc, _ = _optimizer_values(optimizer)
+            return ts[i] if i < len(ts) else torch.tensor(sc, dtype=torch.float64)
+        return get
+
+    _broadcast(tensors + [nums], [current(i) for i in range(len(tensors) + 1)])
+    for (d, name, tp), v in zip(setters, nums.tolist()):
+        d[name] = tp(v)
+    optimizer.load_state_dict(sd)
+    optimizer._fpt_state_broadcast = _state_entries(optimizer)
+
+
+def _optimizer_values(optimizer):
+    """An optimizer's state dict, its state tensors and its numbers (the
+    param groups' numeric hyperparameters, then the state's numbers) in a
+    fixed order, and where each number goes back."""
     sd = optimizer.state_dict()
     tensors, scalars, setters = [], [], []
     for group in sd["param_groups"]:
@@ -132,11 +168,7 @@ def broadcast_optimizer_state(optimizer, root_rank=0):
             elif isinstance(v, (int, float)) and not isinstance(v, bool):
                 scalars.append(float(v))
                 setters.append((st, name, type(v)))
-    nums = torch.tensor(scalars, dtype=torch.float64)
-    _broadcast(tensors + [nums])
-    for (d, name, tp), v in zip(setters, nums.tolist()):
-        d[name] = tp(v)
-    optimizer.load_state_dict(sd)
+    return sd, tensors, scalars, setters
 
 
 class _Bucket:
@@ -196,23 +228,15 @@ class _Distributed:
             b.priority = -min(b.members)
         # A gradient key's parameters, for a worker joining the job, are its
         # parameter's values: its init gives the joiner the model.
-        _register(keys, [lambda p=p: p.detach().contiguous() for _, p in params])
-        # One more key tells a joiner how many entries the optimizer's state
-        # holds where it joins (see _fpt_check_state).
-        (self._fpt_state_key,) = _keys.take(1)
-        fpt.declare(self._fpt_state_key, 8, "float64")
-        _register([self._fpt_state_key], [lambda: torch.tensor([float(self._fpt_state_entries())], dtype=torch.float64)])
-        self._fpt_state_at_join = torch.zeros(1, dtype=torch.float64)
+        _register(keys, [lambda p=p: self._fpt_handed(p) for _, p in params])
         # The keys' init round (fpt_init is each key's iteration 0), so that
         # the first gradient push is summed.
         for dt in size:
             ks = [k for b in self._fpt_buckets if b.dtype == dt for k in b.keys]
             fpt.init(ks, self._fpt_sums[dt])
-        fpt.init(self._fpt_state_key, self._fpt_state_at_join)
         # Every key is pushed once a step, so they share an iteration
         # number: 1 after init, or on a joiner the iteration it joined at.
         self._fpt_iteration = fpt.start_iteration()
-        self._fpt_check_pending = fpt.joined()
         if fpt.joined():
             with torch.no_grad():
                 for i, (_, p) in enumerate(params):
@@ -263,32 +287,26 @@ class _Distributed:
             self._fpt_send(b)
 
     def _fpt_send(self, b):
-        if self._fpt_check_pending:  # before a joiner's first push
-            self._fpt_check_state()
         grads, sums = self._fpt_grads[b.dtype][b.lo:b.hi], self._fpt_sums[b.dtype][b.lo:b.hi]
         self._fpt_handles.append((fpt.push(b.keys, grads, b.priority), fpt.pull(b.keys, sums)))
 
-    def _fpt_state_entries(self):
-        """How many entries (momentum buffers, moments, step counts) the
-        optimizer's state holds."""
-        return sum(1 for st in self.state.values() for v in st.values() if v is not None)
-
-    def _fpt_check_state(self):
-        """On a joiner, before its first push: the optimizer state the
-        others had where it joined must be here too (broadcast by
-        broadcast_optimizer_state, or restored by the program). State the
-        optimizer made during training is not handed over, and a joiner
-        without it would step differently from the others for good."""
-        self._fpt_check_pending = False
-        theirs, mine = int(self._fpt_state_at_join[0]), self._fpt_state_entries()
-        if theirs > mine:
+    def _fpt_handed(self, p):
+        """Parameter p for a joining worker, unless the optimizer holds
+        state the joiner would lack: entries made while training (momentum
+        buffers, moments) that no broadcast_optimizer_state covered. Without
+        them the joiner would step differently from the others for good, so
+        the join fails instead, saying why here and with the source's status
+        on the joiner."""
+        now, broadcast = _state_entries(self), getattr(self, "_fpt_state_broadcast", 0)
+        if now > broadcast:
             raise RuntimeError(
-                "fpt.torch: this worker joined the running job at iteration %d, where the optimizer's state holds %d "
-                "entries (momentum buffers, moments...) and this worker's %d: fpt.torch hands over parameters, not "
-                "state the optimizer made while training, and without it this worker's steps would differ from the "
-                "others'. Use an optimizer without such state, or hand it over yourself (declare keys for it before "
-                "the first push, and register a source that covers them and fpt.torch's: fpt.torch.params_source)"
-                % (self._fpt_iteration, theirs, mine))
+                "fpt.torch: a worker joins the running job, but the optimizer's state holds %d entries (momentum "
+                "buffers, moments...) and only %d were broadcast by broadcast_optimizer_state: fpt.torch hands over "
+                "the parameters and broadcast tensors, not state the optimizer made while training, and a joiner "
+                "without it would step differently from the others. Use an optimizer without such state, or hand it "
+                "over yourself (keys declared before the first push, and a source that covers them and "
+                "fpt.torch.params_source)" % (now, broadcast))
+        return p.detach().contiguous()
 
     def synchronize(self):
         """Waits for every gradient's sum and sets each gradient to the

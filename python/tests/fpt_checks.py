@@ -10,8 +10,6 @@
                           gets the others' model, numbers its steps from
                           start_iteration(); every worker prints its final
                           parameters' hash ("join params ...")
-    fpt_checks.py join-momentum  the same with SGD's momentum: a joiner
-                          raises (fpt.torch does not hand over its buffers)
     fpt_checks.py dead    pushes and pulls until a node dies: the wait raises
                           ClusterError (printed), exit status 1
     fpt_checks.py raise   worker rank 1 raises after a few iterations
@@ -245,34 +243,55 @@ def optimizer():
                                              m.named_parameters(), bucket_bytes=bucket)
         fpt.torch.broadcast_parameters(m.state_dict())
         runs.append((m, opt, none))
+    # One more, whose momentum buffers exist before it is wrapped (a step
+    # on local gradients) and are broadcast: it can be joined after
+    # training, the others (buffers made while training) cannot.
+    torch.manual_seed(1)
+    m3 = Net(2)
+    opt3 = torch.optim.SGD(m3.parameters(), lr=0.05, momentum=0.9)
+    for q in m3.parameters():
+        q.grad = torch.ones_like(q)
+    opt3.step()
+    opt3 = fpt.torch.DistributedOptimizer(opt3, m3.named_parameters())
+    fpt.torch.broadcast_parameters(m3.state_dict())
+    fpt.torch.broadcast_optimizer_state(opt3)
     raises(ValueError, "broadcast_parameters from rank 1", fpt.torch.broadcast_parameters, {}, 1)
     m0, opt0, _ = runs[0]
-    first = next(m0.parameters())
 
-    def source_is_param(when):
-        key = opt0._fpt_keys[0]
-        want = first.detach().numpy().tobytes()
+    def source_is_param(m, opt, when):
+        key, want = opt._fpt_keys[0], next(m.parameters()).detach().numpy().tobytes()
         check(fpt.torch.params_source(5, key).numpy().tobytes() == want,
               "fpt.torch's source gives a gradient key's parameter (%s)" % when)
         dst = (ctypes.c_char * len(want))()
         check(fpt._node.params_cb(None, 5, key, ctypes.addressof(dst), len(want)) == 0 and bytes(dst) == want,
               "the registered source copies the parameter's bytes (%s)" % when)
 
-    source_is_param("before training")
+    source_is_param(m0, opt0, "before training")
     check(len(fpt.torch._sources) == fpt.torch._keys.next - fpt.torch.KEY_BASE,
           "every key fpt.torch declared (gradients and broadcasts) has a source")
     raises(KeyError, "fpt.torch's source for a key it did not declare", fpt.torch.params_source, 5, 3)
     check(opt0._fpt_iteration == fpt.start_iteration() == 1, "steps numbered from start_iteration()")
     x, y = dataset(512, 1)
     hashes = []
-    for m, opt, none in runs:
+    for m, opt, none in runs + [(m3, opt3, False)]:
         for i in range(5):
             lo = i * 64 + r * 32
             opt.zero_grad(set_to_none=none)
             F.cross_entropy(m(x[lo:lo + 32]), y[lo:lo + 32]).backward()
             opt.step()
         hashes.append(hashlib.sha256(b"".join(q.detach().numpy().tobytes() for q in m.parameters())).hexdigest()[:16])
-    source_is_param("after 5 steps")
+    hashes.pop()  # m3 started elsewhere
+    source_is_param(m3, opt3, "after 5 steps, the momentum buffers broadcast")
+    p3 = next(m3.parameters())
+    buf = opt3.state[p3]["momentum_buffer"].numpy().tobytes()
+    check(any(get().numpy().tobytes() == buf for get in fpt.torch._sources.values()),
+          "a broadcast optimizer state key gives the momentum buffer as it is now")
+    e = raises(RuntimeError, "the source after 5 steps with momentum buffers made while training",
+               fpt.torch.params_source, 5, opt0._fpt_keys[0])
+    check(e is not None and "only 0 were broadcast" in str(e), "it says the optimizer's state was not broadcast")
+    dst = (ctypes.c_char * 8)()
+    check(fpt._node.params_cb(None, 5, opt0._fpt_keys[0], ctypes.addressof(dst), 8) == 1,
+          "the registered source refuses: a joiner fails rather than step differently from the others")
     check(opt0._fpt_iteration == 6, "5 steps: iteration %d next, want 6" % opt0._fpt_iteration)
     check(len(runs[0][1]._fpt_buckets) == 1 and len(runs[1][1]._fpt_buckets) == 6 and
           len(runs[2][1]._fpt_buckets) > 1, "bucket counts %s" % [len(o._fpt_buckets) for _, o, _ in runs])
@@ -284,12 +303,12 @@ def optimizer():
     print("OPTIMIZER PASS", flush=True)
 
 
-def join(steps=60, momentum=0.0):
+def join(steps=60):
     """The example's network trained with fpt.torch, the same batch on
     every worker. Each worker starts from its own random weights: only the
     handover can make a joiner's parameters the others'. Plain SGD: state
     the optimizer makes while training (momentum buffers) is not handed
-    over, and with momentum the joiner refuses to train (RuntimeError)."""
+    over (optimizer checks that such a job refuses a joiner)."""
     import hashlib
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "pytorch"))
@@ -301,8 +320,7 @@ def join(steps=60, momentum=0.0):
     r = fpt.rank()
     torch.manual_seed(100 + r)
     m = Net(1)
-    opt = fpt.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05, momentum=momentum),
-                                         m.named_parameters())
+    opt = fpt.torch.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.05), m.named_parameters())
     fpt.torch.broadcast_parameters(m.state_dict())
     start = fpt.start_iteration()
     check(fpt.joined() == (r >= 2), "joined() is %s on rank %d" % (fpt.joined(), r))
@@ -353,4 +371,4 @@ def loop(raise_at=None):
 
 if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "basic"
-    {"basic": basic, "optimizer": optimizer, "join": join, "join-momentum": lambda: join(steps=30, momentum=0.9), "dead": loop, "loop": loop, "raise": lambda: loop(raise_at=4)}[mode]()
+    {"basic": basic, "optimizer": optimizer, "join": join, "dead": loop, "loop": loop, "raise": lambda: loop(raise_at=4)}[mode]()
