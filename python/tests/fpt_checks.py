@@ -284,7 +284,14 @@ def optimizer():
     source_is_param(m3, opt3, "after 5 steps, the momentum buffers broadcast")
     p3 = next(m3.parameters())
     buf = opt3.state[p3]["momentum_buffer"].numpy().tobytes()
-    check(any(get().numpy().tobytes() == buf for get in fpt.torch._sources.values()),
+
+    def value(get):  # None from the gradient keys of the runs that refuse
+        try:
+            return get().numpy().tobytes()
+        except RuntimeError:
+            return None
+
+    check(any(value(get) == buf for get in fpt.torch._sources.values()),
           "a broadcast optimizer state key gives the momentum buffer as it is now")
     e = raises(RuntimeError, "the source after 5 steps with momentum buffers made while training",
                fpt.torch.params_source, 5, opt0._fpt_keys[0])
