@@ -136,13 +136,14 @@ func trainJoinable(ctx context.Context, w *worker.Worker, m *model, iters int, h
 // up its pushes, exactly, as WorkersAt says; all three end with the same
 // parameters.
 func TestWorkerJoins(t *testing.T) {
-	const iters, joinAt = 14, 4
+	const iters, joinAt = 30, 4
 	for _, tt := range []struct {
 		name string
 		env  map[string]string
 	}{
 		{"LB on", map[string]string{"FPT_LB": "on"}},
 		{"LB off, continue", map[string]string{"FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}},
+		{"LB on, retry", map[string]string{"FPT_LB": "on", "FPT_ON_SERVER_LOSS": "retry"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			env := map[string]string{"FPT_PARTITION_BYTES": memPartitionBytes}
