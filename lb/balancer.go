@@ -393,6 +393,13 @@ func (b *Balancer) Join(id node.ID, now time.Time) (d Directive, ok bool, err er
 		return Directive{}, false, nil
 	}
 	dec := Even(b.current.Version+1, b.horizon+1, b.cfg.Servers)
+	return b.adopt(dec, fmt.Sprintf("%s joined: even split over %d servers", id, len(b.cfg.Servers))), true, nil
+}
+
+// adopt makes dec, which is not a probe, the current and the last good
+// decision, and returns the directive that issues it: shaping on, the
+// horizon and Done as they are.
+func (b *Balancer) adopt(dec Decision, reason string) Directive {
 	b.current, b.good = dec, dec
 	b.lastDecisionAt = b.next
 	out := clone(dec)
@@ -401,8 +408,8 @@ func (b *Balancer) Join(id node.ID, now time.Time) (d Directive, ok bool, err er
 		Decision: &out,
 		Shaping:  true,
 		Done:     b.next,
-		Reason:   clip(fmt.Sprintf("%s joined: even split over %d servers", id, len(b.cfg.Servers))),
-	}, true, nil
+		Reason:   clip(reason),
+	}
 }
 
 // Lose takes server or worker id out of the job and returns the
@@ -460,8 +467,6 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 			b.seen[w] = min(b.seen[w], b.next)
 		}
 	}
-	b.current, b.good = dec, dec
-	b.lastDecisionAt = b.next
 	b.state = Default
 	b.up, b.down = make(map[node.ID]float64, len(b.all)), make(map[node.ID]float64, len(b.all))
 	b.from, b.to = b.next+1, math.MaxUint64
@@ -474,15 +479,9 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 	if worker {
 		reason = fmt.Sprintf("%s lost (%s): iterations from %d pushed again by the %d workers left", id, why, b.next, len(b.cfg.Workers))
 	}
-	out := clone(dec)
-	return Directive{
-		Horizon:  b.horizon,
-		Decision: &out,
-		Shaping:  true,
-		Retry:    true,
-		Done:     b.next,
-		Reason:   clip(reason),
-	}, nil
+	d := b.adopt(dec, reason)
+	d.Retry = true
+	return d, nil
 }
 
 // issue makes the next decision from a split: the next version, taking

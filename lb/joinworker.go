@@ -51,8 +51,6 @@ func (b *Balancer) JoinWorker(id node.ID, now time.Time) (Directive, error) {
 		b.joined = make(map[node.ID]bool)
 	}
 	b.joined[id] = true
-	b.current, b.good = dec, dec
-	b.lastDecisionAt = b.next
 	reason := fmt.Sprintf("%s joined: sums count it from iteration %d", id, j)
 	if b.held {
 		reason += "; hold over (" + b.holdWhy + ")"
@@ -64,14 +62,7 @@ func (b *Balancer) JoinWorker(id node.ID, now time.Time) (Directive, error) {
 		b.probeAfter = now.Add(b.cfg.JoinSettle)
 		b.probeWhy = fmt.Sprintf("%s joined: measuring its links", id)
 	}
-	out := clone(dec)
-	return Directive{
-		Horizon:  b.horizon,
-		Decision: &out,
-		Shaping:  true,
-		Done:     b.next,
-		Reason:   clip(reason),
-	}, nil
+	return b.adopt(dec, reason), nil
 }
 
 // Hold stops the grants: until JoinWorker or Release, no directive grants

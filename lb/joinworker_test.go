@@ -62,14 +62,8 @@ func (s *sim) joinWorker(id node.ID) Directive {
 // join ends the hold a lost worker started: the horizon stood still until
 // then.
 func TestBalancerJoinWorker(t *testing.T) {
-	// Server 1 is slow: the balanced split gives the workers shares, so
-	// keeping it is not keeping the even split.
-	slow := func(id node.ID, _ uint64) (float64, float64) {
-		if id == node.ServerID(1) {
-			return 1e9, 2.5e8
-		}
-		return 1e9, 1e9
-	}
+	// Server 1 is slow (slowServer1): keeping the balanced split is not
+	// keeping the even one.
 	cases := []struct {
 		name  string
 		fixed bool
@@ -94,7 +88,7 @@ func TestBalancerJoinWorker(t *testing.T) {
 				if id == joiner && s.now.Sub(s.joined) < 400*time.Millisecond {
 					return 0, 0 // its agent's meter has no whole window yet
 				}
-				return slow(id, it)
+				return slowServer1(id, it)
 			}
 			s.run(tc.upTo)
 			if s.b.State() != tc.state {

@@ -76,18 +76,7 @@ func TestServeJoin(t *testing.T) {
 		_ = p.Send(sched, &control.Message{Command: control.Barrier, Flags: control.FlagFinal, Sender: id, Group: node.AllGroup, Seq: final})
 	}
 	members[j] = joiner
-	for id, p := range members {
-		for {
-			m := next(t, p)
-			if m.Command == control.Terminate {
-				break
-			}
-			if m.Command != control.Decision && m.Command != control.HeartbeatAck {
-				t.Fatalf("%s got %v, want Terminate", id, m.Command)
-			}
-		}
-		_ = p.Send(sched, &control.Message{Command: control.Terminate, Sender: id})
-	}
+	terminated(t, sched, members)
 	if err := srv.ended(t); err != nil {
 		t.Fatalf("Serve: %v", err)
 	}

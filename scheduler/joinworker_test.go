@@ -51,6 +51,24 @@ func report(t *testing.T, sched string, p *memplane.Plane, id node.ID, it uint64
 	_ = p.Send(sched, &control.Message{Command: control.Report, Sender: id, Body: body})
 }
 
+// terminated has every member wait for Terminate, past directives and
+// heartbeat answers, and echo it.
+func terminated(t *testing.T, sched string, members map[node.ID]*memplane.Plane) {
+	t.Helper()
+	for id, p := range members {
+		for {
+			m := next(t, p)
+			if m.Command == control.Terminate {
+				break
+			}
+			if m.Command != control.Decision && m.Command != control.HeartbeatAck {
+				t.Fatalf("%s got %v, want Terminate", id, m.Command)
+			}
+		}
+		_ = p.Send(sched, &control.Message{Command: control.Terminate, Sender: id})
+	}
+}
+
 // directive reads a Decision message's directive.
 func directive(t *testing.T, id node.ID, m *control.Message) lb.Directive {
 	t.Helper()
@@ -224,18 +242,7 @@ func TestServeWorkerJoin(t *testing.T) {
 				t.Fatalf("the joiner got %v before it reached the final barrier", got[0].Command)
 			}
 			_ = joiner.Send(sched, &control.Message{Command: control.Barrier, Flags: control.FlagFinal, Sender: tc.fresh, Group: node.AllGroup, Seq: final})
-			for id, p := range members {
-				for {
-					m := next(t, p)
-					if m.Command == control.Terminate {
-						break
-					}
-					if m.Command != control.Decision && m.Command != control.HeartbeatAck {
-						t.Fatalf("%s got %v, want Terminate", id, m.Command)
-					}
-				}
-				_ = p.Send(sched, &control.Message{Command: control.Terminate, Sender: id})
-			}
+			terminated(t, sched, members)
 			if err := srv.ended(t); err != nil {
 				t.Fatalf("Serve: %v", err)
 			}

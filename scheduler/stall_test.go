@@ -9,15 +9,19 @@ import (
 	"github.com/fptps/fpt/node"
 )
 
+// rep is a worker's report to the stall watch: it has pushed its first
+// pushed iterations, at seconds into a test (see at).
+type rep struct {
+	at     float64
+	id     node.ID
+	pushed uint64
+}
+
+// at is s seconds into a stall watch test.
+func at(s float64) time.Time { return time.Unix(1000, 0).Add(time.Duration(s * float64(time.Second))) }
+
 func TestStallWatch(t *testing.T) {
 	w0, w1, w2 := node.WorkerID(0), node.WorkerID(1), node.WorkerID(2)
-	t0 := time.Unix(1000, 0)
-	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
-	type rep struct {
-		at     float64
-		id     node.ID
-		pushed uint64
-	}
 	cases := []struct {
 		name    string
 		timeout time.Duration
@@ -51,7 +55,7 @@ func TestStallWatch(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			w := newStallWatch(c.timeout, []node.ID{w0, w1, w2}, t0)
+			w := newStallWatch(c.timeout, []node.ID{w0, w1, w2}, at(0))
 			for _, r := range c.reports {
 				w.report(r.id, r.pushed, at(r.at))
 			}
@@ -78,13 +82,6 @@ func TestStallWatch(t *testing.T) {
 // and workers that have not reached from yet are behind it from the join.
 func TestStallWatchJoin(t *testing.T) {
 	w0, w1, joiner := node.WorkerID(0), node.WorkerID(1), node.WorkerID(3)
-	t0 := time.Unix(1000, 0)
-	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
-	type rep struct {
-		at     float64
-		id     node.ID
-		pushed uint64
-	}
 	cases := []struct {
 		name    string
 		before  []rep   // reports before the join
@@ -102,7 +99,7 @@ func TestStallWatchJoin(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			w := newStallWatch(2*time.Second, []node.ID{w0, w1}, t0)
+			w := newStallWatch(2*time.Second, []node.ID{w0, w1}, at(0))
 			for _, r := range c.before {
 				w.report(r.id, r.pushed, at(r.at))
 			}
