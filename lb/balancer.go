@@ -125,6 +125,8 @@ type Balancer struct {
 	// retry: they never had a sum over the old workers, so their reports
 	// count whatever retry version they carry.
 	joined map[node.ID]bool
+	// joinAt is each joined worker's first iteration.
+	joinAt map[node.ID]uint64
 
 	// held: grant no iteration past the horizon (FPT_ON_WORKER_LOSS=wait,
 	// until a worker joins); holdWhy says why.
@@ -439,6 +441,15 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 	if len(*members) == 1 {
 		return Directive{}, fmt.Errorf("lb: lose %s: it is the last %s", id, role)
 	}
+	// A re-cut from Done before another worker's join iteration would
+	// sum the iterations between with a joiner that never pushes them,
+	// or drop the decision it joins by (the joiner's own loss is fine:
+	// the re-cut leaves it out).
+	for j, at := range b.joinAt {
+		if j != id && at > b.next {
+			return Directive{}, fmt.Errorf("lb: lose %s: %s joins at iteration %d, and not every worker has the sums of iteration %d: the iterations between cannot be summed again around the join", id, j, at, b.next)
+		}
+	}
 	i := slices.Index(*members, id)
 	left := slices.Delete(slices.Clone(*members), i, i+1)
 	servers := b.cfg.Servers
@@ -458,6 +469,7 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 	b.all = slices.Concat(b.cfg.Servers, b.cfg.Workers)
 	delete(b.isWorker, id)
 	delete(b.seen, id)
+	delete(b.joinAt, id)
 	if worker {
 		b.recutVersion, b.recutFrom = dec.Version, dec.Iteration
 		clear(b.joined)

@@ -51,6 +51,10 @@ func (b *Balancer) JoinWorker(id node.ID, now time.Time) (Directive, error) {
 		b.joined = make(map[node.ID]bool)
 	}
 	b.joined[id] = true
+	if b.joinAt == nil {
+		b.joinAt = make(map[node.ID]uint64)
+	}
+	b.joinAt[id] = j
 	reason := fmt.Sprintf("%s joined: sums count it from iteration %d", id, j)
 	if b.held {
 		reason += "; hold over (" + b.holdWhy + ")"
@@ -97,3 +101,20 @@ func (b *Balancer) release() {
 	b.held, b.holdWhy = false, ""
 	b.horizon = max(b.horizon, b.next+b.cfg.Lookahead)
 }
+
+// JoinsAhead returns the workers that joined and whose first iteration
+// no worker has the sums of yet (it is Done or later): once every other
+// node is done, they have nothing to train.
+func (b *Balancer) JoinsAhead() []node.ID {
+	var out []node.ID
+	for id, at := range b.joinAt {
+		if at >= b.next {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// JoinIteration is worker id's first iteration if it joined (0 if not).
+func (b *Balancer) JoinIteration(id node.ID) uint64 { return b.joinAt[id] }

@@ -278,3 +278,59 @@ func TestBalancerJoinWorkerLimit(t *testing.T) {
 		t.Fatalf("JoinWorker(%s) = %v, %v: want refused, nothing changed", id, d, err)
 	}
 }
+
+// TestBalancerLoseDuringJoin: a loss while a worker's join iteration is
+// still ahead of Done cannot be re-cut around the join, and is refused,
+// changing nothing; the joiner's own loss, and any loss once Done reached
+// its iteration, are re-cut as usual.
+func TestBalancerLoseDuringJoin(t *testing.T) {
+	servers, workers := ids(2, 2)
+	joiner := node.WorkerID(2)
+	tests := []struct {
+		name    string
+		lose    node.ID
+		reached bool // every worker reported up to the join iteration first
+		ok      bool
+	}{
+		{"a worker, join ahead", workers[1], false, false},
+		{"a server, join ahead", servers[0], false, false},
+		{"the joiner, join ahead", joiner, false, true},
+		{"a worker, join reached", workers[1], true, true},
+		{"a server, join reached", servers[0], true, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := NewBalancer(Config{Servers: servers, Workers: workers, Fixed: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+			for _, id := range workers {
+				b.Observe(Sample{Node: id, Iteration: 0}, now)
+			}
+			d, err := b.JoinWorker(joiner, now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			at := d.Decision.Iteration
+			if tt.reached {
+				for it := range at {
+					for _, id := range workers {
+						b.Observe(Sample{Node: id, Iteration: it}, now)
+					}
+				}
+				if b.Done() != at {
+					t.Fatalf("Done %d, want the join iteration %d", b.Done(), at)
+				}
+			}
+			before := b.Current()
+			_, err = b.Lose(tt.lose, "test")
+			if (err == nil) != tt.ok {
+				t.Fatalf("Lose(%s) with Done %d, join at %d: %v, want ok %v", tt.lose, b.Done(), at, err, tt.ok)
+			}
+			if err != nil && (!reflect.DeepEqual(b.Current(), before) || !slices.Contains(b.Workers(), tt.lose) && !slices.Contains(b.Servers(), tt.lose)) {
+				t.Fatalf("a refused Lose changed the balancer: %v, was %v", b.Current(), before)
+			}
+		})
+	}
+}

@@ -397,3 +397,29 @@ func ParseMembershipLine(line string) (m Membership, ok bool) {
 	}
 	return m, true
 }
+
+// tooLate ends the workers that joined too late to train: when every
+// other member has reached the final barrier seq, the job's last
+// iteration is done, and a joiner whose first iteration comes after it
+// waits for parameters no worker will hand over. Each is told why, and
+// leaves the barriers; the members to terminate are returned once the
+// final barrier is released.
+func (s *sched) tooLate(bars *barriers, seq uint64) (final []node.ID) {
+	if s.lb == nil {
+		return nil
+	}
+	missing := bars.missing(node.AllGroup, seq)
+	ahead := s.lb.JoinsAhead()
+	if len(missing) == 0 || slices.ContainsFunc(missing, func(id node.ID) bool { return !slices.Contains(ahead, id) }) {
+		return nil
+	}
+	for _, id := range missing {
+		why := fmt.Sprintf("the job ended with iteration %d, before iteration %d, this worker's first: it joined too late to train", s.lb.Done()-1, s.lb.JoinIteration(id))
+		s.log.Warn("worker joined too late to train; ending it", "node", s.byID[id], "reason", why)
+		s.send(id, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: id, Text: why})
+		if f := s.leaveBarriers(bars, id); f != nil {
+			final = f
+		}
+	}
+	return final
+}

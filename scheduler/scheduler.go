@@ -243,6 +243,9 @@ func (s *sched) serve(ctx context.Context) error {
 					s.reject.Reject("barrier", "from", m.Sender, "err", err)
 					continue
 				}
+				if release == nil && m.Flags&control.FlagFinal != 0 && m.Group == node.AllGroup {
+					release = s.tooLate(bars, m.Seq)
+				}
 				if release == nil {
 					continue
 				}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -225,5 +226,52 @@ func TestWorkerJoins(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestWorkerJoinsTooLate: a worker that joins once the others have
+// trained their last iteration has nothing to train: when they finish,
+// it is told so (its Init fails, saying why) instead of waiting for
+// parameters no worker will hand over, and the job ends cleanly.
+func TestWorkerJoinsTooLate(t *testing.T) {
+	const iters = 3
+	c := startMem(t, 1, 2, map[string]string{"FPT_PARTITION_BYTES": memPartitionBytes, "FPT_LB": "on"})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	old := slices.Clone(c.Workers)
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for _, w := range old {
+		wg.Go(func() {
+			if err := trainJoinable(ctx, w, newModel(), iters, hooks{}); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	j, err := c.AddWorker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	joinerErr := make(chan error, 1)
+	go func() { joinerErr <- trainJoinable(ctx, j, newModel(), iters, hooks{}) }()
+	for _, w := range old {
+		wg.Go(func() {
+			if err := w.Finalize(ctx); err != nil {
+				errs <- fmt.Errorf("finalize: %w", err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if err := <-joinerErr; err == nil || !strings.Contains(err.Error(), "joined too late to train") {
+		t.Errorf("the late joiner's training: %v, want it told it joined too late", err)
+	}
+	ends, err := c.Ends(ctx)
+	if err != nil || len(ends) != 0 {
+		t.Fatalf("the scheduler and server ended with %v, %v", ends, err)
 	}
 }
