@@ -275,3 +275,79 @@ func TestWorkerJoinsTooLate(t *testing.T) {
 		t.Fatalf("the scheduler and server ended with %v, %v", ends, err)
 	}
 }
+
+// TestWorkerLossWait kills worker 2 of a 2×3 job under
+// FPT_ON_WORKER_LOSS=wait, then starts a replacement: the two left sum
+// the iterations granted over themselves, then hold until it joins; it
+// gets a new id and the parameters, and the sums count it from its first
+// iteration; all three end with the same parameters.
+func TestWorkerLossWait(t *testing.T) {
+	const iters, killAt = 30, 5
+	for _, lbMode := range []string{"off", "on"} {
+		t.Run("LB "+lbMode, func(t *testing.T) {
+			c := startMem(t, 2, 3, map[string]string{
+				"FPT_PARTITION_BYTES": memPartitionBytes, "FPT_LB": lbMode, "FPT_ON_WORKER_LOSS": "wait",
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			victim := node.WorkerID(2)
+			old := slices.Clone(c.Workers)
+			models := []*model{newModel(), newModel(), newModel(), newModel()}
+			errs := make(chan error, 8)
+			var wg sync.WaitGroup
+			killed := make(chan struct{})
+			for i, w := range old {
+				wg.Go(func() {
+					err := trainJoinable(ctx, w, models[i], iters, hooks{before: func(w *worker.Worker, it int) error {
+						if w.Node().Self().ID == victim && it == killAt {
+							defer close(killed)
+							return c.Kill(victim)
+						}
+						return nil
+					}})
+					if w.Node().Self().ID != victim && err != nil {
+						errs <- fmt.Errorf("%s: %w", w.Node().Self().ID, err)
+					}
+				})
+			}
+			<-killed
+			j, err := c.AddWorker()
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Go(func() {
+				if err := trainJoinable(ctx, j, models[3], iters, hooks{}); err != nil {
+					errs <- fmt.Errorf("replacement: %w", err)
+				}
+			})
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			if t.Failed() {
+				return
+			}
+			if id := j.Node().Self().ID; id != node.WorkerID(3) {
+				t.Errorf("the replacement is %s, want %s: an id no node had", id, node.WorkerID(3))
+			}
+			first := j.StartIteration()
+			w0 := old[0]
+			three := []node.ID{node.WorkerID(0), node.WorkerID(1), node.WorkerID(3)}
+			if got := w0.WorkersAt(first); !slices.Equal(got, three) {
+				t.Errorf("iteration %d (the replacement's first) summed over %v, want %v", first, got, three)
+			}
+			if got := w0.WorkersAt(first - 1); len(got) != 2 {
+				t.Errorf("iteration %d summed over %v, want the 2 workers left", first-1, got)
+			}
+			for i, m := range []*model{models[1], models[3]} {
+				if !slices.Equal(m.params, models[0].params) {
+					t.Errorf("worker %d's parameters differ from worker 0's at the end", []int{1, 3}[i])
+				}
+			}
+			if err := c.Finish(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
