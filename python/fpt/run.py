@@ -342,7 +342,7 @@ def main(argv=None):
     def survivable(name):
         # The job goes on without this node (the scheduler decides; a
         # failure it cannot survive ends every other process anyway).
-        return (name.startswith("worker") and env.get("FPT_ON_WORKER_LOSS") == "continue"
+        return (name.startswith("worker") and env.get("FPT_ON_WORKER_LOSS") in ("continue", "wait")
                 or name.startswith("server") and env.get("FPT_ON_SERVER_LOSS") == "retry")
 
     status = 0
