@@ -72,6 +72,11 @@ type Config struct {
 	RetryServerLoss bool
 	// WorkerLoss (FPT_ON_WORKER_LOSS) is what a lost worker costs.
 	WorkerLoss WorkerLoss
+	// WorkerWaitTimeout is how long the job waits under
+	// FPT_ON_WORKER_LOSS=wait for a worker to join after one was lost,
+	// before it fails naming the lost one (FPT_WORKER_WAIT_TIMEOUT,
+	// seconds; default 300). Other policies ignore it.
+	WorkerWaitTimeout time.Duration
 
 	// Secret is the job's shared secret (FPT_CLUSTER_SECRET, or the
 	// contents of the file FPT_CLUSTER_SECRET_FILE names, surrounding
@@ -118,6 +123,7 @@ const (
 	DefaultMaxFrameBytes     = 1 << 30
 	DefaultPoolBytes         = 512 << 20
 	DefaultStallTimeout      = 600 * time.Second
+	DefaultWorkerWaitTimeout = 300 * time.Second
 	DefaultCheckpointEvery   = 60 * time.Second
 	// MinSecretBytes is the shortest secret accepted: 16 bytes of a random
 	// one are 128 bits.
@@ -362,6 +368,10 @@ const (
 	// some worker may not have every sum of are summed again over them,
 	// and each iteration's sum says how many workers it adds up.
 	WorkerLossContinue
+	// WorkerLossWait is WorkerLossContinue, after which no further
+	// iteration starts until a worker joins the job; the job fails,
+	// naming the lost worker, if none has within WorkerWaitTimeout.
+	WorkerLossWait
 )
 
 func (w WorkerLoss) String() string {
@@ -370,6 +380,8 @@ func (w WorkerLoss) String() string {
 		return "fail"
 	case WorkerLossContinue:
 		return "continue"
+	case WorkerLossWait:
+		return "wait"
 	}
 	return fmt.Sprintf("WorkerLoss(%d)", int(w))
 }
@@ -388,10 +400,18 @@ func (c *Config) Retries() bool {
 	return c.RetryServerLoss || c.WorkerLoss != WorkerLossFail
 }
 
+// WorkersMayLeave reports whether a lost worker may leave the job rather
+// than end it (FPT_ON_WORKER_LOSS=continue or wait): the iterations some
+// worker may not have every sum of are then summed again over the workers
+// left, so pulls too complete only once every worker has their sums.
+func (c *Config) WorkersMayLeave() bool {
+	return c.WorkerLoss == WorkerLossContinue || c.WorkerLoss == WorkerLossWait
+}
+
 // Survives reports whether the job may go on without node id: a server
 // under FPT_ON_SERVER_LOSS=retry, a worker under
-// FPT_ON_WORKER_LOSS=continue. A frame lost with such a peer is sent
-// again by the retry its loss brings, if it is lost.
+// FPT_ON_WORKER_LOSS=continue or wait. A frame lost with such a peer is
+// sent again by the retry its loss brings, if it is lost.
 func (c *Config) Survives(id node.ID) bool {
 	r, ok := id.Role()
 	switch {
@@ -400,7 +420,7 @@ func (c *Config) Survives(id node.ID) bool {
 	case r == node.Server:
 		return c.RetryServerLoss
 	case r == node.Worker:
-		return c.WorkerLoss == WorkerLossContinue
+		return c.WorkersMayLeave()
 	}
 	return false
 }

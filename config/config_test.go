@@ -37,6 +37,7 @@ func TestFromEnvDefaults(t *testing.T) {
 		StartTimeout: DefaultStartTimeout, PartitionBytes: DefaultPartitionBytes,
 		MaxFrameBytes: DefaultMaxFrameBytes, PoolBytes: DefaultPoolBytes, LB: true,
 		StallTimeout: DefaultStallTimeout, TraceIters: trace.All, CheckpointEvery: DefaultCheckpointEvery,
+		WorkerWaitTimeout: DefaultWorkerWaitTimeout,
 	}
 	if c != want {
 		t.Fatalf("got %+v\nwant %+v", c, want)
@@ -77,6 +78,49 @@ func TestFromEnvOptional(t *testing.T) {
 	}
 }
 
+// TestWorkerLoss: what each FPT_ON_WORKER_LOSS means to the code that
+// asks. wait is continue as far as a lost worker goes (the scheduler then
+// holds the grants), so every test of continue holds for it.
+func TestWorkerLoss(t *testing.T) {
+	cases := []struct {
+		value, timeout        string
+		loss                  WorkerLoss
+		wait                  time.Duration
+		mayLeave, retries, lb bool // WorkersMayLeave, Retries, Grants with FPT_LB=off
+	}{
+		{"", "", WorkerLossFail, DefaultWorkerWaitTimeout, false, false, false},
+		{"fail", "", WorkerLossFail, DefaultWorkerWaitTimeout, false, false, false},
+		{"continue", "", WorkerLossContinue, DefaultWorkerWaitTimeout, true, true, true},
+		{"wait", "", WorkerLossWait, DefaultWorkerWaitTimeout, true, true, true},
+		{"wait", "0.05", WorkerLossWait, 50 * time.Millisecond, true, true, true},
+		{" wait ", "600", WorkerLossWait, 600 * time.Second, true, true, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.value+"/"+tc.timeout, func(t *testing.T) {
+			e := base()
+			e["FPT_LB"] = "off"
+			if tc.value != "" {
+				e["FPT_ON_WORKER_LOSS"] = tc.value
+			}
+			if tc.timeout != "" {
+				e["FPT_WORKER_WAIT_TIMEOUT"] = tc.timeout
+			}
+			c, err := FromEnv(env(e))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.WorkerLoss != tc.loss || c.WorkerWaitTimeout != tc.wait || c.WorkersMayLeave() != tc.mayLeave || c.Retries() != tc.retries ||
+				c.Grants() != tc.lb || c.Survives(node.WorkerID(2)) != tc.mayLeave || c.Survives(node.ServerID(0)) || c.Survives(node.SchedulerID) {
+				t.Fatalf("%+v: loss %v, wait %s, may leave %v, retries %v, grants %v, survives a worker %v",
+					c, c.WorkerLoss, c.WorkerWaitTimeout, c.WorkersMayLeave(), c.Retries(), c.Grants(), c.Survives(node.WorkerID(2)))
+			}
+			if got := c.WorkerLoss.String(); got != strings.TrimSpace(tc.value) && tc.value != "" {
+				t.Errorf("String() = %q, want %q", got, tc.value)
+			}
+		})
+	}
+}
+
 func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -113,7 +157,10 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		}, []string{"FPT_CLUSTER_SECRET_FILE"}},
 		{"secret file missing", func(e map[string]string) { e["FPT_CLUSTER_SECRET_FILE"] = "/no/such/secret" }, []string{"FPT_CLUSTER_SECRET_FILE"}},
 		{"insecure word", func(e map[string]string) { e["FPT_INSECURE"] = "please" }, []string{"FPT_INSECURE"}},
-		{"worker loss wait", func(e map[string]string) { e["FPT_ON_WORKER_LOSS"] = "wait" }, []string{"FPT_ON_WORKER_LOSS", "fail or continue"}},
+		{"worker loss word", func(e map[string]string) { e["FPT_ON_WORKER_LOSS"] = "hold" }, []string{"FPT_ON_WORKER_LOSS", "fail, continue or wait"}},
+		{"worker wait zero", func(e map[string]string) { e["FPT_WORKER_WAIT_TIMEOUT"] = "0" }, []string{"FPT_WORKER_WAIT_TIMEOUT"}},
+		{"worker wait negative", func(e map[string]string) { e["FPT_WORKER_WAIT_TIMEOUT"] = "-300" }, []string{"FPT_WORKER_WAIT_TIMEOUT"}},
+		{"worker wait with a unit", func(e map[string]string) { e["FPT_WORKER_WAIT_TIMEOUT"] = "5m" }, []string{"FPT_WORKER_WAIT_TIMEOUT", "seconds"}},
 		{"bad trace window", func(e map[string]string) { e["FPT_TRACE_ITERS"] = "20-10" }, []string{"FPT_TRACE_ITERS", "A ≤ B"}},
 	}
 	for _, tt := range tests {

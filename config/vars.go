@@ -143,11 +143,18 @@ func Known() []Var {
 			read: func(p *parser, name string, c *Config) {
 				c.RetryServerLoss = p.choice(name, "fail", "retry") == "retry"
 			}},
-		{Name: "FPT_ON_WORKER_LOSS", Meaning: "what a lost worker costs: fail (the job ends, naming it) or continue (the iterations not every worker has the sums of are summed again over the workers left, and fpt_num_workers_at says so; FPTPush/FPTPull only, a push and a pull complete once every worker has its iteration's sum)", Default: "fail", Use: NodeVar,
+		{Name: "FPT_ON_WORKER_LOSS", Meaning: "what a lost worker costs: fail (the job ends, naming it), continue (the iterations not every worker has the sums of are summed again over the workers left, and fpt_num_workers_at says so; FPTPush/FPTPull only, a push and a pull complete once every worker has its iteration's sum) or wait (as continue, then no further iteration starts until a worker joins; FPT_WORKER_WAIT_TIMEOUT)", Default: "fail", Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {
-				if p.choice(name, "fail", "continue") == "continue" {
+				switch p.choice(name, "fail", "continue", "wait") {
+				case "continue":
 					c.WorkerLoss = WorkerLossContinue
+				case "wait":
+					c.WorkerLoss = WorkerLossWait
 				}
+			}},
+		{Name: "FPT_WORKER_WAIT_TIMEOUT", Meaning: "under FPT_ON_WORKER_LOSS=wait, seconds the job waits for a worker to join after one was lost, before it fails naming the lost one", Default: seconds(DefaultWorkerWaitTimeout), Use: NodeVar,
+			read: func(p *parser, name string, c *Config) {
+				c.WorkerWaitTimeout = p.seconds(name, DefaultWorkerWaitTimeout)
 			}},
 		{Name: "FPT_MAX_FRAME_BYTES", Meaning: "largest frame payload accepted, bytes", Default: strconv.Itoa(DefaultMaxFrameBytes), Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {

@@ -73,9 +73,10 @@ type Config struct {
 	// otherwise fail for want of its rates.
 	JoinSettle time.Duration
 	// Fixed keeps the even split over the servers for good: no probe, no
-	// balancing. The Balancer then only grants horizons and re-cuts after
-	// a lost server or worker (Lose), which is what FPT_ON_SERVER_LOSS=retry
-	// and FPT_ON_WORKER_LOSS=continue need with the LB off.
+	// balancing. The Balancer then only grants horizons, re-cuts after a
+	// lost server or worker (Lose) and counts a joining worker
+	// (JoinWorker), which is what FPT_ON_SERVER_LOSS=retry and
+	// FPT_ON_WORKER_LOSS=continue|wait need with the LB off.
 	Fixed bool
 }
 
@@ -120,6 +121,17 @@ type Balancer struct {
 	// a sum over the old workers and shows no progress.
 	recutVersion uint32
 	recutFrom    uint64
+	// joined holds the workers that joined since the latest lost worker's
+	// retry: they never had a sum over the old workers, so their reports
+	// count whatever retry version they carry.
+	joined map[node.ID]bool
+	// joinAt is each joined worker's first iteration.
+	joinAt map[node.ID]uint64
+
+	// held: grant no iteration past the horizon (FPT_ON_WORKER_LOSS=wait,
+	// until a worker joins); holdWhy says why.
+	held    bool
+	holdWhy string
 
 	lastStep time.Time // now at the latest step
 	stepped  bool
@@ -274,13 +286,15 @@ func (b *Balancer) Bound() (time.Duration, error) { return Bound(b.input()) }
 // must not stall training. A worker's sample of an iteration that the
 // latest lost worker's retry re-cut, made before the worker applied that
 // retry (Version older), gives rates but no progress: that worker has
-// yet to push the iteration again.
+// yet to push the iteration again (a worker that joined since counts:
+// JoinWorker). While the grants are held (Hold) the directives keep the
+// horizon where it was.
 func (b *Balancer) Observe(s Sample, now time.Time) []Directive {
 	worker, known := b.isWorker[s.Node]
 	if !known || s.Iteration > b.horizon {
 		return nil
 	}
-	if !worker || s.Version >= b.recutVersion || s.Iteration < b.recutFrom {
+	if !worker || s.Version >= b.recutVersion || s.Iteration < b.recutFrom || b.joined[s.Node] {
 		b.seen[s.Node] = max(b.seen[s.Node], s.Iteration+1)
 	}
 	if worker {
@@ -321,7 +335,9 @@ func usableRate(r float64) bool { return r >= 0 && r <= MaxCapacity } // false f
 // and returns the directive for it.
 func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
 	prev := b.horizon
-	b.horizon = max(prev, i+1+b.cfg.Lookahead)
+	if !b.held {
+		b.horizon = max(prev, i+1+b.cfg.Lookahead)
+	}
 	var d Directive
 	switch b.state {
 	case Default:
@@ -379,6 +395,13 @@ func (b *Balancer) Join(id node.ID, now time.Time) (d Directive, ok bool, err er
 		return Directive{}, false, nil
 	}
 	dec := Even(b.current.Version+1, b.horizon+1, b.cfg.Servers)
+	return b.adopt(dec, fmt.Sprintf("%s joined: even split over %d servers", id, len(b.cfg.Servers))), true, nil
+}
+
+// adopt makes dec, which is not a probe, the current and the last good
+// decision, and returns the directive that issues it: shaping on, the
+// horizon and Done as they are.
+func (b *Balancer) adopt(dec Decision, reason string) Directive {
 	b.current, b.good = dec, dec
 	b.lastDecisionAt = b.next
 	out := clone(dec)
@@ -387,8 +410,8 @@ func (b *Balancer) Join(id node.ID, now time.Time) (d Directive, ok bool, err er
 		Decision: &out,
 		Shaping:  true,
 		Done:     b.next,
-		Reason:   clip(fmt.Sprintf("%s joined: even split over %d servers", id, len(b.cfg.Servers))),
-	}, true, nil
+		Reason:   clip(reason),
+	}
 }
 
 // Lose takes server or worker id out of the job and returns the
@@ -418,6 +441,15 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 	if len(*members) == 1 {
 		return Directive{}, fmt.Errorf("lb: lose %s: it is the last %s", id, role)
 	}
+	// A re-cut from Done before another worker's join iteration would
+	// sum the iterations between with a joiner that never pushes them,
+	// or drop the decision it joins by (the joiner's own loss is fine:
+	// the re-cut leaves it out).
+	for j, at := range b.joinAt {
+		if j != id && at > b.next {
+			return Directive{}, fmt.Errorf("lb: lose %s: %s joins at iteration %d, and not every worker has the sums of iteration %d: the iterations between cannot be summed again around the join", id, j, at, b.next)
+		}
+	}
 	i := slices.Index(*members, id)
 	left := slices.Delete(slices.Clone(*members), i, i+1)
 	servers := b.cfg.Servers
@@ -437,16 +469,16 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 	b.all = slices.Concat(b.cfg.Servers, b.cfg.Workers)
 	delete(b.isWorker, id)
 	delete(b.seen, id)
+	delete(b.joinAt, id)
 	if worker {
 		b.recutVersion, b.recutFrom = dec.Version, dec.Iteration
+		clear(b.joined)
 		// Their reports from the retry's iteration on were of sums that
 		// included the lost worker's pushes: they report them again.
 		for _, w := range b.cfg.Workers {
 			b.seen[w] = min(b.seen[w], b.next)
 		}
 	}
-	b.current, b.good = dec, dec
-	b.lastDecisionAt = b.next
 	b.state = Default
 	b.up, b.down = make(map[node.ID]float64, len(b.all)), make(map[node.ID]float64, len(b.all))
 	b.from, b.to = b.next+1, math.MaxUint64
@@ -459,15 +491,9 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 	if worker {
 		reason = fmt.Sprintf("%s lost (%s): iterations from %d pushed again by the %d workers left", id, why, b.next, len(b.cfg.Workers))
 	}
-	out := clone(dec)
-	return Directive{
-		Horizon:  b.horizon,
-		Decision: &out,
-		Shaping:  true,
-		Retry:    true,
-		Done:     b.next,
-		Reason:   clip(reason),
-	}, nil
+	d := b.adopt(dec, reason)
+	d.Retry = true
+	return d, nil
 }
 
 // issue makes the next decision from a split: the next version, taking

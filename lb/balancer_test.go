@@ -54,6 +54,7 @@ type checker struct {
 	granted uint64 // the highest horizon granted so far
 	version uint32
 	sched   *Schedule // starting with the initial decision
+	split   Decision  // the latest decision that was not a probe
 }
 
 func (c *checker) check(t *testing.T, d Directive) {
@@ -78,6 +79,9 @@ func (c *checker) check(t *testing.T, d Directive) {
 			t.Fatalf("%v: %v", d, err)
 		}
 		c.version = dec.Version
+		if !d.Probe {
+			c.split = *dec
+		}
 	}
 	b, err := d.MarshalBinary()
 	if err != nil {
@@ -103,7 +107,8 @@ func newSim(t *testing.T, cfg Config) *sim {
 		model:    100 << 20,
 		now:      time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC),
 	}
-	s.sched, err = NewSchedule(Even(0, 0, cfg.Servers))
+	s.split = Even(0, 0, cfg.Servers)
+	s.sched, err = NewSchedule(s.split)
 	if err != nil {
 		t.Fatal(err)
 	}

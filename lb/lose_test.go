@@ -54,6 +54,7 @@ func (s *sim) lose(id node.ID) Directive {
 		s.t.Fatalf("a worker's schedule refuses %v: %v", d, err)
 	}
 	s.version, s.retried = d.Decision.Version, d.Decision.Version
+	s.split = *d.Decision
 	s.servers = left
 	if len(workers) < len(s.workers) {
 		s.workers = workers

@@ -179,6 +179,15 @@ func TestScheduleWorkers(t *testing.T) {
 	}
 }
 
+// slowServer1 is a sim's rates with server 1 slow: the balanced split
+// gives the workers shares.
+func slowServer1(id node.ID, _ uint64) (float64, float64) {
+	if id == node.ServerID(1) {
+		return 1e9, 2.5e8
+	}
+	return 1e9, 1e9
+}
+
 // TestBalancerLoseWorker: a lost worker costs a retry decision at
 // Done(), the even split over the servers, naming the workers left; the
 // workers left push the re-cut iterations again and training goes on. The
@@ -186,12 +195,6 @@ func TestScheduleWorkers(t *testing.T) {
 func TestBalancerLoseWorker(t *testing.T) {
 	// Server 1 is slow: the balanced split gives the workers shares, so
 	// the lost worker was an aggregator.
-	slow := func(id node.ID, _ uint64) (float64, float64) {
-		if id == node.ServerID(1) {
-			return 1e9, 2.5e8
-		}
-		return 1e9, 1e9
-	}
 	cases := []struct {
 		name  string
 		fixed bool
@@ -211,7 +214,7 @@ func TestBalancerLoseWorker(t *testing.T) {
 			servers, workers := ids(2, 3)
 			lost := workers[1]
 			s := newSim(t, Config{Servers: servers, Workers: workers, Fixed: tc.fixed})
-			s.rate = slow
+			s.rate = slowServer1
 			if tc.lag {
 				s.skip = func(id node.ID, it uint64) bool { return id == lost && it+2 > tc.upTo }
 			}

@@ -58,7 +58,7 @@ func NewScheduler(reg prometheus.Registerer) (*Scheduler, error) {
 		}),
 		members: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "fpt_members",
-			Help: "Nodes in the cluster, by role, once every one registered; then as servers join or leave a running job.",
+			Help: "Nodes in the cluster, by role, once every one registered; then as servers and workers join or leave a running job.",
 		}, []string{"role"}),
 		membership: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "fpt_membership_version",

@@ -46,7 +46,7 @@ fpt_lb_capacity_bits_per_second{direction="send",node="server 0"} 8e+06
 # HELP fpt_iteration The latest iteration every worker has finished (the LB's count; iteration 0 is the init round).
 # TYPE fpt_iteration gauge
 fpt_iteration 7
-# HELP fpt_members Nodes in the cluster, by role, once every one registered; then as servers join or leave a running job.
+# HELP fpt_members Nodes in the cluster, by role, once every one registered; then as servers and workers join or leave a running job.
 # TYPE fpt_members gauge
 fpt_members{role="scheduler"} 1
 fpt_members{role="server"} 2

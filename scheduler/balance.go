@@ -51,8 +51,8 @@ func (s *sched) report(m *control.Message) {
 	s.directed(ds, now)
 }
 
-// direct sends a directive to every worker, and to every server that
-// needs it (lb.Directive.ForServers).
+// direct sends a directive to every worker but those still joining, and
+// to every server that needs it (lb.Directive.ForServers).
 func (s *sched) direct(d lb.Directive) {
 	if d.Decision != nil {
 		s.log.Info("lb decision", "version", d.Decision.Version, "from_iteration", d.Decision.Iteration,
@@ -72,6 +72,12 @@ func (s *sched) direct(d lb.Directive) {
 	}
 	for _, info := range s.table[1:] {
 		if info.Role == node.Server && !servers {
+			continue
+		}
+		if _, joining := s.joining[info.ID]; joining && info.Role == node.Worker {
+			// Its first directive is the decision that counts it
+			// (admitWorker): those before concern iterations it never
+			// pushes, and their decisions' versions would leave a gap.
 			continue
 		}
 		s.send(info.ID, &control.Message{Command: control.Decision, Sender: node.SchedulerID, Body: body})

@@ -28,18 +28,11 @@ func TestServeJoin(t *testing.T) {
 	srvP, wrk := planes[0], planes[1]
 	members := srv.started(t, planes)
 	s0, w0 := node.ServerID(0), node.WorkerID(0)
-	// synced sends from p as id, then a heartbeat, and returns once its
-	// answer came: the scheduler has processed what p sent.
-	synced := func(p *memplane.Plane, id node.ID, m *control.Message) {
+	// quiet sends m from p as id and returns once the scheduler has
+	// processed it: no decision may have come meanwhile.
+	quiet := func(p *memplane.Plane, id node.ID, m *control.Message) {
 		t.Helper()
-		m.Sender = id
-		_ = p.Send(sched, m)
-		_ = p.Send(sched, &control.Message{Command: control.Heartbeat, Sender: id})
-		for {
-			got := next(t, p)
-			if got.Command == control.HeartbeatAck {
-				return
-			}
+		for _, got := range synced(t, sched, p, id, m) {
 			if got.Command == control.Decision {
 				t.Fatalf("%s got a decision too early", id)
 			}
@@ -52,22 +45,21 @@ func TestServeJoin(t *testing.T) {
 	if tbl.Command != control.NodeTable || tbl.Flags&control.FlagJoin == 0 || tbl.Recipient != j || len(tbl.Body) != 8*int(node.AllGroup) {
 		t.Fatalf("the joiner got %v (flags %d) as %s with %d bytes, want a FlagJoin table as %s", tbl.Command, tbl.Flags, tbl.Recipient, len(tbl.Body), j)
 	}
-	synced(joiner, j, &control.Message{Command: control.Joined, Seq: 0})
+	quiet(joiner, j, &control.Message{Command: control.Joined, Seq: 0})
 	for id, p := range members {
 		if m := next(t, p); m.Command != control.NodeJoined || len(m.Nodes) != 1 || m.Nodes[0].ID != j {
 			t.Fatalf("%s got %v, want NodeJoined for %s", id, m.Command, j)
 		}
 	}
-	synced(joiner, j, &control.Message{Command: control.Joined, Seq: 1})
+	quiet(joiner, j, &control.Message{Command: control.Joined, Seq: 1})
 	// Its start is over: a server goes straight to the final barrier, at
 	// the number the table gave it, possibly before it has a share.
 	final := binary.LittleEndian.Uint64(tbl.Body[8*(node.AllGroup-1):])
 	_ = joiner.Send(sched, &control.Message{Command: control.Barrier, Flags: control.FlagFinal, Sender: j, Group: node.AllGroup, Seq: final})
-	synced(srvP, s0, &control.Message{Command: control.Joined, Seq: 2, Target: j})
+	quiet(srvP, s0, &control.Message{Command: control.Joined, Seq: 2, Target: j})
 	// The worker's connection is not ready yet: no decision may name j.
-	_ = wrk.Send(sched, &control.Message{Command: control.Heartbeat, Sender: w0})
-	if m := next(t, wrk); m.Command != control.HeartbeatAck {
-		t.Fatalf("the worker got %v before its connection to %s was ready", m.Command, j)
+	if got := synced(t, sched, wrk, w0, nil); len(got) != 0 {
+		t.Fatalf("the worker got %v before its connection to %s was ready", got[0].Command, j)
 	}
 	_ = wrk.Send(sched, &control.Message{Command: control.Joined, Sender: w0, Seq: 2, Target: j})
 	m := next(t, wrk)
@@ -84,18 +76,7 @@ func TestServeJoin(t *testing.T) {
 		_ = p.Send(sched, &control.Message{Command: control.Barrier, Flags: control.FlagFinal, Sender: id, Group: node.AllGroup, Seq: final})
 	}
 	members[j] = joiner
-	for id, p := range members {
-		for {
-			m := next(t, p)
-			if m.Command == control.Terminate {
-				break
-			}
-			if m.Command != control.Decision && m.Command != control.HeartbeatAck {
-				t.Fatalf("%s got %v, want Terminate", id, m.Command)
-			}
-		}
-		_ = p.Send(sched, &control.Message{Command: control.Terminate, Sender: id})
-	}
+	terminated(t, sched, members)
 	if err := srv.ended(t); err != nil {
 		t.Fatalf("Serve: %v", err)
 	}

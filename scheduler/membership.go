@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/fptps/fpt/config"
@@ -15,15 +16,16 @@ import (
 )
 
 // lose handles the loss of node id (why says how it was noticed). A
-// server still joining leaves without consequence. Once the job has
-// started, a server lost under FPT_ON_SERVER_LOSS=retry, or a worker lost
-// under FPT_ON_WORKER_LOSS=continue, leaves it instead of ending it: the
-// LB issues a retry decision without it, every member hears NodeLeft and
-// then the directive, and barriers and the stall watch stop waiting for
-// it. handled is false when the loss must end the job (another role, the
-// policy fail, before the start, or the last server or worker). final is
-// set when the departure released the final barrier: the scheduler
-// terminates those members.
+// server or worker still joining leaves without consequence. Once the
+// job has started, a server lost under FPT_ON_SERVER_LOSS=retry, or a
+// worker lost under FPT_ON_WORKER_LOSS=continue or wait, leaves it
+// instead of ending it: the LB issues a retry decision without it, every
+// member hears NodeLeft and then the directive, and barriers and the
+// stall watch stop waiting for it. Under wait the grants are then held
+// until a worker joins (waitForWorker). handled is false when the loss
+// must end the job (another role, the policy fail, before the start, or
+// the last server or worker). final is set when the departure released
+// the final barrier: the scheduler terminates those members.
 func (s *sched) lose(bars *barriers, stalls *stallWatch, id node.ID, why string) (handled bool, final []node.ID) {
 	info, ok := s.byID[id]
 	if s.lb == nil || !ok {
@@ -38,7 +40,7 @@ func (s *sched) lose(bars *barriers, stalls *stallWatch, id node.ID, why string)
 	case node.Worker:
 		// Until every worker has the init round's values, losing worker
 		// 0 would lose them: a worker lost that early ends the job.
-		if s.cfg.WorkerLoss != config.WorkerLossContinue || !s.running || s.lb.Done() == 0 {
+		if !joining && (!s.cfg.WorkersMayLeave() || !s.running || s.lb.Done() == 0) {
 			return false, nil
 		}
 	default:
@@ -70,13 +72,13 @@ func (s *sched) lose(bars *barriers, stalls *stallWatch, id node.ID, why string)
 		s.send(n.ID, &control.Message{Command: control.NodeLeft, Sender: node.SchedulerID, Target: id, Text: why})
 	}
 	if joining {
-		// It had no share yet: nothing to push again.
-		s.log.Warn("joining server lost before it had a share; the job goes on without it", "node", info, "reason", why)
+		// The LB did not count it yet: nothing to push again.
+		s.log.Warn("joining "+info.Role.String()+" lost before the LB counted it; the job goes on without it", "node", info, "reason", why)
 		return true, s.leaveBarriers(bars, id)
 	}
-	// A joining server may have waited for this member's connection only.
+	// A joining node may have waited for this member's connection only.
 	for j := range s.joining {
-		s.admitIfReady(j)
+		s.admitIfReady(stalls, j)
 	}
 	s.membership++
 	msg := msgServerLeft
@@ -88,11 +90,53 @@ func (s *sched) lose(bars *barriers, stalls *stallWatch, id node.ID, why string)
 		"retry_from_iteration", d.Decision.Iteration, "decision_version", d.Decision.Version,
 		"servers", len(s.lb.Servers()), "workers", len(s.lb.Workers()))
 	s.direct(d)
+	if info.Role == node.Worker && s.cfg.WorkerLoss == config.WorkerLossWait {
+		s.waitForWorker(info, d.Horizon, time.Now())
+	}
 	s.obs.rec.Changed(s.table, d, s.lb.State())
 	s.obs.Metrics.Membership(s.table, s.membership)
 	s.obs.Metrics.Decision(*d.Decision, false)
 	s.publish(time.Now())
 	return true, s.leaveBarriers(bars, id)
+}
+
+// waitForWorker holds the LB's grants after worker info was lost under
+// FPT_ON_WORKER_LOSS=wait: the iterations granted finish, summed over the
+// workers left, and no further one starts until a worker joins
+// (admitWorker), or the job fails after FPT_WORKER_WAIT_TIMEOUT
+// (waitExpired). The wait runs from the first loss it covers: a worker
+// lost while it runs does not extend it, and one worker joining ends it,
+// however many were lost.
+func (s *sched) waitForWorker(info node.Info, horizon uint64, now time.Time) {
+	if len(s.waitLost) == 0 {
+		s.waitSince = now
+	}
+	s.waitLost = append(s.waitLost, info)
+	s.lb.Hold(s.waitLostNames() + " lost: waiting for a worker to join")
+	s.log.Warn("no further iteration starts until a worker joins (FPT_ON_WORKER_LOSS=wait)", "lost", s.waitLostNames(),
+		"last_iteration", horizon, "timeout", s.cfg.WorkerWaitTimeout-now.Sub(s.waitSince))
+}
+
+// waitLostNames names the workers lost since the wait began.
+func (s *sched) waitLostNames() string {
+	names := make([]string, len(s.waitLost))
+	for i, info := range s.waitLost {
+		names[i] = info.String()
+	}
+	return strings.Join(names, ", ")
+}
+
+// waitExpired ends the job, as a lost worker ends it under fail, once no
+// worker has joined within FPT_WORKER_WAIT_TIMEOUT of a loss under wait;
+// nil otherwise. The scheduler's loop asks at every tick, so the timeout
+// is kept to within a heartbeat interval.
+func (s *sched) waitExpired(now time.Time) error {
+	if len(s.waitLost) == 0 || now.Sub(s.waitSince) < s.cfg.WorkerWaitTimeout {
+		return nil
+	}
+	reason := fmt.Sprintf("%s lost and no worker joined within %s (FPT_ON_WORKER_LOSS=wait, FPT_WORKER_WAIT_TIMEOUT)",
+		s.waitLostNames(), s.cfg.WorkerWaitTimeout)
+	return s.failed(s.waitLost[0].ID, reason)
 }
 
 // leaveBarriers takes id out of the barriers and releases those it was
@@ -110,14 +154,14 @@ func (s *sched) leaveBarriers(bars *barriers, id node.ID) (final []node.ID) {
 	return nil
 }
 
-// admit handles an AddNode after the start. A server that is not a member
-// joins the running job when the LB's grants run (FPT_LB on, or
-// FPT_ON_SERVER_LOSS=retry): it gets the next server id, which no node of
-// the job had before, and a node table marked FlagJoin with the barrier
-// numbers it starts at. Anything else is refused: a member's own AddNode
-// is ignored (it learns nothing from a reply), one naming a member's
-// address is dropped (a refusal would reach that member), and other nodes
-// are told why.
+// admit handles an AddNode after the start. A server or a worker that is
+// not a member joins the running job when the LB's grants run (FPT_LB
+// on, FPT_ON_SERVER_LOSS=retry or FPT_ON_WORKER_LOSS=continue|wait): it
+// gets the next id of its role, which no node of the job had before, and
+// a node table marked FlagJoin with the barrier numbers it starts at.
+// Anything else is refused: a member's own AddNode is ignored (it learns
+// nothing from a reply), one naming a member's address is dropped (a
+// refusal would reach that member), and other nodes are told why.
 func (s *sched) admit(bars *barriers, m *control.Message) {
 	if _, member := s.byOrigin[m.Origin]; member {
 		// A confused member, which learns nothing from a reply naming
@@ -136,14 +180,19 @@ func (s *sched) admit(bars *barriers, m *control.Message) {
 			return
 		}
 	}
-	if info.Role != node.Server || s.lb == nil {
-		why := "registration refused: the cluster has already started (only a server joins a running job, with FPT_LB=on or FPT_ON_SERVER_LOSS=retry)"
+	if (info.Role != node.Server && info.Role != node.Worker) || s.lb == nil {
+		why := "registration refused: the cluster has already started (a server or a worker joins a running job only with FPT_LB=on, FPT_ON_SERVER_LOSS=retry or FPT_ON_WORKER_LOSS=continue or wait)"
 		s.log.Warn(why, "node", info)
 		_ = s.plane.Send(info.ControlEndpoint(), &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Text: why})
 		return
 	}
-	info.ID = node.ServerID(s.servers)
-	s.servers++
+	if info.Role == node.Server {
+		info.ID = node.ServerID(s.servers)
+		s.servers++
+	} else {
+		info.ID = node.WorkerID(s.workers)
+		s.workers++
+	}
 	s.table = append(s.table, info)
 	s.byID[info.ID] = info
 	s.lastSeen[info.ID] = time.Now()
@@ -157,23 +206,24 @@ func (s *sched) admit(bars *barriers, m *control.Message) {
 	for _, n := range seqs {
 		body = binary.LittleEndian.AppendUint64(body, n)
 	}
-	s.log.Info("server joining the running job", "node", info)
+	s.log.Info(info.Role.String()+" joining the running job", "node", info)
 	s.send(info.ID, &control.Message{Command: control.NodeTable, Flags: control.FlagJoin, Recipient: info.ID, Nodes: s.table, Body: body})
 }
 
-// joining is a server admitted to the running job but not yet given a
-// share: it waits for its connections.
+// joining is a server or worker admitted to the running job but not yet
+// counted by the LB: it waits for its connections.
 type joining struct {
 	connected bool             // every member's connection reached it (Joined, Seq 1)
 	dialled   map[node.ID]bool // members whose connection to it is ready (Joined, Seq 2)
 }
 
-// joined follows a joining server: once it has its table (Seq 0) the
-// members dial it; once it has every member's connection (Seq 1) and
-// every member's connection to it is ready (Seq 2 from each: the joiner
-// can see a connection a moment before the member that dialled may send
-// on it), it is a member, and the LB gives it a share.
-func (s *sched) joined(bars *barriers, m *control.Message) {
+// joined follows a joining server or worker: once it has its table (Seq
+// 0) the members dial it; once it has every member's connection (Seq 1)
+// and every member's connection to it is ready (Seq 2 from each: the
+// joiner can see a connection a moment before the member that dialled may
+// send on it), it is a member, and the LB counts it: a server gets a
+// share, a worker's pushes are summed.
+func (s *sched) joined(bars *barriers, stalls *stallWatch, m *control.Message) {
 	id := m.Sender
 	if m.Seq == 2 {
 		id = m.Target
@@ -194,23 +244,23 @@ func (s *sched) joined(bars *barriers, m *control.Message) {
 	case 1:
 		// Its start is over: its barriers (the final one) may follow at
 		// once on this route, so it counts in them from now on, before
-		// the LB gives it a share.
+		// the LB counts it.
 		j.connected = true
 		bars.add(id)
-		s.admitIfReady(id)
+		s.admitIfReady(stalls, id)
 	case 2:
 		j.dialled[m.Sender] = true
-		s.admitIfReady(id)
+		s.admitIfReady(stalls, id)
 	default:
 		s.reject.Reject("joined", "from", id, "seq", m.Seq)
 	}
 }
 
-// admitIfReady makes joining server id a member, and has the LB give it
-// a share, once it has every member's connection and every member can
-// send on it (the servers still joining aside: of two, the later one is
-// dialled by the earlier, which then reports).
-func (s *sched) admitIfReady(id node.ID) {
+// admitIfReady makes joining node id a member, and has the LB count it,
+// once it has every member's connection and every member can send on it
+// (the nodes still joining aside: of two, the later one is dialled by the
+// earlier, which then reports).
+func (s *sched) admitIfReady(stalls *stallWatch, id node.ID) {
 	j := s.joining[id]
 	if j == nil || !j.connected {
 		return
@@ -222,6 +272,10 @@ func (s *sched) admitIfReady(id node.ID) {
 	}
 	info := s.byID[id]
 	delete(s.joining, id)
+	if info.Role == node.Worker {
+		s.admitWorker(stalls, info)
+		return
+	}
 	d, ok, err := s.lb.Join(id, time.Now())
 	if err != nil {
 		s.log.Error("joining server not given a share", "node", info, "err", err)
@@ -243,6 +297,33 @@ func (s *sched) admitIfReady(id node.ID) {
 	s.publish(time.Now())
 }
 
+// admitWorker has the LB count joining worker info (lb.Balancer.JoinWorker):
+// every member, the joiner too, hears the decision that adds its pushes
+// to every sum from the first iteration not granted yet. It is the first
+// directive the joiner hears (direct skips a worker still joining), and
+// it ends a wait under FPT_ON_WORKER_LOSS=wait.
+func (s *sched) admitWorker(stalls *stallWatch, info node.Info) {
+	now := time.Now()
+	d, err := s.lb.JoinWorker(info.ID, now)
+	if err != nil {
+		s.log.Error("joining worker not counted", "node", info, "err", err)
+		return
+	}
+	s.membership++
+	s.log.Warn(msgWorkerJoined, "node", info, "membership_version", s.membership,
+		"workers", len(s.lb.Workers()), "from_iteration", d.Decision.Iteration)
+	if len(s.waitLost) > 0 {
+		s.log.Info("the wait for a worker is over", "lost", s.waitLostNames(), "joined", info, "waited", now.Sub(s.waitSince).Round(time.Millisecond))
+		s.waitLost = nil
+	}
+	s.direct(d)
+	stalls.add(info.ID, d.Decision.Iteration, now)
+	s.obs.Metrics.Decision(*d.Decision, false)
+	s.obs.rec.Changed(s.table, d, s.lb.State())
+	s.obs.Metrics.Membership(s.table, s.membership)
+	s.publish(now)
+}
+
 // startBarrier is the number of the start barrier over all nodes (the
 // second of a node's start, after the table barrier): once it passes,
 // every server and worker has started.
@@ -254,23 +335,44 @@ const (
 	msgServerLeft   = "membership change: server left; its incomplete iterations are pushed again"
 	msgServerJoined = "membership change: server joined"
 	msgWorkerLeft   = "membership change: worker left; the iterations not every worker has the sums of are summed again over the workers left"
+	msgWorkerJoined = "membership change: worker joined"
 )
 
 // Membership is a membership change as the scheduler logs it.
 type Membership struct {
-	// Joined: a server joined the job; else a server or worker left it.
+	// Joined: the node joined the job; else it left it.
 	Joined bool
+	// Role is the node's: node.Server or node.Worker.
+	Role node.Role
 	// Node is the node as logged, "server2(12)@10.0.0.3:9100".
 	Node string
 	// RetryFrom is, for a node that left, the iteration the workers
 	// push again from.
 	RetryFrom uint64
+	// From is, for a worker that joined, the first iteration whose sums
+	// count its pushes.
+	From uint64
+}
+
+// membershipOf is what the membership change logged as msg says.
+func membershipOf(msg string) Membership {
+	switch msg {
+	case msgServerJoined:
+		return Membership{Joined: true, Role: node.Server}
+	case msgWorkerLeft:
+		return Membership{Role: node.Worker}
+	case msgWorkerJoined:
+		return Membership{Joined: true, Role: node.Worker}
+	}
+	return Membership{Role: node.Server} // msgServerLeft
 }
 
 // membershipLine matches the scheduler's line for a membership change
-// (log/slog's text format).
-var membershipLine = regexp.MustCompile(`msg="(` + regexp.QuoteMeta(msgServerLeft) + `|` + regexp.QuoteMeta(msgWorkerLeft) + `|` + regexp.QuoteMeta(msgServerJoined) +
-	`)".*? node=(\S+)(?:.*? retry_from_iteration=(\d+))?`)
+// (log/slog's text format): the message, the node, and the iteration a
+// retry starts at or a joined worker counts from.
+var membershipLine = regexp.MustCompile(`msg="(` + regexp.QuoteMeta(msgServerLeft) + `|` + regexp.QuoteMeta(msgWorkerLeft) + `|` +
+	regexp.QuoteMeta(msgServerJoined) + `|` + regexp.QuoteMeta(msgWorkerJoined) +
+	`)".*? node=(\S+)(?:.*? retry_from_iteration=(\d+))?(?:.*? from_iteration=(\d+))?`)
 
 // ParseMembershipLine reads a membership change from one line of the
 // scheduler's log (stderr, log/slog's text format); ok is false for any
@@ -281,13 +383,43 @@ func ParseMembershipLine(line string) (m Membership, ok bool) {
 	if sub == nil {
 		return Membership{}, false
 	}
-	m = Membership{Joined: sub[1] == msgServerJoined, Node: sub[2]}
-	if !m.Joined {
-		from, err := strconv.ParseUint(sub[3], 10, 64)
-		if err != nil {
-			return Membership{}, false
-		}
-		m.RetryFrom = from
+	m = membershipOf(sub[1])
+	m.Node = sub[2]
+	var err error
+	switch {
+	case !m.Joined:
+		m.RetryFrom, err = strconv.ParseUint(sub[3], 10, 64)
+	case m.Role == node.Worker:
+		m.From, err = strconv.ParseUint(sub[4], 10, 64)
+	}
+	if err != nil {
+		return Membership{}, false
 	}
 	return m, true
+}
+
+// tooLate ends the workers that joined too late to train: when every
+// other member has reached the final barrier seq, the job's last
+// iteration is done, and a joiner whose first iteration comes after it
+// waits for parameters no worker will hand over. Each is told why, and
+// leaves the barriers; the members to terminate are returned once the
+// final barrier is released.
+func (s *sched) tooLate(bars *barriers, seq uint64) (final []node.ID) {
+	if s.lb == nil {
+		return nil
+	}
+	missing := bars.missing(node.AllGroup, seq)
+	ahead := s.lb.JoinsAhead()
+	if len(missing) == 0 || slices.ContainsFunc(missing, func(id node.ID) bool { return !slices.Contains(ahead, id) }) {
+		return nil
+	}
+	for _, id := range missing {
+		why := fmt.Sprintf("the job ended with iteration %d, before iteration %d, this worker's first: it joined too late to train", s.lb.Done()-1, s.lb.JoinIteration(id))
+		s.log.Warn("worker joined too late to train; ending it", "node", s.byID[id], "reason", why)
+		s.send(id, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: id, Text: why})
+		if f := s.leaveBarriers(bars, id); f != nil {
+			final = f
+		}
+	}
+	return final
 }

@@ -76,11 +76,17 @@ type sched struct {
 	// FPT_ON_WORKER_LOSS=continue); membership counts such changes.
 	left       map[node.ID]bool
 	membership int
-	// servers counts the server ids ever assigned: a joining server gets
-	// the next one, so no id is ever used twice in a job. joining holds
-	// the servers admitted but not yet connected to every member.
-	servers int
-	joining map[node.ID]*joining
+	// servers and workers count the ids of each role ever assigned: a
+	// joining node gets the next one, so no id is ever used twice in a
+	// job. joining holds the nodes admitted but not yet connected to
+	// every member.
+	servers, workers int
+	joining          map[node.ID]*joining
+	// waitLost are the workers lost under FPT_ON_WORKER_LOSS=wait since
+	// the LB's grants were held (at waitSince) for a worker to join
+	// (waitForWorker).
+	waitLost  []node.Info
+	waitSince time.Time
 	// running: the start barrier passed, every worker has started. A
 	// server lost before that ends the job even under retry: a worker
 	// cannot follow a retry before it has started.
@@ -136,7 +142,7 @@ func (s *sched) register(ctx context.Context, reg *registry) error {
 		}
 	}
 	s.table = reg.assign(node.Info{Host: s.cfg.RootURI, ControlPort: s.plane.Port()})
-	s.servers = s.cfg.NumServers
+	s.servers, s.workers = s.cfg.NumServers, s.cfg.NumWorkers
 	s.byID = make(map[node.ID]node.Info, len(s.table))
 	s.lastSeen = make(map[node.ID]time.Time, len(s.table))
 	s.byOrigin = make(map[string]node.ID, len(s.table))
@@ -189,6 +195,9 @@ func (s *sched) serve(ctx context.Context) error {
 					}
 				}
 			}
+			if err := s.waitExpired(now); err != nil {
+				return err
+			}
 			if st, stalled := stalls.check(now); stalled {
 				// Under FPT_ON_WORKER_LOSS=continue a stalled worker is
 				// lost like a dead one; it is told so, since it is alive.
@@ -209,8 +218,8 @@ func (s *sched) serve(ctx context.Context) error {
 				return errors.New("scheduler: control plane closed")
 			}
 			if m.Command == control.AddNode {
-				// A server joining the running job: the only message a
-				// connection of no member may send.
+				// A server or worker joining the running job: the only
+				// message a connection of no member may send.
 				s.admit(bars, m)
 				continue
 			}
@@ -233,6 +242,9 @@ func (s *sched) serve(ctx context.Context) error {
 				if err != nil {
 					s.reject.Reject("barrier", "from", m.Sender, "err", err)
 					continue
+				}
+				if release == nil && m.Flags&control.FlagFinal != 0 && m.Group == node.AllGroup {
+					release = s.tooLate(bars, m.Seq)
 				}
 				if release == nil {
 					continue
@@ -264,7 +276,7 @@ func (s *sched) serve(ctx context.Context) error {
 			case control.Report:
 				s.report(m)
 			case control.Joined:
-				s.joined(bars, m)
+				s.joined(bars, stalls, m)
 			default:
 				s.log.Warn("unexpected control message", "command", m.Command, "from", m.Sender)
 			}

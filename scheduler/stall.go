@@ -64,6 +64,17 @@ func (w *stallWatch) report(id node.ID, pushed uint64, now time.Time) {
 	w.most = pushed
 }
 
+// add watches worker id, which joined the job: it pushes from iteration
+// from on, so it is as far as a worker that has pushed the iterations
+// before it (a smaller count it reports changes nothing).
+func (w *stallWatch) add(id node.ID, from uint64, now time.Time) {
+	if _, ok := w.workers[id]; ok {
+		return
+	}
+	w.workers[id] = &workerProgress{since: now}
+	w.report(id, from, now)
+}
+
 // remove stops watching worker id (it left the job). The front may move
 // back to the workers left.
 func (w *stallWatch) remove(id node.ID) {

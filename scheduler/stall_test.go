@@ -9,15 +9,19 @@ import (
 	"github.com/fptps/fpt/node"
 )
 
+// rep is a worker's report to the stall watch: it has pushed its first
+// pushed iterations, at seconds into a test (see at).
+type rep struct {
+	at     float64
+	id     node.ID
+	pushed uint64
+}
+
+// at is s seconds into a stall watch test.
+func at(s float64) time.Time { return time.Unix(1000, 0).Add(time.Duration(s * float64(time.Second))) }
+
 func TestStallWatch(t *testing.T) {
 	w0, w1, w2 := node.WorkerID(0), node.WorkerID(1), node.WorkerID(2)
-	t0 := time.Unix(1000, 0)
-	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
-	type rep struct {
-		at     float64
-		id     node.ID
-		pushed uint64
-	}
 	cases := []struct {
 		name    string
 		timeout time.Duration
@@ -51,7 +55,7 @@ func TestStallWatch(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			w := newStallWatch(c.timeout, []node.ID{w0, w1, w2}, t0)
+			w := newStallWatch(c.timeout, []node.ID{w0, w1, w2}, at(0))
 			for _, r := range c.reports {
 				w.report(r.id, r.pushed, at(r.at))
 			}
@@ -66,6 +70,46 @@ func TestStallWatch(t *testing.T) {
 				return
 			}
 			if !ok || s.worker != c.want || s.iter != c.iter {
+				t.Fatalf("got %+v (ok %v), want worker %s at iteration %d", s, ok, c.want, c.iter)
+			}
+		})
+	}
+}
+
+// TestStallWatchJoin: a worker that joined at iteration from counts as
+// having pushed the iterations before it: its smaller counts change
+// nothing, it stalls once the others have pushed from and it has not,
+// and workers that have not reached from yet are behind it from the join.
+func TestStallWatchJoin(t *testing.T) {
+	w0, w1, joiner := node.WorkerID(0), node.WorkerID(1), node.WorkerID(3)
+	cases := []struct {
+		name    string
+		before  []rep   // reports before the join
+		from    uint64  // the joiner's first iteration, joined at 1 s
+		after   []rep   // reports after it
+		checkAt float64 // timeout 2 s
+		want    node.ID // 0: no stall
+		iter    uint64
+	}{
+		{"level, its smaller counts ignored", []rep{{1, w0, 8}, {1, w1, 8}}, 8, []rep{{2, joiner, 3}}, 100, 0, 0},
+		{"it pushes its first iteration", []rep{{1, w0, 8}, {1, w1, 8}}, 8, []rep{{2, w0, 9}, {2, w1, 9}, {2.5, joiner, 9}}, 4.4, 0, 0},
+		{"left behind at its first iteration", []rep{{1, w0, 8}, {1, w1, 8}}, 8, []rep{{2, w0, 9}, {2, w1, 9}}, 4.1, joiner, 8},
+		{"the others behind it from the join", []rep{{0, w0, 7}, {0, w1, 7}}, 8, nil, 3.1, w0, 7},
+		{"the others behind it, within the timeout", []rep{{0, w0, 7}, {0, w1, 7}}, 8, nil, 2.9, 0, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			w := newStallWatch(2*time.Second, []node.ID{w0, w1}, at(0))
+			for _, r := range c.before {
+				w.report(r.id, r.pushed, at(r.at))
+			}
+			w.add(joiner, c.from, at(1))
+			w.add(joiner, 0, at(1.5)) // a second add changes nothing
+			for _, r := range c.after {
+				w.report(r.id, r.pushed, at(r.at))
+			}
+			s, ok := w.check(at(c.checkAt))
+			if ok != (c.want != 0) || ok && (s.worker != c.want || s.iter != c.iter) {
 				t.Fatalf("got %+v (ok %v), want worker %s at iteration %d", s, ok, c.want, c.iter)
 			}
 		})

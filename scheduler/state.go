@@ -188,6 +188,13 @@ func (b *barriers) remove(id node.ID) []release {
 	return out
 }
 
+// missing returns the members of group g that have not reached its
+// barrier seq.
+func (b *barriers) missing(g node.Group, seq uint64) []node.ID {
+	set := b.arrived[barrierKey{g, seq}]
+	return slices.DeleteFunc(slices.Clone(b.members[g]), func(id node.ID) bool { return set[id] })
+}
+
 // arrive records that id reached barrier seq of group g. When it was the
 // last member, it returns the members to release.
 func (b *barriers) arrive(id node.ID, g node.Group, seq uint64) (release []node.ID, err error) {

@@ -16,7 +16,7 @@ monitor printing this host's transmit and receive rate while they run. Output
 lines are labelled [scheduler], [server R], [worker R] (R the node's rank). The
 last line says whether every process finished cleanly; the exit status is 0 if
 so, else 1. Children are stopped on failure or Ctrl-C, except when a worker
-fails under FPT_ON_WORKER_LOSS=continue or a server under
+fails under FPT_ON_WORKER_LOSS=continue or wait, or a server under
 FPT_ON_SERVER_LOSS=retry: the job goes on without it, and the others run to
 their end (the status is still 1: a process failed).
 
@@ -241,10 +241,10 @@ fi
 set +m
 
 # survivable reports whether the job goes on without the node labelled $1
-# (FPT_ON_WORKER_LOSS=continue, FPT_ON_SERVER_LOSS=retry).
+# (FPT_ON_WORKER_LOSS=continue or wait, FPT_ON_SERVER_LOSS=retry).
 survivable() {
   case "$1" in
-    worker*) [ "${FPT_ON_WORKER_LOSS:-}" = continue ] ;;
+    worker*) [ "${FPT_ON_WORKER_LOSS:-}" = continue ] || [ "${FPT_ON_WORKER_LOSS:-}" = wait ] ;;
     server*) [ "${FPT_ON_SERVER_LOSS:-}" = retry ] ;;
     *) false ;;
   esac

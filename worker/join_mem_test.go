@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -136,13 +138,14 @@ func trainJoinable(ctx context.Context, w *worker.Worker, m *model, iters int, h
 // up its pushes, exactly, as WorkersAt says; all three end with the same
 // parameters.
 func TestWorkerJoins(t *testing.T) {
-	const iters, joinAt = 14, 4
+	const iters, joinAt = 30, 4
 	for _, tt := range []struct {
 		name string
 		env  map[string]string
 	}{
 		{"LB on", map[string]string{"FPT_LB": "on"}},
 		{"LB off, continue", map[string]string{"FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}},
+		{"LB on, retry", map[string]string{"FPT_LB": "on", "FPT_ON_SERVER_LOSS": "retry"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			env := map[string]string{"FPT_PARTITION_BYTES": memPartitionBytes}
@@ -218,6 +221,262 @@ func TestWorkerJoins(t *testing.T) {
 			for i, m := range models[1:] {
 				if !slices.Equal(m.params, models[0].params) {
 					t.Errorf("worker %d's parameters differ from worker 0's at the end", i+1)
+				}
+			}
+			if err := c.Finish(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestWorkerJoinsTooLate: a worker that joins once the others have
+// trained their last iteration has nothing to train: when they finish,
+// it is told so (its Init fails, saying why) instead of waiting for
+// parameters no worker will hand over, and the job ends cleanly.
+func TestWorkerJoinsTooLate(t *testing.T) {
+	const iters = 3
+	c := startMem(t, 1, 2, map[string]string{"FPT_PARTITION_BYTES": memPartitionBytes, "FPT_LB": "on"})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	old := slices.Clone(c.Workers)
+	var wg sync.WaitGroup
+	errs := make(chan error, 3)
+	for _, w := range old {
+		wg.Go(func() {
+			if err := trainJoinable(ctx, w, newModel(), iters, hooks{}); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	j, err := c.AddWorker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	joinerErr := make(chan error, 1)
+	go func() { joinerErr <- trainJoinable(ctx, j, newModel(), iters, hooks{}) }()
+	for _, w := range old {
+		wg.Go(func() {
+			if err := w.Finalize(ctx); err != nil {
+				errs <- fmt.Errorf("finalize: %w", err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if err := <-joinerErr; err == nil || !strings.Contains(err.Error(), "joined too late to train") {
+		t.Errorf("the late joiner's training: %v, want it told it joined too late", err)
+	}
+	ends, err := c.Ends(ctx)
+	if err != nil || len(ends) != 0 {
+		t.Fatalf("the scheduler and server ended with %v, %v", ends, err)
+	}
+}
+
+// TestWorkerLossWait kills worker 2 of a 2×3 job under
+// FPT_ON_WORKER_LOSS=wait, then starts a replacement: the two left sum
+// the iterations granted over themselves, then hold until it joins; it
+// gets a new id and the parameters, and the sums count it from its first
+// iteration; all three end with the same parameters.
+func TestWorkerLossWait(t *testing.T) {
+	const iters, killAt = 30, 5
+	for _, lbMode := range []string{"off", "on"} {
+		t.Run("LB "+lbMode, func(t *testing.T) {
+			c := startMem(t, 2, 3, map[string]string{
+				"FPT_PARTITION_BYTES": memPartitionBytes, "FPT_LB": lbMode, "FPT_ON_WORKER_LOSS": "wait",
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			victim := node.WorkerID(2)
+			old := slices.Clone(c.Workers)
+			models := []*model{newModel(), newModel(), newModel(), newModel()}
+			errs := make(chan error, 8)
+			var wg sync.WaitGroup
+			killed := make(chan struct{})
+			for i, w := range old {
+				wg.Go(func() {
+					err := trainJoinable(ctx, w, models[i], iters, hooks{before: func(w *worker.Worker, it int) error {
+						if w.Node().Self().ID == victim && it == killAt {
+							defer close(killed)
+							return c.Kill(victim)
+						}
+						return nil
+					}})
+					if w.Node().Self().ID != victim && err != nil {
+						errs <- fmt.Errorf("%s: %w", w.Node().Self().ID, err)
+					}
+				})
+			}
+			<-killed
+			j, err := c.AddWorker()
+			if err != nil {
+				t.Fatal(err)
+			}
+			wg.Go(func() {
+				if err := trainJoinable(ctx, j, models[3], iters, hooks{}); err != nil {
+					errs <- fmt.Errorf("replacement: %w", err)
+				}
+			})
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			if t.Failed() {
+				return
+			}
+			if id := j.Node().Self().ID; id != node.WorkerID(3) {
+				t.Errorf("the replacement is %s, want %s: an id no node had", id, node.WorkerID(3))
+			}
+			first := j.StartIteration()
+			w0 := old[0]
+			three := []node.ID{node.WorkerID(0), node.WorkerID(1), node.WorkerID(3)}
+			if got := w0.WorkersAt(first); !slices.Equal(got, three) {
+				t.Errorf("iteration %d (the replacement's first) summed over %v, want %v", first, got, three)
+			}
+			if got := w0.WorkersAt(first - 1); len(got) != 2 {
+				t.Errorf("iteration %d summed over %v, want the 2 workers left", first-1, got)
+			}
+			for i, m := range []*model{models[1], models[3]} {
+				if !slices.Equal(m.params, models[0].params) {
+					t.Errorf("worker %d's parameters differ from worker 0's at the end", []int{1, 3}[i])
+				}
+			}
+			if err := c.Finish(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestMembershipStressJoins runs 500 iterations of a 2×3 job under
+// FPT_ON_SERVER_LOSS=retry and FPT_ON_WORKER_LOSS=continue through 50
+// membership events, one every 10 iterations, drawn by worker 0 (never
+// killed): a worker killed (while two others live), a worker started, a
+// server killed (while another lives) or a server started. A loss waits
+// while a joiner's first iteration is still ahead (the job would refuse
+// it). Every pulled value is checked exactly against WorkersAt, ids are
+// never reused, and every worker alive at the end holds the same
+// parameters, joiners included.
+func TestMembershipStressJoins(t *testing.T) {
+	const events, every, iters = 50, 10, 500
+	driver := node.WorkerID(0)
+	for _, lbMode := range []string{"off", "on"} {
+		t.Run("LB "+lbMode, func(t *testing.T) {
+			c := startMem(t, 2, 3, map[string]string{
+				"FPT_PARTITION_BYTES": memPartitionBytes, "FPT_LB": lbMode,
+				"FPT_ON_SERVER_LOSS": "retry", "FPT_ON_WORKER_LOSS": "continue",
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			rng := rand.New(rand.NewPCG(23, uint64(len(lbMode))))
+			var (
+				mu      sync.Mutex
+				wg      sync.WaitGroup
+				errs    = make(chan error, 64)
+				models  = map[node.ID]*model{}
+				dead    = map[node.ID]bool{}
+				joiners []*worker.Worker
+				ids     = []node.ID{node.ServerID(0), node.ServerID(1), node.WorkerID(0), node.WorkerID(1), node.WorkerID(2)}
+				counts  = map[string]int{}
+			)
+			var h hooks
+			train := func(w *worker.Worker) {
+				id := w.Node().Self().ID
+				m := newModel()
+				mu.Lock()
+				models[id] = m
+				mu.Unlock()
+				wg.Go(func() {
+					err := trainJoinable(ctx, w, m, iters, h)
+					mu.Lock()
+					killed := dead[id]
+					mu.Unlock()
+					if err != nil && !killed {
+						errs <- fmt.Errorf("%s: %w", id, err)
+						cancel()
+					}
+				})
+			}
+			newID := func(id node.ID) error {
+				if slices.Contains(ids, id) {
+					return fmt.Errorf("id %s given twice (ids so far %v)", id, ids)
+				}
+				ids = append(ids, id)
+				return nil
+			}
+			h.before = func(w *worker.Worker, it int) error {
+				if w.Node().Self().ID != driver || it%every != 0 || it/every > events {
+					return nil
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				pending := slices.ContainsFunc(joiners, func(j *worker.Worker) bool {
+					first := j.StartIteration()
+					return !dead[j.Node().Self().ID] && (first == 0 || int(first) > it)
+				})
+				var live []node.ID
+				for id := range models {
+					if id != driver && !dead[id] {
+						live = append(live, id)
+					}
+				}
+				slices.Sort(live)
+				servers := w.Node().Servers()
+				switch r := rng.IntN(4); {
+				case !pending && r == 0 && len(live) > 1:
+					victim := live[rng.IntN(len(live))]
+					dead[victim] = true
+					counts["worker kills"]++
+					return c.Kill(victim)
+				case !pending && r == 1 && len(servers) > 1:
+					counts["server kills"]++
+					return c.Kill(servers[rng.IntN(len(servers))])
+				case r == 2 || len(live) < 2:
+					j, err := c.AddWorker()
+					if err != nil {
+						return fmt.Errorf("iteration %d: a worker joining: %w", it, err)
+					}
+					counts["worker joins"]++
+					joiners = append(joiners, j)
+					mu.Unlock()
+					train(j)
+					mu.Lock()
+					return newID(j.Node().Self().ID)
+				default:
+					id, err := c.AddServer()
+					if err != nil {
+						return fmt.Errorf("iteration %d: a server joining: %w", it, err)
+					}
+					counts["server joins"]++
+					return newID(id)
+				}
+			}
+			for _, w := range slices.Clone(c.Workers) {
+				train(w)
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			if t.Failed() {
+				return
+			}
+			t.Logf("events %v; ids %v", counts, ids)
+			for _, kind := range []string{"worker kills", "server kills", "worker joins", "server joins"} {
+				if counts[kind] < 5 {
+					t.Errorf("%d %s: the stress did not exercise it (want 5)", counts[kind], kind)
+				}
+			}
+			want := models[driver].params
+			for id, m := range models {
+				if !dead[id] && !slices.Equal(m.params, want) {
+					t.Errorf("%s's parameters differ from worker 0's at the end", id)
 				}
 			}
 			if err := c.Finish(ctx); err != nil {

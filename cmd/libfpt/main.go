@@ -130,11 +130,10 @@ func intOut(op string, out *C.int, get func() (int, error)) C.int {
 }
 
 // callback wraps a C callback for capi; nil when the caller gave none.
-func callback(cb C.fpt_callback, user unsafe.Pointer) capi.Callback {
+func callback(cb C.fpt_callback, u C.uintptr_t) capi.Callback {
 	if cb == nil {
 		return nil
 	}
-	u := C.uintptr_t(uintptr(user))
 	return func(ts int, err error) {
 		msg := ""
 		if err != nil {
@@ -143,6 +142,17 @@ func callback(cb C.fpt_callback, user unsafe.Pointer) capi.Callback {
 		C.fpt_invoke(cb, C.int64_t(ts), C.int(capi.CodeOf(err)), cstr(msg), C.size_t(len(msg)), u)
 	}
 }
+
+// userData is a caller's user data as the integer Go keeps it. It is
+// often no pointer at all (Python's ctypes passes a request number), and
+// a pointer-typed Go value under 4096 is fatal ("invalid pointer found on
+// stack") when the goroutine's stack is copied, which any call may do.
+// So the exports that take user data are nosplit (no stack check on
+// entry, where every argument is live) and convert it before their one
+// call: from then on no live variable of a pointer type holds it.
+//
+//go:nosplit
+func userData(user unsafe.Pointer) C.uintptr_t { return C.uintptr_t(uintptr(user)) }
 
 //export fpt_start
 func fpt_start() C.int { return guard("fpt_start", lib.Start) }
@@ -249,15 +259,21 @@ func fpt_init(keys *C.fpt_const_u64, n C.size_t, vals unsafe.Pointer, lens *C.fp
 }
 
 //export fpt_push
+//go:nosplit
 func fpt_push(keys *C.fpt_const_u64, n C.size_t, vals *C.fpt_const_void, lens *C.fpt_const_u64,
 	priority C.int, cb C.fpt_callback, user unsafe.Pointer, ts *C.int64_t) C.int {
+	return push(keys, n, vals, lens, priority, cb, userData(user), ts)
+}
+
+func push(keys *C.fpt_const_u64, n C.size_t, vals *C.fpt_const_void, lens *C.fpt_const_u64,
+	priority C.int, cb C.fpt_callback, u C.uintptr_t, ts *C.int64_t) C.int {
 	const op = "fpt_push"
 	return guard(op, func() error {
 		t, err := capi.View(op, unsafe.Pointer(keys), uint64(n), unsafe.Pointer(vals), unsafe.Pointer(lens))
 		if err != nil {
 			return err
 		}
-		id, err := lib.Push(t, int(priority), callback(cb, user))
+		id, err := lib.Push(t, int(priority), callback(cb, u))
 		if err == nil && ts != nil {
 			*ts = C.int64_t(id)
 		}
@@ -266,15 +282,21 @@ func fpt_push(keys *C.fpt_const_u64, n C.size_t, vals *C.fpt_const_void, lens *C
 }
 
 //export fpt_pull
+//go:nosplit
 func fpt_pull(keys *C.fpt_const_u64, n C.size_t, vals unsafe.Pointer, lens *C.fpt_const_u64,
 	cb C.fpt_callback, user unsafe.Pointer, ts *C.int64_t) C.int {
+	return pull(keys, n, vals, lens, cb, userData(user), ts)
+}
+
+func pull(keys *C.fpt_const_u64, n C.size_t, vals unsafe.Pointer, lens *C.fpt_const_u64,
+	cb C.fpt_callback, u C.uintptr_t, ts *C.int64_t) C.int {
 	const op = "fpt_pull"
 	return guard(op, func() error {
 		t, err := capi.View(op, unsafe.Pointer(keys), uint64(n), vals, unsafe.Pointer(lens))
 		if err != nil {
 			return err
 		}
-		id, err := lib.Pull(t, callback(cb, user))
+		id, err := lib.Pull(t, callback(cb, u))
 		if err == nil && ts != nil {
 			*ts = C.int64_t(id)
 		}
@@ -324,13 +346,18 @@ func fpt_barrier_group(group C.int) C.int {
 }
 
 //export fpt_customer_add
+//go:nosplit
 func fpt_customer_add(app, cust C.int, handler C.fpt_msg_handler, user unsafe.Pointer) C.int {
+	return customerAdd(app, cust, handler, userData(user))
+}
+
+func customerAdd(app, cust C.int, handler C.fpt_msg_handler, u C.uintptr_t) C.int {
 	const op = "fpt_customer_add"
 	return guard(op, func() error {
 		if handler == nil {
 			return nullArg(op, "handler")
 		}
-		return lib.CustomerAdd(int(app), int(cust), msgHandler(handler, C.uintptr_t(uintptr(user))))
+		return lib.CustomerAdd(int(app), int(cust), msgHandler(handler, u))
 	})
 }
 

@@ -10,7 +10,7 @@ gets its process's name: [scheduler], [server0], [worker1] (a worker's
 rank as fpt assigned it once the worker has started; [worker.i] before
 that, i its launch index). When any process fails, the others are
 stopped and fptrun exits non-zero; Ctrl-C stops them all. A worker that
-fails under FPT_ON_WORKER_LOSS=continue, or a server under
+fails under FPT_ON_WORKER_LOSS=continue or wait, or a server under
 FPT_ON_SERVER_LOSS=retry, is the exception: the job goes on without it,
 the others run to their end, and fptrun still exits non-zero.
 
@@ -342,7 +342,7 @@ def main(argv=None):
     def survivable(name):
         # The job goes on without this node (the scheduler decides; a
         # failure it cannot survive ends every other process anyway).
-        return (name.startswith("worker") and env.get("FPT_ON_WORKER_LOSS") == "continue"
+        return (name.startswith("worker") and env.get("FPT_ON_WORKER_LOSS") in ("continue", "wait")
                 or name.startswith("server") and env.get("FPT_ON_SERVER_LOSS") == "retry")
 
     status = 0
