@@ -292,7 +292,7 @@ func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out i
 		}
 	}
 	sum.Checksum = m.checksum()
-	fmt.Fprintf(out, "%s: parameters checksum %#016x\n", label, sum.Checksum)
+	fmt.Fprintf(out, "%s: parameters checksum 0x%016x\n", label, sum.Checksum)
 	n, err := classic(ctx, kv, o, keys, sizes, out)
 	sum.Values += n
 	if err != nil {

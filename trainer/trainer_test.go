@@ -274,7 +274,7 @@ func TestRunJob(t *testing.T) {
 				if s.Start != 1 || s.Iterations != o.Iterations || s.Checksum != want {
 					t.Errorf("worker %d: start %d, %d iterations, checksum %#x; want 1, %d, %#x", r, s.Start, s.Iterations, s.Checksum, o.Iterations, want)
 				}
-				for _, line := range []string{fmt.Sprintf("parameters checksum %#016x", want), "classic Push/Pull/PushPull over 2 servers verified", "PASS"} {
+				for _, line := range []string{fmt.Sprintf("parameters checksum 0x%016x", want), "classic Push/Pull/PushPull over 2 servers verified", "PASS"} {
 					if !strings.Contains(out, line) {
 						t.Errorf("worker %d printed no %q:\n%s", r, line, out)
 					}
@@ -379,7 +379,7 @@ func TestRunJoin(t *testing.T) {
 				if s.Checksum != want {
 					t.Errorf("worker %d: parameters checksum %#x, want %#x\n%s", r, s.Checksum, want, out)
 				}
-				lines := []string{fmt.Sprintf("parameters checksum %#016x", want), "classic Push/Pull/PushPull over 2 servers verified", "PASS"}
+				lines := []string{fmt.Sprintf("parameters checksum 0x%016x", want), "classic Push/Pull/PushPull over 2 servers verified", "PASS"}
 				if r == 2 {
 					lines = append(lines, fmt.Sprintf("worker 2: joined the running job at iteration %d with worker 0's parameters; sums now over 3 workers [0 1 2]", start))
 				} else {
