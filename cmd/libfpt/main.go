@@ -185,17 +185,21 @@ func fpt_rank_at(iteration C.uint64_t, rank *C.int) C.int {
 }
 
 //export fpt_set_params_source
+//go:nosplit
 func fpt_set_params_source(fn C.fpt_params_fn, ctx unsafe.Pointer) C.int {
-	return guard("fpt_set_params_source", func() error { return lib.SetParamsSource(paramsFn(fn, ctx)) })
+	return setParamsSource(fn, userData(ctx))
+}
+
+func setParamsSource(fn C.fpt_params_fn, u C.uintptr_t) C.int {
+	return guard("fpt_set_params_source", func() error { return lib.SetParamsSource(paramsFn(fn, u)) })
 }
 
 // paramsFn wraps a C parameters source for capi; nil when the caller gave
-// none. ctx travels as an integer, as callbacks' user data do.
-func paramsFn(fn C.fpt_params_fn, ctx unsafe.Pointer) capi.ParamsFn {
+// none. ctx travels as an integer, as callbacks' user data do (userData).
+func paramsFn(fn C.fpt_params_fn, u C.uintptr_t) capi.ParamsFn {
 	if fn == nil {
 		return nil
 	}
-	u := C.uintptr_t(uintptr(ctx))
 	return func(iteration, key uint64, dst []byte) int {
 		var p unsafe.Pointer
 		if len(dst) > 0 {
