@@ -343,6 +343,19 @@ func (l *Lib) Init(t Tensors) error {
 	return nil
 }
 
+// Broadcast is Init for keys no iteration pushes again (fpt_broadcast).
+func (l *Lib) Broadcast(t Tensors) error {
+	const op = "fpt_broadcast"
+	w, err := l.worker(op)
+	if err != nil {
+		return err
+	}
+	if err := w.BroadcastBytes(context.Background(), t.Keys, t.Data, t.Lens); err != nil {
+		return wrap(op, w, err)
+	}
+	return nil
+}
+
 // Callback learns that request ts settled; err is nil on success.
 type Callback func(ts int, err error)
 

@@ -215,6 +215,17 @@ typedef void (*fpt_callback)(int64_t ts, int status, void* user_data);
 int fpt_init(const uint64_t* keys, size_t num_keys, void* vals, const uint64_t* lens);
 
 /*
+ * fpt_init for keys that no iteration pushes again: a model's buffers, an
+ * optimizer's state, values a program keeps in step itself. Every worker
+ * gets worker 0's values; the iterations after it complete without these
+ * keys (FPT_ON_SERVER_LOSS=retry and FPT_ON_WORKER_LOSS=continue|wait
+ * wait for every key an iteration pushes: keys given values by fpt_init
+ * and never pushed again would hold every iteration back), and a push of
+ * one of them fails. Collective and blocking, as fpt_init.
+ */
+int fpt_broadcast(const uint64_t* keys, size_t num_keys, void* vals, const uint64_t* lens);
+
+/*
  * FPTPush: sends one iteration's values of the keys (a key's n-th push is
  * its iteration n; fpt_init is iteration 0) to the aggregators that sum
  * them over the workers and send every worker the sum. Asynchronous: *ts

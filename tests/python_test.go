@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -147,11 +148,11 @@ var (
 
 // startPyJoin starts fpt_checks.py in mode on two workers, and a third
 // once the first has finished step 3.
-func startPyJoin(t *testing.T, py pyEnv, mode string) *cluster {
+func startPyJoin(t *testing.T, py pyEnv, mode string, env ...string) *cluster {
 	t.Helper()
 	c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: 1, Workers: 2,
 		Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
-		Worker: []string{py.python, pyChecks, mode}, Env: py.env}), t: t}
+		Worker: []string{py.python, pyChecks, mode}, Env: append(slices.Clone(py.env), env...)}), t: t}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(`step 3 over`)); err != nil {
@@ -168,10 +169,19 @@ func startPyJoin(t *testing.T, py pyEnv, mode string) *cluster {
 // job with the same script: fpt.torch hands it the model (every worker
 // starts from its own random weights, so only the handover makes them
 // equal), it numbers its steps from the iteration it joined at, and all
-// three end with the same parameters bit for bit.
+// three end with the same parameters bit for bit. Under
+// FPT_ON_WORKER_LOSS=continue too, where iterations complete only with
+// every sum in: fpt.torch's broadcast keys, initialised only, must not
+// hold them back (SetTensorsPerIteration), or the first step hangs.
 func TestPythonJoin(t *testing.T) {
 	py := needPython(t)
-	c := startPyJoin(t, py, "join")
+	for _, policy := range []string{"fail", "continue"} {
+		t.Run(policy, func(t *testing.T) { pythonJoin(t, py, policy) })
+	}
+}
+
+func pythonJoin(t *testing.T, py pyEnv, policy string) {
+	c := startPyJoin(t, py, "join", "FPT_ON_WORKER_LOSS="+policy)
 	c.waitAll(3 * time.Minute)
 	var hashes []string
 	for _, w := range []string{"worker0", "worker1", "worker2"} {

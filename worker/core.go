@@ -170,6 +170,10 @@ type tensor struct {
 	// only (sumIn).
 	sumsIn    uint64
 	sumsAhead map[uint64]bool
+	// once: set by Broadcast, the key has its init round only, and no
+	// iteration after it waits for the key (a model's buffers, fpt.torch's
+	// broadcast keys).
+	once bool
 	// initial is the key's value as Init left it, kept until its next
 	// push: a pull with no push outstanding returns it (MXNet broadcasts a
 	// parameter by init, then pull, one key at a time). It lies in kept.
@@ -624,7 +628,7 @@ func (c *core) sumIn(t *tensor, iter uint64) todo {
 func (c *core) reportSums() todo {
 	n, any := uint64(math.MaxUint64), false
 	for _, tn := range c.tensors {
-		if tn.pushed > 0 || tn.sumsIn > 0 {
+		if !tn.once && (tn.pushed > 0 || tn.sumsIn > 0) {
 			n, any = min(n, tn.sumsIn), true
 		}
 	}
@@ -901,6 +905,9 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	if c.join != nil && slices.ContainsFunc(ts, func(t *tensor) bool { return !c.join.took[t.key] }) {
 		return todo{}, errors.New("worker: a worker that joined a running job calls Init first: it gets the parameters there")
 	}
+	if i := slices.IndexFunc(ts, func(t *tensor) bool { return t.once }); i >= 0 {
+		return todo{}, fmt.Errorf("worker: key %d was broadcast: it has its init round only, and is never pushed again", ts[i].key)
+	}
 	if slices.ContainsFunc(ts, func(t *tensor) bool { return t.pushed > c.horizon }) {
 		return todo{}, errHorizon
 	}
@@ -985,6 +992,9 @@ func (c *core) cut(sends, locals []van.Message, t *tensor, iter uint64, data []b
 func (c *core) iterationsPushed() uint64 {
 	n, first := uint64(0), true
 	for _, t := range c.tensors {
+		if t.once {
+			continue
+		}
 		if first || t.pushed < n {
 			n, first = t.pushed, false
 		}
@@ -1291,4 +1301,14 @@ func (r *result) check(h *frame.Header) error {
 		return fmt.Errorf("partition %d received twice", h.Partition)
 	}
 	return nil
+}
+
+// broadcastOnly marks keys initialised by Broadcast: their init round is
+// all they have (see tensor.once).
+func (c *core) broadcastOnly(keys []uint64) {
+	for _, k := range keys {
+		if t := c.tensors[k]; t != nil {
+			t.once = true
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/fptps/fpt/frame"
@@ -596,5 +597,53 @@ func TestCoreResumNeedsContinue(t *testing.T) {
 	c := retryCore(t, 0)
 	if _, _, err := c.follow(loseWorker1(1)); err == nil {
 		t.Fatal("a retry changing the workers was followed without FPT_ON_WORKER_LOSS=continue")
+	}
+}
+
+// Keys initialised by Broadcast (fpt.torch's broadcast keys) have their
+// init round only: the iterations after it complete without them, where
+// they would wait for them for ever, and pushing one is an error.
+func TestCoreBroadcastKeys(t *testing.T) {
+	c := retryCore(t, 0) // key 5 declared
+	mustDeclare(t, c, 6, 64)
+	for _, key := range []uint64{5, 6} {
+		handOver(c, mustPush(t, c, key, pattern(64, 0)))
+	}
+	reported := func(td todo) uint64 {
+		if td.began == nil {
+			return 0
+		}
+		return td.began.iter
+	}
+	deliverKey := func(key, iter uint64) todo {
+		t.Helper()
+		hs := results(c, key, iter)
+		var out todo
+		for i := range hs {
+			hs[i].Aux = c.schedule.At(iter).Version
+			td, err := receive(c, &hs[i], make([]byte, hs[i].Length))
+			if err != nil {
+				t.Fatal(err)
+			}
+			out.merge(td)
+		}
+		return out
+	}
+	if got := reported(deliverKey(5, 0)); got != 0 {
+		t.Fatalf("the init round reported complete (%d) without key 6's sum", got)
+	}
+	if got := reported(deliverKey(6, 0)); got != 1 {
+		t.Fatalf("the init round's last sum reported %d, want 1", got)
+	}
+	c.broadcastOnly([]uint64{6})
+	handOver(c, mustPush(t, c, 5, pattern(64, 1)))
+	if got := reported(deliverKey(5, 1)); got != 2 {
+		t.Fatalf("iteration 1's sum of key 5 reported %d, want 2: key 6 was broadcast", got)
+	}
+	if got := c.iterationsPushed(); got != 2 {
+		t.Errorf("iterations pushed %d, want 2: key 6 was broadcast", got)
+	}
+	if _, err := c.push([]uint64{6}, pattern(64, 1), []int{64}, frame.Float32, 0, &call{}); err == nil || !strings.Contains(err.Error(), "was broadcast") {
+		t.Errorf("a push of the broadcast key: %v, want refused", err)
 	}
 }

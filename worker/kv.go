@@ -71,6 +71,19 @@ func (kv *KV[T]) FPTPull(keys []uint64, vals []T, lens []int, cb Callback) (int,
 	return kv.w.fptPull(keys, asBytes(vals), byteLens, kv.dtype, cb)
 }
 
+// Broadcast is Init for keys that no iteration pushes again: a model's
+// buffers, an optimizer's state, parameters a program updates itself.
+// Every worker gets worker 0's vals; the iterations after it complete
+// without these keys (retries and a lost worker's re-sums wait for every
+// key an iteration pushes), and pushing one of them is an error.
+func (kv *KV[T]) Broadcast(ctx context.Context, keys []uint64, vals []T, lens []int) error {
+	byteLens, err := kv.byteLens(keys, vals, lens)
+	if err != nil {
+		return err
+	}
+	return kv.w.broadcast(ctx, keys, asBytes(vals), byteLens, kv.dtype)
+}
+
 // Init sets the keys' starting values on every worker to worker 0's vals
 // (MXNet's kvstore init): it must be the keys' first push. It is collective:
 // every worker calls it with the same keys, and it returns once every worker

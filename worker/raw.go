@@ -57,6 +57,22 @@ func (w *Worker) InitBytes(ctx context.Context, keys []uint64, data []byte, byte
 	return w.initBytes(ctx, keys, data, byteLens, w.dtypeOf(keys))
 }
 
+// BroadcastBytes is KV.Broadcast on raw memory.
+func (w *Worker) BroadcastBytes(ctx context.Context, keys []uint64, data []byte, byteLens []int) error {
+	return w.broadcast(ctx, keys, data, byteLens, w.dtypeOf(keys))
+}
+
+// broadcast is Init, after which no iteration waits for the keys.
+func (w *Worker) broadcast(ctx context.Context, keys []uint64, data []byte, byteLens []int, dtype frame.DType) error {
+	if err := w.initBytes(ctx, keys, data, byteLens, dtype); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.c.broadcastOnly(keys)
+	return nil
+}
+
 // initBytes makes the keys' first push worker 0's values, between two
 // barriers over the workers, and pulls them into data.
 func (w *Worker) initBytes(ctx context.Context, keys []uint64, data []byte, byteLens []int, dtype frame.DType) error {

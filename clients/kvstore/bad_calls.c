@@ -76,6 +76,7 @@ static void every_worker_call(int want, const char* want_msg) {
   EXPECT(fpt_set_tensors_per_iteration(1), want, want_msg);
   EXPECT(fpt_declare(1, 4, FPT_FLOAT32, 0), want, want_msg);
   EXPECT(fpt_init(&key, 1, &v, &len), want, want_msg);
+  EXPECT(fpt_broadcast(&key, 1, &v, &len), want, want_msg);
   EXPECT(fpt_push(&key, 1, &v, &len, 0, NULL, NULL, &ts), want, want_msg);
   EXPECT(fpt_pull(&key, 1, &v, &len, NULL, NULL, &ts), want, want_msg);
   EXPECT(fpt_wait(1), want, want_msg);
@@ -374,8 +375,10 @@ int main(void) {
   EXPECT(fpt_init(&k2, 1, b, &l2), FPT_OK, NULL);
   uint64_t k3 = 3, l3 = 64;
   uint16_t h[32] = {0};
-  EXPECT(fpt_init(&k3, 1, h, &l3), FPT_OK, NULL);
+  EXPECT(fpt_broadcast(&k3, 1, NULL, &l3), FPT_ERR_ARG, "vals is NULL");
+  EXPECT(fpt_broadcast(&k3, 1, h, &l3), FPT_OK, NULL); /* never pushed again */
   EXPECT(fpt_init(&k1, 1, a, &l1), FPT_ERR_ARG, "pushed already");
+  EXPECT(fpt_push(&k3, 1, h, &l3, 0, NULL, NULL, &ts), FPT_ERR_ARG, "was broadcast");
 
   int pushed = 0, pulled = 0;
   int64_t push_ts = 0, pull_ts = 0, b_ts = 0;

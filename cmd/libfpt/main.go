@@ -262,6 +262,18 @@ func fpt_init(keys *C.fpt_const_u64, n C.size_t, vals unsafe.Pointer, lens *C.fp
 	})
 }
 
+//export fpt_broadcast
+func fpt_broadcast(keys *C.fpt_const_u64, n C.size_t, vals unsafe.Pointer, lens *C.fpt_const_u64) C.int {
+	const op = "fpt_broadcast"
+	return guard(op, func() error {
+		t, err := capi.View(op, unsafe.Pointer(keys), uint64(n), vals, unsafe.Pointer(lens))
+		if err != nil {
+			return err
+		}
+		return lib.Broadcast(t)
+	})
+}
+
 //export fpt_push
 //go:nosplit
 func fpt_push(keys *C.fpt_const_u64, n C.size_t, vals *C.fpt_const_void, lens *C.fpt_const_u64,

@@ -35,7 +35,7 @@ __all__ = [
     "ClusterError", "InternalError", "Request", "FLOAT32", "FLOAT64", "FLOAT16",
     "start", "finalize", "role", "rank", "num_workers", "num_workers_at", "rank_at", "num_servers", "set_tensors_per_iteration",
     "set_params_source", "start_iteration", "joined",
-    "declare", "declared", "init", "push", "pull", "wait_all", "barrier", "my_id", "group_ids",
+    "declare", "declared", "init", "broadcast", "push", "pull", "wait_all", "barrier", "my_id", "group_ids",
     "barrier_group", "GROUP_SCHEDULER", "GROUP_SERVERS", "GROUP_WORKERS",
 ]
 
@@ -416,6 +416,16 @@ def init(keys, buf):
     worker's source instead (see set_params_source)."""
     keys, ck, cl, v = _tensors("fpt_init", keys, buf, True)
     _node.check(_node.lib.fpt_init(ck, len(keys), v.ptr, cl))
+    _node.initialized.update(keys)
+
+
+def broadcast(keys, buf):
+    """init for keys that no iteration pushes again (a model's buffers, an
+    optimizer's state): every worker gets worker 0's values in buf, and the
+    iterations after it complete without these keys; pushing one of them
+    raises. Collective; blocks."""
+    keys, ck, cl, v = _tensors("fpt_broadcast", keys, buf, True)
+    _node.check(_node.lib.fpt_broadcast(ck, len(keys), v.ptr, cl))
     _node.initialized.update(keys)
 
 

@@ -87,7 +87,7 @@ def _state_entries(optimizer):
 
 
 def _broadcast(tensors, current=None):
-    """Gives every tensor worker 0's values, in place: one fpt_init per
+    """Gives every tensor worker 0's values, in place: one fpt_broadcast per
     dtype over fresh keys, through one flat buffer per dtype. Tensors of
     other types travel as float64 (exact for integers below 2**53).
     current[i]() is tensor i's value as it is later, for a joining worker
@@ -107,7 +107,7 @@ def _broadcast(tensors, current=None):
             _register(keys, [lambda get=get, wire=wire: get().detach().reshape(-1).to(wire).contiguous()
                              for _, get in pairs])
             flat = torch.cat([t.detach().reshape(-1).to(wire) for t in ts]) if ts else torch.empty(0, dtype=wire)
-            fpt.init(keys, flat)
+            fpt.broadcast(keys, flat)
             off = 0
             for t in ts:
                 n = t.numel()
