@@ -181,11 +181,7 @@ func TestWorkerJoins(t *testing.T) {
 			}
 			j, ok := <-joined
 			if !ok {
-				wg.Wait()
-				close(errs)
-				for err := range errs {
-					t.Error(err)
-				}
+				report(t, &wg, errs)
 				t.FailNow()
 			}
 			if id := j.Node().Self().ID; id != node.WorkerID(2) || !j.Joined() {
@@ -196,13 +192,7 @@ func TestWorkerJoins(t *testing.T) {
 					errs <- fmt.Errorf("joiner: %w", err)
 				}
 			})
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				if err != nil {
-					t.Error(err)
-				}
-			}
+			report(t, &wg, errs)
 			if t.Failed() {
 				return
 			}
@@ -263,11 +253,7 @@ func TestWorkerJoinsTooLate(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
+	report(t, &wg, errs)
 	if err := <-joinerErr; err == nil || !strings.Contains(err.Error(), "joined too late to train") {
 		t.Errorf("the late joiner's training: %v, want it told it joined too late", err)
 	}
@@ -321,11 +307,7 @@ func TestWorkerLossWait(t *testing.T) {
 					errs <- fmt.Errorf("replacement: %w", err)
 				}
 			})
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Error(err)
-			}
+			report(t, &wg, errs)
 			if t.Failed() {
 				return
 			}
@@ -459,11 +441,7 @@ func TestMembershipStressJoins(t *testing.T) {
 			for _, w := range slices.Clone(c.Workers) {
 				train(w)
 			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				t.Error(err)
-			}
+			report(t, &wg, errs)
 			if t.Failed() {
 				return
 			}
@@ -483,5 +461,18 @@ func TestMembershipStressJoins(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// report fails t with every error sent on errs, once wg's goroutines are
+// done.
+func report(t *testing.T, wg *sync.WaitGroup, errs chan error) {
+	t.Helper()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
 	}
 }
