@@ -225,8 +225,8 @@ func (l *Lib) NumWorkers() (int, error) {
 
 // NumWorkersAt is the number of workers whose pushes the sums of
 // iteration iter add up (worker.Worker.NumWorkersAt): DMLC_NUM_WORKER,
-// unless a worker was lost under FPT_ON_WORKER_LOSS=continue. Workers
-// only, once started.
+// unless a worker left (FPT_ON_WORKER_LOSS=continue or wait) or joined
+// the job. Workers only, once started.
 func (l *Lib) NumWorkersAt(iter uint64) (int, error) {
 	w, err := l.worker("fpt_num_workers_at")
 	if err != nil {

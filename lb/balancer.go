@@ -443,10 +443,12 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 	}
 	// A re-cut from Done before another worker's join iteration would
 	// sum the iterations between with a joiner that never pushes them,
-	// or drop the decision it joins by (the joiner's own loss is fine:
-	// the re-cut leaves it out).
+	// or drop the decision it joins by; a worker's loss at it could
+	// change the worker that hands the joiner its parameters after it
+	// pushed the join iteration, and no one would (the joiner's own loss
+	// is fine: the re-cut leaves it out).
 	for j, at := range b.joinAt {
-		if j != id && at > b.next {
+		if j != id && (at > b.next || worker && at == b.next) {
 			return Directive{}, fmt.Errorf("lb: lose %s: %s joins at iteration %d, and not every worker has the sums of iteration %d: the iterations between cannot be summed again around the join", id, j, at, b.next)
 		}
 	}

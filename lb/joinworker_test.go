@@ -287,16 +287,18 @@ func TestBalancerLoseDuringJoin(t *testing.T) {
 	servers, workers := ids(2, 2)
 	joiner := node.WorkerID(2)
 	tests := []struct {
-		name    string
-		lose    node.ID
-		reached bool // every worker reported up to the join iteration first
-		ok      bool
+		name string
+		lose node.ID
+		done int // 0: Done before the join iteration; 1: at it; 2: past it
+		ok   bool
 	}{
-		{"a worker, join ahead", workers[1], false, false},
-		{"a server, join ahead", servers[0], false, false},
-		{"the joiner, join ahead", joiner, false, true},
-		{"a worker, join reached", workers[1], true, true},
-		{"a server, join reached", servers[0], true, true},
+		{"a worker, join ahead", workers[1], 0, false},
+		{"a server, join ahead", servers[0], 0, false},
+		{"the joiner, join ahead", joiner, 0, true},
+		{"a worker, join under way", workers[1], 1, false},
+		{"a server, join under way", servers[0], 1, true},
+		{"a worker, join done", workers[1], 2, true},
+		{"a server, join done", servers[0], 2, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -313,14 +315,16 @@ func TestBalancerLoseDuringJoin(t *testing.T) {
 				t.Fatal(err)
 			}
 			at := d.Decision.Iteration
-			if tt.reached {
-				for it := range at {
-					for _, id := range workers {
-						b.Observe(Sample{Node: id, Iteration: it}, now)
+			if tt.done > 0 {
+				for it := range at + uint64(tt.done) - 1 {
+					for _, id := range append(slices.Clone(workers), joiner) {
+						if id != joiner || it >= at {
+							b.Observe(Sample{Node: id, Iteration: it}, now)
+						}
 					}
 				}
-				if b.Done() != at {
-					t.Fatalf("Done %d, want the join iteration %d", b.Done(), at)
+				if want := at + uint64(tt.done) - 1; b.Done() != want {
+					t.Fatalf("Done %d, want %d (the join iteration %d)", b.Done(), want, at)
 				}
 			}
 			before := b.Current()

@@ -398,19 +398,33 @@ func ParseMembershipLine(line string) (m Membership, ok bool) {
 	return m, true
 }
 
+// tooLateGrace is how long the joiners missing from the final barrier
+// must look too late to train before they are ended: a joiner that did
+// train may have its report of its first iteration still on its way when
+// the others reach the barrier.
+const tooLateGrace = time.Second
+
 // tooLate ends the workers that joined too late to train: when every
-// other member has reached the final barrier seq, the job's last
-// iteration is done, and a joiner whose first iteration comes after it
-// waits for parameters no worker will hand over. Each is told why, and
-// leaves the barriers; the members to terminate are returned once the
-// final barrier is released.
-func (s *sched) tooLate(bars *barriers, seq uint64) (final []node.ID) {
-	if s.lb == nil {
+// other member has reached the final barrier, the job's last iteration is
+// done, and a joiner whose first iteration comes after it waits for
+// parameters no worker will hand over. Once that has held for
+// tooLateGrace, each is told why and leaves the barriers; the members to
+// terminate are returned once that releases the final barrier. The
+// scheduler calls it on the final barrier's arrivals and on every tick.
+func (s *sched) tooLate(bars *barriers, now time.Time) (final []node.ID) {
+	if s.lb == nil || !s.finalSeen {
 		return nil
 	}
-	missing := bars.missing(node.AllGroup, seq)
+	missing := bars.missing(node.AllGroup, s.finalSeq)
 	ahead := s.lb.JoinsAhead()
 	if len(missing) == 0 || slices.ContainsFunc(missing, func(id node.ID) bool { return !slices.Contains(ahead, id) }) {
+		s.lateSince = time.Time{}
+		return nil
+	}
+	if s.lateSince.IsZero() {
+		s.lateSince = now
+	}
+	if now.Sub(s.lateSince) < tooLateGrace {
 		return nil
 	}
 	for _, id := range missing {

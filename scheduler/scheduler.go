@@ -94,6 +94,9 @@ type sched struct {
 	// finalSeq is the final barrier's number, once a member reached it.
 	finalSeq  uint64
 	finalSeen bool
+	// lateSince: since when the only members missing from the final
+	// barrier are workers that joined too late to train (tooLate).
+	lateSince time.Time
 	reject    *control.Rejecter
 	obs       observer
 }
@@ -198,6 +201,11 @@ func (s *sched) serve(ctx context.Context) error {
 			if err := s.waitExpired(now); err != nil {
 				return err
 			}
+			if final := s.tooLate(bars, now); final != nil {
+				s.log.Info("final barrier passed; terminating the cluster")
+				s.terminate(ctx, final)
+				return nil
+			}
 			if st, stalled := stalls.check(now); stalled {
 				// Under FPT_ON_WORKER_LOSS=continue a stalled worker is
 				// lost like a dead one; it is told so, since it is alive.
@@ -244,7 +252,7 @@ func (s *sched) serve(ctx context.Context) error {
 					continue
 				}
 				if release == nil && m.Flags&control.FlagFinal != 0 && m.Group == node.AllGroup {
-					release = s.tooLate(bars, m.Seq)
+					s.tooLate(bars, time.Now()) // starts its grace
 				}
 				if release == nil {
 					continue

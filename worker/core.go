@@ -52,7 +52,7 @@ type core struct {
 	// held, and its buffer is still the worker's to send again.
 	retryMode bool
 	held      []*heldPush
-	// resum is FPT_ON_WORKER_LOSS=continue: a lost worker's retry sums
+	// resum is FPT_ON_WORKER_LOSS=continue or wait: a lost worker's retry sums
 	// the incomplete iterations again over the workers left, so their
 	// sums change. A pull then completes only once every worker has its
 	// iteration's sum (heldPulls), so that no program saw the old one.
@@ -76,7 +76,7 @@ type core struct {
 	// join is set on a worker that joined a running job.
 	join *joinState
 	// dutiesDone are the join iterations this worker handed its
-	// parameters over for (or was not the one to).
+	// parameters over for.
 	dutiesDone map[uint64]bool
 	// deferred are pulls into the buffer of a push still held: their
 	// sums are staged and copied in once every worker has them, since a
@@ -496,9 +496,9 @@ func (c *core) retry(d lb.Directive) (todo, error) {
 	resum := dec.Workers != nil
 	switch {
 	case !c.retryMode:
-		return todo{}, fmt.Errorf("worker: retry decision v%d, but neither FPT_ON_SERVER_LOSS=retry nor FPT_ON_WORKER_LOSS=continue is set here", dec.Version)
+		return todo{}, fmt.Errorf("worker: retry decision v%d, but neither FPT_ON_SERVER_LOSS=retry nor FPT_ON_WORKER_LOSS=continue or wait is set here", dec.Version)
 	case resum && !c.resum:
-		return todo{}, fmt.Errorf("worker: retry decision v%d changes the workers, but FPT_ON_WORKER_LOSS is not continue here", dec.Version)
+		return todo{}, fmt.Errorf("worker: retry decision v%d changes the workers, but FPT_ON_WORKER_LOSS is neither continue nor wait here", dec.Version)
 	case dec.Iteration < c.done:
 		return todo{}, fmt.Errorf("worker: retry decision v%d from iteration %d, but every worker has the sums up to %d", dec.Version, dec.Iteration, c.done)
 	}

@@ -92,8 +92,9 @@ type paramsPart struct {
 	data   []byte
 }
 
-// maxRefusal bounds a refusal's text: a frame of at most a partition.
-const maxRefusal = 1024
+// maxRefusal bounds a refusal's text; minRefusal is the least a frame of
+// a partition may carry (van.lengthBound's floor).
+const maxRefusal, minRefusal = 1024, 16
 
 // paramsDuty is this worker's turn to hand its parameters of the start
 // of iteration iter to the workers joining then.
@@ -106,7 +107,9 @@ type paramsDuty struct {
 
 // joining marks the core as a worker that joined a running job.
 func (c *core) joining() {
-	c.join = &joinState{parts: make(map[uint64][]paramsPart), got: make(map[uint64]uint64), took: make(map[uint64]bool)}
+	if c.join == nil {
+		c.join = &joinState{parts: make(map[uint64][]paramsPart), got: make(map[uint64]uint64), took: make(map[uint64]bool)}
+	}
 }
 
 // joinedAt starts a joining worker's tensors at iteration first, that of
@@ -213,17 +216,31 @@ func (c *core) awaitParams(keys []uint64, cl *call) (todo, error) {
 			return todo{}, fmt.Errorf("worker: Init: key %d: a joining worker gets a key's parameters once", k)
 		}
 	}
+	if err := c.paramsReady(); err != nil {
+		return todo{}, err
+	}
 	req, err := c.newRequest(cl, 1)
 	if err != nil {
 		return todo{}, err
 	}
 	j.waits = append(j.waits, paramsWait{slices.Clone(keys), req})
 	out := todo{req: req}
-	if err := c.paramsReady(); err != nil {
-		return todo{}, err
-	}
 	out.merge(c.paramsSettle())
 	return out, nil
+}
+
+// cancelParams gives up an Init's wait for its parameters (its context
+// ended): the keys may be waited for again.
+func (c *core) cancelParams(ts int, err error) todo {
+	var out todo
+	c.join.waits = slices.DeleteFunc(c.join.waits, func(w paramsWait) bool {
+		if w.req.ts != ts {
+			return false
+		}
+		out.merge(c.settle(w.req, 1, err))
+		return true
+	})
+	return out
 }
 
 // paramsReady checks what has arrived against the keys declared, once
@@ -310,7 +327,8 @@ func (w *Worker) sendParams(d *paramsDuty) {
 	if err != nil {
 		log.Error("a worker joins, but its parameters cannot be handed over", "iteration", d.iter, "joining", d.to, "err", err)
 		why := []byte(err.Error())
-		why = why[:min(len(why), maxRefusal)]
+		// A frame of at most a partition, which the joiner's van accepts.
+		why = why[:min(len(why), maxRefusal, max(int(w.node.Config().PartitionBytes), minRefusal))]
 		msgs = msgs[:0]
 		for _, to := range d.to {
 			msgs = append(msgs, van.Message{
@@ -358,6 +376,9 @@ func (w *Worker) paramsFrames(src ParamsSource, d *paramsDuty) ([]van.Message, e
 func (w *Worker) handleParams(h *frame.Header, payload []byte) error {
 	data := slices.Clone(payload) // the van's buffer is reused after the call
 	w.mu.Lock()
+	if w.node.Joined() {
+		w.c.joining() // the frame may come a moment before Start marks the core
+	}
 	t, err := w.c.params(h, data)
 	w.mu.Unlock()
 	if err != nil {
@@ -390,7 +411,10 @@ func (w *Worker) initJoined(ctx context.Context, keys []uint64, data []byte, byt
 	select {
 	case err = <-done:
 	case <-ctx.Done():
-		return fmt.Errorf("worker: Init: waiting for the parameters of a joining worker: %w", ctx.Err())
+		err = fmt.Errorf("worker: Init: waiting for the parameters of a joining worker: %w", ctx.Err())
+		w.update(func(c *core) todo { return c.cancelParams(ts, err) })
+		<-done
+		return err
 	}
 	if err != nil {
 		return fmt.Errorf("worker: Init: waiting for the parameters of a joining worker: %w", err)

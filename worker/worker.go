@@ -367,7 +367,9 @@ func (w *Worker) NumWorkersAt(iter uint64) int { return len(w.WorkersAt(iter)) }
 // program reshards its data by (-1 if this worker is not among them).
 func (w *Worker) RankAt(iter uint64) int { return slices.Index(w.WorkersAt(iter), w.node.Self().ID) }
 
-// Rank is this worker's rank, 0..NumWorkers-1.
+// Rank is this worker's rank, from its id: 0..NumWorkers-1 for the
+// workers that started the job, the next rank no worker had for one that
+// joined it (RankAt is the dense rank among an iteration's workers).
 func (w *Worker) Rank() int { return w.node.Self().ID.Rank() }
 
 // NumWorkers is the number of workers in the cluster.

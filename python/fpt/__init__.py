@@ -253,8 +253,8 @@ def num_workers():
 def num_workers_at(iteration):
     """How many workers' pushes the sums of a key's iteration add up (its
     n-th push is iteration n, init is 0): what to divide them by to average.
-    num_workers(), unless a worker was lost under FPT_ON_WORKER_LOSS=continue;
-    final once a pull of that iteration is done."""
+    num_workers(), unless a worker left (FPT_ON_WORKER_LOSS=continue or wait)
+    or joined the job; final once a pull of that iteration is done."""
     return _int_out(lambda out: _node.lib.fpt_num_workers_at(iteration, out))
 
 
