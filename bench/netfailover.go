@@ -75,10 +75,10 @@ const (
 	elasticDefaultWorkers = 2
 	// elasticMaxWorkers keeps a run within what two cores can drive.
 	elasticMaxWorkers = 6
-	// waitVictim is the worker worker-wait kills: not rank 0 (whose
-	// iteration times the scenario reports), nor the worker that hands a
-	// replacement its parameters (the lowest id). waitMinWorkers leaves
-	// two workers after it, so that the sums still add up several.
+	// waitVictim is the worker worker-wait kills: not rank 0, whose
+	// iteration times the scenario reports and which (the lowest id)
+	// hands the replacement its parameters. waitMinWorkers leaves two
+	// workers after it, so that the sums still add up several.
 	waitVictim         = "worker2"
 	waitMinWorkers     = 3
 	waitDefaultWorkers = 3
