@@ -145,17 +145,8 @@ func TestWriteElastic(t *testing.T) {
 		!strings.HasPrefix(lines[12], scenarioServerLoss) {
 		t.Fatalf("output:\n%s", out.String())
 	}
-	out.Reset()
-	if err := writeElastic(&out, res, true, ""); err != nil {
-		t.Fatal(err)
-	}
-	rs, err := readResults(&out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, ok := rs[0].(elasticResult)
-	if len(rs) != 1 || !ok || got.AfterIterMs != res.AfterIterMs || got.Exits["server1"] != -1 || headerOf(rs)[0] != elasticHeader[0] {
-		t.Errorf("read back %+v", rs)
+	if got, header := readBackElastic(t, res); got.AfterIterMs != res.AfterIterMs || got.Exits["server1"] != -1 || header[5] != elasticHeader[5] {
+		t.Errorf("read back %+v under %v", got, header)
 	}
 	if c := res.chart(); len(c.Series) != 2 || len(c.Marks) != 2 {
 		t.Errorf("chart %+v", c)
@@ -209,7 +200,19 @@ func TestWriteWorkerWait(t *testing.T) {
 		!strings.Contains(lines[15], "0x0123456789abcdef on ranks [0 1 3]") {
 		t.Fatalf("output:\n%s", out.String())
 	}
-	out.Reset()
+	if got, header := readBackElastic(t, res); got.HoldIteration != 6 || got.JoinedFrom != 7 || got.WaitedMs != 240 || header[5] != waitHeader[5] {
+		t.Errorf("read back %+v under %v", got, header)
+	}
+	if c := res.chart(); len(c.Marks) != 2 || c.Marks[1].X != 7 {
+		t.Errorf("chart %+v", c)
+	}
+}
+
+// readBackElastic prints res as one JSON line and reads it back as
+// --from does: the one result, and its table's header.
+func readBackElastic(t *testing.T, res elasticResult) (elasticResult, []string) {
+	t.Helper()
+	var out bytes.Buffer
 	if err := writeElastic(&out, res, true, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -218,12 +221,10 @@ func TestWriteWorkerWait(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, ok := rs[0].(elasticResult)
-	if len(rs) != 1 || !ok || got.HoldIteration != 6 || got.JoinedFrom != 7 || got.WaitedMs != 240 || headerOf(rs)[4] != waitHeader[4] {
-		t.Errorf("read back %+v", rs)
+	if len(rs) != 1 || !ok {
+		t.Fatalf("read back %+v", rs)
 	}
-	if c := res.chart(); len(c.Marks) != 2 || c.Marks[1].X != 7 {
-		t.Errorf("chart %+v", c)
-	}
+	return got, headerOf(rs)
 }
 
 func TestParseHold(t *testing.T) {
