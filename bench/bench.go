@@ -3,7 +3,8 @@
 // CPU-per-peer table, and the scenarios that run a cluster in an emulated
 // network (package netem): flow shaping and priority (scenario.go) and the
 // load balancer against its bound (lbscenario.go), a server lost or joined
-// there (netfailover.go) and on loopback (failover.go).
+// and a worker replaced there (netfailover.go), and a server lost and
+// joined on loopback (failover.go).
 //
 // Each experiment starts its cluster with internal/localcluster from the
 // same binary ("fpt bench" re-runs itself as the cluster's workers, marked
@@ -82,6 +83,14 @@ With --scenario, runs a cluster in an emulated network (network namespaces, tbf)
             iteration time before the event and over the last --tail iterations, next to the
             LB's bound before and after it (bound_before_ms, bound_after_ms), the retry's or
             the joined server's first share's iteration, and every process's exit
+  worker-wait
+            the simulated trainer once, LB on, --iters iterations (default 30): 3 workers
+            (--workers, 3 to 6) and 2 servers at --rate under FPT_ON_WORKER_LOSS=wait, worker2
+            killed (kill -9) in iteration --kill-at (default iters/3) and a replacement worker
+            started once the scheduler logged the loss; the iterations around both, the
+            iteration the workers left held at, the replacement's first (from the scheduler),
+            how long the job waited for it, the median iteration time before the kill and over
+            the last --tail iterations, and the parameters' checksum, the same on every worker
 
 Every run prints a table, or with --json one JSON object per result; progress goes to
 stderr. --plot FILE also draws the results as an SVG image; --from FILE draws (and
@@ -99,7 +108,7 @@ type flags struct {
 	scen    scenarioOptions
 	weights string
 	lbs     lbOptions
-	killAt  int    // failover scenario: the iteration the server is lost in
+	killAt  int    // failover, server-loss, worker-wait: the iteration the node is lost in
 	joinAt  int    // failover scenario: the iteration a new server is started in
 	plot    string // --plot: an SVG file
 	from    string // --from: results to print and plot instead of a run
@@ -118,7 +127,7 @@ func newFlags(output io.Writer) *flags {
 	fs.SetOutput(output)
 	o := &f.goodput
 	fs.StringVar(&f.vans, "van", "epoll,netconn", "vans to measure, comma-separated (epoll, netconn)")
-	fs.IntVar(&o.workers, "workers", 1, "workers (one configuration instead of the default rows); server-loss and server-join:\nthe job's workers, one host each (default 2)")
+	fs.IntVar(&o.workers, "workers", 1, "workers (one configuration instead of the default rows); server-loss, server-join and\nworker-wait: the job's workers, one host each (default 2; 3 in worker-wait)")
 	fs.IntVar(&o.servers, "servers", 1, "servers (one configuration instead of the default rows)")
 	fs.StringVar(&f.lb, "lb", "off", "the load balancer, on or off (one configuration instead of the default rows)")
 	fs.StringVar(&f.peers, "peers", "", "comma-separated peer counts W (as 1,2,4,8): one row of W workers x W servers,\nLB off, for each")
@@ -127,10 +136,10 @@ func newFlags(output io.Writer) *flags {
 	fs.Int64Var(&o.partitionBytes, "partition-bytes", 0, "FPT_PARTITION_BYTES for the cluster (0: the default, 256 KiB in shaping and\npriority)")
 	fs.BoolVar(&o.jsonOut, "json", false, "one JSON object per line (else a table)")
 	fs.BoolVar(&o.authCompare, "auth-compare", false, "run each goodput row four times, without a cluster secret\n(FPT_CLUSTER_SECRET), with one twice, and without again, and give the\nsecret-on rows' mean goodput and CPU per GB relative to the secret-off rows'")
-	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor one or more of slow-server, equal, slow-worker (comma-separated), or server-loss or\nserver-join; or failover, on loopback (no root)")
+	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor one or more of slow-server, equal, slow-worker (comma-separated), or server-loss,\nserver-join or worker-wait; or failover, on loopback (no root)")
 	fs.StringVar(&f.scen.rate, "rate", "200mbit", "shaping and priority: the worker host's link rate, both ways (tc syntax); LB scenarios:\nevery host's but the slow one's (default 400mbit there)")
 	registerLBFlags(fs, &f.lbs)
-	fs.IntVar(&f.killAt, "kill-at", failoverDefaultKillAt, "failover and server-loss scenarios: server1 is killed (kill -9) once worker 0 has\nverified the iteration before this one (server-loss: default iters/3)")
+	fs.IntVar(&f.killAt, "kill-at", failoverDefaultKillAt, "failover and server-loss scenarios: server1 is killed (kill -9) once worker 0 has\nverified the iteration before this one (server-loss: default iters/3); worker-wait: worker2,\nthe same way (default iters/3)")
 	fs.IntVar(&f.joinAt, "join-at", 0, "failover and server-join scenarios: a new server is started (failover: after the\nloss) once worker 0 has verified the iteration before this one (default kill-at+15, at\nmost iters-10; server-join: iters/2)")
 	fs.StringVar(&f.plot, "plot", "", "also draw the results as an SVG image in this file: LB scenarios' iteration times\n(off, on, bound, decisions), failover's (both runs, the loss, the join), goodput vs raw TCP, CPU per GB by peers")
 	fs.StringVar(&f.from, "from", "", "run nothing: read the results a --json run printed from this file (- for stdin),\nprint them and draw them with --plot")

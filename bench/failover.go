@@ -16,6 +16,7 @@ import (
 
 	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/launch"
+	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/scheduler"
 	"github.com/fptps/fpt/svgplot"
 	"github.com/fptps/fpt/worker"
@@ -222,25 +223,36 @@ func (r failoverResult) chart() svgplot.LineChart {
 	}
 }
 
-// parseLoss reads the lost server and the retry's first iteration from a
-// scheduler's log.
-func parseLoss(log string) (node string, retryFrom int, err error) {
-	m, ok := membershipIn(log, false)
+// parseLoss reads the lost node of role (a server or a worker) and the
+// iteration the workers left push again from (a server's retry, the
+// sums over the workers left) from a scheduler's log.
+func parseLoss(log string, role node.Role) (lost string, retryFrom int, err error) {
+	m, ok := membershipIn(log, role, false)
 	if !ok {
-		return "", 0, errors.New(`the scheduler logged no "membership change: server left"`)
+		return "", 0, fmt.Errorf(`the scheduler logged no "membership change: %s left"`, role)
 	}
 	return m.Node, int(m.RetryFrom), nil
 }
 
-// membershipIn is the first membership change of the kind joined in a
-// scheduler's log.
-func membershipIn(log string, joined bool) (scheduler.Membership, bool) {
+// membershipIn is the first membership change of a node of role, of the
+// kind joined, in a scheduler's log.
+func membershipIn(log string, role node.Role, joined bool) (scheduler.Membership, bool) {
 	for line := range strings.SplitSeq(log, "\n") {
-		if m, ok := scheduler.ParseMembershipLine(line); ok && m.Joined == joined {
+		if m, ok := scheduler.ParseMembershipLine(line); ok && m.Role == role && m.Joined == joined {
 			return m, true
 		}
 	}
 	return scheduler.Membership{}, false
+}
+
+// parseWorkerJoin reads the joined worker and the first iteration whose
+// sums count it from a scheduler's log.
+func parseWorkerJoin(log string) (joined string, from int, err error) {
+	m, ok := membershipIn(log, node.Worker, true)
+	if !ok {
+		return "", 0, errors.New(`the scheduler logged no "membership change: worker joined"`)
+	}
+	return m.Node, int(m.From), nil
 }
 
 // shareRe matches an aggregator and its share in a decision line
@@ -251,8 +263,8 @@ var shareRe = regexp.MustCompile(`(\S+\(\d+\)) (\d+(?:\.\d+)?)%`)
 // the first iteration an LB decision gave it a share of from its decision
 // lines (stdout). The joined server's id is new to the job, so any
 // decision naming it came after the join.
-func parseJoin(log, decisions string) (node string, from int, err error) {
-	m, ok := membershipIn(log, true)
+func parseJoin(log, decisions string) (joined string, from int, err error) {
+	m, ok := membershipIn(log, node.Server, true)
 	if !ok {
 		return "", 0, errors.New(`the scheduler logged no "membership change: server joined"`)
 	}
@@ -375,16 +387,23 @@ func runFailover(ctx context.Context, self string, fo failoverOptions, p *progre
 // failoverRun is what one run of an elastic cluster gave.
 type failoverRun struct {
 	report    lbWorkerReport
-	lost      string // the lost server, as the scheduler names it
+	lost      string // the lost node, as the scheduler names it
 	retryFrom int
-	joined    string // the joined server, as the scheduler names it
-	joinFrom  int
-	exits     map[string]int // every process's exit status (-1: killed)
+	joined    string // the joined node, as the scheduler names it
+	// joinFrom is, for a joined server, the first iteration an LB
+	// decision gave it a share of; for a joined worker, the first whose
+	// sums count it.
+	joinFrom int
+	// leftAt and joinedAt are when the bench saw the scheduler's lines
+	// for the loss and for the join (zero: not seen).
+	leftAt, joinedAt time.Time
+	exits            map[string]int    // every process's exit status (-1: killed)
+	stderr           map[string]string // every process's stderr, as it left it
 }
 
-// elasticRun is one run of a cluster that loses a server, has one join,
-// or both: the failover scenario's on loopback and the server-loss and
-// server-join scenarios' in an emulated network.
+// elasticRun is one run of a cluster that loses a node, has one join, or
+// both: the failover scenario's on loopback and the server-loss,
+// server-join and worker-wait scenarios' in an emulated network.
 type elasticRun struct {
 	// spec is the cluster; runElastic sets its Stderr.
 	spec    localcluster.Spec
@@ -392,12 +411,16 @@ type elasticRun struct {
 	iters   int
 	workers int
 	// victim is the process killed (SIGKILL) once worker rank 0 has
-	// verified iteration killAt-1; "" kills none.
+	// verified iteration killAt-1; "" kills none. Its role is its
+	// name's, as localcluster names processes ("server1", "worker2").
 	victim string
 	killAt int
-	// joinAt > 0 starts a new server once worker rank 0 has verified
-	// iteration joinAt-1 (and the scheduler has taken the victim out, if
-	// there is one).
+	// joiner is the role of a process started to join the running job
+	// ("server" or "worker"; "" starts none): once worker rank 0 has
+	// verified iteration joinAt-1 (and the scheduler has taken the victim
+	// out, if there is one), or with joinAt 0, as soon as the scheduler
+	// has taken the victim out.
+	joiner string
 	joinAt int
 }
 
@@ -413,7 +436,7 @@ func runFailoverCluster(ctx context.Context, self string, fo failoverOptions, ki
 	if kill {
 		env = append(env, "FPT_ON_SERVER_LOSS=retry")
 		er.label = fmt.Sprintf("failover, %s killed at iteration %d, a server joins at %d", failoverVictim, fo.killAt, fo.joinAt)
-		er.victim, er.killAt, er.joinAt = failoverVictim, fo.killAt, fo.joinAt
+		er.victim, er.killAt, er.joiner, er.joinAt = failoverVictim, fo.killAt, "server", fo.joinAt
 	}
 	if fo.partitionBytes > 0 {
 		env = append(env, "FPT_PARTITION_BYTES="+strconv.FormatInt(fo.partitionBytes, 10))
@@ -424,21 +447,30 @@ func runFailoverCluster(ctx context.Context, self string, fo failoverOptions, ki
 }
 
 // runElastic runs er's cluster to its end: it kills the victim and
-// starts the joiner when worker rank 0's progress lines say so, then
-// reads worker rank 0's report and, from the scheduler's log, the loss
-// and the join.
+// starts the joiner when worker rank 0's progress lines and the
+// scheduler's log say so, then reads worker rank 0's report and, from the
+// scheduler's log, the loss and the join.
 func runElastic(ctx context.Context, er elasticRun, p *progress) (failoverRun, error) {
+	victimRole, err := node.ParseRole(strings.TrimRight(er.victim, "0123456789"))
+	if err != nil && er.victim != "" {
+		return failoverRun{}, fmt.Errorf("victim %q: %w", er.victim, err)
+	}
+	joinerRole, err := node.ParseRole(er.joiner)
+	if err != nil && er.joiner != "" {
+		return failoverRun{}, fmt.Errorf("joiner: %w", err)
+	}
 	// Worker rank 0 writes a progress line per verified iteration: the
-	// ones before killAt and joinAt are the signals; the scheduler's line
-	// for the loss, that the join may follow.
-	killAt, joinAt, left := newSignal(progressMark+fmt.Sprintf("worker 0: iteration %d/", er.killAt-1)),
-		newSignal(progressMark+fmt.Sprintf("worker 0: iteration %d/", er.joinAt-1)),
-		newSignal(`msg="membership change: server left`)
+	// ones before killAt and joinAt are the signals; the scheduler's
+	// lines for the loss, that the join may follow, and for the join.
+	killAt, joinAt := newSignal(progressMark+fmt.Sprintf("worker 0: iteration %d/", er.killAt-1)),
+		newSignal(progressMark+fmt.Sprintf("worker 0: iteration %d/", er.joinAt-1))
+	left, joined := newSignal(`msg="membership change: `+victimRole.String()+` left`),
+		newSignal(`msg="membership change: `+joinerRole.String()+` joined`)
 	p.printf(er.label, "cluster starting")
 	er.spec.Stderr = func(proc string) io.Writer {
 		switch {
 		case proc == "scheduler":
-			return &lineWriter{line: left.watch}
+			return &lineWriter{line: func(l string) { left.watch(l); joined.watch(l) }}
 		case strings.HasPrefix(proc, "worker"):
 			return io.MultiWriter(p.relay(er.label), &lineWriter{line: func(l string) { killAt.watch(l); joinAt.watch(l) }})
 		}
@@ -469,16 +501,18 @@ func runElastic(ctx context.Context, er elasticRun, p *progress) (failoverRun, e
 			}
 		}
 	}
-	if er.joinAt > 0 && seen {
-		if seen, err = awaitSignals(ctx, c, victim, joinAt); err != nil {
-			return failoverRun{}, err
+	if er.joiner != "" && seen {
+		if er.joinAt > 0 {
+			if seen, err = awaitSignals(ctx, c, victim, joinAt); err != nil {
+				return failoverRun{}, err
+			}
 		}
 		if seen {
-			joiner, err := c.Add("server")
+			proc, err := c.Add(er.joiner)
 			if err != nil {
 				return failoverRun{}, err
 			}
-			p.printf(er.label, "started %s", joiner.Name)
+			p.printf(er.label, "started %s", proc.Name)
 		}
 	}
 	if err := waitSurvivors(ctx, c, victim, 10*time.Minute); err != nil {
@@ -491,30 +525,33 @@ func runElastic(ctx context.Context, er elasticRun, p *progress) (failoverRun, e
 	if len(rep.IterMs) != er.iters {
 		return failoverRun{}, fmt.Errorf("worker 0 reported %d iterations, want %d", len(rep.IterMs), er.iters)
 	}
-	r := failoverRun{report: rep, exits: map[string]int{}}
+	r := failoverRun{report: rep, exits: map[string]int{}, stderr: map[string]string{},
+		leftAt: left.seenAt(), joinedAt: joined.seenAt()}
 	for _, proc := range c.Procs {
-		r.exits[proc.Name] = proc.ExitCode()
+		r.exits[proc.Name], r.stderr[proc.Name] = proc.ExitCode(), proc.Stderr.String()
 	}
 	sched := c.Proc("scheduler")
 	if er.victim != "" {
-		if r.lost, r.retryFrom, err = parseLoss(sched.Stderr.String()); err != nil {
+		if r.lost, r.retryFrom, err = parseLoss(sched.Stderr.String(), victimRole); err != nil {
 			return r, err
 		}
 	}
-	if er.joinAt > 0 {
-		if r.joined, r.joinFrom, err = parseJoin(sched.Stderr.String(), sched.Stdout.String()); err != nil {
-			return r, err
-		}
+	switch joinerRole {
+	case node.Server:
+		r.joined, r.joinFrom, err = parseJoin(sched.Stderr.String(), sched.Stdout.String())
+	case node.Worker:
+		r.joined, r.joinFrom, err = parseWorkerJoin(sched.Stderr.String())
 	}
-	return r, nil
+	return r, err
 }
 
 // logSignal is a channel closed once a line containing substr has been
-// seen.
+// seen, and when.
 type logSignal struct {
 	substr string
 	ch     chan struct{}
 	once   sync.Once
+	at     time.Time // set before ch is closed
 }
 
 func newSignal(substr string) *logSignal { return &logSignal{substr: substr, ch: make(chan struct{})} }
@@ -522,7 +559,20 @@ func newSignal(substr string) *logSignal { return &logSignal{substr: substr, ch:
 // watch is a lineWriter's line function, or part of one.
 func (s *logSignal) watch(line string) {
 	if strings.Contains(line, s.substr) {
-		s.once.Do(func() { close(s.ch) })
+		s.once.Do(func() {
+			s.at = time.Now()
+			close(s.ch)
+		})
+	}
+}
+
+// seenAt is when the line was seen; zero if it was not.
+func (s *logSignal) seenAt() time.Time {
+	select {
+	case <-s.ch:
+		return s.at
+	default:
+		return time.Time{}
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fptps/fpt/node"
 )
 
 // The scenario end to end, short: real processes of the fpt binary on
@@ -135,14 +137,37 @@ func TestFailoverAggregate(t *testing.T) {
 
 func TestParseLoss(t *testing.T) {
 	log := `time=... level=INFO msg="lb decision" version=3
-time=... level=WARN msg="membership change: server left; its incomplete iterations are pushed again" role=scheduler node=server1(10)@127.0.0.1:46783 reason="cluster: lost server1(10)@127.0.0.1:46783: van: connection to node 10 lost: unexpected EOF" membership_version=1 retry_from_iteration=20 decision_version=4 servers=1
+time=... level=WARN msg="membership change: worker left; the iterations not every worker has the sums of are summed again over the workers left" role=scheduler node=worker2(13)@198.18.0.5:40001 reason=lost membership_version=1 retry_from_iteration=10 decision_version=4 servers=2 workers=2
+time=... level=WARN msg="membership change: server left; its incomplete iterations are pushed again" role=scheduler node=server1(10)@127.0.0.1:46783 reason="cluster: lost server1(10)@127.0.0.1:46783: van: connection to node 10 lost: unexpected EOF" membership_version=2 retry_from_iteration=20 decision_version=5 servers=1
 `
-	node, from, err := parseLoss(log)
-	if err != nil || node != "server1(10)@127.0.0.1:46783" || from != 20 {
-		t.Errorf("parseLoss = %q, %d, %v", node, from, err)
+	for _, tc := range []struct {
+		role node.Role
+		lost string
+		from int
+	}{
+		{node.Server, "server1(10)@127.0.0.1:46783", 20},
+		{node.Worker, "worker2(13)@198.18.0.5:40001", 10},
+	} {
+		lost, from, err := parseLoss(log, tc.role)
+		if err != nil || lost != tc.lost || from != tc.from {
+			t.Errorf("parseLoss(%s) = %q, %d, %v; want %q, %d", tc.role, lost, from, err, tc.lost, tc.from)
+		}
 	}
-	if _, _, err := parseLoss(`msg="lb decision" version=3`); err == nil {
+	if _, _, err := parseLoss(`msg="lb decision" version=3`, node.Server); err == nil {
 		t.Error("no membership change: no error")
+	}
+}
+
+func TestParseWorkerJoin(t *testing.T) {
+	log := `time=... level=WARN msg="membership change: server joined" role=scheduler node=server2(12)@127.0.0.1:40177 membership_version=2 servers=2
+time=... level=WARN msg="membership change: worker joined" role=scheduler node=worker3(15)@198.18.0.7:40002 membership_version=3 workers=3 from_iteration=13
+`
+	joined, from, err := parseWorkerJoin(log)
+	if err != nil || joined != "worker3(15)@198.18.0.7:40002" || from != 13 {
+		t.Errorf("parseWorkerJoin = %q, %d, %v", joined, from, err)
+	}
+	if _, _, err := parseWorkerJoin(strings.SplitN(log, "\n", 2)[0]); err == nil {
+		t.Error("only a server joined: no error")
 	}
 }
 

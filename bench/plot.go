@@ -222,7 +222,7 @@ func decodeAs[T tableRow](line []byte) (tableRow, error) {
 // headerOf is the table header for results read back: the first one's
 // experiment's.
 func headerOf(rs []tableRow) []string {
-	switch rs[0].(type) {
+	switch r := rs[0].(type) {
 	case goodputResult:
 		return goodputHeader
 	case lbResult:
@@ -232,7 +232,7 @@ func headerOf(rs []tableRow) []string {
 	case failoverResult:
 		return failoverHeader
 	case elasticResult:
-		return elasticHeader
+		return elasticHeaderOf(r.Scenario)
 	}
 	return priorityHeader
 }

@@ -511,8 +511,8 @@ func scenarioMain(f *flags) int {
 	case scenarioPriority:
 		so.tensorBytes, so.iters = 16<<20, 3
 	default:
-		return usageError("unknown scenario %q (want %s, %s, %s, %s, %s or %s)", so.name, scenarioShaping, scenarioPriority,
-			strings.Join(lbScenarios, ", "), scenarioServerLoss, scenarioServerJoin, scenarioFailover)
+		return usageError("unknown scenario %q (want %s, %s, %s, %s, %s, %s or %s)", so.name, scenarioShaping, scenarioPriority,
+			strings.Join(lbScenarios, ", "), scenarioServerLoss, scenarioServerJoin, scenarioWorkerWait, scenarioFailover)
 	}
 	if f.set("tensor-bytes") {
 		so.tensorBytes = f.goodput.tensorBytes

@@ -195,6 +195,12 @@ func TestBenchScenarios(t *testing.T) {
 			append(elasticFields, "retry_from_iteration", "retried_iter_ms", "kill_at")},
 		{append(lbScenarioArgs("server-join"), "--iters", "20", "--join-at", "5", "--tail", "3"),
 			append(elasticFields, "share_from_iteration", "join_at")},
+		// worker2 killed in iteration 4 of 12 under
+		// FPT_ON_WORKER_LOSS=wait, a replacement started once the
+		// scheduler logged the loss (it fails unless every worker ends
+		// with the same parameters).
+		{append(lbScenarioArgs("worker-wait"), "--iters", "12", "--kill-at", "4", "--tail", "3"),
+			append(elasticFields, "retry_from_iteration", "hold_iteration", "joined_from_iteration", "join_iter_ms", "waited_ms", "kill_at")},
 	} {
 		t.Run(tc.args[1], func(t *testing.T) {
 			r := startFPT(t, append([]string{"bench"}, tc.args...)...)
@@ -227,7 +233,7 @@ var elasticFields = []string{"before_iter_ms", "after_iter_ms", "bound_before_ms
 
 // checkExits checks an elastic scenario's exits, when it has them: every
 // process exited 0 (a worker's 0 is its trainer's PASS) but server1 in
-// server-loss, killed by a signal (-1).
+// server-loss and worker2 in worker-wait, killed by a signal (-1).
 func checkExits(t *testing.T, line map[string]any) {
 	t.Helper()
 	exits, ok := line["exits"].(map[string]any)
@@ -245,6 +251,9 @@ func checkExits(t *testing.T, line map[string]any) {
 	}
 	if line["scenario"] == "server-join" && exits["server2"] != 0.0 {
 		t.Errorf("the joined server2 exited %v, want 0: %v", exits["server2"], exits)
+	}
+	if line["scenario"] == "worker-wait" && (exits["worker2"] != -1.0 || exits["worker3"] != 0.0) {
+		t.Errorf("the killed worker2 exited %v and its replacement worker3 %v, want -1 and 0: %v", exits["worker2"], exits["worker3"], exits)
 	}
 }
 
