@@ -256,13 +256,29 @@ status=0
 failed=""
 lost=""
 running=("${pids[@]}")
+# next_done sets done_pid to a node that has exited. Not `wait -n`: with
+# job control off, bash 5.2 files away a child it reaped while returning
+# another one, and a later `wait -n` then waits for the monitor, for ever
+# (seen when a host's server and worker ended together). `wait PID` finds
+# a filed child's status.
+next_done() {
+  while :; do
+    for pid in "${running[@]}"; do
+      if ! kill -0 "$pid" 2>/dev/null; then
+        done_pid=$pid
+        return
+      fi
+    done
+    sleep 0.1
+  done
+}
 while [ ${#running[@]} -gt 0 ]; do
   done_pid=""
+  next_done
   set +e
-  wait -n -p done_pid "${running[@]}"
+  wait "$done_pid"
   code=$?
   set -e
-  [ -z "$done_pid" ] && break
   still=()
   for pid in "${running[@]}"; do [ "$pid" != "$done_pid" ] && still+=("$pid"); done
   running=(${still[@]+"${still[@]}"})
