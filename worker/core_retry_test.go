@@ -282,28 +282,37 @@ func TestCoreRetryInPlacePull(t *testing.T) {
 	}
 }
 
-// A partition the van was reading in place when the retry came lands
-// after it: it no longer counts, so the result completes with the new
-// cut's last partition, not one early.
-func TestCoreRetryLandingInFlight(t *testing.T) {
-	c := retryCore(t, 0)
+// sinkThenRetry is worker 0's core with iteration 1 of key 5 pushed and
+// pulled into dst, partition part of its result (old, the frames of the
+// cut before the retry) claimed by the sink into span, then server 0's
+// loss re-cutting iteration 1.
+func sinkThenRetry(t *testing.T, part int) (c *core, dst []byte, pull todo, old []frame.Header, span []byte) {
+	t.Helper()
+	c = retryCore(t, 0)
 	initRound(t, c)
 	handOver(c, mustPush(t, c, 5, pattern(64, 1)))
-	dst := make([]byte, 64)
+	dst = make([]byte, 64)
 	pull, err := c.pull([]uint64{5}, dst, []int{64}, frame.Float32, &call{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	handOver(c, pull)
-	sum := pattern(64, 9)
-	old := versioned(c, 1)
-	span := c.sink(&old[0])
-	if span == nil {
+	old = versioned(c, 1)
+	if span = c.sink(&old[part]); span == nil {
 		t.Fatal("the sink refused an expected partition")
 	}
 	if _, _, err := c.follow(lose0(1)); err != nil {
 		t.Fatal(err)
 	}
+	return c, dst, pull, old, span
+}
+
+// A partition the van was reading in place when the retry came lands
+// after it: it no longer counts, so the result completes with the new
+// cut's last partition, not one early.
+func TestCoreRetryLandingInFlight(t *testing.T) {
+	c, dst, pull, old, span := sinkThenRetry(t, 0)
+	sum := pattern(64, 9)
 	copy(span, sum[old[0].Offset:old[0].Offset+old[0].Length])
 	l, inPlace, err := c.received(&old[0])
 	if err != nil || !inPlace {
@@ -339,24 +348,8 @@ func TestCoreRetryLandingOutlivesNewCut(t *testing.T) {
 			name = "connection lost"
 		}
 		t.Run(name, func(t *testing.T) {
-			c := retryCore(t, 0)
-			initRound(t, c)
-			handOver(c, mustPush(t, c, 5, pattern(64, 1)))
-			dst := make([]byte, 64)
-			pull, err := c.pull([]uint64{5}, dst, []int{64}, frame.Float32, &call{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			handOver(c, pull)
+			c, dst, pull, old, span := sinkThenRetry(t, 2)
 			sum := pattern(64, 9)
-			old := versioned(c, 1)
-			span := c.sink(&old[2])
-			if span == nil {
-				t.Fatal("the sink refused an expected partition")
-			}
-			if _, _, err := c.follow(lose0(1)); err != nil {
-				t.Fatal(err)
-			}
 			var out todo
 			for _, h := range versioned(c, 1) {
 				td, err := receive(c, &h, sum[h.Offset:h.Offset+h.Length])
