@@ -110,15 +110,23 @@ func (w *Worker) initBytes(ctx context.Context, keys []uint64, data []byte, byte
 	if err := w.Wait(ts); err != nil {
 		return err
 	}
-	// Kept for a pull that comes before the keys' next push; copied here,
-	// outside the lock, since data is the caller's.
+	if err := w.keepInit(keys, data, byteLens); err != nil {
+		return err
+	}
+	return w.Barrier(ctx, node.WorkerGroup)
+}
+
+// keepInit keeps the keys' values after Init for a pull that comes
+// before their next push; copied here, outside the lock, since data is
+// the caller's.
+func (w *Worker) keepInit(keys []uint64, data []byte, byteLens []int) error {
 	kept, err := mapKept(len(data))
 	if err != nil {
 		return fmt.Errorf("worker: Init: keeping the initial values: %w", err)
 	}
 	copyPreemptible(kept, data)
 	w.update(func(c *core) todo { return c.keepInitial(keys, kept, byteLens) })
-	return w.Barrier(ctx, node.WorkerGroup)
+	return nil
 }
 
 // dtypeOf is the declared dtype of a byte-level call's keys (see core.dtypeOf).

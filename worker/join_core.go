@@ -1,0 +1,274 @@
+package worker
+
+// The core's half of a worker joining a running job (see join.go): where
+// it starts, the parameters as they arrive, and the duty of the worker
+// that hands them over. No I/O, like the rest of core.
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/node"
+)
+
+// joinState is a joining worker's: where it starts and the parameters
+// it starts from, as they arrive (Params frames), until Init takes them.
+type joinState struct {
+	// first is J, the iteration of its first push: 0 until the decision
+	// that names it among the workers.
+	first uint64
+	parts map[uint64][]paramsPart // by key
+	got   map[uint64]uint64       // bytes received, by key
+	// waits are the Init calls waiting for their keys' parameters (MXNet
+	// initialises one key per call); took the keys an Init took.
+	waits []paramsWait
+	took  map[uint64]bool
+}
+
+// paramsWait is an Init call waiting for the parameters of its keys.
+type paramsWait struct {
+	keys []uint64
+	req  *request
+}
+
+// paramsPart is one Params frame's values.
+type paramsPart struct {
+	sender node.ID
+	iter   uint64
+	dtype  frame.DType
+	total  uint64
+	off    uint64
+	data   []byte
+}
+
+// paramsDuty is this worker's turn to hand its parameters of the start
+// of iteration iter to the workers joining then.
+type paramsDuty struct {
+	iter     uint64
+	to       []node.ID
+	priority int32
+	keys     []*tensor
+}
+
+// joining marks the core as a worker that joined a running job.
+func (c *core) joining() {
+	if c.join == nil {
+		c.join = &joinState{parts: make(map[uint64][]paramsPart), got: make(map[uint64]uint64), took: make(map[uint64]bool)}
+	}
+}
+
+// joinedAt starts a joining worker's tensors at iteration first, that of
+// the decision naming it.
+func (c *core) joinedAt(d lb.Decision) error {
+	sched, err := lb.NewSchedule(d)
+	if err != nil {
+		return fmt.Errorf("worker: the decision this worker joins by: %w", err)
+	}
+	c.schedule = sched
+	c.join.first = d.Iteration
+	c.sumsIn = d.Iteration
+	for _, t := range c.tensors {
+		c.startTensor(t)
+	}
+	return c.paramsReady()
+}
+
+// startTensor numbers a joining worker's tensor from its first iteration.
+func (c *core) startTensor(t *tensor) {
+	if c.join == nil || c.join.first == 0 {
+		return
+	}
+	t.pushed, t.pulled, t.sumsIn = c.join.first, c.join.first, c.join.first
+}
+
+// startIteration is the iteration of the first push after Init: 1, or
+// for a worker that joined a running job the iteration it joined at (0
+// until it knows).
+func (c *core) startIteration() uint64 {
+	if c.join != nil {
+		return c.join.first
+	}
+	return 1
+}
+
+// duty returns this worker's parameters duty for iteration iter, once:
+// it hands them over when some worker joins at iter and it has the lowest
+// id among the workers of both iter-1 and iter.
+func (c *core) duty(iter uint64, priority int32) *paramsDuty {
+	if iter == 0 || c.schedule == nil || c.dutiesDone[iter] {
+		return nil
+	}
+	now, before := c.schedule.WorkersAt(iter), c.schedule.WorkersAt(iter-1)
+	var to []node.ID
+	for _, id := range now {
+		if !slices.Contains(before, id) {
+			to = append(to, id)
+		}
+	}
+	stay := slices.DeleteFunc(slices.Clone(now), func(id node.ID) bool { return slices.Contains(to, id) })
+	if len(to) == 0 || len(stay) == 0 || slices.Min(stay) != c.self {
+		return nil
+	}
+	if c.dutiesDone == nil {
+		c.dutiesDone = make(map[uint64]bool)
+	}
+	c.dutiesDone[iter] = true
+	keys := make([]*tensor, 0, len(c.tensors))
+	for _, t := range c.tensors {
+		keys = append(keys, t)
+	}
+	slices.SortFunc(keys, func(a, b *tensor) int { return cmp.Compare(a.key, b.key) })
+	return &paramsDuty{iter: iter, to: to, priority: priority, keys: keys}
+}
+
+// params takes a Params frame (its payload copied already): values this
+// joining worker starts from.
+func (c *core) params(h *frame.Header, data []byte) (todo, error) {
+	j := c.join
+	switch {
+	case j == nil:
+		return todo{}, errors.New("parameters for a worker that did not join a running job")
+	case h.Flags&frame.FlagRefused != 0:
+		return todo{}, fmt.Errorf("%s cannot hand over the parameters this joining worker starts from: %s", node.ID(h.Sender), data)
+	case j.took[h.Key]:
+		return todo{}, fmt.Errorf("parameters of key %d after Init took them", h.Key)
+	}
+	for _, p := range j.parts[h.Key] {
+		switch {
+		case p.dtype != h.DType || p.total != h.Total || p.sender != node.ID(h.Sender) || p.iter != h.Iteration:
+			return todo{}, fmt.Errorf("key %d's parameters disagree: %s from %s of iteration %d, then %s", h.Key, p.dtype, p.sender, p.iter, h)
+		case p.off < h.Offset+h.Length && h.Offset < p.off+uint64(len(p.data)):
+			return todo{}, fmt.Errorf("key %d's parameters [%d,+%d) received twice", h.Key, h.Offset, h.Length)
+		}
+	}
+	j.parts[h.Key] = append(j.parts[h.Key], paramsPart{sender: node.ID(h.Sender), iter: h.Iteration, dtype: h.DType, total: h.Total, off: h.Offset, data: data})
+	j.got[h.Key] += h.Length
+	if err := c.checkParams(h.Key); err != nil {
+		return todo{}, err
+	}
+	return c.paramsSettle(), nil
+}
+
+// awaitParams is a joining worker's Init: a request that completes once
+// the keys' parameters are all here (paramsTake then hands them over).
+func (c *core) awaitParams(keys []uint64, cl *call) (todo, error) {
+	j := c.join
+	for _, k := range keys {
+		switch {
+		case c.tensors[k] == nil:
+			return todo{}, fmt.Errorf("worker: Init: key %d is not declared", k)
+		case j.took[k] || slices.ContainsFunc(j.waits, func(w paramsWait) bool { return slices.Contains(w.keys, k) }):
+			return todo{}, fmt.Errorf("worker: Init: key %d: a joining worker gets a key's parameters once", k)
+		}
+	}
+	if err := c.paramsReady(); err != nil {
+		return todo{}, err
+	}
+	req, err := c.newRequest(cl, 1)
+	if err != nil {
+		return todo{}, err
+	}
+	j.waits = append(j.waits, paramsWait{slices.Clone(keys), req})
+	out := todo{req: req}
+	out.merge(c.paramsSettle())
+	return out, nil
+}
+
+// cancelParams gives up an Init's wait for its parameters (its context
+// ended): the keys may be waited for again.
+func (c *core) cancelParams(ts int, err error) todo {
+	var out todo
+	c.join.waits = slices.DeleteFunc(c.join.waits, func(w paramsWait) bool {
+		if w.req.ts != ts {
+			return false
+		}
+		out.merge(c.settle(w.req, 1, err))
+		return true
+	})
+	return out
+}
+
+// paramsReady checks every key's parameters arrived so far (see
+// checkParams): once this worker knows where it starts, and before an
+// Init waits for them.
+func (c *core) paramsReady() error {
+	for k := range c.join.parts {
+		if err := c.checkParams(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkParams checks key's parameters against its declaration and,
+// once this worker knows where it starts, against that iteration and the
+// worker that hands them over. The parts agree with one another (params),
+// so the first stands for all.
+func (c *core) checkParams(key uint64) error {
+	parts := c.join.parts[key]
+	t := c.tensors[key]
+	if len(parts) == 0 || t == nil {
+		return nil // declared later
+	}
+	p, first := parts[0], c.join.first
+	switch {
+	case p.dtype != t.dtype || p.total != t.bytes:
+		return fmt.Errorf("key %d's parameters are %d bytes of %s; it is declared as %d bytes of %s", key, p.total, p.dtype, t.bytes, t.dtype)
+	case first != 0 && p.iter != first:
+		return fmt.Errorf("key %d's parameters are of iteration %d; this worker joined at %d", key, p.iter, first)
+	case first != 0 && p.sender != c.sender():
+		return fmt.Errorf("key %d's parameters came from %s, not %s", key, p.sender, c.sender())
+	}
+	return nil
+}
+
+// sender is the worker that hands a joining worker its parameters.
+func (c *core) sender() node.ID {
+	return slices.Min(c.schedule.WorkersAt(c.join.first))
+}
+
+// paramsSettle completes the waiting Inits whose keys have all their
+// parameters, once this worker knows where it starts.
+func (c *core) paramsSettle() todo {
+	j := c.join
+	var out todo
+	if j.first == 0 {
+		return out
+	}
+	j.waits = slices.DeleteFunc(j.waits, func(w paramsWait) bool {
+		for _, k := range w.keys {
+			if j.got[k] != c.tensors[k].bytes {
+				return false
+			}
+		}
+		out.merge(c.settle(w.req, 1, nil))
+		return true
+	})
+	return out
+}
+
+// paramsTake hands the parameters to the joining worker's Init, once its
+// request completed: spans of data to copy them into, by key.
+func (c *core) paramsTake(keys []uint64, data []byte, byteLens []int) ([]initialCopy, error) {
+	j := c.join
+	var out []initialCopy
+	off := 0
+	for i, k := range keys {
+		dst := data[off : off+byteLens[i]]
+		off += byteLens[i]
+		if j.got[k] != uint64(len(dst)) {
+			return nil, fmt.Errorf("key %d: %d bytes of parameters, want %d", k, j.got[k], len(dst))
+		}
+		for _, p := range j.parts[k] {
+			out = append(out, initialCopy{dst: dst[p.off : p.off+uint64(len(p.data))], src: p.data})
+		}
+		delete(j.parts, k)
+		delete(j.got, k)
+		j.took[k] = true
+	}
+	return out, nil
+}
