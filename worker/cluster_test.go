@@ -33,6 +33,9 @@ type inProcess struct {
 	servers []*launch.Node
 	errs    chan error // from the scheduler and servers
 	nodes   int
+	// addWorker starts one more worker with the job's environment, into
+	// the running job.
+	addWorker func() (*worker.Worker, error)
 }
 
 func startInProcess(servers, workers int, extra map[string]string) (*inProcess, error) {
@@ -87,6 +90,13 @@ func startInProcess(servers, workers int, extra map[string]string) (*inProcess, 
 	wcfg := cfgFor("worker")
 	for range workers {
 		go start(wcfg)
+	}
+	c.addWorker = func() (*worker.Worker, error) {
+		n, err := launch.Start(ctx, wcfg, deps)
+		if err != nil {
+			return nil, err
+		}
+		return n.Worker(), nil
 	}
 	for range servers + workers {
 		select {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -474,5 +475,78 @@ func report(t *testing.T, wg *sync.WaitGroup, errs chan error) {
 		if err != nil {
 			t.Error(err)
 		}
+	}
+}
+
+// TestWorkerJoinRefused: a job whose program registered no parameters
+// source cannot be joined: the joiner's Init fails saying so, and under
+// FPT_ON_WORKER_LOSS=continue the others go on without it. Over the real
+// van with partitions of 8 bytes (the least there is), the refusal is cut
+// to what a Params frame may carry: a longer one is a frame too large for
+// the joiner's van, which ends the connection and loses the reason.
+func TestWorkerJoinRefused(t *testing.T) {
+	const iters = 30
+	env := map[string]string{"FPT_LB": "on", "FPT_ON_WORKER_LOSS": "continue"}
+	for _, tt := range []struct {
+		name  string
+		part  string
+		start func(env map[string]string) (ws []*worker.Worker, add func() (*worker.Worker, error), finish func() error)
+	}{
+		{"in memory", memPartitionBytes, func(env map[string]string) ([]*worker.Worker, func() (*worker.Worker, error), func() error) {
+			c := startMem(t, 1, 2, env)
+			return slices.Clone(c.Workers), c.AddWorker, func() error { return nil }
+		}},
+		{"sockets, partitions of 8 bytes", "8", func(env map[string]string) ([]*worker.Worker, func() (*worker.Worker, error), func() error) {
+			c := mustStart(t, 1, 2, env)
+			finish := func() error {
+				for range c.nodes {
+					if err := <-c.errs; err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			return c.workers, c.addWorker, finish
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env := maps.Clone(env)
+			env["FPT_PARTITION_BYTES"] = tt.part
+			ws, add, finish := tt.start(env)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var wg sync.WaitGroup
+			errs := make(chan error, 4)
+			joinerErr := make(chan error, 1)
+			for _, w := range ws {
+				wg.Go(func() {
+					err := trainJoinable(ctx, w, newModel(), iters, hooks{before: func(w *worker.Worker, it int) error {
+						w.SetParamsSource(nil) // as a program that registers none
+						if w.Rank() == 0 && it == 3 {
+							go func() {
+								j, err := add()
+								if err != nil {
+									joinerErr <- err
+									return
+								}
+								joinerErr <- trainJoinable(ctx, j, newModel(), iters, hooks{})
+							}()
+						}
+						return nil
+					}})
+					if err == nil {
+						err = w.Finalize(ctx)
+					}
+					errs <- err
+				})
+			}
+			report(t, &wg, errs)
+			if err := <-joinerErr; err == nil || !strings.Contains(err.Error(), "cannot hand over the parameters") {
+				t.Fatalf("the joiner's training: %v, want the refusal", err)
+			}
+			if err := finish(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

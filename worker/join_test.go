@@ -2,6 +2,7 @@ package worker
 
 import (
 	"bytes"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -240,5 +241,24 @@ func TestCoreJoinerInitPerKey(t *testing.T) {
 	}
 	if fin := handOver(c, second); len(fin) != 0 {
 		t.Fatalf("Init of key 6 finished %v with none of its parameters", fin)
+	}
+}
+
+// An Init whose context ends gives up its wait: its request settles with
+// that error, and the keys may be waited for again.
+func TestCoreJoinerInitCancelled(t *testing.T) {
+	c := joinerCore(t)
+	init, err := c.awaitParams([]uint64{5}, &call{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handOver(c, init)
+	gone := errors.New("context canceled")
+	out := c.cancelParams(init.req.ts, gone)
+	if !slices.Contains(finishedTS(out), init.req.ts) || !errors.Is(init.req.err, gone) {
+		t.Fatalf("cancel finished %v with %v, want Init's request with its error", finishedTS(out), init.req.err)
+	}
+	if _, err := c.awaitParams([]uint64{5}, &call{}); err != nil {
+		t.Fatalf("Init again after a cancelled one: %v", err)
 	}
 }
