@@ -377,7 +377,7 @@ func (m *model[T]) source(_, key uint64, dst []byte) error {
 	if i < 0 {
 		return fmt.Errorf("trainer: key %d is not one of the model's %d", key, len(m.keys))
 	}
-	src := asBytes(m.params[m.offs[i] : m.offs[i]+m.sizes[i]])
+	src := worker.AsBytes(m.params[m.offs[i] : m.offs[i]+m.sizes[i]])
 	if len(dst) != len(src) {
 		return fmt.Errorf("trainer: key %d has %d bytes of parameters, the worker asks for %d", key, len(src), len(dst))
 	}
@@ -388,13 +388,8 @@ func (m *model[T]) source(_, key uint64, dst []byte) error {
 // checksum is FNV-64a of the parameters' bytes.
 func (m *model[T]) checksum() uint64 {
 	h := fnv.New64a()
-	h.Write(asBytes(m.params))
+	h.Write(worker.AsBytes(m.params))
 	return h.Sum64()
-}
-
-// asBytes is the memory of s.
-func asBytes[T worker.Float](s []T) []byte {
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(T(0))))
 }
 
 // classic exercises ps-lite's Push, Pull and PushPull. The servers'

@@ -2,10 +2,8 @@ package worker_test
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"maps"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -45,9 +43,7 @@ func (m *model) source(_, key uint64, dst []byte) error {
 	if !ok {
 		return fmt.Errorf("no key %d", key)
 	}
-	for j := range len(dst) / 4 {
-		binary.LittleEndian.PutUint32(dst[4*j:], math.Float32bits(m.params[off+j]))
-	}
+	copy(dst, worker.AsBytes(m.params[off:off+len(dst)/4]))
 	return nil
 }
 

@@ -56,7 +56,7 @@ func (kv *KV[T]) FPTPush(keys []uint64, vals []T, lens []int, priority int32, cb
 	if err != nil {
 		return 0, err
 	}
-	return kv.w.fptPush(keys, asBytes(vals), byteLens, kv.dtype, priority, cb)
+	return kv.w.fptPush(keys, AsBytes(vals), byteLens, kv.dtype, priority, cb)
 }
 
 // FPTPull copies the keys' sums for the next iteration into vals, once
@@ -68,7 +68,7 @@ func (kv *KV[T]) FPTPull(keys []uint64, vals []T, lens []int, cb Callback) (int,
 	if err != nil {
 		return 0, err
 	}
-	return kv.w.fptPull(keys, asBytes(vals), byteLens, kv.dtype, cb)
+	return kv.w.fptPull(keys, AsBytes(vals), byteLens, kv.dtype, cb)
 }
 
 // Broadcast is Init for keys that no iteration pushes again: a model's
@@ -81,7 +81,7 @@ func (kv *KV[T]) Broadcast(ctx context.Context, keys []uint64, vals []T, lens []
 	if err != nil {
 		return err
 	}
-	return kv.w.broadcast(ctx, keys, asBytes(vals), byteLens, kv.dtype)
+	return kv.w.broadcast(ctx, keys, AsBytes(vals), byteLens, kv.dtype)
 }
 
 // Init sets the keys' starting values on every worker to worker 0's vals
@@ -93,7 +93,7 @@ func (kv *KV[T]) Init(ctx context.Context, keys []uint64, vals []T, lens []int) 
 	if err != nil {
 		return err
 	}
-	return kv.w.initBytes(ctx, keys, asBytes(vals), byteLens, kv.dtype)
+	return kv.w.initBytes(ctx, keys, AsBytes(vals), byteLens, kv.dtype)
 }
 
 // Push adds vals into the servers' stored values of keys (ps-lite's Push;
@@ -103,7 +103,7 @@ func (kv *KV[T]) Push(keys []uint64, vals []T, lens []int, cb Callback) (int, er
 	if err != nil {
 		return 0, err
 	}
-	return kv.w.kvRequest(frame.KVPush, keys, asBytes(vals), nil, byteLens, kv.dtype, cb)
+	return kv.w.kvRequest(frame.KVPush, keys, AsBytes(vals), nil, byteLens, kv.dtype, cb)
 }
 
 // Pull copies the servers' stored values of keys into vals (ps-lite's Pull).
@@ -112,7 +112,7 @@ func (kv *KV[T]) Pull(keys []uint64, vals []T, lens []int, cb Callback) (int, er
 	if err != nil {
 		return 0, err
 	}
-	b := asBytes(vals)
+	b := AsBytes(vals)
 	return kv.w.kvRequest(frame.KVPull, keys, b, b, byteLens, kv.dtype, cb)
 }
 
@@ -126,7 +126,7 @@ func (kv *KV[T]) PushPull(keys []uint64, vals, outs []T, lens []int, cb Callback
 	if len(outs) != len(vals) {
 		return 0, fmt.Errorf("worker: PushPull: %d outputs for %d values", len(outs), len(vals))
 	}
-	return kv.w.kvRequest(frame.KVPushPull, keys, asBytes(vals), asBytes(outs), byteLens, kv.dtype, cb)
+	return kv.w.kvRequest(frame.KVPushPull, keys, AsBytes(vals), AsBytes(outs), byteLens, kv.dtype, cb)
 }
 
 // Wait blocks until request ts completes; see Worker.Wait.
@@ -167,9 +167,10 @@ func (kv *KV[T]) byteLens(keys []uint64, vals []T, lens []int) ([]int, error) {
 	return out, nil
 }
 
-// asBytes views a float slice as its bytes, without copying: the van sends
-// the caller's memory as it is.
-func asBytes[T Float](v []T) []byte {
+// AsBytes views a float slice as its bytes, without copying, in this
+// machine's byte order: what KV sends (the van sends the caller's memory
+// as it is), and what a ParamsSource copies a key's parameters from.
+func AsBytes[T Float](v []T) []byte {
 	if len(v) == 0 {
 		return nil
 	}
