@@ -21,6 +21,7 @@ import (
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/netem"
 	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/scheduler"
 	"github.com/fptps/fpt/svgplot"
 	"github.com/fptps/fpt/worker"
 )
@@ -558,16 +559,12 @@ func (r *elasticResult) replaced(run failoverRun) error {
 	return err
 }
 
-// holdLine is the scheduler's line for a hold under
-// FPT_ON_WORKER_LOSS=wait: last_iteration is the last one granted.
-var holdLine = regexp.MustCompile(`FPT_ON_WORKER_LOSS=wait.*? last_iteration=(\d+)`)
-
 // parseHold reads the last iteration granted before the scheduler held
 // the job for a replacement worker.
 func parseHold(log string) (int, error) {
 	for line := range strings.SplitSeq(log, "\n") {
-		if m := holdLine.FindStringSubmatch(line); m != nil {
-			return strconv.Atoi(m[1])
+		if n, ok := scheduler.ParseHoldLine(line); ok {
+			return int(n), nil
 		}
 	}
 	return 0, errors.New("the scheduler logged no hold under FPT_ON_WORKER_LOSS=wait (last_iteration)")

@@ -113,7 +113,7 @@ func (s *sched) waitForWorker(info node.Info, horizon uint64, now time.Time) {
 	}
 	s.waitLost = append(s.waitLost, info)
 	s.lb.Hold(s.waitLostNames() + " lost: waiting for a worker to join")
-	s.log.Warn("no further iteration starts until a worker joins (FPT_ON_WORKER_LOSS=wait)", "lost", s.waitLostNames(),
+	s.log.Warn(msgHold, "lost", s.waitLostNames(),
 		"last_iteration", horizon, "timeout", s.cfg.WorkerWaitTimeout-now.Sub(s.waitSince))
 }
 
@@ -337,6 +337,26 @@ const (
 	msgWorkerLeft   = "membership change: worker left; the iterations not every worker has the sums of are summed again over the workers left"
 	msgWorkerJoined = "membership change: worker joined"
 )
+
+// msgHold is the scheduler's log message for a hold under
+// FPT_ON_WORKER_LOSS=wait, which ParseHoldLine reads back.
+const msgHold = "no further iteration starts until a worker joins (FPT_ON_WORKER_LOSS=wait)"
+
+// holdLine matches msgHold's line; last_iteration is the last one
+// granted.
+var holdLine = regexp.MustCompile(`msg="` + regexp.QuoteMeta(msgHold) + `".*? last_iteration=(\d+)`)
+
+// ParseHoldLine reads, from one line of the scheduler's log, the last
+// iteration granted before it held the job for a worker to join
+// (FPT_ON_WORKER_LOSS=wait); ok is false for any other line.
+func ParseHoldLine(line string) (lastIteration uint64, ok bool) {
+	m := holdLine.FindStringSubmatch(line)
+	if m == nil {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(m[1], 10, 64)
+	return n, err == nil
+}
 
 // Membership is a membership change as the scheduler logs it.
 type Membership struct {

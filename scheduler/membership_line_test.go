@@ -47,3 +47,21 @@ func TestParseMembershipLine(t *testing.T) {
 		}
 	}
 }
+
+// The scheduler's line for a hold under FPT_ON_WORKER_LOSS=wait gives the
+// last iteration granted; other lines give nothing.
+func TestParseHoldLine(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		want uint64
+		ok   bool
+	}{
+		{`time=... level=WARN msg="` + msgHold + `" role=scheduler lost=worker2(13)@198.18.0.5:1 last_iteration=12 timeout=5m0s`, 12, true},
+		{`time=... level=WARN msg="` + msgWorkerLeft + `" role=scheduler node=worker2(13)@198.18.0.5:1 retry_from_iteration=10`, 0, false},
+		{`time=... level=WARN msg="` + msgHold + `" role=scheduler last_iteration=x`, 0, false},
+	} {
+		if got, ok := ParseHoldLine(tc.line); got != tc.want || ok != tc.ok {
+			t.Errorf("ParseHoldLine(%q) = %d, %v; want %d, %v", tc.line, got, ok, tc.want, tc.ok)
+		}
+	}
+}
