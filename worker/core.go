@@ -75,9 +75,9 @@ type core struct {
 	classicUsed bool
 	// join is set on a worker that joined a running job.
 	join *joinState
-	// dutiesDone are the join iterations this worker handed its
-	// parameters over for.
-	dutiesDone map[uint64]bool
+	// dutyFrom: the iterations before it were looked at for a join whose
+	// parameters this worker hands over (duty).
+	dutyFrom uint64
 	// deferred are pulls into the buffer of a push still held: their
 	// sums are staged and copied in once every worker has them, since a
 	// retry would push the buffer again.

@@ -95,28 +95,30 @@ func (c *core) startIteration() uint64 {
 	return 1
 }
 
-// duty returns this worker's parameters duty for iteration iter, once:
-// it hands them over when some worker joins at iter and it has the lowest
-// id among the workers of both iter-1 and iter.
+// duty returns this worker's parameters duty for iteration iter: it
+// hands them over when some worker joins at iter and it has the lowest id
+// among the workers of both iter-1 and iter. Each iteration is looked at
+// once, at its first push: a join's decision comes before the grant of
+// its iteration, so before any push of it.
 func (c *core) duty(iter uint64, priority int32) *paramsDuty {
-	if iter == 0 || c.schedule == nil || c.dutiesDone[iter] {
+	if iter == 0 || iter < c.dutyFrom || c.schedule == nil {
 		return nil
 	}
+	c.dutyFrom = iter + 1
 	now, before := c.schedule.WorkersAt(iter), c.schedule.WorkersAt(iter-1)
 	var to []node.ID
+	sender, stays := node.ID(0), false
 	for _, id := range now {
-		if !slices.Contains(before, id) {
+		switch {
+		case !slices.Contains(before, id):
 			to = append(to, id)
+		case !stays || id < sender:
+			sender, stays = id, true
 		}
 	}
-	stay := slices.DeleteFunc(slices.Clone(now), func(id node.ID) bool { return slices.Contains(to, id) })
-	if len(to) == 0 || len(stay) == 0 || slices.Min(stay) != c.self {
+	if len(to) == 0 || !stays || sender != c.self {
 		return nil
 	}
-	if c.dutiesDone == nil {
-		c.dutiesDone = make(map[uint64]bool)
-	}
-	c.dutiesDone[iter] = true
 	keys := make([]*tensor, 0, len(c.tensors))
 	for _, t := range c.tensors {
 		keys = append(keys, t)
