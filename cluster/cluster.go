@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/fptps/fpt/auth"
+	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/frame"
@@ -75,6 +76,13 @@ type Member struct {
 	lastAck     time.Time
 	onControl   func(*control.Message)
 	onLeft      func(node.ID) error
+	onLayout    func(classic.Layout)
+	// layout is the newest classic key layout: the job's first from the
+	// node table, a joining node's in its table, later ones from the
+	// scheduler's Layout messages.
+	layout classic.Layout
+	// tableLayout is the layout the node table came with.
+	tableLayout classic.Layout
 	// forRole carries the messages for onControl to roleLoop, so that a
 	// role busy under its own lock never holds up heartbeat answers,
 	// barriers or failure notices (a worker copying a 2 GiB result once
@@ -444,7 +452,68 @@ func (n *Member) setTable(m *control.Message) error {
 			servers, workers, n.cfg.NumServers, n.cfg.NumWorkers)
 	}
 	n.topo.Store(&topology{self: me, table: table, byID: byID})
+	if !join {
+		var servers []node.ID
+		for _, info := range table {
+			if info.Role == node.Server {
+				servers = append(servers, info.ID)
+			}
+		}
+		n.mu.Lock()
+		n.layout = classic.Initial(servers)
+		n.tableLayout = n.layout
+		n.mu.Unlock()
+	}
 	return nil
+}
+
+// Layout is the newest classic key layout this node knows of.
+func (n *Member) Layout() classic.Layout {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.layout
+}
+
+// TableLayout is the classic key layout the node table came with: the
+// job's first, or the one a joining node found (which does not name it).
+// The layouts after it reach OnLayout's f.
+func (n *Member) TableLayout() classic.Layout {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.tableLayout
+}
+
+// OnLayout installs f, which hears every newer classic key layout, in
+// version order, off the control plane's goroutine (as OnControl's
+// messages: f may take its role's lock). Call it before Start.
+func (n *Member) OnLayout(f func(classic.Layout)) { n.onLayout = f }
+
+// newLayout takes the scheduler's Layout message: a newer version is
+// kept, and handed to the role (OnLayout) in order with its other
+// messages.
+func (n *Member) newLayout(m *control.Message) {
+	l, err := classic.ParseLayout(m.Body)
+	if err != nil {
+		n.reject.Reject("layout", "err", err)
+		return
+	}
+	n.mu.Lock()
+	newer := l.Version > n.layout.Version
+	if newer {
+		n.layout = l
+	}
+	n.mu.Unlock()
+	if !newer || n.onLayout == nil {
+		return
+	}
+	if n.forRole == nil {
+		n.onLayout(l)
+		return
+	}
+	select {
+	case n.forRole <- m:
+	case <-n.stop:
+	}
 }
 
 // admitPeer is the van's Admit: a data connection is accepted only once
@@ -719,6 +788,8 @@ func (n *Member) handleControl(m *control.Message) {
 		n.leave(m.Target, m.Text)
 	case control.NodeJoined:
 		n.welcome(m)
+	case control.Layout:
+		n.newLayout(m)
 	case control.Terminate:
 		// Confirm, so that the scheduler knows it may exit.
 		_ = n.plane.Send(n.sched, &control.Message{Command: control.Terminate, Sender: n.Self().ID})
@@ -743,6 +814,11 @@ func (n *Member) roleLoop() {
 		case <-n.stop:
 			return
 		case m := <-n.forRole:
+			if m.Command == control.Layout {
+				l, _ := classic.ParseLayout(m.Body) // newLayout checked it
+				n.onLayout(l)
+				continue
+			}
 			n.onControl(m)
 		}
 	}
@@ -805,11 +881,16 @@ func (n *Member) describe(id node.ID) string {
 // startBarriers takes a joining node's barrier numbers (FlagJoin's
 // Body): the running members' next ones.
 func (n *Member) startBarriers(body []byte) error {
-	if len(body) != 8*int(node.AllGroup) {
+	if len(body) < 8*int(node.AllGroup) {
 		return fmt.Errorf("cluster: joining node table with %d bytes of barrier numbers, want %d", len(body), 8*int(node.AllGroup))
+	}
+	l, err := classic.ParseLayout(body[8*int(node.AllGroup):])
+	if err != nil {
+		return fmt.Errorf("cluster: joining node table: %w", err)
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.layout, n.tableLayout = l, l
 	for g := node.Group(1); g <= node.AllGroup; g++ {
 		n.barrierSeq[g] = binary.LittleEndian.Uint64(body[8*(g-1):])
 	}

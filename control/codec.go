@@ -90,6 +90,8 @@ func (c Command) String() string {
 		return "NODE_JOINED"
 	case Joined:
 		return "JOINED"
+	case Layout:
+		return "LAYOUT"
 	}
 	return "command(" + strconv.Itoa(int(c)) + ")"
 }

@@ -60,7 +60,12 @@ const (
 	// connection to the joining server Target is ready to send on. The
 	// LB gives the joining server a share once all of these came.
 	Joined
-	lastCommand = Joined
+	// Layout, from the scheduler, announces a version of the classic key
+	// ranges (package classic's encoding in Body): servers hand the keys
+	// they no longer own to their new owners, workers send new requests
+	// by it.
+	Layout
+	lastCommand = Layout
 )
 
 // Flags.

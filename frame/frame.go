@@ -62,10 +62,30 @@ const (
 	// from, as its Init's. A Params frame with FlagRefused instead says
 	// why the sender has none (its payload, text; no DType).
 	Params
-	lastType = Params
+	// KVMoved answers a classic request sent to a server that no longer
+	// owns the key: Iteration is the server's layout version (package
+	// classic), the payload the owner's id (4 bytes, little-endian). The
+	// worker sends the request again, to that owner.
+	KVMoved
+	// KVMove carries (a chunk of) a classic value from the server that
+	// owned its key to the one that owns it in layout version Iteration.
+	KVMove
+	// KVMoveEnd follows a server's KVMove frames of layout version
+	// Iteration to one server: Aux is how many there were (none is a
+	// valid count), so that the receiver knows when it has them all.
+	KVMoveEnd
+	// KVPullRange asks a server for every classic key it holds in
+	// [Key, Total) (Total 0: no upper bound) of DType, under layout
+	// version Iteration. The answer is a KVData frame per chunk of each
+	// key, then a KVRangeEnd.
+	KVPullRange
+	// KVRangeEnd ends a server's answer to a KVPullRange: Total is how
+	// many KVData frames it sent.
+	KVRangeEnd
+	lastType = KVRangeEnd
 )
 
-var typeNames = [...]string{"", "hello", "bye", "push", "result", "kv-push", "kv-pull", "kv-pushpull", "kv-ack", "kv-data", "kv-error", "app", "params"}
+var typeNames = [...]string{"", "hello", "bye", "push", "result", "kv-push", "kv-pull", "kv-pushpull", "kv-ack", "kv-data", "kv-error", "app", "params", "kv-moved", "kv-move", "kv-move-end", "kv-pull-range", "kv-range-end"}
 
 func (t Type) String() string {
 	if t == 0 || t > lastType {
@@ -77,7 +97,7 @@ func (t Type) String() string {
 // carriesTensor reports whether a frame's payload is tensor data.
 func (t Type) carriesTensor() bool {
 	switch t {
-	case Push, Result, KVPush, KVPushPull, KVData, Params:
+	case Push, Result, KVPush, KVPushPull, KVData, Params, KVMove:
 		return true
 	}
 	return false
@@ -139,7 +159,7 @@ type Header struct {
 	Sender    uint32
 	Recipient uint32
 	Key       uint64
-	Iteration uint64 // FPT: the key's iteration; classic: unused
+	Iteration uint64 // FPT: the key's iteration; classic: the layout version (package classic)
 	Offset    uint64 // byte offset of the payload within the tensor
 	Total     uint64 // the tensor's size in bytes
 	Length    uint64 // payload size in bytes

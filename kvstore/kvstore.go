@@ -101,3 +101,6 @@ func (s *Store) Ascend(from, to uint64, fn func(key uint64, v Value) bool) {
 	}
 	s.tree.AscendRange(entry{key: from}, entry{key: to}, visit)
 }
+
+// Delete removes key (a key range handed to another server).
+func (s *Store) Delete(key uint64) { s.tree.Delete(entry{key: key}) }

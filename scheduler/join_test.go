@@ -42,8 +42,11 @@ func TestServeJoin(t *testing.T) {
 	joiner := srv.register(t, node.Server)[0]
 	tbl := next(t, joiner)
 	j := node.ServerID(1)
-	if tbl.Command != control.NodeTable || tbl.Flags&control.FlagJoin == 0 || tbl.Recipient != j || len(tbl.Body) != 8*int(node.AllGroup) {
-		t.Fatalf("the joiner got %v (flags %d) as %s with %d bytes, want a FlagJoin table as %s", tbl.Command, tbl.Flags, tbl.Recipient, len(tbl.Body), j)
+	if tbl.Command != control.NodeTable || tbl.Flags&control.FlagJoin == 0 || tbl.Recipient != j {
+		t.Fatalf("the joiner got %v (flags %d) as %s, want a FlagJoin table as %s", tbl.Command, tbl.Flags, tbl.Recipient, j)
+	}
+	if l := tableLayout(t, tbl); l.Version != 0 || !slices.Equal(l.Servers, []node.ID{s0}) {
+		t.Fatalf("the joiner's table has classic layout %v, want the job's first, v0[%s]", l, s0)
 	}
 	quiet(joiner, j, &control.Message{Command: control.Joined, Seq: 0})
 	for id, p := range members {
@@ -69,6 +72,13 @@ func TestServeJoin(t *testing.T) {
 	d, err := lb.UnmarshalDirective(m.Body)
 	if err != nil || d.Decision == nil || !slices.Equal(d.Decision.Aggregators, []node.ID{s0, j}) {
 		t.Fatalf("decision %v, %v: want the even split over %s and %s", d, err, s0, j)
+	}
+	// Every member, the joiner too, hears the classic key ranges cut
+	// over the joined server as well.
+	for id, p := range map[node.ID]*memplane.Plane{w0: wrk, s0: srvP, j: joiner} {
+		if l := awaitLayout(t, id, p); l.Version != 1 || !slices.Equal(l.Servers, []node.ID{s0, j}) {
+			t.Fatalf("%s got classic layout %v, want v1[%s %s]", id, l, s0, j)
+		}
 	}
 	// The final barrier counts the joined server's early arrival: every
 	// member is terminated, the joiner too.

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/control/memplane"
@@ -82,6 +83,40 @@ func directive(t *testing.T, id node.ID, m *control.Message) lb.Directive {
 	return d
 }
 
+// tableLayout is the classic layout a joining node's table carries after
+// its barrier numbers.
+func tableLayout(t *testing.T, tbl *control.Message) classic.Layout {
+	t.Helper()
+	if len(tbl.Body) < 8*int(node.AllGroup) {
+		t.Fatalf("joining table with %d bytes of body", len(tbl.Body))
+	}
+	l, err := classic.ParseLayout(tbl.Body[8*int(node.AllGroup):])
+	if err != nil {
+		t.Fatalf("joining table: %v", err)
+	}
+	return l
+}
+
+// awaitLayout reads id's next messages up to a Layout, skipping the LB's
+// directives, and returns it.
+func awaitLayout(t *testing.T, id node.ID, p *memplane.Plane) classic.Layout {
+	t.Helper()
+	for {
+		m := next(t, p)
+		switch m.Command {
+		case control.Decision:
+			continue
+		case control.Layout:
+			l, err := classic.ParseLayout(m.Body)
+			if err != nil {
+				t.Fatalf("%s: layout: %v", id, err)
+			}
+			return l
+		}
+		t.Fatalf("%s got %v, want a classic layout", id, m.Command)
+	}
+}
+
 // joinWorker has a worker register with the running job and go through
 // the join, checking each step: its id is want (an id no node had), it
 // gets a FlagJoin table with the barrier numbers, the members hear of it
@@ -96,9 +131,10 @@ func joinWorker(t *testing.T, srv *served, members map[node.ID]*memplane.Plane, 
 	sched := srv.sched
 	joiner := srv.register(t, node.Worker)[0]
 	tbl := next(t, joiner)
-	if tbl.Command != control.NodeTable || tbl.Flags&control.FlagJoin == 0 || tbl.Recipient != want || len(tbl.Body) != 8*int(node.AllGroup) {
-		t.Fatalf("the joiner got %v (flags %d) as %s with %d bytes, want a FlagJoin table as %s", tbl.Command, tbl.Flags, tbl.Recipient, len(tbl.Body), want)
+	if tbl.Command != control.NodeTable || tbl.Flags&control.FlagJoin == 0 || tbl.Recipient != want {
+		t.Fatalf("the joiner got %v (flags %d) as %s, want a FlagJoin table as %s", tbl.Command, tbl.Flags, tbl.Recipient, want)
 	}
+	tableLayout(t, tbl)
 	if !slices.ContainsFunc(tbl.Nodes, func(n node.Info) bool { return n.ID == want && n.Role == node.Worker }) {
 		t.Fatalf("the joiner's table %v does not list it", tbl.Nodes)
 	}

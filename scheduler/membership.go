@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/lb"
@@ -90,6 +91,9 @@ func (s *sched) lose(bars *barriers, stalls *stallWatch, id node.ID, why string)
 		"retry_from_iteration", d.Decision.Iteration, "decision_version", d.Decision.Version,
 		"servers", len(s.lb.Servers()), "workers", len(s.lb.Workers()))
 	s.direct(d)
+	if info.Role == node.Server {
+		s.setLayout(s.layout.Without(id), "server left")
+	}
 	if info.Role == node.Worker && s.cfg.WorkerLoss == config.WorkerLossWait {
 		s.waitForWorker(info, d.Horizon, time.Now())
 	}
@@ -206,6 +210,7 @@ func (s *sched) admit(bars *barriers, m *control.Message) {
 	for _, n := range seqs {
 		body = binary.LittleEndian.AppendUint64(body, n)
 	}
+	body = s.layout.AppendBinary(body)
 	s.log.Info(info.Role.String()+" joining the running job", "node", info)
 	s.send(info.ID, &control.Message{Command: control.NodeTable, Flags: control.FlagJoin, Recipient: info.ID, Nodes: s.table, Body: body})
 }
@@ -292,6 +297,7 @@ func (s *sched) admitIfReady(stalls *stallWatch, id node.ID) {
 		s.direct(d)
 		s.obs.Metrics.Decision(*d.Decision, false)
 	}
+	s.setLayout(s.layout.With(id), "server joined")
 	s.obs.rec.Changed(s.table, d, s.lb.State())
 	s.obs.Metrics.Membership(s.table, s.membership)
 	s.publish(time.Now())
@@ -322,6 +328,17 @@ func (s *sched) admitWorker(stalls *stallWatch, info node.Info) {
 	s.obs.rec.Changed(s.table, d, s.lb.State())
 	s.obs.Metrics.Membership(s.table, s.membership)
 	s.publish(now)
+}
+
+// setLayout makes l the classic key ranges' layout and tells every
+// member, those still joining too (their table had the one before).
+func (s *sched) setLayout(l classic.Layout, why string) {
+	s.layout = l
+	body := l.AppendBinary(nil)
+	for _, n := range s.table[1:] {
+		s.send(n.ID, &control.Message{Command: control.Layout, Sender: node.SchedulerID, Body: body})
+	}
+	s.log.Info("classic key ranges re-cut", "reason", why, "layout_version", l.Version, "servers", fmt.Sprint(l.Servers))
 }
 
 // startBarrier is the number of the start barrier over all nodes (the

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/lb"
@@ -82,6 +83,10 @@ type sched struct {
 	// every member.
 	servers, workers int
 	joining          map[node.ID]*joining
+	// layout is the classic key ranges' current version (package
+	// classic): a server joining or lost changes it, and every member
+	// hears of it (setLayout).
+	layout classic.Layout
 	// waitLost are the workers lost under FPT_ON_WORKER_LOSS=wait since
 	// the LB's grants were held (at waitSince) for a worker to join
 	// (waitForWorker).
@@ -157,9 +162,14 @@ func (s *sched) register(ctx context.Context, reg *registry) error {
 			s.byOrigin[reg.originOf(info)] = info.ID
 		}
 	}
+	var servers []node.ID
 	for _, info := range s.table[1:] {
 		s.send(info.ID, &control.Message{Command: control.NodeTable, Recipient: info.ID, Nodes: s.table})
+		if info.Role == node.Server {
+			servers = append(servers, info.ID)
+		}
 	}
+	s.layout = classic.Initial(servers) // as every node derives it from the table
 	s.log.Info("node table sent", "nodes", len(s.table))
 	// A retry after a lost node rides on the LB's grants, so it runs
 	// them even with the LB off (fixed at the even split).

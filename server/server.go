@@ -12,9 +12,11 @@ package server
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"sync"
 
+	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/customer"
 	"github.com/fptps/fpt/frame"
@@ -30,9 +32,10 @@ type Server struct {
 	base   *role.Base             // the aggregator and the LB agent
 	onPush func(iteration uint64) // the agent's; nil without one
 
-	mu    sync.Mutex // guards store and dirty (the netconn van calls in parallel)
-	store *kvstore.Store
-	dirty bool // changed since the last checkpoint
+	mu     sync.Mutex // guards store, ranges and dirty (the netconn van calls in parallel)
+	store  *kvstore.Store
+	ranges *classic.Ranges // made at the first use, once the node table is there (rangesLocked)
+	dirty  bool            // changed since the last checkpoint
 
 	loaded chan struct{} // closed once the store may serve (after a checkpoint's load)
 	ckpt   *checkpointer // nil without FPT_CHECKPOINT_DIR
@@ -59,7 +62,12 @@ func Start(ctx context.Context, n *cluster.Member) (*Server, error) {
 	if err := s.base.Start(ctx, s); err != nil {
 		return nil, err
 	}
-	if cfg.CheckpointDir != "" {
+	if cfg.CheckpointDir != "" && n.Joined() {
+		// A joining server's keys come from the servers that had them
+		// (classic.Ranges); a file of its rank is another job's.
+		close(s.loaded)
+		s.ckpt = startCheckpointer(checkpointPath(cfg.CheckpointDir, n.Self().ID.Rank()), cfg.CheckpointEvery, s.snapshot, n.Logger())
+	} else if cfg.CheckpointDir != "" {
 		path := checkpointPath(cfg.CheckpointDir, n.Self().ID.Rank())
 		store, err := loadCheckpoint(path)
 		if err != nil {
@@ -112,7 +120,9 @@ func (s *Server) snapshot(force bool) ([]byte, bool, error) {
 // aggregator and, with the LB on, its LB agent, which is installed on n
 // but measures only once Start started the node.
 func New(n *cluster.Member) *Server {
-	s := &Server{node: n, base: role.New(n, nil, nil, nil), store: kvstore.New(), loaded: make(chan struct{})}
+	s := &Server{node: n, store: kvstore.New(), loaded: make(chan struct{})}
+	s.base = role.New(n, nil, nil, s.left)
+	n.OnLayout(s.newLayout)
 	close(s.loaded)
 	if s.base.Agent != nil {
 		s.onPush = s.base.Agent.ServerIterationBegan
@@ -143,8 +153,12 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 		}
 		return
 	}
-	if r, ok := from.Role(); !ok || r != node.Worker || !s.node.WasMember(from) {
-		s.node.Fail(fmt.Errorf("server: %s frame from %s, which is not a worker of this cluster", h.Type, from))
+	want := node.Worker
+	if h.Type == frame.KVMove || h.Type == frame.KVMoveEnd {
+		want = node.Server
+	}
+	if r, ok := from.Role(); !ok || r != want || !s.node.WasMember(from) {
+		s.node.Fail(fmt.Errorf("server: %s frame from %s, which is not a %s of this cluster", h.Type, from, want))
 		return
 	}
 	var err error
@@ -154,14 +168,12 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 			s.onPush(h.Iteration)
 		}
 		err = s.base.Agg.HandlePush(h, payload)
-	case frame.KVPush, frame.KVPushPull:
+	case frame.KVPush, frame.KVPushPull, frame.KVPull, frame.KVPullRange:
 		if s.awaitLoad() {
-			err = s.kvPush(h, payload)
+			err = s.classicRequest(h, payload)
 		}
-	case frame.KVPull:
-		if s.awaitLoad() {
-			err = s.kvPull(h)
-		}
+	case frame.KVMove, frame.KVMoveEnd:
+		err = s.moved(h, payload)
 	default:
 		err = fmt.Errorf("unexpected %s frame", h.Type)
 	}
@@ -187,13 +199,41 @@ func (s *Server) awaitLoad() bool {
 	}
 }
 
-func (s *Server) kvPush(h *frame.Header, payload []byte) error {
+// classicRequest serves, holds or redirects a classic request, as the
+// key ranges say (classic.Ranges.Route), under one hold of the lock: a
+// layout applied in between would take the key out of the store.
+func (s *Server) classicRequest(h *frame.Header, payload []byte) error {
+	if h.Type == frame.KVPullRange {
+		return s.rangePull(h)
+	}
 	// A classic value is at most FPT_MAX_FRAME_BYTES: checked before the
 	// value is allocated (a Total of 2^62 used to panic the server).
 	if limit := s.node.Config().MaxFrameBytes; h.Total > limit {
 		return s.kvError(h, fmt.Errorf("a classic value of %d bytes exceeds FPT_MAX_FRAME_BYTES (%d)", h.Total, limit))
 	}
 	s.mu.Lock()
+	r := s.rangesLocked()
+	verdict, owner := r.Route(h)
+	switch verdict {
+	case classic.Hold:
+		r.Hold(h, payload)
+		s.mu.Unlock()
+		return nil
+	case classic.Moved:
+		version := r.Layout().Version
+		s.mu.Unlock()
+		m := s.reply(h, frame.KVMoved, binary.LittleEndian.AppendUint32(nil, uint32(owner)))
+		m.Header.DType, m.Header.Iteration = 0, uint64(version)
+		return s.node.Van().Forward(m)
+	}
+	if h.Type == frame.KVPull {
+		return s.kvPull(h)
+	}
+	return s.kvPush(h, payload)
+}
+
+// kvPush adds a classic push into the store; s.mu is held, and released.
+func (s *Server) kvPush(h *frame.Header, payload []byte) error {
 	part, err := s.store.Add(h.Key, h.DType, h.Offset, payload, h.Total)
 	s.dirty = s.dirty || err == nil
 	var reply *van.Message
@@ -211,8 +251,8 @@ func (s *Server) kvPush(h *frame.Header, payload []byte) error {
 	return s.node.Van().Forward(reply)
 }
 
+// kvPull answers a classic pull; s.mu is held, and released.
 func (s *Server) kvPull(h *frame.Header) error {
-	s.mu.Lock()
 	v, ok := s.store.Get(h.Key)
 	var data []byte
 	var err error
@@ -237,6 +277,152 @@ func (s *Server) kvPull(h *frame.Header) error {
 		}
 	}
 	return nil
+}
+
+// rangePull answers a range pull with every key of the range it owns, in
+// key order, if the worker asked under this server's layout (else it
+// holds the request, or answers KVMoved: the worker asks again).
+func (s *Server) rangePull(h *frame.Header) error {
+	if h.DType.Size() == 0 {
+		return s.kvError(h, fmt.Errorf("a range pull of unknown dtype %d", h.DType))
+	}
+	type kv struct {
+		key  uint64
+		data []byte
+	}
+	var found []kv
+	var err error
+	s.mu.Lock()
+	r := s.rangesLocked()
+	switch r.RouteRange(h) {
+	case classic.Hold:
+		r.Hold(h, nil)
+		s.mu.Unlock()
+		return nil
+	case classic.Moved:
+		version := r.Layout().Version
+		s.mu.Unlock()
+		m := s.reply(h, frame.KVMoved, binary.LittleEndian.AppendUint32(nil, 0))
+		m.Header.DType, m.Header.Iteration = 0, uint64(version)
+		return s.node.Van().Forward(m)
+	}
+	if lo, hi, ok := r.Span(h.Key, h.Total); ok {
+		s.store.Ascend(lo, hi, func(key uint64, v kvstore.Value) bool {
+			if v.DType != h.DType {
+				err = fmt.Errorf("key %d holds %s, the range pull wants %s", key, v.DType, h.DType)
+				return false
+			}
+			found = append(found, kv{key, append([]byte(nil), v.Data...)})
+			return true
+		})
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return s.kvError(h, err)
+	}
+	var frames uint64
+	for _, f := range found {
+		for part, c := range frame.Chunks(uint64(len(f.data)), s.node.Config().PartitionBytes, h.DType.Size()) {
+			m := s.reply(h, frame.KVData, f.data[c[0]:c[1]])
+			m.Header.Key, m.Header.Total, m.Header.Offset, m.Header.Partition = f.key, uint64(len(f.data)), c[0], part
+			m.Header.Iteration = h.Iteration
+			if err := s.node.Van().Forward(m); err != nil {
+				return err
+			}
+			frames++
+		}
+	}
+	end := s.reply(h, frame.KVRangeEnd, nil)
+	end.Header.DType, end.Header.Key, end.Header.Total, end.Header.Iteration = 0, 0, frames, h.Iteration
+	return s.node.Van().Forward(end)
+}
+
+// rangesLocked is the server's classic key ranges, made at the first use
+// from the layout the node table came with (a joining server's does not
+// name it: its keys come with the next one). s.mu is held.
+func (s *Server) rangesLocked() *classic.Ranges {
+	if s.ranges == nil {
+		s.ranges = classic.NewRanges(s.node.Self().ID, s.node.TableLayout(), s.node.Config().PartitionBytes)
+	}
+	return s.ranges
+}
+
+// newLayout applies a new layout of the classic key ranges (the
+// cluster node's OnLayout): the keys that are no longer this server's
+// are taken out of the store and sent to their owners.
+func (s *Server) newLayout(l classic.Layout) {
+	s.mu.Lock()
+	before := s.store.Len()
+	t := s.rangesLocked().Offer(s.store, l)
+	moved := before - s.store.Len()
+	s.dirty = s.dirty || moved > 0
+	s.mu.Unlock()
+	s.node.Logger().Info("classic key layout applied", "layout", l, "keys_moved_out", moved, "keys_kept", before-moved)
+	// Off the role's goroutine: the LB's directives need not wait for
+	// the keys to be sent.
+	go s.carryOut(t)
+}
+
+// moved takes a KVMove or KVMoveEnd frame from another server.
+func (s *Server) moved(h *frame.Header, payload []byte) error {
+	if limit := s.node.Config().MaxFrameBytes; h.Total > limit {
+		return fmt.Errorf("a moved classic value of %d bytes exceeds FPT_MAX_FRAME_BYTES (%d)", h.Total, limit)
+	}
+	s.mu.Lock()
+	r := s.rangesLocked()
+	var t classic.Todo
+	var err error
+	if h.Type == frame.KVMove {
+		t, err = r.Move(s.store, h, payload)
+		s.dirty = s.dirty || err == nil
+	} else {
+		t, err = r.MoveEnd(s.store, h)
+	}
+	settled := !r.Settling()
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if settled && len(t.Released) > 0 {
+		s.node.Logger().Debug("classic keys moved in; held requests go on", "requests", len(t.Released))
+	}
+	s.carryOut(t)
+	return nil
+}
+
+// left takes another node's loss (role.New's left): a lost server's
+// keys will not come.
+func (s *Server) left(id node.ID) error {
+	if r, _ := id.Role(); r != node.Server {
+		return nil
+	}
+	s.mu.Lock()
+	t := s.rangesLocked().Lost(s.store, id)
+	s.mu.Unlock()
+	go s.carryOut(t)
+	return nil
+}
+
+// carryOut sends what a change of the key ranges produced, then routes
+// the requests it released again. A failure fails the node: a key's
+// value would be lost.
+func (s *Server) carryOut(t classic.Todo) {
+	for i := range t.Sends {
+		m := &t.Sends[i]
+		if err := s.node.Van().Forward(m); err != nil {
+			if cfg := s.node.Config(); cfg.Survives(node.ID(m.Header.Recipient)) {
+				continue // lost meanwhile: its range goes to others
+			}
+			s.node.Fail(fmt.Errorf("server: moving classic keys to %s: %w", node.ID(m.Header.Recipient), err))
+			return
+		}
+	}
+	for _, held := range t.Released {
+		if err := s.classicRequest(&held.Header, held.Payload); err != nil {
+			s.node.Fail(fmt.Errorf("server: from %s: %s: %w", node.ID(held.Header.Sender), &held.Header, err))
+			return
+		}
+	}
 }
 
 // kvError answers a classic request with its failure: the worker's Wait

@@ -183,9 +183,11 @@ const maxElemSize = 16
 // only. partBytes 0: no bound but MaxPayload, which Decode applied.
 func lengthBound(t frame.Type, partBytes uint64) uint64 {
 	switch t {
-	case frame.Hello, frame.Bye, frame.KVPull, frame.KVAck:
+	case frame.Hello, frame.Bye, frame.KVPull, frame.KVAck, frame.KVMoveEnd, frame.KVPullRange, frame.KVRangeEnd:
 		return 0
-	case frame.Push, frame.Result, frame.KVPush, frame.KVPushPull, frame.KVData, frame.Params:
+	case frame.KVMoved:
+		return 4 // the owner's id
+	case frame.Push, frame.Result, frame.KVPush, frame.KVPushPull, frame.KVData, frame.Params, frame.KVMove:
 		if partBytes > 0 {
 			return max(partBytes, maxElemSize)
 		}

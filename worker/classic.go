@@ -36,6 +36,20 @@ func (w *Worker) handleKV(h *frame.Header, payload []byte) error {
 	return nil
 }
 
+// PullRangeBytes asks the servers for every classic key they hold in
+// [from, to) (to 0: no upper bound) of dtype; out has them, in key order,
+// once the request completes (Wait, or cb).
+func (w *Worker) PullRangeBytes(from, to uint64, dtype frame.DType, out *RangeResult, cb Callback) (int, error) {
+	w.mu.Lock()
+	t, err := w.c.pullRange(from, to, dtype, w.node.Config().MaxFrameBytes, out, newCall(cb, true))
+	w.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	w.do(t)
+	return t.req.ts, nil
+}
+
 func (w *Worker) landKV(h *frame.Header) todo {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -1,29 +1,210 @@
 package worker
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
+	"maps"
+	"slices"
 
+	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
 )
 
 // The core's half of ps-lite's classic calls: Push, Pull and PushPull over
-// keys sliced by range across the servers, answered by KVAck, KVData or
-// KVError frames that name the request in Aux.
+// keys sliced by range across the servers of the newest layout the worker
+// knows (classic.Layout), answered by KVAck, KVData or KVError frames that
+// name the request in Aux, or by KVMoved from a server that no longer owns
+// the key: the frame goes again, to the owner it names.
 
 type kvDst struct {
 	buf []byte
 	got uint64
 }
 
-// ServerFor returns the server owning key under ps-lite's range slicing:
-// the key space is cut into NumServers equal ranges.
-func ServerFor(key uint64, servers int) int {
-	span := math.MaxUint64 / uint64(servers)
-	return int(min(key/span, uint64(servers-1)))
+// kvCall is what a classic request needs to send a frame again.
+type kvCall struct {
+	typ   frame.Type
+	dtype frame.DType
+	vals  map[uint64][]byte // each key's values (Push, PushPull)
+}
+
+// rangePull is a range pull's state: one attempt's answers, asked under
+// one layout version; a server with a newer layout has it ask again.
+type rangePull struct {
+	from, to uint64
+	dtype    frame.DType
+	maxValue uint64 // FPT_MAX_FRAME_BYTES: no key's value is larger
+	version  uint32 // the attempt's layout
+	waitFor  uint32 // parked until the worker knows this layout version
+	ends     map[node.ID]*rangeEnd
+	vals     map[uint64][]byte
+	out      *RangeResult
+}
+
+// rangeEnd is what one server sent of a range pull's answer.
+type rangeEnd struct {
+	got, want uint64 // KVData frames landed; its KVRangeEnd's count
+	ended     bool
+}
+
+// RangeResult is a range pull's answer: the keys found, in order, and
+// each one's values (the dtype's bytes).
+type RangeResult struct {
+	Keys   []uint64
+	Values [][]byte
+}
+
+// newLayout adopts a newer layout of the classic key ranges; range pulls
+// parked until the worker knows it ask again.
+func (c *core) newLayout(l classic.Layout) todo {
+	if l.Version > c.layout.Version || len(c.layout.Servers) == 0 {
+		c.layout = l
+	}
+	var t todo
+	parked := c.parkedRanges[:0]
+	for _, req := range c.parkedRanges {
+		switch {
+		case req.finished:
+		case req.rng.waitFor > c.layout.Version:
+			parked = append(parked, req)
+		default:
+			t.resends = append(t.resends, c.askRange(req))
+		}
+	}
+	c.parkedRanges = parked
+	return t
+}
+
+// pullRange asks every server whose range meets [from, to) (to 0: no
+// upper bound) for the keys it holds there; out receives them once the
+// request completes.
+func (c *core) pullRange(from, to uint64, dtype frame.DType, maxValue uint64, out *RangeResult, cl *call) (todo, error) {
+	switch {
+	case dtype.Size() == 0:
+		return todo{}, fmt.Errorf("worker: unknown dtype %d", dtype)
+	case to != 0 && to <= from:
+		return todo{}, fmt.Errorf("worker: empty key range [%d, %d)", from, to)
+	case !c.started:
+		return todo{}, errors.New("worker: not started")
+	}
+	req, err := c.newRequest(cl, 1) // its answer
+	if err != nil {
+		return todo{}, err
+	}
+	c.classicUsed = true
+	req.rng = &rangePull{from: from, to: to, dtype: dtype, maxValue: maxValue, out: out}
+	rs := c.askRange(req)
+	req.left -= len(rs.sends) // askRange counts their sends; the hand-over counts here
+	return todo{req: req, sends: rs.sends}, nil
+}
+
+// askRange starts an attempt of range pull req under the worker's layout:
+// its frames, each one's send counted as one of req's items.
+func (c *core) askRange(req *request) resend {
+	rng := req.rng
+	rng.version, rng.waitFor = c.layout.Version, 0
+	rng.ends = make(map[node.ID]*rangeEnd)
+	rng.vals = make(map[uint64][]byte)
+	var msgs []van.Message
+	for _, id := range c.layout.Servers {
+		if !c.layout.Overlaps(id, rng.from, rng.to) {
+			continue
+		}
+		rng.ends[id] = &rangeEnd{}
+		msgs = append(msgs, van.Message{Header: frame.Header{
+			Type: frame.KVPullRange, DType: rng.dtype, Sender: uint32(c.self), Recipient: uint32(id),
+			Key: rng.from, Total: rng.to, Iteration: uint64(rng.version), Aux: uint32(req.ts),
+		}})
+	}
+	req.left += len(msgs)
+	return resend{req: req, sends: msgs}
+}
+
+// rangeReply takes a reply to range pull req: KVData returns the span its
+// payload goes to; KVRangeEnd and KVMoved settle or restart it.
+func (c *core) rangeReply(req *request, h *frame.Header) (span []byte, t todo, err error) {
+	rng := req.rng
+	from := node.ID(h.Sender)
+	if h.Type == frame.KVMoved {
+		if h.Iteration <= uint64(rng.version) {
+			return nil, todo{}, fmt.Errorf("range pull %d moved under layout v%d, not newer than its own v%d", h.Aux, h.Iteration, rng.version)
+		}
+		if h.Iteration > uint64(c.layout.Version) {
+			if rng.waitFor == 0 {
+				c.parkedRanges = append(c.parkedRanges, req)
+			}
+			rng.waitFor = max(rng.waitFor, uint32(h.Iteration))
+			return nil, todo{}, nil
+		}
+		if rng.waitFor != 0 {
+			return nil, todo{}, nil // parked: its restart is on its way
+		}
+		return nil, todo{resends: []resend{c.askRange(req)}}, nil
+	}
+	if h.Iteration != uint64(rng.version) || rng.waitFor != 0 {
+		return nil, todo{}, nil // an answer to an earlier attempt
+	}
+	e := rng.ends[from]
+	if e == nil {
+		return nil, todo{}, fmt.Errorf("range pull %d: %s frame from %s, which was not asked", h.Aux, h.Type, from)
+	}
+	switch h.Type {
+	case frame.KVRangeEnd:
+		if e.ended {
+			return nil, todo{}, fmt.Errorf("range pull %d: a second end from %s", h.Aux, from)
+		}
+		e.ended, e.want = true, h.Total
+		return nil, c.rangeDone(req), nil
+	case frame.KVData:
+		if h.DType != rng.dtype || h.Total > rng.maxValue {
+			return nil, todo{}, fmt.Errorf("range pull %d: key %d of %d bytes of %s", h.Aux, h.Key, h.Total, h.DType)
+		}
+		v := rng.vals[h.Key]
+		if v == nil {
+			v = make([]byte, h.Total)
+			rng.vals[h.Key] = v
+		}
+		if uint64(len(v)) != h.Total {
+			return nil, todo{}, fmt.Errorf("range pull %d: key %d of %d bytes, then %d", h.Aux, h.Key, len(v), h.Total)
+		}
+		return v[h.Offset : h.Offset+h.Length], todo{}, nil
+	}
+	return nil, todo{}, fmt.Errorf("range pull %d: unexpected %s", h.Aux, h.Type)
+}
+
+// rangeLanded counts a range pull's KVData frame whose bytes are in.
+func (c *core) rangeLanded(req *request, h *frame.Header) todo {
+	rng := req.rng
+	if h.Iteration != uint64(rng.version) || rng.waitFor != 0 {
+		return todo{}
+	}
+	if e := rng.ends[node.ID(h.Sender)]; e != nil {
+		e.got++
+	}
+	return c.rangeDone(req)
+}
+
+// rangeDone completes range pull req once every server asked has sent
+// all it announced.
+func (c *core) rangeDone(req *request) todo {
+	rng := req.rng
+	for id, e := range rng.ends {
+		switch {
+		case e.ended && e.got > e.want:
+			return c.settle(req, 0, fmt.Errorf("worker: range pull: %s sent more than the %d frames it announced", id, e.want))
+		case !e.ended || e.got < e.want:
+			return todo{}
+		}
+	}
+	rng.out.Keys = slices.Sorted(maps.Keys(rng.vals))
+	rng.out.Values = make([][]byte, len(rng.out.Keys))
+	for i, k := range rng.out.Keys {
+		rng.out.Values[i] = rng.vals[k]
+	}
+	return c.settle(req, 1, nil)
 }
 
 // checkClassic checks a classic call's arguments, which need no state.
@@ -72,6 +253,10 @@ func (c *core) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byteLe
 	if out != nil {
 		req.dst = make(map[uint64]*kvDst, len(keys))
 	}
+	req.kv = &kvCall{typ: typ, dtype: dtype}
+	if typ != frame.KVPull {
+		req.kv.vals = make(map[uint64][]byte, len(keys))
+	}
 	off := 0
 	for i, k := range keys {
 		n := uint64(byteLens[i])
@@ -79,11 +264,14 @@ func (c *core) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byteLe
 			req.dst[k] = &kvDst{buf: out[off : off+int(n)]}
 		}
 		base := frame.Header{
-			Type: typ, DType: dtype, Sender: uint32(c.self), Recipient: uint32(c.servers[ServerFor(k, len(c.servers))]),
-			Key: k, Total: n, Aux: uint32(req.ts),
+			Type: typ, DType: dtype, Sender: uint32(c.self), Recipient: uint32(c.layout.Owner(k)),
+			Key: k, Iteration: uint64(c.layout.Version), Total: n, Aux: uint32(req.ts),
 		}
 		val := data[off : off+int(n)]
 		off += int(n)
+		if req.kv.vals != nil {
+			req.kv.vals[k] = val
+		}
 		if typ == frame.KVPull {
 			msgs = append(msgs, van.Message{Header: base})
 			continue
@@ -110,6 +298,9 @@ func (c *core) kvReply(h *frame.Header, payload []byte) (span []byte, t todo, er
 	if req == nil {
 		return nil, todo{}, fmt.Errorf("reply to request %d, which is not outstanding", h.Aux)
 	}
+	if req.rng != nil && h.Type != frame.KVError {
+		return c.rangeReply(req, h)
+	}
 	switch h.Type {
 	case frame.KVError:
 		return nil, c.settle(req, 0, fmt.Errorf("worker: %s refused key %d: %s", node.ID(h.Sender), h.Key, payload)), nil
@@ -118,6 +309,9 @@ func (c *core) kvReply(h *frame.Header, payload []byte) (span []byte, t todo, er
 			return nil, todo{}, errors.New("ack for a request that expects data")
 		}
 		return nil, c.settle(req, 1, nil), nil
+	case frame.KVMoved:
+		t, err := c.kvMoved(req, h, payload)
+		return nil, t, err
 	}
 	var d *kvDst
 	if req.dst != nil {
@@ -129,10 +323,50 @@ func (c *core) kvReply(h *frame.Header, payload []byte) (span []byte, t todo, er
 	return d.buf[h.Offset : h.Offset+h.Length], todo{}, nil
 }
 
+// kvMoved sends a request's frame again, to the server a KVMoved reply
+// names as its key's owner in layout h.Iteration: the chunk's values are
+// still the caller's (a request holds its buffers until it completes).
+func (c *core) kvMoved(req *request, h *frame.Header, payload []byte) (todo, error) {
+	if req.kv == nil || len(payload) != 4 {
+		return todo{}, fmt.Errorf("a moved reply (%d bytes) to request %d, which is not a classic one", len(payload), h.Aux)
+	}
+	owner := node.ID(binary.LittleEndian.Uint32(payload))
+	if r, ok := owner.Role(); !ok || r != node.Server || owner == node.ID(h.Sender) {
+		return todo{}, fmt.Errorf("key %d moved to %s, which is not another server", h.Key, owner)
+	}
+	m := van.Message{Header: frame.Header{
+		Type: req.kv.typ, DType: req.kv.dtype, Sender: uint32(c.self), Recipient: uint32(owner),
+		Key: h.Key, Iteration: h.Iteration, Offset: h.Offset, Total: h.Total, Partition: h.Partition, Aux: h.Aux,
+	}}
+	if req.kv.vals != nil {
+		val, ok := req.kv.vals[h.Key]
+		if !ok || uint64(len(val)) != h.Total {
+			return todo{}, fmt.Errorf("key %d of %d bytes moved, which request %d did not push at that size", h.Key, h.Total, h.Aux)
+		}
+		found := false
+		for part, ch := range frame.Chunks(h.Total, c.partBytes, req.kv.dtype.Size()) {
+			if part == h.Partition && ch[0] == h.Offset {
+				m.Payload, found = val[ch[0]:ch[1]], true
+				break
+			}
+		}
+		if !found {
+			return todo{}, fmt.Errorf("key %d moved: request %d sent no chunk %d at offset %d", h.Key, h.Aux, h.Partition, h.Offset)
+		}
+	} else if req.dst[h.Key] == nil {
+		return todo{}, fmt.Errorf("key %d moved, which request %d did not pull", h.Key, h.Aux)
+	}
+	req.left++ // the hand-over of the frame sent again, as at the request's start
+	return todo{req: req, sends: []van.Message{m}}, nil
+}
+
 // kvLanded accounts for a KVData frame whose bytes are in the caller's
 // buffer; a key's last one settles its share of the request.
 func (c *core) kvLanded(h *frame.Header) todo {
 	req := c.requests[int(h.Aux)]
+	if req != nil && req.rng != nil {
+		return c.rangeLanded(req, h)
+	}
 	if req == nil || req.dst[h.Key] == nil {
 		return todo{} // failed and released meanwhile
 	}

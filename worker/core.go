@@ -8,6 +8,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/node"
@@ -70,9 +71,15 @@ type core struct {
 	// early holds the directives with a decision or a Done that came
 	// before start.
 	early []lb.Directive
-	// classicUsed: a classic request was made. Its key ranges are sliced
-	// over the servers it started with, so it cannot go on without one.
+	// classicUsed: a classic request was made. A lost server's classic
+	// keys are lost with it, so the worker cannot go on without one.
 	classicUsed bool
+	// layout is the newest classic key layout the worker knows: classic
+	// requests go to its servers.
+	layout classic.Layout
+	// parkedRanges are range pulls a server answered under a layout the
+	// worker does not know yet: they ask again once it does.
+	parkedRanges []*request
 	// join is set on a worker that joined a running job.
 	join *joinState
 	// dutyFrom: the iterations before it were looked at for a join whose
@@ -142,6 +149,7 @@ func (c *core) start(self node.ID, servers, workers []node.ID) error {
 		return fmt.Errorf("worker: %w", err)
 	}
 	c.self, c.rank, c.servers, c.schedule, c.started = self, self.Rank(), servers, sched, true
+	c.newLayout(classic.Initial(servers)) // unless the shell gave a newer one; nothing is parked yet
 	early := c.early
 	c.early = nil
 	for _, d := range early {
@@ -285,6 +293,8 @@ type request struct {
 	call     *call // the shell's half: callback, done channel, timing
 	// classic Pull and PushPull: where each key's reply goes.
 	dst map[uint64]*kvDst
+	kv  *kvCall // a classic request's, for a frame sent again
+	rng *rangePull
 }
 
 // call is the shell's half of a request, which the core only carries.

@@ -1,7 +1,17 @@
 package worker
 
-import "github.com/fptps/fpt/lb"
+import (
+	"github.com/fptps/fpt/classic"
+	"github.com/fptps/fpt/lb"
+)
 
 // Follow applies an LB directive as the scheduler's would be: tests use it
 // to force decisions at chosen iterations.
 func (w *Worker) Follow(d lb.Directive) error { return w.follow(d) }
+
+// ClassicLayout is the classic key layout the worker sends requests by.
+func (w *Worker) ClassicLayout() classic.Layout {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.c.layout
+}

@@ -129,6 +129,33 @@ func (kv *KV[T]) PushPull(keys []uint64, vals, outs []T, lens []int, cb Callback
 	return kv.w.kvRequest(frame.KVPushPull, keys, AsBytes(vals), AsBytes(outs), byteLens, kv.dtype, cb)
 }
 
+// PullRange returns every classic key the servers hold in [from, to) (to
+// 0: no upper bound), in key order, with its values and their lengths (in
+// elements): a sparse model's keys need not be known to be pulled. It
+// waits for the answer; a key of another dtype fails it.
+func (kv *KV[T]) PullRange(from, to uint64) (keys []uint64, vals []T, lens []int, err error) {
+	var out RangeResult
+	ts, err := kv.w.PullRangeBytes(from, to, kv.dtype, &out, nil)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := kv.w.Wait(ts); err != nil {
+		return nil, nil, nil, err
+	}
+	es, total := kv.dtype.Size(), 0
+	lens = make([]int, len(out.Values))
+	for i, v := range out.Values {
+		lens[i] = len(v) / es
+		total += lens[i]
+	}
+	vals = make([]T, total)
+	b := AsBytes(vals)
+	for _, v := range out.Values {
+		b = b[copy(b, v):]
+	}
+	return out.Keys, vals, lens, nil
+}
+
 // Wait blocks until request ts completes; see Worker.Wait.
 func (kv *KV[T]) Wait(ts int) error { return kv.w.Wait(ts) }
 

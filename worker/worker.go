@@ -34,6 +34,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/customer"
@@ -94,6 +95,7 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 	w.c.retryMode = cfg.Retries()
 	w.c.resum = cfg.WorkerLoss != config.WorkerLossFail
 	w.base = role.New(n, w.deliverLocal, w.follow, w.left)
+	n.OnLayout(func(l classic.Layout) { w.update(func(c *core) todo { return c.newLayout(l) }) })
 	if err := w.base.Start(ctx, w); err != nil {
 		return nil, err
 	}
@@ -101,6 +103,7 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 	if n.Joined() {
 		w.c.joining()
 	}
+	w.c.newLayout(n.Layout()) // before start: nothing is parked
 	err := w.c.start(n.Self().ID, n.Servers(), n.Workers())
 	w.mu.Unlock()
 	if err != nil {
@@ -244,8 +247,9 @@ func (w *Worker) sendError(id node.ID, err error) error {
 
 // left is told that a server or a worker left the job (role.New's
 // left): a worker that made classic requests cannot go on without a
-// server, since their key ranges are sliced over the servers it started
-// with. A lost worker changes nothing for them.
+// server, since the lost server's classic keys are lost with it (they move
+// when a server joins, but are not replicated). A lost worker changes
+// nothing for them.
 func (w *Worker) left(id node.ID) error {
 	if r, _ := id.Role(); r != node.Server {
 		return nil
@@ -254,7 +258,7 @@ func (w *Worker) left(id node.ID) error {
 	used := w.c.classicUsed
 	w.mu.Unlock()
 	if used {
-		return fmt.Errorf("worker: server %s left the job, and classic Push/Pull slice their keys over the servers the job started with (FPT_ON_SERVER_LOSS=retry covers FPTPush and FPTPull only)", id)
+		return fmt.Errorf("worker: server %s left the job, and the classic Push/Pull keys it held are lost with it (FPT_ON_SERVER_LOSS=retry covers FPTPush and FPTPull only)", id)
 	}
 	return nil
 }
@@ -494,7 +498,7 @@ func (w *Worker) HandleFrame(h *frame.Header, payload []byte) {
 		err = w.base.Agg.HandlePush(h, payload)
 	case frame.Result:
 		err = w.handleResult(h, payload)
-	case frame.KVAck, frame.KVData, frame.KVError:
+	case frame.KVAck, frame.KVData, frame.KVError, frame.KVMoved, frame.KVRangeEnd:
 		err = w.handleKV(h, payload)
 	case frame.App:
 		err = w.base.Customers.HandleFrame(h, payload)
