@@ -39,6 +39,14 @@ type Options struct {
 	DType      frame.DType // Float32 or Float64
 	Classic    int         // rounds of classic Push/Pull/PushPull after the FPT iterations
 	Quiet      bool        // no per-iteration lines
+	// ClassicFirst also runs Classic rounds of classic Push and Pull
+	// before the FPT iterations, right after Init, by the job's initial
+	// workers: the servers' stores then hold classic values while the job
+	// trains (and a server may join), and the rounds after training
+	// expect sums that include them. A worker that joins the running job
+	// skips them (its Init has no barrier); none may join while they run,
+	// as their barriers would count it.
+	ClassicFirst bool
 	// Compute is a pause before each iteration's pushes, standing for the
 	// forward and backward pass: it stretches a run in time without CPU.
 	Compute time.Duration
@@ -234,6 +242,30 @@ func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out i
 			fmt.Fprintf(out, "%s: init: %d tensors, %s, every value is worker 0's\n", label, len(keys), human(model))
 		}
 	}
+	// The classic rounds pushed before training: by the job's initial
+	// workers, those of iteration 0 (a joiner's schedule may not go back
+	// that far: they are ranks 0..NumWorkers-1, a joiner's is beyond).
+	var early []classicRound
+	if o.ClassicFirst {
+		first := prev
+		if w.Joined() {
+			first = make([]int, w.NumWorkers())
+			for r := range first {
+				first[r] = r
+			}
+			for r := range o.Classic {
+				early = append(early, classicRound{r, first})
+			}
+		} else {
+			var n int64
+			var err error
+			early, n, err = classic(ctx, kv, o, keys, sizes, first, nil, false, out)
+			sum.Values += n
+			if err != nil {
+				return sum, fmt.Errorf("%s: classic before training: %w", label, err)
+			}
+		}
+	}
 
 	// No barrier per iteration: a worker joining the job counts in the
 	// job's barriers from its admission, while its first push is of an
@@ -293,7 +325,7 @@ func run[T worker.Float](ctx context.Context, w *worker.Worker, o Options, out i
 	}
 	sum.Checksum = m.checksum()
 	fmt.Fprintf(out, "%s: parameters checksum 0x%016x\n", label, sum.Checksum)
-	n, err := classic(ctx, kv, o, keys, sizes, out)
+	_, n, err := classic(ctx, kv, o, keys, sizes, ranksAt(w, o.Iterations), early, true, out)
 	sum.Values += n
 	if err != nil {
 		return sum, fmt.Errorf("%s: classic: %w", label, err)
@@ -392,20 +424,33 @@ func (m *model[T]) checksum() uint64 {
 	return h.Sum64()
 }
 
-// classic exercises ps-lite's Push, Pull and PushPull. The servers'
-// stored values accumulate every push, so each round is fenced by barriers
-// and the expected values are sums over all rounds so far. Its barriers
-// are the job's only ones after Init: every worker, a joiner too, reaches
-// them in step.
-func classic[T worker.Float](ctx context.Context, kv *worker.KV[T], o Options, keys []uint64, sizes []int, out io.Writer) (int64, error) {
+// classicRound is a round of classic pushes: its values are those of
+// iteration 1000+n, pushed by the workers of ranks.
+type classicRound struct {
+	n     int
+	ranks []int
+}
+
+// classic exercises ps-lite's Push, Pull and PushPull: o.Classic rounds
+// pushed by the workers of ranks, after the rounds earlier (pushed before
+// in the job: the servers' stores hold them too), then, if after (the
+// rounds after training, not ClassicFirst's before it), PushPull. It
+// returns the rounds pushed so far. The servers' stored values accumulate
+// every push, so each round is fenced by barriers and the expected values
+// are sums over all rounds so far. Its barriers are the job's only ones
+// after Init: every worker, a joiner too, reaches them in step. The
+// rounds before training are the initial workers' alone: a joiner skips
+// them, and none may join while they run.
+func classic[T worker.Float](ctx context.Context, kv *worker.KV[T], o Options, keys []uint64, sizes []int, ranks []int, earlier []classicRound, after bool, out io.Writer) ([]classicRound, int64, error) {
 	w := kv.Worker()
-	// The workers that push are those of the last iteration: a worker lost
-	// before it is out of the job, a joiner is in (after the joiner's
-	// first pull the answer is final on every worker). A worker not among
-	// them (one whose join took effect after the last iteration) only
-	// follows: it checks the pulls and passes the barriers.
-	rank, ranks := w.Rank(), ranksAt(w, o.Iterations)
+	// After training, the workers that push are those of the last
+	// iteration: a worker lost before it is out of the job, a joiner is in
+	// (after the joiner's first pull the answer is final on every worker).
+	// A worker not among them (one whose join took effect after the last
+	// iteration) only follows: it checks the pulls and passes the barriers.
+	rank := w.Rank()
 	pushes := slices.Contains(ranks, rank)
+	done := slices.Clone(earlier)
 	// Keys far apart in the key space, so that range slicing spreads them
 	// over the servers.
 	ckeys := make([]uint64, len(keys))
@@ -420,42 +465,50 @@ func classic[T worker.Float](ctx context.Context, kv *worker.KV[T], o Options, k
 	got := make([]T, total)
 	var checked int64
 	for round := 0; round < o.Classic; round++ {
+		cur := classicRound{len(done), ranks}
 		if pushes {
-			fill(vals, sizes, ckeys, rank, 1000+round)
+			fill(vals, sizes, ckeys, rank, 1000+cur.n)
 			ts, err := kv.Push(ckeys, vals, sizes, nil)
 			if err != nil {
-				return checked, err
+				return done, checked, err
 			}
 			if err := kv.Wait(ts); err != nil {
-				return checked, err
+				return done, checked, err
 			}
 		}
+		done = append(done, cur)
 		if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
-			return checked, err
+			return done, checked, err
 		}
 		ts, err := kv.Pull(ckeys, got, sizes, nil)
 		if err != nil {
-			return checked, err
+			return done, checked, err
 		}
 		if err := kv.Wait(ts); err != nil {
-			return checked, err
+			return done, checked, err
 		}
 		n, err := verify(got, sizes, ckeys, func(key uint64, j int) float64 {
 			s := 0.0
-			for r2 := 0; r2 <= round; r2++ {
-				for _, r := range ranks {
-					s += Value(r, 1000+r2, key, j)
+			for _, d := range done {
+				for _, r := range d.ranks {
+					s += Value(r, 1000+d.n, key, j)
 				}
 			}
 			return s
 		})
 		checked += n
 		if err != nil {
-			return checked, fmt.Errorf("round %d: pull: %w", round, err)
+			return done, checked, fmt.Errorf("round %d: pull: %w", cur.n, err)
 		}
 		if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
-			return checked, err
+			return done, checked, err
 		}
+	}
+	if !after {
+		if o.Classic > 0 {
+			fmt.Fprintf(out, "worker %d: classic Push/Pull before training over %d servers verified\n", rank, w.NumServers())
+		}
+		return done, checked, nil
 	}
 	if o.Classic > 0 {
 		// PushPull by one worker at a time has an exact answer: the stored
@@ -466,20 +519,20 @@ func classic[T worker.Float](ctx context.Context, kv *worker.KV[T], o Options, k
 				before := append([]T(nil), got...)
 				ts, err := kv.PushPull(ckeys, vals, got, sizes, nil)
 				if err != nil {
-					return checked, err
+					return done, checked, err
 				}
 				if err := kv.Wait(ts); err != nil {
-					return checked, err
+					return done, checked, err
 				}
 				for j := range got {
 					if got[j] != before[j]+vals[j] {
-						return checked, fmt.Errorf("pushpull: element %d = %v, want %v", j, got[j], before[j]+vals[j])
+						return done, checked, fmt.Errorf("pushpull: element %d = %v, want %v", j, got[j], before[j]+vals[j])
 					}
 				}
 				checked += int64(len(got))
 			}
 			if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
-				return checked, err
+				return done, checked, err
 			}
 			if turn != rank {
 				// Follow the other worker's push in the local copy.
@@ -492,7 +545,7 @@ func classic[T worker.Float](ctx context.Context, kv *worker.KV[T], o Options, k
 		}
 		fmt.Fprintf(out, "worker %d: classic Push/Pull/PushPull over %d servers verified\n", rank, w.NumServers())
 	}
-	return checked, nil
+	return done, checked, nil
 }
 
 func fill[T worker.Float](vals []T, sizes []int, keys []uint64, rank, iter int) {

@@ -233,10 +233,13 @@ func TestRunJob(t *testing.T) {
 		name    string
 		workers int
 		env     map[string]string
-		kill    int // rank to kill after its iteration 3, or -1
+		kill    int  // rank to kill after its iteration 3, or -1
+		first   bool // ClassicFirst
 	}{
-		{"two workers", 2, nil, -1},
-		{"a worker lost", 3, map[string]string{"FPT_ON_WORKER_LOSS": "continue"}, 2},
+		{"two workers", 2, nil, -1, false},
+		{"a worker lost", 3, map[string]string{"FPT_ON_WORKER_LOSS": "continue"}, 2, false},
+		{"classic first", 2, nil, -1, true},
+		{"classic first, a worker lost", 3, map[string]string{"FPT_ON_WORKER_LOSS": "continue"}, 2, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -245,6 +248,8 @@ func TestRunJob(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
+			o := o
+			o.ClassicFirst = tt.first
 			outs := make([]*watch, tt.workers)
 			sums := make([]Summary, tt.workers)
 			errs := make([]error, tt.workers)
@@ -274,7 +279,11 @@ func TestRunJob(t *testing.T) {
 				if s.Start != 1 || s.Iterations != o.Iterations || s.Checksum != want {
 					t.Errorf("worker %d: start %d, %d iterations, checksum %#x; want 1, %d, %#x", r, s.Start, s.Iterations, s.Checksum, o.Iterations, want)
 				}
-				for _, line := range []string{fmt.Sprintf("parameters checksum 0x%016x", want), "classic Push/Pull/PushPull over 2 servers verified", "PASS"} {
+				lines := []string{fmt.Sprintf("parameters checksum 0x%016x", want), "classic Push/Pull/PushPull over 2 servers verified", "PASS"}
+				if tt.first {
+					lines = append(lines, "classic Push/Pull before training over 2 servers verified")
+				}
+				for _, line := range lines {
 					if !strings.Contains(out, line) {
 						t.Errorf("worker %d printed no %q:\n%s", r, line, out)
 					}
@@ -307,13 +316,17 @@ func TestRunJoin(t *testing.T) {
 	o := Options{Iterations: 14, Tensors: 3, MinBytes: 4, MaxBytes: 64 << 10, DType: frame.Float32, Classic: 2,
 		Compute: 5 * time.Millisecond}
 	for _, tt := range []struct {
-		name string
-		env  map[string]string
+		name  string
+		env   map[string]string
+		first bool // ClassicFirst: the joiner skips those rounds, and counts them in
 	}{
-		{"LB on", map[string]string{"FPT_LB": "on"}},
-		{"LB off, continue", map[string]string{"FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}},
+		{"LB on", map[string]string{"FPT_LB": "on"}, false},
+		{"LB off, continue", map[string]string{"FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}, false},
+		{"LB on, classic first", map[string]string{"FPT_LB": "on"}, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
+			o := o
+			o.ClassicFirst = tt.first
 			c, err := memcluster.Start(context.Background(), memcluster.Options{Servers: 2, Workers: 2, Env: tt.env})
 			if err != nil {
 				t.Fatal(err)

@@ -41,6 +41,7 @@ func main() {
 	fs.IntVar(&o.MinBytes, "min-bytes", o.MinBytes, "smallest tensor in bytes")
 	fs.IntVar(&o.MaxBytes, "max-bytes", o.MaxBytes, "largest tensor in bytes")
 	fs.IntVar(&o.Classic, "classic", o.Classic, "rounds of classic Push/Pull/PushPull after training")
+	fs.BoolVar(&o.ClassicFirst, "classic-first", false, "also run the classic Push/Pull rounds before training, right after init (by the initial workers; a worker that joins later skips them), so that the servers hold classic values while the job trains and the rounds after training check sums that include them")
 	fs.BoolVar(&o.Quiet, "quiet", false, "no line per iteration")
 	fs.DurationVar(&o.Compute, "compute", 0, "pause before each iteration, standing for the forward and backward pass (e.g. 200ms)")
 	dtype := fs.String("dtype", "float32", "float32 or float64")

@@ -1,0 +1,104 @@
+package tests
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/classic"
+)
+
+var (
+	// recutRe is the scheduler's line for a new layout of the classic
+	// key ranges; appliedRe a server's line for applying one.
+	recutRe   = regexp.MustCompile(`msg="classic key ranges re-cut" .*?layout_version=(\d+) .*`)
+	appliedRe = regexp.MustCompile(`msg="classic key layout applied" .*?keys_moved_out=(\d+) .*`)
+)
+
+// classicMoveTensors is the model's tensor count: test_kv_app's classic
+// keys are i·(2^64-1)/tensors, for i below it.
+const classicMoveTensors = 4
+
+// TestClassicKeysMove: classic keys stored on the servers before a server
+// joins are on their new owners after it, with their values. A 2 × 2 job
+// under FPT_ON_SERVER_LOSS=retry runs test_kv_app's classic Push/Pull
+// rounds right after Init (--classic-first), so both servers' stores hold
+// the classic keys, then trains; a third server joins in iteration joinAt,
+// which re-cuts the key ranges over three (layout version 1), and the
+// servers hand the keys they no longer own to their new owners. The
+// classic rounds after training pull values that must be every round's
+// sum, before training too: without the keys' move a pull would find a
+// key never pushed on its new owner, or a value without the rounds before
+// training (test_kv_app exits non-zero on either). Checked: every process
+// exits 0, the workers verified every iteration and both classic phases,
+// the scheduler re-cut the ranges to version 1 on the join, and the
+// servers moved out exactly the keys the cut over three servers gives to
+// another server.
+func TestClassicKeysMove(t *testing.T) {
+	// The keys whose owner changes from the cut over 2 servers to the cut
+	// over 3 (the joined server appended: the others keep their index).
+	wantMoved := 0
+	for i := range uint64(classicMoveTensors) {
+		k := i * (math.MaxUint64 / classicMoveTensors)
+		if classic.ServerFor(k, 2) != classic.ServerFor(k, 3) {
+			wantMoved++
+		}
+	}
+	if wantMoved == 0 {
+		t.Fatal("no classic key changes server: the test would prove nothing")
+	}
+	const rounds = 2
+	for _, lb := range []string{"off", "on"} {
+		t.Run("LB "+lb, func(t *testing.T) {
+			// Tensors of 4 KiB to 2 MiB over 64 KiB partitions: the larger
+			// keys move in many KVMove frames.
+			c := startCluster(t, spec{servers: 2, workers: 2,
+				env: []string{"FPT_ON_SERVER_LOSS=retry", "FPT_LB=" + lb, "FPT_PARTITION_BYTES=65536"},
+				appArgs: []string{"-iters", strconv.Itoa(failoverIters), "-compute", "20ms",
+					"-tensors", strconv.Itoa(classicMoveTensors), "-min-bytes", "4096", "-max-bytes", "2097152",
+					"-classic", strconv.Itoa(rounds), "--classic-first"}})
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			// The classic rounds before training are done by then.
+			if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(fmt.Sprintf(`iteration %d/`, joinAt))); err != nil {
+				c.dump()
+				t.Fatal(err)
+			}
+			joiner, err := c.Add("server")
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.survived(nil)
+			for _, w := range []string{"worker0", "worker1"} {
+				mustContain(t, w+" stdout", c.proc(w).Stdout.String(),
+					"classic Push/Pull before training over",
+					"classic Push/Pull/PushPull over",
+					fmt.Sprintf("and %d classic rounds", rounds))
+			}
+
+			log := c.proc("scheduler").Stderr.String()
+			recuts := recutRe.FindAllStringSubmatch(log, -1)
+			if len(recuts) != 1 || recuts[0][1] != "1" || !strings.Contains(recuts[0][0], `reason="server joined"`) {
+				t.Errorf("the scheduler's re-cuts of the classic key ranges: %q; want one, to layout_version=1, on the server's join:\n%s", recuts, tail(log))
+			} else {
+				t.Logf("scheduler: %s", recuts[0][0])
+			}
+			moved := 0
+			for _, p := range []string{"server0", "server1", joiner.Name} {
+				for _, m := range appliedRe.FindAllStringSubmatch(c.proc(p).Stderr.String(), -1) {
+					n, _ := strconv.Atoi(m[1])
+					moved += n
+					t.Logf("%s: %s", p, m[0])
+				}
+			}
+			if moved != wantMoved {
+				t.Errorf("the servers logged %d classic keys moved out, want %d", moved, wantMoved)
+			}
+		})
+	}
+}
