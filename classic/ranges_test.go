@@ -846,7 +846,6 @@ func TestTwoChanges(t *testing.T) {
 	}
 }
 
-
 // TestJoinerOfferedLate: the joiner of v1 hears of v1 only after the
 // others applied v1 and v2 and sent it their keys of v2: it must keep
 // them when it applies v1.

@@ -222,9 +222,7 @@ func (s *Server) classicRequest(h *frame.Header, payload []byte) error {
 	case classic.Moved:
 		version := r.Layout().Version
 		s.mu.Unlock()
-		m := s.reply(h, frame.KVMoved, binary.LittleEndian.AppendUint32(nil, uint32(owner)))
-		m.Header.DType, m.Header.Iteration = 0, uint64(version)
-		return s.node.Van().Forward(m)
+		return s.moveOn(h, owner, version)
 	}
 	if h.Type == frame.KVPull {
 		return s.kvPull(h)
@@ -302,9 +300,7 @@ func (s *Server) rangePull(h *frame.Header) error {
 	case classic.Moved:
 		version := r.Layout().Version
 		s.mu.Unlock()
-		m := s.reply(h, frame.KVMoved, binary.LittleEndian.AppendUint32(nil, 0))
-		m.Header.DType, m.Header.Iteration = 0, uint64(version)
-		return s.node.Van().Forward(m)
+		return s.moveOn(h, 0, version)
 	}
 	if lo, hi, ok := r.Span(h.Key, h.Total); ok {
 		s.store.Ascend(lo, hi, func(key uint64, v kvstore.Value) bool {
@@ -335,6 +331,15 @@ func (s *Server) rangePull(h *frame.Header) error {
 	end := s.reply(h, frame.KVRangeEnd, nil)
 	end.Header.DType, end.Header.Key, end.Header.Total, end.Header.Iteration = 0, 0, frames, h.Iteration
 	return s.node.Van().Forward(end)
+}
+
+// moveOn answers a classic request sent under an older layout than this
+// server's (version): the key's owner there (none for a range pull) is
+// where the worker sends it again.
+func (s *Server) moveOn(h *frame.Header, owner node.ID, version uint32) error {
+	m := s.reply(h, frame.KVMoved, binary.LittleEndian.AppendUint32(nil, uint32(owner)))
+	m.Header.DType, m.Header.Iteration = 0, uint64(version)
+	return s.node.Van().Forward(m)
 }
 
 // rangesLocked is the server's classic key ranges, made at the first use
