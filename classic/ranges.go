@@ -255,7 +255,7 @@ func (r *Ranges) apply(store *kvstore.Store, l Layout) []van.Message {
 		return true
 	})
 	sent := make(map[node.ID]uint32)
-	var msgs []van.Message
+	msgs := make([]van.Message, 0, len(out)+len(l.Servers))
 	for _, m := range out {
 		store.Delete(m.key)
 		dst := l.Owner(m.key)
