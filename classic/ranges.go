@@ -1,6 +1,7 @@
 package classic
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 
@@ -37,6 +38,19 @@ type Held struct {
 type Todo struct {
 	Sends    []van.Message
 	Released []Held
+	// Applied are the layouts this change applied, with the keys each
+	// took out of the store and kept: the shell logs them, and knows the
+	// store changed.
+	Applied []Applied
+	// Dropped counts the keys taken out because the server moving them
+	// was lost before it had sent them whole.
+	Dropped int
+}
+
+// Applied is a layout applied, and what it did to the store.
+type Applied struct {
+	Layout         Layout
+	MovedOut, Kept int
 }
 
 // moveCount is what one server sent this one for one layout version.
@@ -44,7 +58,10 @@ type moveCount struct {
 	got   uint32 // KVMove frames received
 	want  uint32 // the KVMoveEnd's count
 	ended bool
+	keys  map[uint64]bool // the keys they added to
 }
+
+func (c *moveCount) complete() bool { return c.ended && c.got == c.want }
 
 // Ranges is a server's classic key ranges across layout changes. Layouts
 // are applied one at a time, in version order: the next waits until every
@@ -132,7 +149,7 @@ func (r *Ranges) Offer(store *kvstore.Store, l Layout) Todo {
 		return Todo{}
 	}
 	r.queue = append(r.queue, l)
-	slices.SortFunc(r.queue, func(a, b Layout) int { return int(a.Version) - int(b.Version) })
+	slices.SortFunc(r.queue, func(a, b Layout) int { return cmp.Compare(a.Version, b.Version) })
 	return r.advance(store)
 }
 
@@ -141,6 +158,15 @@ func (r *Ranges) Offer(store *kvstore.Store, l Layout) Todo {
 // of its key is an error (a bug or a forged frame: the value would be
 // wrong).
 func (r *Ranges) Move(store *kvstore.Store, h *frame.Header, payload []byte) (Todo, error) {
+	v, from := uint32(h.Iteration), node.ID(h.Sender)
+	switch l, known := r.layoutOf(v); {
+	case r.lost[from]:
+		return Todo{}, nil // its keys were given up when it was lost
+	case v < r.cur.Version:
+		return Todo{}, fmt.Errorf("classic: %s moved key %d in layout v%d, which settled before", from, h.Key, v)
+	case known && l.Owner(h.Key) != r.self:
+		return Todo{}, fmt.Errorf("classic: %s moved key %d here in layout v%d, which does not give it to %s", from, h.Key, v, r.self)
+	}
 	if _, err := store.Add(h.Key, h.DType, h.Offset, payload, h.Total); err != nil {
 		return Todo{}, fmt.Errorf("classic: moved key: %w", err)
 	}
@@ -149,6 +175,7 @@ func (r *Ranges) Move(store *kvstore.Store, h *frame.Header, payload []byte) (To
 	}
 	c := r.count(uint32(h.Iteration), node.ID(h.Sender))
 	c.got++
+	c.keys[h.Key] = true
 	if c.ended && c.got > c.want {
 		return Todo{}, fmt.Errorf("classic: more than the %d moved chunks %s announced for layout v%d", c.want, node.ID(h.Sender), h.Iteration)
 	}
@@ -171,9 +198,35 @@ func (r *Ranges) MoveEnd(store *kvstore.Store, h *frame.Header) (Todo, error) {
 
 // Lost takes a server's loss: its keys will not come (they are lost with
 // it; the scheduler's next layout gives its range to others).
+// Keys it had begun to send and not ended are taken out: a part of a
+// value must not be served as the whole.
 func (r *Ranges) Lost(store *kvstore.Store, id node.ID) Todo {
 	r.lost[id] = true
-	return r.advance(store)
+	dropped := 0
+	for _, m := range r.moves {
+		if c := m[id]; c != nil && !c.complete() {
+			for key := range c.keys {
+				store.Delete(key)
+				dropped++
+			}
+			c.keys = nil
+		}
+	}
+	t := r.advance(store)
+	t.Dropped = dropped
+	return t
+}
+
+// layoutOf is layout version v if it is the current one or queued.
+func (r *Ranges) layoutOf(v uint32) (Layout, bool) {
+	if v == r.cur.Version {
+		return r.cur, true
+	}
+	i := slices.IndexFunc(r.queue, func(l Layout) bool { return l.Version == v })
+	if i < 0 {
+		return Layout{}, false
+	}
+	return r.queue[i], true
 }
 
 func (r *Ranges) count(version uint32, from node.ID) *moveCount {
@@ -184,7 +237,7 @@ func (r *Ranges) count(version uint32, from node.ID) *moveCount {
 	}
 	c := m[from]
 	if c == nil {
-		c = &moveCount{}
+		c = &moveCount{keys: make(map[uint64]bool)}
 		m[from] = c
 	}
 	return c
@@ -210,7 +263,9 @@ func (r *Ranges) advance(store *kvstore.Store) Todo {
 		}
 		l := r.queue[0]
 		r.queue = r.queue[1:]
+		before := store.Len()
 		t.Sends = append(t.Sends, r.apply(store, l)...)
+		t.Applied = append(t.Applied, Applied{Layout: l, MovedOut: before - store.Len(), Kept: store.Len()})
 		changed = true
 	}
 	if changed {
@@ -225,8 +280,7 @@ func (r *Ranges) settled() bool {
 		if r.lost[id] {
 			continue
 		}
-		c := m[id]
-		if c == nil || !c.ended || c.got != c.want {
+		if c := m[id]; c == nil || !c.complete() {
 			return false
 		}
 	}

@@ -900,3 +900,69 @@ func TestJoinerFromOlderTable(t *testing.T) {
 		t.Errorf("s3 Route(its key, v2) = %v, want Serve", v)
 	}
 }
+
+// TestLostMidKey: a server lost after it sent a part of a key's chunks
+// takes the whole key with it: the receiver drops the part rather than
+// serve it as the value, and ignores what still comes from it.
+func TestLostMidKey(t *testing.T) {
+	c := newCluster(t, nil)
+	v0 := Initial([]node.ID{s0})
+	v1 := v0.With(s1)
+	c.add(s0, v0, 8)
+	c.add(s1, v0, 8)
+	key := uint64(math.MaxUint64) // s1's in v1
+	big := make([]byte, 40)       // 5 chunks of 8 bytes
+	if _, err := c.stores[s0].Add(key, frame.Float32, 0, big, 40); err != nil {
+		t.Fatal(err)
+	}
+	c.offer(s0, v1)
+	c.offer(s1, v1)
+	first := c.net[0]
+	if first.Header.Type != frame.KVMove || node.ID(first.Header.Recipient) != s1 {
+		t.Fatalf("first frame %v, want a chunk of the key to %v", &first.Header, s1)
+	}
+	c.net = c.net[1:]
+	if err := c.deliver(first); err != nil {
+		t.Fatal(err)
+	}
+	c.lost(s1, s0)
+	if c.ranges[s1].Settling() {
+		t.Fatal("still waiting for the lost server")
+	}
+	if _, ok := c.stores[s1].Get(key); ok {
+		t.Fatal("a part of the lost server's key is served as its value")
+	}
+	c.run() // the rest of its chunks and its end, late: ignored
+	if _, ok := c.stores[s1].Get(key); ok {
+		t.Fatal("late chunks of a lost server were taken")
+	}
+}
+
+// TestMoveNotOwned: a moved key the receiver does not own in the frame's
+// layout, or for a layout that settled, is refused.
+func TestMoveNotOwned(t *testing.T) {
+	v0 := Initial([]node.ID{s0, s1})
+	v1 := v0.With(s2)
+	for _, tt := range []struct {
+		name    string
+		key     uint64
+		version uint64
+	}{
+		{"a key of another server in the current layout", 0, 1},
+		{"a layout that settled", math.MaxUint64, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := NewRanges(s2, v0, 8)
+			store := kvstore.New()
+			r.Offer(store, v1)
+			h := frame.Header{Type: frame.KVMove, DType: frame.Float32, Sender: uint32(s1), Recipient: uint32(s2),
+				Key: tt.key, Iteration: tt.version, Length: 4, Total: 4}
+			if _, err := r.Move(store, &h, make([]byte, 4)); err == nil {
+				t.Fatal("accepted")
+			}
+			if store.Len() != 0 {
+				t.Fatal("the refused key is in the store")
+			}
+		})
+	}
+}

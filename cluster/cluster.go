@@ -259,7 +259,7 @@ func (n *Member) Start(ctx context.Context, h Handler) (err error) {
 	}
 	n.van.SetSelf(n.Self().ID)
 	n.lastAck = time.Now()
-	if n.onControl != nil {
+	if n.onControl != nil || n.onLayout != nil {
 		n.forRole = make(chan *control.Message, roleQueue)
 		n.wg.Add(1)
 		go n.roleLoop()
@@ -795,7 +795,7 @@ func (n *Member) handleControl(m *control.Message) {
 		_ = n.plane.Send(n.sched, &control.Message{Command: control.Terminate, Sender: n.Self().ID})
 		n.termOnce.Do(func() { close(n.terminated) })
 	default:
-		if n.forRole != nil {
+		if n.onControl != nil {
 			select {
 			case n.forRole <- m:
 			case <-n.stop:
@@ -806,7 +806,8 @@ func (n *Member) handleControl(m *control.Message) {
 	}
 }
 
-// roleLoop hands the role its control messages (OnControl), in order.
+// roleLoop hands the role its control messages (OnControl) and layouts
+// (OnLayout), in order.
 func (n *Member) roleLoop() {
 	defer n.wg.Done()
 	for {
@@ -819,7 +820,9 @@ func (n *Member) roleLoop() {
 				n.onLayout(l)
 				continue
 			}
-			n.onControl(m)
+			if n.onControl != nil {
+				n.onControl(m)
+			}
 		}
 	}
 }

@@ -144,6 +144,14 @@ func TestServeNodeLoss(t *testing.T) {
 					t.Fatalf("%s got %v naming %s (%q), want NodeLeft naming %s", id, m.Command, m.Target, m.Text, tc.lost)
 				}
 				m = next(t, p)
+				if r, _ := tc.lost.Role(); r == node.Server {
+					// The classic key ranges are cut over the servers left.
+					l, err := classic.ParseLayout(m.Body)
+					if m.Command != control.Layout || err != nil || l.Version != 1 || !slices.Equal(l.Servers, servers) {
+						t.Fatalf("%s got %v %v (%v), want classic layout v1%v", id, m.Command, l, err, servers)
+					}
+					m = next(t, p)
+				}
 				if m.Command != control.Decision {
 					t.Fatalf("%s got %v after NodeLeft, want the retry decision", id, m.Command)
 				}
@@ -163,14 +171,6 @@ func TestServeNodeLoss(t *testing.T) {
 					t.Fatalf("%s got %v: workers %v, want %v", id, d, d.Decision.Workers, wantWorkers)
 				}
 				m = next(t, p)
-				if r, _ := tc.lost.Role(); r == node.Server {
-					// The classic key ranges are cut over the servers left.
-					l, err := classic.ParseLayout(m.Body)
-					if m.Command != control.Layout || err != nil || l.Version != 1 || !slices.Equal(l.Servers, servers) {
-						t.Fatalf("%s got %v %v (%v), want classic layout v1%v", id, m.Command, l, err, servers)
-					}
-					m = next(t, p)
-				}
 				if tc.final {
 					if m.Command != control.Terminate {
 						t.Fatalf("%s got %v, want Terminate: the final barrier waited only for the lost server", id, m.Command)

@@ -77,6 +77,11 @@ func (s *sched) lose(bars *barriers, stalls *stallWatch, id node.ID, why string)
 		s.log.Warn("joining "+info.Role.String()+" lost before the LB counted it; the job goes on without it", "node", info, "reason", why)
 		return true, s.leaveBarriers(bars, id)
 	}
+	if info.Role == node.Server {
+		// Before a joiner is admitted below: its layout must not name
+		// the lost server.
+		s.setLayout(s.layout.Without(id), "server left")
+	}
 	// A joining node may have waited for this member's connection only.
 	for j := range s.joining {
 		s.admitIfReady(stalls, j)
@@ -91,9 +96,6 @@ func (s *sched) lose(bars *barriers, stalls *stallWatch, id node.ID, why string)
 		"retry_from_iteration", d.Decision.Iteration, "decision_version", d.Decision.Version,
 		"servers", len(s.lb.Servers()), "workers", len(s.lb.Workers()))
 	s.direct(d)
-	if info.Role == node.Server {
-		s.setLayout(s.layout.Without(id), "server left")
-	}
 	if info.Role == node.Worker && s.cfg.WorkerLoss == config.WorkerLossWait {
 		s.waitForWorker(info, d.Horizon, time.Now())
 	}

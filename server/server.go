@@ -79,7 +79,9 @@ func Start(ctx context.Context, n *cluster.Member) (*Server, error) {
 		if store.Len() > 0 {
 			n.Logger().Info("checkpoint loaded", "file", path, "keys", store.Len())
 		}
-		s.store = store // before loaded is closed: no handler reads it yet
+		s.mu.Lock()
+		s.store = store // before loaded is closed: no handler uses the store yet
+		s.mu.Unlock()
 		s.ckpt = startCheckpointer(path, cfg.CheckpointEvery, s.snapshot, n.Logger())
 		close(s.loaded)
 	}
@@ -356,22 +358,34 @@ func (s *Server) rangesLocked() *classic.Ranges {
 // cluster node's OnLayout): the keys that are no longer this server's
 // are taken out of the store and sent to their owners.
 func (s *Server) newLayout(l classic.Layout) {
+	if !s.awaitLoad() { // the keys to move may be in the checkpoint
+		return
+	}
 	s.mu.Lock()
-	before := s.store.Len()
 	t := s.rangesLocked().Offer(s.store, l)
-	moved := before - s.store.Len()
-	s.dirty = s.dirty || moved > 0
+	s.changedLocked(t)
 	s.mu.Unlock()
-	s.node.Logger().Info("classic key layout applied", "layout", l, "keys_moved_out", moved, "keys_kept", before-moved)
 	// Off the role's goroutine: the LB's directives need not wait for
 	// the keys to be sent.
 	go s.carryOut(t)
+}
+
+// changedLocked notes a change of the key ranges that took keys out of
+// the store; s.mu is held.
+func (s *Server) changedLocked(t classic.Todo) {
+	for _, a := range t.Applied {
+		s.dirty = s.dirty || a.MovedOut > 0
+	}
+	s.dirty = s.dirty || t.Dropped > 0
 }
 
 // moved takes a KVMove or KVMoveEnd frame from another server.
 func (s *Server) moved(h *frame.Header, payload []byte) error {
 	if limit := s.node.Config().MaxFrameBytes; h.Total > limit {
 		return fmt.Errorf("a moved classic value of %d bytes exceeds FPT_MAX_FRAME_BYTES (%d)", h.Total, limit)
+	}
+	if !s.awaitLoad() {
+		return nil
 	}
 	s.mu.Lock()
 	r := s.rangesLocked()
@@ -383,13 +397,10 @@ func (s *Server) moved(h *frame.Header, payload []byte) error {
 	} else {
 		t, err = r.MoveEnd(s.store, h)
 	}
-	settled := !r.Settling()
+	s.changedLocked(t)
 	s.mu.Unlock()
 	if err != nil {
 		return err
-	}
-	if settled && len(t.Released) > 0 {
-		s.node.Logger().Debug("classic keys moved in; held requests go on", "requests", len(t.Released))
 	}
 	s.carryOut(t)
 	return nil
@@ -401,9 +412,16 @@ func (s *Server) left(id node.ID) error {
 	if r, _ := id.Role(); r != node.Server {
 		return nil
 	}
+	if !s.awaitLoad() {
+		return nil
+	}
 	s.mu.Lock()
 	t := s.rangesLocked().Lost(s.store, id)
+	s.changedLocked(t)
 	s.mu.Unlock()
+	if t.Dropped > 0 {
+		s.node.Logger().Warn("classic keys a lost server had not sent whole dropped", "server", id, "keys", t.Dropped)
+	}
 	go s.carryOut(t)
 	return nil
 }
@@ -412,6 +430,9 @@ func (s *Server) left(id node.ID) error {
 // the requests it released again. A failure fails the node: a key's
 // value would be lost.
 func (s *Server) carryOut(t classic.Todo) {
+	for _, a := range t.Applied {
+		s.node.Logger().Info("classic key layout applied", "layout", a.Layout, "keys_moved_out", a.MovedOut, "keys_kept", a.Kept)
+	}
 	for i := range t.Sends {
 		m := &t.Sends[i]
 		if err := s.node.Van().Forward(m); err != nil {

@@ -130,7 +130,9 @@ func (c *core) rangeReply(req *request, h *frame.Header) (span []byte, t todo, e
 	from := node.ID(h.Sender)
 	if h.Type == frame.KVMoved {
 		if h.Iteration <= uint64(rng.version) {
-			return nil, todo{}, fmt.Errorf("range pull %d moved under layout v%d, not newer than its own v%d", h.Aux, h.Iteration, rng.version)
+			// Another server's answer to the attempt this one's
+			// restarted: it does not say which attempt it answers.
+			return nil, todo{}, nil
 		}
 		if h.Iteration > uint64(c.layout.Version) {
 			if rng.waitFor == 0 {
