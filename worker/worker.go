@@ -220,10 +220,18 @@ func (w *Worker) hand(req *request, locals, sends []van.Message, counted bool) e
 	for i := range sends {
 		m := &sends[i]
 		if serr := w.node.Van().Send(m); serr != nil {
-			if serr = w.sendError(node.ID(m.Header.Recipient), serr); serr == nil && counted {
+			to := node.ID(m.Header.Recipient)
+			rerr := w.sendError(to, serr)
+			if rerr == nil && counted {
 				w.update(func(c *core) todo { return c.sent(req, nil) })
 				continue
 			}
+			if rerr == nil {
+				// A frame no retry sends again (a classic request's):
+				// its request fails, naming the peer.
+				rerr = w.toPeer(to, serr)
+			}
+			serr = rerr
 			w.update(func(c *core) todo { return c.sendFailed(req, &m.Header, serr) })
 			break
 		}
