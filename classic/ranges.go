@@ -100,11 +100,21 @@ func (r *Ranges) Layout() Layout { return r.cur }
 func (r *Ranges) Settling() bool { return r.settling }
 
 // Route says what to do with classic request h, sent under layout version
-// h.Iteration; for Moved, owner is the key's server in the current
-// layout.
+// h.Iteration; for Moved, owner is the key's server in the current layout
+// (none for a range pull). A range pull (KVPullRange) covers every key of
+// this server's range, so it is served only under that very layout, once
+// settled: under an older one the worker asks again under a newer one.
 func (r *Ranges) Route(h *frame.Header) (v Verdict, owner node.ID) {
-	if h.Iteration > uint64(r.cur.Version) {
+	switch v := h.Iteration; {
+	case v > uint64(r.cur.Version):
 		return Hold, 0
+	case h.Type == frame.KVPullRange && v < uint64(r.cur.Version):
+		return Moved, 0
+	case h.Type == frame.KVPullRange:
+		if r.settling {
+			return Hold, 0
+		}
+		return Serve, 0
 	}
 	if o := r.cur.Owner(h.Key); o != r.self {
 		return Moved, o
@@ -113,20 +123,6 @@ func (r *Ranges) Route(h *frame.Header) (v Verdict, owner node.ID) {
 		return Hold, 0
 	}
 	return Serve, 0
-}
-
-// RouteRange says what to do with a range pull sent under layout version
-// h.Iteration: it is served only under that very layout, once settled,
-// since it covers every key of this server's range. Moved (no owner)
-// means the worker's layout is older: it asks again under a newer one.
-func (r *Ranges) RouteRange(h *frame.Header) Verdict {
-	switch v := h.Iteration; {
-	case v > uint64(r.cur.Version) || v == uint64(r.cur.Version) && r.settling:
-		return Hold
-	case v < uint64(r.cur.Version):
-		return Moved
-	}
-	return Serve
 }
 
 // Span is the part of [from, to) this server owns in the current layout

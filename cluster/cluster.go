@@ -506,11 +506,7 @@ func (n *Member) newLayout(m *control.Message) {
 	if !newer || n.onLayout == nil {
 		return
 	}
-	if n.forRole == nil {
-		n.onLayout(l)
-		return
-	}
-	select {
+	select { // roleLoop runs: Start starts it when OnLayout is installed
 	case n.forRole <- m:
 	case <-n.stop:
 	}

@@ -205,13 +205,13 @@ func (s *Server) awaitLoad() bool {
 // key ranges say (classic.Ranges.Route), under one hold of the lock: a
 // layout applied in between would take the key out of the store.
 func (s *Server) classicRequest(h *frame.Header, payload []byte) error {
-	if h.Type == frame.KVPullRange {
-		return s.rangePull(h)
-	}
-	// A classic value is at most FPT_MAX_FRAME_BYTES: checked before the
-	// value is allocated (a Total of 2^62 used to panic the server).
-	if limit := s.node.Config().MaxFrameBytes; h.Total > limit {
-		return s.kvError(h, fmt.Errorf("a classic value of %d bytes exceeds FPT_MAX_FRAME_BYTES (%d)", h.Total, limit))
+	switch {
+	case h.Type == frame.KVPullRange && h.DType.Size() == 0:
+		return s.kvError(h, fmt.Errorf("a range pull of unknown dtype %d", h.DType))
+	case h.Type != frame.KVPullRange && h.Total > s.node.Config().MaxFrameBytes:
+		// A classic value is at most FPT_MAX_FRAME_BYTES: checked before
+		// the value is allocated (a Total of 2^62 used to panic the server).
+		return s.kvError(h, fmt.Errorf("a classic value of %d bytes exceeds FPT_MAX_FRAME_BYTES (%d)", h.Total, s.node.Config().MaxFrameBytes))
 	}
 	s.mu.Lock()
 	r := s.rangesLocked()
@@ -226,8 +226,11 @@ func (s *Server) classicRequest(h *frame.Header, payload []byte) error {
 		s.mu.Unlock()
 		return s.moveOn(h, owner, version)
 	}
-	if h.Type == frame.KVPull {
+	switch h.Type {
+	case frame.KVPull:
 		return s.kvPull(h)
+	case frame.KVPullRange:
+		return s.rangePull(r, h)
 	}
 	return s.kvPush(h, payload)
 }
@@ -279,38 +282,25 @@ func (s *Server) kvPull(h *frame.Header) error {
 	return nil
 }
 
-// rangePull answers a range pull with every key of the range it owns, in
-// key order, if the worker asked under this server's layout (else it
-// holds the request, or answers KVMoved: the worker asks again).
-func (s *Server) rangePull(h *frame.Header) error {
-	if h.DType.Size() == 0 {
-		return s.kvError(h, fmt.Errorf("a range pull of unknown dtype %d", h.DType))
-	}
+// rangePull answers a range pull routed here with every key of the range
+// this server owns, in key order; s.mu is held, and released. The values
+// are copied into one buffer under the lock (later pushes change them).
+func (s *Server) rangePull(r *classic.Ranges, h *frame.Header) error {
 	type kv struct {
-		key  uint64
-		data []byte
+		key    uint64
+		off, n int // in buf
 	}
 	var found []kv
+	var buf []byte
 	var err error
-	s.mu.Lock()
-	r := s.rangesLocked()
-	switch r.RouteRange(h) {
-	case classic.Hold:
-		r.Hold(h, nil)
-		s.mu.Unlock()
-		return nil
-	case classic.Moved:
-		version := r.Layout().Version
-		s.mu.Unlock()
-		return s.moveOn(h, 0, version)
-	}
 	if lo, hi, ok := r.Span(h.Key, h.Total); ok {
 		s.store.Ascend(lo, hi, func(key uint64, v kvstore.Value) bool {
 			if v.DType != h.DType {
 				err = fmt.Errorf("key %d holds %s, the range pull wants %s", key, v.DType, h.DType)
 				return false
 			}
-			found = append(found, kv{key, append([]byte(nil), v.Data...)})
+			found = append(found, kv{key, len(buf), len(v.Data)})
+			buf = append(buf, v.Data...)
 			return true
 		})
 	}
@@ -320,9 +310,10 @@ func (s *Server) rangePull(h *frame.Header) error {
 	}
 	var frames uint64
 	for _, f := range found {
-		for part, c := range frame.Chunks(uint64(len(f.data)), s.node.Config().PartitionBytes, h.DType.Size()) {
-			m := s.reply(h, frame.KVData, f.data[c[0]:c[1]])
-			m.Header.Key, m.Header.Total, m.Header.Offset, m.Header.Partition = f.key, uint64(len(f.data)), c[0], part
+		data := buf[f.off : f.off+f.n]
+		for part, c := range frame.Chunks(uint64(f.n), s.node.Config().PartitionBytes, h.DType.Size()) {
+			m := s.reply(h, frame.KVData, data[c[0]:c[1]])
+			m.Header.Key, m.Header.Total, m.Header.Offset, m.Header.Partition = f.key, uint64(f.n), c[0], part
 			m.Header.Iteration = h.Iteration
 			if err := s.node.Van().Forward(m); err != nil {
 				return err

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -22,13 +23,6 @@ import (
 type kvDst struct {
 	buf []byte
 	got uint64
-}
-
-// kvCall is what a classic request needs to send a frame again.
-type kvCall struct {
-	typ   frame.Type
-	dtype frame.DType
-	vals  map[uint64][]byte // each key's values (Push, PushPull)
 }
 
 // rangePull is a range pull's state: one attempt's answers, asked under
@@ -71,7 +65,7 @@ func (c *core) newLayout(l classic.Layout) todo {
 		case req.rng.waitFor > c.layout.Version:
 			parked = append(parked, req)
 		default:
-			t.resends = append(t.resends, c.askRange(req))
+			t.resends = append(t.resends, c.askAgain(req))
 		}
 	}
 	c.parkedRanges = parked
@@ -96,14 +90,20 @@ func (c *core) pullRange(from, to uint64, dtype frame.DType, maxValue uint64, ou
 	}
 	c.classicUsed = true
 	req.rng = &rangePull{from: from, to: to, dtype: dtype, maxValue: maxValue, out: out}
-	rs := c.askRange(req)
-	req.left -= len(rs.sends) // askRange counts their sends; the hand-over counts here
-	return todo{req: req, sends: rs.sends}, nil
+	return todo{req: req, sends: c.askRange(req)}, nil
 }
 
-// askRange starts an attempt of range pull req under the worker's layout:
-// its frames, each one's send counted as one of req's items.
-func (c *core) askRange(req *request) resend {
+// askAgain starts a further attempt of range pull req: each of its
+// frames' sends is one of req's items (todo.resends).
+func (c *core) askAgain(req *request) resend {
+	msgs := c.askRange(req)
+	req.left += len(msgs)
+	return resend{req: req, sends: msgs}
+}
+
+// askRange starts an attempt of range pull req under the worker's
+// layout, and returns its frames.
+func (c *core) askRange(req *request) []van.Message {
 	rng := req.rng
 	rng.version, rng.waitFor = c.layout.Version, 0
 	rng.ends = make(map[node.ID]*rangeEnd)
@@ -119,8 +119,7 @@ func (c *core) askRange(req *request) resend {
 			Key: rng.from, Total: rng.to, Iteration: uint64(rng.version), Aux: uint32(req.ts),
 		}})
 	}
-	req.left += len(msgs)
-	return resend{req: req, sends: msgs}
+	return msgs
 }
 
 // rangeReply takes a reply to range pull req: KVData returns the span its
@@ -144,7 +143,7 @@ func (c *core) rangeReply(req *request, h *frame.Header) (span []byte, t todo, e
 		if rng.waitFor != 0 {
 			return nil, todo{}, nil // parked: its restart is on its way
 		}
-		return nil, todo{resends: []resend{c.askRange(req)}}, nil
+		return nil, todo{resends: []resend{c.askAgain(req)}}, nil
 	}
 	if h.Iteration != uint64(rng.version) || rng.waitFor != 0 {
 		return nil, todo{}, nil // an answer to an earlier attempt
@@ -255,10 +254,6 @@ func (c *core) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byteLe
 	if out != nil {
 		req.dst = make(map[uint64]*kvDst, len(keys))
 	}
-	req.kv = &kvCall{typ: typ, dtype: dtype}
-	if typ != frame.KVPull {
-		req.kv.vals = make(map[uint64][]byte, len(keys))
-	}
 	off := 0
 	for i, k := range keys {
 		n := uint64(byteLens[i])
@@ -271,9 +266,6 @@ func (c *core) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byteLe
 		}
 		val := data[off : off+int(n)]
 		off += int(n)
-		if req.kv.vals != nil {
-			req.kv.vals[k] = val
-		}
 		if typ == frame.KVPull {
 			msgs = append(msgs, van.Message{Header: base})
 			continue
@@ -289,6 +281,7 @@ func (c *core) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byteLe
 	} else {
 		req.left += len(msgs) // one ack per frame
 	}
+	req.frames = msgs
 	return todo{req: req, sends: msgs}, nil
 }
 
@@ -329,35 +322,23 @@ func (c *core) kvReply(h *frame.Header, payload []byte) (span []byte, t todo, er
 // names as its key's owner in layout h.Iteration: the chunk's values are
 // still the caller's (a request holds its buffers until it completes).
 func (c *core) kvMoved(req *request, h *frame.Header, payload []byte) (todo, error) {
-	if req.kv == nil || len(payload) != 4 {
+	if req.frames == nil || len(payload) != 4 {
 		return todo{}, fmt.Errorf("a moved reply (%d bytes) to request %d, which is not a classic one", len(payload), h.Aux)
 	}
 	owner := node.ID(binary.LittleEndian.Uint32(payload))
 	if r, ok := owner.Role(); !ok || r != node.Server || owner == node.ID(h.Sender) {
 		return todo{}, fmt.Errorf("key %d moved to %s, which is not another server", h.Key, owner)
 	}
-	m := van.Message{Header: frame.Header{
-		Type: req.kv.typ, DType: req.kv.dtype, Sender: uint32(c.self), Recipient: uint32(owner),
-		Key: h.Key, Iteration: h.Iteration, Offset: h.Offset, Total: h.Total, Partition: h.Partition, Aux: h.Aux,
-	}}
-	if req.kv.vals != nil {
-		val, ok := req.kv.vals[h.Key]
-		if !ok || uint64(len(val)) != h.Total {
-			return todo{}, fmt.Errorf("key %d of %d bytes moved, which request %d did not push at that size", h.Key, h.Total, h.Aux)
-		}
-		found := false
-		for part, ch := range frame.Chunks(h.Total, c.partBytes, req.kv.dtype.Size()) {
-			if part == h.Partition && ch[0] == h.Offset {
-				m.Payload, found = val[ch[0]:ch[1]], true
-				break
-			}
-		}
-		if !found {
-			return todo{}, fmt.Errorf("key %d moved: request %d sent no chunk %d at offset %d", h.Key, h.Aux, h.Partition, h.Offset)
-		}
-	} else if req.dst[h.Key] == nil {
-		return todo{}, fmt.Errorf("key %d moved, which request %d did not pull", h.Key, h.Aux)
+	// The request's frames are in key order, each key's chunks in offset
+	// order.
+	i, found := slices.BinarySearchFunc(req.frames, h, func(m van.Message, h *frame.Header) int {
+		return cmp.Or(cmp.Compare(m.Header.Key, h.Key), cmp.Compare(m.Header.Offset, h.Offset))
+	})
+	if !found || req.frames[i].Header.Total != h.Total || req.frames[i].Header.Partition != h.Partition {
+		return todo{}, fmt.Errorf("key %d moved: request %d sent no chunk %d at offset %d of %d bytes", h.Key, h.Aux, h.Partition, h.Offset, h.Total)
 	}
+	m := van.Message{Header: req.frames[i].Header, Payload: req.frames[i].Payload}
+	m.Header.Recipient, m.Header.Iteration = uint32(owner), h.Iteration
 	req.left++ // the hand-over of the frame sent again, as at the request's start
 	return todo{req: req, sends: []van.Message{m}}, nil
 }

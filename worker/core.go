@@ -28,7 +28,6 @@ type core struct {
 	started  bool // start ran: the fields below it are set
 	self     node.ID
 	rank     int
-	servers  []node.ID
 	schedule *lb.Schedule
 	// horizon is the last iteration the LB allows pushing: every decision
 	// taking effect up to it is in the schedule.
@@ -148,7 +147,7 @@ func (c *core) start(self node.ID, servers, workers []node.ID) error {
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
-	c.self, c.rank, c.servers, c.schedule, c.started = self, self.Rank(), servers, sched, true
+	c.self, c.rank, c.schedule, c.started = self, self.Rank(), sched, true
 	c.newLayout(classic.Initial(servers)) // unless the shell gave a newer one; nothing is parked yet
 	early := c.early
 	c.early = nil
@@ -293,8 +292,10 @@ type request struct {
 	call     *call // the shell's half: callback, done channel, timing
 	// classic Pull and PushPull: where each key's reply goes.
 	dst map[uint64]*kvDst
-	kv  *kvCall // a classic request's, for a frame sent again
-	rng *rangePull
+	// frames are a classic request's, in key order: one a server
+	// redirects (KVMoved) is sent again as it was.
+	frames []van.Message
+	rng    *rangePull
 }
 
 // call is the shell's half of a request, which the core only carries.
