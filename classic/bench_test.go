@@ -1,6 +1,7 @@
 package classic
 
 import (
+	"bytes"
 	"math"
 	"testing"
 
@@ -9,27 +10,37 @@ import (
 	"github.com/fptps/fpt/node"
 )
 
+const benchKeys, benchSize = 100_000, 64
+
+// benchStore is a store of benchKeys sparse keys of benchSize bytes.
+func benchStore(b *testing.B) *kvstore.Store {
+	src := kvstore.New()
+	val := make([]byte, benchSize)
+	for i := range uint64(benchKeys) {
+		if _, err := src.Add(i*(math.MaxUint64/benchKeys), frame.Float32, 0, val, benchSize); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return src
+}
+
 // BenchmarkApplyJoin measures a server's side of a join: applying the
 // layout that adds a server to a store of 10^5 sparse keys of 64 bytes
 // (the scan in key order, the keys taken out, their KVMove frames), and
-// the joiner adding them in. Bytes are the values moved.
+// the joiner adding them in. Bytes are the values moved. Its baseline,
+// BenchmarkSnapshotBaseline, encodes the same store in key order, as a
+// checkpoint does: the cheapest pass over every value.
 //
-//	go test -run - -bench ApplyJoin -benchmem ./classic
+//	go test -run - -bench 'ApplyJoin|SnapshotBaseline' -benchmem ./classic
 func BenchmarkApplyJoin(b *testing.B) {
-	const keys, size = 100_000, 64
+	const size = benchSize
 	s0, s1 := node.ServerID(0), node.ServerID(1)
 	v0 := Initial([]node.ID{s0})
 	v1 := v0.With(s1)
-	val := make([]byte, size)
 	moved := 0
 	for b.Loop() {
 		b.StopTimer()
-		src := kvstore.New()
-		for i := range uint64(keys) {
-			if _, err := src.Add(i*(math.MaxUint64/keys), frame.Float32, 0, val, size); err != nil {
-				b.Fatal(err)
-			}
-		}
+		src := benchStore(b)
 		from, to := NewRanges(s0, v0, 1<<20), NewRanges(s1, v0, 1<<20)
 		dst := kvstore.New()
 		b.StartTimer()
@@ -51,4 +62,18 @@ func BenchmarkApplyJoin(b *testing.B) {
 	}
 	b.SetBytes(int64(moved * size))
 	b.ReportMetric(float64(moved), "keys/op")
+}
+
+// BenchmarkSnapshotBaseline is BenchmarkApplyJoin's baseline: the same
+// store written in key order (kvstore.Snapshot). Bytes are all the values.
+func BenchmarkSnapshotBaseline(b *testing.B) {
+	src := benchStore(b)
+	var buf bytes.Buffer
+	for b.Loop() {
+		buf.Reset()
+		if _, err := src.Snapshot(&buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.SetBytes(benchKeys * benchSize)
 }
