@@ -15,7 +15,6 @@ package bench
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -196,8 +195,28 @@ func waitSurvivors(ctx context.Context, c *localcluster.Cluster, lost *localclus
 	case err := <-waited:
 		return err
 	case <-ctx.Done():
-		return errors.New("interrupted")
+		return fmt.Errorf("interrupted while waiting for the processes to end%s", stillRunning(c, lost))
 	}
+}
+
+// stillRunning names the processes of c other than lost that have not
+// exited, each with the end of its log: what a run that never ended was
+// waiting for.
+func stillRunning(c *localcluster.Cluster, lost *localcluster.Proc) string {
+	var b strings.Builder
+	for _, p := range c.Procs {
+		select {
+		case <-p.Done():
+			continue
+		default:
+		}
+		if p == lost {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(p.Stderr.String(), "\n"), "\n")
+		fmt.Fprintf(&b, "\n%s still running; its last log lines:\n  %s", p.Name, strings.Join(lines[max(0, len(lines)-12):], "\n  "))
+	}
+	return b.String()
 }
 
 // decodeReport decodes the JSON line a bench worker printed on its stdout
