@@ -729,7 +729,14 @@ func (n *Member) shutdown() {
 	n.closeOnce.Do(func() {
 		close(n.stop)
 		if n.van != nil {
-			if err := n.van.Close(); err != nil {
+			// A failed node's queued frames are worth nothing to peers
+			// that are failing too, and one that stopped reading would
+			// hold a draining Close for IOTimeout.
+			closeVan := n.van.Close
+			if n.Err() != nil {
+				closeVan = n.van.Abort
+			}
+			if err := closeVan(); err != nil {
 				n.log.Warn("closing the data plane", "err", err)
 			}
 		}

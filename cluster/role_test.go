@@ -32,41 +32,19 @@ func (nopHandler) PayloadBuffer(*frame.Header) []byte { return nil }
 // member fails and a barrier still passes.
 func TestBlockedRoleKeepsMembership(t *testing.T) {
 	const timeout = 200 * time.Millisecond
-	env := map[string]string{
-		"DMLC_PS_ROOT_URI":      "127.0.0.1",
-		"DMLC_PS_ROOT_PORT":     "9000",
-		"DMLC_NODE_HOST":        "127.0.0.1",
-		"DMLC_NUM_SERVER":       "1",
-		"DMLC_NUM_WORKER":       "1",
-		"FPT_LB":                "on", // the scheduler directs every node at once
-		"PS_HEARTBEAT_INTERVAL": "0.02",
-		"PS_HEARTBEAT_TIMEOUT":  strconv.FormatFloat(timeout.Seconds(), 'f', -1, 64),
-		"FPT_START_TIMEOUT":     "30",
-	}
-	cfgFor := func(role string) config.Config {
-		env["DMLC_ROLE"] = role
-		cfg, err := config.FromEnv(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cfg
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	ctl, data := memplane.NewNetwork(), memvan.NewNetwork()
 	planes := cluster.Planes{
 		Control: func(port int, log *slog.Logger) (control.Transport, error) { return ctl.Listen(port, log) },
 		Data:    func(cfg van.Config) (van.Transport, error) { return data.Listen(cfg) },
 	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-
-	scfg := cfgFor("scheduler")
-	plane, err := ctl.Listen(scfg.RootPort, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	schedDone := make(chan error, 1)
-	go func() { schedDone <- scheduler.Serve(ctx, plane, scfg, log, nil, nil, scheduler.Observers{}) }()
+	cfgFor, schedDone := startScheduler(ctx, t, ctl, map[string]string{
+		"FPT_LB":                "on", // the scheduler directs every node at once
+		"PS_HEARTBEAT_INTERVAL": "0.02",
+		"PS_HEARTBEAT_TIMEOUT":  strconv.FormatFloat(timeout.Seconds(), 'f', -1, 64),
+	})
+	log := discard()
 
 	release := make(chan struct{})
 	handled := make(chan node.Role, 2)
@@ -127,4 +105,39 @@ func TestBlockedRoleKeepsMembership(t *testing.T) {
 			t.Fatalf("barrier while the roles were busy: %v", err)
 		}
 	}
+}
+
+func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// startScheduler serves a job of one server and one worker on ctl, its
+// settings overridden by env; cfgFor gives a role's configuration.
+func startScheduler(ctx context.Context, t *testing.T, ctl *memplane.Network, env map[string]string) (cfgFor func(role string) config.Config, done <-chan error) {
+	t.Helper()
+	all := map[string]string{
+		"DMLC_PS_ROOT_URI":  "127.0.0.1",
+		"DMLC_PS_ROOT_PORT": "9000",
+		"DMLC_NODE_HOST":    "127.0.0.1",
+		"DMLC_NUM_SERVER":   "1",
+		"DMLC_NUM_WORKER":   "1",
+		"FPT_START_TIMEOUT": "30",
+	}
+	for k, v := range env {
+		all[k] = v
+	}
+	cfgFor = func(role string) config.Config {
+		all["DMLC_ROLE"] = role
+		cfg, err := config.FromEnv(func(k string) (string, bool) { v, ok := all[k]; return v, ok })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	scfg := cfgFor("scheduler")
+	plane, err := ctl.Listen(scfg.RootPort, discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	schedDone := make(chan error, 1)
+	go func() { schedDone <- scheduler.Serve(ctx, plane, scfg, discard(), nil, nil, scheduler.Observers{}) }()
+	return cfgFor, schedDone
 }

@@ -368,25 +368,44 @@ func (c *core) sayBye(hdr *[frame.HeaderSize]byte) {
 	}
 }
 
-// closeSend is the first half of Close, common to both vans: refuse new
-// frames, let the pool drain (up to IOTimeout), say Bye, stop the sender
-// (failing what is left with ErrClosed). Afterwards lost connections are no
-// longer reported; the caller closes the sockets.
-func (c *core) closeSend() {
+// closeSend is the first half of Close and Abort, common to both vans:
+// refuse new frames; on a Close, let the pool drain (up to IOTimeout); on
+// an Abort, fail what is queued at once; say Bye; stop the sender.
+// Afterwards lost connections are no longer reported; the caller closes
+// the sockets.
+func (c *core) closeSend(drain bool) {
+	if !drain {
+		// Bye still tells peers that the connection's end is not the
+		// failure (the scheduler's verdict says what it is), but a write
+		// stuck on a peer that does not read is given byeTimeout only.
+		c.quiet.Store(true)
+		c.q.Stop(true)
+		select {
+		case <-c.senderDone:
+		case <-time.After(byeTimeout):
+			c.abortLinks()
+			<-c.senderDone
+		}
+		return
+	}
 	drained := c.q.CloseAndDrain(c.cfg.IOTimeout)
 	c.quiet.Store(true)
 	if !drained {
 		c.log.Warn("van: closing with frames still queued", "timeout", c.cfg.IOTimeout)
 		// Break every connection so that a write stuck on a peer that
 		// does not read fails now rather than after another IOTimeout.
-		c.mu.Lock()
-		for _, p := range c.peers {
-			p.link.abort()
-		}
-		c.mu.Unlock()
+		c.abortLinks()
 	}
 	c.q.Stop(drained)
 	<-c.senderDone
+}
+
+func (c *core) abortLinks() {
+	c.mu.Lock()
+	for _, p := range c.peers {
+		p.link.abort()
+	}
+	c.mu.Unlock()
 }
 
 // limitUnsent bounds the bytes a connection's socket holds that TCP has

@@ -223,9 +223,13 @@ func (v *epollVan) wake() {
 	}
 }
 
-func (v *epollVan) Close() error {
+func (v *epollVan) Close() error { return v.close(true) }
+
+func (v *epollVan) Abort() error { return v.close(false) }
+
+func (v *epollVan) close(drain bool) error {
 	v.once.Do(func() {
-		v.closeSend()
+		v.closeSend(drain)
 		v.reqMu.Lock()
 		v.stopping = true
 		for nc := range v.inHandshake {

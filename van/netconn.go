@@ -218,9 +218,13 @@ func (v *netConnVan) readLoop(c *ncConn) error {
 	}
 }
 
-func (v *netConnVan) Close() error {
+func (v *netConnVan) Close() error { return v.close(true) }
+
+func (v *netConnVan) Abort() error { return v.close(false) }
+
+func (v *netConnVan) close(drain bool) error {
 	v.once.Do(func() {
-		v.closeSend()
+		v.closeSend(drain)
 		v.mu.Lock()
 		v.closing = true
 		for c := range v.conns {

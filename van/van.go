@@ -125,6 +125,14 @@ type Transport interface {
 	// Close drains the pool (up to the configured timeout), says Bye to
 	// every peer, and releases every socket, goroutine and fd.
 	Close() error
+	// Abort releases everything as Close does, for a node that failed:
+	// nothing queued is worth delivering and a peer may have stopped
+	// reading, so it does not drain the pool (what is queued fails with
+	// ErrClosed), and it gives a write stuck on such a peer only a moment
+	// before it breaks the connections. It says Bye to the peers it can,
+	// so that they wait for the scheduler's verdict rather than report
+	// a lost connection. After Close or Abort, both do nothing.
+	Abort() error
 }
 
 // PeerStats counts what moved between this node and one peer. The busy

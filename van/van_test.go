@@ -141,9 +141,9 @@ func TestPeerMisbehaves(t *testing.T) {
 
 // stalledPeer returns a van with a short IOTimeout connected to a raw peer
 // that never reads, with a small receive buffer so that writes stall soon.
-func stalledPeer(t *testing.T, kind string, self, peer node.ID) (van.Transport, *vantest.Collector) {
+func stalledPeer(t *testing.T, kind string, self, peer node.ID, ioTimeout time.Duration) (van.Transport, *vantest.Collector) {
 	t.Helper()
-	v, col := newVan(t, kind, self, func(c *van.Config) { c.IOTimeout = 300 * time.Millisecond })
+	v, col := newVan(t, kind, self, func(c *van.Config) { c.IOTimeout = ioTimeout })
 	nc := rawPeer(t, v.Addr(), peer, self)
 	nc.SetReadBuffer(4 << 10)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -159,7 +159,7 @@ func stalledPeer(t *testing.T, kind string, self, peer node.ID) (van.Transport, 
 func TestStalledPeer(t *testing.T) {
 	forKinds(t, func(t *testing.T, kind string) {
 		const self, peer = 8, 9
-		v, col := stalledPeer(t, kind, self, peer)
+		v, col := stalledPeer(t, kind, self, peer, 300*time.Millisecond)
 		var ok, failed atomic.Int32
 		payload := make([]byte, 16<<20)
 		const n = 8
@@ -196,7 +196,7 @@ func TestStalledPeer(t *testing.T) {
 func TestCloseFailsWhatCannotBeSent(t *testing.T) {
 	forKinds(t, func(t *testing.T, kind string) {
 		const self, peer = 8, 9
-		v, _ := stalledPeer(t, kind, self, peer)
+		v, _ := stalledPeer(t, kind, self, peer, 300*time.Millisecond)
 		var calls, failed atomic.Int32
 		payload := make([]byte, 4<<20)
 		const n = 16
@@ -214,6 +214,42 @@ func TestCloseFailsWhatCannotBeSent(t *testing.T) {
 		v.Close()
 		if d := time.Since(start); d > 3*time.Second {
 			t.Fatalf("Close took %v", d)
+		}
+		if calls.Load() != n || failed.Load() == 0 {
+			t.Fatalf("%d Done calls (%d failed), want %d with failures", calls.Load(), failed.Load(), n)
+		}
+	})
+}
+
+// TestAbortDoesNotWaitForAStalledPeer: a failed node's Abort returns at
+// once although a peer stopped reading (Close would wait IOTimeout, here
+// an hour, for the pool to drain), and every queued frame's Done is called.
+func TestAbortDoesNotWaitForAStalledPeer(t *testing.T) {
+	forKinds(t, func(t *testing.T, kind string) {
+		const self, peer = 8, 9
+		v, _ := stalledPeer(t, kind, self, peer, time.Hour)
+		var calls, failed atomic.Int32
+		payload := make([]byte, 4<<20)
+		const n = 16
+		for i := 0; i < n; i++ {
+			if err := v.Send(&van.Message{Header: wiretest.PushHeader(self, peer, uint64(i), len(payload)), Payload: payload, Done: func(err error) {
+				calls.Add(1)
+				if err != nil {
+					failed.Add(1)
+				}
+			}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		aborted := make(chan error, 1)
+		go func() { aborted <- v.Abort() }()
+		select {
+		case err := <-aborted:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("Abort still waiting after 30 s for a peer that does not read")
 		}
 		if calls.Load() != n || failed.Load() == 0 {
 			t.Fatalf("%d Done calls (%d failed), want %d with failures", calls.Load(), failed.Load(), n)

@@ -526,17 +526,23 @@ func (v *Van) Stats() []van.PeerStats {
 // Close implements van.Transport: it drains the pool (up to IOTimeout),
 // says Bye to every peer, ends every connection in order, and stops both
 // goroutines. Frames that arrived but were not handled yet are dropped.
-func (v *Van) Close() error {
+func (v *Van) Close() error { return v.close(true) }
+
+// Abort implements van.Transport: what is queued fails at once; Bye is
+// said and every connection ends in order, as on Close.
+func (v *Van) Abort() error { return v.close(false) }
+
+func (v *Van) close(drain bool) error {
 	v.closeOnce.Do(func() {
-		drained := v.q.CloseAndDrain(v.cfg.IOTimeout)
+		drained := drain && v.q.CloseAndDrain(v.cfg.IOTimeout)
 		v.quiet.Store(true)
 		v.mu.Lock()
 		v.closed = true
 		v.mu.Unlock()
-		if !drained {
+		if drain && !drained {
 			v.log.Warn("memvan: closing with frames still queued", "timeout", v.cfg.IOTimeout)
 		}
-		v.q.Stop(drained)
+		v.q.Stop(drained || !drain)
 		<-v.senderDone
 		v.mu.Lock()
 		peers := v.peers

@@ -42,6 +42,7 @@ func Run(t *testing.T, network func() Listen) {
 		{"Mesh", testMesh},
 		{"Sink", testSink},
 		{"GracefulClose", testGracefulClose},
+		{"Abort", testAbort},
 		{"SendErrors", testSendErrors},
 		{"BackPressure", testBackPressure},
 		{"ShapingSwitch", testShapingSwitch},
@@ -480,6 +481,54 @@ func testGracefulClose(t *testing.T, l Listen) {
 	}
 	if err := a.Dial(context.Background(), 9, b.Addr()); !errors.Is(err, van.ErrClosed) {
 		t.Fatalf("Dial after Close: %v, want ErrClosed", err)
+	}
+}
+
+// testAbort: what Close would deliver (a paused flow's frames), Abort
+// fails; it still says Bye, so the peer does not see the node lost.
+func testAbort(t *testing.T, l Listen) {
+	a, ca := NewVan(t, l, 8, nil)
+	b, cb := NewVan(t, l, 9, nil)
+	Connect(t, a, 8, b, 9)
+	a.SetWeight(9, 0)
+	var failed atomic.Int32
+	for i := range 10 {
+		if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, uint64(i), 1<<16), Payload: make([]byte, 1<<16), Done: func(err error) {
+			if !errors.Is(err, van.ErrClosed) {
+				t.Errorf("Done(%v) on Abort, want ErrClosed", err)
+			}
+			failed.Add(1)
+		}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal("Close after Abort:", err)
+	}
+	if failed.Load() != 10 {
+		t.Fatalf("%d Done calls after Abort, want 10", failed.Load())
+	}
+	Eventually(t, func() error {
+		if err := b.Send(&van.Message{Header: wiretest.PushHeader(9, 8, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
+			return fmt.Errorf("Send to a node that aborted: %v", err)
+		}
+		return nil
+	})
+	time.Sleep(100 * time.Millisecond) // time for a wrong PeerLost to show
+	if l := cb.LostPeers(); len(l) != 0 {
+		t.Fatalf("PeerLost though the aborting node said Bye: %v", l)
+	}
+	if f := cb.Frames(); len(f) != 0 {
+		t.Fatalf("%d frames arrived from an aborted node's paused flow", len(f))
+	}
+	if l := ca.LostPeers(); len(l) != 0 {
+		t.Fatalf("PeerLost at the aborting node: %v", l)
+	}
+	if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, 1, 0)}); !errors.Is(err, van.ErrClosed) {
+		t.Fatalf("Send after Abort: %v, want ErrClosed", err)
 	}
 }
 
