@@ -474,6 +474,13 @@ func (n *Member) Layout() classic.Layout {
 	return n.layout
 }
 
+// ServerRank is a server's dense rank among the job's servers, 0 to S-1:
+// its place in the classic key layout, which the scheduler re-cuts at
+// every server's join and loss, so that the ranks of the servers left
+// close up. It is -1 while the server is not in the layout (a joining
+// server until the LB counts it) and for a worker.
+func (n *Member) ServerRank() int { return n.Layout().Index(n.Self().ID) }
+
 // TableLayout is the classic key layout the node table came with: the
 // job's first, or the one a joining node found (which does not name it).
 // The layouts after it reach OnLayout's f.

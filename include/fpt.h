@@ -108,7 +108,11 @@ int fpt_finalize(void);
 int fpt_role(int* role);
 
 /* The node's rank among the workers, or among the servers; 0 for the
- * scheduler. Only after fpt_start. */
+ * scheduler. Only after fpt_start. A worker's is the one it started with
+ * (fpt_rank_at is its dense rank of an iteration). A server's is dense at
+ * every moment, 0 to the number of servers - 1: when a server is lost, the
+ * ranks of those after it close up, and a server that joined has the next
+ * one once the job counts it (-1 until then). */
 int fpt_rank(int* rank);
 
 /* DMLC_NUM_WORKER and DMLC_NUM_SERVER; readable before fpt_start. */

@@ -250,10 +250,15 @@ func (n *Node) Customers() *customer.Set {
 func (n *Node) Member() *cluster.Member { return n.member }
 
 // Rank is the node's rank among the workers or the servers; 0 for the
-// scheduler.
+// scheduler. A worker's is the one it started with (its dense rank of an
+// iteration is worker.Worker.RankAt); a server's is dense at every moment
+// (cluster.Member.ServerRank).
 func (n *Node) Rank() int {
-	if n.member == nil {
+	switch {
+	case n.member == nil:
 		return 0
+	case n.server != nil:
+		return n.member.ServerRank()
 	}
 	return n.member.Self().ID.Rank()
 }

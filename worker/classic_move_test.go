@@ -84,6 +84,21 @@ func awaitLayout(t *testing.T, c *memcluster.Cluster, servers []node.ID) {
 	}
 }
 
+// awaitServerRanks waits until each server's dense rank is want's.
+func awaitServerRanks(t *testing.T, c *memcluster.Cluster, want map[node.ID]int) {
+	t.Helper()
+	for id, rank := range want {
+		m := c.Member(id)
+		deadline := time.Now().Add(10 * time.Second)
+		for m.ServerRank() != rank && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if got := m.ServerRank(); got != rank {
+			t.Fatalf("server %s has rank %d, want %d", id, got, rank)
+		}
+	}
+}
+
 // rangeHasKeys pulls [keys[lo], keys[hi]) (hi == len(keys): the rest of
 // the key space) and checks that it finds exactly keys[lo:hi], at their
 // lengths, whatever their values.
@@ -168,6 +183,11 @@ func TestClassicKeysMoveToJoiningServer(t *testing.T) {
 				return err
 			})
 			awaitLayout(t, c, servers)
+			ranks := make(map[node.ID]int)
+			for i, id := range servers {
+				ranks[id] = i // a joiner's is the next one
+			}
+			awaitServerRanks(t, c, ranks)
 			pullExact(t, c, keys, lens, total, float32(tt.rounds*(1+2)))
 			for _, id := range servers[2:] {
 				var sent uint64
@@ -200,6 +220,8 @@ func TestClassicAfterServerLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	awaitLayout(t, c, []node.ID{node.ServerID(0), node.ServerID(2)})
+	// The ranks of the servers left close up.
+	awaitServerRanks(t, c, map[node.ID]int{node.ServerID(0): 0, node.ServerID(2): 1})
 	keys, lens, total := classicKeys(48)
 	const rounds = 5
 	classicPushes(t, c, keys, lens, total, rounds, func(*worker.Worker, int) error { return nil })
