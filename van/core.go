@@ -328,9 +328,9 @@ func (c *core) write(m *Message, hdr *[frame.HeaderSize]byte) {
 		}
 		return
 	}
-	m.Header.Sender = uint32(c.selfID())
-	m.Header.Length = uint64(len(m.Payload))
-	m.Header.Encode(hdr[:])
+	h := m.Header // m stays the caller's to read: the van writes none of it
+	h.Sender, h.Length = uint32(c.selfID()), uint64(len(m.Payload))
+	h.Encode(hdr[:])
 	start := time.Now()
 	err := p.link.writeFrame(hdr[:], m.Payload, c.cfg.IOTimeout)
 	p.st.SentBusy.Add(int64(time.Since(start)))

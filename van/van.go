@@ -92,7 +92,9 @@ type Transport interface {
 	AwaitPeers(ctx context.Context, peers []node.ID) error
 	// Send queues m for its Header.Recipient, blocking while the pool holds
 	// more than its byte limit (back-pressure). It fails at once for a
-	// peer without a connection or after Close.
+	// peer without a connection or after Close. The van sets the frame's
+	// Sender and Length on the wire, not in m, which the caller may read
+	// while it is queued.
 	Send(m *Message) error
 	// Forward queues m like Send but never blocks: the receive path uses it
 	// (an aggregator's broadcast), since a receiver waiting on its own pool

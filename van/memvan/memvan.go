@@ -599,10 +599,10 @@ func (v *Van) write(m *van.Message) {
 		return
 	}
 	start := time.Now()
-	m.Header.Sender = uint32(v.selfID())
-	m.Header.Length = uint64(len(m.Payload))
+	h := m.Header // m stays the caller's to read: the van writes none of it
+	h.Sender, h.Length = uint32(v.selfID()), uint64(len(m.Payload))
 	a := arrival{conn: p.conn, from: v, to: p.remote, payload: slices.Clone(m.Payload)}
-	m.Header.Encode(a.hdr[:])
+	h.Encode(a.hdr[:])
 	v.net.transmit(a)
 	p.st.SentBusy.Add(int64(time.Since(start)))
 	p.st.SentBytes.Add(uint64(frame.HeaderSize + len(m.Payload)))
