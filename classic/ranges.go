@@ -331,8 +331,10 @@ func (r *Ranges) apply(store *kvstore.Store, l Layout) []van.Message {
 	r.expect = nil
 	for _, id := range r.prev.Servers {
 		// A server outside l gains nothing, and hears no end: the others
-		// send theirs to l's servers only.
-		if mine && id != r.self && l.Index(id) >= 0 {
+		// send theirs to l's servers only. A server of prev that l leaves
+		// out is waited for unless it is lost: one that leaves in order
+		// hands everything over.
+		if mine && id != r.self {
 			r.expect = append(r.expect, id)
 		}
 	}

@@ -743,13 +743,18 @@ func TestLoss(t *testing.T) {
 				c.offer(id, v1)
 			}
 			c.run()
-			// s1 is not in v1: nobody waits for it, Lost changes nothing.
-			c.checkSettled(v1)
+			// s1 is not in v1, but it was in v0: it could be leaving in
+			// order, with keys on their way. Until it is lost, the
+			// others wait for it.
 			for _, id := range []node.ID{s0, s2} {
-				if todo := c.ranges[id].Lost(c.stores[id], s1); len(todo.Sends) != 0 || len(todo.Released) != 0 {
-					t.Errorf("seed %d: Lost at %v after settling: %+v", seed, id, todo)
+				if !c.ranges[id].Settling() {
+					t.Fatalf("seed %d: %v settled without s1's end or loss", seed, id)
 				}
 			}
+			for _, id := range []node.ID{s0, s2} {
+				c.lost(id, s1)
+			}
+			c.run()
 			c.checkSettled(v1)
 			c.checkExact(v1, survivors)
 			// A request for a key of the lost range is served at its new
@@ -757,6 +762,43 @@ func TestLoss(t *testing.T) {
 			k := uint64(math.MaxUint64 / 2)
 			if v, _ := c.ranges[v1.Owner(k)].Route(pull(k, 1)); v != Serve {
 				t.Errorf("key %d of the lost range at its v1 owner: %v", k, v)
+			}
+		}
+	})
+	t.Run("leave in order", func(t *testing.T) {
+		// s1 leaves alive: applying v1 it hands every key over, and the
+		// others hold the keys they gain until its ends come.
+		for _, seed := range []uint64{0, 15, 16} {
+			var rng *rand.Rand
+			if seed != 0 {
+				rng = rand.New(rand.NewPCG(seed, 5))
+			}
+			c := newCluster(t, rng)
+			v0 := Initial([]node.ID{s0, s1, s2})
+			v1 := v0.Without(s1)
+			for _, id := range v0.Servers {
+				c.add(id, v0, 8)
+			}
+			all := c.seedKeys(v0, 200)
+			for _, id := range []node.ID{s0, s2} {
+				c.offer(id, v1)
+			}
+			k := uint64(math.MaxUint64 / 2) // s1's in v0
+			if v, _ := c.ranges[v1.Owner(k)].Route(pull(k, 1)); v != Hold {
+				t.Errorf("seed %d: key %d, s1's, at its v1 owner before s1's keys came: %v, want Hold", seed, k, v)
+			}
+			c.offer(s1, v1)
+			c.run()
+			c.checkSettled(v1)
+			if n := c.stores[s1].Len(); n != 0 {
+				t.Errorf("seed %d: s1 kept %d keys after leaving the layout", seed, n)
+			}
+			c.checkExact(v1, all)
+			if v, _ := c.ranges[v1.Owner(k)].Route(pull(k, 1)); v != Serve {
+				t.Errorf("seed %d: key %d at its v1 owner once s1's keys came: %v", seed, k, v)
+			}
+			if v, o := c.ranges[s1].Route(pull(k, 0)); v != Moved || o != v1.Owner(k) {
+				t.Errorf("seed %d: an old request at s1: %v to %v, want Moved to %v", seed, v, o, v1.Owner(k))
 			}
 		}
 	})

@@ -75,7 +75,7 @@ type Member struct {
 	barrierWait map[barrierKey]chan struct{}
 	lastAck     time.Time
 	onControl   func(*control.Message)
-	onLeft      func(node.ID) error
+	onLeft      func(id node.ID, graceful bool) error
 	onLayout    func(classic.Layout)
 	// layout is the newest classic key layout: the job's first from the
 	// node table, a joining node's in its table, later ones from the
@@ -100,6 +100,8 @@ type Member struct {
 	err        error
 	termOnce   sync.Once
 	terminated chan struct{}
+	leftOnce   sync.Once
+	departed   chan struct{} // closed when the scheduler says this node left in order (Leave)
 	stop       chan struct{}
 	wg         sync.WaitGroup
 	closeOnce  sync.Once
@@ -161,6 +163,7 @@ func New(cfg config.Config, log *slog.Logger, planes Planes) *Member {
 		barrierWait: make(map[barrierKey]chan struct{}),
 		failed:      make(chan struct{}),
 		terminated:  make(chan struct{}),
+		departed:    make(chan struct{}),
 		stop:        make(chan struct{}),
 	}
 }
@@ -795,7 +798,7 @@ func (n *Member) handleControl(m *control.Message) {
 	case control.NodeFailed:
 		n.fail(fmt.Errorf("cluster: %s failed: %s", n.describe(m.Target), m.Text), m.Target)
 	case control.NodeLeft:
-		n.leave(m.Target, m.Text)
+		n.leave(m.Target, m.Text, m.Flags&control.FlagGraceful != 0)
 	case control.NodeJoined:
 		n.welcome(m)
 	case control.Layout:
@@ -980,16 +983,76 @@ func (n *Member) welcome(m *control.Message) {
 
 // OnLeft installs f, which learns that a server or a worker left the job
 // (FPT_ON_SERVER_LOSS=retry, FPT_ON_WORKER_LOSS=continue) once the node
-// table no longer lists it; an error fails this node (a role that cannot
-// go on without it). Call it before Start.
-func (n *Member) OnLeft(f func(node.ID) error) { n.onLeft = f }
+// table no longer lists it; graceful: a server that left in order
+// (Leave), whose frames all arrive before its connections end. An error
+// fails this node (a role that cannot go on without it). Call it before
+// Start.
+func (n *Member) OnLeft(f func(id node.ID, graceful bool) error) { n.onLeft = f }
+
+// Leave leaves the running job in order, for a server: it asks the
+// scheduler, which takes the server out of the LB's decisions and of the
+// classic key layout; ready then waits until the server has handed its
+// keys over and answered every request to it, and Leave tells the
+// scheduler so and waits for its NodeLeft. The node is still to be
+// closed (Close, which drains what it still sends). A scheduler that
+// refuses fails the node, and Leave returns why. A job that ends
+// meanwhile (Terminate) ends the leave too, without error: nobody needs
+// the keys any more.
+func (n *Member) Leave(ctx context.Context, ready func(context.Context) error) error {
+	self := n.Self().ID
+	if err := n.plane.Send(n.sched, &control.Message{Command: control.Leave, Sender: self}); err != nil {
+		return fmt.Errorf("cluster: leave: %w", err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-n.terminated:
+		case <-n.stop:
+		case <-rctx.Done():
+		}
+		cancel()
+	}()
+	if err := ready(rctx); err != nil {
+		select {
+		case <-n.terminated:
+			n.log.Info("the job ended while this node was leaving it")
+			return nil
+		default:
+		}
+		if ferr := n.Err(); ferr != nil {
+			return ferr
+		}
+		return fmt.Errorf("cluster: leave: %w", err)
+	}
+	if err := n.plane.Send(n.sched, &control.Message{Command: control.Leave, Sender: self, Seq: 1}); err != nil {
+		return fmt.Errorf("cluster: leave: %w", err)
+	}
+	select {
+	case <-n.departed:
+		return nil
+	case <-n.terminated:
+		return nil
+	case <-n.failed:
+		return n.err
+	case <-n.stop:
+		return errors.New("cluster: leave: the node was closed")
+	case <-ctx.Done():
+		return fmt.Errorf("cluster: leave: waiting for the scheduler: %w", ctx.Err())
+	}
+}
 
 // leave takes server or worker id out of the node table on the
 // scheduler's NodeLeft: the job goes on without it. (The scheduler tells
-// the members left, never the node itself: a live one it takes out, a
-// stalled worker, hears NodeFailed.)
-func (n *Member) leave(id node.ID, why string) {
+// the members left; the node itself only when it left in order, Leave: a
+// live one it takes out, a stalled worker, hears NodeFailed.)
+func (n *Member) leave(id node.ID, why string, graceful bool) {
 	t := n.topo.Load()
+	if id == t.self.ID && graceful {
+		n.log.Info("left the job in order", "reason", why)
+		n.leftOnce.Do(func() { close(n.departed) })
+		return
+	}
 	info, ok := t.byID[id]
 	if !ok || id == t.self.ID || (info.Role != node.Server && info.Role != node.Worker) {
 		n.log.Warn("NodeLeft for a node that is not another server or worker of the table ignored", "node", id)
@@ -1005,7 +1068,7 @@ func (n *Member) leave(id node.ID, why string) {
 	n.topo.Store(nt)
 	n.log.Warn(info.Role.String()+" left the job; going on without it", "node", info, "reason", why)
 	if n.onLeft != nil {
-		if err := n.onLeft(id); err != nil {
+		if err := n.onLeft(id, graceful); err != nil {
 			n.Fail(err)
 		}
 	}
@@ -1015,11 +1078,11 @@ func (n *Member) leave(id node.ID, why string) {
 // left): a frame of its may still be on its way.
 func (n *Member) WasMember(id node.ID) bool {
 	_, ok := n.Info(id)
-	return ok || n.hasLeft(id)
+	return ok || n.HasLeft(id)
 }
 
-// hasLeft reports whether id left the job.
-func (n *Member) hasLeft(id node.ID) bool {
+// HasLeft reports whether id left the job (lost or in order).
+func (n *Member) HasLeft(id node.ID) bool {
 	t := n.topo.Load()
 	_, ok := t.left[id]
 	return ok
@@ -1063,7 +1126,7 @@ func (h *vanHandler) PeerLost(id node.ID, err error) {
 	time.AfterFunc(lostPeerGrace, func() {
 		// Under FPT_ON_SERVER_LOSS=retry the scheduler's verdict on this
 		// very report may be that the job goes on without it.
-		if !n.hasLeft(id) {
+		if !n.HasLeft(id) {
 			n.record(lostErr)
 		}
 	})

@@ -92,6 +92,8 @@ func (c Command) String() string {
 		return "JOINED"
 	case Layout:
 		return "LAYOUT"
+	case Leave:
+		return "LEAVE"
 	}
 	return "command(" + strconv.Itoa(int(c)) + ")"
 }

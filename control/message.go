@@ -65,7 +65,14 @@ const (
 	// they no longer own to their new owners, workers send new requests
 	// by it.
 	Layout
-	lastCommand = Layout
+	// Leave, from a server, asks to leave the running job in order
+	// (Seq 0), then, once its classic keys are handed over and every
+	// worker's requests to it answered, says it is ready to go (Seq 1).
+	// The scheduler answers the first with a layout without the server,
+	// the second with NodeLeft (FlagGraceful) to every member and to the
+	// server itself.
+	Leave
+	lastCommand = Leave
 )
 
 // Flags.
@@ -76,6 +83,9 @@ const (
 	// it skips the start barriers, and Body holds the next barrier number
 	// of each group 1..7 (7 little-endian uint64s).
 	FlagJoin
+	// FlagGraceful marks a NodeLeft for a server that left in order: every
+	// frame it sent arrives before its connections end.
+	FlagGraceful
 )
 
 // Message is one control message.

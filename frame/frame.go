@@ -82,10 +82,16 @@ const (
 	// KVRangeEnd ends a server's answer to a KVPullRange: Total is how
 	// many KVData frames it sent.
 	KVRangeEnd
-	lastType = KVRangeEnd
+	// KVDrained tells a server that leaves the job (one the worker's
+	// layout, version Iteration, no longer names) that this worker will
+	// send it nothing more: Total is how many classic requests (KVPush,
+	// KVPull, KVPushPull, KVPullRange frames) it sent it in all, so that
+	// the server knows when it has answered them all.
+	KVDrained
+	lastType = KVDrained
 )
 
-var typeNames = [...]string{"", "hello", "bye", "push", "result", "kv-push", "kv-pull", "kv-pushpull", "kv-ack", "kv-data", "kv-error", "app", "params", "kv-moved", "kv-move", "kv-move-end", "kv-pull-range", "kv-range-end"}
+var typeNames = [...]string{"", "hello", "bye", "push", "result", "kv-push", "kv-pull", "kv-pushpull", "kv-ack", "kv-data", "kv-error", "app", "params", "kv-moved", "kv-move", "kv-move-end", "kv-pull-range", "kv-range-end", "kv-drained"}
 
 func (t Type) String() string {
 	if t == 0 || t > lastType {

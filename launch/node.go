@@ -234,6 +234,9 @@ func (n *Node) startScheduler(ctx context.Context, planes cluster.Planes, decisi
 // Worker is the started worker, nil unless the node is one.
 func (n *Node) Worker() *worker.Worker { return n.worker }
 
+// Server is the node's server, nil unless it is one.
+func (n *Node) Server() *server.Server { return n.server }
+
 // Customers is a server's or worker's customers, nil for the scheduler.
 func (n *Node) Customers() *customer.Set {
 	switch {

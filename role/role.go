@@ -36,9 +36,9 @@ type Base struct {
 // directive goes to the aggregator (a retry drops the partial sums it
 // supersedes; a decision naming workers changes whose pushes the sums add
 // up: aggregator.Follow). A server leaving the job fails this node if its
-// customers depend on the servers it had; left (a worker's: nil on a
-// server) hears of every node that leaves.
-func New(n *cluster.Member, deliver aggregator.Deliver, apply lbagent.Apply, left func(node.ID) error) *Base {
+// customers depend on the servers it had; left hears of every node that
+// leaves (cluster.Member.OnLeft).
+func New(n *cluster.Member, deliver aggregator.Deliver, apply lbagent.Apply, left func(id node.ID, graceful bool) error) *Base {
 	b := &Base{node: n, Agg: aggregator.New(n, deliver), Customers: customer.New(n)}
 	cfg := n.Config()
 	if cfg.Grants() {
@@ -50,12 +50,12 @@ func New(n *cluster.Member, deliver aggregator.Deliver, apply lbagent.Apply, lef
 			return nil
 		})
 	}
-	n.OnLeft(func(id node.ID) error {
+	n.OnLeft(func(id node.ID, graceful bool) error {
 		if r, _ := id.Role(); r == node.Server && b.Customers.Used() {
 			return fmt.Errorf("role: server %s left the job, and ps-lite's KVWorker and KVServer cannot go on without it (FPT_ON_SERVER_LOSS=retry covers FPTPush and FPTPull only)", id)
 		}
 		if left != nil {
-			return left(id)
+			return left(id, graceful)
 		}
 		return nil
 	})

@@ -33,12 +33,21 @@ func (s *sched) lose(bars *barriers, stalls *stallWatch, id node.ID, why string)
 		return false, nil
 	}
 	_, joining := s.joining[id]
-	switch info.Role {
-	case node.Server:
+	switch {
+	case s.leaving[id]:
+		// Lost while it handed its keys over: the LB and the layout
+		// went on without it when it asked to leave.
+		s.log.Warn("server lost while leaving the job; the classic keys it had not handed over are lost", "node", info, "reason", why)
+		s.drop(stalls, id, why, false)
+		s.admitJoiners(stalls)
+		s.obs.Metrics.Membership(s.table, s.membership)
+		s.publish(time.Now())
+		return true, s.leaveBarriers(bars, id)
+	case info.Role == node.Server:
 		if !joining && (!s.cfg.RetryServerLoss || !s.running) {
 			return false, nil
 		}
-	case node.Worker:
+	case info.Role == node.Worker:
 		// Until every worker has the init round's values, losing worker
 		// 0 would lose them: a worker lost that early ends the job.
 		if !joining && (!s.cfg.WorkersMayLeave() || !s.running || s.lb.Done() == 0) {
@@ -55,7 +64,65 @@ func (s *sched) lose(bars *barriers, stalls *stallWatch, id node.ID, why string)
 			return false, nil
 		}
 	}
+	s.drop(stalls, id, why, false)
+	if joining {
+		// The LB did not count it yet: nothing to push again.
+		s.log.Warn("joining "+info.Role.String()+" lost before the LB counted it; the job goes on without it", "node", info, "reason", why)
+		return true, s.leaveBarriers(bars, id)
+	}
+	if info.Role == node.Server {
+		// Before a joiner is admitted below: its layout must not name
+		// the lost server.
+		s.setLayout(s.layout.Without(id), "server left")
+	}
+	s.admitJoiners(stalls)
+	s.changed(info, d, why)
+	if info.Role == node.Worker && s.cfg.WorkerLoss == config.WorkerLossWait {
+		s.waitForWorker(info, d.Horizon, time.Now())
+	}
+	return true, s.leaveBarriers(bars, id)
+}
+
+// changed counts, logs and publishes the membership change the LB's
+// directive d made for info's departure, and sends d.
+func (s *sched) changed(info node.Info, d lb.Directive, why string) {
+	s.membership++
+	msg := msgServerLeft
+	if info.Role == node.Worker {
+		msg = msgWorkerLeft
+	}
+	s.log.Warn(msg,
+		"node", info, "reason", why, "membership_version", s.membership,
+		"retry_from_iteration", d.Decision.Iteration, "decision_version", d.Decision.Version,
+		"servers", len(s.lb.Servers()), "workers", len(s.lb.Workers()))
+	s.direct(d)
+	s.obs.rec.Changed(s.table, d, s.lb.State())
+	s.obs.Metrics.Membership(s.table, s.membership)
+	s.obs.Metrics.Decision(*d.Decision, false)
+	s.publish(time.Now())
+}
+
+// admitJoiners admits the joining nodes that were waiting for a member's
+// connection only, after that member left.
+func (s *sched) admitJoiners(stalls *stallWatch) {
+	for j := range s.joining {
+		s.admitIfReady(stalls, j)
+	}
+}
+
+// drop takes id out of the node table and the stall watch; every member
+// hears NodeLeft. A server that left in order (graceful) hears it too,
+// and its members know that every frame it sent arrives before its
+// connections end. The caller takes it out of the barriers last
+// (leaveBarriers), once the members heard what its departure changes.
+func (s *sched) drop(stalls *stallWatch, id node.ID, why string, graceful bool) {
+	var flags uint8
+	if graceful {
+		flags = control.FlagGraceful
+		s.send(id, &control.Message{Command: control.NodeLeft, Flags: flags, Sender: node.SchedulerID, Target: id, Text: why})
+	}
 	delete(s.joining, id)
+	delete(s.leaving, id)
 	s.table = slices.DeleteFunc(s.table, func(n node.Info) bool { return n.ID == id })
 	delete(s.byID, id)
 	delete(s.lastSeen, id)
@@ -70,40 +137,65 @@ func (s *sched) lose(bars *barriers, stalls *stallWatch, id node.ID, why string)
 	s.left[id] = true
 	stalls.remove(id)
 	for _, n := range s.table[1:] {
-		s.send(n.ID, &control.Message{Command: control.NodeLeft, Sender: node.SchedulerID, Target: id, Text: why})
+		s.send(n.ID, &control.Message{Command: control.NodeLeft, Flags: flags, Sender: node.SchedulerID, Target: id, Text: why})
 	}
-	if joining {
-		// The LB did not count it yet: nothing to push again.
-		s.log.Warn("joining "+info.Role.String()+" lost before the LB counted it; the job goes on without it", "node", info, "reason", why)
-		return true, s.leaveBarriers(bars, id)
+}
+
+// leave handles a server's Leave. Asked to (Seq 0), the scheduler takes
+// it out of the LB's decisions, as a loss would (its incomplete
+// iterations are pushed again to the others), and out of the classic
+// layout, which has it hand its keys over; it stays a member meanwhile.
+// Ready (Seq 1: its keys are handed over, every worker's requests to it
+// answered), it leaves the job: every member and the server itself hear
+// NodeLeft with FlagGraceful. A server may leave when it could be lost
+// (FPT_ON_SERVER_LOSS=retry, the job running, another server left);
+// else it is told why not, with NodeFailed, which ends it.
+func (s *sched) leave(bars *barriers, stalls *stallWatch, m *control.Message) (final []node.ID) {
+	id := m.Sender
+	info := s.byID[id]
+	_, joining := s.joining[id]
+	if m.Seq == 1 {
+		if !s.leaving[id] {
+			s.reject.Reject("leave", "from", id, "seq", m.Seq, "err", "not leaving")
+			return nil
+		}
+		s.drop(stalls, id, "left the job in order", true)
+		s.log.Warn(msgServerLeftInOrder, "node", info, "servers", len(s.lb.Servers()))
+		s.admitJoiners(stalls)
+		s.obs.Metrics.Membership(s.table, s.membership)
+		s.publish(time.Now())
+		return s.leaveBarriers(bars, id)
 	}
-	if info.Role == node.Server {
-		// Before a joiner is admitted below: its layout must not name
-		// the lost server.
-		s.setLayout(s.layout.Without(id), "server left")
+	var refused string
+	switch {
+	case m.Seq != 0 || info.Role != node.Server || s.leaving[id]:
+		s.reject.Reject("leave", "from", id, "seq", m.Seq)
+		return nil
+	case s.lb == nil || !s.cfg.RetryServerLoss:
+		refused = "a server may leave a running job only with FPT_ON_SERVER_LOSS=retry"
+	case !s.running || joining:
+		refused = "a server may leave only once the job has started and counts it"
 	}
-	// A joining node may have waited for this member's connection only.
-	for j := range s.joining {
-		s.admitIfReady(stalls, j)
+	var d lb.Directive
+	if refused == "" {
+		var err error
+		if d, err = s.lb.Lose(id, "leaving the job"); err != nil {
+			refused = err.Error()
+		}
 	}
-	s.membership++
-	msg := msgServerLeft
-	if info.Role == node.Worker {
-		msg = msgWorkerLeft
+	if refused != "" {
+		s.log.Warn("server may not leave the job", "node", info, "reason", refused)
+		s.send(id, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: id, Text: "may not leave the job: " + refused})
+		return nil
 	}
-	s.log.Warn(msg,
-		"node", info, "reason", why, "membership_version", s.membership,
-		"retry_from_iteration", d.Decision.Iteration, "decision_version", d.Decision.Version,
-		"servers", len(s.lb.Servers()), "workers", len(s.lb.Workers()))
-	s.direct(d)
-	if info.Role == node.Worker && s.cfg.WorkerLoss == config.WorkerLossWait {
-		s.waitForWorker(info, d.Horizon, time.Now())
+	if s.leaving == nil {
+		s.leaving = make(map[node.ID]bool)
 	}
-	s.obs.rec.Changed(s.table, d, s.lb.State())
-	s.obs.Metrics.Membership(s.table, s.membership)
-	s.obs.Metrics.Decision(*d.Decision, false)
-	s.publish(time.Now())
-	return true, s.leaveBarriers(bars, id)
+	s.leaving[id] = true
+	stalls.remove(id)
+	s.setLayout(s.layout.Without(id), "server leaving")
+	s.changed(info, d, "leaving the job")
+	return nil
 }
 
 // waitForWorker holds the LB's grants after worker info was lost under
@@ -355,6 +447,9 @@ const (
 	msgServerJoined = "membership change: server joined"
 	msgWorkerLeft   = "membership change: worker left; the iterations not every worker has the sums of are summed again over the workers left"
 	msgWorkerJoined = "membership change: worker joined"
+	// msgServerLeftInOrder follows msgServerLeft for a server that left
+	// in order, once its keys are handed over.
+	msgServerLeftInOrder = "server left the job in order: its classic keys are handed over"
 )
 
 // msgHold is the scheduler's log message for a hold under

@@ -77,6 +77,9 @@ type sched struct {
 	// FPT_ON_WORKER_LOSS=continue); membership counts such changes.
 	left       map[node.ID]bool
 	membership int
+	// leaving holds the servers that asked to leave and are handing
+	// their classic keys over (leave).
+	leaving map[node.ID]bool
 	// servers and workers count the ids of each role ever assigned: a
 	// joining node gets the next one, so no id is ever used twice in a
 	// job. joining holds the nodes admitted but not yet connected to
@@ -295,6 +298,11 @@ func (s *sched) serve(ctx context.Context) error {
 				s.report(m)
 			case control.Joined:
 				s.joined(bars, stalls, m)
+			case control.Leave:
+				if final := s.leave(bars, stalls, m); final != nil {
+					s.terminate(ctx, final)
+					return nil
+				}
 			default:
 				s.log.Warn("unexpected control message", "command", m.Command, "from", m.Sender)
 			}

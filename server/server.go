@@ -15,6 +15,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/cluster"
@@ -32,13 +33,26 @@ type Server struct {
 	base   *role.Base             // the aggregator and the LB agent
 	onPush func(iteration uint64) // the agent's; nil without one
 
-	mu     sync.Mutex // guards store, ranges and dirty (the netconn van calls in parallel)
+	mu     sync.Mutex // guards store, ranges, dirty and the leave's counts (the netconn van calls in parallel)
 	store  *kvstore.Store
 	ranges *classic.Ranges // made at the first use, once the node table is there (rangesLocked)
 	dirty  bool            // changed since the last checkpoint
 
-	loaded chan struct{} // closed once the store may serve (after a checkpoint's load)
-	ckpt   *checkpointer // nil without FPT_CHECKPOINT_DIR
+	// What a leave (Leave) waits for: the classic requests each worker
+	// sent that were served or redirected, the count each worker's
+	// KVDrained says it sent, the hand-overs still being sent
+	// (carryOut). wake is poked when one of them changes.
+	handled  map[node.ID]uint64
+	drained  map[node.ID]uint64
+	carrying int
+	wake     chan struct{}
+	// departed are the servers that left in order: their keys are on
+	// their way, unless their connection breaks first (PeerLost).
+	departed map[node.ID]bool
+
+	loaded   chan struct{} // closed once the store may serve (after a checkpoint's load)
+	ckpt     *checkpointer // nil without FPT_CHECKPOINT_DIR
+	stopOnce sync.Once
 }
 
 // Start joins the cluster as a server. With the LB on (config.LB), the
@@ -90,14 +104,48 @@ func Start(ctx context.Context, n *cluster.Member) (*Server, error) {
 
 // Finalize serves until the cluster terminates, then leaves it. With
 // FPT_CHECKPOINT_DIR, a clean end writes a last checkpoint.
+//
+// Under FPT_ON_SERVER_LOSS=retry, a server whose ctx ends (launch's
+// SIGTERM) leaves the running job in order instead (Leave), and Finalize
+// returns Leave's outcome: nil once it left.
 func (s *Server) Finalize(ctx context.Context) error {
-	defer s.base.Close()
-	err := s.node.Finalize(ctx)
-	if s.ckpt != nil {
-		if cerr := s.ckpt.stop(err == nil); err == nil {
-			err = cerr
+	if s.node.Config().RetryServerLoss {
+		fin := make(chan error, 1)
+		go func() { fin <- s.finalize(context.WithoutCancel(ctx)) }()
+		select {
+		case err := <-fin:
+			return err
+		case <-ctx.Done():
 		}
+		lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+		defer cancel()
+		err := s.Leave(lctx)
+		<-fin // the final barrier ends with the node's close
+		return err
 	}
+	return s.finalize(ctx)
+}
+
+func (s *Server) finalize(ctx context.Context) error {
+	err := s.node.Finalize(ctx)
+	if cerr := s.stop(err == nil); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// stop stops the agent and the customers and, with FPT_CHECKPOINT_DIR,
+// the checkpoints, writing a last one after a clean end (clean). Only its
+// first call does anything: a leave and the final barrier it interrupts
+// both end here.
+func (s *Server) stop(clean bool) error {
+	var err error
+	s.stopOnce.Do(func() {
+		s.base.Close()
+		if s.ckpt != nil {
+			err = s.ckpt.stop(clean)
+		}
+	})
 	return err
 }
 
@@ -122,7 +170,8 @@ func (s *Server) snapshot(force bool) ([]byte, bool, error) {
 // aggregator and, with the LB on, its LB agent, which is installed on n
 // but measures only once Start started the node.
 func New(n *cluster.Member) *Server {
-	s := &Server{node: n, store: kvstore.New(), loaded: make(chan struct{})}
+	s := &Server{node: n, store: kvstore.New(), loaded: make(chan struct{}),
+		handled: make(map[node.ID]uint64), drained: make(map[node.ID]uint64), wake: make(chan struct{}, 1), departed: make(map[node.ID]bool)}
 	s.base = role.New(n, nil, nil, s.left)
 	n.OnLayout(s.newLayout)
 	close(s.loaded)
@@ -174,6 +223,17 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 		if s.awaitLoad() {
 			err = s.classicRequest(h, payload)
 		}
+		// Counted once served, redirected or held (a held one is served
+		// by the carryOut that releases it, which a leave waits for).
+		s.mu.Lock()
+		s.handled[from]++
+		s.mu.Unlock()
+		s.poke()
+	case frame.KVDrained:
+		s.mu.Lock()
+		s.drained[from] = h.Total
+		s.mu.Unlock()
+		s.poke()
 	case frame.KVMove, frame.KVMoveEnd:
 		err = s.moved(h, payload)
 	default:
@@ -184,8 +244,89 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 	}
 }
 
-// PeerLost implements van.Handler; the cluster node handles it.
-func (s *Server) PeerLost(node.ID, error) {}
+// PeerLost implements van.Handler; the cluster node handles the loss. A
+// server that left in order and whose connection broke all the same may
+// not have sent all its keys: they are lost with it.
+func (s *Server) PeerLost(id node.ID, _ error) {
+	s.mu.Lock()
+	gone := s.departed[id]
+	delete(s.departed, id)
+	s.mu.Unlock()
+	if gone {
+		_ = s.left(id, false)
+	}
+}
+
+// poke wakes a leave waiting for its requests and hand-overs.
+func (s *Server) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// leaveTimeout bounds a server's leave: the hand-over of its classic keys
+// and the workers' last requests. Past it the node fails, and the job
+// goes on as after a loss (FPT_ON_SERVER_LOSS=retry).
+const leaveTimeout = 2 * time.Minute
+
+// Leave leaves the running job in order (FPT_ON_SERVER_LOSS=retry): the
+// scheduler takes this server out of the LB's decisions (its incomplete
+// iterations are pushed again to the others) and out of the classic key
+// layout, so that it hands every classic key over to the servers that own
+// it now; once every worker has said that it sends nothing more here and
+// every request it sent was answered, the server leaves the job and
+// closes. With FPT_CHECKPOINT_DIR its last checkpoint is written (empty:
+// its keys live on in the others'). Launch calls it when a server is
+// interrupted (SIGTERM).
+func (s *Server) Leave(ctx context.Context) error {
+	s.node.Logger().Info("leaving the job: handing the classic keys over")
+	err := s.node.Leave(ctx, s.awaitDrained)
+	if err != nil {
+		err = fmt.Errorf("server: leaving the job: %w", err)
+		s.node.Fail(err)
+	}
+	if cerr := s.stop(err == nil); err == nil {
+		err = cerr
+	}
+	s.node.Close() // drains: the keys and the last answers go out before Bye
+	return err
+}
+
+// awaitDrained waits until this server may go: it applied a layout
+// without itself (its keys are handed over, or on their way in its send
+// pool) and every worker of the job said, with KVDrained, how many
+// classic requests it sent here, all of which were answered.
+func (s *Server) awaitDrained(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		done := s.drainedLocked()
+		s.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-s.wake:
+		case <-s.node.Done():
+			return s.node.Err()
+		case <-ctx.Done():
+			return fmt.Errorf("handing the classic keys over: %w", ctx.Err())
+		}
+	}
+}
+
+func (s *Server) drainedLocked() bool {
+	r := s.rangesLocked()
+	if r.Layout().Index(s.node.Self().ID) >= 0 || r.Settling() || s.carrying > 0 {
+		return false
+	}
+	for _, w := range s.node.Workers() {
+		if n, ok := s.drained[w]; !ok || s.handled[w] != n {
+			return false
+		}
+	}
+	return true
+}
 
 // Customers is the server's customers (fpt.h's fpt_customer_add).
 func (s *Server) Customers() *customer.Set { return s.base.Customers }
@@ -355,6 +496,7 @@ func (s *Server) newLayout(l classic.Layout) {
 	s.mu.Lock()
 	t := s.rangesLocked().Offer(s.store, l)
 	s.changedLocked(t)
+	s.carrying++
 	s.mu.Unlock()
 	// Off the role's goroutine: the LB's directives need not wait for
 	// the keys to be sent.
@@ -389,6 +531,9 @@ func (s *Server) moved(h *frame.Header, payload []byte) error {
 		t, err = r.MoveEnd(s.store, h)
 	}
 	s.changedLocked(t)
+	if err == nil {
+		s.carrying++
+	}
 	s.mu.Unlock()
 	if err != nil {
 		return err
@@ -397,10 +542,19 @@ func (s *Server) moved(h *frame.Header, payload []byte) error {
 	return nil
 }
 
-// left takes another node's loss (role.New's left): a lost server's
-// keys will not come.
-func (s *Server) left(id node.ID) error {
+// left takes another node's departure (role.New's left): a lost
+// server's keys will not come; one that left in order (graceful) sends
+// them all before its connection ends. A leave waits for the workers of
+// the table, which no longer names id.
+func (s *Server) left(id node.ID, graceful bool) error {
+	defer s.poke()
 	if r, _ := id.Role(); r != node.Server {
+		return nil
+	}
+	if graceful {
+		s.mu.Lock()
+		s.departed[id] = true
+		s.mu.Unlock()
 		return nil
 	}
 	if !s.awaitLoad() {
@@ -409,6 +563,7 @@ func (s *Server) left(id node.ID) error {
 	s.mu.Lock()
 	t := s.rangesLocked().Lost(s.store, id)
 	s.changedLocked(t)
+	s.carrying++
 	s.mu.Unlock()
 	if t.Dropped > 0 {
 		s.node.Logger().Warn("classic keys a lost server had not sent whole dropped", "server", id, "keys", t.Dropped)
@@ -419,8 +574,14 @@ func (s *Server) left(id node.ID) error {
 
 // carryOut sends what a change of the key ranges produced, then routes
 // the requests it released again. A failure fails the node: a key's
-// value would be lost.
+// value would be lost. The caller counted it in s.carrying.
 func (s *Server) carryOut(t classic.Todo) {
+	defer func() {
+		s.mu.Lock()
+		s.carrying--
+		s.mu.Unlock()
+		s.poke()
+	}()
 	for _, a := range t.Applied {
 		s.node.Logger().Info("classic key layout applied", "layout", a.Layout, "keys_moved_out", a.MovedOut, "keys_kept", a.Kept)
 	}

@@ -102,3 +102,89 @@ func TestClassicKeysMove(t *testing.T) {
 		})
 	}
 }
+
+// leftRe is the scheduler's line for a server that left in order.
+var leftRe = regexp.MustCompile(`msg="server left the job in order: its classic keys are handed over" .*?node=(\S+)@`)
+
+// TestClassicKeysMoveOffLeavingServer: a server sent SIGTERM leaves the
+// running job in order and takes no classic key with it. A 3 × 2 job
+// under FPT_ON_SERVER_LOSS=retry, LB off and on, runs test_kv_app's
+// classic rounds right after Init (--classic-first), so every server
+// holds classic keys, then trains; in iteration joinAt the process
+// server1 is sent SIGTERM. The scheduler re-cuts the key ranges over the
+// other two (layout version 1, "server leaving") and takes the server out
+// of the LB's decisions; the server hands every key it holds to its new
+// owner, waits until both workers said they send it nothing more, and
+// exits 0. The classic rounds after training must pull every round's
+// sum, before training too (test_kv_app exits non-zero otherwise), and
+// every iteration is verified. Checked besides: every process exits 0,
+// the scheduler logged the server's departure in order, and the server
+// moved out exactly the keys the cut over three servers gave its rank.
+func TestClassicKeysMoveOffLeavingServer(t *testing.T) {
+	for _, lb := range []string{"off", "on"} {
+		t.Run("LB "+lb, func(t *testing.T) { leaveInOrder(t, lb) })
+	}
+}
+
+func leaveInOrder(t *testing.T, lb string) {
+	const rounds = 2
+	c := startCluster(t, spec{servers: 3, workers: 2,
+		env: []string{"FPT_ON_SERVER_LOSS=retry", "FPT_LB=" + lb, "FPT_PARTITION_BYTES=65536"},
+		appArgs: []string{"-iters", strconv.Itoa(failoverIters), "-compute", "20ms",
+			"-tensors", strconv.Itoa(classicMoveTensors), "-min-bytes", "4096", "-max-bytes", "2097152",
+			"-classic", strconv.Itoa(rounds), "--classic-first"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(fmt.Sprintf(`iteration %d/`, joinAt))); err != nil {
+		c.dump()
+		t.Fatal(err)
+	}
+	leaver := c.proc("server1")
+	started, err := waitOutput(ctx, leaver, startedRe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := started[1] // "server<rank>(<id>)": ranks follow registration
+	rank, err := strconv.Atoi(strings.TrimPrefix(id[:strings.Index(id, "(")], "server"))
+	if err != nil {
+		t.Fatalf("server1 started as %q: %v", id, err)
+	}
+	wantMoved := 0
+	for i := range uint64(classicMoveTensors) {
+		if classic.ServerFor(i*(math.MaxUint64/classicMoveTensors), 3) == rank {
+			wantMoved++
+		}
+	}
+	if wantMoved == 0 {
+		t.Fatalf("%s holds no classic key: the test would prove nothing", id)
+	}
+	if err := leaver.Terminate(); err != nil {
+		t.Fatal(err)
+	}
+	c.survived(nil)
+	for _, w := range []string{"worker0", "worker1"} {
+		mustContain(t, w+" stdout", c.proc(w).Stdout.String(),
+			"classic Push/Pull before training over",
+			"classic Push/Pull/PushPull over",
+			fmt.Sprintf("and %d classic rounds", rounds))
+	}
+	log := c.proc("scheduler").Stderr.String()
+	recuts := recutRe.FindAllStringSubmatch(log, -1)
+	if len(recuts) != 1 || recuts[0][1] != "1" || !strings.Contains(recuts[0][0], `reason="server leaving"`) {
+		t.Errorf("the scheduler's re-cuts of the classic key ranges: %q; want one, to layout_version=1, as %s leaves:\n%s", recuts, id, tail(log))
+	}
+	if m := leftRe.FindStringSubmatch(log); m == nil || m[1] != id {
+		t.Errorf("the scheduler did not log %s's departure in order (%q):\n%s", id, m, tail(log))
+	} else {
+		t.Logf("scheduler: %s", m[0])
+	}
+	moved := 0
+	for _, m := range appliedRe.FindAllStringSubmatch(leaver.Stderr.String(), -1) {
+		n, _ := strconv.Atoi(m[1])
+		moved += n
+		t.Logf("%s: %s", id, m[0])
+	}
+	if moved != wantMoved {
+		t.Errorf("%s logged %d classic keys moved out, want %d (all it held)", id, moved, wantMoved)
+	}
+}

@@ -183,7 +183,7 @@ const maxElemSize = 16
 // only. partBytes 0: no bound but MaxPayload, which Decode applied.
 func lengthBound(t frame.Type, partBytes uint64) uint64 {
 	switch t {
-	case frame.Hello, frame.Bye, frame.KVPull, frame.KVAck, frame.KVMoveEnd, frame.KVPullRange, frame.KVRangeEnd:
+	case frame.Hello, frame.Bye, frame.KVPull, frame.KVAck, frame.KVMoveEnd, frame.KVPullRange, frame.KVRangeEnd, frame.KVDrained:
 		return 0
 	case frame.KVMoved:
 		return 4 // the owner's id

@@ -52,12 +52,21 @@ type RangeResult struct {
 }
 
 // newLayout adopts a newer layout of the classic key ranges; range pulls
-// parked until the worker knows it ask again.
+// parked until the worker knows it ask again. A server the new layout no
+// longer names hears KVDrained: this worker sends it no more requests
+// (requests go by the newest layout, and a KVMoved under an older one
+// is sent by it too), and the count lets one that leaves in order know
+// when it has answered them all.
 func (c *core) newLayout(l classic.Layout) todo {
+	var t todo
 	if l.Version > c.layout.Version || len(c.layout.Servers) == 0 {
+		for _, id := range c.layout.Servers {
+			if c.started && l.Index(id) < 0 {
+				t.notices = append(t.notices, c.drained(id, l.Version))
+			}
+		}
 		c.layout = l
 	}
-	var t todo
 	parked := c.parkedRanges[:0]
 	for _, req := range c.parkedRanges {
 		switch {
@@ -70,6 +79,27 @@ func (c *core) newLayout(l classic.Layout) todo {
 	}
 	c.parkedRanges = parked
 	return t
+}
+
+// drainedOutside tells each of servers (the node table's, at the start)
+// that the worker's layout leaves out that it sends it nothing: a server
+// leaving the job waits for every worker's KVDrained, and newLayout says
+// it only to the servers of a layout the started worker had.
+func (c *core) drainedOutside(servers []node.ID) todo {
+	var t todo
+	for _, id := range servers {
+		if c.layout.Index(id) < 0 {
+			t.notices = append(t.notices, c.drained(id, c.layout.Version))
+		}
+	}
+	return t
+}
+
+// drained is the KVDrained for server id, as of layout version v.
+func (c *core) drained(id node.ID, v uint32) van.Message {
+	return van.Message{Header: frame.Header{
+		Type: frame.KVDrained, Sender: uint32(c.self), Recipient: uint32(id), Iteration: uint64(v), Total: c.classicSent[id],
+	}}
 }
 
 // pullRange asks every server whose range meets [from, to) (to 0: no
@@ -119,7 +149,18 @@ func (c *core) askRange(req *request) []van.Message {
 			Key: rng.from, Total: rng.to, Iteration: uint64(rng.version), Aux: uint32(req.ts),
 		}})
 	}
+	c.countClassic(msgs)
 	return msgs
+}
+
+// countClassic counts the classic requests made, by server.
+func (c *core) countClassic(msgs []van.Message) {
+	if c.classicSent == nil {
+		c.classicSent = make(map[node.ID]uint64)
+	}
+	for i := range msgs {
+		c.classicSent[node.ID(msgs[i].Header.Recipient)]++
+	}
 }
 
 // rangeReply takes a reply to range pull req: KVData returns the span its
@@ -282,6 +323,7 @@ func (c *core) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byteLe
 		req.left += len(msgs) // one ack per frame
 	}
 	req.frames = msgs
+	c.countClassic(msgs)
 	return todo{req: req, sends: msgs}, nil
 }
 
@@ -337,10 +379,18 @@ func (c *core) kvMoved(req *request, h *frame.Header, payload []byte) (todo, err
 	if !found || req.frames[i].Header.Total != h.Total || req.frames[i].Header.Partition != h.Partition {
 		return todo{}, fmt.Errorf("key %d moved: request %d sent no chunk %d at offset %d of %d bytes", h.Key, h.Aux, h.Partition, h.Offset, h.Total)
 	}
+	version := uint32(h.Iteration)
+	if c.layout.Version > version {
+		// The worker knows a newer layout than the server's: its owner
+		// there (a server leaving the job is owner in neither's).
+		owner, version = c.layout.Owner(h.Key), c.layout.Version
+	}
 	m := van.Message{Header: req.frames[i].Header, Payload: req.frames[i].Payload}
-	m.Header.Recipient, m.Header.Iteration = uint32(owner), h.Iteration
+	m.Header.Recipient, m.Header.Iteration = uint32(owner), uint64(version)
 	req.left++ // the hand-over of the frame sent again, as at the request's start
-	return todo{req: req, sends: []van.Message{m}}, nil
+	sends := []van.Message{m}
+	c.countClassic(sends)
+	return todo{req: req, sends: sends}, nil
 }
 
 // kvLanded accounts for a KVData frame whose bytes are in the caller's

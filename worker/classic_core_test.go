@@ -265,3 +265,63 @@ func TestCoreClassicMoved(t *testing.T) {
 		t.Error("a move to a worker accepted")
 	}
 }
+
+// TestCoreClassicDrained: a layout that leaves a server out has the
+// worker tell it, with KVDrained, how many classic requests it sent it in
+// all (frames of pushes, pulls, moved chunks sent again, range pulls), so
+// that a server leaving the job knows when it has answered them all. A
+// KVMoved under an older layout than the worker's goes by the worker's:
+// never to a server it said KVDrained to. At the start, the table's
+// servers the layout leaves out hear it too.
+func TestCoreClassicDrained(t *testing.T) {
+	s0, s1, s2 := node.ServerID(0), node.ServerID(1), node.ServerID(2)
+	c := startedCore(t, 0, 3, false)
+	v0 := c.layout
+	key := uint64(1) << 63 // server 1's in v0
+	if v0.Owner(key) != s1 {
+		t.Fatalf("key %d is %s's in %v", key, v0.Owner(key), v0)
+	}
+	push, err := c.kvRequest(frame.KVPush, []uint64{key}, pattern(40, 0), nil, []int{40}, frame.Float32, &call{}) // 3 chunks
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]byte, 40)
+	if _, err := c.kvRequest(frame.KVPull, []uint64{key}, out, out, []int{40}, frame.Float32, &call{}); err != nil {
+		t.Fatal(err)
+	}
+	rng, err := c.pullRange(0, 0, frame.Float32, 1<<20, &RangeResult{}, &call{}) // one frame to each server
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := recipients(rng.sends); !slices.Equal(got, []node.ID{s0, s1, s2}) {
+		t.Fatalf("range pull asked %v", got)
+	}
+	const sentToS1 = 3 + 1 + 1
+
+	v1 := v0.Without(s1)
+	td := c.newLayout(v1)
+	if len(td.notices) != 1 {
+		t.Fatalf("notices %v, want one KVDrained to %s", td.notices, s1)
+	}
+	if h := td.notices[0].Header; h.Type != frame.KVDrained || node.ID(h.Recipient) != s1 || h.Total != sentToS1 || h.Iteration != uint64(v1.Version) {
+		t.Fatalf("notice %s, want KVDrained to %s with Total %d under v%d", &h, s1, sentToS1, v1.Version)
+	}
+
+	// A server still at v0 names s1 as the pushed key's owner: the chunk
+	// goes to its owner in v1 instead, under v1.
+	moved := push.sends[0].Header
+	moved.Type, moved.Sender, moved.Recipient, moved.Iteration, moved.Length = frame.KVMoved, uint32(s0), moved.Sender, uint64(v0.Version), 4
+	_, again, err := c.kvReply(&moved, binary.LittleEndian.AppendUint32(nil, uint32(s1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := again.sends[0].Header; node.ID(r.Recipient) != v1.Owner(key) || r.Iteration != uint64(v1.Version) {
+		t.Fatalf("sent again %s, want it to %s under v%d", &r, v1.Owner(key), v1.Version)
+	}
+
+	// At the start (a joiner's table names a server its layout does not).
+	td = c.drainedOutside([]node.ID{s0, s1, s2})
+	if len(td.notices) != 1 || node.ID(td.notices[0].Header.Recipient) != s1 || td.notices[0].Header.Total != sentToS1 {
+		t.Fatalf("at the start: notices %v, want one KVDrained to %s with Total %d", td.notices, s1, sentToS1)
+	}
+}

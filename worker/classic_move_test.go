@@ -207,6 +207,54 @@ func TestClassicKeysMoveToJoiningServer(t *testing.T) {
 	}
 }
 
+// TestClassicKeysMoveAwayFromLeavingServer: a server interrupted (as by
+// SIGTERM) under FPT_ON_SERVER_LOSS=retry leaves the job in order while
+// two workers push classic keys and worker 1 range-pulls the whole key
+// space before every round: it hands every key over, answers the
+// requests still addressed to it by redirecting them, and goes once each
+// worker said it sends it nothing more. Every value pulled at the end is
+// exact, none lost and none counted twice, the servers left have dense
+// ranks, and the leaver ends without error.
+func TestClassicKeysMoveAwayFromLeavingServer(t *testing.T) {
+	c := startMem(t, 3, 2, map[string]string{"FPT_PARTITION_BYTES": memPartitionBytes, "FPT_ON_SERVER_LOSS": "retry"})
+	fptRounds(t, c.Workers, 1, hooks{}) // a server may leave once the job runs
+	leaver := node.ServerID(1)
+	keys, lens, total := classicKeys(96)
+	const rounds = 40
+	classicPushes(t, c, keys, lens, total, rounds, func(w *worker.Worker, r int) error {
+		if w.Rank() == 1 && r > 0 {
+			_, err := rangeHasKeys(worker.NewKV[float32](w), keys, lens, 0, len(keys))
+			return err
+		}
+		if w.Rank() == 0 && r == 10 {
+			return c.Interrupt(leaver)
+		}
+		return nil
+	})
+	awaitLayout(t, c, []node.ID{node.ServerID(0), node.ServerID(2)})
+	awaitServerRanks(t, c, map[node.ID]int{node.ServerID(0): 0, node.ServerID(2): 1})
+	// It left while the job runs: not only once the job ended.
+	for _, w := range c.Workers {
+		m := c.Member(node.WorkerID(w.Rank()))
+		deadline := time.Now().Add(30 * time.Second)
+		for !m.HasLeft(leaver) && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if !m.HasLeft(leaver) {
+			t.Fatalf("worker %d: %s did not leave within 30 s", w.Rank(), leaver)
+		}
+	}
+	pullExact(t, c, keys, lens, total, float32(rounds*(1+2)))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.Finish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m := c.Member(leaver); m.Err() != nil {
+		t.Fatalf("the server that left failed: %v", m.Err())
+	}
+}
+
 // TestClassicAfterServerLoss: a server lost before any classic request
 // takes its range out of the layout, so classic calls made afterwards go
 // to the servers left and every value is exact (they used to go to the

@@ -76,6 +76,9 @@ type core struct {
 	// layout is the newest classic key layout the worker knows: classic
 	// requests go to its servers.
 	layout classic.Layout
+	// classicSent counts the classic requests made to each server, for
+	// the KVDrained a server that leaves the layout hears.
+	classicSent map[node.ID]uint64
 	// parkedRanges are range pulls a server answered under a layout the
 	// worker does not know yet: they ask again once it does.
 	parkedRanges []*request
@@ -335,6 +338,8 @@ type todo struct {
 	resends []resend
 	// duty: hand the parameters to joining workers, before sends.
 	duty *paramsDuty
+	// notices are frames no request waits for (KVDrained).
+	notices []van.Message
 }
 
 // resend is one held push's frames cut again by a retry decision.
@@ -361,6 +366,7 @@ func (t *todo) merge(o todo) {
 	t.finished = append(t.finished, o.finished...)
 	t.copies = append(t.copies, o.copies...)
 	t.resends = append(t.resends, o.resends...)
+	t.notices = append(t.notices, o.notices...)
 	if o.began != nil {
 		t.began = o.began
 	}

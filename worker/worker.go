@@ -105,12 +105,17 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 	}
 	w.c.newLayout(n.Layout()) // before start: nothing is parked
 	err := w.c.start(n.Self().ID, n.Servers(), n.Workers())
+	var t todo
+	if err == nil {
+		t = w.c.drainedOutside(n.Servers())
+	}
 	w.mu.Unlock()
 	if err != nil {
 		w.base.Close()
 		n.Close()
 		return nil, err
 	}
+	w.do(t)
 	go w.watch()
 	return w, nil
 }
@@ -188,6 +193,12 @@ func (w *Worker) do(t todo) {
 	if b := t.began; b != nil && w.base.Agent != nil {
 		w.base.Agent.IterationBegan(b.iter, b.modelBytes, b.version)
 	}
+	for i := range t.notices {
+		if err := w.node.Van().Forward(&t.notices[i]); err != nil {
+			// A lost server: it waits for nothing any more.
+			w.node.Logger().Debug("notice not sent", "frame", &t.notices[i].Header, "err", err)
+		}
+	}
 }
 
 // hand adds req's local contributions to the aggregator and queues its
@@ -258,9 +269,9 @@ func (w *Worker) sendError(id node.ID, err error) error {
 // server, since the lost server's classic keys are lost with it (they move
 // when a server joins, but are not replicated). A lost worker changes
 // nothing for them.
-func (w *Worker) left(id node.ID) error {
-	if r, _ := id.Role(); r != node.Server {
-		return nil
+func (w *Worker) left(id node.ID, graceful bool) error {
+	if r, _ := id.Role(); r != node.Server || graceful {
+		return nil // a server that left in order handed its keys over
 	}
 	w.mu.Lock()
 	used := w.c.classicUsed

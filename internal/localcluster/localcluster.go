@@ -89,6 +89,10 @@ func (p *Proc) Wait(timeout time.Duration) bool {
 // Kill sends SIGKILL.
 func (p *Proc) Kill() error { return p.Cmd.Process.Signal(syscall.SIGKILL) }
 
+// Terminate sends the process SIGTERM, as a launcher scaling a job down
+// does.
+func (p *Proc) Terminate() error { return p.Cmd.Process.Signal(syscall.SIGTERM) }
+
 // Cluster is a running cluster.
 type Cluster struct {
 	Port  int     // the scheduler's port

@@ -64,6 +64,7 @@ type Cluster struct {
 	waiting int                // ends not yet taken from ended
 	endErrs []error            // the errors they ended with
 	killed  sync.Map           // *launch.Node → true: ended by Kill, its error expected
+	stops   sync.Map           // *launch.Node → context.CancelFunc of the context it serves under (Interrupt)
 	// add starts one more server or worker with the job's environment.
 	add func(server bool) (*launch.Node, error)
 }
@@ -124,7 +125,10 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	// Every node starts as a real one does (launch.Start); the scheduler
 	// and the servers then serve until Finish or Close.
 	serve := func(n *launch.Node) {
-		err := n.Finalize(ctx)
+		nctx, stop := context.WithCancel(ctx)
+		defer stop()
+		c.stops.Store(n, stop)
+		err := n.Finalize(nctx)
 		if _, killed := c.killed.Load(n); killed {
 			err = nil
 		}
@@ -316,6 +320,22 @@ func (c *Cluster) Kill(id node.ID) error {
 	}
 	victim.Close()
 	return nil
+}
+
+// Interrupt ends the context server id serves under, as SIGTERM ends a
+// server process's: under FPT_ON_SERVER_LOSS=retry it leaves the job in
+// order (server.Server.Leave), and its end (nil once it left) counts in
+// Finish and Ends like any server's.
+func (c *Cluster) Interrupt(id node.ID) error {
+	for _, n := range c.all() {
+		if m := n.Member(); m != nil && m.Self().ID == id && n.Server() != nil {
+			if stop, ok := c.stops.Load(n); ok {
+				stop.(context.CancelFunc)()
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("memcluster: no serving server %s", id)
 }
 
 // Finish finalizes every worker not killed, then waits for the servers
