@@ -715,22 +715,29 @@ func TestMoveFine(t *testing.T) {
 	}
 }
 
+// withoutS1 is a cluster of s0, s1 and s2 at v0 holding 200 keys (all),
+// and v1, v0 without s1; frames are delivered in the order of the
+// random stream (seed, stream), or in order for seed 0.
+func withoutS1(t *testing.T, seed, stream uint64) (c *cluster, v0, v1 Layout, all map[uint64][]byte) {
+	t.Helper()
+	var rng *rand.Rand
+	if seed != 0 {
+		rng = rand.New(rand.NewPCG(seed, stream))
+	}
+	c = newCluster(t, rng)
+	v0 = Initial([]node.ID{s0, s1, s2})
+	for _, id := range v0.Servers {
+		c.add(id, v0, 8)
+	}
+	return c, v0, v0.Without(s1), c.seedKeys(v0, 200)
+}
+
 // TestLoss: a server is lost; the survivors settle without it and keep
 // exactly their keys.
 func TestLoss(t *testing.T) {
 	t.Run("without", func(t *testing.T) {
 		for _, seed := range []uint64{0, 11, 12} {
-			var rng *rand.Rand
-			if seed != 0 {
-				rng = rand.New(rand.NewPCG(seed, 3))
-			}
-			c := newCluster(t, rng)
-			v0 := Initial([]node.ID{s0, s1, s2})
-			v1 := v0.Without(s1)
-			for _, id := range v0.Servers {
-				c.add(id, v0, 8)
-			}
-			all := c.seedKeys(v0, 200)
+			c, v0, v1, all := withoutS1(t, seed, 3)
 			c.dead[s1] = true
 			c.stores[s1] = kvstore.New() // its keys are gone with it
 			survivors := map[uint64][]byte{}
@@ -769,17 +776,7 @@ func TestLoss(t *testing.T) {
 		// s1 leaves alive: applying v1 it hands every key over, and the
 		// others hold the keys they gain until its ends come.
 		for _, seed := range []uint64{0, 15, 16} {
-			var rng *rand.Rand
-			if seed != 0 {
-				rng = rand.New(rand.NewPCG(seed, 5))
-			}
-			c := newCluster(t, rng)
-			v0 := Initial([]node.ID{s0, s1, s2})
-			v1 := v0.Without(s1)
-			for _, id := range v0.Servers {
-				c.add(id, v0, 8)
-			}
-			all := c.seedKeys(v0, 200)
+			c, _, v1, all := withoutS1(t, seed, 5)
 			for _, id := range []node.ID{s0, s2} {
 				c.offer(id, v1)
 			}

@@ -9,7 +9,6 @@ import (
 	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
-	"github.com/fptps/fpt/control/memplane"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/node"
 )
@@ -42,26 +41,12 @@ func TestServeServerLeave(t *testing.T) {
 				HeartbeatTimeout: 2 * time.Hour, StartTimeout: waitTime, RetryServerLoss: tc.retry}
 			srv := serve(t, cfg)
 			sched := srv.sched
-			members := map[node.ID]*memplane.Plane{}
+			members := tables(t, srv.register(t, roles(tc.servers, tc.workers)...), cfg.Grants())
 			t.Cleanup(func() {
 				for id, p := range members {
 					_ = p.Send(sched, &control.Message{Command: control.Terminate, Sender: id})
 				}
 			})
-			for _, p := range srv.register(t, roles(tc.servers, tc.workers)...) {
-				m := next(t, p)
-				if m.Command != control.NodeTable {
-					t.Fatalf("got %v, want the node table", m.Command)
-				}
-				members[m.Recipient] = p
-			}
-			if cfg.Grants() {
-				for id, p := range members {
-					if m := next(t, p); m.Command != control.Decision {
-						t.Fatalf("%s got %v, want the first directive", id, m.Command)
-					}
-				}
-			}
 			if tc.started {
 				passStart(t, sched, members)
 			}

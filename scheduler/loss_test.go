@@ -58,8 +58,7 @@ func TestServeNodeLoss(t *testing.T) {
 				HeartbeatTimeout: 2 * time.Hour, StartTimeout: waitTime, LB: tc.lb, RetryServerLoss: tc.retry, WorkerLoss: tc.workerLoss}
 			srv := serve(t, cfg)
 			sched := srv.sched
-			planes := srv.register(t, roles(tc.servers, tc.workers)...)
-			members := map[node.ID]*memplane.Plane{}
+			members := tables(t, srv.register(t, roles(tc.servers, tc.workers)...), cfg.Grants())
 			// A check that fails may leave the scheduler waiting for the
 			// members' Terminate echoes (for the heartbeat timeout, not
 			// its context): echo, so that the cleanup does not hang.
@@ -70,21 +69,6 @@ func TestServeNodeLoss(t *testing.T) {
 					}
 				}
 			})
-			for _, p := range planes {
-				m := next(t, p)
-				if m.Command != control.NodeTable {
-					t.Fatalf("got %v, want the node table", m.Command)
-				}
-				members[m.Recipient] = p
-			}
-			// Whatever the LB sends at the start.
-			if cfg.Grants() {
-				for id, p := range members {
-					if m := next(t, p); m.Command != control.Decision {
-						t.Fatalf("%s got %v, want the first directive", id, m.Command)
-					}
-				}
-			}
 			if !tc.beforeStart {
 				passStart(t, sched, members)
 			}

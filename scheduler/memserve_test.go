@@ -89,16 +89,31 @@ func (s *served) register(t *testing.T, roles ...node.Role) []*memplane.Plane {
 // every member pass the start barriers, and returns the members by id.
 func (s *served) started(t *testing.T, planes []*memplane.Plane) map[node.ID]*memplane.Plane {
 	t.Helper()
+	members := tables(t, planes, true)
+	passStart(t, s.sched, members)
+	return members
+}
+
+// tables takes each plane's node table and, with the LB's grants, its
+// first directive, and returns the members by id.
+func tables(t *testing.T, planes []*memplane.Plane, grants bool) map[node.ID]*memplane.Plane {
+	t.Helper()
 	members := map[node.ID]*memplane.Plane{}
 	for _, p := range planes {
-		members[next(t, p).Recipient] = p
+		m := next(t, p)
+		if m.Command != control.NodeTable {
+			t.Fatalf("got %v, want the node table", m.Command)
+		}
+		members[m.Recipient] = p
 	}
 	for id, p := range members {
+		if !grants {
+			break
+		}
 		if m := next(t, p); m.Command != control.Decision {
 			t.Fatalf("%s got %v, want the first directive", id, m.Command)
 		}
 	}
-	passStart(t, s.sched, members)
 	return members
 }
 

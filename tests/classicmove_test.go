@@ -52,55 +52,83 @@ func TestClassicKeysMove(t *testing.T) {
 	if wantMoved == 0 {
 		t.Fatal("no classic key changes server: the test would prove nothing")
 	}
-	const rounds = 2
 	for _, lb := range []string{"off", "on"} {
 		t.Run("LB "+lb, func(t *testing.T) {
-			// Tensors of 4 KiB to 2 MiB over 64 KiB partitions: the larger
-			// keys move in many KVMove frames.
-			c := startCluster(t, spec{servers: 2, workers: 2,
-				env: []string{"FPT_ON_SERVER_LOSS=retry", "FPT_LB=" + lb, "FPT_PARTITION_BYTES=65536"},
-				appArgs: []string{"-iters", strconv.Itoa(failoverIters), "-compute", "20ms",
-					"-tensors", strconv.Itoa(classicMoveTensors), "-min-bytes", "4096", "-max-bytes", "2097152",
-					"-classic", strconv.Itoa(rounds), "--classic-first"}})
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			// The classic rounds before training are done by then.
-			if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(fmt.Sprintf(`iteration %d/`, joinAt))); err != nil {
-				c.dump()
-				t.Fatal(err)
-			}
+			c := startClassicJob(t, 2, lb)
 			joiner, err := c.Add("server")
 			if err != nil {
 				t.Fatal(err)
 			}
-			c.survived(nil)
-			for _, w := range []string{"worker0", "worker1"} {
-				mustContain(t, w+" stdout", c.proc(w).Stdout.String(),
-					"classic Push/Pull before training over",
-					"classic Push/Pull/PushPull over",
-					fmt.Sprintf("and %d classic rounds", rounds))
-			}
-
-			log := c.proc("scheduler").Stderr.String()
-			recuts := recutRe.FindAllStringSubmatch(log, -1)
-			if len(recuts) != 1 || recuts[0][1] != "1" || !strings.Contains(recuts[0][0], `reason="server joined"`) {
-				t.Errorf("the scheduler's re-cuts of the classic key ranges: %q; want one, to layout_version=1, on the server's join:\n%s", recuts, tail(log))
-			} else {
-				t.Logf("scheduler: %s", recuts[0][0])
-			}
-			moved := 0
-			for _, p := range []string{"server0", "server1", joiner.Name} {
-				for _, m := range appliedRe.FindAllStringSubmatch(c.proc(p).Stderr.String(), -1) {
-					n, _ := strconv.Atoi(m[1])
-					moved += n
-					t.Logf("%s: %s", p, m[0])
-				}
-			}
-			if moved != wantMoved {
+			classicSurvived(t, c, "server joined")
+			if moved := movedOut(t, c, "server0", "server1", joiner.Name); moved != wantMoved {
 				t.Errorf("the servers logged %d classic keys moved out, want %d", moved, wantMoved)
 			}
 		})
 	}
+}
+
+// classicRounds is how many classic rounds test_kv_app runs before and
+// after training in these tests.
+const classicRounds = 2
+
+// startClassicJob starts a job of servers × 2 under
+// FPT_ON_SERVER_LOSS=retry with the LB lb, whose workers run
+// classicRounds classic rounds right after Init (--classic-first), so
+// that every server holds classic keys, then train and run them again;
+// it returns once worker 0 is in iteration joinAt. Tensors of 4 KiB to
+// 2 MiB over 64 KiB partitions: the larger keys move in many KVMove
+// frames.
+func startClassicJob(t *testing.T, servers int, lb string) *cluster {
+	t.Helper()
+	c := startCluster(t, spec{servers: servers, workers: 2,
+		env: []string{"FPT_ON_SERVER_LOSS=retry", "FPT_LB=" + lb, "FPT_PARTITION_BYTES=65536"},
+		appArgs: []string{"-iters", strconv.Itoa(failoverIters), "-compute", "20ms",
+			"-tensors", strconv.Itoa(classicMoveTensors), "-min-bytes", "4096", "-max-bytes", "2097152",
+			"-classic", strconv.Itoa(classicRounds), "--classic-first"}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(fmt.Sprintf(`iteration %d/`, joinAt))); err != nil {
+		c.dump()
+		t.Fatal(err)
+	}
+	return c
+}
+
+// classicSurvived fails the test unless every process exits 0, the
+// workers verified every iteration and both classic phases, and the
+// scheduler re-cut the classic key ranges once, to layout_version=1, for
+// reason. It returns the scheduler's log.
+func classicSurvived(t *testing.T, c *cluster, reason string) string {
+	t.Helper()
+	c.survived(nil)
+	for _, w := range []string{"worker0", "worker1"} {
+		mustContain(t, w+" stdout", c.proc(w).Stdout.String(),
+			"classic Push/Pull before training over",
+			"classic Push/Pull/PushPull over",
+			fmt.Sprintf("and %d classic rounds", classicRounds))
+	}
+	log := c.proc("scheduler").Stderr.String()
+	recuts := recutRe.FindAllStringSubmatch(log, -1)
+	if len(recuts) != 1 || recuts[0][1] != "1" || !strings.Contains(recuts[0][0], `reason="`+reason+`"`) {
+		t.Errorf("the scheduler's re-cuts of the classic key ranges: %q; want one, to layout_version=1, %q:\n%s", recuts, reason, tail(log))
+	} else {
+		t.Logf("scheduler: %s", recuts[0][0])
+	}
+	return log
+}
+
+// movedOut adds up the classic keys the servers procs logged as moved out.
+func movedOut(t *testing.T, c *cluster, procs ...string) int {
+	t.Helper()
+	moved := 0
+	for _, p := range procs {
+		for _, m := range appliedRe.FindAllStringSubmatch(c.proc(p).Stderr.String(), -1) {
+			n, _ := strconv.Atoi(m[1])
+			moved += n
+			t.Logf("%s: %s", p, m[0])
+		}
+	}
+	return moved
 }
 
 // leftRe is the scheduler's line for a server that left in order.
@@ -127,20 +155,10 @@ func TestClassicKeysMoveOffLeavingServer(t *testing.T) {
 }
 
 func leaveInOrder(t *testing.T, lb string) {
-	const rounds = 2
-	c := startCluster(t, spec{servers: 3, workers: 2,
-		env: []string{"FPT_ON_SERVER_LOSS=retry", "FPT_LB=" + lb, "FPT_PARTITION_BYTES=65536"},
-		appArgs: []string{"-iters", strconv.Itoa(failoverIters), "-compute", "20ms",
-			"-tensors", strconv.Itoa(classicMoveTensors), "-min-bytes", "4096", "-max-bytes", "2097152",
-			"-classic", strconv.Itoa(rounds), "--classic-first"}})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	c := startClassicJob(t, 3, lb)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(fmt.Sprintf(`iteration %d/`, joinAt))); err != nil {
-		c.dump()
-		t.Fatal(err)
-	}
-	leaver := c.proc("server1")
-	started, err := waitOutput(ctx, leaver, startedRe)
+	started, err := waitOutput(ctx, c.proc("server1"), startedRe)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,33 +176,16 @@ func leaveInOrder(t *testing.T, lb string) {
 	if wantMoved == 0 {
 		t.Fatalf("%s holds no classic key: the test would prove nothing", id)
 	}
-	if err := leaver.Terminate(); err != nil {
+	if err := c.proc("server1").Terminate(); err != nil {
 		t.Fatal(err)
 	}
-	c.survived(nil)
-	for _, w := range []string{"worker0", "worker1"} {
-		mustContain(t, w+" stdout", c.proc(w).Stdout.String(),
-			"classic Push/Pull before training over",
-			"classic Push/Pull/PushPull over",
-			fmt.Sprintf("and %d classic rounds", rounds))
-	}
-	log := c.proc("scheduler").Stderr.String()
-	recuts := recutRe.FindAllStringSubmatch(log, -1)
-	if len(recuts) != 1 || recuts[0][1] != "1" || !strings.Contains(recuts[0][0], `reason="server leaving"`) {
-		t.Errorf("the scheduler's re-cuts of the classic key ranges: %q; want one, to layout_version=1, as %s leaves:\n%s", recuts, id, tail(log))
-	}
+	log := classicSurvived(t, c, "server leaving")
 	if m := leftRe.FindStringSubmatch(log); m == nil || m[1] != id {
 		t.Errorf("the scheduler did not log %s's departure in order (%q):\n%s", id, m, tail(log))
 	} else {
 		t.Logf("scheduler: %s", m[0])
 	}
-	moved := 0
-	for _, m := range appliedRe.FindAllStringSubmatch(leaver.Stderr.String(), -1) {
-		n, _ := strconv.Atoi(m[1])
-		moved += n
-		t.Logf("%s: %s", id, m[0])
-	}
-	if moved != wantMoved {
+	if moved := movedOut(t, c, "server1"); moved != wantMoved {
 		t.Errorf("%s logged %d classic keys moved out, want %d (all it held)", id, moved, wantMoved)
 	}
 }
