@@ -176,10 +176,12 @@ func leaveInOrder(t *testing.T, lb string) {
 	if wantMoved == 0 {
 		t.Fatalf("%s holds no classic key: the test would prove nothing", id)
 	}
+	terminated := time.Now()
 	if err := c.proc("server1").Terminate(); err != nil {
 		t.Fatal(err)
 	}
 	log := classicSurvived(t, c, "server leaving")
+	t.Logf("%s exited %v after SIGTERM", id, c.proc("server1").ExitedAt().Sub(terminated).Round(time.Millisecond))
 	if m := leftRe.FindStringSubmatch(log); m == nil || m[1] != id {
 		t.Errorf("the scheduler did not log %s's departure in order (%q):\n%s", id, m, tail(log))
 	} else {
