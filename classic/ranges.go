@@ -260,7 +260,11 @@ func (r *Ranges) advance(store *kvstore.Store) Todo {
 		l := r.queue[0]
 		r.queue = r.queue[1:]
 		before := store.Len()
-		t.Sends = append(t.Sends, r.apply(store, l)...)
+		if msgs := r.apply(store, l); t.Sends == nil && len(msgs) > 0 {
+			t.Sends = msgs // most often the only layout: no copy
+		} else {
+			t.Sends = append(t.Sends, msgs...)
+		}
 		t.Applied = append(t.Applied, Applied{Layout: l, MovedOut: before - store.Len(), Kept: store.Len()})
 		changed = true
 	}
@@ -289,35 +293,39 @@ func (r *Ranges) settled() bool {
 // server gains are held until the servers of both layouts have sent
 // theirs.
 func (r *Ranges) apply(store *kvstore.Store, l Layout) []van.Message {
-	type move struct {
-		key uint64
-		v   kvstore.Value
-	}
-	var out []move
 	from, to, mine := l.Range(r.self)
-	keep := func(key uint64) bool {
-		return mine && key >= from && (to == 0 || key < to) || r.early[key] > l.Version
+	var keep func(key uint64) bool
+	if len(r.early) > 0 {
+		keep = func(key uint64) bool { return r.early[key] > l.Version }
 	}
-	store.Ascend(0, 0, func(key uint64, v kvstore.Value) bool {
-		if !keep(key) {
-			out = append(out, move{key, v})
+	// Every key outside this server's range leaves: the ranges below and
+	// above it, taken off the ends of the store.
+	var low, high []kvstore.Item
+	if !mine {
+		low = store.TakeRange(0, 0, keep)
+	} else {
+		if from > 0 {
+			low = store.TakeRange(0, from, keep)
 		}
-		return true
-	})
+		if to != 0 {
+			high = store.TakeRange(to, 0, keep)
+		}
+	}
 	sent := make(map[node.ID]uint32)
-	msgs := make([]van.Message, 0, len(out)+len(l.Servers))
-	for _, m := range out {
-		store.Delete(m.key)
-		dst := l.Owner(m.key)
-		base := frame.Header{
-			Type: frame.KVMove, DType: m.v.DType, Sender: uint32(r.self), Recipient: uint32(dst),
-			Key: m.key, Iteration: uint64(l.Version), Total: uint64(len(m.v.Data)),
-		}
-		for part, ch := range frame.Chunks(uint64(len(m.v.Data)), r.partBytes, m.v.DType.Size()) {
-			msg := van.Message{Header: base, Payload: m.v.Data[ch[0]:ch[1]]}
-			msg.Header.Offset, msg.Header.Partition = ch[0], part
-			msgs = append(msgs, msg)
-			sent[dst]++
+	msgs := make([]van.Message, 0, len(low)+len(high)+len(l.Servers))
+	for _, out := range [2][]kvstore.Item{low, high} {
+		for _, m := range out {
+			dst := l.Owner(m.Key)
+			base := frame.Header{
+				Type: frame.KVMove, DType: m.DType, Sender: uint32(r.self), Recipient: uint32(dst),
+				Key: m.Key, Iteration: uint64(l.Version), Total: uint64(len(m.Data)),
+			}
+			for part, ch := range frame.Chunks(uint64(len(m.Data)), r.partBytes, m.DType.Size()) {
+				msg := van.Message{Header: base, Payload: m.Data[ch[0]:ch[1]]}
+				msg.Header.Offset, msg.Header.Partition = ch[0], part
+				msgs = append(msgs, msg)
+				sent[dst]++
+			}
 		}
 	}
 	for _, id := range l.Servers {

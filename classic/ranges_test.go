@@ -1005,3 +1005,56 @@ func TestMoveNotOwned(t *testing.T) {
 		})
 	}
 }
+
+// TestSendsOfTwoLayouts: one change (here a loss) that lets two queued
+// layouts apply at once returns the frames of both, the first's first.
+func TestSendsOfTwoLayouts(t *testing.T) {
+	s4 := node.ServerID(4)
+	v0 := Initial([]node.ID{s0, s1})
+	v1 := v0.With(s2)
+	v2 := v1.With(s3)
+	v3 := v2.With(s4)
+	store := kvstore.New()
+	r := NewRanges(s0, v0, 1<<20)
+	const n = 1000
+	for i := range uint64(n) {
+		if k := i * (math.MaxUint64 / n); v0.Owner(k) == s0 {
+			if _, err := store.Add(k, frame.Float32, 0, value(int(i)), uint64(len(value(int(i))))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	r.Offer(store, v1) // waits for s1
+	r.Offer(store, v2)
+	r.Offer(store, v3)
+	r.Lost(store, s2)
+	td := r.Lost(store, s1) // settles v1; v2 and v3 wait for lost servers only
+	if len(td.Applied) != 2 || td.Applied[0].Layout.Version != 2 || td.Applied[1].Layout.Version != 3 {
+		t.Fatalf("applied %+v, want v2 and v3", td.Applied)
+	}
+	var got []uint64 // versions of the KVMove frames, in order
+	for _, m := range td.Sends {
+		if m.Header.Type == frame.KVMove {
+			got = append(got, m.Header.Iteration)
+		}
+	}
+	moved := td.Applied[0].MovedOut + td.Applied[1].MovedOut
+	if td.Applied[0].MovedOut == 0 || td.Applied[1].MovedOut == 0 || len(got) != moved || !slices.IsSorted(got) {
+		t.Fatalf("%d moves of versions %v, want %+v's, v2's first", len(got), got, td.Applied)
+	}
+	want := 0
+	for i := range uint64(n) {
+		if v3.Owner(i*(math.MaxUint64/n)) == s0 {
+			want++
+		}
+	}
+	if store.Len() != td.Applied[1].Kept || store.Len() != want {
+		t.Fatalf("store holds %d keys, Kept says %d, want %d", store.Len(), td.Applied[1].Kept, want)
+	}
+	store.Ascend(0, 0, func(k uint64, _ kvstore.Value) bool {
+		if v3.Owner(k) != s0 {
+			t.Fatalf("s0 kept key %d, %v's under %v", k, v3.Owner(k), v3)
+		}
+		return true
+	})
+}

@@ -167,3 +167,43 @@ func BenchmarkMemory(b *testing.B) {
 		b.ReportMetric(perKey, "bytes/key")
 	})
 }
+
+// BenchmarkTakeRange takes half the store's keys off its upper end, as a
+// server does when another joins after it; by=delete is the same done
+// with Ascend and Delete, key by key. Bytes are the values taken.
+//
+//	go test -run '^$' -bench TakeRange -benchtime 20x ./kvstore/
+func BenchmarkTakeRange(b *testing.B) {
+	take := func(s *Store, from uint64) int { return len(s.TakeRange(from, 0, nil)) }
+	deleteEach := func(s *Store, from uint64) int {
+		var out []Item
+		s.Ascend(from, 0, func(k uint64, v Value) bool {
+			out = append(out, Item{k, v})
+			return true
+		})
+		for _, it := range out {
+			s.Delete(it.Key)
+		}
+		return len(out)
+	}
+	for _, n := range benchSizes {
+		keys := sparseKeys(n)
+		mid := slices.Sorted(slices.Values(keys))[n/2]
+		for _, by := range []struct {
+			name string
+			fn   func(*Store, uint64) int
+		}{{"TakeRange", take}, {"delete", deleteEach}} {
+			b.Run(fmt.Sprintf("keys=%d/by=%s", n, by.name), func(b *testing.B) {
+				taken := 0
+				for b.Loop() {
+					b.StopTimer()
+					s := New()
+					fill(treeStore{s}, keys)
+					b.StartTimer()
+					taken = by.fn(s, mid)
+				}
+				b.SetBytes(int64(taken * valueBytes))
+			})
+		}
+	}
+}

@@ -74,7 +74,11 @@ func (s *Store) Add(key uint64, dtype frame.DType, offset uint64, payload []byte
 	case offset > total || uint64(len(payload)) > total-offset:
 		return nil, fmt.Errorf("key %d: a push of %d bytes at offset %d reaches past the value's %d bytes", key, len(payload), offset, total)
 	}
-	e, ok := s.tree.Get(entry{key: key})
+	var e entry
+	ok := false
+	if !s.outside(key) {
+		e, ok = s.tree.Get(entry{key: key})
+	}
 	if ok && (e.DType != dtype || uint64(len(e.Data)) != total) {
 		return nil, fmt.Errorf("key %d holds %d bytes of %s, the push has %d bytes of %s", key, len(e.Data), e.DType, total, dtype)
 	}
@@ -104,3 +108,92 @@ func (s *Store) Ascend(from, to uint64, fn func(key uint64, v Value) bool) {
 
 // Delete removes key (a key range handed to another server).
 func (s *Store) Delete(key uint64) { s.tree.Delete(entry{key: key}) }
+
+// outside reports whether key lies past either end of the store, so is
+// not in it: Add then inserts without a search first (moved keys arrive
+// in key order). Min and Max only walk down an edge of the tree.
+func (s *Store) outside(key uint64) bool {
+	hi, ok := s.tree.Max()
+	if !ok || key > hi.key {
+		return true
+	}
+	lo, _ := s.tree.Min()
+	return key < lo.key
+}
+
+// Item is a key and its value, as TakeRange hands them out.
+type Item struct {
+	Key uint64
+	Value
+}
+
+// TakeRange removes every key in [from, to) (to == 0: no upper bound)
+// except those keep reports true for, and returns them in key order. keep
+// may be nil (take every key); it is called twice per key in the range,
+// and must answer the same both times.
+//
+// A range at either end of the store, as a key range handed to another
+// server is, comes off that end without a search per key, and the whole
+// store at once; a range in the middle is deleted key by key.
+func (s *Store) TakeRange(from, to uint64, keep func(key uint64) bool) []Item {
+	// Counting first sizes the result exactly: growing it costs more than
+	// the removal itself (large copies of values that hold pointers).
+	n, kept := 0, 0
+	s.Ascend(from, to, func(key uint64, _ Value) bool {
+		n++
+		if keep != nil && keep(key) {
+			kept++
+		}
+		return true
+	})
+	if n == kept {
+		return nil
+	}
+	out := make([]Item, 0, n-kept)
+	var back []entry // kept keys taken off an end, to put back
+	lo, _ := s.tree.Min()
+	hi, _ := s.tree.Max()
+	switch {
+	case n == s.tree.Len() && kept == 0:
+		s.tree.Ascend(func(e entry) bool {
+			out = append(out, Item{e.key, e.Value})
+			return true
+		})
+		s.tree.Clear(false)
+	case from <= lo.key:
+		for range n {
+			e, _ := s.tree.DeleteMin()
+			if keep != nil && keep(e.key) {
+				back = append(back, e)
+				continue
+			}
+			out = append(out, Item{e.key, e.Value})
+		}
+	case to == 0 || to > hi.key:
+		out = out[:n-kept]
+		i := len(out)
+		for range n {
+			e, _ := s.tree.DeleteMax()
+			if keep != nil && keep(e.key) {
+				back = append(back, e)
+				continue
+			}
+			i--
+			out[i] = Item{e.key, e.Value}
+		}
+	default:
+		s.Ascend(from, to, func(key uint64, v Value) bool {
+			if keep == nil || !keep(key) {
+				out = append(out, Item{key, v})
+			}
+			return true
+		})
+		for _, it := range out {
+			s.tree.Delete(entry{key: it.Key})
+		}
+	}
+	for _, e := range back {
+		s.tree.ReplaceOrInsert(e)
+	}
+	return out
+}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -137,4 +138,114 @@ func slicesEqual(a, b []uint64) bool {
 		}
 	}
 	return true
+}
+
+func TestTakeRange(t *testing.T) {
+	keys := []uint64{0, 3, 7, 20, 50, 1 << 63}
+	tests := []struct {
+		name     string
+		from, to uint64
+		keep     []uint64 // keys keep reports true for
+		want     []uint64 // keys taken, in order
+	}{
+		{"everything", 0, 0, nil, keys},
+		{"everything but kept", 0, 0, []uint64{7, 1 << 63}, []uint64{0, 3, 20, 50}},
+		{"low end", 0, 20, nil, []uint64{0, 3, 7}},
+		{"middle from just above the least key", 1, 8, nil, []uint64{3, 7}},
+		{"low end but kept", 0, 20, []uint64{0, 7}, []uint64{3}},
+		{"high end", 8, 0, nil, []uint64{20, 50, 1 << 63}},
+		{"high end with a bound past the greatest key", 20, 1<<63 + 1, nil, []uint64{20, 50, 1 << 63}},
+		{"high end but kept", 4, 0, []uint64{20, 1 << 63}, []uint64{7, 50}},
+		{"middle", 3, 50, nil, []uint64{3, 7, 20}},
+		{"middle but kept", 1, 51, []uint64{7}, []uint64{3, 20, 50}},
+		{"empty range", 8, 9, nil, nil},
+		{"all kept", 0, 8, []uint64{0, 3, 7}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := New()
+			for _, k := range keys {
+				if _, err := s.Add(k, frame.Float32, 0, f32s(float32(k), 1), 8); err != nil {
+					t.Fatal(err)
+				}
+			}
+			keep := func(key uint64) bool { return slices.Contains(tt.keep, key) }
+			if tt.keep == nil {
+				keep = nil
+			}
+			var got []uint64
+			for _, it := range s.TakeRange(tt.from, tt.to, keep) {
+				if it.DType != frame.Float32 || !bytes.Equal(it.Data, f32s(float32(it.Key), 1)) {
+					t.Fatalf("key %d taken with value %+v", it.Key, it.Value)
+				}
+				got = append(got, it.Key)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Fatalf("took %v, want %v", got, tt.want)
+			}
+			// The same as deleting the taken keys one by one, to the byte.
+			ref := New()
+			for _, k := range keys {
+				if _, err := ref.Add(k, frame.Float32, 0, f32s(float32(k), 1), 8); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, k := range tt.want {
+				ref.Delete(k)
+			}
+			var got1, got2 bytes.Buffer
+			if _, err := s.Snapshot(&got1); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ref.Snapshot(&got2); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got1.Bytes(), got2.Bytes()) {
+				t.Fatal("snapshot differs from that of a store with the keys deleted one by one")
+			}
+			var left []uint64
+			s.Ascend(0, 0, func(k uint64, v Value) bool {
+				if !bytes.Equal(v.Data, f32s(float32(k), 1)) {
+					t.Fatalf("key %d left with value %+v", k, v)
+				}
+				left = append(left, k)
+				return true
+			})
+			wantLeft := slices.DeleteFunc(slices.Clone(keys), func(k uint64) bool { return slices.Contains(tt.want, k) })
+			if !slices.Equal(left, wantLeft) || s.Len() != len(wantLeft) {
+				t.Fatalf("left %v (Len %d), want %v", left, s.Len(), wantLeft)
+			}
+			// The store still works: a taken key is new again, a kept one
+			// adds up.
+			for _, k := range keys {
+				if _, err := s.Add(k, frame.Float32, 0, f32s(1, 1), 8); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if s.Len() != len(keys) {
+				t.Fatalf("Len %d after adding every key again, want %d", s.Len(), len(keys))
+			}
+		})
+	}
+}
+
+// TestAddAtEnds covers Add's shortcut for keys past either end of the
+// store: new keys below, above and between, and existing keys at both
+// ends, which must add up rather than be replaced.
+func TestAddAtEnds(t *testing.T) {
+	s := New()
+	for i, k := range []uint64{10, 20, 5, 30, 15, 5, 30, 10, 0, math.MaxUint64, 0, math.MaxUint64} {
+		if _, err := s.Add(k, frame.Float32, 0, f32s(1), 4); err != nil {
+			t.Fatalf("push %d: %v", i, err)
+		}
+	}
+	want := map[uint64]float32{0: 2, 5: 2, 10: 2, 15: 1, 20: 1, 30: 2, math.MaxUint64: 2}
+	if s.Len() != len(want) {
+		t.Fatalf("Len %d, want %d", s.Len(), len(want))
+	}
+	for k, w := range want {
+		if v, ok := s.Get(k); !ok || !bytes.Equal(v.Data, f32s(w)) {
+			t.Fatalf("key %d: %v (found %v), want %v", k, v.Data, ok, w)
+		}
+	}
 }
