@@ -13,6 +13,7 @@ import (
 	"github.com/fptps/fpt/control/memplane"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/van"
+	"github.com/fptps/fpt/worker"
 )
 
 // stuckHandler stops its van's receiver (and so its reading) at the first
@@ -27,8 +28,21 @@ func (h stuckHandler) HandleFrame(*frame.Header, []byte) { <-h.release }
 // A failed member closes at once although a peer stopped reading with
 // its send pool full: a draining close would wait the van's IOTimeout
 // (30 s) first, and CI saw nodes of a failed job outlive their test that
-// way.
+// way. Also as a worker's role (worker.Start), whose watch closes the
+// data plane as soon as the node fails.
 func TestFailedMemberClosesWithoutDraining(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		start func(ctx context.Context, m *cluster.Member) error
+	}{
+		{"member", func(ctx context.Context, m *cluster.Member) error { return m.Start(ctx, nopHandler{}) }},
+		{"worker", func(ctx context.Context, m *cluster.Member) error { _, err := worker.Start(ctx, m); return err }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { failedCloses(t, tc.start) })
+	}
+}
+
+func failedCloses(t *testing.T, start func(ctx context.Context, m *cluster.Member) error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	ctl := memplane.NewNetwork()
@@ -39,14 +53,14 @@ func TestFailedMemberClosesWithoutDraining(t *testing.T) {
 	cfgFor, _ := startScheduler(ctx, t, ctl, nil)
 	release := make(chan struct{})
 	server := cluster.New(cfgFor("server"), discard(), planes)
-	worker := cluster.New(cfgFor("worker"), discard(), planes)
+	wm := cluster.New(cfgFor("worker"), discard(), planes)
 	starts := make(chan error, 2)
 	go func() { starts <- server.Start(ctx, stuckHandler{release: release}) }()
-	go func() { starts <- worker.Start(ctx, nopHandler{}) }()
+	go func() { starts <- start(ctx, wm) }()
 	defer func() {
 		close(release)
 		server.Close()
-		worker.Close()
+		wm.Close()
 	}()
 	for range 2 {
 		if err := <-starts; err != nil {
@@ -61,14 +75,15 @@ func TestFailedMemberClosesWithoutDraining(t *testing.T) {
 	const frames = 64
 	for i := range frames {
 		h := frame.Header{Type: frame.Push, DType: frame.Float32, Recipient: uint32(to), Key: uint64(i), Total: uint64(len(payload)), Length: uint64(len(payload))}
-		if err := worker.Van().Send(&van.Message{Header: h, Payload: payload, Done: func(error) { done.Add(1) }}); err != nil {
+		if err := wm.Van().Send(&van.Message{Header: h, Payload: payload, Done: func(error) { done.Add(1) }}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	worker.Fail(errors.New("test: the worker fails"))
+	wm.Fail(errors.New("test: the worker fails"))
+	time.Sleep(50 * time.Millisecond) // a worker's watch wakes on the failure, and closes the van
 	closed := make(chan struct{})
 	go func() {
-		worker.Close()
+		wm.Close()
 		close(closed)
 	}()
 	select {

@@ -735,18 +735,23 @@ func (n *Member) Finalize(ctx context.Context) error {
 // Close leaves at once without the final barrier (after a failure).
 func (n *Member) Close() { n.shutdown() }
 
+// CloseVan closes the data plane: draining what is queued (van Close),
+// unless the node failed (van Abort): a failed node's queued frames are
+// worth nothing to peers that are failing too, and one that stopped
+// reading would hold a draining Close for IOTimeout. Close calls it; a
+// role may call it first (a worker's must before it fails its requests).
+func (n *Member) CloseVan() error {
+	if n.Err() != nil {
+		return n.van.Abort()
+	}
+	return n.van.Close()
+}
+
 func (n *Member) shutdown() {
 	n.closeOnce.Do(func() {
 		close(n.stop)
 		if n.van != nil {
-			// A failed node's queued frames are worth nothing to peers
-			// that are failing too, and one that stopped reading would
-			// hold a draining Close for IOTimeout.
-			closeVan := n.van.Close
-			if n.Err() != nil {
-				closeVan = n.van.Abort
-			}
-			if err := closeVan(); err != nil {
+			if err := n.CloseVan(); err != nil {
 				n.log.Warn("closing the data plane", "err", err)
 			}
 		}

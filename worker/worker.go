@@ -138,7 +138,7 @@ func (w *Worker) watch() {
 			return
 		}
 	}
-	if err := w.node.Van().Close(); err != nil {
+	if err := w.node.CloseVan(); err != nil {
 		w.node.Logger().Warn("closing the data plane after the node failed", "err", err)
 	}
 	err := w.node.Err()
