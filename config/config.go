@@ -77,6 +77,12 @@ type Config struct {
 	// before it fails naming the lost one (FPT_WORKER_WAIT_TIMEOUT,
 	// seconds; default 300). Other policies ignore it.
 	WorkerWaitTimeout time.Duration
+	// LeaveTimeout bounds a server's leave in order under
+	// FPT_ON_SERVER_LOSS=retry (SIGTERM): handing its classic keys over
+	// and the workers' last requests; past it the server fails, as a loss
+	// (FPT_LEAVE_TIMEOUT, seconds; default 120). A launcher's grace
+	// period (Kubernetes': 30 s) should exceed it.
+	LeaveTimeout time.Duration
 
 	// Secret is the job's shared secret (FPT_CLUSTER_SECRET, or the
 	// contents of the file FPT_CLUSTER_SECRET_FILE names, surrounding
@@ -124,6 +130,7 @@ const (
 	DefaultPoolBytes         = 512 << 20
 	DefaultStallTimeout      = 600 * time.Second
 	DefaultWorkerWaitTimeout = 300 * time.Second
+	DefaultLeaveTimeout      = 120 * time.Second
 	DefaultCheckpointEvery   = 60 * time.Second
 	// MinSecretBytes is the shortest secret accepted: 16 bytes of a random
 	// one are 128 bits.

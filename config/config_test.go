@@ -38,6 +38,7 @@ func TestFromEnvDefaults(t *testing.T) {
 		MaxFrameBytes: DefaultMaxFrameBytes, PoolBytes: DefaultPoolBytes, LB: true,
 		StallTimeout: DefaultStallTimeout, TraceIters: trace.All, CheckpointEvery: DefaultCheckpointEvery,
 		WorkerWaitTimeout: DefaultWorkerWaitTimeout,
+		LeaveTimeout:      DefaultLeaveTimeout,
 	}
 	if c != want {
 		t.Fatalf("got %+v\nwant %+v", c, want)

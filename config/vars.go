@@ -156,6 +156,10 @@ func Known() []Var {
 			read: func(p *parser, name string, c *Config) {
 				c.WorkerWaitTimeout = p.seconds(name, DefaultWorkerWaitTimeout)
 			}},
+		{Name: "FPT_LEAVE_TIMEOUT", Meaning: "under FPT_ON_SERVER_LOSS=retry, seconds a server sent SIGTERM may take to leave the job in order (hand its classic keys over), after which it fails as a lost one", Default: seconds(DefaultLeaveTimeout), Use: NodeVar,
+			read: func(p *parser, name string, c *Config) {
+				c.LeaveTimeout = p.seconds(name, DefaultLeaveTimeout)
+			}},
 		{Name: "FPT_MAX_FRAME_BYTES", Meaning: "largest frame payload accepted, bytes", Default: strconv.Itoa(DefaultMaxFrameBytes), Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {
 				c.MaxFrameBytes = uint64(p.integer(name, DefaultMaxFrameBytes, 1<<10, 1<<48))

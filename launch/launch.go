@@ -81,6 +81,12 @@ func Main(name string, lookup func(string) (string, bool), stderr io.Writer, tra
 	log := Logger(stderr, cfg)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		// The first signal ends ctx (a server under FPT_ON_SERVER_LOSS=retry
+		// then leaves in order); a second one kills, as by default.
+		<-ctx.Done()
+		stop()
+	}()
 	err = Run(ctx, cfg, Deps{Log: log, Decisions: os.Stdout}, train)
 	// Deliver the last control messages before the process exits.
 	control.Shutdown()
