@@ -125,6 +125,16 @@ func (r *Ranges) Route(h *frame.Header) (v Verdict, owner node.ID) {
 	return Serve, 0
 }
 
+// Awaits reports whether the layout change settling here waits for
+// server id's keys: it is expected, not lost, and has not sent them all.
+func (r *Ranges) Awaits(id node.ID) bool {
+	if !r.settling || r.lost[id] || !slices.Contains(r.expect, id) {
+		return false
+	}
+	c := r.moves[r.cur.Version][id]
+	return c == nil || !c.complete()
+}
+
 // Span is the part of [from, to) this server owns in the current layout
 // (to == 0: no upper bound, for both); ok is false when it owns none of
 // it.

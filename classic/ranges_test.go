@@ -784,9 +784,20 @@ func TestLoss(t *testing.T) {
 			if v, _ := c.ranges[v1.Owner(k)].Route(pull(k, 1)); v != Hold {
 				t.Errorf("seed %d: key %d, s1's, at its v1 owner before s1's keys came: %v, want Hold", seed, k, v)
 			}
+			c.run() // s0's and s2's ends
+			for _, id := range []node.ID{s0, s2} {
+				if !c.ranges[id].Awaits(s1) || c.ranges[id].Awaits(s0) || c.ranges[id].Awaits(s2) {
+					t.Errorf("seed %d: %v awaits s1 %v, s0 %v, s2 %v; want s1 only", seed, id, c.ranges[id].Awaits(s1), c.ranges[id].Awaits(s0), c.ranges[id].Awaits(s2))
+				}
+			}
 			c.offer(s1, v1)
 			c.run()
 			c.checkSettled(v1)
+			for _, id := range []node.ID{s0, s2} {
+				if c.ranges[id].Awaits(s1) {
+					t.Errorf("seed %d: %v still awaits s1 once its keys came", seed, id)
+				}
+			}
 			if n := c.stores[s1].Len(); n != 0 {
 				t.Errorf("seed %d: s1 kept %d keys after leaving the layout", seed, n)
 			}

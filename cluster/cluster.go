@@ -479,9 +479,10 @@ func (n *Member) Layout() classic.Layout {
 
 // ServerRank is a server's dense rank among the job's servers, 0 to S-1:
 // its place in the classic key layout, which the scheduler re-cuts at
-// every server's join and loss, so that the ranks of the servers left
-// close up. It is -1 while the server is not in the layout (a joining
-// server until the LB counts it) and for a worker.
+// every server's join, leave and loss, so that the ranks of the servers
+// left close up. It is -1 while the server is not in the layout (a
+// joining server until the LB counts it, a leaving one) and for a
+// worker.
 func (n *Member) ServerRank() int { return n.Layout().Index(n.Self().ID) }
 
 // TableLayout is the classic key layout the node table came with: the
@@ -1004,6 +1005,11 @@ func (n *Member) OnLeft(f func(id node.ID, graceful bool) error) { n.onLeft = f 
 // meanwhile (Terminate) ends the leave too, without error: nobody needs
 // the keys any more.
 func (n *Member) Leave(ctx context.Context, ready func(context.Context) error) error {
+	select {
+	case <-n.terminated:
+		return nil // the job is over: there is nothing to leave
+	default:
+	}
 	self := n.Self().ID
 	if err := n.plane.Send(n.sched, &control.Message{Command: control.Leave, Sender: self}); err != nil {
 		return fmt.Errorf("cluster: leave: %w", err)

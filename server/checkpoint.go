@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/fptps/fpt/kvstore"
@@ -100,6 +101,7 @@ type checkpointer struct {
 	failed   bool // the last write failed: the next one writes even if nothing changed
 	quit     chan struct{}
 	done     chan struct{}
+	haltOnce sync.Once
 }
 
 func startCheckpointer(path string, every time.Duration, snapshot func(force bool) ([]byte, bool, error), log *slog.Logger) *checkpointer {
@@ -141,10 +143,17 @@ func (c *checkpointer) write() error {
 	return nil
 }
 
+// halt ends the periodic writes; it may be called again.
+func (c *checkpointer) halt() {
+	c.haltOnce.Do(func() {
+		close(c.quit)
+		<-c.done
+	})
+}
+
 // stop ends the periodic writes and, if last, writes a final checkpoint.
 func (c *checkpointer) stop(last bool) error {
-	close(c.quit)
-	<-c.done
+	c.halt()
 	if !last {
 		return nil
 	}

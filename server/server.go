@@ -15,7 +15,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/cluster"
@@ -39,16 +38,26 @@ type Server struct {
 	dirty  bool            // changed since the last checkpoint
 
 	// What a leave (Leave) waits for: the classic requests each worker
-	// sent that were served or redirected, the count each worker's
-	// KVDrained says it sent, the hand-overs still being sent
-	// (carryOut). wake is poked when one of them changes.
+	// sent that were served, redirected or held (a held one is served by
+	// the carryOut that releases it), what each worker's KVDrained said,
+	// the hand-overs not yet carried out (carryOut) and their frames not
+	// yet written (unsent). outAt is the version of the layout that left
+	// this server out after one that had it (0: none did); wasIn says
+	// whether the last layout applied had it. wake is poked when one of
+	// them changes.
 	handled  map[node.ID]uint64
-	drained  map[node.ID]uint64
+	drained  map[node.ID]drainedAt
 	carrying int
+	unsent   int
+	outAt    uint32
+	wasIn    bool
 	wake     chan struct{}
-	// departed are the servers that left in order: their keys are on
-	// their way, unless their connection breaks first (PeerLost).
-	departed map[node.ID]bool
+	// leftInOrder are the other servers that left in order: their keys
+	// are on their way, unless their connection breaks first; broken are
+	// the servers whose connection broke before the scheduler's word of
+	// them (PeerLost).
+	leftInOrder map[node.ID]bool
+	broken      map[node.ID]bool
 
 	loaded   chan struct{} // closed once the store may serve (after a checkpoint's load)
 	ckpt     *checkpointer // nil without FPT_CHECKPOINT_DIR
@@ -117,7 +126,14 @@ func (s *Server) Finalize(ctx context.Context) error {
 			return err
 		case <-ctx.Done():
 		}
-		lctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+		select {
+		case err := <-fin: // the job ended as the signal came
+			return err
+		default:
+		}
+		// Past FPT_LEAVE_TIMEOUT the node fails, and the job goes on as
+		// after a loss.
+		lctx, cancel := context.WithTimeout(context.Background(), s.node.Config().LeaveTimeout)
 		defer cancel()
 		err := s.Leave(lctx)
 		<-fin // the final barrier ends with the node's close
@@ -171,7 +187,8 @@ func (s *Server) snapshot(force bool) ([]byte, bool, error) {
 // but measures only once Start started the node.
 func New(n *cluster.Member) *Server {
 	s := &Server{node: n, store: kvstore.New(), loaded: make(chan struct{}),
-		handled: make(map[node.ID]uint64), drained: make(map[node.ID]uint64), wake: make(chan struct{}, 1), departed: make(map[node.ID]bool)}
+		handled: make(map[node.ID]uint64), drained: make(map[node.ID]drainedAt), wake: make(chan struct{}, 1),
+		leftInOrder: make(map[node.ID]bool), broken: make(map[node.ID]bool)}
 	s.base = role.New(n, nil, nil, s.left)
 	n.OnLayout(s.newLayout)
 	close(s.loaded)
@@ -223,15 +240,15 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 		if s.awaitLoad() {
 			err = s.classicRequest(h, payload)
 		}
-		// Counted once served, redirected or held (a held one is served
-		// by the carryOut that releases it, which a leave waits for).
 		s.mu.Lock()
 		s.handled[from]++
 		s.mu.Unlock()
 		s.poke()
 	case frame.KVDrained:
 		s.mu.Lock()
-		s.drained[from] = h.Total
+		if d := s.drained[from]; uint32(h.Iteration) >= d.version {
+			s.drained[from] = drainedAt{requests: h.Total, version: uint32(h.Iteration)}
+		}
 		s.mu.Unlock()
 		s.poke()
 	case frame.KVMove, frame.KVMoveEnd:
@@ -244,17 +261,53 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 	}
 }
 
+// drainedAt is what a worker's KVDrained said: how many classic
+// requests it sent this server, as of layout version.
+type drainedAt struct {
+	requests uint64
+	version  uint32
+}
+
 // PeerLost implements van.Handler; the cluster node handles the loss. A
-// server that left in order and whose connection broke all the same may
-// not have sent all its keys: they are lost with it.
+// server that left in order, or leaves now (its NodeLeft may come after
+// this), and whose connection broke all the same may not have handed all
+// its keys over (brokeInOrder).
 func (s *Server) PeerLost(id node.ID, _ error) {
-	s.mu.Lock()
-	gone := s.departed[id]
-	delete(s.departed, id)
-	s.mu.Unlock()
-	if gone {
-		_ = s.left(id, false)
+	if r, _ := id.Role(); r != node.Server {
+		return
 	}
+	s.mu.Lock()
+	inOrder := s.leftInOrder[id]
+	delete(s.leftInOrder, id)
+	if !inOrder {
+		s.broken[id] = true
+	}
+	s.mu.Unlock()
+	if inOrder {
+		s.brokeInOrder(id)
+	}
+}
+
+// brokeInOrder takes the loss of server id, which left in order but
+// whose connection broke before its Bye. If keys it was handing over
+// had not all come, they are lost, silently for the workers (they heard
+// that it left in order): this server fails instead, naming it, and the
+// job goes on as after a loss of its own.
+func (s *Server) brokeInOrder(id node.ID) {
+	if !s.awaitLoad() {
+		return
+	}
+	s.mu.Lock()
+	r := s.rangesLocked()
+	missing := r.Awaits(id)
+	t := r.Lost(s.store, id)
+	s.changedLocked(t)
+	s.carrying++
+	s.mu.Unlock()
+	if missing || t.Dropped > 0 {
+		s.node.Fail(fmt.Errorf("server: %s left the job in order, but its connection broke before all the classic keys it handed over here came: they are lost", id))
+	}
+	go s.carryOut(t)
 }
 
 // poke wakes a leave waiting for its requests and hand-overs.
@@ -265,22 +318,22 @@ func (s *Server) poke() {
 	}
 }
 
-// leaveTimeout bounds a server's leave: the hand-over of its classic keys
-// and the workers' last requests. Past it the node fails, and the job
-// goes on as after a loss (FPT_ON_SERVER_LOSS=retry).
-const leaveTimeout = 2 * time.Minute
-
 // Leave leaves the running job in order (FPT_ON_SERVER_LOSS=retry): the
 // scheduler takes this server out of the LB's decisions (its incomplete
 // iterations are pushed again to the others) and out of the classic key
 // layout, so that it hands every classic key over to the servers that own
-// it now; once every worker has said that it sends nothing more here and
-// every request it sent was answered, the server leaves the job and
-// closes. With FPT_CHECKPOINT_DIR its last checkpoint is written (empty:
-// its keys live on in the others'). Launch calls it when a server is
-// interrupted (SIGTERM).
+// it now; once those frames are written, every worker has said that it
+// sends nothing more here and every request it sent was answered, the
+// server leaves the job and closes. With FPT_CHECKPOINT_DIR, periodic
+// checkpoints stop when the leave begins (the last one holds the keys
+// until they are handed over), and one more, empty, is written once it
+// left: its keys live on in the others'. Launch calls it when a server
+// is interrupted (SIGTERM, SIGINT).
 func (s *Server) Leave(ctx context.Context) error {
 	s.node.Logger().Info("leaving the job: handing the classic keys over")
+	if s.ckpt != nil {
+		s.ckpt.halt()
+	}
 	err := s.node.Leave(ctx, s.awaitDrained)
 	if err != nil {
 		err = fmt.Errorf("server: leaving the job: %w", err)
@@ -315,13 +368,17 @@ func (s *Server) awaitDrained(ctx context.Context) error {
 	}
 }
 
+// drainedLocked: a layout left this server out (outAt), its hand-overs
+// are carried out and written, and each worker of the table said, as of
+// that layout or a later one, how many classic requests it sent here, all
+// of which are handled. s.mu is held.
 func (s *Server) drainedLocked() bool {
 	r := s.rangesLocked()
-	if r.Layout().Index(s.node.Self().ID) >= 0 || r.Settling() || s.carrying > 0 {
+	if s.outAt == 0 || r.Layout().Index(s.node.Self().ID) >= 0 || r.Settling() || s.carrying > 0 || s.unsent > 0 {
 		return false
 	}
 	for _, w := range s.node.Workers() {
-		if n, ok := s.drained[w]; !ok || s.handled[w] != n {
+		if d, ok := s.drained[w]; !ok || d.version < s.outAt || s.handled[w] != d.requests {
 			return false
 		}
 	}
@@ -481,7 +538,9 @@ func (s *Server) moveOn(h *frame.Header, owner node.ID, version uint32) error {
 // name it: its keys come with the next one). s.mu is held.
 func (s *Server) rangesLocked() *classic.Ranges {
 	if s.ranges == nil {
-		s.ranges = classic.NewRanges(s.node.Self().ID, s.node.TableLayout(), s.node.Config().PartitionBytes)
+		l := s.node.TableLayout()
+		s.ranges = classic.NewRanges(s.node.Self().ID, l, s.node.Config().PartitionBytes)
+		s.wasIn = l.Index(s.node.Self().ID) >= 0
 	}
 	return s.ranges
 }
@@ -506,8 +565,17 @@ func (s *Server) newLayout(l classic.Layout) {
 // changedLocked notes a change of the key ranges that took keys out of
 // the store; s.mu is held.
 func (s *Server) changedLocked(t classic.Todo) {
+	self := s.node.Self().ID
 	for _, a := range t.Applied {
 		s.dirty = s.dirty || a.MovedOut > 0
+		in := a.Layout.Index(self) >= 0
+		switch {
+		case in:
+			s.outAt = 0
+		case s.wasIn:
+			s.outAt = a.Layout.Version
+		}
+		s.wasIn = in
 	}
 	s.dirty = s.dirty || t.Dropped > 0
 }
@@ -551,10 +619,17 @@ func (s *Server) left(id node.ID, graceful bool) error {
 	if r, _ := id.Role(); r != node.Server {
 		return nil
 	}
+	s.mu.Lock()
+	broken := s.broken[id]
+	delete(s.broken, id)
+	if graceful && !broken {
+		s.leftInOrder[id] = true
+	}
+	s.mu.Unlock()
 	if graceful {
-		s.mu.Lock()
-		s.departed[id] = true
-		s.mu.Unlock()
+		if broken {
+			s.brokeInOrder(id)
+		}
 		return nil
 	}
 	if !s.awaitLoad() {
@@ -585,14 +660,15 @@ func (s *Server) carryOut(t classic.Todo) {
 	for _, a := range t.Applied {
 		s.node.Logger().Info("classic key layout applied", "layout", a.Layout, "keys_moved_out", a.MovedOut, "keys_kept", a.Kept)
 	}
+	s.mu.Lock()
+	s.unsent += len(t.Sends)
+	s.mu.Unlock()
 	for i := range t.Sends {
 		m := &t.Sends[i]
+		to := node.ID(m.Header.Recipient)
+		m.Done = func(err error) { s.moveSent(to, err) }
 		if err := s.node.Van().Forward(m); err != nil {
-			if cfg := s.node.Config(); cfg.Survives(node.ID(m.Header.Recipient)) {
-				continue // lost meanwhile: its range goes to others
-			}
-			s.node.Fail(fmt.Errorf("server: moving classic keys to %s: %w", node.ID(m.Header.Recipient), err))
-			return
+			s.moveSent(to, err) // not queued: no Done
 		}
 	}
 	for _, held := range t.Released {
@@ -600,6 +676,20 @@ func (s *Server) carryOut(t classic.Todo) {
 			s.node.Fail(fmt.Errorf("server: from %s: %s: %w", node.ID(held.Header.Sender), &held.Header, err))
 			return
 		}
+	}
+}
+
+// moveSent is the Done of a KVMove or KVMoveEnd frame to server to:
+// written, or failed. A frame to a server lost meanwhile is no loss (its
+// range goes to others); any other failure fails the node, since a key's
+// value would be lost.
+func (s *Server) moveSent(to node.ID, err error) {
+	s.mu.Lock()
+	s.unsent--
+	s.mu.Unlock()
+	s.poke()
+	if cfg := s.node.Config(); err != nil && !cfg.Survives(to) {
+		s.node.Fail(fmt.Errorf("server: moving classic keys to %s: %w", to, err))
 	}
 }
 
