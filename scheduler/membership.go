@@ -3,6 +3,7 @@ package scheduler
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -36,12 +37,13 @@ func (s *sched) lose(bars *barriers, stalls *stallWatch, id node.ID, why string)
 	switch {
 	case s.leaving[id]:
 		// Lost while it handed its keys over: the LB and the layout
-		// went on without it when it asked to leave.
+		// went on without it when it asked to leave. It is told, in case
+		// it is alive (a peer's report), as a stalled worker is.
 		s.log.Warn("server lost while leaving the job; the classic keys it had not handed over are lost", "node", info, "reason", why)
+		s.send(id, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: id, Text: why})
 		s.drop(stalls, id, why, false)
 		s.admitJoiners(stalls)
-		s.obs.Metrics.Membership(s.table, s.membership)
-		s.publish(time.Now())
+		s.dropped()
 		return true, s.leaveBarriers(bars, id)
 	case info.Role == node.Server:
 		if !joining && (!s.cfg.RetryServerLoss || !s.running) {
@@ -110,6 +112,13 @@ func (s *sched) admitJoiners(stalls *stallWatch) {
 	}
 }
 
+// dropped publishes a departure that changed no LB decision.
+func (s *sched) dropped() {
+	s.obs.rec.Changed(s.table, lb.Directive{}, s.lb.State())
+	s.obs.Metrics.Membership(s.table, s.membership)
+	s.publish(time.Now())
+}
+
 // drop takes id out of the node table and the stall watch; every member
 // hears NodeLeft. A server that left in order (graceful) hears it too,
 // and its members know that every frame it sent arrives before its
@@ -123,6 +132,7 @@ func (s *sched) drop(stalls *stallWatch, id node.ID, why string, graceful bool) 
 	}
 	delete(s.joining, id)
 	delete(s.leaving, id)
+	delete(s.leaveLater, id)
 	s.table = slices.DeleteFunc(s.table, func(n node.Info) bool { return n.ID == id })
 	delete(s.byID, id)
 	delete(s.lastSeen, id)
@@ -148,8 +158,10 @@ func (s *sched) drop(stalls *stallWatch, id node.ID, why string, graceful bool) 
 // Ready (Seq 1: its keys are handed over, every worker's requests to it
 // answered), it leaves the job: every member and the server itself hear
 // NodeLeft with FlagGraceful. A server may leave when it could be lost
-// (FPT_ON_SERVER_LOSS=retry, the job running, another server left);
-// else it is told why not, with NodeFailed, which ends it.
+// (FPT_ON_SERVER_LOSS=retry, the job running, another server remains);
+// else it is told why not, with NodeFailed, which ends it. While a
+// worker's join is ahead, the LB can re-cut no iteration: the leave
+// waits until it is not (leaveDeferred).
 func (s *sched) leave(bars *barriers, stalls *stallWatch, m *control.Message) (final []node.ID) {
 	id := m.Sender
 	info := s.byID[id]
@@ -162,13 +174,12 @@ func (s *sched) leave(bars *barriers, stalls *stallWatch, m *control.Message) (f
 		s.drop(stalls, id, "left the job in order", true)
 		s.log.Warn(msgServerLeftInOrder, "node", info, "servers", len(s.lb.Servers()))
 		s.admitJoiners(stalls)
-		s.obs.Metrics.Membership(s.table, s.membership)
-		s.publish(time.Now())
+		s.dropped()
 		return s.leaveBarriers(bars, id)
 	}
 	var refused string
 	switch {
-	case m.Seq != 0 || info.Role != node.Server || s.leaving[id]:
+	case m.Seq != 0 || info.Role != node.Server || s.leaving[id] || s.leaveLater[id]:
 		s.reject.Reject("leave", "from", id, "seq", m.Seq)
 		return nil
 	case s.lb == nil || !s.cfg.RetryServerLoss:
@@ -179,7 +190,14 @@ func (s *sched) leave(bars *barriers, stalls *stallWatch, m *control.Message) (f
 	var d lb.Directive
 	if refused == "" {
 		var err error
-		if d, err = s.lb.Lose(id, "leaving the job"); err != nil {
+		if d, err = s.lb.Lose(id, "leaving the job"); err != nil && len(s.lb.JoinsAhead()) > 0 && len(s.lb.Servers()) > 1 {
+			s.log.Info("server's leave waits for a worker's join to take effect", "node", info, "reason", err)
+			if s.leaveLater == nil {
+				s.leaveLater = make(map[node.ID]bool)
+			}
+			s.leaveLater[id] = true
+			return nil
+		} else if err != nil {
 			refused = err.Error()
 		}
 	}
@@ -196,6 +214,18 @@ func (s *sched) leave(bars *barriers, stalls *stallWatch, m *control.Message) (f
 	s.setLayout(s.layout.Without(id), "server leaving")
 	s.changed(info, d, "leaving the job")
 	return nil
+}
+
+// leaveDeferred takes up the leaves that waited for workers' joins, once
+// none is ahead; the scheduler's loop asks at every tick.
+func (s *sched) leaveDeferred(bars *barriers, stalls *stallWatch) {
+	if len(s.leaveLater) == 0 || len(s.lb.JoinsAhead()) > 0 {
+		return
+	}
+	for _, id := range slices.Sorted(maps.Keys(s.leaveLater)) {
+		delete(s.leaveLater, id)
+		s.leave(bars, stalls, &control.Message{Command: control.Leave, Sender: id})
+	}
 }
 
 // waitForWorker holds the LB's grants after worker info was lost under

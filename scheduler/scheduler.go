@@ -78,8 +78,9 @@ type sched struct {
 	left       map[node.ID]bool
 	membership int
 	// leaving holds the servers that asked to leave and are handing
-	// their classic keys over (leave).
-	leaving map[node.ID]bool
+	// their classic keys over (leave); leaveLater those whose leave waits
+	// for a worker's join to take effect (leaveDeferred).
+	leaving, leaveLater map[node.ID]bool
 	// servers and workers count the ids of each role ever assigned: a
 	// joining node gets the next one, so no id is ever used twice in a
 	// job. joining holds the nodes admitted but not yet connected to
@@ -214,6 +215,7 @@ func (s *sched) serve(ctx context.Context) error {
 			if err := s.waitExpired(now); err != nil {
 				return err
 			}
+			s.leaveDeferred(bars, stalls)
 			if final := s.tooLate(bars, now); final != nil {
 				s.log.Info("final barrier passed; terminating the cluster")
 				s.terminate(ctx, final)
@@ -296,6 +298,7 @@ func (s *sched) serve(ctx context.Context) error {
 				}
 			case control.Report:
 				s.report(m)
+				s.leaveDeferred(bars, stalls) // a join may have taken effect
 			case control.Joined:
 				s.joined(bars, stalls, m)
 			case control.Leave:
