@@ -82,11 +82,12 @@ const (
 	// KVRangeEnd ends a server's answer to a KVPullRange: Total is how
 	// many KVData frames it sent.
 	KVRangeEnd
-	// KVDrained tells a server that leaves the job (one the worker's
-	// layout, version Iteration, no longer names) that this worker will
-	// send it nothing more: Total is how many classic requests (KVPush,
-	// KVPull, KVPushPull, KVPullRange frames) it sent it in all, so that
-	// the server knows when it has answered them all.
+	// KVDrained tells a server that the worker's layout (version
+	// Iteration) leaves out, a leaving one or one not counted yet, that
+	// this worker sends it nothing more under that layout: Total is how
+	// many classic requests (KVPush, KVPull, KVPushPull, KVPullRange
+	// frames) it sent it in all, so that a server leaving the job knows
+	// when it has answered them all.
 	KVDrained
 	lastType = KVDrained
 )

@@ -112,7 +112,7 @@ int fpt_role(int* role);
  * (fpt_rank_at is its dense rank of an iteration). A server's is dense at
  * every moment, 0 to the number of servers - 1: when a server is lost, the
  * ranks of those after it close up, and a server that joined has the next
- * one once the job counts it (-1 until then). */
+ * one once the job counts it (-1 until then, and while a server leaves). */
 int fpt_rank(int* rank);
 
 /* DMLC_NUM_WORKER and DMLC_NUM_SERVER; readable before fpt_start. */

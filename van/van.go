@@ -130,10 +130,11 @@ type Transport interface {
 	// Abort releases everything as Close does, for a node that failed:
 	// nothing queued is worth delivering and a peer may have stopped
 	// reading, so it does not drain the pool (what is queued fails with
-	// ErrClosed), and it gives a write stuck on such a peer only a moment
-	// before it breaks the connections. It says Bye to the peers it can,
-	// so that they wait for the scheduler's verdict rather than report
-	// a lost connection. After Close or Abort, both do nothing.
+	// ErrClosed). It says Bye to every peer, so that they wait for the
+	// scheduler's verdict rather than report a lost connection, but gives
+	// a write stuck on a peer that does not read a second only: then
+	// every connection breaks, and the peers not told Bye yet see it
+	// lost. After Close or Abort, both do nothing.
 	Abort() error
 }
 
