@@ -346,10 +346,10 @@ func (s *Server) Leave(ctx context.Context) error {
 	return err
 }
 
-// awaitDrained waits until this server may go: it applied a layout
-// without itself (its keys are handed over, or on their way in its send
-// pool) and every worker of the job said, with KVDrained, how many
-// classic requests it sent here, all of which were answered.
+// awaitDrained waits until this server may go (drainedLocked): its keys
+// are handed over (their frames written) and every worker of the job
+// said, with KVDrained, how many classic requests it sent here, all of
+// which were answered.
 func (s *Server) awaitDrained(ctx context.Context) error {
 	for {
 		s.mu.Lock()
