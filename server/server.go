@@ -663,12 +663,12 @@ func (s *Server) carryOut(t classic.Todo) {
 	s.mu.Lock()
 	s.unsent += len(t.Sends)
 	s.mu.Unlock()
+	done := s.moveSent // one func value for every frame, not one each
 	for i := range t.Sends {
 		m := &t.Sends[i]
-		to := node.ID(m.Header.Recipient)
-		m.Done = func(err error) { s.moveSent(to, err) }
+		m.Done = done
 		if err := s.node.Van().Forward(m); err != nil {
-			s.moveSent(to, err) // not queued: no Done
+			done(err) // not queued: no Done
 		}
 	}
 	for _, held := range t.Released {
@@ -679,17 +679,18 @@ func (s *Server) carryOut(t classic.Todo) {
 	}
 }
 
-// moveSent is the Done of a KVMove or KVMoveEnd frame to server to:
-// written, or failed. A frame to a server lost meanwhile is no loss (its
-// range goes to others); any other failure fails the node, since a key's
-// value would be lost.
-func (s *Server) moveSent(to node.ID, err error) {
+// moveSent is the Done of a KVMove or KVMoveEnd frame (always to a
+// server): written, or failed. Under FPT_ON_SERVER_LOSS=retry a failed
+// one went to a server lost meanwhile, whose range goes to others; else
+// the node fails, since a key's value would be lost (the van's error
+// names the server).
+func (s *Server) moveSent(err error) {
 	s.mu.Lock()
 	s.unsent--
 	s.mu.Unlock()
 	s.poke()
-	if cfg := s.node.Config(); err != nil && !cfg.Survives(to) {
-		s.node.Fail(fmt.Errorf("server: moving classic keys to %s: %w", to, err))
+	if err != nil && !s.node.Config().RetryServerLoss {
+		s.node.Fail(fmt.Errorf("server: moving classic keys: %w", err))
 	}
 }
 
