@@ -74,11 +74,7 @@ func (s *Store) Add(key uint64, dtype frame.DType, offset uint64, payload []byte
 	case offset > total || uint64(len(payload)) > total-offset:
 		return nil, fmt.Errorf("key %d: a push of %d bytes at offset %d reaches past the value's %d bytes", key, len(payload), offset, total)
 	}
-	var e entry
-	ok := false
-	if !s.outside(key) {
-		e, ok = s.tree.Get(entry{key: key})
-	}
+	e, ok := s.tree.Get(entry{key: key})
 	if ok && (e.DType != dtype || uint64(len(e.Data)) != total) {
 		return nil, fmt.Errorf("key %d holds %d bytes of %s, the push has %d bytes of %s", key, len(e.Data), e.DType, total, dtype)
 	}
@@ -108,18 +104,6 @@ func (s *Store) Ascend(from, to uint64, fn func(key uint64, v Value) bool) {
 
 // Delete removes key (a key range handed to another server).
 func (s *Store) Delete(key uint64) { s.tree.Delete(entry{key: key}) }
-
-// outside reports whether key lies past either end of the store, so is
-// not in it: Add then inserts without a search first (moved keys arrive
-// in key order). Min and Max only walk down an edge of the tree.
-func (s *Store) outside(key uint64) bool {
-	hi, ok := s.tree.Max()
-	if !ok || key > hi.key {
-		return true
-	}
-	lo, _ := s.tree.Min()
-	return key < lo.key
-}
 
 // Item is a key and its value, as TakeRange hands them out.
 type Item struct {

@@ -229,9 +229,9 @@ func TestTakeRange(t *testing.T) {
 	}
 }
 
-// TestAddAtEnds covers Add's shortcut for keys past either end of the
-// store: new keys below, above and between, and existing keys at both
-// ends, which must add up rather than be replaced.
+// TestAddAtEnds: new keys below, above and between the store's, and
+// pushes to existing keys at both ends, which add up rather than
+// replace (as a server taking moved keys in key order does).
 func TestAddAtEnds(t *testing.T) {
 	s := New()
 	for i, k := range []uint64{10, 20, 5, 30, 15, 5, 30, 10, 0, math.MaxUint64, 0, math.MaxUint64} {
