@@ -434,22 +434,34 @@ func testSink(t *testing.T, l Listen) {
 	}
 }
 
-func testGracefulClose(t *testing.T, l Listen) {
-	a, ca := NewVan(t, l, 8, nil)
-	b, cb := NewVan(t, l, 9, nil)
+// pausedFlow connects van a (node 8) to van b (node 9), pauses a's flow
+// to b and queues 10 frames of 64 KiB on it; each frame's Done is
+// checked by check, and done counts the calls.
+func pausedFlow(t *testing.T, l Listen, check func(err error)) (a, b van.Transport, ca, cb *Collector, done *atomic.Int32) {
+	t.Helper()
+	a, ca = NewVan(t, l, 8, nil)
+	b, cb = NewVan(t, l, 9, nil)
 	Connect(t, a, 8, b, 9)
-	a.SetWeight(9, 0) // frames accepted before Close are sent, even from a paused flow
-	var done atomic.Int32
+	a.SetWeight(9, 0)
+	done = new(atomic.Int32)
 	for i := range 10 {
 		if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, uint64(i), 1<<16), Payload: make([]byte, 1<<16), Done: func(err error) {
-			if err != nil {
-				t.Errorf("Done(%v) on a graceful close", err)
-			}
+			check(err)
 			done.Add(1)
 		}}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return a, b, ca, cb, done
+}
+
+func testGracefulClose(t *testing.T, l Listen) {
+	// Frames accepted before Close are sent, even from a paused flow.
+	a, b, ca, cb, done := pausedFlow(t, l, func(err error) {
+		if err != nil {
+			t.Errorf("Done(%v) on a graceful close", err)
+		}
+	})
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -487,21 +499,11 @@ func testGracefulClose(t *testing.T, l Listen) {
 // testAbort: what Close would deliver (a paused flow's frames), Abort
 // fails; it still says Bye, so the peer does not see the node lost.
 func testAbort(t *testing.T, l Listen) {
-	a, ca := NewVan(t, l, 8, nil)
-	b, cb := NewVan(t, l, 9, nil)
-	Connect(t, a, 8, b, 9)
-	a.SetWeight(9, 0)
-	var failed atomic.Int32
-	for i := range 10 {
-		if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, uint64(i), 1<<16), Payload: make([]byte, 1<<16), Done: func(err error) {
-			if !errors.Is(err, van.ErrClosed) {
-				t.Errorf("Done(%v) on Abort, want ErrClosed", err)
-			}
-			failed.Add(1)
-		}}); err != nil {
-			t.Fatal(err)
+	a, b, ca, cb, failed := pausedFlow(t, l, func(err error) {
+		if !errors.Is(err, van.ErrClosed) {
+			t.Errorf("Done(%v) on Abort, want ErrClosed", err)
 		}
-	}
+	})
 	if err := a.Abort(); err != nil {
 		t.Fatal(err)
 	}
