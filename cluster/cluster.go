@@ -114,6 +114,8 @@ type topology struct {
 	// left holds the nodes that left the job (FPT_ON_SERVER_LOSS=retry),
 	// so that messages can still name them.
 	left map[node.ID]node.Info
+	// stamp is the job's, from the node table (JobStamp).
+	stamp uint64
 }
 
 type barrierKey struct {
@@ -399,7 +401,7 @@ func (n *Member) awaitTable(ctx context.Context) error {
 				}
 				n.schedOrigin = m.Origin
 				if m.Flags&control.FlagJoin != 0 {
-					return n.startBarriers(m.Body)
+					return n.startBarriers(m.Body[8:]) // setTable checked the stamp is there
 				}
 				return nil
 			case control.NodeFailed:
@@ -433,6 +435,9 @@ func (n *Member) setTable(m *control.Message) error {
 			workers++
 		}
 	}
+	if len(m.Body) < 8 {
+		return fmt.Errorf("cluster: node table without the job's stamp (%d bytes of body): a scheduler of another fpt version?", len(m.Body))
+	}
 	self := n.Self()
 	me, ok := byID[m.Recipient]
 	if !ok || me.Host != self.Host || me.ControlPort != self.ControlPort {
@@ -454,7 +459,7 @@ func (n *Member) setTable(m *control.Message) error {
 		return fmt.Errorf("cluster: node table has %d servers and %d workers; DMLC_NUM_SERVER=%d, DMLC_NUM_WORKER=%d",
 			servers, workers, n.cfg.NumServers, n.cfg.NumWorkers)
 	}
-	n.topo.Store(&topology{self: me, table: table, byID: byID})
+	n.topo.Store(&topology{self: me, table: table, byID: byID, stamp: binary.LittleEndian.Uint64(m.Body)})
 	if !join {
 		var servers []node.ID
 		for _, info := range table {
@@ -620,6 +625,17 @@ func (n *Member) Config() config.Config { return n.cfg }
 // Joined reports whether this node joined a running job (its node table
 // was marked control.FlagJoin) rather than starting with it.
 func (n *Member) Joined() bool { return n.joining.Load() }
+
+// JobStamp is the job's stamp from the node table: the scheduler's clock
+// when it started the job (Unix ns), the same on every node of the job,
+// larger in a later run of it (package server orders its checkpoints by
+// it). 0 before the table.
+func (n *Member) JobStamp() uint64 {
+	if t := n.topo.Load(); t != nil {
+		return t.stamp
+	}
+	return 0
+}
 
 // Logger is the node's logger, tagged with its id.
 func (n *Member) Logger() *slog.Logger { return n.log }
@@ -958,7 +974,7 @@ func (n *Member) welcome(m *control.Message) {
 		n.log.Warn("NodeJoined for a member ignored", "node", info)
 		return
 	}
-	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: t.left}
+	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: t.left, stamp: t.stamp}
 	nt.byID[info.ID] = info
 	nt.table = append(slices.Clone(t.table), info)
 	slices.SortFunc(nt.table, func(a, b node.Info) int { return cmp.Compare(a.ID, b.ID) })
@@ -1069,7 +1085,7 @@ func (n *Member) leave(id node.ID, why string, graceful bool) {
 		n.log.Warn("NodeLeft for a node that is not another server or worker of the table ignored", "node", id)
 		return
 	}
-	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: maps.Clone(t.left)}
+	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: maps.Clone(t.left), stamp: t.stamp}
 	if nt.left == nil {
 		nt.left = make(map[node.ID]node.Info)
 	}

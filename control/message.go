@@ -25,6 +25,9 @@ const (
 	AddNode Command = 1 + iota
 	// NodeTable answers AddNode once every node has registered: Nodes is
 	// the full table (scheduler included) and Recipient the receiver's id.
+	// Body begins with the job's stamp (8 bytes, little-endian: the
+	// scheduler's clock at the table, Unix ns; it orders checkpoints
+	// across a job's restarts).
 	NodeTable
 	// Barrier asks the scheduler to release Group's barrier number Seq once
 	// every member has asked. FlagFinal marks the shut-down barrier.
@@ -80,8 +83,9 @@ const (
 	// FlagFinal marks the barrier that ends the cluster's life.
 	FlagFinal uint8 = 1 << iota
 	// FlagJoin marks a NodeTable sent to a server joining a running job:
-	// it skips the start barriers, and Body holds the next barrier number
-	// of each group 1..7 (7 little-endian uint64s).
+	// it skips the start barriers, and Body holds, after the stamp, the
+	// next barrier number of each group 1..7 (7 little-endian uint64s)
+	// and the classic layout.
 	FlagJoin
 	// FlagGraceful marks a NodeLeft for a server that left in order: every
 	// frame it sent arrives before its connections end.

@@ -57,7 +57,7 @@ func TestServeJoin(t *testing.T) {
 	quiet(joiner, j, &control.Message{Command: control.Joined, Seq: 1})
 	// Its start is over: a server goes straight to the final barrier, at
 	// the number the table gave it, possibly before it has a share.
-	final := binary.LittleEndian.Uint64(tbl.Body[8*(node.AllGroup-1):])
+	final := binary.LittleEndian.Uint64(tbl.Body[8+8*(node.AllGroup-1):]) // after the stamp
 	_ = joiner.Send(sched, &control.Message{Command: control.Barrier, Flags: control.FlagFinal, Sender: j, Group: node.AllGroup, Seq: final})
 	quiet(srvP, s0, &control.Message{Command: control.Joined, Seq: 2, Target: j})
 	// The worker's connection is not ready yet: no decision may name j.

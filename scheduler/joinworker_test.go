@@ -87,10 +87,10 @@ func directive(t *testing.T, id node.ID, m *control.Message) lb.Directive {
 // its barrier numbers.
 func tableLayout(t *testing.T, tbl *control.Message) classic.Layout {
 	t.Helper()
-	if len(tbl.Body) < 8*int(node.AllGroup) {
+	if len(tbl.Body) < 8+8*int(node.AllGroup) {
 		t.Fatalf("joining table with %d bytes of body", len(tbl.Body))
 	}
-	l, err := classic.ParseLayout(tbl.Body[8*int(node.AllGroup):])
+	l, err := classic.ParseLayout(tbl.Body[8+8*int(node.AllGroup):]) // after the stamp and barrier numbers
 	if err != nil {
 		t.Fatalf("joining table: %v", err)
 	}

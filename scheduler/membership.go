@@ -330,7 +330,7 @@ func (s *sched) admit(bars *barriers, m *control.Message) {
 	}
 	s.joining[info.ID] = &joining{dialled: make(map[node.ID]bool)}
 	seqs := bars.nextSeqs()
-	body := make([]byte, 0, 8*len(seqs))
+	body := binary.LittleEndian.AppendUint64(make([]byte, 0, 8+8*len(seqs)), s.stamp)
 	for _, n := range seqs {
 		body = binary.LittleEndian.AppendUint64(body, n)
 	}

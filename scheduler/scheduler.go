@@ -7,6 +7,7 @@ package scheduler
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -91,6 +92,10 @@ type sched struct {
 	// classic): a server joining or lost changes it, and every member
 	// hears of it (setLayout).
 	layout classic.Layout
+	// stamp is the job's: the scheduler's clock when it sent the node
+	// table (Unix ns), in every table (the first 8 bytes of its Body). It
+	// orders the checkpoints of a job's runs (package server).
+	stamp uint64
 	// waitLost are the workers lost under FPT_ON_WORKER_LOSS=wait since
 	// the LB's grants were held (at waitSince) for a worker to join
 	// (waitForWorker).
@@ -167,8 +172,9 @@ func (s *sched) register(ctx context.Context, reg *registry) error {
 		}
 	}
 	var servers []node.ID
+	s.stamp = uint64(now.UnixNano())
 	for _, info := range s.table[1:] {
-		s.send(info.ID, &control.Message{Command: control.NodeTable, Recipient: info.ID, Nodes: s.table})
+		s.send(info.ID, &control.Message{Command: control.NodeTable, Recipient: info.ID, Nodes: s.table, Body: binary.LittleEndian.AppendUint64(nil, s.stamp)})
 		if info.Role == node.Server {
 			servers = append(servers, info.ID)
 		}
