@@ -84,7 +84,7 @@ func BenchmarkSnapshotBaseline(b *testing.B) {
 	var buf bytes.Buffer
 	for b.Loop() {
 		buf.Reset()
-		if _, err := src.Snapshot(&buf); err != nil {
+		if _, err := src.Snapshot(&buf, nil); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -99,6 +99,11 @@ func (r *Ranges) Layout() Layout { return r.cur }
 // are still on their way.
 func (r *Ranges) Settling() bool { return r.settling }
 
+// Stable reports whether the store holds this server's keys of the
+// current layout and no others: no change settles or is queued, and no
+// key came early for a later layout. Only then is it checkpointed.
+func (r *Ranges) Stable() bool { return !r.settling && len(r.queue) == 0 && len(r.early) == 0 }
+
 // Route says what to do with classic request h, sent under layout version
 // h.Iteration; for Moved, owner is the key's server in the current layout
 // (none for a range pull). A range pull (KVPullRange) covers every key of

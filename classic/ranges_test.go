@@ -210,8 +210,8 @@ func (c *cluster) checkSettled(l Layout) {
 		if c.dead[id] {
 			continue
 		}
-		if r.Settling() {
-			c.t.Errorf("%v still settling", id)
+		if r.Settling() || !r.Stable() {
+			c.t.Errorf("%v still settling (%v) or not stable (%v)", id, r.Settling(), r.Stable())
 		}
 		if got := r.Layout(); got.Version != l.Version || !slices.Equal(got.Servers, l.Servers) {
 			c.t.Errorf("%v applied %v, want %v", id, got, l)
@@ -485,8 +485,8 @@ func TestOutOfOrder(t *testing.T) {
 		// last of them.
 		c.runWhere(func(m van.Message) bool { return node.ID(m.Header.Recipient) != s2 })
 		for i := range moves {
-			if !c.ranges[s2].Settling() {
-				t.Fatalf("s2 settled with %d of %d moves", i, moves)
+			if !c.ranges[s2].Settling() || c.ranges[s2].Stable() {
+				t.Fatalf("s2 settled (or stable) with %d of %d moves", i, moves)
 			}
 			// Deliver from the back: the reverse of the send order.
 			m := c.net[len(c.net)-1]
@@ -525,6 +525,11 @@ func TestOutOfOrder(t *testing.T) {
 			}
 			if l := c.ranges[s2].Layout(); l.Version != 0 {
 				t.Fatalf("seed %d: s2 applied %v unoffered", seed, l)
+			}
+			// Not settling (its layout is v0's), but its store holds
+			// keys of v1: not a checkpoint of v0.
+			if c.ranges[s2].Stable() {
+				t.Fatalf("seed %d: s2 stable with keys moved early", seed)
 			}
 			c.offer(s2, v1)
 			if c.ranges[s2].Settling() {

@@ -104,11 +104,11 @@ type Config struct {
 	// TraceIters is the iterations traced (FPT_TRACE_ITERS: "10-20", "10-",
 	// "7"; default all).
 	TraceIters trace.Window
-	// CheckpointDir is where a server checkpoints its classic store, one
-	// file per rank (FPT_CHECKPOINT_DIR); empty: no checkpoints.
-	// CheckpointEvery is how often it writes one if the store changed
-	// (FPT_CHECKPOINT_EVERY, seconds; default 60); it also writes one at
-	// a clean end.
+	// CheckpointDir is where the servers checkpoint the classic store, a
+	// set of files per key layout (FPT_CHECKPOINT_DIR); empty: no
+	// checkpoints. CheckpointEvery is how often a server writes its file
+	// if its store or the layout changed (FPT_CHECKPOINT_EVERY, seconds;
+	// default 60); it also writes one at a clean end.
 	CheckpointDir   string
 	CheckpointEvery time.Duration
 

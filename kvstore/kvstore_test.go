@@ -194,10 +194,10 @@ func TestTakeRange(t *testing.T) {
 				ref.Delete(k)
 			}
 			var got1, got2 bytes.Buffer
-			if _, err := s.Snapshot(&got1); err != nil {
+			if _, err := s.Snapshot(&got1, nil); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := ref.Snapshot(&got2); err != nil {
+			if _, err := ref.Snapshot(&got2, nil); err != nil {
 				t.Fatal(err)
 			}
 			if !bytes.Equal(got1.Bytes(), got2.Bytes()) {

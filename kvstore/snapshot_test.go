@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
+	"io"
 	"strings"
 	"testing"
 
@@ -31,9 +32,11 @@ func sample(t testing.TB) *Store {
 	return s
 }
 
-func snapshot(t testing.TB, s *Store) []byte {
+func snapshot(t testing.TB, s *Store) []byte { return snapshotMeta(t, s, nil) }
+
+func snapshotMeta(t testing.TB, s *Store, meta []byte) []byte {
 	var b bytes.Buffer
-	n, err := s.Snapshot(&b)
+	n, err := s.Snapshot(&b, meta)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,11 +47,18 @@ func snapshot(t testing.TB, s *Store) []byte {
 }
 
 func TestSnapshotRoundTrip(t *testing.T) {
-	for _, s := range []*Store{New(), sample(t)} {
-		b := snapshot(t, s)
-		got, err := Load(append([]byte(nil), b...))
+	for i, s := range []*Store{New(), sample(t)} {
+		meta := []byte("label")[:i*5] // none, then some
+		b := snapshotMeta(t, s, meta)
+		got, gotMeta, err := Load(append([]byte(nil), b...))
 		if err != nil {
 			t.Fatal(err)
+		}
+		if !bytes.Equal(gotMeta, meta) {
+			t.Fatalf("loaded meta %q, saved %q", gotMeta, meta)
+		}
+		if m, err := ReadMeta(bytes.NewReader(b)); err != nil || !bytes.Equal(m, meta) {
+			t.Fatalf("ReadMeta: %q, %v; saved %q", m, err, meta)
 		}
 		if got.Len() != s.Len() {
 			t.Fatalf("loaded %d keys, saved %d", got.Len(), s.Len())
@@ -61,7 +71,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 			return true
 		})
 		// The same store writes the same bytes: snapshots are comparable.
-		if again := snapshot(t, got); !bytes.Equal(again, b) {
+		if again := snapshotMeta(t, got, gotMeta); !bytes.Equal(again, b) {
 			t.Fatal("a loaded store snapshots differently")
 		}
 	}
@@ -92,7 +102,11 @@ func TestLoadRefuses(t *testing.T) {
 		{"torn by one byte", good[:len(good)-1], "checksum"},
 		{"a flipped bit", edit(func(b []byte) []byte { b[first+20] ^= 1; return b }), "checksum"},
 		{"wrong magic", edit(func(b []byte) []byte { b[0] = 'X'; return reseal(b) }), "magic"},
-		{"future version", edit(func(b []byte) []byte { b[len(magic)] = 2; return reseal(b) }), "version 2"},
+		{"future version", edit(func(b []byte) []byte { b[len(magic)] = 3; return reseal(b) }), "version 3"},
+		{"meta past the end", edit(func(b []byte) []byte {
+			binary.LittleEndian.PutUint32(b[len(magic)+12:], 1<<31)
+			return reseal(b)
+		}), "meta"},
 		{"huge count", edit(func(b []byte) []byte {
 			binary.LittleEndian.PutUint64(b[len(magic)+4:], 1<<62)
 			return reseal(b)
@@ -118,7 +132,7 @@ func TestLoadRefuses(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := Load(tt.b)
+			s, _, err := Load(tt.b)
 			if err == nil {
 				t.Fatalf("loaded %d keys from a bad snapshot", s.Len())
 			}
@@ -141,9 +155,34 @@ func (w *failWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+func TestReadMetaRefuses(t *testing.T) {
+	good := snapshotMeta(t, sample(t), []byte("label"))
+	huge := append([]byte(nil), good...)
+	binary.LittleEndian.PutUint32(huge[len(magic)+12:], MaxMeta+1)
+	for _, tt := range []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"empty", nil, "header"},
+		{"not a snapshot", []byte("hello, world, this is not a store"), "wrong magic"},
+		{"meta cut short", good[:headerSize+2], "meta"},
+		{"huge meta", huge, "at most"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if m, err := ReadMeta(bytes.NewReader(tt.b)); !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("ReadMeta: %q, %v; want ErrCorrupt containing %q", m, err, tt.want)
+			}
+		})
+	}
+	if _, err := sample(t).Snapshot(io.Discard, make([]byte, MaxMeta+1)); err == nil {
+		t.Fatal("a snapshot took more than MaxMeta bytes of meta")
+	}
+}
+
 func TestSnapshotWriteError(t *testing.T) {
 	for _, after := range []int{0, headerSize + 3, len(snapshot(t, sample(t))) - 2} {
-		if _, err := sample(t).Snapshot(&failWriter{after: after}); err == nil || !strings.Contains(err.Error(), "disk full") {
+		if _, err := sample(t).Snapshot(&failWriter{after: after}, nil); err == nil || !strings.Contains(err.Error(), "disk full") {
 			t.Fatalf("failing after %d bytes: error %v, want disk full", after, err)
 		}
 	}

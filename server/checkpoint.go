@@ -1,23 +1,273 @@
 package server
 
 import (
+	"cmp"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/kvstore"
+	"github.com/fptps/fpt/node"
 )
 
-// checkpointPath is the checkpoint of the server of rank: a job restarted
-// with the same number of servers gives every rank its own file back.
-func checkpointPath(dir string, rank int) string {
-	return filepath.Join(dir, "server-"+strconv.Itoa(rank)+".ckpt")
+// Checkpoint files. A server writes its store only while it holds exactly
+// its keys of a classic layout (classic.Ranges.Stable), to a file named by
+// the job's stamp (cluster.Member.JobStamp), the layout's version and its
+// id, rewritten in place while that layout lasts:
+//
+//	job-<stamp, 16 hex digits>-layout-<version>-server-<id>.ckpt
+//
+// The files of one stamp and version are a set, complete once every
+// server of that layout wrote its file: then every key of the job is in
+// exactly one of them. A key handed over in a later layout stays in the
+// older set until the newer one is complete, so a restart never misses
+// it. A job's server loads the newest complete set (the greatest stamp,
+// then version), keeping the keys it owns in its own first layout,
+// whatever the number of servers was then; files older than the newest
+// complete set are removed once it is complete.
+
+// ckptLabel is what a checkpoint file is of: a layout of a job's run.
+type ckptLabel struct {
+	stamp   uint64
+	version uint32
+}
+
+func (l ckptLabel) compare(o ckptLabel) int {
+	return cmp.Or(cmp.Compare(l.stamp, o.stamp), cmp.Compare(l.version, o.version))
+}
+
+func (l ckptLabel) String() string { return fmt.Sprintf("job %016x layout v%d", l.stamp, l.version) }
+
+// ckptFile is a checkpoint file's name, parsed.
+type ckptFile struct {
+	ckptLabel
+	server node.ID
+	name   string
+}
+
+func ckptName(l ckptLabel, server node.ID) string {
+	return fmt.Sprintf("job-%016x-layout-%d-server-%d.ckpt", l.stamp, l.version, server)
+}
+
+// parseCkptName parses ckptName's names; ok is false for any other.
+func parseCkptName(name string) (f ckptFile, ok bool) {
+	parts := strings.Split(strings.TrimSuffix(name, ".ckpt"), "-")
+	if len(parts) != 6 || !strings.HasSuffix(name, ".ckpt") || parts[0] != "job" || parts[2] != "layout" || parts[4] != "server" || len(parts[1]) != 16 {
+		return ckptFile{}, false
+	}
+	stamp, err1 := strconv.ParseUint(parts[1], 16, 64)
+	version, err2 := strconv.ParseUint(parts[3], 10, 32)
+	id, err3 := strconv.ParseUint(parts[5], 10, 32)
+	f = ckptFile{ckptLabel: ckptLabel{stamp, uint32(version)}, server: node.ID(id), name: name}
+	return f, errors.Join(err1, err2, err3) == nil && ckptName(f.ckptLabel, f.server) == name
+}
+
+// legacyCkpt matches the files of fpt before sets: server-<rank>.ckpt.
+func legacyCkpt(name string) bool {
+	rank, ok := strings.CutPrefix(name, "server-")
+	rank, ok2 := strings.CutSuffix(rank, ".ckpt")
+	_, err := strconv.Atoi(rank)
+	return ok && ok2 && err == nil
+}
+
+// ckptSets groups files by label, the newest set first.
+func ckptSets(files []ckptFile) [][]ckptFile {
+	files = slices.Clone(files)
+	slices.SortFunc(files, func(a, b ckptFile) int {
+		return cmp.Or(b.compare(a.ckptLabel), cmp.Compare(a.server, b.server))
+	})
+	var sets [][]ckptFile
+	for i := 0; i < len(files); {
+		j := i + 1
+		for j < len(files) && files[j].ckptLabel == files[i].ckptLabel {
+			j++
+		}
+		sets = append(sets, files[i:j])
+		i = j
+	}
+	return sets
+}
+
+// missing is the first server of l without a file in set; 0: none, the
+// set is complete.
+func missing(set []ckptFile, l classic.Layout) node.ID {
+	for _, id := range l.Servers {
+		if !slices.ContainsFunc(set, func(f ckptFile) bool { return f.server == id }) {
+			return id
+		}
+	}
+	return 0
+}
+
+// ckptMeta is a checkpoint's label, writer and layout, in the snapshot's
+// meta: stamp uint64, writer uint32, then the layout (classic's
+// encoding), little-endian.
+func ckptMeta(l ckptLabel, writer node.ID, layout classic.Layout) []byte {
+	b := binary.LittleEndian.AppendUint64(nil, l.stamp)
+	b = binary.LittleEndian.AppendUint32(b, uint32(writer))
+	return layout.AppendBinary(b)
+}
+
+// checkMeta checks that a file's meta says what its name does, and
+// returns its layout.
+func checkMeta(f ckptFile, meta []byte) (classic.Layout, error) {
+	if len(meta) < 12 {
+		return classic.Layout{}, fmt.Errorf("%d bytes of meta, not a label", len(meta))
+	}
+	l, err := classic.ParseLayout(meta[12:])
+	switch stamp, writer := binary.LittleEndian.Uint64(meta), node.ID(binary.LittleEndian.Uint32(meta[8:])); {
+	case err != nil:
+		return l, err
+	case stamp != f.stamp || writer != f.server || l.Version != f.version:
+		return l, fmt.Errorf("holds the checkpoint of %s by %s, not what its name says", ckptLabel{stamp, l.Version}, writer)
+	case l.Index(writer) < 0:
+		return l, fmt.Errorf("written by %s, which is not in its layout %s", writer, l)
+	}
+	return l, nil
+}
+
+// checkpointSet is a directory's newest complete set: its files and
+// layout. It is empty (no files) if the directory has none.
+type checkpointSet struct {
+	ckptLabel
+	files  []ckptFile
+	layout classic.Layout
+}
+
+// newestSet finds dir's newest complete set of checkpoints of a run with a
+// stamp below before, reading the meta of one file of each set newer than
+// it; incomplete says what the newer sets lack, and after is a file of a
+// run not below before, if any. A file of fpt's former naming, or a set
+// whose file is unreadable, is an error naming the file.
+func newestSet(dir string, before uint64) (set checkpointSet, incomplete []string, after string, err error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return checkpointSet{}, nil, "", fmt.Errorf("server: checkpoints: %w", err)
+	}
+	var files []ckptFile
+	for _, e := range entries {
+		f, ok := parseCkptName(e.Name())
+		switch {
+		case ok && e.Type().IsRegular() && f.stamp < before:
+			files = append(files, f)
+		case ok:
+			if a, _ := parseCkptName(after); after == "" || f.stamp > a.stamp {
+				after = e.Name() // the latest
+			}
+		case legacyCkpt(e.Name()):
+			return checkpointSet{}, nil, "", fmt.Errorf("server: checkpoint %s is of an earlier fpt (one file per rank), which this one does not read: move it away to start empty", filepath.Join(dir, e.Name()))
+		}
+	}
+	for _, set := range ckptSets(files) {
+		path := filepath.Join(dir, set[0].name)
+		meta, err := readMeta(path)
+		var l classic.Layout
+		if err == nil {
+			l, err = checkMeta(set[0], meta)
+		}
+		if err != nil {
+			return checkpointSet{}, nil, "", fmt.Errorf("server: checkpoint %s (move it away to pass it over): %w", path, err)
+		}
+		if id := missing(set, l); id != 0 {
+			incomplete = append(incomplete, fmt.Sprintf("%s lacks %s's file", set[0].ckptLabel, id))
+			continue
+		}
+		return checkpointSet{ckptLabel: set[0].ckptLabel, files: set, layout: l}, incomplete, after, nil
+	}
+	return checkpointSet{}, incomplete, after, nil
+}
+
+// readSet is dir's newest complete set of checkpoints of a run before
+// stamp. A directory with checkpoints of such runs but no complete set is
+// an error: starting empty would silently lose what they hold.
+func readSet(dir string, stamp uint64) (checkpointSet, string, error) {
+	set, incomplete, after, err := newestSet(dir, stamp)
+	if err == nil && len(set.files) == 0 && len(incomplete) > 0 {
+		err = fmt.Errorf("server: no complete set of checkpoints in %s (%s): move them away to start empty", dir, strings.Join(incomplete, "; "))
+	}
+	return set, after, err
+}
+
+func readMeta(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return kvstore.ReadMeta(f)
+}
+
+// load reads the keys of [from, to) (to == 0: no upper bound) from the
+// set's files that hold any, each checked whole (a torn or corrupted file
+// is an error naming it).
+func (c checkpointSet) load(dir string, from, to uint64) (*kvstore.Store, error) {
+	store := kvstore.New()
+	for _, f := range c.files {
+		lo, hi, ok := c.layout.Span(f.server, from, to)
+		if !ok {
+			continue
+		}
+		path := filepath.Join(dir, f.name)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("server: checkpoint %s: %w", path, err)
+		}
+		s, meta, err := kvstore.Load(b)
+		if err == nil {
+			_, err = checkMeta(f, meta)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("server: checkpoint %s (move the set away to start empty): %w", path, err)
+		}
+		s.Ascend(lo, hi, func(key uint64, v kvstore.Value) bool {
+			store.Put(key, v)
+			return true
+		})
+	}
+	return store, nil
+}
+
+// ReadCheckpoint is every key of the newest complete set of checkpoints
+// in dir (FPT_CHECKPOINT_DIR): what a restarted job would hold.
+func ReadCheckpoint(dir string) (*kvstore.Store, error) {
+	set, _, err := readSet(dir, math.MaxUint64)
+	if err != nil {
+		return nil, err
+	}
+	return set.load(dir, 0, 0)
+}
+
+// loadCheckpoint is the keys that server self owns in layout own (a
+// starting job's first) from dir's newest complete set of an earlier run;
+// no set is an empty store (the job's first start). The files of this run
+// (stamp) that other servers may have written already are passed over; a
+// file of a later run is refused: the scheduler's clock went back, and
+// this run's checkpoints would never be read.
+func loadCheckpoint(dir string, self node.ID, own classic.Layout, stamp uint64) (*kvstore.Store, checkpointSet, error) {
+	set, after, err := readSet(dir, stamp)
+	if f, _ := parseCkptName(after); err == nil && f.stamp > stamp {
+		err = fmt.Errorf("server: checkpoint %s is of a run after this job (%016x): is the scheduler's clock behind the one of the run that wrote it?", filepath.Join(dir, after), stamp)
+	}
+	if err != nil || len(set.files) == 0 {
+		return kvstore.New(), set, err
+	}
+	from, to, ok := own.Range(self)
+	if !ok {
+		return kvstore.New(), set, nil
+	}
+	store, err := set.load(dir, from, to)
+	return store, set, err
 }
 
 // checkDir refuses, before the server joins, a checkpoint directory that
@@ -33,23 +283,26 @@ func checkDir(dir string) error {
 	return nil
 }
 
-// loadCheckpoint reads the store saved at path; no file is an empty
-// store (the job's first start). A file that is there but unreadable,
-// torn or corrupted is an error naming it: starting empty would silently
-// throw the saved values away.
-func loadCheckpoint(path string) (*kvstore.Store, error) {
-	b, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return kvstore.New(), nil
+// removeOlder removes dir's checkpoint files older than its newest
+// complete set, once there is one: they are never read again. Another
+// server may be removing the same files.
+func removeOlder(dir string) error {
+	set, _, _, err := newestSet(dir, math.MaxUint64)
+	if err != nil || len(set.files) == 0 {
+		return err
 	}
+	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("server: checkpoint %s: %w", path, err)
+		return fmt.Errorf("server: checkpoints: %w", err)
 	}
-	s, err := kvstore.Load(b)
-	if err != nil {
-		return nil, fmt.Errorf("server: checkpoint %s (move it away to start empty): %w", path, err)
+	for _, e := range entries {
+		if f, ok := parseCkptName(e.Name()); ok && f.compare(set.ckptLabel) < 0 {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("server: checkpoints: %w", err)
+			}
+		}
 	}
-	return s, nil
+	return nil
 }
 
 // writeAtomic replaces path with data so that a crash at any moment
@@ -92,11 +345,13 @@ func writeAtomic(path string, data []byte) (err error) {
 	return err
 }
 
-// checkpointer writes the store every interval if it changed, and once
-// more when stopped.
+// checkpointer writes the store once at its start and then every
+// interval if it changed, and once more when stopped.
 type checkpointer struct {
-	path     string
-	snapshot func(force bool) (data []byte, changed bool, err error)
+	dir string
+	// snapshot encodes the store if it is to be written (changed, or
+	// force), and names its file; name "" is nothing to write.
+	snapshot func(force bool) (name string, data []byte, err error)
 	log      *slog.Logger
 	failed   bool // the last write failed: the next one writes even if nothing changed
 	quit     chan struct{}
@@ -104,8 +359,8 @@ type checkpointer struct {
 	haltOnce sync.Once
 }
 
-func startCheckpointer(path string, every time.Duration, snapshot func(force bool) ([]byte, bool, error), log *slog.Logger) *checkpointer {
-	c := &checkpointer{path: path, snapshot: snapshot, log: log, quit: make(chan struct{}), done: make(chan struct{})}
+func startCheckpointer(dir string, every time.Duration, snapshot func(force bool) (string, []byte, error), log *slog.Logger) *checkpointer {
+	c := &checkpointer{dir: dir, snapshot: snapshot, log: log, quit: make(chan struct{}), done: make(chan struct{})}
 	go c.loop(every)
 	return c
 }
@@ -114,33 +369,41 @@ func (c *checkpointer) loop(every time.Duration) {
 	defer close(c.done)
 	t := time.NewTicker(every)
 	defer t.Stop()
+	// At once: this run's first set completes, and the last run's goes,
+	// as soon as every server has loaded its keys.
+	tick := make(chan time.Time, 1)
+	tick <- time.Now()
 	for {
 		select {
+		case <-tick:
+			tick = nil
 		case <-t.C:
-			// A failed periodic checkpoint does not stop training: the
-			// next tick (or the last one) tries again.
-			if err := c.write(); err != nil {
-				c.log.Warn("checkpoint failed", "err", err)
-			}
 		case <-c.quit:
 			return
+		}
+		// A failed periodic checkpoint does not stop training: the next
+		// tick (or the last one) tries again.
+		if err := c.write(); err != nil {
+			c.log.Warn("checkpoint failed", "err", err)
 		}
 	}
 }
 
-// write saves the store if it changed since the last write.
+// write saves the store if it changed since the last write, then removes
+// the files a complete newer set made useless.
 func (c *checkpointer) write() error {
-	data, changed, err := c.snapshot(c.failed)
-	if err != nil || !changed {
+	name, data, err := c.snapshot(c.failed)
+	if err != nil || name == "" {
 		return err
 	}
-	if err := writeAtomic(c.path, data); err != nil {
+	path := filepath.Join(c.dir, name)
+	if err := writeAtomic(path, data); err != nil {
 		c.failed = true
 		return err
 	}
 	c.failed = false
-	c.log.Debug("checkpoint written", "file", c.path, "bytes", len(data))
-	return nil
+	c.log.Debug("checkpoint written", "file", path, "bytes", len(data))
+	return removeOlder(c.dir)
 }
 
 // halt ends the periodic writes; it may be called again.

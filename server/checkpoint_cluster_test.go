@@ -7,13 +7,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fptps/fpt/internal/memcluster"
 	"github.com/fptps/fpt/kvstore"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/server"
 	"github.com/fptps/fpt/worker"
 )
 
@@ -28,9 +29,17 @@ const ckptServers = 2
 
 func startCkpt(t *testing.T, dir, every string) (*memcluster.Cluster, error) {
 	t.Helper()
+	return startCkptEnv(ckptServers, map[string]string{"FPT_CHECKPOINT_DIR": dir, "FPT_CHECKPOINT_EVERY": every})
+}
+
+func startCkptEnv(servers int, env map[string]string) (*memcluster.Cluster, error) {
 	// The context is the cluster's lifetime, not its start's.
-	return memcluster.Start(context.Background(), memcluster.Options{Servers: ckptServers, Workers: 2,
-		Env: map[string]string{"FPT_CHECKPOINT_DIR": dir, "FPT_CHECKPOINT_EVERY": every}})
+	return memcluster.Start(context.Background(), memcluster.Options{Servers: servers, Workers: 2, Env: env})
+}
+
+// startElastic starts a job whose servers may join and leave.
+func startElastic(dir, every string, servers int) (*memcluster.Cluster, error) {
+	return startCkptEnv(servers, map[string]string{"FPT_CHECKPOINT_DIR": dir, "FPT_CHECKPOINT_EVERY": every, "FPT_ON_SERVER_LOSS": "retry"})
 }
 
 // pushRound has every worker push round+rank+key-dependent values into
@@ -74,29 +83,32 @@ func pull(t *testing.T, c *memcluster.Cluster) []float32 {
 	return got
 }
 
-// checkpointed reports whether every server's file holds all of its keys'
-// current values (together: ckptKeys' values want).
+// checkpointed reports whether the newest complete set of checkpoints
+// holds exactly ckptKeys with values want.
 func checkpointed(dir string, want []float32) bool {
-	var all []float32
-	keys := 0
-	for rank := range ckptServers {
-		b, err := os.ReadFile(filepath.Join(dir, "server-"+strconv.Itoa(rank)+".ckpt"))
-		if err != nil {
-			return false
-		}
-		s, err := kvstore.Load(b)
-		if err != nil {
-			return false
-		}
-		keys += s.Len()
-		s.Ascend(0, 0, func(_ uint64, v kvstore.Value) bool {
-			for i := 0; i < len(v.Data); i += 4 {
-				all = append(all, math.Float32frombits(binary.LittleEndian.Uint32(v.Data[i:])))
-			}
-			return true
-		})
+	s, err := server.ReadCheckpoint(dir)
+	if err != nil || s.Len() != len(ckptKeys) {
+		return false
 	}
-	return keys == len(ckptKeys) && slices.Equal(all, want)
+	var all []float32
+	s.Ascend(0, 0, func(_ uint64, v kvstore.Value) bool {
+		for i := 0; i < len(v.Data); i += 4 {
+			all = append(all, math.Float32frombits(binary.LittleEndian.Uint32(v.Data[i:])))
+		}
+		return true
+	})
+	return slices.Equal(all, want)
+}
+
+// awaitCheckpointed waits for the periodic checkpoints to hold want.
+func awaitCheckpointed(t *testing.T, dir string, want []float32) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !checkpointed(dir, want); {
+		if time.Now().After(deadline) {
+			t.Fatal("no periodic checkpoint of the pushed values within a minute")
+		}
+		time.Sleep(10 * time.Millisecond) // the next tick writes them
+	}
 }
 
 func TestCheckpointSurvivesRestart(t *testing.T) {
@@ -110,12 +122,7 @@ func TestCheckpointSurvivesRestart(t *testing.T) {
 	pushRound(t, c, 1)
 	pushRound(t, c, 2)
 	before := pull(t, c)
-	for deadline := time.Now().Add(time.Minute); !checkpointed(dir, before); {
-		if time.Now().After(deadline) {
-			t.Fatal("no periodic checkpoint of the pushed values within a minute")
-		}
-		time.Sleep(10 * time.Millisecond) // the next tick writes them
-	}
+	awaitCheckpointed(t, dir, before)
 	c.Close()
 
 	// Restarted with the same dir, the servers answer pulls with the
@@ -150,8 +157,13 @@ func TestCheckpointSurvivesRestart(t *testing.T) {
 		t.Fatalf("temporary files left: %v", leftover)
 	}
 
-	// A torn checkpoint stops the job at start, naming the file.
-	torn := filepath.Join(dir, "server-1.ckpt")
+	// Only the last set is left; a torn file of it stops the job at
+	// start, naming the file.
+	files, _ := filepath.Glob(filepath.Join(dir, "*.ckpt"))
+	if len(files) != ckptServers {
+		t.Fatalf("checkpoint files %v, want the last set's %d", files, ckptServers)
+	}
+	torn := files[1]
 	fi, err := os.Stat(torn)
 	if err != nil {
 		t.Fatal(err)
@@ -166,5 +178,101 @@ func TestCheckpointSurvivesRestart(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), torn) || !strings.Contains(err.Error(), "checksum") {
 		t.Fatalf("error %q does not name the torn file %s and its fault", err, torn)
+	}
+}
+
+// TestCheckpointAfterAJoin: a server joins a classic job, so its keys are
+// cut over three servers; killed after its checkpoints caught up, the job
+// restarted with two servers, then with three, pulls every value of
+// before the kill. Each server takes its keys from whichever files of
+// the set hold them: loading by rank, the first restart's servers would
+// miss the keys the joiner held.
+func TestCheckpointAfterAJoin(t *testing.T) {
+	dir := t.TempDir()
+	c, err := startElastic(dir, "0.05", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pushRound(t, c, 1)
+	if _, err := c.AddServer(); err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	for round := 2; round <= 4; round++ {
+		pushRound(t, c, round)
+	}
+	before := pull(t, c)
+	awaitCheckpointed(t, dir, before)
+	// After the join, a set of three files: the two servers' first set
+	// goes once it is complete (its last writer removes it).
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
+		files, _ := filepath.Glob(filepath.Join(dir, "*.ckpt"))
+		if len(files) == 3 && !slices.ContainsFunc(files, func(f string) bool { return !strings.Contains(f, "-layout-1-") }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.Close()
+			t.Fatalf("checkpoint files %v, want three of layout 1", files)
+		}
+	}
+	c.Close()
+
+	for _, servers := range []int{2, 3} {
+		c, err = startElastic(dir, "3600", servers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := pull(t, c)
+		if err := c.Finish(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, before) {
+			t.Fatalf("restarted with %d servers, pulled %v, want %v", servers, got, before)
+		}
+	}
+}
+
+// TestCheckpointAfterALeave: a server of three leaves in order (as on
+// SIGTERM), handing its keys to the two others; the job killed after
+// their checkpoints caught up and restarted with three servers pulls
+// every value of before the kill. The leaver's last file holds keys that
+// moved on, and older values: only the set without it is read.
+func TestCheckpointAfterALeave(t *testing.T) {
+	dir := t.TempDir()
+	c, err := startElastic(dir, "0.05", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pushRound(t, c, 1)
+	leaver := node.ServerID(1)
+	// Its launch may not have handed it over as serving yet.
+	for deadline := time.Now().Add(time.Minute); c.Interrupt(leaver) != nil; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			c.Close()
+			t.Fatalf("%s not serving within a minute", leaver)
+		}
+	}
+	m := c.Member(node.ServerID(0))
+	for deadline := time.Now().Add(time.Minute); !m.HasLeft(leaver); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			c.Close()
+			t.Fatalf("%s did not leave within a minute", leaver)
+		}
+	}
+	pushRound(t, c, 2)
+	before := pull(t, c)
+	awaitCheckpointed(t, dir, before)
+	c.Close()
+
+	c, err = startElastic(dir, "3600", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := pull(t, c)
+	if err := c.Finish(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, before) {
+		t.Fatalf("restarted, pulled %v, want %v", got, before)
 	}
 }

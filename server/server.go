@@ -5,8 +5,9 @@
 // classic key-value store for Push, Pull and PushPull, with the semantics of
 // ps-lite's KVServerDefaultHandle: a push adds into the stored value, a pull
 // returns it. The store is kept in key order (kvstore) and, with
-// FPT_CHECKPOINT_DIR, checkpointed to a file per server rank and loaded
-// back when a server of that rank starts (checkpoint.go).
+// FPT_CHECKPOINT_DIR, checkpointed in sets of files, one per server of a
+// classic layout; a restarted job's servers each load their keys from the
+// newest complete set, whatever the servers were then (checkpoint.go).
 package server
 
 import (
@@ -36,6 +37,7 @@ type Server struct {
 	store  *kvstore.Store
 	ranges *classic.Ranges // made at the first use, once the node table is there (rangesLocked)
 	dirty  bool            // changed since the last checkpoint
+	ckptAt ckptLabel       // the label of the last checkpoint
 
 	// What a leave (Leave) waits for: the classic requests each worker
 	// sent that were served, redirected or held (a held one is served by
@@ -68,9 +70,10 @@ type Server struct {
 // server reports its measured rates to the scheduler and follows its
 // directives.
 //
-// With FPT_CHECKPOINT_DIR, the server loads its rank's checkpoint once it
-// knows its rank, before it answers any classic request, and refuses to
-// start on a checkpoint it cannot read.
+// With FPT_CHECKPOINT_DIR, the server loads its keys of the job's first
+// layout from the newest complete set of checkpoints once it has the node
+// table, before it answers any classic request, and refuses to start on a
+// checkpoint it cannot read.
 func Start(ctx context.Context, n *cluster.Member) (*Server, error) {
 	s := New(n)
 	cfg := n.Config()
@@ -87,25 +90,24 @@ func Start(ctx context.Context, n *cluster.Member) (*Server, error) {
 	}
 	if cfg.CheckpointDir != "" && n.Joined() {
 		// A joining server's keys come from the servers that had them
-		// (classic.Ranges); a file of its rank is another job's.
+		// (classic.Ranges).
 		close(s.loaded)
-		s.ckpt = startCheckpointer(checkpointPath(cfg.CheckpointDir, n.Self().ID.Rank()), cfg.CheckpointEvery, s.snapshot, n.Logger())
+		s.ckpt = startCheckpointer(cfg.CheckpointDir, cfg.CheckpointEvery, s.snapshot, n.Logger())
 	} else if cfg.CheckpointDir != "" {
-		path := checkpointPath(cfg.CheckpointDir, n.Self().ID.Rank())
-		store, err := loadCheckpoint(path)
+		store, set, err := loadCheckpoint(cfg.CheckpointDir, n.Self().ID, n.TableLayout(), n.JobStamp())
 		if err != nil {
 			s.base.Close()
 			n.Fail(err) // the scheduler tells the others why
 			n.Close()   // a request waiting for the load gives up
 			return nil, err
 		}
-		if store.Len() > 0 {
-			n.Logger().Info("checkpoint loaded", "file", path, "keys", store.Len())
+		if len(set.files) > 0 {
+			n.Logger().Info("checkpoint loaded", "dir", cfg.CheckpointDir, "set", set.ckptLabel, "servers", len(set.files), "keys", store.Len())
 		}
 		s.mu.Lock()
 		s.store = store // before loaded is closed: no handler uses the store yet
 		s.mu.Unlock()
-		s.ckpt = startCheckpointer(path, cfg.CheckpointEvery, s.snapshot, n.Logger())
+		s.ckpt = startCheckpointer(cfg.CheckpointDir, cfg.CheckpointEvery, s.snapshot, n.Logger())
 		close(s.loaded)
 	}
 	return s, nil
@@ -165,21 +167,28 @@ func (s *Server) stop(clean bool) error {
 	return err
 }
 
-// snapshot encodes the store if it changed since the last call (or if
-// forced: the last write failed); the file is written outside the lock, so
-// pushes wait only for the encoding.
-func (s *Server) snapshot(force bool) ([]byte, bool, error) {
+// snapshot encodes the store, and names its file, if it changed since the
+// last call, its layout did, or force (the last write failed). It does
+// not while the store is not exactly this server's part of a layout (a
+// change settles, or this server is out of it): the file would not be a
+// whole part of a set. The file is written outside the lock, so pushes
+// wait only for the encoding.
+func (s *Server) snapshot(force bool) (string, []byte, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.dirty && !force {
-		return nil, false, nil
+	self := s.node.Self().ID
+	r := s.rangesLocked()
+	l := r.Layout()
+	label := ckptLabel{stamp: s.node.JobStamp(), version: l.Version}
+	if !r.Stable() || l.Index(self) < 0 || !s.dirty && !force && label == s.ckptAt {
+		return "", nil, nil
 	}
 	var b bytes.Buffer
-	if _, err := s.store.Snapshot(&b); err != nil {
-		return nil, false, err
+	if _, err := s.store.Snapshot(&b, ckptMeta(label, self, l)); err != nil {
+		return "", nil, err
 	}
-	s.dirty = false
-	return b.Bytes(), true, nil
+	s.dirty, s.ckptAt = false, label
+	return ckptName(label, self), b.Bytes(), nil
 }
 
 // New makes the server for n without starting it (Start does both): its
@@ -324,11 +333,10 @@ func (s *Server) poke() {
 // layout, so that it hands every classic key over to the servers that own
 // it now; once those frames are written, every worker has said that it
 // sends nothing more here and every request it sent was answered, the
-// server leaves the job and closes. With FPT_CHECKPOINT_DIR, periodic
-// checkpoints stop when the leave begins (the last one holds the keys
-// until they are handed over), and one more, empty, is written once it
-// left: its keys live on in the others'. Launch calls it when a server
-// is interrupted (SIGTERM, SIGINT).
+// server leaves the job and closes. With FPT_CHECKPOINT_DIR, its
+// checkpoints stop when the leave begins: its last file holds its keys
+// until the others' set of the layout without it is complete. Launch
+// calls it when a server is interrupted (SIGTERM, SIGINT).
 func (s *Server) Leave(ctx context.Context) error {
 	s.node.Logger().Info("leaving the job: handing the classic keys over")
 	if s.ckpt != nil {
