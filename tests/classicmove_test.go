@@ -77,11 +77,11 @@ const classicRounds = 2
 // that every server holds classic keys, then train and run them again;
 // it returns once worker 0 is in iteration joinAt. Tensors of 4 KiB to
 // 2 MiB over 64 KiB partitions: the larger keys move in many KVMove
-// frames.
-func startClassicJob(t *testing.T, servers int, lb string) *cluster {
+// frames. env is added to every node's.
+func startClassicJob(t *testing.T, servers int, lb string, env ...string) *cluster {
 	t.Helper()
 	c := startCluster(t, spec{servers: servers, workers: 2,
-		env: []string{"FPT_ON_SERVER_LOSS=retry", "FPT_LB=" + lb, "FPT_PARTITION_BYTES=65536"},
+		env: append([]string{"FPT_ON_SERVER_LOSS=retry", "FPT_LB=" + lb, "FPT_PARTITION_BYTES=65536"}, env...),
 		appArgs: []string{"-iters", strconv.Itoa(failoverIters), "-compute", "20ms",
 			"-tensors", strconv.Itoa(classicMoveTensors), "-min-bytes", "4096", "-max-bytes", "2097152",
 			"-classic", strconv.Itoa(classicRounds), "--classic-first"}})
