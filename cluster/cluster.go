@@ -77,6 +77,7 @@ type Member struct {
 	onControl   func(*control.Message)
 	onLeft      func(id node.ID, graceful bool) error
 	onLayout    func(classic.Layout)
+	onTable     func() error
 	// layout is the newest classic key layout: the job's first from the
 	// node table, a joining node's in its table, later ones from the
 	// scheduler's Layout messages.
@@ -284,6 +285,11 @@ func (n *Member) Start(ctx context.Context, h Handler) (err error) {
 		case <-ctx.Done():
 		}
 	}()
+	if n.onTable != nil {
+		if err := n.onTable(); err != nil {
+			return err
+		}
+	}
 	if n.joining.Load() {
 		if err := n.join(ctx); err != nil {
 			return err
@@ -503,6 +509,14 @@ func (n *Member) TableLayout() classic.Layout {
 // version order, off the control plane's goroutine (as OnControl's
 // messages: f may take its role's lock). Call it before Start.
 func (n *Member) OnLayout(f func(classic.Layout)) { n.onLayout = f }
+
+// OnTable installs f, which Start calls once the node has its table, id
+// and job stamp, before the start barriers (or a joining node's join):
+// what the node must have before the job may start (a server's
+// checkpoint). An error from f is the start's, and ends the job as any
+// node's failure to start does. It runs within FPT_START_TIMEOUT, with
+// heartbeats going. Call it before Start.
+func (n *Member) OnTable(f func() error) { n.onTable = f }
 
 // newLayout takes the scheduler's Layout message: a newer version is
 // kept, and handed to the role (OnLayout) in order with its other

@@ -221,7 +221,7 @@ func Known() []Var {
 		// The servers' classic store.
 		{Name: "FPT_CHECKPOINT_DIR", Meaning: "where the servers checkpoint the classic key-value store, a set of files per key layout, and load the newest complete set from when the job starts; empty: no checkpoints", Use: NodeVar,
 			read: func(p *parser, name string, c *Config) { c.CheckpointDir, _ = p.optional(name) }},
-		{Name: "FPT_CHECKPOINT_EVERY", Meaning: "seconds between a server's checkpoints, written only if its store or the key layout changed; a clean end always writes one", Default: seconds(DefaultCheckpointEvery), Use: NodeVar,
+		{Name: "FPT_CHECKPOINT_EVERY", Meaning: "seconds between a server's checkpoints, written only if its store or the key layout changed, and at a clean end", Default: seconds(DefaultCheckpointEvery), Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {
 				c.CheckpointEvery = p.seconds(name, DefaultCheckpointEvery)
 			}},

@@ -129,6 +129,9 @@ func Load(b []byte) (*Store, []byte, error) {
 	if got, want := crc32.Checksum(body, castagnoli), binary.LittleEndian.Uint32(tail); got != want {
 		return nil, nil, fmt.Errorf("%w: checksum %08x, the file says %08x (torn or corrupted)", ErrCorrupt, got, want)
 	}
+	if metaLen > MaxMeta {
+		return nil, nil, fmt.Errorf("%w: %d bytes of meta, at most %d", ErrCorrupt, metaLen, MaxMeta)
+	}
 	if uint64(metaLen) > uint64(len(body)-headerSize) {
 		return nil, nil, fmt.Errorf("%w: %d bytes of meta, only %d left", ErrCorrupt, metaLen, len(body)-headerSize)
 	}

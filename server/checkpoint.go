@@ -143,6 +143,7 @@ type checkpointSet struct {
 	ckptLabel
 	files  []ckptFile
 	layout classic.Layout
+	passed []string // the newer sets passed over, and what they lack
 }
 
 // newestSet finds dir's newest complete set of checkpoints of a run with a
@@ -159,7 +160,9 @@ func newestSet(dir string, before uint64) (set checkpointSet, incomplete []strin
 	for _, e := range entries {
 		f, ok := parseCkptName(e.Name())
 		switch {
-		case ok && e.Type().IsRegular() && f.stamp < before:
+		case !e.Type().IsRegular():
+			// Not one of ours (writeAtomic makes regular files).
+		case ok && f.stamp < before:
 			files = append(files, f)
 		case ok:
 			if a, _ := parseCkptName(after); after == "" || f.stamp > a.stamp {
@@ -172,6 +175,11 @@ func newestSet(dir string, before uint64) (set checkpointSet, incomplete []strin
 	for _, set := range ckptSets(files) {
 		path := filepath.Join(dir, set[0].name)
 		meta, err := readMeta(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			// Removed since the listing: an older set than a complete
+			// one (removeOlder, from another server).
+			continue
+		}
 		var l classic.Layout
 		if err == nil {
 			l, err = checkMeta(set[0], meta)
@@ -183,7 +191,7 @@ func newestSet(dir string, before uint64) (set checkpointSet, incomplete []strin
 			incomplete = append(incomplete, fmt.Sprintf("%s lacks %s's file", set[0].ckptLabel, id))
 			continue
 		}
-		return checkpointSet{ckptLabel: set[0].ckptLabel, files: set, layout: l}, incomplete, after, nil
+		return checkpointSet{ckptLabel: set[0].ckptLabel, files: set, layout: l, passed: incomplete}, incomplete, after, nil
 	}
 	return checkpointSet{}, incomplete, after, nil
 }
@@ -230,7 +238,14 @@ func (c checkpointSet) load(dir string, from, to uint64) (*kvstore.Store, error)
 		if err != nil {
 			return nil, fmt.Errorf("server: checkpoint %s (move the set away to start empty): %w", path, err)
 		}
+		// A value kept shares the file's memory: a file kept in part is
+		// copied out of, so that the rest of it can go.
+		first, end, _ := c.layout.Range(f.server)
+		partial := lo != first || hi != end
 		s.Ascend(lo, hi, func(key uint64, v kvstore.Value) bool {
+			if partial {
+				v.Data = slices.Clone(v.Data)
+			}
 			store.Put(key, v)
 			return true
 		})
@@ -296,7 +311,9 @@ func removeOlder(dir string) error {
 		return fmt.Errorf("server: checkpoints: %w", err)
 	}
 	for _, e := range entries {
-		if f, ok := parseCkptName(e.Name()); ok && f.compare(set.ckptLabel) < 0 {
+		// A temporary file a crash left behind goes with its label.
+		name, _, _ := strings.Cut(e.Name(), ".ckpt.tmp")
+		if f, ok := parseCkptName(strings.TrimSuffix(name, ".ckpt") + ".ckpt"); ok && f.compare(set.ckptLabel) < 0 {
 			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return fmt.Errorf("server: checkpoints: %w", err)
 			}
@@ -403,7 +420,11 @@ func (c *checkpointer) write() error {
 	}
 	c.failed = false
 	c.log.Debug("checkpoint written", "file", path, "bytes", len(data))
-	return removeOlder(c.dir)
+	// The file is written: a failure to tidy up is not the checkpoint's.
+	if err := removeOlder(c.dir); err != nil {
+		c.log.Warn("older checkpoints not removed", "err", err)
+	}
+	return nil
 }
 
 // halt ends the periodic writes; it may be called again.

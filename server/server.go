@@ -72,8 +72,8 @@ type Server struct {
 //
 // With FPT_CHECKPOINT_DIR, the server loads its keys of the job's first
 // layout from the newest complete set of checkpoints once it has the node
-// table, before it answers any classic request, and refuses to start on a
-// checkpoint it cannot read.
+// table, before the job starts, and refuses to start on a checkpoint it
+// cannot read.
 func Start(ctx context.Context, n *cluster.Member) (*Server, error) {
 	s := New(n)
 	cfg := n.Config()
@@ -81,36 +81,43 @@ func Start(ctx context.Context, n *cluster.Member) (*Server, error) {
 		if err := checkDir(cfg.CheckpointDir); err != nil {
 			return nil, err
 		}
-		// Classic requests wait for the load: the rank, and so the file,
-		// is known only once the node has joined.
 		s.loaded = make(chan struct{})
+		// Before the start barriers: under FPT_ON_SERVER_LOSS=retry a
+		// failure after them would be a loss the job survives, and the
+		// others' checkpoints would then replace the set not loaded.
+		n.OnTable(s.load)
 	}
 	if err := s.base.Start(ctx, s); err != nil {
 		return nil, err
 	}
-	if cfg.CheckpointDir != "" && n.Joined() {
-		// A joining server's keys come from the servers that had them
-		// (classic.Ranges).
-		close(s.loaded)
+	if cfg.CheckpointDir != "" {
 		s.ckpt = startCheckpointer(cfg.CheckpointDir, cfg.CheckpointEvery, s.snapshot, n.Logger())
-	} else if cfg.CheckpointDir != "" {
-		store, set, err := loadCheckpoint(cfg.CheckpointDir, n.Self().ID, n.TableLayout(), n.JobStamp())
+	}
+	return s, nil
+}
+
+// load loads the store from FPT_CHECKPOINT_DIR's newest
+// complete set once the node table is there (the node's OnTable): the
+// job's first layout, and so the keys of this server, are known only
+// then. A joining server loads nothing: its keys come from the servers
+// that had them (classic.Ranges).
+func (s *Server) load() error {
+	n := s.node
+	if !n.Joined() {
+		dir := n.Config().CheckpointDir
+		store, set, err := loadCheckpoint(dir, n.Self().ID, n.TableLayout(), n.JobStamp())
 		if err != nil {
-			s.base.Close()
-			n.Fail(err) // the scheduler tells the others why
-			n.Close()   // a request waiting for the load gives up
-			return nil, err
+			return err
 		}
 		if len(set.files) > 0 {
-			n.Logger().Info("checkpoint loaded", "dir", cfg.CheckpointDir, "set", set.ckptLabel, "servers", len(set.files), "keys", store.Len())
+			n.Logger().Info("checkpoint loaded", "dir", dir, "set", set.ckptLabel, "servers", len(set.files), "keys", store.Len(), "passed_over", set.passed)
 		}
 		s.mu.Lock()
 		s.store = store // before loaded is closed: no handler uses the store yet
 		s.mu.Unlock()
-		s.ckpt = startCheckpointer(cfg.CheckpointDir, cfg.CheckpointEvery, s.snapshot, n.Logger())
-		close(s.loaded)
 	}
-	return s, nil
+	close(s.loaded)
+	return nil
 }
 
 // Finalize serves until the cluster terminates, then leaves it. With
@@ -160,9 +167,19 @@ func (s *Server) stop(clean bool) error {
 	var err error
 	s.stopOnce.Do(func() {
 		s.base.Close()
-		if s.ckpt != nil {
-			err = s.ckpt.stop(clean)
+		if s.ckpt == nil {
+			return
 		}
+		if clean {
+			s.mu.Lock()
+			r := s.rangesLocked()
+			unsettled := r.Layout().Index(s.node.Self().ID) >= 0 && !r.Stable()
+			s.mu.Unlock()
+			if unsettled {
+				s.node.Logger().Warn("no last checkpoint: the classic key layout is still changing here; the newest complete set stays the last one", "layout", r.Layout())
+			}
+		}
+		err = s.ckpt.stop(clean)
 	})
 	return err
 }

@@ -19,7 +19,8 @@ import (
 // a file per server, at its clean end; the values themselves surviving a
 // restart, and a membership change, are server's TestCheckpoint* tests. Here, with real
 // processes: a server restarted on a torn file exits 1 naming it, and the
-// job stops rather than training on from zeros.
+// job stops rather than training on from zeros, whatever
+// FPT_ON_SERVER_LOSS says; the set is left as it was.
 func TestCheckpointRealProcesses(t *testing.T) {
 	dir := t.TempDir()
 	env := []string{"FPT_CHECKPOINT_DIR=" + dir}
@@ -42,15 +43,31 @@ func TestCheckpointRealProcesses(t *testing.T) {
 	if err := os.Truncate(torn, fi.Size()/2); err != nil {
 		t.Fatal(err)
 	}
-	c = startCluster(t, spec{servers: 2, workers: 2, env: env, appArgs: args})
+	// Under either policy for a lost server: with retry, a server that
+	// failed after the start would be a loss the job survives, and the
+	// others' checkpoints would replace the set it did not load.
+	for _, policy := range []string{"fail", "retry"} {
+		restartOnTorn(t, append(env, "FPT_ON_SERVER_LOSS="+policy), args, torn)
+	}
+	if after, _ := filepath.Glob(filepath.Join(dir, "*")); !slices.Equal(after, files) {
+		t.Fatalf("files after the failed restarts: %v, want the set's %v, untouched", after, files)
+	}
+}
+
+// restartOnTorn starts a 2 × 2 job on a checkpoint set whose file torn is
+// torn: every process must exit non-zero, the server that reads it and
+// the scheduler naming it.
+func restartOnTorn(t *testing.T, env, args []string, torn string) {
+	t.Helper()
+	c := startCluster(t, spec{servers: 2, workers: 2, env: env, appArgs: args})
 	if err := c.Wait(2 * time.Minute); err == nil {
-		t.Fatal("a job restarted on a torn checkpoint ran to its end")
+		t.Fatalf("a job restarted on a torn checkpoint ran to its end (%v)", env)
 	}
 	named := map[string]bool{}
 	for _, p := range c.Procs {
 		if !p.Wait(time.Minute) || p.ExitCode() == 0 {
 			c.dump()
-			t.Fatalf("%s exited %d on a torn checkpoint, want a failure", p.Name, p.ExitCode())
+			t.Fatalf("%s exited %d on a torn checkpoint, want a failure (%v)", p.Name, p.ExitCode(), env)
 		}
 		stderr := strings.TrimSpace(p.Stderr.String())
 		t.Logf("%s exited %d: %s", p.Name, p.ExitCode(), stderr[strings.LastIndex(stderr, "\n")+1:])
@@ -60,7 +77,7 @@ func TestCheckpointRealProcesses(t *testing.T) {
 	// file, and so does the scheduler, which relays it to every node.
 	if !named["server"] || !named["scheduler"] {
 		c.dump()
-		t.Fatalf("the torn file %s named by: %v", torn, named)
+		t.Fatalf("the torn file %s named by: %v (%v)", torn, named, env)
 	}
 }
 
