@@ -105,10 +105,6 @@ func (s *Store) Ascend(from, to uint64, fn func(key uint64, v Value) bool) {
 // Delete removes key (a key range handed to another server).
 func (s *Store) Delete(key uint64) { s.tree.Delete(entry{key: key}) }
 
-// Put sets key's value to v, replacing any; the store keeps v.Data (a
-// checkpoint's values, gathered from several snapshots).
-func (s *Store) Put(key uint64, v Value) { s.tree.ReplaceOrInsert(entry{key: key, Value: v}) }
-
 // Item is a key and its value, as TakeRange hands them out.
 type Item struct {
 	Key uint64

@@ -118,22 +118,36 @@ func checkHeader(head []byte) (uint32, error) {
 // of order, or bytes after the last entry. Values and meta share b's
 // memory (no second copy of a large store), so b must not be reused.
 func Load(b []byte) (*Store, []byte, error) {
-	if len(b) < headerSize+trailerSize {
-		return nil, nil, fmt.Errorf("%w: %d bytes, shorter than a header and checksum (%d)", ErrCorrupt, len(b), headerSize+trailerSize)
-	}
-	metaLen, err := checkHeader(b)
+	s := New()
+	meta, err := s.LoadRange(b, 0, 0, false)
 	if err != nil {
 		return nil, nil, err
 	}
+	return s, meta, nil
+}
+
+// LoadRange puts into s the keys of [from, to) (to == 0: no upper bound)
+// of the snapshot b, replacing any s holds, and returns its meta. The
+// whole snapshot is checked as Load checks it; on an error s may hold
+// some of its keys, and should be dropped. Values share b's memory unless
+// copied (copyValues: b may then go once s keeps only a part of it).
+func (s *Store) LoadRange(b []byte, from, to uint64, copyValues bool) ([]byte, error) {
+	if len(b) < headerSize+trailerSize {
+		return nil, fmt.Errorf("%w: %d bytes, shorter than a header and checksum (%d)", ErrCorrupt, len(b), headerSize+trailerSize)
+	}
+	metaLen, err := checkHeader(b)
+	if err != nil {
+		return nil, err
+	}
 	body, tail := b[:len(b)-trailerSize], b[len(b)-trailerSize:]
 	if got, want := crc32.Checksum(body, castagnoli), binary.LittleEndian.Uint32(tail); got != want {
-		return nil, nil, fmt.Errorf("%w: checksum %08x, the file says %08x (torn or corrupted)", ErrCorrupt, got, want)
+		return nil, fmt.Errorf("%w: checksum %08x, the file says %08x (torn or corrupted)", ErrCorrupt, got, want)
 	}
 	if metaLen > MaxMeta {
-		return nil, nil, fmt.Errorf("%w: %d bytes of meta, at most %d", ErrCorrupt, metaLen, MaxMeta)
+		return nil, fmt.Errorf("%w: %d bytes of meta, at most %d", ErrCorrupt, metaLen, MaxMeta)
 	}
 	if uint64(metaLen) > uint64(len(body)-headerSize) {
-		return nil, nil, fmt.Errorf("%w: %d bytes of meta, only %d left", ErrCorrupt, metaLen, len(body)-headerSize)
+		return nil, fmt.Errorf("%w: %d bytes of meta, only %d left", ErrCorrupt, metaLen, len(body)-headerSize)
 	}
 	meta := body[headerSize : headerSize+int(metaLen) : headerSize+int(metaLen)]
 	count := binary.LittleEndian.Uint64(b[len(magic)+4:])
@@ -141,13 +155,12 @@ func Load(b []byte) (*Store, []byte, error) {
 	// Every entry takes at least its head: a count the body cannot hold is
 	// refused before anything is allocated for it.
 	if count > uint64(len(rest))/entryHead {
-		return nil, nil, fmt.Errorf("%w: %d entries cannot fit in %d bytes", ErrCorrupt, count, len(rest))
+		return nil, fmt.Errorf("%w: %d entries cannot fit in %d bytes", ErrCorrupt, count, len(rest))
 	}
-	s := New()
 	var prev uint64
 	for i := uint64(0); i < count; i++ {
 		if len(rest) < entryHead {
-			return nil, nil, fmt.Errorf("%w: entry %d of %d: truncated head", ErrCorrupt, i, count)
+			return nil, fmt.Errorf("%w: entry %d of %d: truncated head", ErrCorrupt, i, count)
 		}
 		key := binary.LittleEndian.Uint64(rest[0:])
 		dtype := frame.DType(rest[8])
@@ -155,21 +168,26 @@ func Load(b []byte) (*Store, []byte, error) {
 		rest = rest[entryHead:]
 		switch es := uint64(dtype.Size()); {
 		case i > 0 && key <= prev:
-			return nil, nil, fmt.Errorf("%w: entry %d: key %d after key %d (keys must increase)", ErrCorrupt, i, key, prev)
+			return nil, fmt.Errorf("%w: entry %d: key %d after key %d (keys must increase)", ErrCorrupt, i, key, prev)
 		case es == 0:
-			return nil, nil, fmt.Errorf("%w: entry %d (key %d): unknown dtype %d", ErrCorrupt, i, key, uint8(dtype))
+			return nil, fmt.Errorf("%w: entry %d (key %d): unknown dtype %d", ErrCorrupt, i, key, uint8(dtype))
 		case length > uint64(len(rest)):
-			return nil, nil, fmt.Errorf("%w: entry %d (key %d): %d bytes, only %d left", ErrCorrupt, i, key, length, len(rest))
+			return nil, fmt.Errorf("%w: entry %d (key %d): %d bytes, only %d left", ErrCorrupt, i, key, length, len(rest))
 		case length%es != 0:
-			return nil, nil, fmt.Errorf("%w: entry %d (key %d): %d bytes is not a whole number of %s", ErrCorrupt, i, key, length, dtype)
+			return nil, fmt.Errorf("%w: entry %d (key %d): %d bytes is not a whole number of %s", ErrCorrupt, i, key, length, dtype)
 		}
 		data := rest[:length:length]
 		rest = rest[length:]
-		s.tree.ReplaceOrInsert(entry{key: key, Value: Value{DType: dtype, Data: data}})
+		if key >= from && (to == 0 || key < to) {
+			if copyValues {
+				data = append([]byte(nil), data...)
+			}
+			s.tree.ReplaceOrInsert(entry{key: key, Value: Value{DType: dtype, Data: data}})
+		}
 		prev = key
 	}
 	if len(rest) != 0 {
-		return nil, nil, fmt.Errorf("%w: %d bytes after the last of %d entries", ErrCorrupt, len(rest), count)
+		return nil, fmt.Errorf("%w: %d bytes after the last of %d entries", ErrCorrupt, len(rest), count)
 	}
-	return s, meta, nil
+	return meta, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"hash/crc32"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 
@@ -140,6 +141,49 @@ func TestLoadRefuses(t *testing.T) {
 				t.Fatalf("error %q, want ErrCorrupt containing %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestLoadRange: only the keys of the range are put, beside what the store
+// held; values share the snapshot's memory unless copied; a bad snapshot
+// is refused whole, as by Load.
+func TestLoadRange(t *testing.T) {
+	b := snapshotMeta(t, sample(t), []byte("label")) // keys 2, 5, 9, 1<<40
+	for _, tt := range []struct {
+		name     string
+		from, to uint64
+		want     []uint64
+	}{
+		{"all", 0, 0, []uint64{1, 2, 5, 9, 1 << 40}},
+		{"middle", 3, 10, []uint64{1, 5, 9}},
+		{"from on", 6, 0, []uint64{1, 9, 1 << 40}},
+		{"none", 10, 1 << 40, []uint64{1}},
+	} {
+		for _, copyValues := range []bool{false, true} {
+			s := New()
+			if _, err := s.Add(1, frame.Float32, 0, f32s(7), 4); err != nil {
+				t.Fatal(err)
+			}
+			in := append([]byte(nil), b...)
+			meta, err := s.LoadRange(in, tt.from, tt.to, copyValues)
+			if err != nil || string(meta) != "label" {
+				t.Fatalf("%s: meta %q, %v", tt.name, meta, err)
+			}
+			var keys []uint64
+			s.Ascend(0, 0, func(k uint64, _ Value) bool { keys = append(keys, k); return true })
+			if !slices.Equal(keys, tt.want) {
+				t.Fatalf("%s: keys %v, want %v", tt.name, keys, tt.want)
+			}
+			if v, ok := s.Get(9); ok {
+				shares := &v.Data[0] == &in[bytes.Index(in, f32s(1, 2, 3))]
+				if shares == copyValues {
+					t.Fatalf("%s: copy %v, but the value shares the snapshot's memory: %v", tt.name, copyValues, shares)
+				}
+			}
+		}
+	}
+	if _, err := New().LoadRange(b[:len(b)-1], 3, 10, false); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a torn snapshot: %v", err)
 	}
 }
 

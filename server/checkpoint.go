@@ -231,24 +231,16 @@ func (c checkpointSet) load(dir string, from, to uint64) (*kvstore.Store, error)
 		if err != nil {
 			return nil, fmt.Errorf("server: checkpoint %s: %w", path, err)
 		}
-		s, meta, err := kvstore.Load(b)
+		// A value kept shares the file's memory: a file kept in part is
+		// copied out of, so that the rest of it can go.
+		first, end, _ := c.layout.Range(f.server)
+		meta, err := store.LoadRange(b, lo, hi, lo != first || hi != end)
 		if err == nil {
 			_, err = checkMeta(f, meta)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("server: checkpoint %s (move the set away to start empty): %w", path, err)
 		}
-		// A value kept shares the file's memory: a file kept in part is
-		// copied out of, so that the rest of it can go.
-		first, end, _ := c.layout.Range(f.server)
-		partial := lo != first || hi != end
-		s.Ascend(lo, hi, func(key uint64, v kvstore.Value) bool {
-			if partial {
-				v.Data = slices.Clone(v.Data)
-			}
-			store.Put(key, v)
-			return true
-		})
 	}
 	return store, nil
 }
