@@ -3,6 +3,7 @@ package launch_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -193,12 +194,50 @@ func TestProtectedMode(t *testing.T) {
 		for k, v := range tt.env {
 			env[k] = v
 		}
-		var stderr strings.Builder
-		code := launch.Main("fpt", func(k string) (string, bool) { v, ok := env[k]; return v, ok }, &stderr, nil)
-		if code != tt.want || !strings.Contains(stderr.String(), "FPT_CLUSTER_SECRET") {
-			t.Errorf("%s: exit %d, stderr %q; want %d naming FPT_CLUSTER_SECRET", tt.name, code, stderr.String(), tt.want)
+		code, stderr := mainInChild(t, env)
+		if code != tt.want || !strings.Contains(stderr, "FPT_CLUSTER_SECRET") {
+			t.Errorf("%s: exit %d, stderr %q; want %d naming FPT_CLUSTER_SECRET", tt.name, code, stderr, tt.want)
 		}
 	}
+}
+
+// mainChildEnv carries mainInChild's environment to the child; not an
+// FPT_ variable, of which Main warns when it does not know it.
+const mainChildEnv = "LAUNCH_TEST_MAIN_ENV"
+
+// mainInChild runs launch.Main on env (and nothing of this process's
+// environment) in a child process, this test binary re-run, and returns
+// its exit code and output. Main ends the process's ZeroMQ context
+// (control.Shutdown), which czmq cannot start again safely while other
+// threads make sockets: run in this process, it aborted later tests.
+func mainInChild(t *testing.T, env map[string]string) (int, string) {
+	t.Helper()
+	b, err := json.Marshal(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMainChild$")
+	cmd.Env = append(os.Environ(), mainChildEnv+"="+string(b))
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	var ee *exec.ExitError
+	if err := cmd.Run(); err != nil && !errors.As(err, &ee) {
+		t.Fatal(err)
+	}
+	return cmd.ProcessState.ExitCode(), out.String()
+}
+
+// TestMainChild is mainInChild's child; run otherwise, it does nothing.
+func TestMainChild(t *testing.T) {
+	b, ok := os.LookupEnv(mainChildEnv)
+	if !ok {
+		t.Skip("mainInChild's child")
+	}
+	var env map[string]string
+	if err := json.Unmarshal([]byte(b), &env); err != nil {
+		t.Fatal(err)
+	}
+	os.Exit(launch.Main("fpt", func(k string) (string, bool) { v, ok := env[k]; return v, ok }, os.Stderr, nil))
 }
 
 // A panic on Main's goroutine is a bug: exit 3 and say so, never 2, the

@@ -16,11 +16,10 @@ func TestTraceDirMissing(t *testing.T) {
 	env := map[string]string{"DMLC_ROLE": "server", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": strconv.Itoa(freePort(t)),
 		"DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1", "FPT_START_TIMEOUT": "30",
 		"FPT_TRACE_FILE": t.TempDir() + "/no/such/dir/{role}{rank}.json"}
-	var stderr strings.Builder
 	began := time.Now()
-	code := launch.Main("fpt", func(k string) (string, bool) { v, ok := env[k]; return v, ok }, &stderr, nil)
-	if code != launch.ExitUsage || !strings.Contains(stderr.String(), "FPT_TRACE_FILE") || !strings.Contains(stderr.String(), "does not exist") {
-		t.Errorf("exit %d, stderr %q; want %d naming FPT_TRACE_FILE", code, stderr.String(), launch.ExitUsage)
+	code, stderr := mainInChild(t, env)
+	if code != launch.ExitUsage || !strings.Contains(stderr, "FPT_TRACE_FILE") || !strings.Contains(stderr, "does not exist") {
+		t.Errorf("exit %d, stderr %q; want %d naming FPT_TRACE_FILE", code, stderr, launch.ExitUsage)
 	}
 	if d := time.Since(began); d > 20*time.Second {
 		t.Errorf("took %s: the node waited for the cluster before refusing", d)
