@@ -218,18 +218,25 @@ func TestCheckpointAfterAJoin(t *testing.T) {
 	c.Close()
 
 	for _, servers := range []int{2, 3} {
-		c, err = startElastic(dir, "3600", servers)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := pull(t, c)
-		if err := c.Finish(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Equal(got, before) {
+		if got := restartedPull(t, dir, servers); !slices.Equal(got, before) {
 			t.Fatalf("restarted with %d servers, pulled %v, want %v", servers, got, before)
 		}
 	}
+}
+
+// restartedPull starts an elastic job of servers on dir's checkpoints,
+// pulls every key and ends the job.
+func restartedPull(t *testing.T, dir string, servers int) []float32 {
+	t.Helper()
+	c, err := startElastic(dir, "3600", servers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := pull(t, c)
+	if err := c.Finish(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
 
 // TestCheckpointAfterALeave: a server of three leaves in order (as on
@@ -263,16 +270,7 @@ func TestCheckpointAfterALeave(t *testing.T) {
 	before := pull(t, c)
 	awaitCheckpointed(t, dir, before)
 	c.Close()
-
-	c, err = startElastic(dir, "3600", 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := pull(t, c)
-	if err := c.Finish(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(got, before) {
+	if got := restartedPull(t, dir, 3); !slices.Equal(got, before) {
 		t.Fatalf("restarted, pulled %v, want %v", got, before)
 	}
 }
