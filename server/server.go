@@ -173,10 +173,11 @@ func (s *Server) stop(clean bool) error {
 		if clean {
 			s.mu.Lock()
 			r := s.rangesLocked()
-			unsettled := r.Layout().Index(s.node.Self().ID) >= 0 && !r.Stable()
+			l := r.Layout()
+			unsettled := l.Index(s.node.Self().ID) >= 0 && !r.Stable()
 			s.mu.Unlock()
 			if unsettled {
-				s.node.Logger().Warn("no last checkpoint: the classic key layout is still changing here; the newest complete set stays the last one", "layout", r.Layout())
+				s.node.Logger().Warn("no last checkpoint: the classic key layout is still changing here; the newest complete set stays the last one", "layout", l)
 			}
 		}
 		err = s.ckpt.stop(clean)
