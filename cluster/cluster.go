@@ -77,7 +77,7 @@ type Member struct {
 	onControl   func(*control.Message)
 	onLeft      func(id node.ID, graceful bool) error
 	onLayout    func(classic.Layout)
-	onTable     func() error
+	onTable     func(context.Context) error
 	// layout is the newest classic key layout: the job's first from the
 	// node table, a joining node's in its table, later ones from the
 	// scheduler's Layout messages.
@@ -238,11 +238,12 @@ func (n *Member) Start(ctx context.Context, h Handler) (err error) {
 		return err
 	}
 	ok := false
+	own := false // err is the node's own failure (OnTable's), not a wait's
 	defer func() {
 		if ok {
 			return
 		}
-		if ferr := n.Err(); ferr != nil {
+		if ferr := n.Err(); ferr != nil && !own {
 			// The scheduler's notice (or a lost peer) is the cause: say
 			// that, not the wait it cut short.
 			err = ferr
@@ -286,7 +287,8 @@ func (n *Member) Start(ctx context.Context, h Handler) (err error) {
 		}
 	}()
 	if n.onTable != nil {
-		if err := n.onTable(); err != nil {
+		if err := n.onTable(ctx); err != nil {
+			own = ctx.Err() == nil // else the start was cut short: say why
 			return err
 		}
 	}
@@ -514,9 +516,10 @@ func (n *Member) OnLayout(f func(classic.Layout)) { n.onLayout = f }
 // and job stamp, before the start barriers (or a joining node's join):
 // what the node must have before the job may start (a server's
 // checkpoint). An error from f is the start's, and ends the job as any
-// node's failure to start does. It runs within FPT_START_TIMEOUT, with
-// heartbeats going. Call it before Start.
-func (n *Member) OnTable(f func() error) { n.onTable = f }
+// node's failure to start does. Its ctx is the start's: it ends at
+// FPT_START_TIMEOUT, which f counts against, or when the job fails
+// meanwhile. Heartbeats go on while f runs. Call it before Start.
+func (n *Member) OnTable(f func(ctx context.Context) error) { n.onTable = f }
 
 // newLayout takes the scheduler's Layout message: a newer version is
 // kept, and handed to the role (OnLayout) in order with its other

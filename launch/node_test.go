@@ -205,9 +205,10 @@ func TestProtectedMode(t *testing.T) {
 // FPT_ variable, of which Main warns when it does not know it.
 const mainChildEnv = "LAUNCH_TEST_MAIN_ENV"
 
-// mainInChild runs launch.Main on env (and nothing of this process's
-// environment) in a child process, this test binary re-run, and returns
-// its exit code and output. Main ends the process's ZeroMQ context
+// mainInChild runs launch.Main on env in a child process, this test
+// binary re-run, and returns its exit code and output. Main reads only
+// env; it warns of unknown variables in the process's environment, which
+// the child inherits. Main ends the process's ZeroMQ context
 // (control.Shutdown), which czmq cannot start again safely while other
 // threads make sockets: run in this process, it aborted later tests.
 func mainInChild(t *testing.T, env map[string]string) (int, string) {

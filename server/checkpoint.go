@@ -2,6 +2,7 @@ package server
 
 import (
 	"cmp"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -219,9 +220,12 @@ func readMeta(path string) ([]byte, error) {
 // load reads the keys of [from, to) (to == 0: no upper bound) from the
 // set's files that hold any, each checked whole (a torn or corrupted file
 // is an error naming it).
-func (c checkpointSet) load(dir string, from, to uint64) (*kvstore.Store, error) {
+func (c checkpointSet) load(ctx context.Context, dir string, from, to uint64) (*kvstore.Store, error) {
 	store := kvstore.New()
 	for _, f := range c.files {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("server: loading the checkpoint from %s: %w", dir, err)
+		}
 		lo, hi, ok := c.layout.Span(f.server, from, to)
 		if !ok {
 			continue
@@ -252,7 +256,7 @@ func ReadCheckpoint(dir string) (*kvstore.Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return set.load(dir, 0, 0)
+	return set.load(context.Background(), dir, 0, 0)
 }
 
 // loadCheckpoint is the keys that server self owns in layout own (a
@@ -261,7 +265,7 @@ func ReadCheckpoint(dir string) (*kvstore.Store, error) {
 // (stamp) that other servers may have written already are passed over; a
 // file of a later run is refused: the scheduler's clock went back, and
 // this run's checkpoints would never be read.
-func loadCheckpoint(dir string, self node.ID, own classic.Layout, stamp uint64) (*kvstore.Store, checkpointSet, error) {
+func loadCheckpoint(ctx context.Context, dir string, self node.ID, own classic.Layout, stamp uint64) (*kvstore.Store, checkpointSet, error) {
 	set, after, err := readSet(dir, stamp)
 	if f, _ := parseCkptName(after); err == nil && f.stamp > stamp {
 		err = fmt.Errorf("server: checkpoint %s is of a run after this job (%016x): is the scheduler's clock behind the one of the run that wrote it?", filepath.Join(dir, after), stamp)
@@ -273,7 +277,7 @@ func loadCheckpoint(dir string, self node.ID, own classic.Layout, stamp uint64) 
 	if !ok {
 		return kvstore.New(), set, nil
 	}
-	store, err := set.load(dir, from, to)
+	store, err := set.load(ctx, dir, from, to)
 	return store, set, err
 }
 

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -166,7 +167,7 @@ func TestLoadCheckpoint(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			tt.files(t, dir)
-			s, _, err := loadCheckpoint(dir, tt.self, three, 150)
+			s, _, err := loadCheckpoint(context.Background(), dir, tt.self, three, 150)
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) || !strings.Contains(err.Error(), dir) {
 					t.Fatalf("error %v, want one naming %s and containing %q", err, dir, tt.err)
@@ -180,6 +181,19 @@ func TestLoadCheckpoint(t *testing.T) {
 				t.Fatalf("loaded keys %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestLoadCheckpointCancelled: a load stops between files once its ctx
+// ends (the start's timeout, or the job failing meanwhile).
+func TestLoadCheckpointCancelled(t *testing.T) {
+	dir := t.TempDir()
+	l := classic.Initial([]node.ID{8})
+	writeCkpt(t, dir, ckptLabel{stamp: 1}, l, 8, 1, 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, _, err := loadCheckpoint(ctx, dir, 8, l, 2); !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("load under an ended ctx: %v, want context.Canceled naming %s", err, dir)
 	}
 }
 
@@ -387,7 +401,7 @@ func BenchmarkLoadCheckpoint(b *testing.B) {
 	b.SetBytes(read)
 	b.ResetTimer()
 	for range b.N {
-		s, _, err := loadCheckpoint(dir, 8, two, 2)
+		s, _, err := loadCheckpoint(context.Background(), dir, 8, two, 2)
 		if err != nil {
 			b.Fatal(err)
 		}

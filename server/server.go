@@ -101,11 +101,12 @@ func Start(ctx context.Context, n *cluster.Member) (*Server, error) {
 // job's first layout, and so the keys of this server, are known only
 // then. A joining server loads nothing: its keys come from the servers
 // that had them (classic.Ranges).
-func (s *Server) load() error {
+func (s *Server) load(ctx context.Context) error {
 	n := s.node
 	if !n.Joined() {
 		dir := n.Config().CheckpointDir
-		store, set, err := loadCheckpoint(dir, n.Self().ID, n.TableLayout(), n.JobStamp())
+		n.Logger().Info("loading the newest complete set of checkpoints", "dir", dir)
+		store, set, err := loadCheckpoint(ctx, dir, n.Self().ID, n.TableLayout(), n.JobStamp())
 		if err != nil {
 			return err
 		}
