@@ -330,7 +330,6 @@ func (s *Server) brokeInOrder(id node.ID) {
 	missing := r.Awaits(id)
 	t := r.Lost(s.store, id)
 	s.changedLocked(t)
-	s.carrying++
 	s.mu.Unlock()
 	if missing || t.Dropped > 0 {
 		s.node.Fail(fmt.Errorf("server: %s left the job in order, but its connection broke before all the classic keys it handed over here came: they are lost", id))
@@ -582,16 +581,17 @@ func (s *Server) newLayout(l classic.Layout) {
 	s.mu.Lock()
 	t := s.rangesLocked().Offer(s.store, l)
 	s.changedLocked(t)
-	s.carrying++
 	s.mu.Unlock()
 	// Off the role's goroutine: the LB's directives need not wait for
 	// the keys to be sent.
 	go s.carryOut(t)
 }
 
-// changedLocked notes a change of the key ranges that took keys out of
-// the store; s.mu is held.
+// changedLocked notes a change of the key ranges, which may have taken
+// keys out of the store, and counts the carryOut of t that every caller
+// starts next (a leave waits for it); s.mu is held.
 func (s *Server) changedLocked(t classic.Todo) {
+	s.carrying++
 	self := s.node.Self().ID
 	for _, a := range t.Applied {
 		s.dirty = s.dirty || a.MovedOut > 0
@@ -625,14 +625,12 @@ func (s *Server) moved(h *frame.Header, payload []byte) error {
 	} else {
 		t, err = r.MoveEnd(s.store, h)
 	}
-	s.changedLocked(t)
-	if err == nil {
-		s.carrying++
-	}
-	s.mu.Unlock()
 	if err != nil {
+		s.mu.Unlock()
 		return err
 	}
+	s.changedLocked(t)
+	s.mu.Unlock()
 	s.carryOut(t)
 	return nil
 }
@@ -665,7 +663,6 @@ func (s *Server) left(id node.ID, graceful bool) error {
 	s.mu.Lock()
 	t := s.rangesLocked().Lost(s.store, id)
 	s.changedLocked(t)
-	s.carrying++
 	s.mu.Unlock()
 	if t.Dropped > 0 {
 		s.node.Logger().Warn("classic keys a lost server had not sent whole dropped", "server", id, "keys", t.Dropped)
@@ -676,7 +673,7 @@ func (s *Server) left(id node.ID, graceful bool) error {
 
 // carryOut sends what a change of the key ranges produced, then routes
 // the requests it released again. A failure fails the node: a key's
-// value would be lost. The caller counted it in s.carrying.
+// value would be lost. changedLocked counted it in s.carrying.
 func (s *Server) carryOut(t classic.Todo) {
 	defer func() {
 		s.mu.Lock()
