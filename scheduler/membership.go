@@ -41,10 +41,7 @@ func (s *sched) lose(bars *barriers, stalls *stallWatch, id node.ID, why string)
 		// it is alive (a peer's report), as a stalled worker is.
 		s.log.Warn("server lost while leaving the job; the classic keys it had not handed over are lost", "node", info, "reason", why)
 		s.send(id, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: id, Text: why})
-		s.drop(stalls, id, why, false)
-		s.admitJoiners(stalls)
-		s.dropped()
-		return true, s.leaveBarriers(bars, id)
+		return true, s.depart(bars, stalls, id, why, false)
 	case info.Role == node.Server:
 		if !joining && (!s.cfg.RetryServerLoss || !s.running) {
 			return false, nil
@@ -112,11 +109,17 @@ func (s *sched) admitJoiners(stalls *stallWatch) {
 	}
 }
 
-// dropped publishes a departure that changed no LB decision.
-func (s *sched) dropped() {
+// depart ends the membership of a server the LB's decisions no longer
+// count (it left them when it asked to leave): it is dropped (drop),
+// the joiners that waited for it only are admitted, the change is
+// published, and it leaves the barriers, whose releases are returned.
+func (s *sched) depart(bars *barriers, stalls *stallWatch, id node.ID, why string, graceful bool) (final []node.ID) {
+	s.drop(stalls, id, why, graceful)
+	s.admitJoiners(stalls)
 	s.obs.rec.Changed(s.table, lb.Directive{}, s.lb.State())
 	s.obs.Metrics.Membership(s.table, s.membership)
 	s.publish(time.Now())
+	return s.leaveBarriers(bars, id)
 }
 
 // drop takes id out of the node table and the stall watch; every member
@@ -171,11 +174,8 @@ func (s *sched) leave(bars *barriers, stalls *stallWatch, m *control.Message) (f
 			s.reject.Reject("leave", "from", id, "seq", m.Seq, "err", "not leaving")
 			return nil
 		}
-		s.drop(stalls, id, "left the job in order", true)
 		s.log.Warn(msgServerLeftInOrder, "node", info, "servers", len(s.lb.Servers()))
-		s.admitJoiners(stalls)
-		s.dropped()
-		return s.leaveBarriers(bars, id)
+		return s.depart(bars, stalls, id, "left the job in order", true)
 	}
 	var refused string
 	switch {
