@@ -63,15 +63,12 @@ func ckptName(l ckptLabel, server node.ID) string {
 
 // parseCkptName parses ckptName's names; ok is false for any other.
 func parseCkptName(name string) (f ckptFile, ok bool) {
-	parts := strings.Split(strings.TrimSuffix(name, ".ckpt"), "-")
-	if len(parts) != 6 || !strings.HasSuffix(name, ".ckpt") || parts[0] != "job" || parts[2] != "layout" || parts[4] != "server" || len(parts[1]) != 16 {
+	var id uint32
+	if _, err := fmt.Sscanf(name, "job-%x-layout-%d-server-%d.ckpt", &f.stamp, &f.version, &id); err != nil {
 		return ckptFile{}, false
 	}
-	stamp, err1 := strconv.ParseUint(parts[1], 16, 64)
-	version, err2 := strconv.ParseUint(parts[3], 10, 32)
-	id, err3 := strconv.ParseUint(parts[5], 10, 32)
-	f = ckptFile{ckptLabel: ckptLabel{stamp, uint32(version)}, server: node.ID(id), name: name}
-	return f, errors.Join(err1, err2, err3) == nil && ckptName(f.ckptLabel, f.server) == name
+	f.server, f.name = node.ID(id), name
+	return f, ckptName(f.ckptLabel, f.server) == name // the one spelling
 }
 
 // legacyCkpt matches the files of fpt before sets: server-<rank>.ckpt.
@@ -145,18 +142,19 @@ type checkpointSet struct {
 	files  []ckptFile
 	layout classic.Layout
 	passed []string // the newer sets passed over, and what they lack
+	later  ckptFile // the newest file of a run not below newestSet's before; name "" if none
 }
 
 // newestSet finds dir's newest complete set of checkpoints of a run with a
 // stamp below before, reading the meta of one file of each set newer than
-// it; incomplete says what the newer sets lack, and after is a file of a
-// run not below before, if any. A file of fpt's former naming, or a set
-// whose file is unreadable, is an error naming the file.
-func newestSet(dir string, before uint64) (set checkpointSet, incomplete []string, after string, err error) {
+// it. A file of fpt's former naming, or a set whose file is unreadable, is
+// an error naming the file.
+func newestSet(dir string, before uint64) (checkpointSet, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return checkpointSet{}, nil, "", fmt.Errorf("server: checkpoints: %w", err)
+		return checkpointSet{}, fmt.Errorf("server: checkpoints: %w", err)
 	}
+	var c checkpointSet
 	var files []ckptFile
 	for _, e := range entries {
 		f, ok := parseCkptName(e.Name())
@@ -166,11 +164,11 @@ func newestSet(dir string, before uint64) (set checkpointSet, incomplete []strin
 		case ok && f.stamp < before:
 			files = append(files, f)
 		case ok:
-			if a, _ := parseCkptName(after); after == "" || f.stamp > a.stamp {
-				after = e.Name() // the latest
+			if c.later.name == "" || f.stamp > c.later.stamp {
+				c.later = f
 			}
 		case legacyCkpt(e.Name()):
-			return checkpointSet{}, nil, "", fmt.Errorf("server: checkpoint %s is of an earlier fpt (one file per rank), which this one does not read: move it away to start empty", filepath.Join(dir, e.Name()))
+			return checkpointSet{}, fmt.Errorf("server: checkpoint %s is of an earlier fpt (one file per rank), which this one does not read: move it away to start empty", filepath.Join(dir, e.Name()))
 		}
 	}
 	for _, set := range ckptSets(files) {
@@ -186,26 +184,27 @@ func newestSet(dir string, before uint64) (set checkpointSet, incomplete []strin
 			l, err = checkMeta(set[0], meta)
 		}
 		if err != nil {
-			return checkpointSet{}, nil, "", fmt.Errorf("server: checkpoint %s (move it away to pass it over): %w", path, err)
+			return checkpointSet{}, fmt.Errorf("server: checkpoint %s (move it away to pass it over): %w", path, err)
 		}
 		if id := missing(set, l); id != 0 {
-			incomplete = append(incomplete, fmt.Sprintf("%s lacks %s's file", set[0].ckptLabel, id))
+			c.passed = append(c.passed, fmt.Sprintf("%s lacks %s's file", set[0].ckptLabel, id))
 			continue
 		}
-		return checkpointSet{ckptLabel: set[0].ckptLabel, files: set, layout: l, passed: incomplete}, incomplete, after, nil
+		c.ckptLabel, c.files, c.layout = set[0].ckptLabel, set, l
+		break
 	}
-	return checkpointSet{}, incomplete, after, nil
+	return c, nil
 }
 
 // readSet is dir's newest complete set of checkpoints of a run before
 // stamp. A directory with checkpoints of such runs but no complete set is
 // an error: starting empty would silently lose what they hold.
-func readSet(dir string, stamp uint64) (checkpointSet, string, error) {
-	set, incomplete, after, err := newestSet(dir, stamp)
-	if err == nil && len(set.files) == 0 && len(incomplete) > 0 {
-		err = fmt.Errorf("server: no complete set of checkpoints in %s (%s): move them away to start empty", dir, strings.Join(incomplete, "; "))
+func readSet(dir string, stamp uint64) (checkpointSet, error) {
+	set, err := newestSet(dir, stamp)
+	if err == nil && len(set.files) == 0 && len(set.passed) > 0 {
+		err = fmt.Errorf("server: no complete set of checkpoints in %s (%s): move them away to start empty", dir, strings.Join(set.passed, "; "))
 	}
-	return set, after, err
+	return set, err
 }
 
 func readMeta(path string) ([]byte, error) {
@@ -252,7 +251,7 @@ func (c checkpointSet) load(ctx context.Context, dir string, from, to uint64) (*
 // ReadCheckpoint is every key of the newest complete set of checkpoints
 // in dir (FPT_CHECKPOINT_DIR): what a restarted job would hold.
 func ReadCheckpoint(dir string) (*kvstore.Store, error) {
-	set, _, err := readSet(dir, math.MaxUint64)
+	set, err := readSet(dir, math.MaxUint64)
 	if err != nil {
 		return nil, err
 	}
@@ -266,9 +265,9 @@ func ReadCheckpoint(dir string) (*kvstore.Store, error) {
 // file of a later run is refused: the scheduler's clock went back, and
 // this run's checkpoints would never be read.
 func loadCheckpoint(ctx context.Context, dir string, self node.ID, own classic.Layout, stamp uint64) (*kvstore.Store, checkpointSet, error) {
-	set, after, err := readSet(dir, stamp)
-	if f, _ := parseCkptName(after); err == nil && f.stamp > stamp {
-		err = fmt.Errorf("server: checkpoint %s is of a run after this job (%016x): is the scheduler's clock behind the one of the run that wrote it?", filepath.Join(dir, after), stamp)
+	set, err := readSet(dir, stamp)
+	if err == nil && set.later.stamp > stamp {
+		err = fmt.Errorf("server: checkpoint %s is of a run after this job (%016x): is the scheduler's clock behind the one of the run that wrote it?", filepath.Join(dir, set.later.name), stamp)
 	}
 	if err != nil || len(set.files) == 0 {
 		return kvstore.New(), set, err
@@ -298,7 +297,7 @@ func checkDir(dir string) error {
 // complete set, once there is one: they are never read again. Another
 // server may be removing the same files.
 func removeOlder(dir string) error {
-	set, _, _, err := newestSet(dir, math.MaxUint64)
+	set, err := newestSet(dir, math.MaxUint64)
 	if err != nil || len(set.files) == 0 {
 		return err
 	}
@@ -307,9 +306,10 @@ func removeOlder(dir string) error {
 		return fmt.Errorf("server: checkpoints: %w", err)
 	}
 	for _, e := range entries {
-		// A temporary file a crash left behind goes with its label.
-		name, _, _ := strings.Cut(e.Name(), ".ckpt.tmp")
-		if f, ok := parseCkptName(strings.TrimSuffix(name, ".ckpt") + ".ckpt"); ok && f.compare(set.ckptLabel) < 0 {
+		// A temporary file a crash left (writeAtomic's name.tmp*) goes
+		// with its label.
+		name, _, _ := strings.Cut(e.Name(), ".tmp")
+		if f, ok := parseCkptName(name); ok && f.compare(set.ckptLabel) < 0 {
 			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return fmt.Errorf("server: checkpoints: %w", err)
 			}
