@@ -60,10 +60,8 @@ type RangeResult struct {
 func (c *core) newLayout(l classic.Layout) todo {
 	var t todo
 	if l.Version > c.layout.Version || len(c.layout.Servers) == 0 {
-		for _, id := range c.layout.Servers {
-			if c.started && l.Index(id) < 0 {
-				t.notices = append(t.notices, c.drained(id, l.Version))
-			}
+		if c.started {
+			t.notices = c.drainedOutside(c.layout.Servers, l)
 		}
 		c.layout = l
 	}
@@ -81,18 +79,19 @@ func (c *core) newLayout(l classic.Layout) todo {
 	return t
 }
 
-// drainedOutside tells each of servers (the node table's, at the start)
-// that the worker's layout leaves out that it sends it nothing: a server
-// leaving the job waits for every worker's KVDrained, and newLayout says
-// it only to the servers of a layout the started worker had.
-func (c *core) drainedOutside(servers []node.ID) todo {
-	var t todo
+// drainedOutside is the KVDrained, as of layout l, for each of servers
+// that l leaves out: this worker sends it nothing more. A server leaving
+// the job waits for every worker's: a started worker says it to the
+// servers of its layout that a new one leaves out (newLayout), and a
+// starting one to those of the node table its first layout leaves out.
+func (c *core) drainedOutside(servers []node.ID, l classic.Layout) []van.Message {
+	var notices []van.Message
 	for _, id := range servers {
-		if c.layout.Index(id) < 0 {
-			t.notices = append(t.notices, c.drained(id, c.layout.Version))
+		if l.Index(id) < 0 {
+			notices = append(notices, c.drained(id, l.Version))
 		}
 	}
-	return t
+	return notices
 }
 
 // drained is the KVDrained for server id, as of layout version v.

@@ -320,7 +320,7 @@ func TestCoreClassicDrained(t *testing.T) {
 	}
 
 	// At the start (a joiner's table names a server its layout does not).
-	td = c.drainedOutside([]node.ID{s0, s1, s2})
+	td = todo{notices: c.drainedOutside([]node.ID{s0, s1, s2}, c.layout)}
 	if len(td.notices) != 1 || node.ID(td.notices[0].Header.Recipient) != s1 || td.notices[0].Header.Total != sentToS1 {
 		t.Fatalf("at the start: notices %v, want one KVDrained to %s with Total %d", td.notices, s1, sentToS1)
 	}

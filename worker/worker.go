@@ -107,7 +107,7 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 	err := w.c.start(n.Self().ID, n.Servers(), n.Workers())
 	var t todo
 	if err == nil {
-		t = w.c.drainedOutside(n.Servers())
+		t.notices = w.c.drainedOutside(n.Servers(), w.c.layout)
 	}
 	w.mu.Unlock()
 	if err != nil {
