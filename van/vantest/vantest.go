@@ -472,19 +472,7 @@ func testGracefulClose(t *testing.T, l Listen) {
 		t.Fatalf("%d Done calls after Close, want 10", done.Load())
 	}
 	cb.WaitFrames(t, 10)
-	Eventually(t, func() error {
-		if err := b.Send(&van.Message{Header: wiretest.PushHeader(9, 8, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
-			return fmt.Errorf("Send to a node that left: %v", err)
-		}
-		return nil
-	})
-	time.Sleep(100 * time.Millisecond) // time for a wrong PeerLost to show
-	if l := cb.LostPeers(); len(l) != 0 {
-		t.Fatalf("PeerLost on a graceful close: %v", l)
-	}
-	if l := ca.LostPeers(); len(l) != 0 {
-		t.Fatalf("PeerLost at the closing node: %v", l)
-	}
+	leftSayingBye(t, b, ca, cb, "Close")
 	if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, 1, 0)}); !errors.Is(err, van.ErrClosed) {
 		t.Fatalf("Send after Close: %v, want ErrClosed", err)
 	}
@@ -493,6 +481,25 @@ func testGracefulClose(t *testing.T, l Listen) {
 	}
 	if err := a.Dial(context.Background(), 9, b.Addr()); !errors.Is(err, van.ErrClosed) {
 		t.Fatalf("Dial after Close: %v, want ErrClosed", err)
+	}
+}
+
+// leftSayingBye checks that b (node 9) learns that node 8 left by how
+// (Close or Abort), and that neither side reports it lost: it said Bye.
+func leftSayingBye(t *testing.T, b van.Transport, ca, cb *Collector, how string) {
+	t.Helper()
+	Eventually(t, func() error {
+		if err := b.Send(&van.Message{Header: wiretest.PushHeader(9, 8, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
+			return fmt.Errorf("Send to a node that left by %s: %v", how, err)
+		}
+		return nil
+	})
+	time.Sleep(100 * time.Millisecond) // time for a wrong PeerLost to show
+	if l := cb.LostPeers(); len(l) != 0 {
+		t.Fatalf("PeerLost though the node that left by %s said Bye: %v", how, l)
+	}
+	if l := ca.LostPeers(); len(l) != 0 {
+		t.Fatalf("PeerLost at the node that left by %s: %v", how, l)
 	}
 }
 
@@ -513,21 +520,9 @@ func testAbort(t *testing.T, l Listen) {
 	if failed.Load() != 10 {
 		t.Fatalf("%d Done calls after Abort, want 10", failed.Load())
 	}
-	Eventually(t, func() error {
-		if err := b.Send(&van.Message{Header: wiretest.PushHeader(9, 8, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
-			return fmt.Errorf("Send to a node that aborted: %v", err)
-		}
-		return nil
-	})
-	time.Sleep(100 * time.Millisecond) // time for a wrong PeerLost to show
-	if l := cb.LostPeers(); len(l) != 0 {
-		t.Fatalf("PeerLost though the aborting node said Bye: %v", l)
-	}
+	leftSayingBye(t, b, ca, cb, "Abort")
 	if f := cb.Frames(); len(f) != 0 {
 		t.Fatalf("%d frames arrived from an aborted node's paused flow", len(f))
-	}
-	if l := ca.LostPeers(); len(l) != 0 {
-		t.Fatalf("PeerLost at the aborting node: %v", l)
 	}
 	if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, 1, 0)}); !errors.Is(err, van.ErrClosed) {
 		t.Fatalf("Send after Abort: %v, want ErrClosed", err)
