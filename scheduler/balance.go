@@ -3,7 +3,6 @@ package scheduler
 import (
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/lb"
@@ -13,9 +12,9 @@ import (
 // startLB makes the load balancer and grants the first horizon. The LB's
 // decisions are lb.Balancer's; the scheduler only carries its samples in
 // and its directives out, and logs every decision with its reason.
-func (s *sched) startLB() error {
-	cfg := lb.Config{ProbeEvery: s.cfg.LBProbeEvery, Fixed: !s.cfg.LB}
-	for _, info := range s.table {
+func (c *core) startLB() error {
+	cfg := lb.Config{ProbeEvery: c.cfg.LBProbeEvery, Fixed: !c.cfg.LB}
+	for _, info := range c.table {
 		switch info.Role {
 		case node.Server:
 			cfg.Servers = append(cfg.Servers, info.ID)
@@ -27,60 +26,57 @@ func (s *sched) startLB() error {
 	if err != nil {
 		return fmt.Errorf("scheduler: %w", err)
 	}
-	s.lb = b
-	s.direct(b.Start())
+	c.lb = b
+	c.direct(b.Start())
 	return nil
 }
 
 // report feeds a node's sample to the LB and sends what it directs.
-func (s *sched) report(m *control.Message) {
-	if s.lb == nil {
-		s.log.Warn("lb: report while the LB is off", "from", m.Sender)
+func (c *core) report(m *control.Message) {
+	if c.lb == nil {
+		c.log.Warn("lb: report while the LB is off", "from", m.Sender)
 		return
 	}
 	sample, err := lb.UnmarshalSample(m.Body)
 	if err != nil || sample.Node != m.Sender {
-		s.log.Warn("lb: bad report ignored", "from", m.Sender, "err", err)
+		c.log.Warn("lb: bad report ignored", "from", m.Sender, "err", err)
 		return
 	}
-	now := time.Now()
-	ds := s.lb.Observe(sample, now)
+	ds := c.lb.Observe(sample, c.now)
 	for _, d := range ds {
-		s.direct(d)
+		c.direct(d)
 	}
-	s.directed(ds, now)
+	c.directed(ds)
 }
 
 // direct sends a directive to every worker but those still joining, and
 // to every server that needs it (lb.Directive.ForServers).
-func (s *sched) direct(d lb.Directive) {
+func (c *core) direct(d lb.Directive) {
 	if d.Decision != nil {
-		s.log.Info("lb decision", "version", d.Decision.Version, "from_iteration", d.Decision.Iteration,
-			"state", s.lb.State(), "split", d.String(), "reason", d.Reason)
-		if s.decisions != nil {
-			fmt.Fprintln(s.decisions, DecisionLine(d))
-		}
+		c.log.Info("lb decision", "version", d.Decision.Version, "from_iteration", d.Decision.Iteration,
+			"state", c.lb.State(), "split", d.String(), "reason", d.Reason)
+		c.out.decisions = append(c.out.decisions, DecisionLine(d))
 	}
 	body, err := d.MarshalBinary()
 	if err != nil {
-		s.log.Error("lb: directive not encodable", "err", err)
+		c.log.Error("lb: directive not encodable", "err", err)
 		return
 	}
-	servers := d.ForServers(s.serversDirected, s.serversShaping)
+	servers := d.ForServers(c.serversDirected, c.serversShaping)
 	if servers {
-		s.serversDirected, s.serversShaping = true, d.Shaping
+		c.serversDirected, c.serversShaping = true, d.Shaping
 	}
-	for _, info := range s.table[1:] {
+	for _, info := range c.table[1:] {
 		if info.Role == node.Server && !servers {
 			continue
 		}
-		if _, joining := s.joining[info.ID]; joining && info.Role == node.Worker {
+		if _, joining := c.joining[info.ID]; joining && info.Role == node.Worker {
 			// Its first directive is the decision that counts it
 			// (admitWorker): those before concern iterations it never
 			// pushes, and their decisions' versions would leave a gap.
 			continue
 		}
-		s.send(info.ID, &control.Message{Command: control.Decision, Sender: node.SchedulerID, Body: body})
+		c.send(info.ID, &control.Message{Command: control.Decision, Sender: node.SchedulerID, Body: body})
 	}
 }
 

@@ -414,7 +414,7 @@ func TestWorkerWait(t *testing.T) {
 			joiner := node.Info{ID: node.WorkerID(3), Role: node.Worker, Host: "10.0.0.4", ControlPort: 9100}
 			// The table as admit leaves it: the joiner is in it, the
 			// others' ids are not (nothing is sent).
-			s := &sched{cfg: config.Config{WorkerWaitTimeout: timeout}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), lb: b,
+			s := &core{now: t0, cfg: config.Config{WorkerWaitTimeout: timeout}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), lb: b,
 				table: []node.Info{{ID: node.SchedulerID, Role: node.Scheduler}, joiner},
 				obs:   observer{Observers: Observers{Metrics: m}, rec: status.NewRecorder(false, time.Second, 0)}}
 			for i := range tc.losses {
@@ -424,8 +424,8 @@ func TestWorkerWait(t *testing.T) {
 				t.Fatalf("held %v after %d losses", b.Held(), tc.losses)
 			}
 			if tc.join {
-				stalls := newStallWatch(time.Hour, nil, t0)
-				s.admitWorker(stalls, joiner)
+				s.stalls = newStallWatch(time.Hour, nil, t0)
+				s.admitWorker(joiner)
 				if b.Held() || !slices.Contains(b.Workers(), joiner.ID) {
 					t.Fatalf("after the join: held %v, workers %v", b.Held(), b.Workers())
 				}
@@ -444,7 +444,7 @@ fpt_membership_version 1
 					t.Error(err)
 				}
 				// The stall watch waits for it from its first iteration.
-				if p := stalls.workers[node.WorkerID(3)]; p == nil || p.pushed != b.Current().Iteration {
+				if p := s.stalls.workers[node.WorkerID(3)]; p == nil || p.pushed != b.Current().Iteration {
 					t.Fatalf("the stall watch has %+v for the joiner, want it from iteration %d", p, b.Current().Iteration)
 				}
 			}

@@ -28,28 +28,28 @@ import (
 // must end the job (another role, the policy fail, before the start, or
 // the last server or worker). final is set when the departure released
 // the final barrier: the scheduler terminates those members.
-func (s *sched) lose(bars *barriers, stalls *stallWatch, id node.ID, why string) (handled bool, final []node.ID) {
-	info, ok := s.byID[id]
-	if s.lb == nil || !ok {
+func (c *core) lose(id node.ID, why string) (handled bool, final []node.ID) {
+	info, ok := c.byID[id]
+	if c.lb == nil || !ok {
 		return false, nil
 	}
-	_, joining := s.joining[id]
+	_, joining := c.joining[id]
 	switch {
-	case s.leaving[id]:
+	case c.leaving[id]:
 		// Lost while it handed its keys over: the LB and the layout
 		// went on without it when it asked to leave. It is told, in case
 		// it is alive (a peer's report), as a stalled worker is.
-		s.log.Warn("server lost while leaving the job; the classic keys it had not handed over are lost", "node", info, "reason", why)
-		s.send(id, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: id, Text: why})
-		return true, s.depart(bars, stalls, id, why, false)
+		c.log.Warn("server lost while leaving the job; the classic keys it had not handed over are lost", "node", info, "reason", why)
+		c.send(id, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: id, Text: why})
+		return true, c.depart(id, why, false)
 	case info.Role == node.Server:
-		if !joining && (!s.cfg.RetryServerLoss || !s.running) {
+		if !joining && (!c.cfg.RetryServerLoss || !c.running) {
 			return false, nil
 		}
 	case info.Role == node.Worker:
 		// Until every worker has the init round's values, losing worker
 		// 0 would lose them: a worker lost that early ends the job.
-		if !joining && (!s.cfg.WorkersMayLeave() || !s.running || s.lb.Done() == 0) {
+		if !joining && (!c.cfg.WorkersMayLeave() || !c.running || c.lb.Done() == 0) {
 			return false, nil
 		}
 	default:
@@ -58,54 +58,54 @@ func (s *sched) lose(bars *barriers, stalls *stallWatch, id node.ID, why string)
 	var d lb.Directive
 	if !joining {
 		var err error
-		if d, err = s.lb.Lose(id, why); err != nil {
-			s.log.Error("node lost; the job cannot go on without it", "node", info, "err", err)
+		if d, err = c.lb.Lose(id, why); err != nil {
+			c.log.Error("node lost; the job cannot go on without it", "node", info, "err", err)
 			return false, nil
 		}
 	}
-	s.drop(stalls, id, why, false)
+	c.drop(id, why, false)
 	if joining {
 		// The LB did not count it yet: nothing to push again.
-		s.log.Warn("joining "+info.Role.String()+" lost before the LB counted it; the job goes on without it", "node", info, "reason", why)
-		return true, s.leaveBarriers(bars, id)
+		c.log.Warn("joining "+info.Role.String()+" lost before the LB counted it; the job goes on without it", "node", info, "reason", why)
+		return true, c.leaveBarriers(id)
 	}
 	if info.Role == node.Server {
 		// Before a joiner is admitted below: its layout must not name
 		// the lost server.
-		s.setLayout(s.layout.Without(id), "server left")
+		c.setLayout(c.layout.Without(id), "server left")
 	}
-	s.admitJoiners(stalls)
-	s.changed(info, d, why)
-	if info.Role == node.Worker && s.cfg.WorkerLoss == config.WorkerLossWait {
-		s.waitForWorker(info, d.Horizon, time.Now())
+	c.admitJoiners()
+	c.changed(info, d, why)
+	if info.Role == node.Worker && c.cfg.WorkerLoss == config.WorkerLossWait {
+		c.waitForWorker(info, d.Horizon, c.now)
 	}
-	return true, s.leaveBarriers(bars, id)
+	return true, c.leaveBarriers(id)
 }
 
 // changed counts, logs and publishes the membership change the LB's
 // directive d made for info's departure, and sends d.
-func (s *sched) changed(info node.Info, d lb.Directive, why string) {
-	s.membership++
+func (c *core) changed(info node.Info, d lb.Directive, why string) {
+	c.membership++
 	msg := msgServerLeft
 	if info.Role == node.Worker {
 		msg = msgWorkerLeft
 	}
-	s.log.Warn(msg,
-		"node", info, "reason", why, "membership_version", s.membership,
+	c.log.Warn(msg,
+		"node", info, "reason", why, "membership_version", c.membership,
 		"retry_from_iteration", d.Decision.Iteration, "decision_version", d.Decision.Version,
-		"servers", len(s.lb.Servers()), "workers", len(s.lb.Workers()))
-	s.direct(d)
-	s.obs.rec.Changed(s.table, d, s.lb.State())
-	s.obs.Metrics.Membership(s.table, s.membership)
-	s.obs.Metrics.Decision(*d.Decision, false)
-	s.publish(time.Now())
+		"servers", len(c.lb.Servers()), "workers", len(c.lb.Workers()))
+	c.direct(d)
+	c.obs.rec.Changed(c.table, d, c.lb.State())
+	c.obs.Metrics.Membership(c.table, c.membership)
+	c.obs.Metrics.Decision(*d.Decision, false)
+	c.publish()
 }
 
 // admitJoiners admits the joining nodes that were waiting for a member's
 // connection only, after that member left.
-func (s *sched) admitJoiners(stalls *stallWatch) {
-	for j := range s.joining {
-		s.admitIfReady(stalls, j)
+func (c *core) admitJoiners() {
+	for j := range c.joining {
+		c.admitIfReady(j)
 	}
 }
 
@@ -113,13 +113,13 @@ func (s *sched) admitJoiners(stalls *stallWatch) {
 // count (it left them when it asked to leave): it is dropped (drop),
 // the joiners that waited for it only are admitted, the change is
 // published, and it leaves the barriers, whose releases are returned.
-func (s *sched) depart(bars *barriers, stalls *stallWatch, id node.ID, why string, graceful bool) (final []node.ID) {
-	s.drop(stalls, id, why, graceful)
-	s.admitJoiners(stalls)
-	s.obs.rec.Changed(s.table, lb.Directive{}, s.lb.State())
-	s.obs.Metrics.Membership(s.table, s.membership)
-	s.publish(time.Now())
-	return s.leaveBarriers(bars, id)
+func (c *core) depart(id node.ID, why string, graceful bool) (final []node.ID) {
+	c.drop(id, why, graceful)
+	c.admitJoiners()
+	c.obs.rec.Changed(c.table, lb.Directive{}, c.lb.State())
+	c.obs.Metrics.Membership(c.table, c.membership)
+	c.publish()
+	return c.leaveBarriers(id)
 }
 
 // drop takes id out of the node table and the stall watch; every member
@@ -127,30 +127,30 @@ func (s *sched) depart(bars *barriers, stalls *stallWatch, id node.ID, why strin
 // and its members know that every frame it sent arrives before its
 // connections end. The caller takes it out of the barriers last
 // (leaveBarriers), once the members heard what its departure changes.
-func (s *sched) drop(stalls *stallWatch, id node.ID, why string, graceful bool) {
+func (c *core) drop(id node.ID, why string, graceful bool) {
 	var flags uint8
 	if graceful {
 		flags = control.FlagGraceful
-		s.send(id, &control.Message{Command: control.NodeLeft, Flags: flags, Sender: node.SchedulerID, Target: id, Text: why})
+		c.send(id, &control.Message{Command: control.NodeLeft, Flags: flags, Sender: node.SchedulerID, Target: id, Text: why})
 	}
-	delete(s.joining, id)
-	delete(s.leaving, id)
-	delete(s.leaveLater, id)
-	s.table = slices.DeleteFunc(s.table, func(n node.Info) bool { return n.ID == id })
-	delete(s.byID, id)
-	delete(s.lastSeen, id)
-	for origin, owner := range s.byOrigin {
+	delete(c.joining, id)
+	delete(c.leaving, id)
+	delete(c.leaveLater, id)
+	c.table = slices.DeleteFunc(c.table, func(n node.Info) bool { return n.ID == id })
+	delete(c.byID, id)
+	delete(c.lastSeen, id)
+	for origin, owner := range c.byOrigin {
 		if owner == id {
-			delete(s.byOrigin, origin)
+			delete(c.byOrigin, origin)
 		}
 	}
-	if s.left == nil {
-		s.left = make(map[node.ID]bool)
+	if c.left == nil {
+		c.left = make(map[node.ID]bool)
 	}
-	s.left[id] = true
-	stalls.remove(id)
-	for _, n := range s.table[1:] {
-		s.send(n.ID, &control.Message{Command: control.NodeLeft, Flags: flags, Sender: node.SchedulerID, Target: id, Text: why})
+	c.left[id] = true
+	c.stalls.remove(id)
+	for _, n := range c.table[1:] {
+		c.send(n.ID, &control.Message{Command: control.NodeLeft, Flags: flags, Sender: node.SchedulerID, Target: id, Text: why})
 	}
 }
 
@@ -165,66 +165,66 @@ func (s *sched) drop(stalls *stallWatch, id node.ID, why string, graceful bool) 
 // else it is told why not, with NodeFailed, which ends it. While a
 // worker's join is ahead, the LB can re-cut no iteration: the leave
 // waits until it is not (leaveDeferred).
-func (s *sched) leave(bars *barriers, stalls *stallWatch, m *control.Message) (final []node.ID) {
+func (c *core) leave(m *control.Message) (final []node.ID) {
 	id := m.Sender
-	info := s.byID[id]
-	_, joining := s.joining[id]
+	info := c.byID[id]
+	_, joining := c.joining[id]
 	if m.Seq == 1 {
-		if !s.leaving[id] {
-			s.reject.Reject("leave", "from", id, "seq", m.Seq, "err", "not leaving")
+		if !c.leaving[id] {
+			c.reject.Reject("leave", "from", id, "seq", m.Seq, "err", "not leaving")
 			return nil
 		}
-		s.log.Warn(msgServerLeftInOrder, "node", info, "servers", len(s.lb.Servers()))
-		return s.depart(bars, stalls, id, "left the job in order", true)
+		c.log.Warn(msgServerLeftInOrder, "node", info, "servers", len(c.lb.Servers()))
+		return c.depart(id, "left the job in order", true)
 	}
 	var refused string
 	switch {
-	case m.Seq != 0 || info.Role != node.Server || s.leaving[id] || s.leaveLater[id]:
-		s.reject.Reject("leave", "from", id, "seq", m.Seq)
+	case m.Seq != 0 || info.Role != node.Server || c.leaving[id] || c.leaveLater[id]:
+		c.reject.Reject("leave", "from", id, "seq", m.Seq)
 		return nil
-	case s.lb == nil || !s.cfg.RetryServerLoss:
+	case c.lb == nil || !c.cfg.RetryServerLoss:
 		refused = "a server may leave a running job only with FPT_ON_SERVER_LOSS=retry"
-	case !s.running || joining:
+	case !c.running || joining:
 		refused = "a server may leave only once the job has started and counts it"
 	}
 	var d lb.Directive
 	if refused == "" {
 		var err error
-		if d, err = s.lb.Lose(id, "leaving the job"); err != nil && len(s.lb.JoinsAhead()) > 0 && len(s.lb.Servers()) > 1 {
-			s.log.Info("server's leave waits for a worker's join to take effect", "node", info, "reason", err)
-			if s.leaveLater == nil {
-				s.leaveLater = make(map[node.ID]bool)
+		if d, err = c.lb.Lose(id, "leaving the job"); err != nil && len(c.lb.JoinsAhead()) > 0 && len(c.lb.Servers()) > 1 {
+			c.log.Info("server's leave waits for a worker's join to take effect", "node", info, "reason", err)
+			if c.leaveLater == nil {
+				c.leaveLater = make(map[node.ID]bool)
 			}
-			s.leaveLater[id] = true
+			c.leaveLater[id] = true
 			return nil
 		} else if err != nil {
 			refused = err.Error()
 		}
 	}
 	if refused != "" {
-		s.log.Warn("server may not leave the job", "node", info, "reason", refused)
-		s.send(id, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: id, Text: "may not leave the job: " + refused})
+		c.log.Warn("server may not leave the job", "node", info, "reason", refused)
+		c.send(id, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: id, Text: "may not leave the job: " + refused})
 		return nil
 	}
-	if s.leaving == nil {
-		s.leaving = make(map[node.ID]bool)
+	if c.leaving == nil {
+		c.leaving = make(map[node.ID]bool)
 	}
-	s.leaving[id] = true
-	stalls.remove(id)
-	s.setLayout(s.layout.Without(id), "server leaving")
-	s.changed(info, d, "leaving the job")
+	c.leaving[id] = true
+	c.stalls.remove(id)
+	c.setLayout(c.layout.Without(id), "server leaving")
+	c.changed(info, d, "leaving the job")
 	return nil
 }
 
 // leaveDeferred takes up the leaves that waited for workers' joins, once
 // none is ahead; the scheduler's loop asks at every tick.
-func (s *sched) leaveDeferred(bars *barriers, stalls *stallWatch) {
-	if len(s.leaveLater) == 0 || len(s.lb.JoinsAhead()) > 0 {
+func (c *core) leaveDeferred() {
+	if len(c.leaveLater) == 0 || len(c.lb.JoinsAhead()) > 0 {
 		return
 	}
-	for _, id := range slices.Sorted(maps.Keys(s.leaveLater)) {
-		delete(s.leaveLater, id)
-		s.leave(bars, stalls, &control.Message{Command: control.Leave, Sender: id})
+	for _, id := range slices.Sorted(maps.Keys(c.leaveLater)) {
+		delete(c.leaveLater, id)
+		c.leave(&control.Message{Command: control.Leave, Sender: id})
 	}
 }
 
@@ -235,20 +235,20 @@ func (s *sched) leaveDeferred(bars *barriers, stalls *stallWatch) {
 // (waitExpired). The wait runs from the first loss it covers: a worker
 // lost while it runs does not extend it, and one worker joining ends it,
 // however many were lost.
-func (s *sched) waitForWorker(info node.Info, horizon uint64, now time.Time) {
-	if len(s.waitLost) == 0 {
-		s.waitSince = now
+func (c *core) waitForWorker(info node.Info, horizon uint64, now time.Time) {
+	if len(c.waitLost) == 0 {
+		c.waitSince = now
 	}
-	s.waitLost = append(s.waitLost, info)
-	s.lb.Hold(s.waitLostNames() + " lost: waiting for a worker to join")
-	s.log.Warn(msgHold, "lost", s.waitLostNames(),
-		"last_iteration", horizon, "timeout", s.cfg.WorkerWaitTimeout-now.Sub(s.waitSince))
+	c.waitLost = append(c.waitLost, info)
+	c.lb.Hold(c.waitLostNames() + " lost: waiting for a worker to join")
+	c.log.Warn(msgHold, "lost", c.waitLostNames(),
+		"last_iteration", horizon, "timeout", c.cfg.WorkerWaitTimeout-now.Sub(c.waitSince))
 }
 
 // waitLostNames names the workers lost since the wait began.
-func (s *sched) waitLostNames() string {
-	names := make([]string, len(s.waitLost))
-	for i, info := range s.waitLost {
+func (c *core) waitLostNames() string {
+	names := make([]string, len(c.waitLost))
+	for i, info := range c.waitLost {
 		names[i] = info.String()
 	}
 	return strings.Join(names, ", ")
@@ -258,25 +258,25 @@ func (s *sched) waitLostNames() string {
 // worker has joined within FPT_WORKER_WAIT_TIMEOUT of a loss under wait;
 // nil otherwise. The scheduler's loop asks at every tick, so the timeout
 // is kept to within a heartbeat interval.
-func (s *sched) waitExpired(now time.Time) error {
-	if len(s.waitLost) == 0 || now.Sub(s.waitSince) < s.cfg.WorkerWaitTimeout {
+func (c *core) waitExpired(now time.Time) error {
+	if len(c.waitLost) == 0 || now.Sub(c.waitSince) < c.cfg.WorkerWaitTimeout {
 		return nil
 	}
 	reason := fmt.Sprintf("%s lost and no worker joined within %s (FPT_ON_WORKER_LOSS=wait, FPT_WORKER_WAIT_TIMEOUT)",
-		s.waitLostNames(), s.cfg.WorkerWaitTimeout)
-	return s.failed(s.waitLost[0].ID, reason)
+		c.waitLostNames(), c.cfg.WorkerWaitTimeout)
+	return c.failed(c.waitLost[0].ID, reason)
 }
 
 // leaveBarriers takes id out of the barriers and releases those it was
 // the last one missing from; it returns the members to terminate when
 // that was the final barrier.
-func (s *sched) leaveBarriers(bars *barriers, id node.ID) (final []node.ID) {
-	for _, r := range bars.remove(id) {
-		if r.g == node.AllGroup && s.finalSeen && r.seq == s.finalSeq {
+func (c *core) leaveBarriers(id node.ID) (final []node.ID) {
+	for _, r := range c.bars.remove(id) {
+		if r.g == node.AllGroup && c.finalSeen && r.seq == c.finalSeq {
 			return r.members
 		}
 		for _, m := range r.members {
-			s.send(m, &control.Message{Command: control.BarrierDone, Sender: node.SchedulerID, Group: r.g, Seq: r.seq})
+			c.send(m, &control.Message{Command: control.BarrierDone, Sender: node.SchedulerID, Group: r.g, Seq: r.seq})
 		}
 	}
 	return nil
@@ -290,53 +290,53 @@ func (s *sched) leaveBarriers(bars *barriers, id node.ID) (final []node.ID) {
 // Anything else is refused: a member's own AddNode is ignored (it learns
 // nothing from a reply), one naming a member's address is dropped (a
 // refusal would reach that member), and other nodes are told why.
-func (s *sched) admit(bars *barriers, m *control.Message) {
-	if _, member := s.byOrigin[m.Origin]; member {
+func (c *core) admit(m *control.Message) {
+	if _, member := c.byOrigin[m.Origin]; member {
 		// A confused member, which learns nothing from a reply naming
 		// another address.
-		s.log.Warn("registration refused: the cluster has already started", "from", m.Sender)
+		c.log.Warn("registration refused: the cluster has already started", "from", m.Sender)
 		return
 	}
 	if len(m.Nodes) != 1 {
-		s.reject.Reject("register", "nodes", len(m.Nodes))
+		c.reject.Reject("register", "nodes", len(m.Nodes))
 		return
 	}
 	info := m.Nodes[0]
-	for _, n := range s.table {
+	for _, n := range c.table {
 		if n.Host == info.Host && n.ControlPort == info.ControlPort {
-			s.reject.Reject("register", "node", info, "err", "a member's address")
+			c.reject.Reject("register", "node", info, "err", "a member's address")
 			return
 		}
 	}
-	if (info.Role != node.Server && info.Role != node.Worker) || s.lb == nil {
+	if (info.Role != node.Server && info.Role != node.Worker) || c.lb == nil {
 		why := "registration refused: the cluster has already started (a server or a worker joins a running job only with FPT_LB=on, FPT_ON_SERVER_LOSS=retry or FPT_ON_WORKER_LOSS=continue or wait)"
-		s.log.Warn(why, "node", info)
-		_ = s.plane.Send(info.ControlEndpoint(), &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Text: why})
+		c.log.Warn(why, "node", info)
+		c.sendTo(info, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Text: why}, true)
 		return
 	}
 	if info.Role == node.Server {
-		info.ID = node.ServerID(s.servers)
-		s.servers++
+		info.ID = node.ServerID(c.servers)
+		c.servers++
 	} else {
-		info.ID = node.WorkerID(s.workers)
-		s.workers++
+		info.ID = node.WorkerID(c.workers)
+		c.workers++
 	}
-	s.table = append(s.table, info)
-	s.byID[info.ID] = info
-	s.lastSeen[info.ID] = time.Now()
-	s.byOrigin[m.Origin] = info.ID
-	if s.joining == nil {
-		s.joining = make(map[node.ID]*joining)
+	c.table = append(c.table, info)
+	c.byID[info.ID] = info
+	c.lastSeen[info.ID] = c.now
+	c.byOrigin[m.Origin] = info.ID
+	if c.joining == nil {
+		c.joining = make(map[node.ID]*joining)
 	}
-	s.joining[info.ID] = &joining{dialled: make(map[node.ID]bool)}
-	seqs := bars.nextSeqs()
-	body := binary.LittleEndian.AppendUint64(make([]byte, 0, 8+8*len(seqs)), s.stamp)
+	c.joining[info.ID] = &joining{dialled: make(map[node.ID]bool)}
+	seqs := c.bars.nextSeqs()
+	body := binary.LittleEndian.AppendUint64(make([]byte, 0, 8+8*len(seqs)), c.stamp)
 	for _, n := range seqs {
 		body = binary.LittleEndian.AppendUint64(body, n)
 	}
-	body = s.layout.AppendBinary(body)
-	s.log.Info(info.Role.String()+" joining the running job", "node", info)
-	s.send(info.ID, &control.Message{Command: control.NodeTable, Flags: control.FlagJoin, Recipient: info.ID, Nodes: s.table, Body: body})
+	body = c.layout.AppendBinary(body)
+	c.log.Info(info.Role.String()+" joining the running job", "node", info)
+	c.send(info.ID, &control.Message{Command: control.NodeTable, Flags: control.FlagJoin, Recipient: info.ID, Nodes: c.table, Body: body})
 }
 
 // joining is a server or worker admitted to the running job but not yet
@@ -352,22 +352,22 @@ type joining struct {
 // joiner can see a connection a moment before the member that dialled may
 // send on it), it is a member, and the LB counts it: a server gets a
 // share, a worker's pushes are summed.
-func (s *sched) joined(bars *barriers, stalls *stallWatch, m *control.Message) {
+func (c *core) joined(m *control.Message) {
 	id := m.Sender
 	if m.Seq == 2 {
 		id = m.Target
 	}
-	j := s.joining[id]
+	j := c.joining[id]
 	if j == nil || (m.Seq == 2) == (m.Sender == id) {
-		s.reject.Reject("joined", "from", m.Sender, "seq", m.Seq, "target", m.Target)
+		c.reject.Reject("joined", "from", m.Sender, "seq", m.Seq, "target", m.Target)
 		return
 	}
 	switch m.Seq {
 	case 0:
-		info := s.byID[id]
-		for _, n := range s.table[1:] {
+		info := c.byID[id]
+		for _, n := range c.table[1:] {
 			if n.ID != id {
-				s.send(n.ID, &control.Message{Command: control.NodeJoined, Sender: node.SchedulerID, Nodes: []node.Info{info}})
+				c.send(n.ID, &control.Message{Command: control.NodeJoined, Sender: node.SchedulerID, Nodes: []node.Info{info}})
 			}
 		}
 	case 1:
@@ -375,13 +375,13 @@ func (s *sched) joined(bars *barriers, stalls *stallWatch, m *control.Message) {
 		// once on this route, so it counts in them from now on, before
 		// the LB counts it.
 		j.connected = true
-		bars.add(id)
-		s.admitIfReady(stalls, id)
+		c.bars.add(id)
+		c.admitIfReady(id)
 	case 2:
 		j.dialled[m.Sender] = true
-		s.admitIfReady(stalls, id)
+		c.admitIfReady(id)
 	default:
-		s.reject.Reject("joined", "from", id, "seq", m.Seq)
+		c.reject.Reject("joined", "from", id, "seq", m.Seq)
 	}
 }
 
@@ -389,42 +389,42 @@ func (s *sched) joined(bars *barriers, stalls *stallWatch, m *control.Message) {
 // once it has every member's connection and every member can send on it
 // (the nodes still joining aside: of two, the later one is dialled by the
 // earlier, which then reports).
-func (s *sched) admitIfReady(stalls *stallWatch, id node.ID) {
-	j := s.joining[id]
+func (c *core) admitIfReady(id node.ID) {
+	j := c.joining[id]
 	if j == nil || !j.connected {
 		return
 	}
-	for _, n := range s.table[1:] {
-		if _, other := s.joining[n.ID]; !other && !j.dialled[n.ID] {
+	for _, n := range c.table[1:] {
+		if _, other := c.joining[n.ID]; !other && !j.dialled[n.ID] {
 			return
 		}
 	}
-	info := s.byID[id]
-	delete(s.joining, id)
+	info := c.byID[id]
+	delete(c.joining, id)
 	if info.Role == node.Worker {
-		s.admitWorker(stalls, info)
+		c.admitWorker(info)
 		return
 	}
-	d, ok, err := s.lb.Join(id, time.Now())
+	d, ok, err := c.lb.Join(id, c.now)
 	if err != nil {
-		s.log.Error("joining server not given a share", "node", info, "err", err)
+		c.log.Error("joining server not given a share", "node", info, "err", err)
 		return
 	}
-	s.membership++
+	c.membership++
 	share := "after the next probe"
 	if ok {
 		share = fmt.Sprintf("from iteration %d", d.Decision.Iteration)
 	}
-	s.log.Warn(msgServerJoined, "node", info, "membership_version", s.membership,
-		"servers", len(s.lb.Servers()), "share", share)
+	c.log.Warn(msgServerJoined, "node", info, "membership_version", c.membership,
+		"servers", len(c.lb.Servers()), "share", share)
 	if ok {
-		s.direct(d)
-		s.obs.Metrics.Decision(*d.Decision, false)
+		c.direct(d)
+		c.obs.Metrics.Decision(*d.Decision, false)
 	}
-	s.setLayout(s.layout.With(id), "server joined")
-	s.obs.rec.Changed(s.table, d, s.lb.State())
-	s.obs.Metrics.Membership(s.table, s.membership)
-	s.publish(time.Now())
+	c.setLayout(c.layout.With(id), "server joined")
+	c.obs.rec.Changed(c.table, d, c.lb.State())
+	c.obs.Metrics.Membership(c.table, c.membership)
+	c.publish()
 }
 
 // admitWorker has the LB count joining worker info (lb.Balancer.JoinWorker):
@@ -432,37 +432,37 @@ func (s *sched) admitIfReady(stalls *stallWatch, id node.ID) {
 // to every sum from the first iteration not granted yet. It is the first
 // directive the joiner hears (direct skips a worker still joining), and
 // it ends a wait under FPT_ON_WORKER_LOSS=wait.
-func (s *sched) admitWorker(stalls *stallWatch, info node.Info) {
-	now := time.Now()
-	d, err := s.lb.JoinWorker(info.ID, now)
+func (c *core) admitWorker(info node.Info) {
+	now := c.now
+	d, err := c.lb.JoinWorker(info.ID, now)
 	if err != nil {
-		s.log.Error("joining worker not counted", "node", info, "err", err)
+		c.log.Error("joining worker not counted", "node", info, "err", err)
 		return
 	}
-	s.membership++
-	s.log.Warn(msgWorkerJoined, "node", info, "membership_version", s.membership,
-		"workers", len(s.lb.Workers()), "from_iteration", d.Decision.Iteration)
-	if len(s.waitLost) > 0 {
-		s.log.Info("the wait for a worker is over", "lost", s.waitLostNames(), "joined", info, "waited", now.Sub(s.waitSince).Round(time.Millisecond))
-		s.waitLost = nil
+	c.membership++
+	c.log.Warn(msgWorkerJoined, "node", info, "membership_version", c.membership,
+		"workers", len(c.lb.Workers()), "from_iteration", d.Decision.Iteration)
+	if len(c.waitLost) > 0 {
+		c.log.Info("the wait for a worker is over", "lost", c.waitLostNames(), "joined", info, "waited", now.Sub(c.waitSince).Round(time.Millisecond))
+		c.waitLost = nil
 	}
-	s.direct(d)
-	stalls.add(info.ID, d.Decision.Iteration, now)
-	s.obs.Metrics.Decision(*d.Decision, false)
-	s.obs.rec.Changed(s.table, d, s.lb.State())
-	s.obs.Metrics.Membership(s.table, s.membership)
-	s.publish(now)
+	c.direct(d)
+	c.stalls.add(info.ID, d.Decision.Iteration, now)
+	c.obs.Metrics.Decision(*d.Decision, false)
+	c.obs.rec.Changed(c.table, d, c.lb.State())
+	c.obs.Metrics.Membership(c.table, c.membership)
+	c.publish()
 }
 
 // setLayout makes l the classic key ranges' layout and tells every
 // member, those still joining too (their table had the one before).
-func (s *sched) setLayout(l classic.Layout, why string) {
-	s.layout = l
+func (c *core) setLayout(l classic.Layout, why string) {
+	c.layout = l
 	body := l.AppendBinary(nil)
-	for _, n := range s.table[1:] {
-		s.send(n.ID, &control.Message{Command: control.Layout, Sender: node.SchedulerID, Body: body})
+	for _, n := range c.table[1:] {
+		c.send(n.ID, &control.Message{Command: control.Layout, Sender: node.SchedulerID, Body: body})
 	}
-	s.log.Info("classic key ranges re-cut", "reason", why, "layout_version", l.Version, "servers", fmt.Sprint(l.Servers))
+	c.log.Info("classic key ranges re-cut", "reason", why, "layout_version", l.Version, "servers", fmt.Sprint(l.Servers))
 }
 
 // startBarrier is the number of the start barrier over all nodes (the
@@ -575,27 +575,28 @@ const tooLateGrace = time.Second
 // tooLateGrace, each is told why and leaves the barriers; the members to
 // terminate are returned once that releases the final barrier. The
 // scheduler calls it on the final barrier's arrivals and on every tick.
-func (s *sched) tooLate(bars *barriers, now time.Time) (final []node.ID) {
-	if s.lb == nil || !s.finalSeen {
+func (c *core) tooLate() (final []node.ID) {
+	now := c.now
+	if c.lb == nil || !c.finalSeen {
 		return nil
 	}
-	missing := bars.missing(node.AllGroup, s.finalSeq)
-	ahead := s.lb.JoinsAhead()
+	missing := c.bars.missing(node.AllGroup, c.finalSeq)
+	ahead := c.lb.JoinsAhead()
 	if len(missing) == 0 || slices.ContainsFunc(missing, func(id node.ID) bool { return !slices.Contains(ahead, id) }) {
-		s.lateSince = time.Time{}
+		c.lateSince = time.Time{}
 		return nil
 	}
-	if s.lateSince.IsZero() {
-		s.lateSince = now
+	if c.lateSince.IsZero() {
+		c.lateSince = now
 	}
-	if now.Sub(s.lateSince) < tooLateGrace {
+	if now.Sub(c.lateSince) < tooLateGrace {
 		return nil
 	}
 	for _, id := range missing {
-		why := fmt.Sprintf("the job ended with iteration %d, before iteration %d, this worker's first: it joined too late to train", s.lb.Done()-1, s.lb.JoinIteration(id))
-		s.log.Warn("worker joined too late to train; ending it", "node", s.byID[id], "reason", why)
-		s.send(id, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: id, Text: why})
-		if f := s.leaveBarriers(bars, id); f != nil {
+		why := fmt.Sprintf("the job ended with iteration %d, before iteration %d, this worker's first: it joined too late to train", c.lb.Done()-1, c.lb.JoinIteration(id))
+		c.log.Warn("worker joined too late to train; ending it", "node", c.byID[id], "reason", why)
+		c.send(id, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: id, Text: why})
+		if f := c.leaveBarriers(id); f != nil {
 			final = f
 		}
 	}

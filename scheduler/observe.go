@@ -23,38 +23,40 @@ type observer struct {
 	rec *status.Recorder
 }
 
-// publish posts the status at now, from the scheduler's last-seen times.
-func (s *sched) publish(now time.Time) {
-	if s.obs.Status != nil {
-		s.obs.Status.Publish(s.obs.rec.Snapshot(now, s.lastSeen))
-	}
+// publish has the shell post the status once the input is handled.
+func (c *core) publish() { c.out.publish = true }
+
+// snapshot is the status at now, from the scheduler's last-seen times.
+func (c *core) snapshot(now time.Time) status.Snapshot {
+	return c.obs.rec.Snapshot(now, c.lastSeen)
 }
 
 // started records the node table, once every node registered.
-func (s *sched) started(now time.Time) {
-	s.obs.rec.Started(s.table, now)
-	s.obs.Metrics.Members(s.table)
-	s.publish(now)
+func (c *core) started() {
+	c.obs.rec.Started(c.table, c.now)
+	c.obs.Metrics.Members(c.table)
+	c.publish()
 }
 
 // directed records the directives the LB answered a report with at now.
-func (s *sched) directed(ds []lb.Directive, now time.Time) {
+func (c *core) directed(ds []lb.Directive) {
+	now := c.now
 	if len(ds) == 0 {
 		return
 	}
 	for _, d := range ds {
-		p := s.obs.rec.Directive(d, s.lb.State(), now)
-		s.obs.Metrics.Iteration(p.Iteration, time.Duration(p.Seconds*float64(time.Second)))
+		p := c.obs.rec.Directive(d, c.lb.State(), now)
+		c.obs.Metrics.Iteration(p.Iteration, time.Duration(p.Seconds*float64(time.Second)))
 		if d.Decision != nil {
-			s.obs.Metrics.Decision(*d.Decision, d.Probe)
+			c.obs.Metrics.Decision(*d.Decision, d.Probe)
 		}
 	}
-	up, down := s.lb.Measured()
-	bound, err := s.lb.Bound()
+	up, down := c.lb.Measured()
+	bound, err := c.lb.Bound()
 	if err != nil {
 		bound = 0 // a node not measured yet
 	}
-	s.obs.rec.Measured(up, down, bound)
-	s.obs.Metrics.Capacities(up, down)
-	s.publish(now)
+	c.obs.rec.Measured(up, down, bound)
+	c.obs.Metrics.Capacities(up, down)
+	c.publish()
 }

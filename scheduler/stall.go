@@ -117,9 +117,9 @@ func (s stall) reason() string {
 }
 
 // workerIDs lists the workers of the node table.
-func (s *sched) workerIDs() []node.ID {
+func (c *core) workerIDs() []node.ID {
 	var ids []node.ID
-	for _, info := range s.table {
+	for _, info := range c.table {
 		if info.Role == node.Worker {
 			ids = append(ids, info.ID)
 		}
@@ -129,11 +129,11 @@ func (s *sched) workerIDs() []node.ID {
 
 // stalled tells every node, the stalled worker included (it is alive and
 // would otherwise wait on), that the job fails because of it.
-func (s *sched) stalled(st stall) error {
+func (c *core) stalled(st stall) error {
 	reason := st.reason()
-	s.log.Error("worker stalled; stopping the cluster", "worker", st.worker, "iteration", st.iter, "for", st.waited)
-	for _, info := range s.table[1:] {
-		s.send(info.ID, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: st.worker, Text: reason})
+	c.log.Error("worker stalled; stopping the cluster", "worker", st.worker, "iteration", st.iter, "for", st.waited)
+	for _, info := range c.table[1:] {
+		c.send(info.ID, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: st.worker, Text: reason})
 	}
 	return fmt.Errorf("scheduler: %s", reason)
 }

@@ -34,7 +34,7 @@ func (e *startFailedError) Unwrap() error { return e.error }
 const lateGrace = 5 * time.Second
 
 // refuseLate answers every registration for lateGrace with the failure.
-func (s *sched) refuseLate(ctx context.Context, err error) {
+func (sh *shell) refuseLate(ctx context.Context, err error) {
 	t := time.NewTimer(lateGrace)
 	defer t.Stop()
 	for {
@@ -43,12 +43,12 @@ func (s *sched) refuseLate(ctx context.Context, err error) {
 			return
 		case <-t.C:
 			return
-		case m, ok := <-s.plane.Incoming():
+		case m, ok := <-sh.plane.Incoming():
 			if !ok {
 				return
 			}
 			if m.Command == control.AddNode && len(m.Nodes) == 1 {
-				_ = s.plane.Send(m.Nodes[0].ControlEndpoint(), &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: node.SchedulerID, Text: err.Error()})
+				_ = sh.plane.Send(m.Nodes[0].ControlEndpoint(), &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Target: node.SchedulerID, Text: err.Error()})
 			}
 		}
 	}
