@@ -6,7 +6,6 @@ import (
 
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
-	"github.com/fptps/fpt/control/memplane"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/node"
 )
@@ -15,56 +14,37 @@ import (
 // and those that change something for them, a decision or the shaping: a
 // raised horizon alone means nothing to a node that does not push.
 func TestServersGetOnlyDirectivesForThem(t *testing.T) {
-	srv := serve(t, config.Config{NumServers: 1, NumWorkers: 1, HeartbeatInterval: time.Hour, HeartbeatTimeout: 2 * time.Hour,
-		StartTimeout: waitTime, LB: true})
-	sched := srv.sched
-	planes := srv.register(t, node.Server, node.Worker)
-	srvP, wrk := planes[0], planes[1]
-	directive := func(p *memplane.Plane) lb.Directive {
+	run := startCore(t, config.Config{NumServers: 1, NumWorkers: 1, HeartbeatInterval: time.Hour, HeartbeatTimeout: 2 * time.Hour,
+		StartTimeout: time.Minute, LB: true}, false)
+	got := map[node.ID][]lb.Directive{}
+	collect := func(r ready) {
 		t.Helper()
-		for {
-			m := next(t, p)
-			if m.Command != control.Decision {
-				continue // the node table
+		for _, o := range r.sends {
+			if o.m.Command != control.Decision {
+				continue
 			}
-			d, err := lb.UnmarshalDirective(m.Body)
+			d, err := lb.UnmarshalDirective(o.m.Body)
 			if err != nil {
 				t.Fatal(err)
 			}
-			return d
+			got[o.to.ID] = append(got[o.to.ID], d)
 		}
 	}
-	worker := []lb.Directive{directive(wrk)}
+	collect(run.tables)
 	// The worker finishes iterations 0 to 5: warm-up, a probe, a decision.
 	const last = 5
 	for it := uint64(0); it <= last; it++ {
-		s := lb.Sample{Node: node.WorkerID(0), Iteration: it, UpRate: 1e8, DownRate: 1e8, SentBytes: 1 << 20,
+		s := lb.Sample{Node: w0, Iteration: it, UpRate: 1e8, DownRate: 1e8, SentBytes: 1 << 20,
 			ReceivedBytes: 1 << 20, ModelBytes: 1 << 20}
 		body, _ := s.MarshalBinary()
-		if err := wrk.Send(sched, &control.Message{Command: control.Report, Sender: node.WorkerID(0), Body: body}); err != nil {
-			t.Fatal(err)
-		}
-		worker = append(worker, directive(wrk))
+		collect(run.step(t0.Add(time.Duration(it)*time.Second), &control.Message{Command: control.Report, Sender: w0, Body: body}))
 	}
-	if got := worker[len(worker)-1].Horizon; got <= last {
-		t.Fatalf("the worker's horizon is %d after iteration %d", got, last)
+	worker, server := got[w0], got[s0]
+	if len(worker) != last+2 {
+		t.Fatalf("the worker got %d directives, want one a report and the first", len(worker))
 	}
-	// The scheduler sends to the server before the worker: what it got is
-	// queued by now.
-	var server []lb.Directive
-	for drained := false; !drained; {
-		select {
-		case m := <-srvP.Incoming():
-			if m.Command == control.Decision {
-				d, err := lb.UnmarshalDirective(m.Body)
-				if err != nil {
-					t.Fatal(err)
-				}
-				server = append(server, d)
-			}
-		case <-time.After(200 * time.Millisecond):
-			drained = true
-		}
+	if h := worker[len(worker)-1].Horizon; h <= last {
+		t.Fatalf("the worker's horizon is %d after iteration %d", h, last)
 	}
 	var want []lb.Directive
 	for i, d := range worker {
