@@ -223,6 +223,13 @@ func (c *core) tick(now time.Time) ready {
 		return c.take()
 	}
 	c.publish()
+	// Ticks come every interval while the scheduler runs: a longer gap
+	// is time it did not run (stopped, suspended), which no member's
+	// silence or stall may be blamed for.
+	if gap := now.Sub(c.lastTick); gap > 2*c.cfg.HeartbeatInterval {
+		c.paused(gap-c.cfg.HeartbeatInterval, now)
+	}
+	c.lastTick = now
 	for id, seen := range c.lastSeen {
 		if silent := now.Sub(seen); silent > c.cfg.HeartbeatTimeout {
 			if c.lost(id, fmt.Sprintf("no heartbeat for %s", silent.Round(time.Millisecond))) {
@@ -256,6 +263,19 @@ func (c *core) tick(now time.Time) ready {
 		}
 	}
 	return c.take()
+}
+
+// paused discounts d, time the scheduler did not run up to now, from the
+// members' silence and the workers' stalls.
+func (c *core) paused(d time.Duration, now time.Time) {
+	c.log.Warn("the scheduler did not run for a while; the members' silence and stalls are counted from now", "paused", d.Round(time.Millisecond))
+	for id, seen := range c.lastSeen {
+		if seen = seen.Add(d); seen.After(now) {
+			seen = now
+		}
+		c.lastSeen[id] = seen
+	}
+	c.stalls.shift(d, now)
 }
 
 // lost handles the loss of node id (lose): the job goes on, or the final

@@ -202,3 +202,72 @@ func TestCoreRegistration(t *testing.T) {
 		})
 	}
 }
+
+// TestCorePaused: a scheduler that did not run for a while (SIGSTOP, a
+// suspended VM) sees every member silent and every worker stalled when it
+// resumes; that time is its own, not the members'. Time it watched still
+// counts: a member silent before and after the pause is lost once its
+// watched silence passes the timeout.
+func TestCorePaused(t *testing.T) {
+	beats := func(at time.Duration, ids ...node.ID) []in {
+		var out []in
+		for _, id := range ids {
+			out = append(out, msg(at, pushed(id, 1), name(id)+" HEARTBEAT_ACK"))
+		}
+		return out
+	}
+	cases := []struct {
+		name    string
+		retry   bool
+		timeout time.Duration // the heartbeat's
+		ins     []in
+	}{
+		{"nobody is blamed for the pause", false, 10 * time.Second, cat2(
+			ticks(time.Second, 3*time.Second),
+			beats(3*time.Second, s0, s1, w1),
+			// W1 is behind W0 from 3s on: stalled after 20s watched.
+			[]in{msg(3*time.Second, pushed(w0, 2), "W0 HEARTBEAT_ACK")},
+			ticks(4*time.Second, 5*time.Second),
+			// Paused from 5s to 65s.
+			ticks(65*time.Second, 66*time.Second),
+			beats(66*time.Second, s0, s1, w1),
+			[]in{msg(66*time.Second, pushed(w0, 2), "W0 HEARTBEAT_ACK")},
+			ticks(67*time.Second, 75*time.Second),
+		)},
+		{"a stall watched still counts", false, time.Hour, cat2(
+			ticks(time.Second, 3*time.Second),
+			beats(3*time.Second, s0, s1, w1),
+			[]in{msg(3*time.Second, pushed(w0, 2), "W0 HEARTBEAT_ACK")},
+			ticks(4*time.Second, 5*time.Second),
+			ticks(65*time.Second, 66*time.Second),
+			beats(66*time.Second, s0, s1, w1),
+			[]in{msg(66*time.Second, pushed(w0, 2), "W0 HEARTBEAT_ACK")},
+			ticks(67*time.Second, 70*time.Second),
+			beats(70*time.Second, s0, s1, w1),
+			[]in{msg(70*time.Second, pushed(w0, 2), "W0 HEARTBEAT_ACK")},
+			// W1 was behind from 3s to 6s and from 65s: over 20s at 83s.
+			ticks(71*time.Second, 82*time.Second),
+			[]in{tick(83*time.Second, "S0 NODE_FAILED W1", "S1 NODE_FAILED W1", "W0 NODE_FAILED W1", "W1 NODE_FAILED W1",
+				"error: worker 1 (id 11) has pushed nothing for iteration 1 for 21s")},
+		)},
+		{"silence watched still counts", true, 10 * time.Second, cat2(
+			ticks(time.Second, 3*time.Second),
+			beats(3*time.Second, s0, s1, w0, w1),
+			ticks(4*time.Second, 5*time.Second),
+			ticks(65*time.Second, 66*time.Second),
+			beats(66*time.Second, s0, w0, w1),
+			// S1 was silent from 3s to 6s (the pause counts as one
+			// interval) and from 65s: over 10s at 73s.
+			ticks(67*time.Second, 72*time.Second),
+			[]in{tick(73*time.Second, "S0 NODE_LEFT S1", "W0 NODE_LEFT S1", "W1 NODE_LEFT S1", "S0 LAYOUT", "W0 LAYOUT", "W1 LAYOUT",
+				"S0 DECISION retry", "W0 DECISION retry", "W1 DECISION retry")},
+		)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := config.Config{NumServers: 2, NumWorkers: 2, HeartbeatInterval: time.Second, HeartbeatTimeout: tc.timeout,
+				StartTimeout: time.Minute, StallTimeout: 20 * time.Second, RetryServerLoss: tc.retry}
+			startCore(t, cfg, true).feed(tc.ins)
+		})
+	}
+}

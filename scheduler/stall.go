@@ -92,6 +92,16 @@ func (w *stallWatch) remove(id node.ID) {
 	}
 }
 
+// shift moves every worker's clock on by d (capped at now): time the
+// watcher did not run.
+func (w *stallWatch) shift(d time.Duration, now time.Time) {
+	for _, p := range w.workers {
+		if p.since = p.since.Add(d); p.since.After(now) {
+			p.since = now
+		}
+	}
+}
+
 // check returns a worker that has kept the others waiting for longer than
 // the timeout (the lowest id when several have), or ok false.
 func (w *stallWatch) check(now time.Time) (s stall, ok bool) {
