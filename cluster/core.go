@@ -48,10 +48,9 @@ type core struct {
 
 	// beating: the table came and heartbeats run (begin).
 	beating bool
-	// silenced: a tick found this process had not run for longer than
-	// PS_HEARTBEAT_TIMEOUT; it sends no more heartbeats.
-	silenced bool
-	lastAck  time.Time // the scheduler's latest HeartbeatAck
+	lastAck time.Time // the scheduler's latest HeartbeatAck
+	// lastTick is the latest tick that found this process had run: once
+	// one finds it was stopped, every later one does, and sends nothing.
 	lastTick time.Time
 
 	err        error // the node's failure: the first one
@@ -325,14 +324,13 @@ func (c *core) startBarriers(body []byte) error {
 // tick is the heartbeat timer's, at now; progress is what this worker
 // has pushed (SetProgress), for the scheduler's stall check.
 func (c *core) tick(now time.Time, progress uint64) ready {
-	if !c.beating || c.silenced || c.terminated {
+	if !c.beating || c.terminated {
 		return ready{}
 	}
 	// A tick far later than the interval means this process did not run
 	// (SIGSTOP, a frozen VM): the scheduler stopped hearing it, not the
 	// other way round, so the culprit is this node.
 	if gap := selfSilence(c.lastTick, now, c.cfg.HeartbeatTimeout); gap > 0 {
-		c.silenced = true
 		return c.fail(fmt.Errorf("cluster: this node (%s) was stopped or starved for %s, longer than PS_HEARTBEAT_TIMEOUT (%s); the scheduler has declared it dead",
 			c.describe(c.self().ID), gap.Round(time.Millisecond), c.cfg.HeartbeatTimeout), 0)
 	}
