@@ -11,15 +11,11 @@
 package cluster
 
 import (
-	"cmp"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -61,29 +57,20 @@ type Member struct {
 	metrics *metrics.Node   // nil: none
 	tracer  *trace.Recorder // nil: none
 	sched   string
-	// schedOrigin is the connection (control.Message.Origin) the node
-	// table came over: the scheduler's. Later control messages are acted
-	// on only from it; others are refused through reject.
-	schedOrigin string
-	reject      *control.Rejecter
-	// topo is published once, when the node table arrives; the van's
-	// callbacks may read it from other goroutines before that.
+	reject  *control.Rejecter
+	// topo is the core's, published on every change: the van's callbacks
+	// and the role read it from other goroutines, without mu.
 	topo atomic.Pointer[topology]
 
-	mu          sync.Mutex
-	barrierSeq  map[node.Group]uint64
-	barrierWait map[barrierKey]chan struct{}
-	lastAck     time.Time
-	onControl   func(*control.Message)
-	onLeft      func(id node.ID, graceful bool) error
-	onLayout    func(classic.Layout)
-	onTable     func(context.Context) error
-	// layout is the newest classic key layout: the job's first from the
-	// node table, a joining node's in its table, later ones from the
-	// scheduler's Layout messages.
-	layout classic.Layout
-	// tableLayout is the layout the node table came with.
-	tableLayout classic.Layout
+	mu sync.Mutex
+	// core is the membership's state and logic; mu guards it, and
+	// waiters, whose channels the barriers it releases close.
+	core      *core
+	waiters   map[barrierKey]chan struct{}
+	onControl func(*control.Message)
+	onLeft    func(id node.ID, graceful bool) error
+	onLayout  func(classic.Layout)
+	onTable   func(context.Context) error
 	// forRole carries the messages for onControl to roleLoop, so that a
 	// role busy under its own lock never holds up heartbeat answers,
 	// barriers or failure notices (a worker copying a 2 GiB result once
@@ -92,36 +79,14 @@ type Member struct {
 	// progress is what a worker has pushed (SetProgress), sent to the
 	// scheduler with every heartbeat for its stall check.
 	progress atomic.Uint64
-	// joining: the node table made this server or worker a member of a
-	// running job (control.FlagJoin): it skips the start barriers.
-	joining atomic.Bool
 
-	failOnce   sync.Once
 	failed     chan struct{}
-	err        error
-	termOnce   sync.Once
+	err        error // set once, before failed is closed (the core's first failure)
 	terminated chan struct{}
-	leftOnce   sync.Once
 	departed   chan struct{} // closed when the scheduler says this node left in order (Leave)
 	stop       chan struct{}
 	wg         sync.WaitGroup
 	closeOnce  sync.Once
-}
-
-type topology struct {
-	self  node.Info
-	table []node.Info // sorted by id
-	byID  map[node.ID]node.Info
-	// left holds the nodes that left the job (FPT_ON_SERVER_LOSS=retry),
-	// so that messages can still name them.
-	left map[node.ID]node.Info
-	// stamp is the job's, from the node table (JobStamp).
-	stamp uint64
-}
-
-type barrierKey struct {
-	group node.Group
-	seq   uint64
 }
 
 // Planes makes a member's two transports. Start calls Control for the
@@ -158,16 +123,16 @@ func New(cfg config.Config, log *slog.Logger, planes Planes) *Member {
 		log = slog.Default()
 	}
 	return &Member{
-		cfg:         cfg,
-		log:         log,
-		planes:      planes,
-		sched:       cfg.SchedulerEndpoint(),
-		barrierSeq:  make(map[node.Group]uint64),
-		barrierWait: make(map[barrierKey]chan struct{}),
-		failed:      make(chan struct{}),
-		terminated:  make(chan struct{}),
-		departed:    make(chan struct{}),
-		stop:        make(chan struct{}),
+		cfg:        cfg,
+		log:        log,
+		planes:     planes,
+		sched:      cfg.SchedulerEndpoint(),
+		core:       newCore(cfg),
+		waiters:    make(map[barrierKey]chan struct{}),
+		failed:     make(chan struct{}),
+		terminated: make(chan struct{}),
+		departed:   make(chan struct{}),
+		stop:       make(chan struct{}),
 	}
 }
 
@@ -265,7 +230,9 @@ func (n *Member) Start(ctx context.Context, h Handler) (err error) {
 		return err
 	}
 	n.van.SetSelf(n.Self().ID)
-	n.lastAck = time.Now()
+	n.mu.Lock()
+	n.core.begin(time.Now())
+	n.mu.Unlock()
 	if n.onControl != nil || n.onLayout != nil {
 		n.forRole = make(chan *control.Message, roleQueue)
 		n.wg.Add(1)
@@ -292,7 +259,7 @@ func (n *Member) Start(ctx context.Context, h Handler) (err error) {
 			return err
 		}
 	}
-	if n.joining.Load() {
+	if n.Joined() {
 		if err := n.join(ctx); err != nil {
 			return err
 		}
@@ -375,7 +342,9 @@ func (n *Member) bind(host, listen string) error {
 		if err == nil {
 			n.plane, n.van = plane, tr
 			n.metrics.Watch(tr)
-			n.topo.Store(&topology{self: node.Info{Role: n.cfg.Role, Host: host, ControlPort: port, DataPort: port + 1}})
+			n.run(func(c *core) ready {
+				return c.bound(node.Info{Role: n.cfg.Role, Host: host, ControlPort: port, DataPort: port + 1})
+			})
 			return nil
 		}
 		plane.Close()
@@ -400,94 +369,22 @@ func (n *Member) awaitTable(ctx context.Context) error {
 			if !ok {
 				return fmt.Errorf("cluster: control plane closed while registering")
 			}
-			switch m.Command {
-			case control.NodeTable:
-				// Only the scheduler knows this node's address before
-				// the table; with a secret, only members can reach it.
-				if err := n.setTable(m); err != nil {
-					return err
-				}
-				n.schedOrigin = m.Origin
-				if m.Flags&control.FlagJoin != 0 {
-					return n.startBarriers(m.Body[8:]) // setTable checked the stamp is there
-				}
+			r := n.run(func(c *core) ready { return c.step(m, time.Now()) })
+			if r.startErr != nil {
+				return r.startErr
+			}
+			if r.table {
 				return nil
-			case control.NodeFailed:
-				return fmt.Errorf("cluster: the scheduler gave up before the cluster started: %s", m.Text)
-			case control.Terminate:
-				return fmt.Errorf("cluster: terminated by the scheduler while registering")
-			default:
-				n.log.Debug("ignoring control message before the node table", "command", m.Command)
 			}
 		}
 	}
-}
-
-func (n *Member) setTable(m *control.Message) error {
-	table := slices.Clone(m.Nodes)
-	slices.SortFunc(table, func(a, b node.Info) int { return int(a.ID) - int(b.ID) })
-	byID := make(map[node.ID]node.Info, len(table))
-	var servers, workers int
-	for _, info := range table {
-		if r, ok := info.ID.Role(); !ok || r != info.Role {
-			return fmt.Errorf("cluster: node table: id %d does not fit role %s", info.ID, info.Role)
-		}
-		if _, dup := byID[info.ID]; dup {
-			return fmt.Errorf("cluster: node table: id %d twice", info.ID)
-		}
-		byID[info.ID] = info
-		switch info.Role {
-		case node.Server:
-			servers++
-		case node.Worker:
-			workers++
-		}
-	}
-	if len(m.Body) < 8 {
-		return fmt.Errorf("cluster: node table without the job's stamp (%d bytes of body): a scheduler of another fpt version?", len(m.Body))
-	}
-	self := n.Self()
-	me, ok := byID[m.Recipient]
-	if !ok || me.Host != self.Host || me.ControlPort != self.ControlPort {
-		return fmt.Errorf("cluster: node table does not list this node (%s) as id %d", self, m.Recipient)
-	}
-	join := m.Flags&control.FlagJoin != 0
-	switch {
-	case join && n.cfg.RankVar != "":
-		n.log.Warn("joining a running job: the rank asked for is ignored; a joining node gets an id no node of the job had", "asked", n.cfg.RankVar, "id", m.Recipient)
-	case n.cfg.RankVar != "" && m.Recipient != node.RankID(n.cfg.Role, n.cfg.Rank):
-		return fmt.Errorf("cluster: the scheduler made this node %s, not rank %d as %s asks", m.Recipient, n.cfg.Rank, n.cfg.RankVar)
-	}
-	// A node joining a running job finds the servers and workers there
-	// are now, not DMLC_NUM_SERVER and DMLC_NUM_WORKER: servers joined
-	// and left (FPT_ON_SERVER_LOSS=retry), workers left
-	// (FPT_ON_WORKER_LOSS=continue) or joined.
-	if join && (servers < 1 || workers < 1) ||
-		!join && (workers != n.cfg.NumWorkers || servers != n.cfg.NumServers) {
-		return fmt.Errorf("cluster: node table has %d servers and %d workers; DMLC_NUM_SERVER=%d, DMLC_NUM_WORKER=%d",
-			servers, workers, n.cfg.NumServers, n.cfg.NumWorkers)
-	}
-	n.topo.Store(&topology{self: me, table: table, byID: byID, stamp: binary.LittleEndian.Uint64(m.Body)})
-	if !join {
-		var servers []node.ID
-		for _, info := range table {
-			if info.Role == node.Server {
-				servers = append(servers, info.ID)
-			}
-		}
-		n.mu.Lock()
-		n.layout = classic.Initial(servers)
-		n.tableLayout = n.layout
-		n.mu.Unlock()
-	}
-	return nil
 }
 
 // Layout is the newest classic key layout this node knows of.
 func (n *Member) Layout() classic.Layout {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.layout
+	return n.core.layout
 }
 
 // ServerRank is a server's dense rank among the job's servers, 0 to S-1:
@@ -504,7 +401,7 @@ func (n *Member) ServerRank() int { return n.Layout().Index(n.Self().ID) }
 func (n *Member) TableLayout() classic.Layout {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.tableLayout
+	return n.core.tableLayout
 }
 
 // OnLayout installs f, which hears every newer classic key layout, in
@@ -521,30 +418,6 @@ func (n *Member) OnLayout(f func(classic.Layout)) { n.onLayout = f }
 // meanwhile. Heartbeats go on while f runs. Call it before Start.
 func (n *Member) OnTable(f func(ctx context.Context) error) { n.onTable = f }
 
-// newLayout takes the scheduler's Layout message: a newer version is
-// kept, and handed to the role (OnLayout) in order with its other
-// messages.
-func (n *Member) newLayout(m *control.Message) {
-	l, err := classic.ParseLayout(m.Body)
-	if err != nil {
-		n.reject.Reject("layout", "err", err)
-		return
-	}
-	n.mu.Lock()
-	newer := l.Version > n.layout.Version
-	if newer {
-		n.layout = l
-	}
-	n.mu.Unlock()
-	if !newer || n.onLayout == nil {
-		return
-	}
-	select { // roleLoop runs: Start starts it when OnLayout is installed
-	case n.forRole <- m:
-	case <-n.stop:
-	}
-}
-
 // admitPeer is the van's Admit: a data connection is accepted only once
 // the node table exists, only from a server or worker in it, and only
 // from a node that should dial this one (the smaller id, see
@@ -558,7 +431,7 @@ func (n *Member) admitPeer(id node.ID) string {
 	switch {
 	case !ok || info.Role == node.Scheduler:
 		return "stranger"
-	case id >= t.self.ID && !n.joining.Load():
+	case id >= t.self.ID && !t.join:
 		// A joining node is dialled by every member (welcome).
 		return "direction"
 	}
@@ -641,7 +514,10 @@ func (n *Member) Config() config.Config { return n.cfg }
 
 // Joined reports whether this node joined a running job (its node table
 // was marked control.FlagJoin) rather than starting with it.
-func (n *Member) Joined() bool { return n.joining.Load() }
+func (n *Member) Joined() bool {
+	t := n.topo.Load()
+	return t != nil && t.join
+}
 
 // JobStamp is the job's stamp from the node table: the scheduler's clock
 // when it started the job (Unix ns), the same on every node of the job,
@@ -680,40 +556,7 @@ func (n *Member) Err() error {
 // Fail records a fatal error, wakes every waiting call, and tells the
 // scheduler (which tells everyone else). The first error wins.
 func (n *Member) Fail(err error) {
-	n.fail(err, 0)
-}
-
-// fail records err and reports it, naming the lost peer when there is one.
-func (n *Member) fail(err error, lost node.ID) {
-	if n.record(err) {
-		n.report(lost, err)
-	}
-}
-
-// record makes err the node's failure unless it already failed, and wakes
-// every waiting call. It reports whether err was the first.
-func (n *Member) record(err error) (first bool) {
-	n.failOnce.Do(func() {
-		n.err = err
-		close(n.failed)
-		n.log.Error("node failed", "err", err)
-		first = true
-	})
-	return first
-}
-
-// report tells the scheduler, which relays it to every node: naming the
-// lost peer (target), rather than this node, points their messages at the
-// culprit.
-func (n *Member) report(target node.ID, err error) {
-	if n.plane == nil {
-		return
-	}
-	self := n.Self().ID
-	if target == 0 {
-		target = self
-	}
-	_ = n.plane.Send(n.sched, &control.Message{Command: control.NodeFailed, Sender: self, Target: target, Text: err.Error()})
+	n.run(func(c *core) ready { return c.fail(err, 0) })
 }
 
 // Barrier blocks until every node of group g has called Barrier the same
@@ -723,18 +566,16 @@ func (n *Member) Barrier(ctx context.Context, g node.Group) error {
 }
 
 func (n *Member) barrier(ctx context.Context, g node.Group, flags uint8) error {
-	self := n.Self().ID
-	if !self.InGroup(g) {
-		return fmt.Errorf("cluster: barrier: %s is not in group %d", self, g)
-	}
 	n.mu.Lock()
-	seq := n.barrierSeq[g]
-	n.barrierSeq[g] = seq + 1
-	ch := make(chan struct{})
-	n.barrierWait[barrierKey{g, seq}] = ch
-	n.mu.Unlock()
-	err := n.plane.Send(n.sched, &control.Message{Command: control.Barrier, Flags: flags, Sender: self, Group: g, Seq: seq})
+	m, err := n.core.barrier(g, flags)
 	if err != nil {
+		n.mu.Unlock()
+		return err
+	}
+	ch := make(chan struct{})
+	n.waiters[barrierKey{g, m.Seq}] = ch
+	n.mu.Unlock()
+	if err := n.plane.Send(n.sched, m); err != nil {
 		return fmt.Errorf("cluster: barrier: %w", err)
 	}
 	select {
@@ -775,7 +616,10 @@ func (n *Member) Close() { n.shutdown() }
 // reading would hold a draining Close for IOTimeout. Close calls it; a
 // role may call it first (a worker's must before it fails its requests).
 func (n *Member) CloseVan() error {
-	if n.Err() != nil {
+	n.mu.Lock()
+	abort := n.core.abortVan()
+	n.mu.Unlock()
+	if abort {
 		return n.van.Abort()
 	}
 	return n.van.Close()
@@ -814,47 +658,82 @@ func (n *Member) controlLoop() {
 }
 
 func (n *Member) handleControl(m *control.Message) {
-	// Nodes talk to each other over the data plane only: every control
-	// message a node receives is the scheduler's, from its connection.
-	if m.Origin != n.schedOrigin || m.Sender != node.SchedulerID {
-		n.reject.Reject("sender", "command", m.Command, "claims", m.Sender)
+	n.run(func(c *core) ready { return c.step(m, time.Now()) })
+}
+
+// run calls f on the core under the lock, publishes the table it changed,
+// and does the rest of what f's ready says once unlocked (see ready).
+func (n *Member) run(f func(c *core) ready) ready {
+	n.mu.Lock()
+	r := f(n.core)
+	if r.topo != nil {
+		n.topo.Store(r.topo)
+	}
+	var release []chan struct{}
+	for _, k := range r.release {
+		if ch := n.waiters[k]; ch != nil {
+			delete(n.waiters, k)
+			release = append(release, ch)
+		}
+	}
+	n.mu.Unlock()
+	for _, l := range r.notes {
+		n.log.Log(context.Background(), l.level, l.msg, l.args...)
+	}
+	for _, rj := range r.rejects {
+		n.reject.Reject(rj.msg, rj.args...)
+	}
+	if r.fail != nil {
+		n.err = r.fail
+		close(n.failed)
+		n.log.Error("node failed", "err", r.fail)
+	}
+	for _, ch := range release {
+		close(ch)
+	}
+	if n.plane != nil {
+		for _, m := range r.send {
+			_ = n.plane.Send(n.sched, m)
+		}
+	}
+	if r.terminated {
+		close(n.terminated)
+	}
+	if r.departed {
+		close(n.departed)
+	}
+	for _, m := range r.role {
+		n.toRole(m)
+	}
+	if r.left != nil && n.onLeft != nil {
+		if err := n.onLeft(r.left.id, r.left.graceful); err != nil {
+			n.Fail(err)
+		}
+	}
+	if r.dial != nil {
+		n.dial(*r.dial)
+	}
+	if p := r.grace; p != nil {
+		time.AfterFunc(lostPeerGrace, func() {
+			n.run(func(c *core) ready { return c.graceOver(*p) })
+		})
+	}
+	return r
+}
+
+// toRole hands m to roleLoop: a Layout message for OnLayout, any other
+// for OnControl.
+func (n *Member) toRole(m *control.Message) {
+	if m.Command == control.Layout && n.onLayout == nil {
 		return
 	}
-	switch m.Command {
-	case control.BarrierDone:
-		n.mu.Lock()
-		k := barrierKey{m.Group, m.Seq}
-		ch := n.barrierWait[k]
-		delete(n.barrierWait, k)
-		n.mu.Unlock()
-		if ch != nil {
-			close(ch)
-		}
-	case control.HeartbeatAck:
-		n.mu.Lock()
-		n.lastAck = time.Now()
-		n.mu.Unlock()
-	case control.NodeFailed:
-		n.fail(fmt.Errorf("cluster: %s failed: %s", n.describe(m.Target), m.Text), m.Target)
-	case control.NodeLeft:
-		n.leave(m.Target, m.Text, m.Flags&control.FlagGraceful != 0)
-	case control.NodeJoined:
-		n.welcome(m)
-	case control.Layout:
-		n.newLayout(m)
-	case control.Terminate:
-		// Confirm, so that the scheduler knows it may exit.
-		_ = n.plane.Send(n.sched, &control.Message{Command: control.Terminate, Sender: n.Self().ID})
-		n.termOnce.Do(func() { close(n.terminated) })
-	default:
-		if n.onControl != nil {
-			select {
-			case n.forRole <- m:
-			case <-n.stop:
-			}
-			return
-		}
+	if m.Command != control.Layout && n.onControl == nil {
 		n.log.Warn("unexpected control message", "command", m.Command, "from", m.Sender)
+		return
+	}
+	select { // roleLoop runs: Start starts it when OnControl or OnLayout is installed
+	case n.forRole <- m:
+	case <-n.stop:
 	}
 }
 
@@ -883,7 +762,6 @@ func (n *Member) heartbeatLoop() {
 	defer n.wg.Done()
 	t := time.NewTicker(n.cfg.HeartbeatInterval)
 	defer t.Stop()
-	lastTick := time.Now()
 	for {
 		select {
 		case <-n.stop:
@@ -892,65 +770,8 @@ func (n *Member) heartbeatLoop() {
 			return
 		case <-t.C:
 		}
-		// A tick far later than the interval means this process did not
-		// run (SIGSTOP, a frozen VM): the scheduler stopped hearing it, not
-		// the other way round, so the culprit is this node.
-		if gap := selfSilence(lastTick, time.Now(), n.cfg.HeartbeatTimeout); gap > 0 {
-			n.fail(fmt.Errorf("cluster: this node (%s) was stopped or starved for %s, longer than PS_HEARTBEAT_TIMEOUT (%s); the scheduler has declared it dead",
-				n.describe(n.Self().ID), gap.Round(time.Millisecond), n.cfg.HeartbeatTimeout), 0)
-			return
-		}
-		lastTick = time.Now()
-		_ = n.plane.Send(n.sched, &control.Message{Command: control.Heartbeat, Sender: n.Self().ID, Seq: n.progress.Load()})
-		n.mu.Lock()
-		silent := time.Since(n.lastAck)
-		n.mu.Unlock()
-		if silent > n.cfg.HeartbeatTimeout {
-			n.fail(fmt.Errorf("cluster: scheduler at %s unreachable: no heartbeat answer for %s", n.sched, silent.Round(time.Millisecond)), node.SchedulerID)
-		}
+		n.run(func(c *core) ready { return c.tick(time.Now(), n.progress.Load()) })
 	}
-}
-
-// selfSilence is how long this process went without running, when that
-// exceeds timeout (else 0): the time since its previous heartbeat tick.
-func selfSilence(lastTick, now time.Time, timeout time.Duration) time.Duration {
-	if gap := now.Sub(lastTick); gap > timeout {
-		return gap
-	}
-	return 0
-}
-
-// describe names a node for an error message: id, role, rank and address.
-func (n *Member) describe(id node.ID) string {
-	if info, ok := n.Info(id); ok {
-		return info.String()
-	}
-	if t := n.topo.Load(); t != nil {
-		if info, ok := t.left[id]; ok {
-			return info.String()
-		}
-	}
-	return id.String()
-}
-
-// startBarriers takes a joining node's barrier numbers (FlagJoin's
-// Body): the running members' next ones.
-func (n *Member) startBarriers(body []byte) error {
-	if len(body) < 8*int(node.AllGroup) {
-		return fmt.Errorf("cluster: joining node table with %d bytes of barrier numbers, want %d", len(body), 8*int(node.AllGroup))
-	}
-	l, err := classic.ParseLayout(body[8*int(node.AllGroup):])
-	if err != nil {
-		return fmt.Errorf("cluster: joining node table: %w", err)
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.layout, n.tableLayout = l, l
-	for g := node.Group(1); g <= node.AllGroup; g++ {
-		n.barrierSeq[g] = binary.LittleEndian.Uint64(body[8*(g-1):])
-	}
-	n.joining.Store(true)
-	return nil
 }
 
 // join is a joining node's start, in place of the two start barriers:
@@ -976,27 +797,9 @@ func (n *Member) join(ctx context.Context) error {
 	return nil
 }
 
-// welcome adds a server or worker joining the running job (the
-// scheduler's NodeJoined) to the table and dials it. Every member dials a
-// joining node, whatever the ids' order: it knows the joiner's table is
-// set, whereas the joiner cannot know when each member has heard of it.
-func (n *Member) welcome(m *control.Message) {
-	if len(m.Nodes) != 1 || m.Nodes[0].Role != node.Server && m.Nodes[0].Role != node.Worker {
-		n.log.Warn("NodeJoined for a node that cannot join ignored", "nodes", m.Nodes)
-		return
-	}
-	info := m.Nodes[0]
-	t := n.topo.Load()
-	if _, known := t.byID[info.ID]; known {
-		n.log.Warn("NodeJoined for a member ignored", "node", info)
-		return
-	}
-	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: t.left, stamp: t.stamp}
-	nt.byID[info.ID] = info
-	nt.table = append(slices.Clone(t.table), info)
-	slices.SortFunc(nt.table, func(a, b node.Info) int { return cmp.Compare(a.ID, b.ID) })
-	n.topo.Store(nt)
-	n.log.Info(info.Role.String()+" joining; connecting to it", "node", info)
+// dial connects to a server or worker joining the running job (the
+// core's welcome), and tells the scheduler once it has.
+func (n *Member) dial(info node.Info) {
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -1086,38 +889,6 @@ func (n *Member) Leave(ctx context.Context, ready func(context.Context) error) e
 	}
 }
 
-// leave takes server or worker id out of the node table on the
-// scheduler's NodeLeft: the job goes on without it. (The scheduler tells
-// the members left; the node itself only when it left in order, Leave: a
-// live one it takes out, a stalled worker, hears NodeFailed.)
-func (n *Member) leave(id node.ID, why string, graceful bool) {
-	t := n.topo.Load()
-	if id == t.self.ID && graceful {
-		n.log.Info("left the job in order", "reason", why)
-		n.leftOnce.Do(func() { close(n.departed) })
-		return
-	}
-	info, ok := t.byID[id]
-	if !ok || id == t.self.ID || (info.Role != node.Server && info.Role != node.Worker) {
-		n.log.Warn("NodeLeft for a node that is not another server or worker of the table ignored", "node", id)
-		return
-	}
-	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: maps.Clone(t.left), stamp: t.stamp}
-	if nt.left == nil {
-		nt.left = make(map[node.ID]node.Info)
-	}
-	delete(nt.byID, id)
-	nt.left[id] = info
-	nt.table = slices.DeleteFunc(slices.Clone(t.table), func(i node.Info) bool { return i.ID == id })
-	n.topo.Store(nt)
-	n.log.Warn(info.Role.String()+" left the job; going on without it", "node", info, "reason", why)
-	if n.onLeft != nil {
-		if err := n.onLeft(id, graceful); err != nil {
-			n.Fail(err)
-		}
-	}
-}
-
 // WasMember reports whether id is a member of the job or was one (it
 // left): a frame of its may still be on its way.
 func (n *Member) WasMember(id node.ID) bool {
@@ -1155,23 +926,5 @@ func (h *vanHandler) PayloadBuffer(hdr *frame.Header) []byte {
 func (h *vanHandler) PeerLost(id node.ID, err error) {
 	n := (*Member)(h)
 	h.handler.PeerLost(id, err) // the role releases what the peer's last frame held
-	if _, known := n.Info(id); !known {
-		n.log.Warn("connection from a node not in the table dropped", "peer", id, "err", err)
-		return
-	}
-	select {
-	case <-n.terminated:
-		return // the final barrier is over: peers may leave
-	default:
-	}
-	lostErr := fmt.Errorf("cluster: lost %s: %w", n.describe(id), err)
-	n.log.Warn("peer lost; waiting for the scheduler's verdict", "peer", n.describe(id), "err", err)
-	n.report(id, lostErr)
-	time.AfterFunc(lostPeerGrace, func() {
-		// Under FPT_ON_SERVER_LOSS=retry the scheduler's verdict on this
-		// very report may be that the job goes on without it.
-		if !n.HasLeft(id) {
-			n.record(lostErr)
-		}
-	})
+	n.run(func(c *core) ready { return c.peerLost(id, err) })
 }
