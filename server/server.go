@@ -463,7 +463,7 @@ func (s *Server) classicRequest(h *frame.Header, payload []byte) error {
 func (s *Server) kvPush(h *frame.Header, payload []byte) error {
 	part, err := s.store.Add(h.Key, h.DType, h.Offset, payload, h.Total)
 	s.dirty = s.dirty || err == nil
-	var reply *van.Message
+	var reply *frame.Message
 	if err == nil && h.Type == frame.KVPushPull {
 		// Answer with a copy: the stored value keeps changing under later pushes.
 		reply = s.reply(h, frame.KVData, append([]byte(nil), part...))
@@ -727,8 +727,8 @@ func (s *Server) kvError(h *frame.Header, err error) error {
 	return s.node.Van().Forward(r)
 }
 
-func (s *Server) reply(h *frame.Header, t frame.Type, payload []byte) *van.Message {
-	return &van.Message{
+func (s *Server) reply(h *frame.Header, t frame.Type, payload []byte) *frame.Message {
+	return &frame.Message{
 		Header: frame.Header{
 			Type: t, DType: h.DType,
 			Sender: uint32(s.node.Self().ID), Recipient: h.Sender,

@@ -11,7 +11,6 @@ import (
 	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
-	"github.com/fptps/fpt/van"
 )
 
 // The core's half of ps-lite's classic calls: Push, Pull and PushPull over
@@ -84,8 +83,8 @@ func (c *core) newLayout(l classic.Layout) todo {
 // the job waits for every worker's: a started worker says it to the
 // servers of its layout that a new one leaves out (newLayout), and a
 // starting one to those of the node table its first layout leaves out.
-func (c *core) drainedOutside(servers []node.ID, l classic.Layout) []van.Message {
-	var notices []van.Message
+func (c *core) drainedOutside(servers []node.ID, l classic.Layout) []frame.Message {
+	var notices []frame.Message
 	for _, id := range servers {
 		if l.Index(id) < 0 {
 			notices = append(notices, c.drained(id, l.Version))
@@ -95,8 +94,8 @@ func (c *core) drainedOutside(servers []node.ID, l classic.Layout) []van.Message
 }
 
 // drained is the KVDrained for server id, as of layout version v.
-func (c *core) drained(id node.ID, v uint32) van.Message {
-	return van.Message{Header: frame.Header{
+func (c *core) drained(id node.ID, v uint32) frame.Message {
+	return frame.Message{Header: frame.Header{
 		Type: frame.KVDrained, Sender: uint32(c.self), Recipient: uint32(id), Iteration: uint64(v), Total: c.classicSent[id],
 	}}
 }
@@ -132,18 +131,18 @@ func (c *core) askAgain(req *request) resend {
 
 // askRange starts an attempt of range pull req under the worker's
 // layout, and returns its frames.
-func (c *core) askRange(req *request) []van.Message {
+func (c *core) askRange(req *request) []frame.Message {
 	rng := req.rng
 	rng.version, rng.waitFor = c.layout.Version, 0
 	rng.ends = make(map[node.ID]*rangeEnd)
 	rng.vals = make(map[uint64][]byte)
-	var msgs []van.Message
+	var msgs []frame.Message
 	for _, id := range c.layout.Servers {
 		if !c.layout.Overlaps(id, rng.from, rng.to) {
 			continue
 		}
 		rng.ends[id] = &rangeEnd{}
-		msgs = append(msgs, van.Message{Header: frame.Header{
+		msgs = append(msgs, frame.Message{Header: frame.Header{
 			Type: frame.KVPullRange, DType: rng.dtype, Sender: uint32(c.self), Recipient: uint32(id),
 			Key: rng.from, Total: rng.to, Iteration: uint64(rng.version), Aux: uint32(req.ts),
 		}})
@@ -153,7 +152,7 @@ func (c *core) askRange(req *request) []van.Message {
 }
 
 // countClassic counts the classic requests made, by server.
-func (c *core) countClassic(msgs []van.Message) {
+func (c *core) countClassic(msgs []frame.Message) {
 	if c.classicSent == nil {
 		c.classicSent = make(map[node.ID]uint64)
 	}
@@ -290,7 +289,7 @@ func (c *core) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byteLe
 		return todo{}, err
 	}
 	c.classicUsed = true
-	var msgs []van.Message
+	var msgs []frame.Message
 	if out != nil {
 		req.dst = make(map[uint64]*kvDst, len(keys))
 	}
@@ -307,11 +306,11 @@ func (c *core) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byteLe
 		val := data[off : off+int(n)]
 		off += int(n)
 		if typ == frame.KVPull {
-			msgs = append(msgs, van.Message{Header: base})
+			msgs = append(msgs, frame.Message{Header: base})
 			continue
 		}
 		for part, ch := range frame.Chunks(n, c.partBytes, dtype.Size()) {
-			m := van.Message{Header: base, Payload: val[ch[0]:ch[1]]}
+			m := frame.Message{Header: base, Payload: val[ch[0]:ch[1]]}
 			m.Header.Offset, m.Header.Partition = ch[0], part
 			msgs = append(msgs, m)
 		}
@@ -372,7 +371,7 @@ func (c *core) kvMoved(req *request, h *frame.Header, payload []byte) (todo, err
 	}
 	// The request's frames are in key order, each key's chunks in offset
 	// order.
-	i, found := slices.BinarySearchFunc(req.frames, h, func(m van.Message, h *frame.Header) int {
+	i, found := slices.BinarySearchFunc(req.frames, h, func(m frame.Message, h *frame.Header) int {
 		return cmp.Or(cmp.Compare(m.Header.Key, h.Key), cmp.Compare(m.Header.Offset, h.Offset))
 	})
 	if !found || req.frames[i].Header.Total != h.Total || req.frames[i].Header.Partition != h.Partition {
@@ -384,10 +383,10 @@ func (c *core) kvMoved(req *request, h *frame.Header, payload []byte) (todo, err
 		// there (a server leaving the job is owner in neither's).
 		owner, version = c.layout.Owner(h.Key), c.layout.Version
 	}
-	m := van.Message{Header: req.frames[i].Header, Payload: req.frames[i].Payload}
+	m := frame.Message{Header: req.frames[i].Header, Payload: req.frames[i].Payload}
 	m.Header.Recipient, m.Header.Iteration = uint32(owner), uint64(version)
 	req.left++ // the hand-over of the frame sent again, as at the request's start
-	sends := []van.Message{m}
+	sends := []frame.Message{m}
 	c.countClassic(sends)
 	return todo{req: req, sends: sends}, nil
 }

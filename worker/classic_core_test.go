@@ -9,12 +9,11 @@ import (
 	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
-	"github.com/fptps/fpt/van"
 )
 
 // answerRange is server from's answer to range pull frame req: a KVData
 // frame per key (one chunk each) and the end, under req's layout version.
-func answerRange(c *core, t *testing.T, req van.Message, keys map[uint64][]byte) []todo {
+func answerRange(c *core, t *testing.T, req frame.Message, keys map[uint64][]byte) []todo {
 	t.Helper()
 	h := req.Header
 	var out []todo
@@ -52,7 +51,7 @@ func finishedIn(tds []todo) int {
 	return n
 }
 
-func recipients(ms []van.Message) []node.ID {
+func recipients(ms []frame.Message) []node.ID {
 	var ids []node.ID
 	for _, m := range ms {
 		ids = append(ids, node.ID(m.Header.Recipient))

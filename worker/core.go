@@ -12,7 +12,6 @@ import (
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/node"
-	"github.com/fptps/fpt/van"
 )
 
 // core is the worker's state and logic without I/O: declared tensors,
@@ -297,7 +296,7 @@ type request struct {
 	dst map[uint64]*kvDst
 	// frames are a classic request's, in key order: one a server
 	// redirects (KVMoved) is sent again as it was.
-	frames []van.Message
+	frames []frame.Message
 	rng    *rangePull
 }
 
@@ -325,12 +324,12 @@ type delivery struct {
 // deliveries, complete the finished requests, and tell the LB agent an
 // iteration began.
 type todo struct {
-	initials []initialCopy // copies to make before req is handed over
-	unmap    [][]byte      // kept Init values nothing uses any more
-	req      *request      // the call's request, to hand over; nil for other inputs
-	locals   []van.Message // this worker's own contributions to partitions it aggregates
-	sends    []van.Message // frames to queue
-	counted  bool          // each send's Done settles one of req's outstanding items
+	initials []initialCopy   // copies to make before req is handed over
+	unmap    [][]byte        // kept Init values nothing uses any more
+	req      *request        // the call's request, to hand over; nil for other inputs
+	locals   []frame.Message // this worker's own contributions to partitions it aggregates
+	sends    []frame.Message // frames to queue
+	counted  bool            // each send's Done settles one of req's outstanding items
 	copies   []delivery
 	finished []*request
 	began    *iterationBegan
@@ -339,13 +338,13 @@ type todo struct {
 	// duty: hand the parameters to joining workers, before sends.
 	duty *paramsDuty
 	// notices are frames no request waits for (KVDrained).
-	notices []van.Message
+	notices []frame.Message
 }
 
 // resend is one held push's frames cut again by a retry decision.
 type resend struct {
 	req           *request
-	locals, sends []van.Message
+	locals, sends []frame.Message
 }
 
 // initialCopy is a key's value after Init, copied into a pull's buffer;
@@ -930,7 +929,7 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	}
 	// One slice holds the request's frames: they live until their Done.
 	// locals are the partitions this worker aggregates itself.
-	var msgs, locals []van.Message
+	var msgs, locals []frame.Message
 	began := uint64(0)
 	for i, t := range ts {
 		began = max(began, t.pushed)
@@ -976,7 +975,7 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 // the decision in force then: to sends the partitions to send, to locals
 // those this worker aggregates itself. In the init round only worker 0
 // sends.
-func (c *core) cut(sends, locals []van.Message, t *tensor, iter uint64, data []byte, priority int32) ([]van.Message, []van.Message) {
+func (c *core) cut(sends, locals []frame.Message, t *tensor, iter uint64, data []byte, priority int32) ([]frame.Message, []frame.Message) {
 	var flags uint8
 	if iter == 0 {
 		if c.rank != 0 {
@@ -986,7 +985,7 @@ func (c *core) cut(sends, locals []van.Message, t *tensor, iter uint64, data []b
 	}
 	d, layout := c.layoutFor(t, iter)
 	for _, p := range layout {
-		m := van.Message{
+		m := frame.Message{
 			Header: frame.Header{
 				Type: frame.Push, DType: t.dtype, Flags: flags,
 				Sender: uint32(c.self), Recipient: uint32(p.Aggregator),

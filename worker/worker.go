@@ -204,7 +204,7 @@ func (w *Worker) do(t todo) {
 // hand adds req's local contributions to the aggregator and queues its
 // frames; with counted, each frame's Done settles one of req's items. It
 // returns the local contributions' error.
-func (w *Worker) hand(req *request, locals, sends []van.Message, counted bool) error {
+func (w *Worker) hand(req *request, locals, sends []frame.Message, counted bool) error {
 	var err error
 	for i := range locals {
 		m := &locals[i]
