@@ -3,6 +3,7 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"math"
 	"slices"
 	"time"
@@ -34,8 +35,16 @@ type core struct {
 	modelBytes uint64 // declared bytes: what one iteration pushes
 	perIter    int    // SetTensorsPerIteration; 0 = not announced
 	tensors    map[uint64]*tensor
-	results    map[resultKey]*result
-	sunk       map[sunkKey]landing // result partitions being read in place
+	// pushes counts the tensors' iterations pushed, sums their sums in
+	// (tensor.sumsIn), each over the tensors tallied (see tally): the
+	// fewest of either is known without a pass over every tensor, which
+	// a push or a result may not make.
+	pushes, sums least
+	// scanned counts the tensors visited by passes over all of them
+	// (allTensors): a push's and a result's path make none.
+	scanned uint64
+	results map[resultKey]*result
+	sunk    map[sunkKey]landing // result partitions being read in place
 
 	requests map[int]*request // not yet released
 	// errs holds released requests' errors until a Wait collects them.
@@ -51,6 +60,8 @@ type core struct {
 	// held, and its buffer is still the worker's to send again.
 	retryMode bool
 	held      []*heldPush
+	// heldAt indexes the held pushes' values by key and iteration.
+	heldAt map[resultKey][]heldValues
 	// resum is FPT_ON_WORKER_LOSS=continue or wait: a lost worker's retry sums
 	// the incomplete iterations again over the workers left, so their
 	// sums change. A pull then completes only once every worker has its
@@ -110,6 +121,12 @@ type heldPush struct {
 	last     uint64 // the latest of iters
 }
 
+// heldValues is a held push's values of one key and iteration.
+type heldValues struct {
+	hp   *heldPush
+	data []byte
+}
+
 // retryMark is a retry decision applied: version, from iteration from on.
 type retryMark struct {
 	version uint32
@@ -130,6 +147,7 @@ func newCore(partBytes uint64, lbOn bool) *core {
 		tensors:   make(map[uint64]*tensor),
 		results:   make(map[resultKey]*result),
 		sunk:      make(map[sunkKey]landing),
+		heldAt:    make(map[resultKey][]heldValues),
 		requests:  make(map[int]*request),
 		errs:      make(map[int]error),
 	}
@@ -188,6 +206,46 @@ type tensor struct {
 	// parameter by init, then pull, one key at a time). It lies in kept.
 	initial []byte
 	kept    *keptInit
+}
+
+// sumsTallied reports whether t's sums count in core.sums: a key pushed, or
+// started at a later iteration (a joining worker's), and not broadcast.
+func (t *tensor) sumsTallied() bool { return !t.once && (t.pushed > 0 || t.sumsIn > 0) }
+
+// untally takes t out of the core's counts of pushes and sums before its
+// counters or its once flag change; tally puts it back after. Broadcast
+// keys count in neither.
+func (c *core) untally(t *tensor) {
+	if t.once {
+		return
+	}
+	c.pushes.remove(t.pushed)
+	if t.sumsTallied() {
+		c.sums.remove(t.sumsIn)
+	}
+}
+
+// tally counts t in the core's counts of pushes and sums (see untally).
+func (c *core) tally(t *tensor) {
+	if t.once {
+		return
+	}
+	c.pushes.add(t.pushed)
+	if t.sumsTallied() {
+		c.sums.add(t.sumsIn)
+	}
+}
+
+// allTensors yields every declared tensor, counting the visits (scanned).
+func (c *core) allTensors() iter.Seq[*tensor] {
+	return func(yield func(*tensor) bool) {
+		for _, t := range c.tensors {
+			c.scanned++
+			if !yield(t) {
+				return
+			}
+		}
+	}
 }
 
 // keptInit is the memory one Init call's values are kept in, outside the
@@ -449,14 +507,29 @@ func (c *core) follow(d lb.Directive) (out todo, moved bool, err error) {
 // t's iteration iter: a pull into its own push's buffer, as MXNet's
 // kvstore and in-place all-reduce do.
 func (c *core) aliasesHeld(t *tensor, iter uint64, dst []byte) bool {
-	for _, hp := range c.held {
-		for i, ht := range hp.ts {
-			if ht == t && hp.iters[i] == iter && overlaps(hp.parts[i], dst) {
-				return true
-			}
+	return slices.ContainsFunc(c.heldAt[resultKey{t.key, iter}], func(v heldValues) bool { return overlaps(v.data, dst) })
+}
+
+// hold keeps hp until every worker has the sums of its iterations.
+func (c *core) hold(hp *heldPush) {
+	c.held = append(c.held, hp)
+	for i, t := range hp.ts {
+		k := resultKey{t.key, hp.iters[i]}
+		c.heldAt[k] = append(c.heldAt[k], heldValues{hp, hp.parts[i]})
+	}
+}
+
+// unhold forgets hp's values (releaseHeld takes it out of c.held).
+func (c *core) unhold(hp *heldPush) {
+	for i, t := range hp.ts {
+		k := resultKey{t.key, hp.iters[i]}
+		vs := slices.DeleteFunc(c.heldAt[k], func(v heldValues) bool { return v.hp == hp })
+		if len(vs) == 0 {
+			delete(c.heldAt, k)
+		} else {
+			c.heldAt[k] = vs
 		}
 	}
-	return false
 }
 
 // overlaps reports whether a and b share memory.
@@ -496,6 +569,7 @@ func (c *core) releaseHeld() todo {
 		if hp.last >= c.done && !hp.req.finished {
 			return false
 		}
+		c.unhold(hp)
 		out.merge(c.settle(hp.req, 1, nil))
 		return true
 	})
@@ -631,23 +705,20 @@ func (c *core) sumIn(t *tensor, iter uint64) todo {
 		t.sumsAhead[iter] = true
 		return todo{}
 	}
+	c.untally(t)
 	t.sumsIn++
 	for t.sumsAhead[t.sumsIn] {
 		delete(t.sumsAhead, t.sumsIn)
 		t.sumsIn++
 	}
+	c.tally(t)
 	return c.reportSums()
 }
 
 // reportSums reports (began) the iterations whose every sum is now here,
 // if that is more than reported.
 func (c *core) reportSums() todo {
-	n, any := uint64(math.MaxUint64), false
-	for _, tn := range c.tensors {
-		if !tn.once && (tn.pushed > 0 || tn.sumsIn > 0) {
-			n, any = min(n, tn.sumsIn), true
-		}
-	}
+	n, any := c.sums.min()
 	if !any || n <= c.sumsIn {
 		return todo{}
 	}
@@ -659,7 +730,7 @@ func (c *core) reportSums() todo {
 // a lost worker they are summed again, and the LB must hear of them anew
 // (under the retry's version). Empty tensors' sums stay complete.
 func (c *core) resumFrom(from uint64) todo {
-	for _, t := range c.tensors {
+	for t := range c.allTensors() {
 		for it := range t.sumsAhead {
 			if it >= from {
 				delete(t.sumsAhead, it)
@@ -668,6 +739,7 @@ func (c *core) resumFrom(from uint64) todo {
 		if t.sumsIn <= from {
 			continue
 		}
+		c.untally(t)
 		t.sumsIn = from
 		for {
 			r := c.results[resultKey{t.key, t.sumsIn}]
@@ -676,6 +748,7 @@ func (c *core) resumFrom(from uint64) todo {
 			}
 			t.sumsIn++
 		}
+		c.tally(t)
 	}
 	c.sumsIn = min(c.sumsIn, from)
 	return c.reportSums()
@@ -723,6 +796,7 @@ func (c *core) declare(key uint64, dtype frame.DType, bytes uint64, priority int
 	t := &tensor{key: key, dtype: dtype, bytes: bytes, priority: priority}
 	c.startTensor(t)
 	c.tensors[key] = t
+	c.tally(t)
 	c.modelBytes += bytes
 	return nil
 }
@@ -902,7 +976,7 @@ func (c *core) fail(err error) todo {
 	for _, r := range c.requests {
 		t.merge(c.settle(r, 0, fmt.Errorf("worker: the node failed: %w", c.err)))
 	}
-	for _, tn := range c.tensors {
+	for tn := range c.allTensors() {
 		t.unmap = append(t.unmap, tn.forgetInitial()...)
 	}
 	// The order callbacks run in is the order requests were made.
@@ -948,7 +1022,7 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 		for i, t := range ts {
 			hp.iters[i] = t.pushed
 		}
-		c.held = append(c.held, hp)
+		c.hold(hp)
 	}
 	out := todo{req: req, locals: locals, sends: msgs, counted: true}
 	for _, t := range ts {
@@ -956,7 +1030,9 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 		if out.duty == nil {
 			out.duty = c.duty(iter, priority)
 		}
+		c.untally(t)
 		t.pushed++
+		c.tally(t)
 		out.unmap = append(out.unmap, t.forgetInitial()...)
 		if _, layout := c.layoutFor(t, iter); len(layout) == 0 {
 			// An empty tensor's sum is complete as soon as it is pushed.
@@ -1004,17 +1080,9 @@ func (c *core) cut(sends, locals []frame.Message, t *tensor, iter uint64, data [
 }
 
 // iterationsPushed is how many iterations this worker has pushed in full:
-// the fewest pushes of any declared key (0 before any).
+// the fewest pushes of any declared key but broadcast ones (0 before any).
 func (c *core) iterationsPushed() uint64 {
-	n, first := uint64(0), true
-	for _, t := range c.tensors {
-		if t.once {
-			continue
-		}
-		if first || t.pushed < n {
-			n, first = t.pushed, false
-		}
-	}
+	n, _ := c.pushes.min()
 	return n
 }
 
@@ -1323,7 +1391,8 @@ func (r *result) check(h *frame.Header) error {
 // all they have (see tensor.once).
 func (c *core) broadcastOnly(keys []uint64) {
 	for _, k := range keys {
-		if t := c.tensors[k]; t != nil {
+		if t := c.tensors[k]; t != nil && !t.once {
+			c.untally(t)
 			t.once = true
 		}
 	}

@@ -71,8 +71,10 @@ func (c *core) joinedAt(d lb.Decision) error {
 	c.schedule = sched
 	c.join.first = d.Iteration
 	c.sumsIn = d.Iteration
-	for _, t := range c.tensors {
+	for t := range c.allTensors() {
+		c.untally(t)
 		c.startTensor(t)
+		c.tally(t)
 	}
 	return c.paramsReady()
 }
@@ -120,7 +122,7 @@ func (c *core) duty(iter uint64, priority int32) *paramsDuty {
 		return nil
 	}
 	keys := make([]*tensor, 0, len(c.tensors))
-	for _, t := range c.tensors {
+	for t := range c.allTensors() {
 		keys = append(keys, t)
 	}
 	slices.SortFunc(keys, func(a, b *tensor) int { return cmp.Compare(a.key, b.key) })
