@@ -47,18 +47,6 @@ import (
 	"github.com/fptps/fpt/van"
 )
 
-// Callback learns that a request completed: err is nil once a push's
-// values may be reused (sent; with FPT_ON_SERVER_LOSS=retry or
-// FPT_ON_WORKER_LOSS=continue, once every worker has their iteration's
-// sums) or a pull's buffer holds the result (into its own push's buffer
-// under either: with that push; under continue, every pull once every
-// worker has the sums, which a lost worker's retry changes), else why the
-// request failed (a refused key, the node's failure). It runs exactly
-// once per request, on a goroutine of its own (it may call the worker),
-// and Wait for the request returns after it returned. A call that returns
-// an error made no request and never runs its callback.
-type Callback func(err error)
-
 // Worker is a running worker node.
 type Worker struct {
 	node    *cluster.Member
