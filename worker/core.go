@@ -18,7 +18,7 @@ import (
 // the LB's schedule and horizon, requests, and the results being
 // assembled. It holds no lock, opens no socket, starts no goroutine and
 // reads no clock. Each method takes one input (a call, a received frame, a
-// completed send, a directive, a failure) and returns a todo: what the
+// completed send, a directive, a failure) and returns effects: what the
 // shell (Worker) must do once it has released its lock. Like lb.Balancer
 // beside scheduler/balance.go, it is tested with tables, without a cluster.
 //
@@ -47,9 +47,9 @@ type core struct {
 	pushes, sums least
 	// scanned counts the tensors visited by passes over all of them
 	// (allTensors): a push's and a result's path make none.
-	scanned uint64
-	results map[resultKey]*result
-	sunk    map[sunkKey]landing // result partitions being read in place
+	scanned        uint64
+	results        map[resultKey]*result
+	readingInPlace map[inPlaceKey]landing // result partitions being read in place
 
 	requests map[int]*request // not yet released
 	// errs holds released requests' errors until a Wait collects them.
@@ -67,12 +67,12 @@ type core struct {
 	held      []*heldPush
 	// heldAt indexes the held pushes' values by key and iteration.
 	heldAt map[resultKey][]heldValues
-	// resum is FPT_ON_WORKER_LOSS=continue or wait: a lost worker's retry sums
+	// sumsAgainOnWorkerLoss is FPT_ON_WORKER_LOSS=continue or wait: a lost worker's retry sums
 	// the incomplete iterations again over the workers left, so their
 	// sums change. A pull then completes only once every worker has its
 	// iteration's sum (heldPulls), so that no program saw the old one.
-	resum     bool
-	heldPulls []*result
+	sumsAgainOnWorkerLoss bool
+	heldPulls             []*result
 	// done is one past the last iteration every worker has the sum of
 	// (the LB's Directive.Done).
 	done uint64
@@ -112,14 +112,14 @@ type core struct {
 // until the scheduler's first directive raises the horizon.
 func newCore(partBytes uint64, lbOn bool) *core {
 	c := &core{
-		partBytes: partBytes,
-		horizon:   math.MaxUint64,
-		tensors:   make(map[uint64]*tensor),
-		results:   make(map[resultKey]*result),
-		sunk:      make(map[sunkKey]landing),
-		heldAt:    make(map[resultKey][]heldValues),
-		requests:  make(map[int]*request),
-		errs:      make(map[int]error),
+		partBytes:      partBytes,
+		horizon:        math.MaxUint64,
+		tensors:        make(map[uint64]*tensor),
+		results:        make(map[resultKey]*result),
+		readingInPlace: make(map[inPlaceKey]landing),
+		heldAt:         make(map[resultKey][]heldValues),
+		requests:       make(map[int]*request),
+		errs:           make(map[int]error),
 	}
 	if lbOn {
 		c.horizon = 0
@@ -243,12 +243,12 @@ type call struct {
 	began time.Time
 }
 
-// todo is what the shell does after a core call, once unlocked, in this
+// effects is what the shell does after a core call, once unlocked, in this
 // order: copy the initial values, add the local contributions to the
 // aggregator, queue sends, report the hand-over of req, copy the
 // deliveries, complete the finished requests, and tell the LB agent an
 // iteration began.
-type todo struct {
+type effects struct {
 	initials []initialCopy   // copies to make before req is handed over
 	unmap    [][]byte        // kept Init values nothing uses any more
 	req      *request        // the call's request, to hand over; nil for other inputs
@@ -273,7 +273,7 @@ type iterationBegan struct {
 	version          uint32
 }
 
-func (t *todo) merge(o todo) {
+func (t *effects) merge(o effects) {
 	t.finished = append(t.finished, o.finished...)
 	t.copies = append(t.copies, o.copies...)
 	t.resends = append(t.resends, o.resends...)
@@ -332,12 +332,12 @@ func (c *core) workersAt(iter uint64) []node.ID {
 // the horizon rises (moved reports that). Decisions must come in version
 // order, none missing: a worker that lacked one would cut tensors
 // differently from the others.
-func (c *core) follow(d lb.Directive) (out todo, moved bool, err error) {
+func (c *core) follow(d lb.Directive) (out effects, moved bool, err error) {
 	if !c.started && (d.Decision != nil || d.Done > 0) {
 		// The node's control loop runs before the worker has its
 		// schedule: start applies these.
 		c.early = append(c.early, d)
-		return todo{}, false, nil
+		return effects{}, false, nil
 	}
 	if c.join != nil && c.join.first == 0 {
 		// A joining worker starts from the decision naming it: the
@@ -345,25 +345,25 @@ func (c *core) follow(d lb.Directive) (out todo, moved bool, err error) {
 		// pushes.
 		if d.Decision != nil && slices.Contains(d.Decision.Workers, c.self) {
 			if err := c.joinedAt(*d.Decision); err != nil {
-				return todo{}, false, err
+				return effects{}, false, err
 			}
 			out.merge(c.paramsSettle())
 		}
 	} else if d.Retry {
 		if out, err = c.retry(d); err != nil {
-			return todo{}, false, err
+			return effects{}, false, err
 		}
 	} else if d.Decision != nil {
 		if latest := c.schedule.Latest(); d.Decision.Version != latest.Version+1 {
-			return todo{}, false, fmt.Errorf("worker: decision v%d follows v%d: one is missing", d.Decision.Version, latest.Version)
+			return effects{}, false, fmt.Errorf("worker: decision v%d follows v%d: one is missing", d.Decision.Version, latest.Version)
 		}
 		// With the LB off the horizon is unbounded and only tests force
 		// decisions: there is no grant to check against.
 		if d.Decision.Iteration <= c.horizon && c.horizon != math.MaxUint64 {
-			return todo{}, false, fmt.Errorf("worker: decision v%d takes effect at iteration %d, within the horizon already granted (%d)", d.Decision.Version, d.Decision.Iteration, c.horizon)
+			return effects{}, false, fmt.Errorf("worker: decision v%d takes effect at iteration %d, within the horizon already granted (%d)", d.Decision.Version, d.Decision.Iteration, c.horizon)
 		}
 		if err := c.schedule.Add(*d.Decision); err != nil {
-			return todo{}, false, fmt.Errorf("worker: %w", err)
+			return effects{}, false, fmt.Errorf("worker: %w", err)
 		}
 	}
 	if d.Done > c.done {
@@ -492,29 +492,29 @@ func (c *core) newRequest(cl *call, left int) (*request, error) {
 }
 
 // settle records progress on r (n fewer outstanding items, or a failure)
-// and returns it in todo.finished when that finishes it.
-func (c *core) settle(r *request, n int, err error) todo {
+// and returns it in effects.finished when that finishes it.
+func (c *core) settle(r *request, n int, err error) effects {
 	if r.finished {
-		return todo{}
+		return effects{}
 	}
 	r.left -= n
 	if err != nil {
 		r.err = err
 	}
 	if r.left > 0 && r.err == nil {
-		return todo{}
+		return effects{}
 	}
 	r.finished = true
-	return todo{finished: []*request{r}}
+	return effects{finished: []*request{r}}
 }
 
 // handedOver settles the call's own item of r: its local contributions
 // were added (err: or refused) and its frames queued. No request completes
 // before that, since the caller may reuse its buffer then.
-func (c *core) handedOver(r *request, err error) todo { return c.settle(r, 1, err) }
+func (c *core) handedOver(r *request, err error) effects { return c.settle(r, 1, err) }
 
 // sent settles one frame of r written (or lost, err).
-func (c *core) sent(r *request, err error) todo {
+func (c *core) sent(r *request, err error) effects {
 	if err != nil {
 		err = fmt.Errorf("worker: push: %w", err)
 	}
@@ -523,7 +523,7 @@ func (c *core) sent(r *request, err error) todo {
 
 // sendFailed settles r with the error of a frame that could not be queued:
 // neither it nor the frames after it will be written.
-func (c *core) sendFailed(r *request, h *frame.Header, err error) todo {
+func (c *core) sendFailed(r *request, h *frame.Header, err error) effects {
 	return c.settle(r, 0, fmt.Errorf("worker: send %s: %w", h, err))
 }
 
@@ -566,11 +566,11 @@ func (c *core) pending() []*request {
 
 // fail settles every outstanding request with the node's failure, and
 // refuses new ones from now on.
-func (c *core) fail(err error) todo {
+func (c *core) fail(err error) effects {
 	if c.err == nil {
 		c.err = err
 	}
-	var t todo
+	var t effects
 	for _, r := range c.requests {
 		t.merge(c.settle(r, 0, fmt.Errorf("worker: the node failed: %w", c.err)))
 	}

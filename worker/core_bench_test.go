@@ -10,9 +10,9 @@ import (
 
 // landAll lands every partition of key's result of iteration iter, cut
 // under the decision in force then.
-func landAll(t testing.TB, c *core, key, iter uint64) todo {
+func landAll(t testing.TB, c *core, key, iter uint64) effects {
 	t.Helper()
-	var out todo
+	var out effects
 	hs := results(c, key, iter)
 	for i := range hs {
 		h := &hs[i]

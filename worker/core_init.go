@@ -46,20 +46,20 @@ type initialCopy struct {
 // pullInitial answers a pull with no push outstanding for some key: if
 // every key was initialised and not pushed since, with the values Init
 // left (copied by the shell, as initials); else it is the caller's error.
-func (c *core) pullInitial(ts []*tensor, parts [][]byte, cl *call) (todo, error) {
+func (c *core) pullInitial(ts []*tensor, parts [][]byte, cl *call) (effects, error) {
 	for _, t := range ts {
 		switch {
 		case t.pulled < t.pushed:
-			return todo{}, fmt.Errorf("worker: FPTPull mixes key %d, pushed for iteration %d, with keys that have no push outstanding: %w", t.key, t.pulled, ErrPullBeforePush)
+			return effects{}, fmt.Errorf("worker: FPTPull mixes key %d, pushed for iteration %d, with keys that have no push outstanding: %w", t.key, t.pulled, ErrPullBeforePush)
 		case t.initial == nil:
-			return todo{}, fmt.Errorf("worker: FPTPull of key %d for iteration %d before its FPTPush: %w", t.key, t.pulled, ErrPullBeforePush)
+			return effects{}, fmt.Errorf("worker: FPTPull of key %d for iteration %d before its FPTPush: %w", t.key, t.pulled, ErrPullBeforePush)
 		}
 	}
 	req, err := c.newRequest(cl, 0)
 	if err != nil {
-		return todo{}, err
+		return effects{}, err
 	}
-	out := todo{req: req}
+	out := effects{req: req}
 	for i, t := range ts {
 		t.kept.readers++
 		out.initials = append(out.initials, initialCopy{dst: parts[i], src: t.initial, kept: t.kept})
@@ -69,8 +69,8 @@ func (c *core) pullInitial(ts []*tensor, parts [][]byte, cl *call) (todo, error)
 
 // initialCopied is the shell's report that it has copied out of the kept
 // values.
-func (c *core) initialCopied(copies []initialCopy) todo {
-	var out todo
+func (c *core) initialCopied(copies []initialCopy) effects {
+	var out effects
 	for _, cp := range copies {
 		cp.kept.readers--
 		out.unmap = append(out.unmap, cp.kept.drop()...)
@@ -80,9 +80,9 @@ func (c *core) initialCopied(copies []initialCopy) todo {
 
 // keepInitial records the keys' values after Init for pullInitial: mem (the
 // shell's copy, which the core now owns until it hands it back in
-// todo.unmap) is laid out as byteLens say.
-func (c *core) keepInitial(keys []uint64, mem []byte, byteLens []int) todo {
-	var out todo
+// effects.unmap) is laid out as byteLens say.
+func (c *core) keepInitial(keys []uint64, mem []byte, byteLens []int) effects {
+	var out effects
 	k := &keptInit{mem: mem}
 	if c.err == nil {
 		off := 0

@@ -14,19 +14,19 @@ import (
 // push is FPTPush on bytes: byteLens[i] bytes of data belong to keys[i].
 // It answers errHorizon, changing nothing, while an iteration it would
 // push lies beyond the LB's horizon.
-func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DType, priority int32, cl *call) (todo, error) {
+func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DType, priority int32, cl *call) (effects, error) {
 	ts, parts, err := c.split(keys, data, byteLens, dtype)
 	if err != nil {
-		return todo{}, err
+		return effects{}, err
 	}
 	if c.join != nil && slices.ContainsFunc(ts, func(t *tensor) bool { return !c.join.took[t.key] }) {
-		return todo{}, errors.New("worker: a worker that joined a running job calls Init first: it gets the parameters there")
+		return effects{}, errors.New("worker: a worker that joined a running job calls Init first: it gets the parameters there")
 	}
 	if i := slices.IndexFunc(ts, func(t *tensor) bool { return t.once }); i >= 0 {
-		return todo{}, fmt.Errorf("worker: key %d was broadcast: it has its init round only, and is never pushed again", ts[i].key)
+		return effects{}, fmt.Errorf("worker: key %d was broadcast: it has its init round only, and is never pushed again", ts[i].key)
 	}
 	if slices.ContainsFunc(ts, func(t *tensor) bool { return t.pushed > c.horizon }) {
-		return todo{}, errHorizon
+		return effects{}, errHorizon
 	}
 	// One slice holds the request's frames: they live until their Done.
 	// locals are the partitions this worker aggregates itself.
@@ -42,7 +42,7 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	}
 	req, err := c.newRequest(cl, len(msgs)+hold)
 	if err != nil {
-		return todo{}, err
+		return effects{}, err
 	}
 	if hold > 0 {
 		hp := &heldPush{req: req, ts: ts, iters: make([]uint64, len(ts)), parts: parts, priority: priority, last: began}
@@ -51,7 +51,7 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 		}
 		c.hold(hp)
 	}
-	out := todo{req: req, locals: locals, sends: msgs, counted: true}
+	out := effects{req: req, locals: locals, sends: msgs, counted: true}
 	for _, t := range ts {
 		iter := t.pushed
 		if out.duty == nil {

@@ -15,16 +15,16 @@ import (
 
 type resultKey struct{ key, iter uint64 }
 
-// sunkKey names a result frame being read in place: the sender's
+// inPlaceKey names a result frame being read in place: the sender's
 // partition of one key's iteration.
-type sunkKey struct {
+type inPlaceKey struct {
 	sender    node.ID
 	key, iter uint64
 	part      uint32
 }
 
-func sunkKeyOf(h *frame.Header) sunkKey {
-	return sunkKey{node.ID(h.Sender), h.Key, h.Iteration, h.Partition}
+func inPlaceKeyOf(h *frame.Header) inPlaceKey {
+	return inPlaceKey{node.ID(h.Sender), h.Key, h.Iteration, h.Partition}
 }
 
 // result gathers the partitions of one key's sum for one iteration. Once
@@ -54,7 +54,7 @@ type result struct {
 	stale   int
 	restage bool
 	// held: complete, but its pull waits until every worker has the sum
-	// (resum); the pull stays its waiter.
+	// (sumsAgainOnWorkerLoss); the pull stays its waiter.
 	held bool
 }
 
@@ -87,19 +87,19 @@ type delivery struct {
 
 // pull is FPTPull on bytes: each key's next iteration's sum goes to its
 // slice of data. Results already complete come back as copies to make.
-func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DType, cl *call) (todo, error) {
+func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DType, cl *call) (effects, error) {
 	ts, parts, err := c.split(keys, data, byteLens, dtype)
 	if err != nil {
-		return todo{}, err
+		return effects{}, err
 	}
 	if slices.ContainsFunc(ts, func(t *tensor) bool { return t.pulled >= t.pushed }) {
 		return c.pullInitial(ts, parts, cl)
 	}
 	req, err := c.newRequest(cl, len(ts))
 	if err != nil {
-		return todo{}, err
+		return effects{}, err
 	}
-	out := todo{req: req}
+	out := effects{req: req}
 	for i, t := range ts {
 		iter := t.pulled
 		t.pulled++
@@ -162,7 +162,7 @@ func (r *result) wait(pw *pullWait) (d delivery, ok bool) {
 
 // copied reports that the shell has copied d's staged partitions: the
 // result completes now if its last partition has already landed.
-func (c *core) copied(d delivery) todo {
+func (c *core) copied(d delivery) effects {
 	d.pw.copying = false
 	r := d.r
 	if r.restage {
@@ -171,14 +171,14 @@ func (c *core) copied(d delivery) todo {
 		return c.unstage(r)
 	}
 	if !r.complete {
-		return todo{} // land completes it with its last partition
+		return effects{} // land completes it with its last partition
 	}
 	return c.finish(r, d.pw)
 }
 
 // delivered completes an FPTPull's share of a result once its bytes are in
 // the caller's buffer, and recycles the result's staging buffer.
-func (c *core) delivered(r *result, req *request) todo {
+func (c *core) delivered(r *result, req *request) effects {
 	delete(c.results, resultKey{r.t.key, r.iter})
 	if r.buf != nil && len(r.t.spare) < 2 {
 		r.t.spare = append(r.t.spare, r.buf)
@@ -187,14 +187,14 @@ func (c *core) delivered(r *result, req *request) todo {
 }
 
 // finish completes pull pw of result r, whose bytes are all in its
-// buffer. With resum the pull completes only once every worker has the
+// buffer. With sumsAgainOnWorkerLoss the pull completes only once every worker has the
 // iteration's sum: until then it stays r's waiter, so that a retry lands
 // the new sum in its buffer.
-func (c *core) finish(r *result, pw *pullWait) todo {
-	if c.resum && r.iter >= c.done {
+func (c *core) finish(r *result, pw *pullWait) effects {
+	if c.sumsAgainOnWorkerLoss && r.iter >= c.done {
 		r.waiter, r.held = pw, true
 		c.heldPulls = append(c.heldPulls, r)
-		return todo{}
+		return effects{}
 	}
 	r.waiter = nil
 	return c.delivered(r, pw.req)
@@ -208,20 +208,20 @@ func (c *core) sink(h *frame.Header) []byte {
 	if err != nil {
 		return nil
 	}
-	c.sunk[sunkKeyOf(h)] = l
+	c.readingInPlace[inPlaceKeyOf(h)] = l
 	return l.span
 }
 
 // abandon releases the landing of a frame its sender's connection was
 // reading in place when it ended: the partition never lands, so a retry
 // (or the job's failure) follows, but its bytes are no longer written.
-func (c *core) abandon(peer node.ID) todo {
-	var out todo
-	for k, l := range c.sunk {
+func (c *core) abandon(peer node.ID) effects {
+	var out effects
+	for k, l := range c.readingInPlace {
 		if k.sender != peer {
 			continue
 		}
-		delete(c.sunk, k)
+		delete(c.readingInPlace, k)
 		r := l.r
 		if l.gen != r.gen {
 			r.stale--
@@ -236,9 +236,9 @@ func (c *core) abandon(peer node.ID) todo {
 // received takes a Result frame: its landing, and whether sink already
 // put its bytes there (else the shell copies the payload into l.span).
 func (c *core) received(h *frame.Header) (l landing, inPlace bool, err error) {
-	k := sunkKeyOf(h)
-	if l, ok := c.sunk[k]; ok {
-		delete(c.sunk, k)
+	k := inPlaceKeyOf(h)
+	if l, ok := c.readingInPlace[k]; ok {
+		delete(c.readingInPlace, k)
 		return l, true, nil
 	}
 	l, err = c.claim(h)
@@ -289,7 +289,7 @@ func (c *core) claim(h *frame.Header) (landing, error) {
 
 // land accounts for a partition whose bytes are in place, and completes
 // the result (and the FPTPull waiting for it) with its last partition.
-func (c *core) land(l landing, part uint32) todo {
+func (c *core) land(l landing, part uint32) effects {
 	r := l.r
 	if l.gen != r.gen {
 		// Claimed before a retry re-cut r: it no longer counts, but the
@@ -309,7 +309,7 @@ func (c *core) land(l landing, part uint32) todo {
 	}
 	r.left--
 	if r.left > 0 {
-		return todo{}
+		return effects{}
 	}
 	r.complete = true
 	out := c.sumIn(r.t, r.iter)

@@ -94,8 +94,8 @@ func overlaps(a, b []byte) bool {
 
 // releaseHeld completes the held pushes whose iterations every worker has
 // the sums of, and hands over the deferred pulls of those iterations.
-func (c *core) releaseHeld() todo {
-	var out todo
+func (c *core) releaseHeld() effects {
+	var out effects
 	c.deferred = slices.DeleteFunc(c.deferred, func(dp deferredPull) bool {
 		if dp.r.iter >= c.done {
 			return false
@@ -132,30 +132,30 @@ func (c *core) releaseHeld() todo {
 // iterations start again under it (the complete ones too when the workers
 // changed: their sums do), and the held pushes of those iterations are cut
 // again and returned to send.
-func (c *core) retry(d lb.Directive) (todo, error) {
+func (c *core) retry(d lb.Directive) (effects, error) {
 	dec := d.Decision
-	resum := dec.Workers != nil
+	workersChanged := dec.Workers != nil
 	switch {
 	case !c.retryMode:
-		return todo{}, fmt.Errorf("worker: retry decision v%d, but neither FPT_ON_SERVER_LOSS=retry nor FPT_ON_WORKER_LOSS=continue or wait is set here", dec.Version)
-	case resum && !c.resum:
-		return todo{}, fmt.Errorf("worker: retry decision v%d changes the workers, but FPT_ON_WORKER_LOSS is neither continue nor wait here", dec.Version)
+		return effects{}, fmt.Errorf("worker: retry decision v%d, but neither FPT_ON_SERVER_LOSS=retry nor FPT_ON_WORKER_LOSS=continue or wait is set here", dec.Version)
+	case workersChanged && !c.sumsAgainOnWorkerLoss:
+		return effects{}, fmt.Errorf("worker: retry decision v%d changes the workers, but FPT_ON_WORKER_LOSS is neither continue nor wait here", dec.Version)
 	case dec.Iteration < c.done:
-		return todo{}, fmt.Errorf("worker: retry decision v%d from iteration %d, but every worker has the sums up to %d", dec.Version, dec.Iteration, c.done)
+		return effects{}, fmt.Errorf("worker: retry decision v%d from iteration %d, but every worker has the sums up to %d", dec.Version, dec.Iteration, c.done)
 	}
 	if err := c.schedule.Rewrite(*dec); err != nil {
-		return todo{}, fmt.Errorf("worker: retry: %w", err)
+		return effects{}, fmt.Errorf("worker: retry: %w", err)
 	}
 	c.retried = append(c.retried, retryMark{dec.Version, dec.Iteration})
 	for _, r := range c.results {
-		if r.iter >= dec.Iteration && (!r.complete || resum) {
-			c.recut(r, resum)
+		if r.iter >= dec.Iteration && (!r.complete || workersChanged) {
+			c.recut(r, workersChanged)
 		}
 	}
-	var out todo
-	if resum {
+	var out effects
+	if workersChanged {
 		c.heldPulls = slices.DeleteFunc(c.heldPulls, func(r *result) bool { return !r.held })
-		out.merge(c.resumFrom(dec.Iteration))
+		out.merge(c.sumAgainFrom(dec.Iteration))
 	}
 	for _, hp := range c.held {
 		if hp.req.finished {
@@ -176,10 +176,10 @@ func (c *core) retry(d lb.Directive) (todo, error) {
 }
 
 // recut starts r again under the layout now in force at its iteration:
-// partitions received under the replaced one no longer count. With
-// resum the workers changed, so a complete sum is summed again too (an
-// empty tensor's excepted: it has nothing to sum).
-func (c *core) recut(r *result, resum bool) {
+// partitions received under the replaced one no longer count. When the
+// workers changed, a complete sum is summed again too (an empty tensor's
+// excepted: it has nothing to sum).
+func (c *core) recut(r *result, workersChanged bool) {
 	_, layout := c.layoutFor(r.t, r.iter)
 	r.parts = layout
 	r.seen = make([]bool, len(layout))
@@ -188,7 +188,7 @@ func (c *core) recut(r *result, resum bool) {
 	r.gen++
 	r.stale += r.writing
 	r.writing = 0
-	if resum && len(layout) > 0 {
+	if workersChanged && len(layout) > 0 {
 		r.complete, r.held = false, false
 	}
 	if r.stale > 0 {
@@ -202,16 +202,16 @@ func (c *core) recut(r *result, resum bool) {
 // unstage ends r's restage once nothing older is written into its pull's
 // buffer any more: the partitions staged apart meanwhile are copied over,
 // or the pull completes if they are all in.
-func (c *core) unstage(r *result) todo {
+func (c *core) unstage(r *result) effects {
 	if !r.restage || r.stale > 0 || r.waiter == nil || r.waiter.copying {
-		return todo{}
+		return effects{}
 	}
 	r.restage = false
 	if d, ok := r.wait(r.waiter); ok {
-		return todo{copies: []delivery{d}}
+		return effects{copies: []delivery{d}}
 	}
 	if !r.complete {
-		return todo{} // land completes it with its last partition
+		return effects{} // land completes it with its last partition
 	}
 	return c.finish(r, r.waiter)
 }

@@ -55,7 +55,7 @@ func TestCoreCountsAgreeWithRecount(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for round := range 20 {
 		c := startedCore(t, 0, 2, true)
-		c.retryMode, c.resum = true, true
+		c.retryMode, c.sumsAgainOnWorkerLoss = true, true
 		if _, _, err := c.follow(lb.Directive{Horizon: 1000}); err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +89,7 @@ func TestCoreCountsAgreeWithRecount(t *testing.T) {
 			case op == 9 && rng.IntN(8) == 0:
 				c.broadcastOnly([]uint64{k})
 			case op == 9 && rng.IntN(2) == 0:
-				c.resumFrom(uint64(rng.IntN(int(c.sumsIn) + 1)))
+				c.sumAgainFrom(uint64(rng.IntN(int(c.sumsIn) + 1)))
 			case op == 9:
 				// Every worker has the sums here: the held pushes of
 				// those iterations are released.

@@ -7,16 +7,16 @@ package worker
 // reports (began) when that completes an iteration for every tensor:
 // with retries on, the LB hears of completions rather than pushes, so
 // that its Done means that every worker has the sums.
-func (c *core) sumIn(t *tensor, iter uint64) todo {
+func (c *core) sumIn(t *tensor, iter uint64) effects {
 	if !c.retryMode || iter < t.sumsIn {
-		return todo{} // only retries need to know
+		return effects{} // only retries need to know
 	}
 	if iter != t.sumsIn {
 		if t.sumsAhead == nil {
 			t.sumsAhead = make(map[uint64]bool)
 		}
 		t.sumsAhead[iter] = true
-		return todo{}
+		return effects{}
 	}
 	c.untally(t)
 	t.sumsIn++
@@ -30,19 +30,19 @@ func (c *core) sumIn(t *tensor, iter uint64) todo {
 
 // reportSums reports (began) the iterations whose every sum is now here,
 // if that is more than reported.
-func (c *core) reportSums() todo {
+func (c *core) reportSums() effects {
 	n, any := c.sums.min()
 	if !any || n <= c.sumsIn {
-		return todo{}
+		return effects{}
 	}
 	c.sumsIn = n
-	return todo{began: &iterationBegan{iter: n, modelBytes: c.modelBytes, version: c.retryVersion()}}
+	return effects{began: &iterationBegan{iter: n, modelBytes: c.modelBytes, version: c.retryVersion()}}
 }
 
-// resumFrom forgets that the sums of iterations from on are here: after
+// sumAgainFrom forgets that the sums of iterations from on are here: after
 // a lost worker they are summed again, and the LB must hear of them anew
 // (under the retry's version). Empty tensors' sums stay complete.
-func (c *core) resumFrom(from uint64) todo {
+func (c *core) sumAgainFrom(from uint64) effects {
 	for t := range c.allTensors() {
 		for it := range t.sumsAhead {
 			if it >= from {

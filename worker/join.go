@@ -146,7 +146,7 @@ func (w *Worker) handleParams(h *frame.Header, payload []byte) error {
 func (w *Worker) initJoined(ctx context.Context, keys []uint64, data []byte, byteLens []int, dtype frame.DType) error {
 	w.mu.Lock()
 	_, _, err := w.c.split(keys, data, byteLens, dtype)
-	var t todo
+	var t effects
 	if err == nil {
 		// No began: waiting for a join is no pull's latency.
 		t, err = w.c.awaitParams(keys, &call{done: make(chan struct{})})
@@ -163,7 +163,7 @@ func (w *Worker) initJoined(ctx context.Context, keys []uint64, data []byte, byt
 	case err = <-done:
 	case <-ctx.Done():
 		err = fmt.Errorf("worker: Init: waiting for the parameters of a joining worker: %w", ctx.Err())
-		w.update(func(c *core) todo { return c.cancelParams(ts, err) })
+		w.update(func(c *core) effects { return c.cancelParams(ts, err) })
 		<-done
 		return err
 	}

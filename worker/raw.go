@@ -116,7 +116,7 @@ func (w *Worker) keepInit(keys []uint64, data []byte, byteLens []int) error {
 		return fmt.Errorf("worker: Init: keeping the initial values: %w", err)
 	}
 	copyPreemptible(kept, data)
-	w.update(func(c *core) todo { return c.keepInitial(keys, kept, byteLens) })
+	w.update(func(c *core) effects { return c.keepInitial(keys, kept, byteLens) })
 	return nil
 }
 

@@ -81,9 +81,9 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 		quit:    make(chan struct{}),
 	}
 	w.c.retryMode = cfg.Retries()
-	w.c.resum = cfg.WorkerLoss != config.WorkerLossFail
+	w.c.sumsAgainOnWorkerLoss = cfg.WorkerLoss != config.WorkerLossFail
 	w.base = role.New(n, w.deliverLocal, w.follow, w.left)
-	n.OnLayout(func(l classic.Layout) { w.update(func(c *core) todo { return c.newLayout(l) }) })
+	n.OnLayout(func(l classic.Layout) { w.update(func(c *core) effects { return c.newLayout(l) }) })
 	if err := w.base.Start(ctx, w); err != nil {
 		return nil, err
 	}
@@ -93,7 +93,7 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 	}
 	w.c.newLayout(n.Layout()) // before start: nothing is parked
 	err := w.c.start(n.Self().ID, n.Servers(), n.Workers())
-	var t todo
+	var t effects
 	if err == nil {
 		t.notices = w.c.drainedOutside(n.Servers(), w.c.layout)
 	}
@@ -133,19 +133,19 @@ func (w *Worker) watch() {
 	if err == nil {
 		err = fmt.Errorf("worker: the node left the cluster: %w", cluster.ErrTerminated)
 	}
-	w.update(func(c *core) todo { return c.fail(err) })
+	w.update(func(c *core) effects { return c.fail(err) })
 }
 
 // update runs f on the core under the lock, then does what it returned.
-func (w *Worker) update(f func(*core) todo) {
+func (w *Worker) update(f func(*core) effects) {
 	w.mu.Lock()
 	t := f(w.c)
 	w.mu.Unlock()
 	w.do(t)
 }
 
-// do carries out a core's todo, without the lock, in its order.
-func (w *Worker) do(t todo) {
+// do carries out a core's effects, without the lock, in its order.
+func (w *Worker) do(t effects) {
 	for _, m := range t.unmap {
 		if err := unmapKept(m); err != nil {
 			w.node.Logger().Warn("unmapping the values kept after Init", "err", err)
@@ -158,22 +158,22 @@ func (w *Worker) do(t todo) {
 		for _, c := range t.initials {
 			copyPreemptible(c.dst, c.src)
 		}
-		w.update(func(c *core) todo { return c.initialCopied(t.initials) })
+		w.update(func(c *core) effects { return c.initialCopied(t.initials) })
 	}
 	if req := t.req; req != nil {
 		err := w.hand(req, t.locals, t.sends, t.counted)
-		w.update(func(c *core) todo { return c.handedOver(req, err) })
+		w.update(func(c *core) effects { return c.handedOver(req, err) })
 	}
 	for _, rs := range t.resends {
 		if err := w.hand(rs.req, rs.locals, rs.sends, true); err != nil {
-			w.update(func(c *core) todo { return c.settle(rs.req, 0, err) })
+			w.update(func(c *core) effects { return c.settle(rs.req, 0, err) })
 		}
 	}
 	for _, d := range t.copies {
 		for _, p := range d.parts {
 			copy(d.pw.dst[p.Offset:p.Offset+p.Length], d.buf[p.Offset:p.Offset+p.Length])
 		}
-		w.update(func(c *core) todo { return c.copied(d) })
+		w.update(func(c *core) effects { return c.copied(d) })
 	}
 	for _, r := range t.finished {
 		w.complete(r)
@@ -212,7 +212,7 @@ func (w *Worker) hand(req *request, locals, sends []frame.Message, counted bool)
 				if err != nil {
 					err = w.sendError(to, err)
 				}
-				w.update(func(c *core) todo { return c.sent(req, err) })
+				w.update(func(c *core) effects { return c.sent(req, err) })
 			}
 		}
 	}
@@ -222,7 +222,7 @@ func (w *Worker) hand(req *request, locals, sends []frame.Message, counted bool)
 			to := node.ID(m.Header.Recipient)
 			rerr := w.sendError(to, serr)
 			if rerr == nil && counted {
-				w.update(func(c *core) todo { return c.sent(req, nil) })
+				w.update(func(c *core) effects { return c.sent(req, nil) })
 				continue
 			}
 			if rerr == nil {
@@ -231,7 +231,7 @@ func (w *Worker) hand(req *request, locals, sends []frame.Message, counted bool)
 				rerr = w.toPeer(to, serr)
 			}
 			serr = rerr
-			w.update(func(c *core) todo { return c.sendFailed(req, &m.Header, serr) })
+			w.update(func(c *core) effects { return c.sendFailed(req, &m.Header, serr) })
 			break
 		}
 	}
@@ -523,7 +523,7 @@ func (w *Worker) HandleFrame(h *frame.Header, payload []byte) {
 // connection was reading in place is no longer written. The cluster node
 // decides what the loss means.
 func (w *Worker) PeerLost(peer node.ID, _ error) {
-	w.update(func(c *core) todo { return c.abandon(peer) })
+	w.update(func(c *core) effects { return c.abandon(peer) })
 }
 
 // Customers is the worker's customers (fpt.h's fpt_customer_add).
@@ -558,7 +558,7 @@ func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
 	if !inPlace {
 		copy(l.span, payload)
 	}
-	w.update(func(c *core) todo { return c.land(l, h.Partition) })
+	w.update(func(c *core) effects { return c.land(l, h.Partition) })
 	w.trace.End(trace.Pull, h)
 	return nil
 }
@@ -578,6 +578,6 @@ func (w *Worker) deliverLocal(h *frame.Header, data []byte) {
 	}
 	w.trace.Begin(trace.Pull, h)
 	copy(l.span, data)
-	w.update(func(c *core) todo { return c.land(l, h.Partition) })
+	w.update(func(c *core) effects { return c.land(l, h.Partition) })
 	w.trace.End(trace.Pull, h)
 }
