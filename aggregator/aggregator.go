@@ -25,7 +25,6 @@ import (
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/reduce"
 	"github.com/fptps/fpt/trace"
-	"github.com/fptps/fpt/van"
 )
 
 // Deliver hands this node's own copy of a completed sum to it: h is the
@@ -297,7 +296,7 @@ func (a *Aggregator) broadcast(h *frame.Header, sum *reduce.Sum, ws []node.ID) e
 			a.mu.Unlock()
 		}
 	}
-	msgs := make([]van.Message, len(ws)) // live until their Done
+	msgs := make([]frame.Message, len(ws)) // live until their Done
 	for i, id := range ws {
 		msgs[i].Header = frame.Header{
 			Type: frame.Result, DType: sum.DType, Flags: h.Flags,

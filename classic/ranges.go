@@ -8,7 +8,6 @@ import (
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/kvstore"
 	"github.com/fptps/fpt/node"
-	"github.com/fptps/fpt/van"
 )
 
 // Verdict is what a server does with a classic request.
@@ -36,7 +35,7 @@ type Held struct {
 // lock: send the frames (KVMove, KVMoveEnd), then route the released
 // requests again, in order.
 type Todo struct {
-	Sends    []van.Message
+	Sends    []frame.Message
 	Released []Held
 	// Applied are the layouts this change applied, with the keys each
 	// took out of the store and kept: the shell logs them, and knows the
@@ -307,7 +306,7 @@ func (r *Ranges) settled() bool {
 // other server of l hears how many chunks came from here. The keys this
 // server gains are held until the servers of both layouts have sent
 // theirs.
-func (r *Ranges) apply(store *kvstore.Store, l Layout) []van.Message {
+func (r *Ranges) apply(store *kvstore.Store, l Layout) []frame.Message {
 	from, to, mine := l.Range(r.self)
 	var keep func(key uint64) bool
 	if len(r.early) > 0 {
@@ -327,7 +326,7 @@ func (r *Ranges) apply(store *kvstore.Store, l Layout) []van.Message {
 		}
 	}
 	sent := make(map[node.ID]uint32)
-	msgs := make([]van.Message, 0, len(low)+len(high)+len(l.Servers))
+	msgs := make([]frame.Message, 0, len(low)+len(high)+len(l.Servers))
 	for _, out := range [2][]kvstore.Item{low, high} {
 		for _, m := range out {
 			dst := l.Owner(m.Key)
@@ -336,7 +335,7 @@ func (r *Ranges) apply(store *kvstore.Store, l Layout) []van.Message {
 				Key: m.Key, Iteration: uint64(l.Version), Total: uint64(len(m.Data)),
 			}
 			for part, ch := range frame.Chunks(uint64(len(m.Data)), r.partBytes, m.DType.Size()) {
-				msg := van.Message{Header: base, Payload: m.Data[ch[0]:ch[1]]}
+				msg := frame.Message{Header: base, Payload: m.Data[ch[0]:ch[1]]}
 				msg.Header.Offset, msg.Header.Partition = ch[0], part
 				msgs = append(msgs, msg)
 				sent[dst]++
@@ -345,7 +344,7 @@ func (r *Ranges) apply(store *kvstore.Store, l Layout) []van.Message {
 	}
 	for _, id := range l.Servers {
 		if id != r.self {
-			msgs = append(msgs, van.Message{Header: frame.Header{
+			msgs = append(msgs, frame.Message{Header: frame.Header{
 				Type: frame.KVMoveEnd, Sender: uint32(r.self), Recipient: uint32(id), Iteration: uint64(l.Version), Aux: sent[id],
 			}})
 		}

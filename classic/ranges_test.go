@@ -11,7 +11,6 @@ import (
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/kvstore"
 	"github.com/fptps/fpt/node"
-	"github.com/fptps/fpt/van"
 )
 
 // routed is what happened to a released request when routed again.
@@ -29,10 +28,10 @@ type cluster struct {
 	rng    *rand.Rand // nil: FIFO
 	stores map[node.ID]*kvstore.Store
 	ranges map[node.ID]*Ranges
-	net    []van.Message
+	net    []frame.Message
 	dead   map[node.ID]bool // frames from a dead server are dropped
 	routes []routed         // released requests, routed again, in order
-	sent   []van.Message    // every frame ever sent
+	sent   []frame.Message  // every frame ever sent
 }
 
 func newCluster(t *testing.T, rng *rand.Rand) *cluster {
@@ -78,7 +77,7 @@ func (c *cluster) lost(id, lost node.ID) {
 }
 
 // deliver hands m to its recipient.
-func (c *cluster) deliver(m van.Message) error {
+func (c *cluster) deliver(m frame.Message) error {
 	to := node.ID(m.Header.Recipient)
 	if c.dead[to] {
 		return nil // lost on the way
@@ -104,7 +103,7 @@ func (c *cluster) deliver(m van.Message) error {
 }
 
 // pop takes the next frame off the network: a random one, or the first.
-func (c *cluster) pop() van.Message {
+func (c *cluster) pop() frame.Message {
 	i := 0
 	if c.rng != nil {
 		i = c.rng.IntN(len(c.net))
@@ -128,7 +127,7 @@ func (c *cluster) run() {
 
 // runWhere delivers, until none is left, the frames keep accepts; the
 // others stay on the network, in order.
-func (c *cluster) runWhere(keep func(m van.Message) bool) {
+func (c *cluster) runWhere(keep func(m frame.Message) bool) {
 	c.t.Helper()
 	for {
 		i := slices.IndexFunc(c.net, keep)
@@ -362,10 +361,10 @@ func TestRouteDuringJoin(t *testing.T) {
 		c.offer(id, v1)
 	}
 	// Deliver everything but the frames to s2 from s1.
-	fromS1ToS2 := func(m van.Message) bool {
+	fromS1ToS2 := func(m frame.Message) bool {
 		return node.ID(m.Header.Sender) == s1 && node.ID(m.Header.Recipient) == s2
 	}
-	c.runWhere(func(m van.Message) bool { return !fromS1ToS2(m) })
+	c.runWhere(func(m frame.Message) bool { return !fromS1ToS2(m) })
 	if !c.ranges[s2].Settling() || c.ranges[s1].Settling() || c.ranges[s0].Settling() {
 		t.Fatalf("settling: s0 %v s1 %v s2 %v, want only s2", c.ranges[s0].Settling(), c.ranges[s1].Settling(), c.ranges[s2].Settling())
 	}
@@ -476,14 +475,14 @@ func TestOutOfOrder(t *testing.T) {
 		for _, id := range []node.ID{s0, s1, s2} {
 			c.offer(id, v1)
 		}
-		c.runWhere(func(m van.Message) bool { return m.Header.Type == frame.KVMoveEnd })
+		c.runWhere(func(m frame.Message) bool { return m.Header.Type == frame.KVMoveEnd })
 		moves := movesTo(c, s2, frame.KVMove)
 		if moves < 2 {
 			t.Fatalf("%d moves to s2, want several", moves)
 		}
 		// Every frame but the moves to s2 first; s2 settles only with the
 		// last of them.
-		c.runWhere(func(m van.Message) bool { return node.ID(m.Header.Recipient) != s2 })
+		c.runWhere(func(m frame.Message) bool { return node.ID(m.Header.Recipient) != s2 })
 		for i := range moves {
 			if !c.ranges[s2].Settling() || c.ranges[s2].Stable() {
 				t.Fatalf("s2 settled (or stable) with %d of %d moves", i, moves)
@@ -550,7 +549,7 @@ func TestOutOfOrder(t *testing.T) {
 		want := c.seedKeys(v0, 200)
 		c.offer(s0, v1)
 		c.offer(s1, v1)
-		c.runWhere(func(m van.Message) bool { return m.Header.Type == frame.KVMoveEnd })
+		c.runWhere(func(m frame.Message) bool { return m.Header.Type == frame.KVMoveEnd })
 		c.offer(s2, v1)
 		if !c.ranges[s2].Settling() {
 			t.Fatal("s2 settled before its moves")

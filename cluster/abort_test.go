@@ -75,7 +75,7 @@ func failedCloses(t *testing.T, start func(ctx context.Context, m *cluster.Membe
 	const frames = 64
 	for i := range frames {
 		h := frame.Header{Type: frame.Push, DType: frame.Float32, Recipient: uint32(to), Key: uint64(i), Total: uint64(len(payload)), Length: uint64(len(payload))}
-		if err := wm.Van().Send(&van.Message{Header: h, Payload: payload, Done: func(error) { done.Add(1) }}); err != nil {
+		if err := wm.Van().Send(&frame.Message{Header: h, Payload: payload, Done: func(error) { done.Add(1) }}); err != nil {
 			t.Fatal(err)
 		}
 	}

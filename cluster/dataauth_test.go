@@ -48,7 +48,7 @@ func TestDataPlaneRefusesStrangers(t *testing.T) {
 			func(cfg *van.Config) { cfg.HelloKey = p.key })
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if err := v.Dial(ctx, p.to, addr(p.to)); err == nil {
-			v.Send(&van.Message{Header: frame.Header{Type: frame.Push, DType: frame.Float32, Sender: uint32(p.self), Recipient: uint32(p.to), Total: 4}, Payload: make([]byte, 4)})
+			v.Send(&frame.Message{Header: frame.Header{Type: frame.Push, DType: frame.Float32, Sender: uint32(p.self), Recipient: uint32(p.to), Total: 4}, Payload: make([]byte, 4)})
 			col.WaitLost(t, 1) // the member hung up
 		}
 		cancel()

@@ -13,7 +13,6 @@ import (
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/internal/memcluster"
 	"github.com/fptps/fpt/node"
-	"github.com/fptps/fpt/van"
 )
 
 // The tests in this file run whole clusters on the in-memory transports
@@ -403,7 +402,7 @@ func TestMalformedFails(t *testing.T) {
 		t.Run(to.String(), func(t *testing.T) {
 			c := startMem(t, 1, 2, nil)
 			g := add(t, c.Customers(to), customer.Key{})
-			bad := &van.Message{Header: frame.Header{Type: frame.App, Recipient: uint32(to)}, Payload: []byte{1, 9, 0, 0}}
+			bad := &frame.Message{Header: frame.Header{Type: frame.App, Recipient: uint32(to)}, Payload: []byte{1, 9, 0, 0}}
 			if err := c.Member(w0).Van().Send(bad); err != nil {
 				t.Fatal(err)
 			}

@@ -265,7 +265,7 @@ func (s *Set) Send(m *appmsg.Meta, segs [][]byte) error {
 		}
 		return s.deliver(self, m.Priority, payload)
 	}
-	err := s.n.Van().Send(&van.Message{
+	err := s.n.Van().Send(&frame.Message{
 		Header:  frame.Header{Type: frame.App, Recipient: uint32(to), Priority: m.Priority},
 		Payload: payload,
 	})

@@ -45,7 +45,7 @@ type Server struct {
 	// the hand-overs not yet carried out (carryOut) and their frames not
 	// yet written (unsent). outAt is the version of the layout that left
 	// this server out after one that had it (0: none did); wasIn says
-	// whether the last layout applied had it. wake is poked when one of
+	// whether the last layout applied had it. wake is signalled when one of
 	// them changes.
 	handled  map[node.ID]uint64
 	drained  map[node.ID]drainedAt
@@ -271,14 +271,14 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 		s.mu.Lock()
 		s.handled[from]++
 		s.mu.Unlock()
-		s.poke()
+		s.wakeLeave()
 	case frame.KVDrained:
 		s.mu.Lock()
 		if d := s.drained[from]; uint32(h.Iteration) >= d.version {
 			s.drained[from] = drainedAt{requests: h.Total, version: uint32(h.Iteration)}
 		}
 		s.mu.Unlock()
-		s.poke()
+		s.wakeLeave()
 	case frame.KVMove, frame.KVMoveEnd:
 		err = s.moved(h, payload)
 	default:
@@ -299,7 +299,7 @@ type drainedAt struct {
 // PeerLost implements van.Handler; the cluster node handles the loss. A
 // server that left in order, or leaves now (its NodeLeft may come after
 // this), and whose connection broke all the same may not have handed all
-// its keys over (brokeInOrder).
+// its keys over (lostWhileHandingOver).
 func (s *Server) PeerLost(id node.ID, _ error) {
 	if r, _ := id.Role(); r != node.Server {
 		return
@@ -312,16 +312,16 @@ func (s *Server) PeerLost(id node.ID, _ error) {
 	}
 	s.mu.Unlock()
 	if inOrder {
-		s.brokeInOrder(id)
+		s.lostWhileHandingOver(id)
 	}
 }
 
-// brokeInOrder takes the loss of server id, which left in order but
+// lostWhileHandingOver takes the loss of server id, which left in order but
 // whose connection broke before its Bye. If keys it was handing over
 // had not all come, they are lost, silently for the workers (they heard
 // that it left in order): this server fails instead, naming it, and the
 // job goes on as after a loss of its own.
-func (s *Server) brokeInOrder(id node.ID) {
+func (s *Server) lostWhileHandingOver(id node.ID) {
 	if !s.awaitLoad() {
 		return
 	}
@@ -337,8 +337,8 @@ func (s *Server) brokeInOrder(id node.ID) {
 	go s.carryOut(t)
 }
 
-// poke wakes a leave waiting for its requests and hand-overs.
-func (s *Server) poke() {
+// wakeLeave wakes a leave waiting for its requests and hand-overs.
+func (s *Server) wakeLeave() {
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -448,7 +448,7 @@ func (s *Server) classicRequest(h *frame.Header, payload []byte) error {
 	case classic.Moved:
 		version := r.Layout().Version
 		s.mu.Unlock()
-		return s.moveOn(h, owner, version)
+		return s.redirect(h, owner, version)
 	}
 	switch h.Type {
 	case frame.KVPull:
@@ -463,7 +463,7 @@ func (s *Server) classicRequest(h *frame.Header, payload []byte) error {
 func (s *Server) kvPush(h *frame.Header, payload []byte) error {
 	part, err := s.store.Add(h.Key, h.DType, h.Offset, payload, h.Total)
 	s.dirty = s.dirty || err == nil
-	var reply *van.Message
+	var reply *frame.Message
 	if err == nil && h.Type == frame.KVPushPull {
 		// Answer with a copy: the stored value keeps changing under later pushes.
 		reply = s.reply(h, frame.KVData, append([]byte(nil), part...))
@@ -550,10 +550,10 @@ func (s *Server) rangePull(r *classic.Ranges, h *frame.Header) error {
 	return s.node.Van().Forward(end)
 }
 
-// moveOn answers a classic request sent under an older layout than this
+// redirect answers a classic request sent under an older layout than this
 // server's (version): the key's owner there (none for a range pull) is
 // where the worker sends it again.
-func (s *Server) moveOn(h *frame.Header, owner node.ID, version uint32) error {
+func (s *Server) redirect(h *frame.Header, owner node.ID, version uint32) error {
 	m := s.reply(h, frame.KVMoved, binary.LittleEndian.AppendUint32(nil, uint32(owner)))
 	m.Header.DType, m.Header.Iteration = 0, uint64(version)
 	return s.node.Van().Forward(m)
@@ -640,7 +640,7 @@ func (s *Server) moved(h *frame.Header, payload []byte) error {
 // them all before its connection ends. A leave waits for the workers of
 // the table, which no longer names id.
 func (s *Server) left(id node.ID, graceful bool) error {
-	defer s.poke()
+	defer s.wakeLeave()
 	if r, _ := id.Role(); r != node.Server {
 		return nil
 	}
@@ -653,7 +653,7 @@ func (s *Server) left(id node.ID, graceful bool) error {
 	s.mu.Unlock()
 	if graceful {
 		if broken {
-			s.brokeInOrder(id)
+			s.lostWhileHandingOver(id)
 		}
 		return nil
 	}
@@ -679,7 +679,7 @@ func (s *Server) carryOut(t classic.Todo) {
 		s.mu.Lock()
 		s.carrying--
 		s.mu.Unlock()
-		s.poke()
+		s.wakeLeave()
 	}()
 	for _, a := range t.Applied {
 		s.node.Logger().Info("classic key layout applied", "layout", a.Layout, "keys_moved_out", a.MovedOut, "keys_kept", a.Kept)
@@ -712,7 +712,7 @@ func (s *Server) moveSent(err error) {
 	s.mu.Lock()
 	s.unsent--
 	s.mu.Unlock()
-	s.poke()
+	s.wakeLeave()
 	if err != nil && !s.node.Config().RetryServerLoss {
 		s.node.Fail(fmt.Errorf("server: moving classic keys: %w", err))
 	}
@@ -727,8 +727,8 @@ func (s *Server) kvError(h *frame.Header, err error) error {
 	return s.node.Van().Forward(r)
 }
 
-func (s *Server) reply(h *frame.Header, t frame.Type, payload []byte) *van.Message {
-	return &van.Message{
+func (s *Server) reply(h *frame.Header, t frame.Type, payload []byte) *frame.Message {
+	return &frame.Message{
 		Header: frame.Header{
 			Type: t, DType: h.DType,
 			Sender: uint32(s.node.Self().ID), Recipient: h.Sender,

@@ -73,7 +73,7 @@ func benchVan(b *testing.B, kind string, size, peers int) {
 		id := node.ID(9 + i)
 		wg.Go(func() {
 			for k := i; k < b.N; k += peers {
-				if err := s.Send(&van.Message{Header: wiretest.PushHeader(id, 8, uint64(k), size), Payload: payload}); err != nil {
+				if err := s.Send(&frame.Message{Header: wiretest.PushHeader(id, 8, uint64(k), size), Payload: payload}); err != nil {
 					b.Error(err)
 					return
 				}

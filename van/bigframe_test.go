@@ -36,7 +36,7 @@ func TestFrameOver2GiB(t *testing.T) {
 		}
 		done := make(chan error, 1)
 		start := time.Now()
-		if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, 1, size), Payload: payload, Done: func(err error) { done <- err }}); err != nil {
+		if err := a.Send(&frame.Message{Header: wiretest.PushHeader(8, 9, 1, size), Payload: payload, Done: func(err error) { done <- err }}); err != nil {
 			t.Fatal(err)
 		}
 		if err := <-done; err != nil {

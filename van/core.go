@@ -96,7 +96,7 @@ type core struct {
 	cfg   Config
 	self  atomic.Uint32 // cfg.Self until SetSelf
 	log   *slog.Logger
-	q     *sendq.Queue[*Message]
+	q     *sendq.Queue[*frame.Message]
 	quiet atomic.Bool // closing: lost connections are not reported
 	recv  recvShaper
 	// rejects rate-limits the log lines of refused connections and failed
@@ -117,7 +117,7 @@ func newCore(cfg Config) *core {
 	c := &core{
 		cfg:        cfg,
 		log:        cfg.Logger,
-		q:          sendq.New[*Message](cfg.PoolBytes),
+		q:          sendq.New[*frame.Message](cfg.PoolBytes),
 		peers:      make(map[node.ID]*peer),
 		stats:      make(peerstat.Table),
 		changed:    make(chan struct{}),
@@ -212,7 +212,7 @@ func (c *core) onFrame(p *peer, h *frame.Header, payload []byte, inPlace bool) {
 }
 
 // enqueue is Send (block) and Forward (!block).
-func (c *core) enqueue(m *Message, block bool) error {
+func (c *core) enqueue(m *frame.Message, block bool) error {
 	id := node.ID(m.Header.Recipient)
 	if uint64(len(m.Payload)) > c.cfg.MaxPayload {
 		return fmt.Errorf("van: send to node %d: payload of %d bytes exceeds the maximum of %d", id, len(m.Payload), c.cfg.MaxPayload)
@@ -230,10 +230,10 @@ func (c *core) enqueue(m *Message, block bool) error {
 }
 
 // Send implements Transport.
-func (c *core) Send(m *Message) error { return c.enqueue(m, true) }
+func (c *core) Send(m *frame.Message) error { return c.enqueue(m, true) }
 
 // Forward implements Transport.
-func (c *core) Forward(m *Message) error { return c.enqueue(m, false) }
+func (c *core) Forward(m *frame.Message) error { return c.enqueue(m, false) }
 
 // SetWeight implements Transport.
 func (c *core) SetWeight(peer node.ID, weight float64) { c.q.SetWeight(peer, weight) }
@@ -311,7 +311,7 @@ func (c *core) runSender() {
 }
 
 // failAll calls the Done callbacks of entries that will not be sent.
-func failAll(es []sendq.Entry[*Message], err error) {
+func failAll(es []sendq.Entry[*frame.Message], err error) {
 	for _, e := range es {
 		if e.Value.Done != nil {
 			e.Value.Done(fmt.Errorf("van: frame for node %d not sent: %w", e.Flow, err))
@@ -319,7 +319,7 @@ func failAll(es []sendq.Entry[*Message], err error) {
 	}
 }
 
-func (c *core) write(m *Message, hdr *[frame.HeaderSize]byte) {
+func (c *core) write(m *frame.Message, hdr *[frame.HeaderSize]byte) {
 	id := node.ID(m.Header.Recipient)
 	p := c.lookup(id)
 	if p == nil {

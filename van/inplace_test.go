@@ -55,7 +55,7 @@ func TestReceivedPayloadCounters(t *testing.T) {
 				for i, n := range sizes {
 					p := make([]byte, n)
 					wiretest.Fill(p, uint64(i))
-					if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, uint64(i), n), Payload: p}); err != nil {
+					if err := a.Send(&frame.Message{Header: wiretest.PushHeader(8, 9, uint64(i), n), Payload: p}); err != nil {
 						t.Fatal(err)
 					}
 					if tt.inKeys(uint64(i)) {

@@ -41,18 +41,6 @@ import (
 	"github.com/fptps/fpt/frame"
 )
 
-// Message is one outgoing frame. The van never copies Payload: the slice
-// must stay untouched until Done has been called.
-type Message struct {
-	Header  frame.Header // Sender and Length are set by the van (Self, len(Payload))
-	Payload []byte
-	// Done, if set, is called exactly once, on the sender goroutine, when
-	// the frame has been written to the socket (err == nil) or can no longer
-	// be (err != nil: the peer is gone or the van closed). It must not block.
-	// It is not called when Send or Forward return an error.
-	Done func(err error)
-}
-
 // Handler receives what arrives. The epoll van calls it from its single
 // receiver goroutine; the netconn van from one goroutine per peer, so an
 // implementation must be safe for concurrent use. Calls must not block for
@@ -95,12 +83,12 @@ type Transport interface {
 	// peer without a connection or after Close. The van sets the frame's
 	// Sender and Length on the wire, not in m, which the caller may read
 	// while it is queued.
-	Send(m *Message) error
+	Send(m *frame.Message) error
 	// Forward queues m like Send but never blocks: the receive path uses it
 	// (an aggregator's broadcast), since a receiver waiting on its own pool
 	// could deadlock two nodes that send to each other. Its volume is bounded
 	// by what the node's peers sent it.
-	Forward(m *Message) error
+	Forward(m *frame.Message) error
 	// SetSelf sets this node's id once the scheduler has assigned it (the
 	// van listens before that, so that its port can be registered). Call it
 	// before Dial, and before any peer may dial in.

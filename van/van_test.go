@@ -65,7 +65,7 @@ func TestBadConnectionsDoNotHurt(t *testing.T) {
 		// The van still serves a real peer, and none of the above was a peer.
 		p, _ := newVan(t, kind, 9, nil)
 		vantest.Connect(t, p, 9, v, self)
-		if err := p.Send(&van.Message{Header: wiretest.PushHeader(9, self, 7, 8), Payload: make([]byte, 8)}); err != nil {
+		if err := p.Send(&frame.Message{Header: wiretest.PushHeader(9, self, 7, 8), Payload: make([]byte, 8)}); err != nil {
 			t.Fatal(err)
 		}
 		if got := col.WaitFrames(t, 1); got[0].Header.Key != 7 {
@@ -131,7 +131,7 @@ func TestPeerMisbehaves(t *testing.T) {
 				if tc.want != nil && !errors.Is(l[0].Err, tc.want) {
 					t.Fatalf("reason %v, want %v", l[0].Err, tc.want)
 				}
-				if err := v.Send(&van.Message{Header: wiretest.PushHeader(self, peer, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
+				if err := v.Send(&frame.Message{Header: wiretest.PushHeader(self, peer, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
 					t.Fatalf("Send to a lost peer: %v, want ErrNoPeer", err)
 				}
 			})
@@ -164,7 +164,7 @@ func TestStalledPeer(t *testing.T) {
 		payload := make([]byte, 16<<20)
 		const n = 8
 		for i := 0; i < n; i++ {
-			err := v.Send(&van.Message{Header: wiretest.PushHeader(self, peer, uint64(i), len(payload)), Payload: payload, Done: func(err error) {
+			err := v.Send(&frame.Message{Header: wiretest.PushHeader(self, peer, uint64(i), len(payload)), Payload: payload, Done: func(err error) {
 				if err != nil {
 					failed.Add(1)
 				} else {
@@ -214,7 +214,7 @@ func TestClosingOnAStalledPeer(t *testing.T) {
 				payload := make([]byte, 4<<20)
 				const n = 16
 				for i := 0; i < n; i++ {
-					if err := v.Send(&van.Message{Header: wiretest.PushHeader(self, peer, uint64(i), len(payload)), Payload: payload, Done: func(err error) {
+					if err := v.Send(&frame.Message{Header: wiretest.PushHeader(self, peer, uint64(i), len(payload)), Payload: payload, Done: func(err error) {
 						calls.Add(1)
 						if err != nil {
 							failed.Add(1)
@@ -322,7 +322,7 @@ func TestCloseReleasesEverything(t *testing.T) {
 			vantest.Connect(t, b, 9, c, 10)
 			raw := rawPeer(t, a.Addr(), 0, 0) // a connection that never says hello
 			for _, to := range []node.ID{9, 10} {
-				if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, to, 1, 1024), Payload: make([]byte, 1024)}); err != nil {
+				if err := a.Send(&frame.Message{Header: wiretest.PushHeader(8, to, 1, 1024), Payload: make([]byte, 1024)}); err != nil {
 					t.Fatal(err)
 				}
 			}

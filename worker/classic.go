@@ -50,7 +50,7 @@ func (w *Worker) PullRangeBytes(from, to uint64, dtype frame.DType, out *RangeRe
 	return t.req.ts, nil
 }
 
-func (w *Worker) landKV(h *frame.Header) todo {
+func (w *Worker) landKV(h *frame.Header) effects {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.c.kvLanded(h)

@@ -11,7 +11,6 @@ import (
 	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
-	"github.com/fptps/fpt/van"
 )
 
 // The core's half of ps-lite's classic calls: Push, Pull and PushPull over
@@ -57,8 +56,8 @@ type RangeResult struct {
 // (requests go by the newest layout, and a KVMoved under an older one
 // is sent by it too), and the count lets one that leaves in order know
 // when it has answered them all.
-func (c *core) newLayout(l classic.Layout) todo {
-	var t todo
+func (c *core) newLayout(l classic.Layout) effects {
+	var t effects
 	if l.Version > c.layout.Version || len(c.layout.Servers) == 0 {
 		if c.started {
 			t.notices = c.drainedOutside(c.layout.Servers, l)
@@ -84,8 +83,8 @@ func (c *core) newLayout(l classic.Layout) todo {
 // the job waits for every worker's: a started worker says it to the
 // servers of its layout that a new one leaves out (newLayout), and a
 // starting one to those of the node table its first layout leaves out.
-func (c *core) drainedOutside(servers []node.ID, l classic.Layout) []van.Message {
-	var notices []van.Message
+func (c *core) drainedOutside(servers []node.ID, l classic.Layout) []frame.Message {
+	var notices []frame.Message
 	for _, id := range servers {
 		if l.Index(id) < 0 {
 			notices = append(notices, c.drained(id, l.Version))
@@ -95,8 +94,8 @@ func (c *core) drainedOutside(servers []node.ID, l classic.Layout) []van.Message
 }
 
 // drained is the KVDrained for server id, as of layout version v.
-func (c *core) drained(id node.ID, v uint32) van.Message {
-	return van.Message{Header: frame.Header{
+func (c *core) drained(id node.ID, v uint32) frame.Message {
+	return frame.Message{Header: frame.Header{
 		Type: frame.KVDrained, Sender: uint32(c.self), Recipient: uint32(id), Iteration: uint64(v), Total: c.classicSent[id],
 	}}
 }
@@ -104,26 +103,26 @@ func (c *core) drained(id node.ID, v uint32) van.Message {
 // pullRange asks every server whose range meets [from, to) (to 0: no
 // upper bound) for the keys it holds there; out receives them once the
 // request completes.
-func (c *core) pullRange(from, to uint64, dtype frame.DType, maxValue uint64, out *RangeResult, cl *call) (todo, error) {
+func (c *core) pullRange(from, to uint64, dtype frame.DType, maxValue uint64, out *RangeResult, cl *call) (effects, error) {
 	switch {
 	case dtype.Size() == 0:
-		return todo{}, fmt.Errorf("worker: unknown dtype %d", dtype)
+		return effects{}, fmt.Errorf("worker: unknown dtype %d", dtype)
 	case to != 0 && to <= from:
-		return todo{}, fmt.Errorf("worker: empty key range [%d, %d)", from, to)
+		return effects{}, fmt.Errorf("worker: empty key range [%d, %d)", from, to)
 	case !c.started:
-		return todo{}, errors.New("worker: not started")
+		return effects{}, errors.New("worker: not started")
 	}
 	req, err := c.newRequest(cl, 1) // its answer
 	if err != nil {
-		return todo{}, err
+		return effects{}, err
 	}
 	c.classicUsed = true
 	req.rng = &rangePull{from: from, to: to, dtype: dtype, maxValue: maxValue, out: out}
-	return todo{req: req, sends: c.askRange(req)}, nil
+	return effects{req: req, sends: c.askRange(req)}, nil
 }
 
 // askAgain starts a further attempt of range pull req: each of its
-// frames' sends is one of req's items (todo.resends).
+// frames' sends is one of req's items (effects.resends).
 func (c *core) askAgain(req *request) resend {
 	msgs := c.askRange(req)
 	req.left += len(msgs)
@@ -132,18 +131,18 @@ func (c *core) askAgain(req *request) resend {
 
 // askRange starts an attempt of range pull req under the worker's
 // layout, and returns its frames.
-func (c *core) askRange(req *request) []van.Message {
+func (c *core) askRange(req *request) []frame.Message {
 	rng := req.rng
 	rng.version, rng.waitFor = c.layout.Version, 0
 	rng.ends = make(map[node.ID]*rangeEnd)
 	rng.vals = make(map[uint64][]byte)
-	var msgs []van.Message
+	var msgs []frame.Message
 	for _, id := range c.layout.Servers {
 		if !c.layout.Overlaps(id, rng.from, rng.to) {
 			continue
 		}
 		rng.ends[id] = &rangeEnd{}
-		msgs = append(msgs, van.Message{Header: frame.Header{
+		msgs = append(msgs, frame.Message{Header: frame.Header{
 			Type: frame.KVPullRange, DType: rng.dtype, Sender: uint32(c.self), Recipient: uint32(id),
 			Key: rng.from, Total: rng.to, Iteration: uint64(rng.version), Aux: uint32(req.ts),
 		}})
@@ -153,7 +152,7 @@ func (c *core) askRange(req *request) []van.Message {
 }
 
 // countClassic counts the classic requests made, by server.
-func (c *core) countClassic(msgs []van.Message) {
+func (c *core) countClassic(msgs []frame.Message) {
 	if c.classicSent == nil {
 		c.classicSent = make(map[node.ID]uint64)
 	}
@@ -164,44 +163,44 @@ func (c *core) countClassic(msgs []van.Message) {
 
 // rangeReply takes a reply to range pull req: KVData returns the span its
 // payload goes to; KVRangeEnd and KVMoved settle or restart it.
-func (c *core) rangeReply(req *request, h *frame.Header) (span []byte, t todo, err error) {
+func (c *core) rangeReply(req *request, h *frame.Header) (span []byte, t effects, err error) {
 	rng := req.rng
 	from := node.ID(h.Sender)
 	if h.Type == frame.KVMoved {
 		if h.Iteration <= uint64(rng.version) {
 			// Another server's answer to the attempt this one's
 			// restarted: it does not say which attempt it answers.
-			return nil, todo{}, nil
+			return nil, effects{}, nil
 		}
 		if h.Iteration > uint64(c.layout.Version) {
 			if rng.waitFor == 0 {
 				c.parkedRanges = append(c.parkedRanges, req)
 			}
 			rng.waitFor = max(rng.waitFor, uint32(h.Iteration))
-			return nil, todo{}, nil
+			return nil, effects{}, nil
 		}
 		if rng.waitFor != 0 {
-			return nil, todo{}, nil // parked: its restart is on its way
+			return nil, effects{}, nil // parked: its restart is on its way
 		}
-		return nil, todo{resends: []resend{c.askAgain(req)}}, nil
+		return nil, effects{resends: []resend{c.askAgain(req)}}, nil
 	}
 	if h.Iteration != uint64(rng.version) || rng.waitFor != 0 {
-		return nil, todo{}, nil // an answer to an earlier attempt
+		return nil, effects{}, nil // an answer to an earlier attempt
 	}
 	e := rng.ends[from]
 	if e == nil {
-		return nil, todo{}, fmt.Errorf("range pull %d: %s frame from %s, which was not asked", h.Aux, h.Type, from)
+		return nil, effects{}, fmt.Errorf("range pull %d: %s frame from %s, which was not asked", h.Aux, h.Type, from)
 	}
 	switch h.Type {
 	case frame.KVRangeEnd:
 		if e.ended {
-			return nil, todo{}, fmt.Errorf("range pull %d: a second end from %s", h.Aux, from)
+			return nil, effects{}, fmt.Errorf("range pull %d: a second end from %s", h.Aux, from)
 		}
 		e.ended, e.want = true, h.Total
 		return nil, c.rangeDone(req), nil
 	case frame.KVData:
 		if h.DType != rng.dtype || h.Total > rng.maxValue {
-			return nil, todo{}, fmt.Errorf("range pull %d: key %d of %d bytes of %s", h.Aux, h.Key, h.Total, h.DType)
+			return nil, effects{}, fmt.Errorf("range pull %d: key %d of %d bytes of %s", h.Aux, h.Key, h.Total, h.DType)
 		}
 		v := rng.vals[h.Key]
 		if v == nil {
@@ -209,18 +208,18 @@ func (c *core) rangeReply(req *request, h *frame.Header) (span []byte, t todo, e
 			rng.vals[h.Key] = v
 		}
 		if uint64(len(v)) != h.Total {
-			return nil, todo{}, fmt.Errorf("range pull %d: key %d of %d bytes, then %d", h.Aux, h.Key, len(v), h.Total)
+			return nil, effects{}, fmt.Errorf("range pull %d: key %d of %d bytes, then %d", h.Aux, h.Key, len(v), h.Total)
 		}
-		return v[h.Offset : h.Offset+h.Length], todo{}, nil
+		return v[h.Offset : h.Offset+h.Length], effects{}, nil
 	}
-	return nil, todo{}, fmt.Errorf("range pull %d: unexpected %s", h.Aux, h.Type)
+	return nil, effects{}, fmt.Errorf("range pull %d: unexpected %s", h.Aux, h.Type)
 }
 
 // rangeLanded counts a range pull's KVData frame whose bytes are in.
-func (c *core) rangeLanded(req *request, h *frame.Header) todo {
+func (c *core) rangeLanded(req *request, h *frame.Header) effects {
 	rng := req.rng
 	if h.Iteration != uint64(rng.version) || rng.waitFor != 0 {
-		return todo{}
+		return effects{}
 	}
 	if e := rng.ends[node.ID(h.Sender)]; e != nil {
 		e.got++
@@ -230,14 +229,14 @@ func (c *core) rangeLanded(req *request, h *frame.Header) todo {
 
 // rangeDone completes range pull req once every server asked has sent
 // all it announced.
-func (c *core) rangeDone(req *request) todo {
+func (c *core) rangeDone(req *request) effects {
 	rng := req.rng
 	for id, e := range rng.ends {
 		switch {
 		case e.ended && e.got > e.want:
 			return c.settle(req, 0, fmt.Errorf("worker: range pull: %s sent more than the %d frames it announced", id, e.want))
 		case !e.ended || e.got < e.want:
-			return todo{}
+			return effects{}
 		}
 	}
 	rng.out.Keys = slices.Sorted(maps.Keys(rng.vals))
@@ -278,19 +277,19 @@ func checkClassic(keys []uint64, data, out []byte, byteLens []int, dtype frame.D
 // of every key (a pull sends one empty frame per key). With out set (Pull,
 // PushPull) it waits for each key's complete reply, else for one ack per
 // frame.
-func (c *core) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byteLens []int, dtype frame.DType, cl *call) (todo, error) {
+func (c *core) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byteLens []int, dtype frame.DType, cl *call) (effects, error) {
 	if err := checkClassic(keys, data, out, byteLens, dtype); err != nil {
-		return todo{}, err
+		return effects{}, err
 	}
 	if !c.started {
-		return todo{}, errors.New("worker: not started")
+		return effects{}, errors.New("worker: not started")
 	}
 	req, err := c.newRequest(cl, 0)
 	if err != nil {
-		return todo{}, err
+		return effects{}, err
 	}
 	c.classicUsed = true
-	var msgs []van.Message
+	var msgs []frame.Message
 	if out != nil {
 		req.dst = make(map[uint64]*kvDst, len(keys))
 	}
@@ -307,11 +306,11 @@ func (c *core) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byteLe
 		val := data[off : off+int(n)]
 		off += int(n)
 		if typ == frame.KVPull {
-			msgs = append(msgs, van.Message{Header: base})
+			msgs = append(msgs, frame.Message{Header: base})
 			continue
 		}
 		for part, ch := range frame.Chunks(n, c.partBytes, dtype.Size()) {
-			m := van.Message{Header: base, Payload: val[ch[0]:ch[1]]}
+			m := frame.Message{Header: base, Payload: val[ch[0]:ch[1]]}
 			m.Header.Offset, m.Header.Partition = ch[0], part
 			msgs = append(msgs, m)
 		}
@@ -323,16 +322,16 @@ func (c *core) kvRequest(typ frame.Type, keys []uint64, data, out []byte, byteLe
 	}
 	req.frames = msgs
 	c.countClassic(msgs)
-	return todo{req: req, sends: msgs}, nil
+	return effects{req: req, sends: msgs}, nil
 }
 
 // kvReply takes a server's reply. KVAck and KVError settle their request
 // at once; for KVData it returns the span of the caller's buffer the
 // payload goes to, which the shell fills and reports with kvLanded.
-func (c *core) kvReply(h *frame.Header, payload []byte) (span []byte, t todo, err error) {
+func (c *core) kvReply(h *frame.Header, payload []byte) (span []byte, t effects, err error) {
 	req := c.requests[int(h.Aux)]
 	if req == nil {
-		return nil, todo{}, fmt.Errorf("reply to request %d, which is not outstanding", h.Aux)
+		return nil, effects{}, fmt.Errorf("reply to request %d, which is not outstanding", h.Aux)
 	}
 	if req.rng != nil && h.Type != frame.KVError {
 		return c.rangeReply(req, h)
@@ -342,7 +341,7 @@ func (c *core) kvReply(h *frame.Header, payload []byte) (span []byte, t todo, er
 		return nil, c.settle(req, 0, fmt.Errorf("worker: %s refused key %d: %s", node.ID(h.Sender), h.Key, payload)), nil
 	case frame.KVAck:
 		if req.dst != nil {
-			return nil, todo{}, errors.New("ack for a request that expects data")
+			return nil, effects{}, errors.New("ack for a request that expects data")
 		}
 		return nil, c.settle(req, 1, nil), nil
 	case frame.KVMoved:
@@ -354,29 +353,29 @@ func (c *core) kvReply(h *frame.Header, payload []byte) (span []byte, t todo, er
 		d = req.dst[h.Key]
 	}
 	if d == nil || uint64(len(d.buf)) != h.Total || h.Offset+h.Length > h.Total {
-		return nil, todo{}, fmt.Errorf("data for key %d that request %d does not expect at that size", h.Key, h.Aux)
+		return nil, effects{}, fmt.Errorf("data for key %d that request %d does not expect at that size", h.Key, h.Aux)
 	}
-	return d.buf[h.Offset : h.Offset+h.Length], todo{}, nil
+	return d.buf[h.Offset : h.Offset+h.Length], effects{}, nil
 }
 
 // kvMoved sends a request's frame again, to the server a KVMoved reply
 // names as its key's owner in layout h.Iteration: the chunk's values are
 // still the caller's (a request holds its buffers until it completes).
-func (c *core) kvMoved(req *request, h *frame.Header, payload []byte) (todo, error) {
+func (c *core) kvMoved(req *request, h *frame.Header, payload []byte) (effects, error) {
 	if req.frames == nil || len(payload) != 4 {
-		return todo{}, fmt.Errorf("a moved reply (%d bytes) to request %d, which is not a classic one", len(payload), h.Aux)
+		return effects{}, fmt.Errorf("a moved reply (%d bytes) to request %d, which is not a classic one", len(payload), h.Aux)
 	}
 	owner := node.ID(binary.LittleEndian.Uint32(payload))
 	if r, ok := owner.Role(); !ok || r != node.Server || owner == node.ID(h.Sender) {
-		return todo{}, fmt.Errorf("key %d moved to %s, which is not another server", h.Key, owner)
+		return effects{}, fmt.Errorf("key %d moved to %s, which is not another server", h.Key, owner)
 	}
 	// The request's frames are in key order, each key's chunks in offset
 	// order.
-	i, found := slices.BinarySearchFunc(req.frames, h, func(m van.Message, h *frame.Header) int {
+	i, found := slices.BinarySearchFunc(req.frames, h, func(m frame.Message, h *frame.Header) int {
 		return cmp.Or(cmp.Compare(m.Header.Key, h.Key), cmp.Compare(m.Header.Offset, h.Offset))
 	})
 	if !found || req.frames[i].Header.Total != h.Total || req.frames[i].Header.Partition != h.Partition {
-		return todo{}, fmt.Errorf("key %d moved: request %d sent no chunk %d at offset %d of %d bytes", h.Key, h.Aux, h.Partition, h.Offset, h.Total)
+		return effects{}, fmt.Errorf("key %d moved: request %d sent no chunk %d at offset %d of %d bytes", h.Key, h.Aux, h.Partition, h.Offset, h.Total)
 	}
 	version := uint32(h.Iteration)
 	if c.layout.Version > version {
@@ -384,23 +383,23 @@ func (c *core) kvMoved(req *request, h *frame.Header, payload []byte) (todo, err
 		// there (a server leaving the job is owner in neither's).
 		owner, version = c.layout.Owner(h.Key), c.layout.Version
 	}
-	m := van.Message{Header: req.frames[i].Header, Payload: req.frames[i].Payload}
+	m := frame.Message{Header: req.frames[i].Header, Payload: req.frames[i].Payload}
 	m.Header.Recipient, m.Header.Iteration = uint32(owner), uint64(version)
 	req.left++ // the hand-over of the frame sent again, as at the request's start
-	sends := []van.Message{m}
+	sends := []frame.Message{m}
 	c.countClassic(sends)
-	return todo{req: req, sends: sends}, nil
+	return effects{req: req, sends: sends}, nil
 }
 
 // kvLanded accounts for a KVData frame whose bytes are in the caller's
 // buffer; a key's last one settles its share of the request.
-func (c *core) kvLanded(h *frame.Header) todo {
+func (c *core) kvLanded(h *frame.Header) effects {
 	req := c.requests[int(h.Aux)]
 	if req != nil && req.rng != nil {
 		return c.rangeLanded(req, h)
 	}
 	if req == nil || req.dst[h.Key] == nil {
-		return todo{} // failed and released meanwhile
+		return effects{} // failed and released meanwhile
 	}
 	d := req.dst[h.Key]
 	d.got += h.Length
@@ -410,5 +409,5 @@ func (c *core) kvLanded(h *frame.Header) todo {
 	case d.got > h.Total:
 		return c.settle(req, 0, fmt.Errorf("worker: key %d: more data than its %d bytes", h.Key, h.Total))
 	}
-	return todo{}
+	return effects{}
 }

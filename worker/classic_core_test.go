@@ -9,15 +9,14 @@ import (
 	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
-	"github.com/fptps/fpt/van"
 )
 
 // answerRange is server from's answer to range pull frame req: a KVData
 // frame per key (one chunk each) and the end, under req's layout version.
-func answerRange(c *core, t *testing.T, req van.Message, keys map[uint64][]byte) []todo {
+func answerRange(c *core, t *testing.T, req frame.Message, keys map[uint64][]byte) []effects {
 	t.Helper()
 	h := req.Header
-	var out []todo
+	var out []effects
 	var frames uint64
 	for _, k := range slices.Sorted(func(yield func(uint64) bool) {
 		for k := range keys {
@@ -44,7 +43,7 @@ func answerRange(c *core, t *testing.T, req van.Message, keys map[uint64][]byte)
 	return append(out, td)
 }
 
-func finishedIn(tds []todo) int {
+func finishedIn(tds []effects) int {
 	n := 0
 	for _, td := range tds {
 		n += len(td.finished)
@@ -52,7 +51,7 @@ func finishedIn(tds []todo) int {
 	return n
 }
 
-func recipients(ms []van.Message) []node.ID {
+func recipients(ms []frame.Message) []node.ID {
 	var ids []node.ID
 	for _, m := range ms {
 		ids = append(ids, node.ID(m.Header.Recipient))
@@ -95,7 +94,7 @@ func TestCoreRangePull(t *testing.T) {
 			}
 			c.handedOver(td.req, nil)
 			if tt.name[:5] != "moved" {
-				var tds []todo
+				var tds []effects
 				for _, m := range td.sends {
 					keys := map[uint64][]byte{7: val(1), 1 << 40: val(2)}
 					if node.ID(m.Header.Recipient) == s1 {
@@ -146,7 +145,7 @@ func TestCoreRangePull(t *testing.T) {
 			}
 			// A late answer of the first attempt counts for nothing.
 			late := answerRange(c, t, td.sends[1], map[uint64][]byte{high: val(9)})
-			var tds []todo
+			var tds []effects
 			for _, m := range again.resends[0].sends {
 				keys := map[uint64][]byte{}
 				switch node.ID(m.Header.Recipient) {
@@ -226,7 +225,7 @@ func TestCoreClassicMoved(t *testing.T) {
 	}
 	c.handedOver(td.req, nil)
 	owner := binary.LittleEndian.AppendUint32(nil, uint32(node.ServerID(2)))
-	var acks []todo
+	var acks []effects
 	for _, m := range td.sends {
 		moved := m.Header
 		moved.Type, moved.Sender, moved.Recipient, moved.Iteration, moved.Length = frame.KVMoved, m.Header.Recipient, m.Header.Sender, 1, 4
@@ -320,7 +319,7 @@ func TestCoreClassicDrained(t *testing.T) {
 	}
 
 	// At the start (a joiner's table names a server its layout does not).
-	td = todo{notices: c.drainedOutside([]node.ID{s0, s1, s2}, c.layout)}
+	td = effects{notices: c.drainedOutside([]node.ID{s0, s1, s2}, c.layout)}
 	if len(td.notices) != 1 || node.ID(td.notices[0].Header.Recipient) != s1 || td.notices[0].Header.Total != sentToS1 {
 		t.Fatalf("at the start: notices %v, want one KVDrained to %s with Total %d", td.notices, s1, sentToS1)
 	}

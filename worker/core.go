@@ -3,25 +3,30 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"math"
 	"slices"
 	"time"
-	"unsafe"
 
 	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/node"
-	"github.com/fptps/fpt/van"
 )
 
 // core is the worker's state and logic without I/O: declared tensors,
 // the LB's schedule and horizon, requests, and the results being
 // assembled. It holds no lock, opens no socket, starts no goroutine and
 // reads no clock. Each method takes one input (a call, a received frame, a
-// completed send, a directive, a failure) and returns a todo: what the
+// completed send, a directive, a failure) and returns effects: what the
 // shell (Worker) must do once it has released its lock. Like lb.Balancer
 // beside scheduler/balance.go, it is tested with tables, without a cluster.
+//
+// Its concerns lie in files of their own: core_push.go (pushes cut into
+// frames), core_result.go (pulls, and the results claimed and landed),
+// core_retry.go (held pushes and retries), core_sums.go (the sums in, and
+// re-summing), core_init.go (the kept Init values), join_core.go and
+// classic_core.go.
 type core struct {
 	partBytes uint64
 
@@ -35,8 +40,16 @@ type core struct {
 	modelBytes uint64 // declared bytes: what one iteration pushes
 	perIter    int    // SetTensorsPerIteration; 0 = not announced
 	tensors    map[uint64]*tensor
-	results    map[resultKey]*result
-	sunk       map[sunkKey]landing // result partitions being read in place
+	// pushes counts the tensors' iterations pushed, sums their sums in
+	// (tensor.sumsIn), each over the tensors tallied (see tally): the
+	// fewest of either is known without a pass over every tensor, which
+	// a push or a result may not make.
+	pushes, sums least
+	// scanned counts the tensors visited by passes over all of them
+	// (allTensors): a push's and a result's path make none.
+	scanned        uint64
+	results        map[resultKey]*result
+	readingInPlace map[inPlaceKey]landing // result partitions being read in place
 
 	requests map[int]*request // not yet released
 	// errs holds released requests' errors until a Wait collects them.
@@ -52,12 +65,14 @@ type core struct {
 	// held, and its buffer is still the worker's to send again.
 	retryMode bool
 	held      []*heldPush
-	// resum is FPT_ON_WORKER_LOSS=continue or wait: a lost worker's retry sums
+	// heldAt indexes the held pushes' values by key and iteration.
+	heldAt map[resultKey][]heldValues
+	// sumsAgainOnWorkerLoss is FPT_ON_WORKER_LOSS=continue or wait: a lost worker's retry sums
 	// the incomplete iterations again over the workers left, so their
 	// sums change. A pull then completes only once every worker has its
 	// iteration's sum (heldPulls), so that no program saw the old one.
-	resum     bool
-	heldPulls []*result
+	sumsAgainOnWorkerLoss bool
+	heldPulls             []*result
 	// done is one past the last iteration every worker has the sum of
 	// (the LB's Directive.Done).
 	done uint64
@@ -93,46 +108,18 @@ type core struct {
 	deferred []deferredPull
 }
 
-// deferredPull is a pull whose result lands in staging until done passes
-// its iteration.
-type deferredPull struct {
-	r  *result
-	pw *pullWait
-}
-
-// heldPush is a push whose frames may have to be sent again: until every
-// worker has the sums of its iterations.
-type heldPush struct {
-	req      *request
-	ts       []*tensor
-	iters    []uint64 // per tensor: the iteration pushed
-	parts    [][]byte // per tensor: the caller's values
-	priority int32
-	last     uint64 // the latest of iters
-}
-
-// retryMark is a retry decision applied: version, from iteration from on.
-type retryMark struct {
-	version uint32
-	from    uint64
-}
-
-// errStale is claim's answer for a result frame that a retry made
-// redundant (cut under a version it replaced, or a second copy of a sum
-// this worker already has): it is dropped, not a protocol error.
-var errStale = errors.New("stale result after a retry")
-
 // newCore returns a worker core. With the LB on nothing may be pushed
 // until the scheduler's first directive raises the horizon.
 func newCore(partBytes uint64, lbOn bool) *core {
 	c := &core{
-		partBytes: partBytes,
-		horizon:   math.MaxUint64,
-		tensors:   make(map[uint64]*tensor),
-		results:   make(map[resultKey]*result),
-		sunk:      make(map[sunkKey]landing),
-		requests:  make(map[int]*request),
-		errs:      make(map[int]error),
+		partBytes:      partBytes,
+		horizon:        math.MaxUint64,
+		tensors:        make(map[uint64]*tensor),
+		results:        make(map[resultKey]*result),
+		readingInPlace: make(map[inPlaceKey]landing),
+		heldAt:         make(map[resultKey][]heldValues),
+		requests:       make(map[int]*request),
+		errs:           make(map[int]error),
 	}
 	if lbOn {
 		c.horizon = 0
@@ -191,97 +178,44 @@ type tensor struct {
 	kept    *keptInit
 }
 
-// keptInit is the memory one Init call's values are kept in, outside the
-// Go heap (the shell maps and unmaps it). It is unmapped once no key
-// refers to it and no pull is copying out of it: a copy from unmapped
-// memory would crash the process, not merely read stale values.
-type keptInit struct {
-	mem     []byte
-	keys    int // tensors whose initial lies in mem
-	readers int // initialCopy's not yet copied
-	freed   bool
-}
+// sumsTallied reports whether t's sums count in core.sums: a key pushed, or
+// started at a later iteration (a joining worker's), and not broadcast.
+func (t *tensor) sumsTallied() bool { return !t.once && (t.pushed > 0 || t.sumsIn > 0) }
 
-// drop returns k's memory for the shell to unmap, once nothing uses it.
-func (k *keptInit) drop() [][]byte {
-	if k.keys > 0 || k.readers > 0 || k.freed {
-		return nil
+// untally takes t out of the core's counts of pushes and sums before its
+// counters or its once flag change; tally puts it back after. Broadcast
+// keys count in neither.
+func (c *core) untally(t *tensor) {
+	if t.once {
+		return
 	}
-	k.freed = true
-	return [][]byte{k.mem}
-}
-
-// forgetInitial drops t's kept value.
-func (t *tensor) forgetInitial() [][]byte {
-	k := t.kept
-	if k == nil {
-		return nil
+	c.pushes.remove(t.pushed)
+	if t.sumsTallied() {
+		c.sums.remove(t.sumsIn)
 	}
-	t.initial, t.kept = nil, nil
-	k.keys--
-	return k.drop()
 }
 
-type resultKey struct{ key, iter uint64 }
-
-// sunkKey names a result frame being read in place: the sender's
-// partition of one key's iteration.
-type sunkKey struct {
-	sender    node.ID
-	key, iter uint64
-	part      uint32
+// tally counts t in the core's counts of pushes and sums (see untally).
+func (c *core) tally(t *tensor) {
+	if t.once {
+		return
+	}
+	c.pushes.add(t.pushed)
+	if t.sumsTallied() {
+		c.sums.add(t.sumsIn)
+	}
 }
 
-func sunkKeyOf(h *frame.Header) sunkKey {
-	return sunkKey{node.ID(h.Sender), h.Key, h.Iteration, h.Partition}
-}
-
-// result gathers the partitions of one key's sum for one iteration. Once
-// an FPTPull waits for it, partitions land straight in the caller's buffer;
-// those that arrive before are staged in buf (taken from the tensor's
-// spares only when needed) and copied over when the pull comes.
-type result struct {
-	t        *tensor
-	iter     uint64
-	buf      []byte // staging; nil until a partition arrives with no waiter
-	parts    []lb.Partition
-	seen     []bool // partition claimed by an arriving frame
-	staged   []bool // partition complete in buf, not yet in the waiter's buffer
-	left     int
-	complete bool
-	waiter   *pullWait // the FPTPull waiting for it, if it was called first
-	// gen counts re-cuts by retries: a landing claimed before one no
-	// longer counts. writing counts this gen's landings claimed and not
-	// yet landed, stale those of older gens: their bytes are still being
-	// written (the van reads a frame in place across many reads, and the
-	// shell copies outside the lock). restage: re-cut while its pull copied
-	// from staging or a stale landing was still being written into the
-	// pull's buffer; new partitions are staged in a fresh buffer until
-	// both end, since the new layout's partitions may overlap those bytes.
-	gen     int
-	writing int
-	stale   int
-	restage bool
-	// held: complete, but its pull waits until every worker has the sum
-	// (resum); the pull stays its waiter.
-	held bool
-}
-
-type pullWait struct {
-	req *request
-	dst []byte
-	// copying: the shell is copying the partitions staged before the pull
-	// into dst, outside the lock (a tensor's staging can be gigabytes); the
-	// result completes only once that copy is reported (copied).
-	copying bool
-}
-
-// landing is where a claimed result partition's bytes go.
-type landing struct {
-	r       *result
-	gen     int    // r.gen when claimed
-	staging bool   // span is in r's staging buffer, not the waiter's
-	span    []byte // exactly the partition's bytes
+// allTensors yields every declared tensor, counting the visits (scanned).
+func (c *core) allTensors() iter.Seq[*tensor] {
+	return func(yield func(*tensor) bool) {
+		for _, t := range c.tensors {
+			c.scanned++
+			if !yield(t) {
+				return
+			}
+		}
+	}
 }
 
 // request is an asynchronous call: left counts what is still outstanding
@@ -297,7 +231,7 @@ type request struct {
 	dst map[uint64]*kvDst
 	// frames are a classic request's, in key order: one a server
 	// redirects (KVMoved) is sent again as it was.
-	frames []van.Message
+	frames []frame.Message
 	rng    *rangePull
 }
 
@@ -309,28 +243,18 @@ type call struct {
 	began time.Time
 }
 
-// delivery is the part of a result staged before its FPTPull came: the
-// shell copies those partitions from staging into the pull's buffer
-// outside the lock, then reports it with copied.
-type delivery struct {
-	r     *result
-	pw    *pullWait
-	buf   []byte // the staging buffer copied from
-	parts []lb.Partition
-}
-
-// todo is what the shell does after a core call, once unlocked, in this
+// effects is what the shell does after a core call, once unlocked, in this
 // order: copy the initial values, add the local contributions to the
 // aggregator, queue sends, report the hand-over of req, copy the
 // deliveries, complete the finished requests, and tell the LB agent an
 // iteration began.
-type todo struct {
-	initials []initialCopy // copies to make before req is handed over
-	unmap    [][]byte      // kept Init values nothing uses any more
-	req      *request      // the call's request, to hand over; nil for other inputs
-	locals   []van.Message // this worker's own contributions to partitions it aggregates
-	sends    []van.Message // frames to queue
-	counted  bool          // each send's Done settles one of req's outstanding items
+type effects struct {
+	initials []initialCopy   // copies to make before req is handed over
+	unmap    [][]byte        // kept Init values nothing uses any more
+	req      *request        // the call's request, to hand over; nil for other inputs
+	locals   []frame.Message // this worker's own contributions to partitions it aggregates
+	sends    []frame.Message // frames to queue
+	counted  bool            // each send's Done settles one of req's outstanding items
 	copies   []delivery
 	finished []*request
 	began    *iterationBegan
@@ -339,20 +263,7 @@ type todo struct {
 	// duty: hand the parameters to joining workers, before sends.
 	duty *paramsDuty
 	// notices are frames no request waits for (KVDrained).
-	notices []van.Message
-}
-
-// resend is one held push's frames cut again by a retry decision.
-type resend struct {
-	req           *request
-	locals, sends []van.Message
-}
-
-// initialCopy is a key's value after Init, copied into a pull's buffer;
-// the shell reports it with initialCopied.
-type initialCopy struct {
-	dst, src []byte
-	kept     *keptInit
+	notices []frame.Message
 }
 
 // iterationBegan is what the LB agent learns from a push (or, under
@@ -362,7 +273,7 @@ type iterationBegan struct {
 	version          uint32
 }
 
-func (t *todo) merge(o todo) {
+func (t *effects) merge(o effects) {
 	t.finished = append(t.finished, o.finished...)
 	t.copies = append(t.copies, o.copies...)
 	t.resends = append(t.resends, o.resends...)
@@ -371,6 +282,26 @@ func (t *todo) merge(o todo) {
 		t.began = o.began
 	}
 }
+
+// Errors the byte-level calls wrap, so that a caller can tell a bad key or
+// size from other failures (the C library maps them to its status codes).
+var (
+	ErrNotDeclared    = errors.New("key is not declared")
+	ErrSizeMismatch   = errors.New("size does not match the declaration")
+	ErrPullBeforePush = errors.New("pull of an iteration this worker has not pushed")
+)
+
+// Callback learns that a request completed: err is nil once a push's
+// values may be reused (sent; with FPT_ON_SERVER_LOSS=retry or
+// FPT_ON_WORKER_LOSS=continue, once every worker has their iteration's
+// sums) or a pull's buffer holds the result (into its own push's buffer
+// under either: with that push; under continue, every pull once every
+// worker has the sums, which a lost worker's retry changes), else why the
+// request failed (a refused key, the node's failure). It runs exactly
+// once per request, on a goroutine of its own (it may call the worker),
+// and Wait for the request returns after it returned. A call that returns
+// an error made no request and never runs its callback.
+type Callback func(err error)
 
 // ErrNoRequest is Wait's error for a timestamp no call returned.
 var ErrNoRequest = errors.New("no such request")
@@ -401,12 +332,12 @@ func (c *core) workersAt(iter uint64) []node.ID {
 // the horizon rises (moved reports that). Decisions must come in version
 // order, none missing: a worker that lacked one would cut tensors
 // differently from the others.
-func (c *core) follow(d lb.Directive) (out todo, moved bool, err error) {
+func (c *core) follow(d lb.Directive) (out effects, moved bool, err error) {
 	if !c.started && (d.Decision != nil || d.Done > 0) {
 		// The node's control loop runs before the worker has its
 		// schedule: start applies these.
 		c.early = append(c.early, d)
-		return todo{}, false, nil
+		return effects{}, false, nil
 	}
 	if c.join != nil && c.join.first == 0 {
 		// A joining worker starts from the decision naming it: the
@@ -414,25 +345,25 @@ func (c *core) follow(d lb.Directive) (out todo, moved bool, err error) {
 		// pushes.
 		if d.Decision != nil && slices.Contains(d.Decision.Workers, c.self) {
 			if err := c.joinedAt(*d.Decision); err != nil {
-				return todo{}, false, err
+				return effects{}, false, err
 			}
 			out.merge(c.paramsSettle())
 		}
 	} else if d.Retry {
 		if out, err = c.retry(d); err != nil {
-			return todo{}, false, err
+			return effects{}, false, err
 		}
 	} else if d.Decision != nil {
 		if latest := c.schedule.Latest(); d.Decision.Version != latest.Version+1 {
-			return todo{}, false, fmt.Errorf("worker: decision v%d follows v%d: one is missing", d.Decision.Version, latest.Version)
+			return effects{}, false, fmt.Errorf("worker: decision v%d follows v%d: one is missing", d.Decision.Version, latest.Version)
 		}
 		// With the LB off the horizon is unbounded and only tests force
 		// decisions: there is no grant to check against.
 		if d.Decision.Iteration <= c.horizon && c.horizon != math.MaxUint64 {
-			return todo{}, false, fmt.Errorf("worker: decision v%d takes effect at iteration %d, within the horizon already granted (%d)", d.Decision.Version, d.Decision.Iteration, c.horizon)
+			return effects{}, false, fmt.Errorf("worker: decision v%d takes effect at iteration %d, within the horizon already granted (%d)", d.Decision.Version, d.Decision.Iteration, c.horizon)
 		}
 		if err := c.schedule.Add(*d.Decision); err != nil {
-			return todo{}, false, fmt.Errorf("worker: %w", err)
+			return effects{}, false, fmt.Errorf("worker: %w", err)
 		}
 	}
 	if d.Done > c.done {
@@ -444,256 +375,6 @@ func (c *core) follow(d lb.Directive) (out todo, moved bool, err error) {
 		return out, true, nil
 	}
 	return out, false, nil
-}
-
-// aliasesHeld reports whether dst overlaps the values of a held push of
-// t's iteration iter: a pull into its own push's buffer, as MXNet's
-// kvstore and in-place all-reduce do.
-func (c *core) aliasesHeld(t *tensor, iter uint64, dst []byte) bool {
-	for _, hp := range c.held {
-		for i, ht := range hp.ts {
-			if ht == t && hp.iters[i] == iter && overlaps(hp.parts[i], dst) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// overlaps reports whether a and b share memory.
-func overlaps(a, b []byte) bool {
-	if len(a) == 0 || len(b) == 0 {
-		return false
-	}
-	a0, b0 := uintptr(unsafe.Pointer(unsafe.SliceData(a))), uintptr(unsafe.Pointer(unsafe.SliceData(b)))
-	return a0 < b0+uintptr(len(b)) && b0 < a0+uintptr(len(a))
-}
-
-// releaseHeld completes the held pushes whose iterations every worker has
-// the sums of, and hands over the deferred pulls of those iterations.
-func (c *core) releaseHeld() todo {
-	var out todo
-	c.deferred = slices.DeleteFunc(c.deferred, func(dp deferredPull) bool {
-		if dp.r.iter >= c.done {
-			return false
-		}
-		// done passed the iteration: its sum is complete here too.
-		if d, ok := dp.r.wait(dp.pw); ok {
-			out.copies = append(out.copies, d)
-		} else {
-			out.merge(c.finish(dp.r, dp.pw))
-		}
-		return true
-	})
-	c.heldPulls = slices.DeleteFunc(c.heldPulls, func(r *result) bool {
-		if r.iter >= c.done {
-			return false
-		}
-		r.held = false
-		out.merge(c.finish(r, r.waiter))
-		return true
-	})
-	c.held = slices.DeleteFunc(c.held, func(hp *heldPush) bool {
-		if hp.last >= c.done && !hp.req.finished {
-			return false
-		}
-		out.merge(c.settle(hp.req, 1, nil))
-		return true
-	})
-	return out
-}
-
-// retry applies a retry decision (a server or a worker was lost): it
-// replaces every decision from its iteration on, results of those
-// iterations start again under it (the complete ones too when the workers
-// changed: their sums do), and the held pushes of those iterations are cut
-// again and returned to send.
-func (c *core) retry(d lb.Directive) (todo, error) {
-	dec := d.Decision
-	resum := dec.Workers != nil
-	switch {
-	case !c.retryMode:
-		return todo{}, fmt.Errorf("worker: retry decision v%d, but neither FPT_ON_SERVER_LOSS=retry nor FPT_ON_WORKER_LOSS=continue or wait is set here", dec.Version)
-	case resum && !c.resum:
-		return todo{}, fmt.Errorf("worker: retry decision v%d changes the workers, but FPT_ON_WORKER_LOSS is neither continue nor wait here", dec.Version)
-	case dec.Iteration < c.done:
-		return todo{}, fmt.Errorf("worker: retry decision v%d from iteration %d, but every worker has the sums up to %d", dec.Version, dec.Iteration, c.done)
-	}
-	if err := c.schedule.Rewrite(*dec); err != nil {
-		return todo{}, fmt.Errorf("worker: retry: %w", err)
-	}
-	c.retried = append(c.retried, retryMark{dec.Version, dec.Iteration})
-	for _, r := range c.results {
-		if r.iter >= dec.Iteration && (!r.complete || resum) {
-			c.recut(r, resum)
-		}
-	}
-	var out todo
-	if resum {
-		c.heldPulls = slices.DeleteFunc(c.heldPulls, func(r *result) bool { return !r.held })
-		out.merge(c.resumFrom(dec.Iteration))
-	}
-	for _, hp := range c.held {
-		if hp.req.finished {
-			continue
-		}
-		rs := resend{req: hp.req}
-		for i, t := range hp.ts {
-			if hp.iters[i] >= dec.Iteration {
-				rs.sends, rs.locals = c.cut(rs.sends, rs.locals, t, hp.iters[i], hp.parts[i], hp.priority)
-			}
-		}
-		if len(rs.sends)+len(rs.locals) > 0 {
-			hp.req.left += len(rs.sends)
-			out.resends = append(out.resends, rs)
-		}
-	}
-	return out, nil
-}
-
-// recut starts r again under the layout now in force at its iteration:
-// partitions received under the replaced one no longer count. With
-// resum the workers changed, so a complete sum is summed again too (an
-// empty tensor's excepted: it has nothing to sum).
-func (c *core) recut(r *result, resum bool) {
-	_, layout := c.layoutFor(r.t, r.iter)
-	r.parts = layout
-	r.seen = make([]bool, len(layout))
-	r.staged = make([]bool, len(layout))
-	r.left = len(layout)
-	r.gen++
-	r.stale += r.writing
-	r.writing = 0
-	if resum && len(layout) > 0 {
-		r.complete, r.held = false, false
-	}
-	if r.stale > 0 {
-		r.buf = nil // stale landings may still write into the old one
-	}
-	if r.waiter != nil && (r.waiter.copying || r.stale > 0) {
-		r.restage, r.buf = true, nil
-	}
-}
-
-// unstage ends r's restage once nothing older is written into its pull's
-// buffer any more: the partitions staged apart meanwhile are copied over,
-// or the pull completes if they are all in.
-func (c *core) unstage(r *result) todo {
-	if !r.restage || r.stale > 0 || r.waiter == nil || r.waiter.copying {
-		return todo{}
-	}
-	r.restage = false
-	if d, ok := r.wait(r.waiter); ok {
-		return todo{copies: []delivery{d}}
-	}
-	if !r.complete {
-		return todo{} // land completes it with its last partition
-	}
-	return c.finish(r, r.waiter)
-}
-
-// superseded reports whether a retry replaced the decision h was cut
-// under.
-func (c *core) superseded(h *frame.Header) bool {
-	for _, m := range c.retried {
-		if h.Iteration >= m.from && h.Aux < m.version {
-			return true
-		}
-	}
-	return false
-}
-
-// retryVersion is the latest retry decision applied (0: none): the LB
-// counts only reports of re-summed iterations made under it.
-func (c *core) retryVersion() uint32 {
-	if len(c.retried) == 0 {
-		return 0
-	}
-	return c.retried[len(c.retried)-1].version
-}
-
-// retriedAt reports whether a retry re-cut iteration iter.
-func (c *core) retriedAt(iter uint64) bool {
-	return slices.ContainsFunc(c.retried, func(m retryMark) bool { return iter >= m.from })
-}
-
-// sumIn records that t's sum of iteration iter is complete here, and
-// reports (began) when that completes an iteration for every tensor:
-// with retries on, the LB hears of completions rather than pushes, so
-// that its Done means that every worker has the sums.
-func (c *core) sumIn(t *tensor, iter uint64) todo {
-	if !c.retryMode || iter < t.sumsIn {
-		return todo{} // only retries need to know
-	}
-	if iter != t.sumsIn {
-		if t.sumsAhead == nil {
-			t.sumsAhead = make(map[uint64]bool)
-		}
-		t.sumsAhead[iter] = true
-		return todo{}
-	}
-	t.sumsIn++
-	for t.sumsAhead[t.sumsIn] {
-		delete(t.sumsAhead, t.sumsIn)
-		t.sumsIn++
-	}
-	return c.reportSums()
-}
-
-// reportSums reports (began) the iterations whose every sum is now here,
-// if that is more than reported.
-func (c *core) reportSums() todo {
-	n, any := uint64(math.MaxUint64), false
-	for _, tn := range c.tensors {
-		if !tn.once && (tn.pushed > 0 || tn.sumsIn > 0) {
-			n, any = min(n, tn.sumsIn), true
-		}
-	}
-	if !any || n <= c.sumsIn {
-		return todo{}
-	}
-	c.sumsIn = n
-	return todo{began: &iterationBegan{iter: n, modelBytes: c.modelBytes, version: c.retryVersion()}}
-}
-
-// resumFrom forgets that the sums of iterations from on are here: after
-// a lost worker they are summed again, and the LB must hear of them anew
-// (under the retry's version). Empty tensors' sums stay complete.
-func (c *core) resumFrom(from uint64) todo {
-	for _, t := range c.tensors {
-		for it := range t.sumsAhead {
-			if it >= from {
-				delete(t.sumsAhead, it)
-			}
-		}
-		if t.sumsIn <= from {
-			continue
-		}
-		t.sumsIn = from
-		for {
-			r := c.results[resultKey{t.key, t.sumsIn}]
-			if r == nil || !r.complete {
-				break
-			}
-			t.sumsIn++
-		}
-	}
-	c.sumsIn = min(c.sumsIn, from)
-	return c.reportSums()
-}
-
-// finish completes pull pw of result r, whose bytes are all in its
-// buffer. With resum the pull completes only once every worker has the
-// iteration's sum: until then it stays r's waiter, so that a retry lands
-// the new sum in its buffer.
-func (c *core) finish(r *result, pw *pullWait) todo {
-	if c.resum && r.iter >= c.done {
-		r.waiter, r.held = pw, true
-		c.heldPulls = append(c.heldPulls, r)
-		return todo{}
-	}
-	r.waiter = nil
-	return c.delivered(r, pw.req)
 }
 
 // setTensorsPerIteration announces how many tensors one iteration pushes.
@@ -724,6 +405,7 @@ func (c *core) declare(key uint64, dtype frame.DType, bytes uint64, priority int
 	t := &tensor{key: key, dtype: dtype, bytes: bytes, priority: priority}
 	c.startTensor(t)
 	c.tensors[key] = t
+	c.tally(t)
 	c.modelBytes += bytes
 	return nil
 }
@@ -738,17 +420,6 @@ func (c *core) dtypeOf(keys []uint64) frame.DType {
 		}
 	}
 	return frame.Float32
-}
-
-// unpushed reports an error unless none of keys has been pushed: Init
-// must be a key's first push.
-func (c *core) unpushed(keys []uint64) error {
-	for _, k := range keys {
-		if t := c.tensors[k]; t != nil && t.pushed > 0 {
-			return fmt.Errorf("worker: Init: key %d was pushed already", k)
-		}
-	}
-	return nil
 }
 
 // layoutFor returns t's partitions for an iteration under the decision in
@@ -821,29 +492,29 @@ func (c *core) newRequest(cl *call, left int) (*request, error) {
 }
 
 // settle records progress on r (n fewer outstanding items, or a failure)
-// and returns it in todo.finished when that finishes it.
-func (c *core) settle(r *request, n int, err error) todo {
+// and returns it in effects.finished when that finishes it.
+func (c *core) settle(r *request, n int, err error) effects {
 	if r.finished {
-		return todo{}
+		return effects{}
 	}
 	r.left -= n
 	if err != nil {
 		r.err = err
 	}
 	if r.left > 0 && r.err == nil {
-		return todo{}
+		return effects{}
 	}
 	r.finished = true
-	return todo{finished: []*request{r}}
+	return effects{finished: []*request{r}}
 }
 
 // handedOver settles the call's own item of r: its local contributions
 // were added (err: or refused) and its frames queued. No request completes
 // before that, since the caller may reuse its buffer then.
-func (c *core) handedOver(r *request, err error) todo { return c.settle(r, 1, err) }
+func (c *core) handedOver(r *request, err error) effects { return c.settle(r, 1, err) }
 
 // sent settles one frame of r written (or lost, err).
-func (c *core) sent(r *request, err error) todo {
+func (c *core) sent(r *request, err error) effects {
 	if err != nil {
 		err = fmt.Errorf("worker: push: %w", err)
 	}
@@ -852,7 +523,7 @@ func (c *core) sent(r *request, err error) todo {
 
 // sendFailed settles r with the error of a frame that could not be queued:
 // neither it nor the frames after it will be written.
-func (c *core) sendFailed(r *request, h *frame.Header, err error) todo {
+func (c *core) sendFailed(r *request, h *frame.Header, err error) effects {
 	return c.settle(r, 0, fmt.Errorf("worker: send %s: %w", h, err))
 }
 
@@ -895,437 +566,18 @@ func (c *core) pending() []*request {
 
 // fail settles every outstanding request with the node's failure, and
 // refuses new ones from now on.
-func (c *core) fail(err error) todo {
+func (c *core) fail(err error) effects {
 	if c.err == nil {
 		c.err = err
 	}
-	var t todo
+	var t effects
 	for _, r := range c.requests {
 		t.merge(c.settle(r, 0, fmt.Errorf("worker: the node failed: %w", c.err)))
 	}
-	for _, tn := range c.tensors {
+	for tn := range c.allTensors() {
 		t.unmap = append(t.unmap, tn.forgetInitial()...)
 	}
 	// The order callbacks run in is the order requests were made.
 	slices.SortFunc(t.finished, func(a, b *request) int { return a.ts - b.ts })
 	return t
-}
-
-// push is FPTPush on bytes: byteLens[i] bytes of data belong to keys[i].
-// It answers errHorizon, changing nothing, while an iteration it would
-// push lies beyond the LB's horizon.
-func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DType, priority int32, cl *call) (todo, error) {
-	ts, parts, err := c.split(keys, data, byteLens, dtype)
-	if err != nil {
-		return todo{}, err
-	}
-	if c.join != nil && slices.ContainsFunc(ts, func(t *tensor) bool { return !c.join.took[t.key] }) {
-		return todo{}, errors.New("worker: a worker that joined a running job calls Init first: it gets the parameters there")
-	}
-	if i := slices.IndexFunc(ts, func(t *tensor) bool { return t.once }); i >= 0 {
-		return todo{}, fmt.Errorf("worker: key %d was broadcast: it has its init round only, and is never pushed again", ts[i].key)
-	}
-	if slices.ContainsFunc(ts, func(t *tensor) bool { return t.pushed > c.horizon }) {
-		return todo{}, errHorizon
-	}
-	// One slice holds the request's frames: they live until their Done.
-	// locals are the partitions this worker aggregates itself.
-	var msgs, locals []van.Message
-	began := uint64(0)
-	for i, t := range ts {
-		began = max(began, t.pushed)
-		msgs, locals = c.cut(msgs, locals, t, t.pushed, parts[i], priority)
-	}
-	hold := 0
-	if c.retryMode && began >= c.done {
-		hold = 1 // settled once every worker has the sums (releaseHeld)
-	}
-	req, err := c.newRequest(cl, len(msgs)+hold)
-	if err != nil {
-		return todo{}, err
-	}
-	if hold > 0 {
-		hp := &heldPush{req: req, ts: ts, iters: make([]uint64, len(ts)), parts: parts, priority: priority, last: began}
-		for i, t := range ts {
-			hp.iters[i] = t.pushed
-		}
-		c.held = append(c.held, hp)
-	}
-	out := todo{req: req, locals: locals, sends: msgs, counted: true}
-	for _, t := range ts {
-		iter := t.pushed
-		if out.duty == nil {
-			out.duty = c.duty(iter, priority)
-		}
-		t.pushed++
-		out.unmap = append(out.unmap, t.forgetInitial()...)
-		if _, layout := c.layoutFor(t, iter); len(layout) == 0 {
-			// An empty tensor's sum is complete as soon as it is pushed.
-			r := c.resultFor(t, iter)
-			r.complete = true
-			out.merge(c.sumIn(t, iter))
-		}
-	}
-	if !c.retryMode {
-		out.began = &iterationBegan{iter: began, modelBytes: c.modelBytes, version: c.retryVersion()}
-	}
-	return out, nil
-}
-
-// cut appends t's frames for an iteration, from its values data, under
-// the decision in force then: to sends the partitions to send, to locals
-// those this worker aggregates itself. In the init round only worker 0
-// sends.
-func (c *core) cut(sends, locals []van.Message, t *tensor, iter uint64, data []byte, priority int32) ([]van.Message, []van.Message) {
-	var flags uint8
-	if iter == 0 {
-		if c.rank != 0 {
-			return sends, locals
-		}
-		flags = frame.FlagInit
-	}
-	d, layout := c.layoutFor(t, iter)
-	for _, p := range layout {
-		m := van.Message{
-			Header: frame.Header{
-				Type: frame.Push, DType: t.dtype, Flags: flags,
-				Sender: uint32(c.self), Recipient: uint32(p.Aggregator),
-				Key: t.key, Partition: p.Index, Iteration: iter,
-				Offset: p.Offset, Total: t.bytes, Length: p.Length, Priority: priority, Aux: d.Version,
-			},
-			Payload: data[p.Offset : p.Offset+p.Length],
-		}
-		if p.Aggregator == c.self {
-			locals = append(locals, m)
-		} else {
-			sends = append(sends, m)
-		}
-	}
-	return sends, locals
-}
-
-// iterationsPushed is how many iterations this worker has pushed in full:
-// the fewest pushes of any declared key (0 before any).
-func (c *core) iterationsPushed() uint64 {
-	n, first := uint64(0), true
-	for _, t := range c.tensors {
-		if t.once {
-			continue
-		}
-		if first || t.pushed < n {
-			n, first = t.pushed, false
-		}
-	}
-	return n
-}
-
-// pull is FPTPull on bytes: each key's next iteration's sum goes to its
-// slice of data. Results already complete come back as copies to make.
-func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DType, cl *call) (todo, error) {
-	ts, parts, err := c.split(keys, data, byteLens, dtype)
-	if err != nil {
-		return todo{}, err
-	}
-	if slices.ContainsFunc(ts, func(t *tensor) bool { return t.pulled >= t.pushed }) {
-		return c.pullInitial(ts, parts, cl)
-	}
-	req, err := c.newRequest(cl, len(ts))
-	if err != nil {
-		return todo{}, err
-	}
-	out := todo{req: req}
-	for i, t := range ts {
-		iter := t.pulled
-		t.pulled++
-		r := c.resultFor(t, iter)
-		if iter >= c.done && c.aliasesHeld(t, iter, parts[i]) {
-			c.deferred = append(c.deferred, deferredPull{r, &pullWait{req: req, dst: parts[i]}})
-			continue
-		}
-		if d, ok := r.wait(&pullWait{req: req, dst: parts[i]}); ok {
-			out.copies = append(out.copies, d)
-		} else if r.complete {
-			// Nothing to copy: complete now.
-			out.merge(c.finish(r, r.waiter))
-		}
-	}
-	return out, nil
-}
-
-// pullInitial answers a pull with no push outstanding for some key: if
-// every key was initialised and not pushed since, with the values Init
-// left (copied by the shell, as initials); else it is the caller's error.
-func (c *core) pullInitial(ts []*tensor, parts [][]byte, cl *call) (todo, error) {
-	for _, t := range ts {
-		switch {
-		case t.pulled < t.pushed:
-			return todo{}, fmt.Errorf("worker: FPTPull mixes key %d, pushed for iteration %d, with keys that have no push outstanding: %w", t.key, t.pulled, ErrPullBeforePush)
-		case t.initial == nil:
-			return todo{}, fmt.Errorf("worker: FPTPull of key %d for iteration %d before its FPTPush: %w", t.key, t.pulled, ErrPullBeforePush)
-		}
-	}
-	req, err := c.newRequest(cl, 0)
-	if err != nil {
-		return todo{}, err
-	}
-	out := todo{req: req}
-	for i, t := range ts {
-		t.kept.readers++
-		out.initials = append(out.initials, initialCopy{dst: parts[i], src: t.initial, kept: t.kept})
-	}
-	return out, nil
-}
-
-// initialCopied is the shell's report that it has copied out of the kept
-// values.
-func (c *core) initialCopied(copies []initialCopy) todo {
-	var out todo
-	for _, cp := range copies {
-		cp.kept.readers--
-		out.unmap = append(out.unmap, cp.kept.drop()...)
-	}
-	return out
-}
-
-// keepInitial records the keys' values after Init for pullInitial: mem (the
-// shell's copy, which the core now owns until it hands it back in
-// todo.unmap) is laid out as byteLens say.
-func (c *core) keepInitial(keys []uint64, mem []byte, byteLens []int) todo {
-	var out todo
-	k := &keptInit{mem: mem}
-	if c.err == nil {
-		off := 0
-		for i, key := range keys {
-			// A push since Init (from another thread) makes the values stale.
-			if t := c.tensors[key]; t != nil && uint64(byteLens[i]) == t.bytes && t.pushed == t.pulled {
-				out.unmap = append(out.unmap, t.forgetInitial()...)
-				t.initial = mem[off : off+byteLens[i] : off+byteLens[i]]
-				t.kept = k
-				k.keys++
-			}
-			off += byteLens[i]
-		}
-	}
-	out.unmap = append(out.unmap, k.drop()...)
-	return out
-}
-
-// resultFor finds or creates the result of t's iteration.
-func (c *core) resultFor(t *tensor, iter uint64) *result {
-	k := resultKey{t.key, iter}
-	if r := c.results[k]; r != nil {
-		return r
-	}
-	_, layout := c.layoutFor(t, iter)
-	r := &result{t: t, iter: iter, parts: layout, seen: make([]bool, len(layout)),
-		staged: make([]bool, len(layout)), left: len(layout)}
-	c.results[k] = r
-	return r
-}
-
-// stage returns r's staging buffer, taking a spare if it has none.
-func (r *result) stage() []byte {
-	if r.buf == nil {
-		if n := len(r.t.spare); n > 0 {
-			r.buf, r.t.spare = r.t.spare[n-1], r.t.spare[:n-1]
-		} else {
-			r.buf = make([]byte, r.t.bytes)
-		}
-	}
-	return r.buf
-}
-
-// wait makes an FPTPull's buffer the destination of r's partitions still
-// to come, and hands the shell those already staged to copy over (ok).
-func (r *result) wait(pw *pullWait) (d delivery, ok bool) {
-	r.waiter = pw
-	for i, staged := range r.staged {
-		if staged {
-			d.parts = append(d.parts, r.parts[i])
-			r.staged[i] = false
-		}
-	}
-	if len(d.parts) == 0 {
-		return delivery{}, false
-	}
-	pw.copying = true
-	return delivery{r: r, pw: pw, buf: r.buf, parts: d.parts}, true
-}
-
-// copied reports that the shell has copied d's staged partitions: the
-// result completes now if its last partition has already landed.
-func (c *core) copied(d delivery) todo {
-	d.pw.copying = false
-	r := d.r
-	if r.restage {
-		// A retry re-cut r during the copy: what landed since was staged
-		// apart, and is copied now (or once stale landings end).
-		return c.unstage(r)
-	}
-	if !r.complete {
-		return todo{} // land completes it with its last partition
-	}
-	return c.finish(r, d.pw)
-}
-
-// delivered completes an FPTPull's share of a result once its bytes are in
-// the caller's buffer, and recycles the result's staging buffer.
-func (c *core) delivered(r *result, req *request) todo {
-	delete(c.results, resultKey{r.t.key, r.iter})
-	if r.buf != nil && len(r.t.spare) < 2 {
-		r.t.spare = append(r.t.spare, r.buf)
-	}
-	return c.settle(req, 1, nil)
-}
-
-// sink is the van.Sink half for Result frames: the span a partition is
-// read into in place (the FPTPull's buffer or staging), or nil when the
-// frame is wrong (received reports why).
-func (c *core) sink(h *frame.Header) []byte {
-	l, err := c.claim(h)
-	if err != nil {
-		return nil
-	}
-	c.sunk[sunkKeyOf(h)] = l
-	return l.span
-}
-
-// abandon releases the landing of a frame its sender's connection was
-// reading in place when it ended: the partition never lands, so a retry
-// (or the job's failure) follows, but its bytes are no longer written.
-func (c *core) abandon(peer node.ID) todo {
-	var out todo
-	for k, l := range c.sunk {
-		if k.sender != peer {
-			continue
-		}
-		delete(c.sunk, k)
-		r := l.r
-		if l.gen != r.gen {
-			r.stale--
-			out.merge(c.unstage(r))
-			continue
-		}
-		r.writing--
-	}
-	return out
-}
-
-// received takes a Result frame: its landing, and whether sink already
-// put its bytes there (else the shell copies the payload into l.span).
-func (c *core) received(h *frame.Header) (l landing, inPlace bool, err error) {
-	k := sunkKeyOf(h)
-	if l, ok := c.sunk[k]; ok {
-		delete(c.sunk, k)
-		return l, true, nil
-	}
-	l, err = c.claim(h)
-	return l, false, err
-}
-
-// claim validates a result frame (or this worker's own copy of a sum it
-// aggregated) and reserves its partition.
-func (c *core) claim(h *frame.Header) (landing, error) {
-	if !c.started {
-		return landing{}, errors.New("result before the worker started")
-	}
-	t := c.tensors[h.Key]
-	if t == nil {
-		return landing{}, errors.New("result for an undeclared key (declare every key on every worker before the first push)")
-	}
-	if c.superseded(h) {
-		return landing{}, errStale
-	}
-	r := c.results[resultKey{h.Key, h.Iteration}]
-	if r == nil {
-		if h.Iteration < t.pulled && c.retriedAt(h.Iteration) {
-			return landing{}, errStale // pulled before the retry re-sent it
-		}
-		if h.Iteration < t.pulled || h.Iteration > t.pushed {
-			return landing{}, fmt.Errorf("result for iteration %d, but this worker pushed %d and pulled %d", h.Iteration, t.pushed, t.pulled)
-		}
-		r = c.resultFor(t, h.Iteration)
-	}
-	if r.complete && c.retriedAt(h.Iteration) {
-		return landing{}, errStale // complete here before the retry
-	}
-	if err := r.check(h); err != nil {
-		return landing{}, err
-	}
-	r.seen[h.Partition] = true
-	r.writing++
-	l := landing{r: r, gen: r.gen, staging: r.waiter == nil || r.restage}
-	var into []byte
-	if l.staging {
-		into = r.stage()
-	} else {
-		into = r.waiter.dst
-	}
-	l.span = into[h.Offset : h.Offset+h.Length]
-	return l, nil
-}
-
-// land accounts for a partition whose bytes are in place, and completes
-// the result (and the FPTPull waiting for it) with its last partition.
-func (c *core) land(l landing, part uint32) todo {
-	r := l.r
-	if l.gen != r.gen {
-		// Claimed before a retry re-cut r: it no longer counts, but the
-		// new cut's partitions may now go where its bytes went.
-		r.stale--
-		return c.unstage(r)
-	}
-	r.writing--
-	if l.staging {
-		if r.waiter != nil && !r.restage {
-			// The pull came while this partition was being staged.
-			p := r.parts[part]
-			copy(r.waiter.dst[p.Offset:p.Offset+p.Length], l.span)
-		} else {
-			r.staged[part] = true
-		}
-	}
-	r.left--
-	if r.left > 0 {
-		return todo{}
-	}
-	r.complete = true
-	out := c.sumIn(r.t, r.iter)
-	wait := r.waiter
-	if wait == nil || wait.copying || r.restage {
-		return out // its pull, copied or unstage completes it
-	}
-	out.merge(c.finish(r, wait))
-	return out
-}
-
-// check verifies that a result frame is the partition the layout expects
-// from the aggregator that owns it: a misrouted or stale partition is a
-// protocol error, never a silently wrong value.
-func (r *result) check(h *frame.Header) error {
-	if int(h.Partition) >= len(r.parts) {
-		return fmt.Errorf("partition %d of %d", h.Partition, len(r.parts))
-	}
-	p := r.parts[h.Partition]
-	switch {
-	case h.DType != r.t.dtype || h.Total != r.t.bytes:
-		return fmt.Errorf("key is %d bytes of %s", r.t.bytes, r.t.dtype)
-	case p.Offset != h.Offset || p.Length != h.Length:
-		return fmt.Errorf("partition %d is [%d,+%d)", p.Index, p.Offset, p.Length)
-	case p.Aggregator != node.ID(h.Sender):
-		return fmt.Errorf("partition %d belongs to %s", p.Index, node.ID(p.Aggregator))
-	case r.seen[h.Partition]:
-		return fmt.Errorf("partition %d received twice", h.Partition)
-	}
-	return nil
-}
-
-// broadcastOnly marks keys initialised by Broadcast: their init round is
-// all they have (see tensor.once).
-func (c *core) broadcastOnly(keys []uint64) {
-	for _, k := range keys {
-		if t := c.tensors[k]; t != nil {
-			t.once = true
-		}
-	}
 }

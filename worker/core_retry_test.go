@@ -47,9 +47,9 @@ func versioned(c *core, iter uint64) []frame.Header {
 
 // deliver lands every frame of hs with its bytes of sum, and returns what
 // the last landing did.
-func deliver(t *testing.T, c *core, hs []frame.Header, sum []byte) todo {
+func deliver(t *testing.T, c *core, hs []frame.Header, sum []byte) effects {
 	t.Helper()
-	var out todo
+	var out effects
 	for i := range hs {
 		h := &hs[i]
 		td, err := receive(c, h, sum[h.Offset:h.Offset+h.Length])
@@ -105,7 +105,7 @@ func TestCoreRetryHoldsPushes(t *testing.T) {
 // earlier iterations are not sent again.
 func TestCoreRetryPushesAgain(t *testing.T) {
 	c := retryCore(t, 1)
-	var pushes []todo
+	var pushes []effects
 	for it := range uint64(3) {
 		td := mustPush(t, c, 5, pattern(64, it))
 		handOver(c, td)
@@ -179,14 +179,14 @@ func TestCoreRetryResults(t *testing.T) {
 			sum := pattern(64, 9)
 			old := versioned(c, 1)
 			dst := make([]byte, 64)
-			var pull todo
+			var pull effects
 			if tt.pulled {
 				var err error
 				if pull, err = c.pull([]uint64{5}, dst, []int{64}, frame.Float32, &call{}); err != nil {
 					t.Fatal(err)
 				}
 			}
-			var landed todo
+			var landed effects
 			for _, i := range tt.before {
 				td, err := receive(c, &old[i], sum[old[i].Offset:old[i].Offset+old[i].Length])
 				if err != nil {
@@ -226,7 +226,7 @@ func TestCoreRetryResults(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			landed.merge(todo{finished: pull.finished})
+			landed.merge(effects{finished: pull.finished})
 			landed.merge(c.handedOver(pull.req, nil))
 			pull.finished = nil
 			for _, d := range pull.copies {
@@ -286,7 +286,7 @@ func TestCoreRetryInPlacePull(t *testing.T) {
 // pulled into dst, partition part of its result (old, the frames of the
 // cut before the retry) claimed by the sink into span, then server 0's
 // loss re-cutting iteration 1.
-func sinkThenRetry(t *testing.T, part int) (c *core, dst []byte, pull todo, old []frame.Header, span []byte) {
+func sinkThenRetry(t *testing.T, part int) (c *core, dst []byte, pull effects, old []frame.Header, span []byte) {
 	t.Helper()
 	c = retryCore(t, 0)
 	initRound(t, c)
@@ -350,7 +350,7 @@ func TestCoreRetryLandingOutlivesNewCut(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			c, dst, pull, old, span := sinkThenRetry(t, 2)
 			sum := pattern(64, 9)
-			var out todo
+			var out effects
 			for _, h := range versioned(c, 1) {
 				td, err := receive(c, &h, sum[h.Offset:h.Offset+h.Length])
 				if err != nil {
@@ -496,7 +496,7 @@ func TestCoreResumRetry(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := retryCore(t, 0)
-			c.resum = true
+			c.sumsAgainOnWorkerLoss = true
 			initRound(t, c)
 			if _, _, err := c.follow(lb.Directive{Horizon: 100, Done: 1}); err != nil {
 				t.Fatal(err)
@@ -506,8 +506,8 @@ func TestCoreResumRetry(t *testing.T) {
 			dst := make([]byte, 64)
 			var finished []int
 			var began *iterationBegan
-			var note func(todo)
-			note = func(td todo) {
+			var note func(effects)
+			note = func(td effects) {
 				finished = append(finished, finishedTS(td)...)
 				if td.began != nil {
 					began = td.began
@@ -602,16 +602,16 @@ func TestCoreBroadcastKeys(t *testing.T) {
 	for _, key := range []uint64{5, 6} {
 		handOver(c, mustPush(t, c, key, pattern(64, 0)))
 	}
-	reported := func(td todo) uint64 {
+	reported := func(td effects) uint64 {
 		if td.began == nil {
 			return 0
 		}
 		return td.began.iter
 	}
-	deliverKey := func(key, iter uint64) todo {
+	deliverKey := func(key, iter uint64) effects {
 		t.Helper()
 		hs := results(c, key, iter)
-		var out todo
+		var out effects
 		for i := range hs {
 			hs[i].Aux = c.schedule.At(iter).Version
 			td, err := receive(c, &hs[i], make([]byte, hs[i].Length))

@@ -47,12 +47,12 @@ func mustDeclare(t *testing.T, c *core, key uint64, n int) {
 	}
 }
 
-// handOver does what the shell does with a call's todo when every frame
+// handOver does what the shell does with a call's effects when every frame
 // is written: the hand-over, then each send's Done. It returns the
 // timestamps of the requests that finished.
-func handOver(c *core, t todo) []int {
+func handOver(c *core, t effects) []int {
 	var done []int
-	add := func(o todo) {
+	add := func(o effects) {
 		for _, r := range o.finished {
 			done = append(done, r.ts)
 		}
@@ -67,7 +67,7 @@ func handOver(c *core, t todo) []int {
 	return done
 }
 
-func mustPush(t *testing.T, c *core, key uint64, data []byte) todo {
+func mustPush(t *testing.T, c *core, key uint64, data []byte) effects {
 	t.Helper()
 	td, err := c.push([]uint64{key}, data, []int{len(data)}, frame.Float32, 0, &call{})
 	if err != nil {
@@ -92,10 +92,10 @@ func results(c *core, key, iter uint64) []frame.Header {
 }
 
 // receive takes a Result frame the way HandleFrame does.
-func receive(c *core, h *frame.Header, payload []byte) (todo, error) {
+func receive(c *core, h *frame.Header, payload []byte) (effects, error) {
 	l, inPlace, err := c.received(h)
 	if err != nil {
-		return todo{}, err
+		return effects{}, err
 	}
 	if !inPlace {
 		copy(l.span, payload)
@@ -103,7 +103,7 @@ func receive(c *core, h *frame.Header, payload []byte) (todo, error) {
 	return c.land(l, h.Partition), nil
 }
 
-func finishedTS(t todo) []int {
+func finishedTS(t effects) []int {
 	var ts []int
 	for _, r := range t.finished {
 		ts = append(ts, r.ts)
@@ -113,7 +113,7 @@ func finishedTS(t todo) []int {
 
 // copyStaged does the shell's part of a delivery: it copies the staged
 // partitions into the pull's buffer, then reports it.
-func copyStaged(c *core, d delivery) todo {
+func copyStaged(c *core, d delivery) effects {
 	for _, p := range d.parts {
 		copy(d.pw.dst[p.Offset:p.Offset+p.Length], d.buf[p.Offset:p.Offset+p.Length])
 	}
@@ -186,7 +186,7 @@ func TestCoreResultAssembly(t *testing.T) {
 			sunk := map[uint32][]byte{}
 			var copies []delivery
 			completed := 0
-			note := func(td todo) {
+			note := func(td effects) {
 				for _, r := range td.finished {
 					if r != pull {
 						t.Fatalf("request %d finished, not the pull", r.ts)
@@ -266,8 +266,8 @@ func TestCoreResultAssembly(t *testing.T) {
 			if !bytes.Equal(dst, want) {
 				t.Errorf("pulled %v\nwant       %v", dst, want)
 			}
-			if len(c.results) != 0 || len(c.sunk) != 0 {
-				t.Errorf("%d results and %d sunk partitions left over", len(c.results), len(c.sunk))
+			if len(c.results) != 0 || len(c.readingInPlace) != 0 {
+				t.Errorf("%d results and %d partitions read in place left over", len(c.results), len(c.readingInPlace))
 			}
 		})
 	}
@@ -787,10 +787,10 @@ func TestCoreFailure(t *testing.T) {
 func TestCoreKeptInitial(t *testing.T) {
 	const n = 64
 	mem := func() []byte { return bytes.Repeat([]byte{7}, 2*n) }
-	keep := func(c *core, m []byte) todo {
+	keep := func(c *core, m []byte) effects {
 		return c.keepInitial([]uint64{1, 2}, m, []int{n, n})
 	}
-	pull := func(t *testing.T, c *core, key uint64) todo {
+	pull := func(t *testing.T, c *core, key uint64) effects {
 		t.Helper()
 		dst := make([]byte, n)
 		td, err := c.pull([]uint64{key}, dst, []int{n}, frame.Float32, newCall(nil, true))
@@ -802,7 +802,7 @@ func TestCoreKeptInitial(t *testing.T) {
 		}
 		return td
 	}
-	unmapped := func(t *testing.T, step string, td todo, want int) {
+	unmapped := func(t *testing.T, step string, td effects, want int) {
 		t.Helper()
 		if len(td.unmap) != want {
 			t.Fatalf("%s: %d regions to unmap, want %d", step, len(td.unmap), want)

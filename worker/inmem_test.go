@@ -348,7 +348,7 @@ func TestInMemoryNodeLost(t *testing.T) {
 				}
 				// When the failure reaches the callback, the caller may
 				// free the buffer: the van must be done with it by then.
-				probe := &van.Message{Header: frame.Header{Type: frame.Push, Recipient: 999}}
+				probe := &frame.Message{Header: frame.Header{Type: frame.Push, Recipient: 999}}
 				ts, err := kv.FPTPull(keys, make([]float32, total), lens, func(err error) {
 					if err == nil {
 						return

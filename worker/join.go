@@ -8,7 +8,6 @@ import (
 
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
-	"github.com/fptps/fpt/van"
 )
 
 // A worker may join a running job (started with the job's environment
@@ -71,7 +70,7 @@ func (w *Worker) sendParams(d *paramsDuty) {
 	src := w.params
 	w.mu.Unlock()
 	log := w.node.Logger()
-	var msgs []van.Message
+	var msgs []frame.Message
 	err := errNoParamsSource
 	if src != nil {
 		msgs, err = w.paramsFrames(src, d)
@@ -83,7 +82,7 @@ func (w *Worker) sendParams(d *paramsDuty) {
 		why = why[:min(len(why), maxRefusal, max(int(w.node.Config().PartitionBytes), minRefusal))]
 		msgs = msgs[:0]
 		for _, to := range d.to {
-			msgs = append(msgs, van.Message{
+			msgs = append(msgs, frame.Message{
 				Header:  frame.Header{Type: frame.Params, Flags: frame.FlagRefused, Sender: uint32(w.node.Self().ID), Recipient: uint32(to), Iteration: d.iter, Length: uint64(len(why))},
 				Payload: why,
 			})
@@ -101,9 +100,9 @@ func (w *Worker) sendParams(d *paramsDuty) {
 
 // paramsFrames asks src for every key's parameters of d.iter and cuts
 // them into Params frames for each joining worker.
-func (w *Worker) paramsFrames(src ParamsSource, d *paramsDuty) ([]van.Message, error) {
+func (w *Worker) paramsFrames(src ParamsSource, d *paramsDuty) ([]frame.Message, error) {
 	partBytes := w.node.Config().PartitionBytes
-	var msgs []van.Message
+	var msgs []frame.Message
 	for _, t := range d.keys {
 		buf := make([]byte, t.bytes)
 		if err := src(d.iter, t.key, buf); err != nil {
@@ -111,7 +110,7 @@ func (w *Worker) paramsFrames(src ParamsSource, d *paramsDuty) ([]van.Message, e
 		}
 		for idx, span := range frame.Chunks(t.bytes, partBytes, t.dtype.Size()) {
 			for _, to := range d.to {
-				msgs = append(msgs, van.Message{
+				msgs = append(msgs, frame.Message{
 					Header: frame.Header{
 						Type: frame.Params, DType: t.dtype, Sender: uint32(w.node.Self().ID), Recipient: uint32(to),
 						Key: t.key, Partition: idx, Iteration: d.iter, Offset: span[0], Total: t.bytes, Length: span[1] - span[0], Priority: d.priority,
@@ -147,7 +146,7 @@ func (w *Worker) handleParams(h *frame.Header, payload []byte) error {
 func (w *Worker) initJoined(ctx context.Context, keys []uint64, data []byte, byteLens []int, dtype frame.DType) error {
 	w.mu.Lock()
 	_, _, err := w.c.split(keys, data, byteLens, dtype)
-	var t todo
+	var t effects
 	if err == nil {
 		// No began: waiting for a join is no pull's latency.
 		t, err = w.c.awaitParams(keys, &call{done: make(chan struct{})})
@@ -164,7 +163,7 @@ func (w *Worker) initJoined(ctx context.Context, keys []uint64, data []byte, byt
 	case err = <-done:
 	case <-ctx.Done():
 		err = fmt.Errorf("worker: Init: waiting for the parameters of a joining worker: %w", ctx.Err())
-		w.update(func(c *core) todo { return c.cancelParams(ts, err) })
+		w.update(func(c *core) effects { return c.cancelParams(ts, err) })
 		<-done
 		return err
 	}

@@ -71,8 +71,10 @@ func (c *core) joinedAt(d lb.Decision) error {
 	c.schedule = sched
 	c.join.first = d.Iteration
 	c.sumsIn = d.Iteration
-	for _, t := range c.tensors {
+	for t := range c.allTensors() {
+		c.untally(t)
 		c.startTensor(t)
+		c.tally(t)
 	}
 	return c.paramsReady()
 }
@@ -120,7 +122,7 @@ func (c *core) duty(iter uint64, priority int32) *paramsDuty {
 		return nil
 	}
 	keys := make([]*tensor, 0, len(c.tensors))
-	for _, t := range c.tensors {
+	for t := range c.allTensors() {
 		keys = append(keys, t)
 	}
 	slices.SortFunc(keys, func(a, b *tensor) int { return cmp.Compare(a.key, b.key) })
@@ -129,61 +131,61 @@ func (c *core) duty(iter uint64, priority int32) *paramsDuty {
 
 // params takes a Params frame (its payload copied already): values this
 // joining worker starts from.
-func (c *core) params(h *frame.Header, data []byte) (todo, error) {
+func (c *core) params(h *frame.Header, data []byte) (effects, error) {
 	j := c.join
 	switch {
 	case j == nil:
-		return todo{}, errors.New("parameters for a worker that did not join a running job")
+		return effects{}, errors.New("parameters for a worker that did not join a running job")
 	case h.Flags&frame.FlagRefused != 0:
-		return todo{}, fmt.Errorf("%s cannot hand over the parameters this joining worker starts from: %s", node.ID(h.Sender), data)
+		return effects{}, fmt.Errorf("%s cannot hand over the parameters this joining worker starts from: %s", node.ID(h.Sender), data)
 	case j.took[h.Key]:
-		return todo{}, fmt.Errorf("parameters of key %d after Init took them", h.Key)
+		return effects{}, fmt.Errorf("parameters of key %d after Init took them", h.Key)
 	}
 	for _, p := range j.parts[h.Key] {
 		switch {
 		case p.dtype != h.DType || p.total != h.Total || p.sender != node.ID(h.Sender) || p.iter != h.Iteration:
-			return todo{}, fmt.Errorf("key %d's parameters disagree: %s from %s of iteration %d, then %s", h.Key, p.dtype, p.sender, p.iter, h)
+			return effects{}, fmt.Errorf("key %d's parameters disagree: %s from %s of iteration %d, then %s", h.Key, p.dtype, p.sender, p.iter, h)
 		case p.off < h.Offset+h.Length && h.Offset < p.off+uint64(len(p.data)):
-			return todo{}, fmt.Errorf("key %d's parameters [%d,+%d) received twice", h.Key, h.Offset, h.Length)
+			return effects{}, fmt.Errorf("key %d's parameters [%d,+%d) received twice", h.Key, h.Offset, h.Length)
 		}
 	}
 	j.parts[h.Key] = append(j.parts[h.Key], paramsPart{sender: node.ID(h.Sender), iter: h.Iteration, dtype: h.DType, total: h.Total, off: h.Offset, data: data})
 	j.got[h.Key] += h.Length
 	if err := c.checkParams(h.Key); err != nil {
-		return todo{}, err
+		return effects{}, err
 	}
 	return c.paramsSettle(), nil
 }
 
 // awaitParams is a joining worker's Init: a request that completes once
 // the keys' parameters are all here (paramsTake then hands them over).
-func (c *core) awaitParams(keys []uint64, cl *call) (todo, error) {
+func (c *core) awaitParams(keys []uint64, cl *call) (effects, error) {
 	j := c.join
 	for _, k := range keys {
 		switch {
 		case c.tensors[k] == nil:
-			return todo{}, fmt.Errorf("worker: Init: key %d is not declared", k)
+			return effects{}, fmt.Errorf("worker: Init: key %d is not declared", k)
 		case j.took[k] || slices.ContainsFunc(j.waits, func(w paramsWait) bool { return slices.Contains(w.keys, k) }):
-			return todo{}, fmt.Errorf("worker: Init: key %d: a joining worker gets a key's parameters once", k)
+			return effects{}, fmt.Errorf("worker: Init: key %d: a joining worker gets a key's parameters once", k)
 		}
 	}
 	if err := c.paramsReady(); err != nil {
-		return todo{}, err
+		return effects{}, err
 	}
 	req, err := c.newRequest(cl, 1)
 	if err != nil {
-		return todo{}, err
+		return effects{}, err
 	}
 	j.waits = append(j.waits, paramsWait{slices.Clone(keys), req})
-	out := todo{req: req}
+	out := effects{req: req}
 	out.merge(c.paramsSettle())
 	return out, nil
 }
 
 // cancelParams gives up an Init's wait for its parameters (its context
 // ended): the keys may be waited for again.
-func (c *core) cancelParams(ts int, err error) todo {
-	var out todo
+func (c *core) cancelParams(ts int, err error) effects {
+	var out effects
 	c.join.waits = slices.DeleteFunc(c.join.waits, func(w paramsWait) bool {
 		if w.req.ts != ts {
 			return false
@@ -235,9 +237,9 @@ func (c *core) sender() node.ID {
 
 // paramsSettle completes the waiting Inits whose keys have all their
 // parameters, once this worker knows where it starts.
-func (c *core) paramsSettle() todo {
+func (c *core) paramsSettle() effects {
 	j := c.join
-	var out todo
+	var out effects
 	if j.first == 0 {
 		return out
 	}

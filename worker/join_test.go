@@ -134,7 +134,7 @@ func TestCoreJoiner(t *testing.T) {
 		t.Fatalf("Init finished with half its parameters: %v", fin)
 	}
 	handOver(c, init)
-	var last todo
+	var last effects
 	for _, i := range []int{3, 1} {
 		if last, err = c.params(&hs[i], bytes.Clone(want[hs[i].Offset:hs[i].Offset+hs[i].Length])); err != nil {
 			t.Fatal(err)

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 
@@ -15,14 +14,6 @@ import (
 // declared element type rather than as Go float slices, such as the C
 // library (package capi), which hands C buffers straight through. Lengths
 // are in bytes; a call's dtype is its keys' declared one.
-
-// Errors the byte-level calls wrap, so that a caller can tell a bad key or
-// size from other failures (the C library maps them to its status codes).
-var (
-	ErrNotDeclared    = errors.New("key is not declared")
-	ErrSizeMismatch   = errors.New("size does not match the declaration")
-	ErrPullBeforePush = errors.New("pull of an iteration this worker has not pushed")
-)
 
 // DeclareBytes declares a tensor of the given size in bytes, a whole
 // number of dtype's elements. Declaring a key again with the same size and
@@ -125,7 +116,7 @@ func (w *Worker) keepInit(keys []uint64, data []byte, byteLens []int) error {
 		return fmt.Errorf("worker: Init: keeping the initial values: %w", err)
 	}
 	copyPreemptible(kept, data)
-	w.update(func(c *core) todo { return c.keepInitial(keys, kept, byteLens) })
+	w.update(func(c *core) effects { return c.keepInitial(keys, kept, byteLens) })
 	return nil
 }
 

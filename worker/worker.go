@@ -47,18 +47,6 @@ import (
 	"github.com/fptps/fpt/van"
 )
 
-// Callback learns that a request completed: err is nil once a push's
-// values may be reused (sent; with FPT_ON_SERVER_LOSS=retry or
-// FPT_ON_WORKER_LOSS=continue, once every worker has their iteration's
-// sums) or a pull's buffer holds the result (into its own push's buffer
-// under either: with that push; under continue, every pull once every
-// worker has the sums, which a lost worker's retry changes), else why the
-// request failed (a refused key, the node's failure). It runs exactly
-// once per request, on a goroutine of its own (it may call the worker),
-// and Wait for the request returns after it returned. A call that returns
-// an error made no request and never runs its callback.
-type Callback func(err error)
-
 // Worker is a running worker node.
 type Worker struct {
 	node    *cluster.Member
@@ -93,9 +81,9 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 		quit:    make(chan struct{}),
 	}
 	w.c.retryMode = cfg.Retries()
-	w.c.resum = cfg.WorkerLoss != config.WorkerLossFail
+	w.c.sumsAgainOnWorkerLoss = cfg.WorkerLoss != config.WorkerLossFail
 	w.base = role.New(n, w.deliverLocal, w.follow, w.left)
-	n.OnLayout(func(l classic.Layout) { w.update(func(c *core) todo { return c.newLayout(l) }) })
+	n.OnLayout(func(l classic.Layout) { w.update(func(c *core) effects { return c.newLayout(l) }) })
 	if err := w.base.Start(ctx, w); err != nil {
 		return nil, err
 	}
@@ -105,7 +93,7 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 	}
 	w.c.newLayout(n.Layout()) // before start: nothing is parked
 	err := w.c.start(n.Self().ID, n.Servers(), n.Workers())
-	var t todo
+	var t effects
 	if err == nil {
 		t.notices = w.c.drainedOutside(n.Servers(), w.c.layout)
 	}
@@ -145,19 +133,19 @@ func (w *Worker) watch() {
 	if err == nil {
 		err = fmt.Errorf("worker: the node left the cluster: %w", cluster.ErrTerminated)
 	}
-	w.update(func(c *core) todo { return c.fail(err) })
+	w.update(func(c *core) effects { return c.fail(err) })
 }
 
 // update runs f on the core under the lock, then does what it returned.
-func (w *Worker) update(f func(*core) todo) {
+func (w *Worker) update(f func(*core) effects) {
 	w.mu.Lock()
 	t := f(w.c)
 	w.mu.Unlock()
 	w.do(t)
 }
 
-// do carries out a core's todo, without the lock, in its order.
-func (w *Worker) do(t todo) {
+// do carries out a core's effects, without the lock, in its order.
+func (w *Worker) do(t effects) {
 	for _, m := range t.unmap {
 		if err := unmapKept(m); err != nil {
 			w.node.Logger().Warn("unmapping the values kept after Init", "err", err)
@@ -170,22 +158,22 @@ func (w *Worker) do(t todo) {
 		for _, c := range t.initials {
 			copyPreemptible(c.dst, c.src)
 		}
-		w.update(func(c *core) todo { return c.initialCopied(t.initials) })
+		w.update(func(c *core) effects { return c.initialCopied(t.initials) })
 	}
 	if req := t.req; req != nil {
 		err := w.hand(req, t.locals, t.sends, t.counted)
-		w.update(func(c *core) todo { return c.handedOver(req, err) })
+		w.update(func(c *core) effects { return c.handedOver(req, err) })
 	}
 	for _, rs := range t.resends {
 		if err := w.hand(rs.req, rs.locals, rs.sends, true); err != nil {
-			w.update(func(c *core) todo { return c.settle(rs.req, 0, err) })
+			w.update(func(c *core) effects { return c.settle(rs.req, 0, err) })
 		}
 	}
 	for _, d := range t.copies {
 		for _, p := range d.parts {
 			copy(d.pw.dst[p.Offset:p.Offset+p.Length], d.buf[p.Offset:p.Offset+p.Length])
 		}
-		w.update(func(c *core) todo { return c.copied(d) })
+		w.update(func(c *core) effects { return c.copied(d) })
 	}
 	for _, r := range t.finished {
 		w.complete(r)
@@ -204,7 +192,7 @@ func (w *Worker) do(t todo) {
 // hand adds req's local contributions to the aggregator and queues its
 // frames; with counted, each frame's Done settles one of req's items. It
 // returns the local contributions' error.
-func (w *Worker) hand(req *request, locals, sends []van.Message, counted bool) error {
+func (w *Worker) hand(req *request, locals, sends []frame.Message, counted bool) error {
 	var err error
 	for i := range locals {
 		m := &locals[i]
@@ -224,7 +212,7 @@ func (w *Worker) hand(req *request, locals, sends []van.Message, counted bool) e
 				if err != nil {
 					err = w.sendError(to, err)
 				}
-				w.update(func(c *core) todo { return c.sent(req, err) })
+				w.update(func(c *core) effects { return c.sent(req, err) })
 			}
 		}
 	}
@@ -234,7 +222,7 @@ func (w *Worker) hand(req *request, locals, sends []van.Message, counted bool) e
 			to := node.ID(m.Header.Recipient)
 			rerr := w.sendError(to, serr)
 			if rerr == nil && counted {
-				w.update(func(c *core) todo { return c.sent(req, nil) })
+				w.update(func(c *core) effects { return c.sent(req, nil) })
 				continue
 			}
 			if rerr == nil {
@@ -243,7 +231,7 @@ func (w *Worker) hand(req *request, locals, sends []van.Message, counted bool) e
 				rerr = w.toPeer(to, serr)
 			}
 			serr = rerr
-			w.update(func(c *core) todo { return c.sendFailed(req, &m.Header, serr) })
+			w.update(func(c *core) effects { return c.sendFailed(req, &m.Header, serr) })
 			break
 		}
 	}
@@ -535,7 +523,7 @@ func (w *Worker) HandleFrame(h *frame.Header, payload []byte) {
 // connection was reading in place is no longer written. The cluster node
 // decides what the loss means.
 func (w *Worker) PeerLost(peer node.ID, _ error) {
-	w.update(func(c *core) todo { return c.abandon(peer) })
+	w.update(func(c *core) effects { return c.abandon(peer) })
 }
 
 // Customers is the worker's customers (fpt.h's fpt_customer_add).
@@ -570,7 +558,7 @@ func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
 	if !inPlace {
 		copy(l.span, payload)
 	}
-	w.update(func(c *core) todo { return c.land(l, h.Partition) })
+	w.update(func(c *core) effects { return c.land(l, h.Partition) })
 	w.trace.End(trace.Pull, h)
 	return nil
 }
@@ -590,6 +578,6 @@ func (w *Worker) deliverLocal(h *frame.Header, data []byte) {
 	}
 	w.trace.Begin(trace.Pull, h)
 	copy(l.span, data)
-	w.update(func(c *core) todo { return c.land(l, h.Partition) })
+	w.update(func(c *core) effects { return c.land(l, h.Partition) })
 	w.trace.End(trace.Pull, h)
 }

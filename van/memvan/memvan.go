@@ -115,7 +115,7 @@ func (n *Network) Listen(cfg van.Config) (*Van, error) {
 		addr:         net.JoinHostPort(host, strconv.Itoa(port)),
 		port:         port,
 		log:          cfg.Logger,
-		q:            sendq.New[*van.Message](cfg.PoolBytes),
+		q:            sendq.New[*frame.Message](cfg.PoolBytes),
 		peers:        make(map[node.ID]*peer),
 		stats:        make(peerstat.Table),
 		recvWeights:  make(map[node.ID]float64),
@@ -349,7 +349,7 @@ type Van struct {
 	log  *slog.Logger
 	self atomic.Uint32
 	sink van.Sink // nil: the handler has none
-	q    *sendq.Queue[*van.Message]
+	q    *sendq.Queue[*frame.Message]
 
 	quiet atomic.Bool // closing: lost connections are not reported
 
@@ -471,7 +471,7 @@ func (v *Van) AwaitPeers(ctx context.Context, ids []node.ID) error {
 	}
 }
 
-func (v *Van) enqueue(m *van.Message, block bool) error {
+func (v *Van) enqueue(m *frame.Message, block bool) error {
 	id := node.ID(m.Header.Recipient)
 	if uint64(len(m.Payload)) > v.cfg.MaxPayload {
 		return fmt.Errorf("memvan: send to node %d: payload of %d bytes exceeds the maximum of %d", id, len(m.Payload), v.cfg.MaxPayload)
@@ -489,10 +489,10 @@ func (v *Van) enqueue(m *van.Message, block bool) error {
 }
 
 // Send implements van.Transport.
-func (v *Van) Send(m *van.Message) error { return v.enqueue(m, true) }
+func (v *Van) Send(m *frame.Message) error { return v.enqueue(m, true) }
 
 // Forward implements van.Transport.
-func (v *Van) Forward(m *van.Message) error { return v.enqueue(m, false) }
+func (v *Van) Forward(m *frame.Message) error { return v.enqueue(m, false) }
 
 // SetWeight implements van.Transport.
 func (v *Van) SetWeight(id node.ID, w float64) { v.q.SetWeight(id, w) }
@@ -579,7 +579,7 @@ func (v *Van) runSender() {
 	}
 }
 
-func failAll(es []sendq.Entry[*van.Message], err error) {
+func failAll(es []sendq.Entry[*frame.Message], err error) {
 	for _, e := range es {
 		if e.Value.Done != nil {
 			e.Value.Done(fmt.Errorf("memvan: frame for node %d not sent: %w", e.Flow, err))
@@ -589,7 +589,7 @@ func failAll(es []sendq.Entry[*van.Message], err error) {
 
 // write is the in-memory socket write: the header is encoded and the
 // payload copied, after which the sender's buffer is free (Done).
-func (v *Van) write(m *van.Message) {
+func (v *Van) write(m *frame.Message) {
 	id := node.ID(m.Header.Recipient)
 	p := v.lookup(id)
 	if p == nil || p.conn.isEnded() {

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
 	"github.com/fptps/fpt/van/internal/wiretest"
@@ -37,7 +38,7 @@ func newVan(t testing.TB, net *memvan.Network, self node.ID) (*memvan.Van, *vant
 
 func send(t testing.TB, v van.Transport, from, to node.ID, key uint64, done func(error)) {
 	t.Helper()
-	if err := v.Send(&van.Message{Header: wiretest.PushHeader(from, to, key, 4), Payload: make([]byte, 4), Done: done}); err != nil {
+	if err := v.Send(&frame.Message{Header: wiretest.PushHeader(from, to, key, 4), Payload: make([]byte, 4), Done: done}); err != nil {
 		t.Fatal(err)
 	}
 }

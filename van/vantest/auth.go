@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
 	"github.com/fptps/fpt/van/internal/wiretest"
@@ -81,7 +82,7 @@ func runAuthCase(t *testing.T, l Listen, c authCase) {
 		Connect(t, a, aID, b, bID)
 		p := make([]byte, 64)
 		wiretest.Fill(p, 3)
-		if err := a.Send(&van.Message{Header: wiretest.PushHeader(aID, bID, 3, len(p)), Payload: p}); err != nil {
+		if err := a.Send(&frame.Message{Header: wiretest.PushHeader(aID, bID, 3, len(p)), Payload: p}); err != nil {
 			t.Fatal(err)
 		}
 		if f := cb.WaitFrames(t, 1); wiretest.Check(f[0].Payload, 3) >= 0 {
@@ -98,7 +99,7 @@ func runAuthCase(t *testing.T, l Listen, c authCase) {
 	// seem to succeed (a plain Hello is not answered); either way the
 	// acceptor refuses and counts the connection, and no frame gets in.
 	if err := a.Dial(ctx, bID, b.Addr()); err == nil {
-		a.Send(&van.Message{Header: wiretest.PushHeader(aID, bID, 1, 4), Payload: make([]byte, 4)})
+		a.Send(&frame.Message{Header: wiretest.PushHeader(aID, bID, 1, 4), Payload: make([]byte, 4)})
 	}
 	rej.Wait(t, c.refused)
 	short, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)

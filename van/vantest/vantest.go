@@ -239,7 +239,7 @@ func testRoundTrip(t *testing.T, l Listen) {
 		for i, n := range sizes {
 			p := make([]byte, n)
 			wiretest.Fill(p, uint64(from)<<32|uint64(i))
-			m := &van.Message{Header: wiretest.PushHeader(0, to, uint64(i), n), Payload: p, Done: func(err error) {
+			m := &frame.Message{Header: wiretest.PushHeader(0, to, uint64(i), n), Payload: p, Done: func(err error) {
 				if err != nil {
 					t.Errorf("Done(%v)", err)
 				}
@@ -320,7 +320,7 @@ func testPriorityOrderAtReceiver(t *testing.T, l Listen) {
 	r := rand.New(rand.NewPCG(1, 1))
 	const n = 200
 	for i := range n {
-		m := &van.Message{Header: wiretest.PushHeader(8, 9, uint64(i), 4), Payload: make([]byte, 4)}
+		m := &frame.Message{Header: wiretest.PushHeader(8, 9, uint64(i), 4), Payload: make([]byte, 4)}
 		m.Header.Priority = int32(r.IntN(5))
 		if err := a.Send(m); err != nil {
 			t.Fatal(err)
@@ -375,7 +375,7 @@ func testMesh(t *testing.T, l Listen) {
 				for k := range uint64(perPair) {
 					p := make([]byte, meshSize(k))
 					wiretest.Fill(p, uint64(ids[i])<<40|uint64(ids[j])<<20|k)
-					if err := vans[i].Send(&van.Message{Header: wiretest.PushHeader(ids[i], ids[j], k, len(p)), Payload: p}); err != nil {
+					if err := vans[i].Send(&frame.Message{Header: wiretest.PushHeader(ids[i], ids[j], k, len(p)), Payload: p}); err != nil {
 						t.Error(err)
 						return
 					}
@@ -412,7 +412,7 @@ func testSink(t *testing.T, l Listen) {
 	for i, n := range []int{16, 0, 1 << 20} {
 		p := make([]byte, n)
 		wiretest.Fill(p, uint64(i))
-		if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, uint64(i), n), Payload: p}); err != nil {
+		if err := a.Send(&frame.Message{Header: wiretest.PushHeader(8, 9, uint64(i), n), Payload: p}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -445,7 +445,7 @@ func pausedFlow(t *testing.T, l Listen, check func(err error)) (a, b van.Transpo
 	a.SetWeight(9, 0)
 	done = new(atomic.Int32)
 	for i := range 10 {
-		if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, uint64(i), 1<<16), Payload: make([]byte, 1<<16), Done: func(err error) {
+		if err := a.Send(&frame.Message{Header: wiretest.PushHeader(8, 9, uint64(i), 1<<16), Payload: make([]byte, 1<<16), Done: func(err error) {
 			check(err)
 			done.Add(1)
 		}}); err != nil {
@@ -473,10 +473,10 @@ func testGracefulClose(t *testing.T, l Listen) {
 	}
 	cb.WaitFrames(t, 10)
 	leftSayingBye(t, b, ca, cb, "Close")
-	if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, 1, 0)}); !errors.Is(err, van.ErrClosed) {
+	if err := a.Send(&frame.Message{Header: wiretest.PushHeader(8, 9, 1, 0)}); !errors.Is(err, van.ErrClosed) {
 		t.Fatalf("Send after Close: %v, want ErrClosed", err)
 	}
-	if err := a.Forward(&van.Message{Header: wiretest.PushHeader(8, 9, 1, 0)}); !errors.Is(err, van.ErrClosed) {
+	if err := a.Forward(&frame.Message{Header: wiretest.PushHeader(8, 9, 1, 0)}); !errors.Is(err, van.ErrClosed) {
 		t.Fatalf("Forward after Close: %v, want ErrClosed", err)
 	}
 	if err := a.Dial(context.Background(), 9, b.Addr()); !errors.Is(err, van.ErrClosed) {
@@ -489,7 +489,7 @@ func testGracefulClose(t *testing.T, l Listen) {
 func leftSayingBye(t *testing.T, b van.Transport, ca, cb *Collector, how string) {
 	t.Helper()
 	Eventually(t, func() error {
-		if err := b.Send(&van.Message{Header: wiretest.PushHeader(9, 8, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
+		if err := b.Send(&frame.Message{Header: wiretest.PushHeader(9, 8, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
 			return fmt.Errorf("Send to a node that left by %s: %v", how, err)
 		}
 		return nil
@@ -524,20 +524,20 @@ func testAbort(t *testing.T, l Listen) {
 	if f := cb.Frames(); len(f) != 0 {
 		t.Fatalf("%d frames arrived from an aborted node's paused flow", len(f))
 	}
-	if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, 1, 0)}); !errors.Is(err, van.ErrClosed) {
+	if err := a.Send(&frame.Message{Header: wiretest.PushHeader(8, 9, 1, 0)}); !errors.Is(err, van.ErrClosed) {
 		t.Fatalf("Send after Abort: %v, want ErrClosed", err)
 	}
 }
 
 func testSendErrors(t *testing.T, l Listen) {
 	v, _ := NewVan(t, l, 8, func(c *van.Config) { c.MaxPayload = 1 << 10 })
-	if err := v.Send(&van.Message{Header: wiretest.PushHeader(8, 42, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
+	if err := v.Send(&frame.Message{Header: wiretest.PushHeader(8, 42, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
 		t.Fatalf("Send to an unknown node: %v", err)
 	}
-	if err := v.Forward(&van.Message{Header: wiretest.PushHeader(8, 42, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
+	if err := v.Forward(&frame.Message{Header: wiretest.PushHeader(8, 42, 1, 0)}); !errors.Is(err, van.ErrNoPeer) {
 		t.Fatalf("Forward to an unknown node: %v", err)
 	}
-	if err := v.Send(&van.Message{Header: wiretest.PushHeader(8, 42, 1, 2048), Payload: make([]byte, 2048)}); err == nil {
+	if err := v.Send(&frame.Message{Header: wiretest.PushHeader(8, 42, 1, 2048), Payload: make([]byte, 2048)}); err == nil {
 		t.Fatal("Send over MaxPayload accepted")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -562,8 +562,8 @@ func testBackPressure(t *testing.T, l Listen) {
 	b, cb := NewVan(t, l, 9, nil)
 	Connect(t, a, 8, b, 9)
 	a.SetWeight(9, 0)
-	msg := func(k uint64) *van.Message {
-		return &van.Message{Header: wiretest.PushHeader(8, 9, k, 4000), Payload: make([]byte, 4000)}
+	msg := func(k uint64) *frame.Message {
+		return &frame.Message{Header: wiretest.PushHeader(8, 9, k, 4000), Payload: make([]byte, 4000)}
 	}
 	if err := a.Send(msg(1)); err != nil {
 		t.Fatal(err)
@@ -608,7 +608,7 @@ func testShapingSwitch(t *testing.T, l Listen) {
 	a.SetWeight(9, 0)
 	const n = 1000
 	send := func(k uint64) {
-		if err := a.Send(&van.Message{Header: wiretest.PushHeader(8, 9, k, n), Payload: make([]byte, n)}); err != nil {
+		if err := a.Send(&frame.Message{Header: wiretest.PushHeader(8, 9, k, n), Payload: make([]byte, n)}); err != nil {
 			t.Fatal(err)
 		}
 	}

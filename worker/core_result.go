@@ -1,0 +1,343 @@
+package worker
+
+// The core's results: FPTPull's waits, and the Result frames claimed,
+// landed (copied or read in place) and delivered into the pull's buffer.
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/node"
+)
+
+type resultKey struct{ key, iter uint64 }
+
+// inPlaceKey names a result frame being read in place: the sender's
+// partition of one key's iteration.
+type inPlaceKey struct {
+	sender    node.ID
+	key, iter uint64
+	part      uint32
+}
+
+func inPlaceKeyOf(h *frame.Header) inPlaceKey {
+	return inPlaceKey{node.ID(h.Sender), h.Key, h.Iteration, h.Partition}
+}
+
+// result gathers the partitions of one key's sum for one iteration. Once
+// an FPTPull waits for it, partitions land straight in the caller's buffer;
+// those that arrive before are staged in buf (taken from the tensor's
+// spares only when needed) and copied over when the pull comes.
+type result struct {
+	t        *tensor
+	iter     uint64
+	buf      []byte // staging; nil until a partition arrives with no waiter
+	parts    []lb.Partition
+	seen     []bool // partition claimed by an arriving frame
+	staged   []bool // partition complete in buf, not yet in the waiter's buffer
+	left     int
+	complete bool
+	waiter   *pullWait // the FPTPull waiting for it, if it was called first
+	// gen counts re-cuts by retries: a landing claimed before one no
+	// longer counts. writing counts this gen's landings claimed and not
+	// yet landed, stale those of older gens: their bytes are still being
+	// written (the van reads a frame in place across many reads, and the
+	// shell copies outside the lock). restage: re-cut while its pull copied
+	// from staging or a stale landing was still being written into the
+	// pull's buffer; new partitions are staged in a fresh buffer until
+	// both end, since the new layout's partitions may overlap those bytes.
+	gen     int
+	writing int
+	stale   int
+	restage bool
+	// held: complete, but its pull waits until every worker has the sum
+	// (sumsAgainOnWorkerLoss); the pull stays its waiter.
+	held bool
+}
+
+type pullWait struct {
+	req *request
+	dst []byte
+	// copying: the shell is copying the partitions staged before the pull
+	// into dst, outside the lock (a tensor's staging can be gigabytes); the
+	// result completes only once that copy is reported (copied).
+	copying bool
+}
+
+// landing is where a claimed result partition's bytes go.
+type landing struct {
+	r       *result
+	gen     int    // r.gen when claimed
+	staging bool   // span is in r's staging buffer, not the waiter's
+	span    []byte // exactly the partition's bytes
+}
+
+// delivery is the part of a result staged before its FPTPull came: the
+// shell copies those partitions from staging into the pull's buffer
+// outside the lock, then reports it with copied.
+type delivery struct {
+	r     *result
+	pw    *pullWait
+	buf   []byte // the staging buffer copied from
+	parts []lb.Partition
+}
+
+// pull is FPTPull on bytes: each key's next iteration's sum goes to its
+// slice of data. Results already complete come back as copies to make.
+func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DType, cl *call) (effects, error) {
+	ts, parts, err := c.split(keys, data, byteLens, dtype)
+	if err != nil {
+		return effects{}, err
+	}
+	if slices.ContainsFunc(ts, func(t *tensor) bool { return t.pulled >= t.pushed }) {
+		return c.pullInitial(ts, parts, cl)
+	}
+	req, err := c.newRequest(cl, len(ts))
+	if err != nil {
+		return effects{}, err
+	}
+	out := effects{req: req}
+	for i, t := range ts {
+		iter := t.pulled
+		t.pulled++
+		r := c.resultFor(t, iter)
+		if iter >= c.done && c.aliasesHeld(t, iter, parts[i]) {
+			c.deferred = append(c.deferred, deferredPull{r, &pullWait{req: req, dst: parts[i]}})
+			continue
+		}
+		if d, ok := r.wait(&pullWait{req: req, dst: parts[i]}); ok {
+			out.copies = append(out.copies, d)
+		} else if r.complete {
+			// Nothing to copy: complete now.
+			out.merge(c.finish(r, r.waiter))
+		}
+	}
+	return out, nil
+}
+
+// resultFor finds or creates the result of t's iteration.
+func (c *core) resultFor(t *tensor, iter uint64) *result {
+	k := resultKey{t.key, iter}
+	if r := c.results[k]; r != nil {
+		return r
+	}
+	_, layout := c.layoutFor(t, iter)
+	r := &result{t: t, iter: iter, parts: layout, seen: make([]bool, len(layout)),
+		staged: make([]bool, len(layout)), left: len(layout)}
+	c.results[k] = r
+	return r
+}
+
+// stage returns r's staging buffer, taking a spare if it has none.
+func (r *result) stage() []byte {
+	if r.buf == nil {
+		if n := len(r.t.spare); n > 0 {
+			r.buf, r.t.spare = r.t.spare[n-1], r.t.spare[:n-1]
+		} else {
+			r.buf = make([]byte, r.t.bytes)
+		}
+	}
+	return r.buf
+}
+
+// wait makes an FPTPull's buffer the destination of r's partitions still
+// to come, and hands the shell those already staged to copy over (ok).
+func (r *result) wait(pw *pullWait) (d delivery, ok bool) {
+	r.waiter = pw
+	for i, staged := range r.staged {
+		if staged {
+			d.parts = append(d.parts, r.parts[i])
+			r.staged[i] = false
+		}
+	}
+	if len(d.parts) == 0 {
+		return delivery{}, false
+	}
+	pw.copying = true
+	return delivery{r: r, pw: pw, buf: r.buf, parts: d.parts}, true
+}
+
+// copied reports that the shell has copied d's staged partitions: the
+// result completes now if its last partition has already landed.
+func (c *core) copied(d delivery) effects {
+	d.pw.copying = false
+	r := d.r
+	if r.restage {
+		// A retry re-cut r during the copy: what landed since was staged
+		// apart, and is copied now (or once stale landings end).
+		return c.unstage(r)
+	}
+	if !r.complete {
+		return effects{} // land completes it with its last partition
+	}
+	return c.finish(r, d.pw)
+}
+
+// delivered completes an FPTPull's share of a result once its bytes are in
+// the caller's buffer, and recycles the result's staging buffer.
+func (c *core) delivered(r *result, req *request) effects {
+	delete(c.results, resultKey{r.t.key, r.iter})
+	if r.buf != nil && len(r.t.spare) < 2 {
+		r.t.spare = append(r.t.spare, r.buf)
+	}
+	return c.settle(req, 1, nil)
+}
+
+// finish completes pull pw of result r, whose bytes are all in its
+// buffer. With sumsAgainOnWorkerLoss the pull completes only once every worker has the
+// iteration's sum: until then it stays r's waiter, so that a retry lands
+// the new sum in its buffer.
+func (c *core) finish(r *result, pw *pullWait) effects {
+	if c.sumsAgainOnWorkerLoss && r.iter >= c.done {
+		r.waiter, r.held = pw, true
+		c.heldPulls = append(c.heldPulls, r)
+		return effects{}
+	}
+	r.waiter = nil
+	return c.delivered(r, pw.req)
+}
+
+// sink is the van.Sink half for Result frames: the span a partition is
+// read into in place (the FPTPull's buffer or staging), or nil when the
+// frame is wrong (received reports why).
+func (c *core) sink(h *frame.Header) []byte {
+	l, err := c.claim(h)
+	if err != nil {
+		return nil
+	}
+	c.readingInPlace[inPlaceKeyOf(h)] = l
+	return l.span
+}
+
+// abandon releases the landing of a frame its sender's connection was
+// reading in place when it ended: the partition never lands, so a retry
+// (or the job's failure) follows, but its bytes are no longer written.
+func (c *core) abandon(peer node.ID) effects {
+	var out effects
+	for k, l := range c.readingInPlace {
+		if k.sender != peer {
+			continue
+		}
+		delete(c.readingInPlace, k)
+		r := l.r
+		if l.gen != r.gen {
+			r.stale--
+			out.merge(c.unstage(r))
+			continue
+		}
+		r.writing--
+	}
+	return out
+}
+
+// received takes a Result frame: its landing, and whether sink already
+// put its bytes there (else the shell copies the payload into l.span).
+func (c *core) received(h *frame.Header) (l landing, inPlace bool, err error) {
+	k := inPlaceKeyOf(h)
+	if l, ok := c.readingInPlace[k]; ok {
+		delete(c.readingInPlace, k)
+		return l, true, nil
+	}
+	l, err = c.claim(h)
+	return l, false, err
+}
+
+// claim validates a result frame (or this worker's own copy of a sum it
+// aggregated) and reserves its partition.
+func (c *core) claim(h *frame.Header) (landing, error) {
+	if !c.started {
+		return landing{}, errors.New("result before the worker started")
+	}
+	t := c.tensors[h.Key]
+	if t == nil {
+		return landing{}, errors.New("result for an undeclared key (declare every key on every worker before the first push)")
+	}
+	if c.superseded(h) {
+		return landing{}, errStale
+	}
+	r := c.results[resultKey{h.Key, h.Iteration}]
+	if r == nil {
+		if h.Iteration < t.pulled && c.retriedAt(h.Iteration) {
+			return landing{}, errStale // pulled before the retry re-sent it
+		}
+		if h.Iteration < t.pulled || h.Iteration > t.pushed {
+			return landing{}, fmt.Errorf("result for iteration %d, but this worker pushed %d and pulled %d", h.Iteration, t.pushed, t.pulled)
+		}
+		r = c.resultFor(t, h.Iteration)
+	}
+	if r.complete && c.retriedAt(h.Iteration) {
+		return landing{}, errStale // complete here before the retry
+	}
+	if err := r.check(h); err != nil {
+		return landing{}, err
+	}
+	r.seen[h.Partition] = true
+	r.writing++
+	l := landing{r: r, gen: r.gen, staging: r.waiter == nil || r.restage}
+	var into []byte
+	if l.staging {
+		into = r.stage()
+	} else {
+		into = r.waiter.dst
+	}
+	l.span = into[h.Offset : h.Offset+h.Length]
+	return l, nil
+}
+
+// land accounts for a partition whose bytes are in place, and completes
+// the result (and the FPTPull waiting for it) with its last partition.
+func (c *core) land(l landing, part uint32) effects {
+	r := l.r
+	if l.gen != r.gen {
+		// Claimed before a retry re-cut r: it no longer counts, but the
+		// new cut's partitions may now go where its bytes went.
+		r.stale--
+		return c.unstage(r)
+	}
+	r.writing--
+	if l.staging {
+		if r.waiter != nil && !r.restage {
+			// The pull came while this partition was being staged.
+			p := r.parts[part]
+			copy(r.waiter.dst[p.Offset:p.Offset+p.Length], l.span)
+		} else {
+			r.staged[part] = true
+		}
+	}
+	r.left--
+	if r.left > 0 {
+		return effects{}
+	}
+	r.complete = true
+	out := c.sumIn(r.t, r.iter)
+	wait := r.waiter
+	if wait == nil || wait.copying || r.restage {
+		return out // its pull, copied or unstage completes it
+	}
+	out.merge(c.finish(r, wait))
+	return out
+}
+
+// check verifies that a result frame is the partition the layout expects
+// from the aggregator that owns it: a misrouted or stale partition is a
+// protocol error, never a silently wrong value.
+func (r *result) check(h *frame.Header) error {
+	if int(h.Partition) >= len(r.parts) {
+		return fmt.Errorf("partition %d of %d", h.Partition, len(r.parts))
+	}
+	p := r.parts[h.Partition]
+	switch {
+	case h.DType != r.t.dtype || h.Total != r.t.bytes:
+		return fmt.Errorf("key is %d bytes of %s", r.t.bytes, r.t.dtype)
+	case p.Offset != h.Offset || p.Length != h.Length:
+		return fmt.Errorf("partition %d is [%d,+%d)", p.Index, p.Offset, p.Length)
+	case p.Aggregator != node.ID(h.Sender):
+		return fmt.Errorf("partition %d belongs to %s", p.Index, node.ID(p.Aggregator))
+	case r.seen[h.Partition]:
+		return fmt.Errorf("partition %d received twice", h.Partition)
+	}
+	return nil
+}
