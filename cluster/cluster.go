@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -96,6 +97,12 @@ type Member struct {
 type Planes struct {
 	Control func(port int, log *slog.Logger) (control.Transport, error)
 	Data    func(cfg van.Config) (van.Transport, error)
+	// Probe, if set, reports whether the scheduler's control endpoint
+	// takes a connection: while the node waits for its table, it is how
+	// the node learns that the scheduler died (the control plane shows no
+	// connection's end, and the scheduler answers nothing until every
+	// node registered). Nil: the node waits out FPT_START_TIMEOUT.
+	Probe func(ctx context.Context, endpoint string) error
 }
 
 // Network is the real planes of the node cfg describes: the control plane
@@ -112,8 +119,21 @@ func Network(cfg config.Config, m *metrics.Node) Planes {
 			return control.Listen(control.Config{BindHost: host, Port: port, Logger: log, Secret: cfg.Secret,
 				OnReject: func(reason string) { m.Rejected("control", reason) }})
 		},
-		Data: func(vc van.Config) (van.Transport, error) { return van.New(cfg.Van, vc) },
+		Data:  func(vc van.Config) (van.Transport, error) { return van.New(cfg.Van, vc) },
+		Probe: probeTCP,
 	}
+}
+
+// probeTCP connects to a ZeroMQ tcp:// endpoint and hangs up at once,
+// before any greeting: the socket behind it sees no peer and no
+// handshake.
+func probeTCP(ctx context.Context, endpoint string) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp", strings.TrimPrefix(endpoint, "tcp://"))
+	if err != nil {
+		return err
+	}
+	return c.Close()
 }
 
 // New prepares a node that will join the cluster over planes (Network for
@@ -357,8 +377,32 @@ func (n *Member) bind(host, listen string) error {
 }
 
 func (n *Member) awaitTable(ctx context.Context) error {
+	var tick <-chan time.Time
+	if n.planes.Probe != nil {
+		t := time.NewTicker(n.cfg.HeartbeatInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	probes := make(chan bool, 1) // the core has one probe out at most
 	for {
 		select {
+		case <-tick:
+			r := n.run(func(c *core) ready { return c.tick(time.Now(), 0) })
+			if r.startErr != nil {
+				return r.startErr
+			}
+			if r.probe {
+				go func() {
+					pctx, cancel := context.WithTimeout(ctx, n.cfg.HeartbeatTimeout)
+					defer cancel()
+					probes <- n.planes.Probe(pctx, n.sched) == nil
+				}()
+			}
+		case ok := <-probes:
+			n.run(func(c *core) ready {
+				c.probed(ok, time.Now())
+				return ready{}
+			})
 		case <-ctx.Done():
 			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				return fmt.Errorf("cluster: interrupted while waiting for the node table: %w", ctx.Err())

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/fptps/fpt/classic"
@@ -45,6 +46,11 @@ type core struct {
 
 	barrierSeq map[node.Group]uint64
 	waiting    map[barrierKey]struct{} // barriers sent and not yet released
+
+	// seen is when the scheduler's port last answered a probe while
+	// registering (zero: never yet); probing: a probe is out.
+	seen    time.Time
+	probing bool
 
 	// beating: the table came and heartbeats run (begin).
 	beating bool
@@ -105,9 +111,11 @@ type ready struct {
 	grace *lostPeer
 
 	// While registering: table is set when the node table came and was
-	// taken; startErr ends the start.
+	// taken; startErr ends the start; probe asks whether the scheduler's
+	// port still answers (probed takes the answer).
 	table    bool
 	startErr error
+	probe    bool
 }
 
 // note is a line for the node's log.
@@ -324,6 +332,9 @@ func (c *core) startBarriers(body []byte) error {
 // tick is the heartbeat timer's, at now; progress is what this worker
 // has pushed (SetProgress), for the scheduler's stall check.
 func (c *core) tick(now time.Time, progress uint64) ready {
+	if c.topo == nil || c.topo.table == nil {
+		return c.registerTick(now)
+	}
 	if !c.beating || c.terminated {
 		return ready{}
 	}
@@ -340,6 +351,34 @@ func (c *core) tick(now time.Time, progress uint64) ready {
 		r.merge(c.fail(fmt.Errorf("cluster: scheduler at %s unreachable: no heartbeat answer for %s", c.sched, silent.Round(time.Millisecond)), node.SchedulerID))
 	}
 	return r
+}
+
+// registerTick is a tick while the node waits for its table. The
+// scheduler answers nothing until every node has registered, and a
+// control connection's end is not seen; but a scheduler that died leaves
+// its port closed. Once the port has answered, it must go on answering:
+// else the start fails after PS_HEARTBEAT_TIMEOUT, not FPT_START_TIMEOUT,
+// naming the scheduler. A port that never answered is a scheduler not
+// started yet, which FPT_START_TIMEOUT waits for.
+func (c *core) registerTick(now time.Time) ready {
+	if silent := now.Sub(c.seen); !c.seen.IsZero() && silent > c.cfg.HeartbeatTimeout {
+		return ready{startErr: fmt.Errorf("cluster: the scheduler at %s stopped answering while the cluster was assembling: nothing has listened there for %s (PS_HEARTBEAT_TIMEOUT is %s)",
+			strings.TrimPrefix(c.sched, "tcp://"), silent.Round(time.Millisecond), c.cfg.HeartbeatTimeout)}
+	}
+	if c.probing {
+		return ready{}
+	}
+	c.probing = true
+	return ready{probe: true}
+}
+
+// probed takes a probe's answer, at now: whether the scheduler's port
+// took a connection.
+func (c *core) probed(ok bool, now time.Time) {
+	c.probing = false
+	if ok {
+		c.seen = now
+	}
 }
 
 // selfSilence is how long this process went without running, when that

@@ -455,3 +455,74 @@ func TestCoreRegistration(t *testing.T) {
 		})
 	}
 }
+
+// While registering, the scheduler's port is probed: once it answered,
+// it must go on answering, or the start fails naming the scheduler.
+func TestCoreRegisterProbe(t *testing.T) {
+	ms := time.Millisecond
+	// step is a tick (ok unset) or a probe's answer, at t0+at.
+	type step struct {
+		at     time.Duration
+		answer bool
+		ok     bool
+	}
+	tests := []struct {
+		name     string
+		steps    []step
+		probe    bool   // the last step asks for a probe
+		startErr string // in the last step's error
+	}{
+		{"the first tick probes", []step{{at: 100 * ms}}, true, ""},
+		{"one probe out at a time", []step{{at: 100 * ms}, {at: 200 * ms}}, false, ""},
+		{"the next once answered", []step{{at: 100 * ms}, {at: 150 * ms, answer: true}, {at: 200 * ms}}, true, ""},
+		{"a port never answering is a scheduler not started yet", []step{
+			{at: 100 * ms}, {at: 150 * ms, answer: true}, {at: 5 * time.Second}, {at: 5100 * ms, answer: true}, {at: time.Minute},
+		}, true, ""},
+		{"a port that stops answering, within the timeout", []step{
+			{at: 100 * ms}, {at: 150 * ms, answer: true, ok: true}, {at: 200 * ms}, {at: 250 * ms, answer: true}, {at: 1150 * ms},
+		}, true, ""},
+		{"a port that stops answering, past the timeout", []step{
+			{at: 100 * ms}, {at: 150 * ms, answer: true, ok: true}, {at: 200 * ms}, {at: 250 * ms, answer: true}, {at: 1200 * ms},
+		}, false, "the scheduler at 10.0.0.9:9000 stopped answering while the cluster was assembling: nothing has listened there for 1.05s"},
+		{"a probe that hangs past the timeout", []step{
+			{at: 100 * ms}, {at: 150 * ms, answer: true, ok: true}, {at: 200 * ms}, {at: 2 * time.Second},
+		}, false, "stopped answering"},
+		{"answering again in time", []step{
+			{at: 100 * ms}, {at: 150 * ms, answer: true, ok: true}, {at: 200 * ms}, {at: 250 * ms, answer: true},
+			{at: 300 * ms}, {at: 1100 * ms, answer: true, ok: true}, {at: 2000 * ms},
+		}, true, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCore(testConfig())
+			c.bound(node.Info{Role: node.Worker, Host: "10.0.0.1", ControlPort: infoOf(me).ControlPort, DataPort: infoOf(me).DataPort})
+			var r ready
+			for _, s := range tt.steps {
+				if s.answer {
+					c.probed(s.ok, t0.Add(s.at))
+					r = ready{}
+					continue
+				}
+				r = c.tick(t0.Add(s.at), 0)
+			}
+			if r.probe != tt.probe {
+				t.Errorf("probe %v, want %v", r.probe, tt.probe)
+			}
+			switch {
+			case tt.startErr == "" && r.startErr != nil:
+				t.Errorf("start failed: %v", r.startErr)
+			case tt.startErr != "" && (r.startErr == nil || !strings.Contains(r.startErr.Error(), tt.startErr)):
+				t.Errorf("start error %v; want one with %q", r.startErr, tt.startErr)
+			}
+			if r.fail != nil || len(r.send) != 0 {
+				t.Errorf("a tick while registering failed the node (%v) or sent %v", r.fail, r.send)
+			}
+		})
+	}
+	// Once the table came, ticks are heartbeats: no probe.
+	c := registered(t)
+	c.probed(true, t0)
+	if r := c.tick(t0.Add(5*time.Second), 0); r.probe || r.startErr != nil {
+		t.Errorf("a tick after the table probed (%v) or failed the start (%v)", r.probe, r.startErr)
+	}
+}
