@@ -18,7 +18,11 @@ last line says whether every process finished cleanly; the exit status is 0 if
 so, else 1. Children are stopped on failure or Ctrl-C, except when a worker
 fails under FPT_ON_WORKER_LOSS=continue or wait, or a server under
 FPT_ON_SERVER_LOSS=retry: the job goes on without it, and the others run to
-their end (the status is still 1: a process failed).
+their end (the status is still 1: a process failed). The script exits only
+once every process it started is gone (SIGTERM, then SIGKILL after 5 s).
+Builds bin/fpt and bin/test_kv_app first when they are missing or older
+than their sources (scripts/build.sh, which installs only what the build
+needs: scripts/setup.sh build).
 
 With no flags: a whole local cluster on loopback (scheduler, 2 servers, 2
 workers). Across machines, run it on each with the same --root and cluster
