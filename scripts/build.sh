@@ -11,7 +11,8 @@ usage: scripts/build.sh
 
 Builds bin/fpt and bin/test_kv_app, then the C library and its programs
 (scripts/build-lib.sh: build/, bin/kvstore_client, bin/pslite_*), after
-scripts/setup.sh has installed what the build needs. No flags.
+"scripts/setup.sh build" has installed what the build needs (pkg-config,
+libczmq-dev, g++; not what only the tests or PyTorch need). No flags.
 
 Environment read: GOEXPERIMENT (passed to the Go builds, as in build-lib.sh -h),
 PKG_CONFIG_PATH (extended for the C++ programs).
@@ -21,7 +22,7 @@ USAGE
   *) echo "build.sh: no arguments expected (build.sh -h)" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh build
 mkdir -p bin
 go build -o bin/ ./cmd/fpt ./tests/test_kv_app
 scripts/build-lib.sh

@@ -23,7 +23,8 @@ usage: scripts/netem.sh [fpt netem flags] -- COMMAND [ARGS...]
 
 Builds the binaries (scripts/build.sh), then runs "bin/fpt netem" with the
 same arguments: a command, or a whole fpt cluster (scripts/run_test.sh on
-every host), on emulated hosts joined by shaped links. Needs root.
+every host), on emulated hosts joined by shaped links. Needs root and
+iproute2 (ip, tc; "scripts/setup.sh test" installs it).
 
   scripts/netem.sh --hosts 1gbit,200mbit,1gbit --cluster -- --iters 20
 
@@ -36,5 +37,6 @@ USAGE
     --) break ;;
   esac
 done
+command -v ip >/dev/null 2>&1 || { echo "netem.sh: ip not found: apt-get install iproute2 (or scripts/setup.sh test)" >&2; exit 1; }
 "$repo/scripts/build.sh"
 exec "$repo/bin/fpt" netem "$@"

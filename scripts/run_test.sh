@@ -18,7 +18,11 @@ last line says whether every process finished cleanly; the exit status is 0 if
 so, else 1. Children are stopped on failure or Ctrl-C, except when a worker
 fails under FPT_ON_WORKER_LOSS=continue or wait, or a server under
 FPT_ON_SERVER_LOSS=retry: the job goes on without it, and the others run to
-their end (the status is still 1: a process failed).
+their end (the status is still 1: a process failed). The script exits only
+once every process it started is gone (SIGTERM, then SIGKILL after 5 s).
+Builds bin/fpt and bin/test_kv_app first when they are missing or older
+than their sources (scripts/build.sh, which installs only what the build
+needs: scripts/setup.sh build).
 
 With no flags: a whole local cluster on loopback (scheduler, 2 servers, 2
 workers). Across machines, run it on each with the same --root and cluster
@@ -158,26 +162,79 @@ if [ -z "${FPT_CLUSTER_SECRET:-}" ] && [ -z "${FPT_CLUSTER_SECRET_FILE:-}" ] && 
   esac
 fi
 
-if [ ! -x bin/fpt ] || [ ! -x bin/test_kv_app ] || [ -n "$(find cmd tests trainer worker server scheduler cluster van pool control aggregator lb frame node config launch -name '*.go' -newer bin/test_kv_app 2>/dev/null | head -1)" ]; then
+if [ ! -x bin/fpt ] || [ ! -x bin/test_kv_app ] || [ -n "$(find cmd tests/test_kv_app trainer worker server scheduler cluster van pool control aggregator lb frame node config launch -name '*.go' -newer bin/test_kv_app 2>/dev/null | head -1)" ]; then
   scripts/build.sh
 fi
 
-pids=()
+pids=()    # the nodes, each a child of this script
 names=()
-# Each node runs in a process group of its own (job control, on while they
-# start), with the processes labelling its output: stopping the group stops
-# them all, and waiting for it waits for its last line.
-stop_all() { # signal
-  for pid in "${pids[@]}" ${mon_pid:-}; do kill "-$1" -- "-$pid" 2>/dev/null || true; done
+# Each node is a child of this script, in a process group of its own (job
+# control, on while they start), and writes through two labelling seds
+# (process substitutions, children of this script too): the script can
+# signal a node and wait for the node itself, not for a shell above it
+# that a signal would end first, leaving the node to init.
+stop_all() { # signal: the nodes still running, and the monitor
+  local pid
+  if [ -n "${running+x}" ]; then set -- "$1" ${running[@]+"${running[@]}"}; else set -- "$1" ${pids[@]+"${pids[@]}"}; fi
+  for pid in "${@:2}"; do kill "-$1" -- "-$pid" 2>/dev/null || true; done
+  [ -n "${mon_pid:-}" ] && kill "-$1" "$mon_pid" 2>/dev/null
+  return 0
+}
+# children sets kids to this script's child processes, read from /proc
+# with builtins only (a command substitution would be a child itself). It
+# finds every child, also one whose id a signal kept the script from
+# recording.
+children() {
+  kids=()
+  local f=/proc/$$/task/$$/children line rest
+  if [ -r "$f" ]; then
+    read -r -a kids <"$f" || true
+    return 0
+  fi
+  for f in /proc/[0-9]*/stat; do   # kernels without the children file
+    { read -r line <"$f"; } 2>/dev/null || continue
+    rest=${line##*) }              # after the command's name: state, ppid, ...
+    rest=${rest#* }
+    [ "${rest%% *}" = "$$" ] || continue
+    f=${f#/proc/}; kids+=("${f%/stat}")
+  done
+}
+# gone_within waits up to $1 seconds for every child to end (bash reaps a
+# child as it exits, and it leaves /proc).
+gone_within() {
+  local now=${EPOCHREALTIME/./}
+  local end=$((now + $1 * 1000000))
+  while :; do
+    children
+    [ ${#kids[@]} -eq 0 ] && return 0
+    now=${EPOCHREALTIME/./}
+    [ "$now" -lt "$end" ] || return 1
+    sleep 0.1
+  done
+}
+# stop_children stops every child and returns only once all are gone:
+# SIGTERM to the nodes and the monitor (a labeller ends with its node, once
+# this script holds no end of its pipe), up to 5 s for every child to end,
+# then SIGKILL to all and a wait for each.
+stop_children() {
+  [ -n "${out_fd:-}" ] && exec {out_fd}>&-
+  [ -n "${err_fd:-}" ] && exec {err_fd}>&-
+  out_fd="" err_fd=""
+  stop_all TERM
+  if ! gone_within 5; then
+    stop_all KILL
+    children
+    local pid
+    for pid in ${kids[@]+"${kids[@]}"}; do kill -KILL "$pid" 2>/dev/null || true; done
+    for pid in ${kids[@]+"${kids[@]}"}; do wait "$pid" 2>/dev/null || true; done
+  fi
+  # Gone: their ids may belong to others from here on.
+  stopped=1
 }
 cleanup() {
   local code=$?
   trap - EXIT INT TERM
-  stop_all TERM
-  # Give them a moment to release their ports, then make sure.
-  sleep 0.2
-  stop_all KILL
-  wait 2>/dev/null || true
+  [ "${stopped:-0}" = 1 ] || stop_children
   exit "$code"
 }
 trap cleanup EXIT
@@ -194,11 +251,15 @@ start() { # label role rank-variable rank cmd...
   [ -n "$rank_var" ] && env+=("$rank_var=$rank")
   [ "$role" = scheduler ] && [ -n "$status_port" ] && env+=(FPT_STATUS_ADDR="$DMLC_PS_ROOT_URI:$status_port")
   # stdout and stderr each through their own sed, to the script's own.
-  (
-    { { env -u DMLC_TASK_ID -u DMLC_WORKER_ID -u DMLC_SERVER_ID "${env[@]}" "$@" 2>&1 1>&3 3>&- |
-        sed -u "s/^/[$label] /" >&2 3>&-; } 3>&1 | sed -u "s/^/[$label] /"; }
-  ) &
+  # (out_fd and err_fd are global: an interrupted start leaves them for
+  # stop_children to close.)
+  exec {out_fd}> >(exec sed -u "s/^/[$label] /")
+  exec {err_fd}> >(exec sed -u "s/^/[$label] /" >&2)
+  env -u DMLC_TASK_ID -u DMLC_WORKER_ID -u DMLC_SERVER_ID "${env[@]}" "$@" >&"$out_fd" 2>&"$err_fd" {out_fd}>&- {err_fd}>&- &
   pids+=($!); names+=("$label")
+  # The node holds the seds' pipes now: they end once it has.
+  exec {out_fd}>&- {err_fd}>&-
+  out_fd="" err_fd=""
 }
 
 # label role i first: "worker 3" when pinned at first+i, else "worker local i".
@@ -227,9 +288,13 @@ if [ "$monitor" = 1 ]; then
   dev="${iface:-lo}"
   [ "$DMLC_PS_ROOT_URI" != 127.0.0.1 ] && [ -z "$iface" ] && dev=$(ip route get "$DMLC_PS_ROOT_URI" 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p' | head -1)
   (
+    # SIGTERM ends the loop and its sleep together: nothing outlives the script.
+    trap 'kill "$nap" 2>/dev/null; wait "$nap"; exit 0' TERM
     read_bytes() { awk -v d="$dev:" '$1==d {print $2, $10}' /proc/net/dev; }
     set -- $(read_bytes); rx0=${1:-0}; tx0=${2:-0}
-    while sleep 1; do
+    while :; do
+      sleep 1 & nap=$!
+      wait "$nap"
       set -- $(read_bytes); rx=${1:-0}; tx=${2:-0}
       awk -v d="$dev" -v t=$((tx-tx0)) -v r=$((rx-rx0)) 'BEGIN{printf "[net %s] tx %.2f Gbit/s  rx %.2f Gbit/s\n", d, t*8/1e9, r*8/1e9}' >&2
       rx0=$rx; tx0=$tx
@@ -297,10 +362,10 @@ while [ ${#running[@]} -gt 0 ]; do
     break
   fi
 done
-# The monitor's group (its sleep and awk too) goes before the final line.
-if [ -n "${mon_pid:-}" ]; then
-  kill -- "-$mon_pid" 2>/dev/null || true
-  wait "$mon_pid" 2>/dev/null || true
+# The monitor (its sleep too) goes before the final line, and so do the
+# labellers' last lines.
+if [ "$status" -eq 0 ]; then
+  stop_children
 fi
 if [ "$status" -eq 0 ] && [ -n "$lost" ]; then
   echo "run_test.sh: the others finished cleanly; the job went on without $lost" >&2
@@ -309,10 +374,7 @@ elif [ "$status" -eq 0 ]; then
   echo "run_test.sh: all ${#pids[@]} processes finished cleanly"
 else
   # Their last lines come before the final one.
-  stop_all TERM
-  sleep 0.2
-  stop_all KILL
-  wait 2>/dev/null || true
+  stop_children
   echo "run_test.sh: $failed; stopped the others" >&2
 fi
 exit "$status"

@@ -1,41 +1,53 @@
 #!/usr/bin/env bash
-# Installs what building fpt needs on Debian (ZeroMQ's czmq headers and
-# pkg-config for goczmq's cgo; g++ for the C++ client of the C library;
-# python3-torch and python3-numpy for the Python package and its tests;
-# chromium for the status page's browser test), when it is missing, in one
-# apt-get run, and fetches Go modules.
+# Installs on Debian what one use of fpt needs, when it is missing, in one
+# apt-get run, and fetches Go modules: a local job waits for no browser.
 # Idempotent; safe to run before every build.
 set -euo pipefail
-case "${1:-}" in
-  -h|--help)
-    cat <<'USAGE'
-usage: scripts/setup.sh
+usage() {
+  cat <<'USAGE'
+usage: scripts/setup.sh [build|python|test]
 
-Installs with apt-get what building and testing fpt needs on Debian, when
-missing (pkg-config, libczmq-dev, iproute2, g++, python3-torch,
-python3-numpy, chromium; as root), and fetches the Go modules. Idempotent;
-scripts/build.sh runs it first. No flags.
+Installs with apt-get, when missing (as root), what one use of fpt needs on
+Debian, then fetches the Go modules. Idempotent. What for:
+  build    build and run fpt, its C library and the C/C++ programs:
+           pkg-config, libczmq-dev (goczmq's cgo), g++
+           (scripts/build.sh and scripts/run_test.sh ask for this)
+  python   build, plus the Python package's and examples' PyTorch:
+           python3-torch, python3-numpy (for /usr/bin/python3)
+  test     python, plus what the tests use: iproute2 (emulated networks),
+           chromium (the status page's browser test)
+           (scripts/test.sh and .ci/run ask for this; the default)
 
 Environment read: PATH (a Go toolchain, else /usr/local/go/bin or
 /usr/lib/go/bin).
 USAGE
-    exit 0 ;;
+}
+what=test
+case "${1:-}" in
+  -h|--help) usage; exit 0 ;;
+  build|python|test) what=$1 ;;
+  "") ;;
+  *) echo "setup.sh: unknown argument $1; setup.sh -h for help" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 
 need=()
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 pkg-config --exists libczmq 2>/dev/null || need+=(libczmq-dev)
-command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
-# Python and PyTorch (python/fpt, fptrun, examples/pytorch and their tests):
-# Debian's packages, for /usr/bin/python3 (fptrun finds it even when another
-# python3 comes first on PATH; FPT_PYTHON overrides).
-dpkg -s python3-torch >/dev/null 2>&1 || need+=(python3-torch)
-dpkg -s python3-numpy >/dev/null 2>&1 || need+=(python3-numpy)
-# The status page's browser test (tests/status_test.go) drives Debian's
-# headless Chromium.
-command -v chromium >/dev/null 2>&1 || need+=(chromium)
+if [ "$what" != build ]; then
+  # Python and PyTorch (python/fpt, fptrun, examples/pytorch and their
+  # tests): Debian's packages, for /usr/bin/python3 (fptrun finds it even
+  # when another python3 comes first on PATH; FPT_PYTHON overrides).
+  dpkg -s python3-torch >/dev/null 2>&1 || need+=(python3-torch)
+  dpkg -s python3-numpy >/dev/null 2>&1 || need+=(python3-numpy)
+fi
+if [ "$what" = test ]; then
+  command -v ip >/dev/null 2>&1 || need+=(iproute2)
+  # The status page's browser test (tests/status_test.go) drives Debian's
+  # headless Chromium.
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: missing ${need[*]}; run as root or: sudo apt-get install -y ${need[*]}" >&2

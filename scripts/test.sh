@@ -11,7 +11,9 @@ case "${1:-}" in
     cat <<'USAGE'
 usage: scripts/test.sh
 
-The test command: builds, runs go vet, the race-enabled tests of every package
+The test command: installs what the tests need ("scripts/setup.sh test":
+the build's packages, python3-torch, python3-numpy, iproute2, chromium),
+builds, runs go vet, the race-enabled tests of every package
 (the integration tests in tests/ start real clusters of processes), then the
 tests that move tensors over 2 GiB. No flags.
 
@@ -22,6 +24,7 @@ USAGE
     exit 0 ;;
 esac
 cd "$(dirname "$0")/.."
+scripts/setup.sh test
 scripts/build.sh
 echo "== go vet"
 go vet ./...

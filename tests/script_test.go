@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fptps/fpt/internal/localcluster"
 )
 
@@ -103,12 +105,42 @@ func TestRunTestScript(t *testing.T) {
 	}
 }
 
-// Ctrl-C in the middle of a run: every child goes, the ports are free.
+// Ctrl-C at any point of a run: the script exits only once every process
+// it started is gone, and the ports are free. The test is the children's
+// subreaper while the script runs, so a process the script leaves to
+// outlive it, even one killed and still tearing down (which a look at
+// /proc right after the exit can miss), becomes the test's child and is
+// found. Each point is interrupted several times: while the nodes start,
+// and while they train.
 func TestRunTestScriptInterrupted(t *testing.T) {
+	points := []struct {
+		name, after string
+		cluster     bool // the whole cluster runs when the signal comes
+	}{
+		{"starting", "run_test.sh: cluster of", false},
+		{"training", "iteration 2/", true},
+	}
+	const rounds = 3
+	for _, p := range points {
+		for i := 0; i < rounds; i++ {
+			t.Run(fmt.Sprintf("%s/%d", p.name, i), func(t *testing.T) {
+				interruptRunTest(t, p.after, p.cluster)
+			})
+		}
+	}
+}
+
+// interruptRunTest starts a local cluster, sends run_test.sh SIGINT once
+// its output holds after, and checks that nothing it started outlives it.
+func interruptRunTest(t *testing.T, after string, cluster bool) {
 	port, err := localcluster.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Fatalf("becoming a subreaper: %v", err)
+	}
+	defer unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 	cmd := runScript(port, "--", "-iters", "100000", "-max-bytes", "65536")
 	var out localcluster.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -116,15 +148,15 @@ func TestRunTestScriptInterrupted(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(time.Minute)
-	for !strings.Contains(out.String(), "iteration 2/") {
+	for !strings.Contains(out.String(), after) {
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
-			t.Fatalf("no progress:\n%s", tail(out.String()))
+			t.Fatalf("no %q:\n%s", after, tail(out.String()))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	// The check below must be able to fail: it sees the running cluster.
-	if running := survivors(port); len(running) < 5 {
+	if running := survivors(port); cluster && len(running) < 5 {
 		t.Errorf("found %d processes of the running cluster, want at least 5: %v", len(running), running)
 	}
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
@@ -141,14 +173,44 @@ func TestRunTestScriptInterrupted(t *testing.T) {
 		cmd.Process.Kill()
 		t.Fatal("run_test.sh did not exit after SIGINT")
 	}
+	if orphans := adoptedChildren(); len(orphans) > 0 {
+		t.Errorf("processes that outlived run_test.sh (left to its parent): %v\n%s", orphans, tail(out.String()))
+	}
 	if left := survivors(port); len(left) > 0 {
-		t.Errorf("processes left behind: %v", left)
+		t.Errorf("processes left behind: %v\n%s", left, tail(out.String()))
 	}
 	if l, err := net.Listen("tcp", fmt.Sprintf("0.0.0.0:%d", port)); err != nil {
 		t.Errorf("scheduler port still taken: %v", err)
 	} else {
 		l.Close()
 	}
+}
+
+// adoptedChildren lists, then kills and reaps, the children of this test
+// process other than the ones it started: the processes a script it ran
+// left to outlive it while the test was their subreaper. The tests of this
+// package run one at a time, so every other child has been waited for.
+func adoptedChildren() []string {
+	me := strconv.Itoa(os.Getpid())
+	var found []string
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		status, err := os.ReadFile(d + "/status")
+		if err != nil || !regexp.MustCompile(`(?m)^PPid:\s+`+me+`$`).Match(status) {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(d))
+		state := regexp.MustCompile(`(?m)^State:\s+(.*)$`).FindSubmatch(status)
+		name := regexp.MustCompile(`(?m)^Name:\s+(.*)$`).FindSubmatch(status)
+		if len(state) < 2 || len(name) < 2 {
+			continue
+		}
+		found = append(found, fmt.Sprintf("%d %s (%s)", pid, name[1], state[1]))
+		syscall.Kill(pid, syscall.SIGKILL)
+		var ws syscall.WaitStatus
+		syscall.Wait4(pid, &ws, 0, nil)
+	}
+	return found
 }
 
 // Under FPT_ON_WORKER_LOSS=continue a worker killed (kill -9) mid-run
