@@ -5,8 +5,8 @@
  * Link with libfpt (pkg-config --cflags --libs fpt). The library holds one
  * node per process, configured by the same environment as ps-lite and
  * dmlc-tracker (DMLC_ROLE, DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT,
- * DMLC_NUM_SERVER, DMLC_NUM_WORKER, and fpt's FPT_* settings; see the
- * README). It is the Go runtime built as a shared library: keep to one
+ * DMLC_NUM_SERVER, DMLC_NUM_WORKER, and fpt's FPT_* settings; see
+ * docs/running.md). It is the Go runtime built as a shared library: keep to one
  * Go-built shared library per process, as two Go runtimes cannot share one.
  *
  * Life cycle, for every role (as ps::StartAsync / ps::Finalize):

@@ -172,8 +172,8 @@ func TestNetemInterrupted(t *testing.T) {
 
 // The bench scenarios run end to end in their emulated network, print
 // their JSON line (--json), and leave nothing behind. Their figures are
-// reported, not asserted: speeds are for the benchmark's reader (see the
-// README).
+// reported, not asserted: speeds are for the benchmark's reader (see
+// docs/benchmarks.md).
 func TestBenchScenarios(t *testing.T) {
 	needRoot(t)
 	for _, tc := range []struct {

@@ -4,9 +4,9 @@
  *   g++ -std=c++11 prog.cc $(pkg-config --cflags --libs fpt)
  *
  * A process runs one node, configured by the DMLC_* environment (see
- * fpt's README); ps::Start joins the cluster, ps::Finalize leaves it. See
+ * fpt's docs/running.md); ps::Start joins the cluster, ps::Finalize leaves it. See
  * ps/internal/postoffice.h for how ps-lite's life cycle maps onto libfpt's,
- * and the README's "ps-lite programs and MXNet" for what is supported.
+ * and docs/c-cpp.md for what is supported.
  */
 #ifndef PS_PS_H_
 #define PS_PS_H_
