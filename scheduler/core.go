@@ -223,10 +223,16 @@ func (c *core) tick(now time.Time) ready {
 		return c.take()
 	}
 	c.publish()
-	// Ticks come every interval while the scheduler runs: a longer gap
-	// is time it did not run (stopped, suspended), which no member's
-	// silence or stall may be blamed for.
-	if gap := now.Sub(c.lastTick); gap > 2*c.cfg.HeartbeatInterval {
+	// Ticks come every interval while the scheduler runs: a gap of half
+	// a timeout (the heartbeat's or the stall's) is time it did not run
+	// (stopped, suspended), which no member's silence or stall may be
+	// blamed for. Shorter gaps, as under a heavy load, count: they cannot
+	// make a member look lost or stalled alone.
+	limit := c.cfg.HeartbeatTimeout
+	if st := c.cfg.StallTimeout; st > 0 && st < limit {
+		limit = st
+	}
+	if gap := now.Sub(c.lastTick); gap > limit/2 && gap > 2*c.cfg.HeartbeatInterval {
 		c.paused(gap-c.cfg.HeartbeatInterval, now)
 	}
 	c.lastTick = now
