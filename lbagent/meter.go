@@ -10,10 +10,19 @@ import "time"
 // filling at memory speed, a token bucket's burst) and short enough to fit
 // in the part of an iteration where a link is saturated. Meter is pure: the
 // caller passes the clock.
+//
+// A period in which no window ended (Takes closer together than the
+// counters' tick, as with iterations of a few milliseconds) reports the
+// rates of the latest window instead of none: the LB needs every node's
+// capacity in a probe, and the link has not changed since.
 type Meter struct {
 	window time.Duration
 	hist   []reading // oldest first; spans at most about one window
 	peak   [2]float64
+	// latest is the rates of the last whole window; ended says whether
+	// one ended since the last Take.
+	latest [2]float64
+	ended  bool
 	taken  reading // counters at the last Take
 	primed bool
 }
@@ -56,16 +65,22 @@ func (m *Meter) Add(t time.Time, sent, recv uint64) {
 		return // not a whole window yet
 	}
 	secs := span.Seconds()
-	m.peak[0] = max(m.peak[0], float64(sent-first.sent)/secs)
-	m.peak[1] = max(m.peak[1], float64(recv-first.recv)/secs)
+	m.latest = [2]float64{float64(sent-first.sent) / secs, float64(recv-first.recv) / secs}
+	m.peak[0] = max(m.peak[0], m.latest[0])
+	m.peak[1] = max(m.peak[1], m.latest[1])
+	m.ended = true
 }
 
-// Take returns the peak send and receive rates (bytes per second; 0 when no
-// whole window was seen) and the bytes moved since the previous Take, and
+// Take returns the peak send and receive rates (bytes per second) of the
+// windows that ended since the previous Take (none ended: the latest
+// window's; none ever: 0) and the bytes moved since the previous Take, and
 // starts a new period.
 func (m *Meter) Take() (up, down float64, sent, recv uint64) {
 	up, down = m.peak[0], m.peak[1]
-	m.peak = [2]float64{}
+	if !m.ended {
+		up, down = m.latest[0], m.latest[1]
+	}
+	m.peak, m.ended = [2]float64{}, false
 	if n := len(m.hist); n > 0 {
 		last := m.hist[n-1]
 		sent, recv = last.sent-m.taken.sent, last.recv-m.taken.recv
