@@ -16,6 +16,7 @@ import (
 	"net"
 	"reflect"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -386,6 +387,12 @@ type dealer struct {
 	sock     *rawSock
 	pending  [][]byte // encoded messages libzmq could not take yet
 	dropped  int      // messages dropped in the current backlog episode
+	// mon follows the DEALER's handshakes until the first succeeds, so
+	// that a peer refusing this node's credentials is reported here, by
+	// the node refused; nil after that (or if it could not be made).
+	mon     *rawSock
+	refused int       // handshakes failed since the last log line
+	lastLog time.Time // of the last line about them
 }
 
 func (p *Plane) run(host string, port int, ready chan<- error) {
@@ -532,6 +539,7 @@ func (l *loop) serve() {
 		// way the next round simply polls again.
 		zmqPoll(l.items, int(wait/time.Millisecond))
 		l.watch()
+		l.watchDealers()
 		delivered, ok := l.receive()
 		if !ok {
 			return
@@ -746,6 +754,7 @@ func (l *loop) dealer(endpoint string) *dealer {
 		return nil
 	}
 	d := &dealer{endpoint: endpoint, sock: s}
+	l.watchDealer(d)
 	l.dealers[endpoint] = d
 	return d
 }
@@ -787,6 +796,7 @@ func (l *loop) destroy() {
 	}
 	l.mon.close()
 	for _, d := range l.dealers {
+		l.unwatchDealer(d)
 		d.sock.close()
 	}
 	clear(l.dealers)
@@ -843,4 +853,89 @@ func rejectDetail(reason string) string {
 		return "a peer that does not speak the job's ZeroMQ protocol and security"
 	}
 	return fmt.Sprintf("a connection closed or silent before its handshake completed (limit %s)", handshakeIvl)
+}
+
+// dealerEvents are the DEALER events watchDealers follows.
+const dealerEvents = evHandshakeSucceeded | evHandshakeFailedNoDetail | evHandshakeFailedProtocol | evHandshakeFailedAuth
+
+// watchDealer starts following d's handshakes. Without a secret there is
+// nothing to refuse, and a monitor that cannot be made only costs the
+// report.
+func (l *loop) watchDealer(d *dealer) {
+	if l.keys == nil {
+		return
+	}
+	ep := fmt.Sprintf("inproc://fpt-control-dealer-%016x", rand.Uint64())
+	if monitor(d.sock.h, ep, dealerEvents) != nil {
+		return
+	}
+	mon, err := newRawSock(zmqPair)
+	if err == nil {
+		mon.setInt(zmqRcvhwm, 0)
+		if err = mon.connect(ep); err != nil {
+			mon.close()
+		}
+	}
+	if err != nil {
+		_ = monitor(d.sock.h, "", 0)
+		return
+	}
+	d.mon = mon
+	l.items = append(l.items, pollIn(mon.h))
+}
+
+// unwatchDealer stops following d's handshakes.
+func (l *loop) unwatchDealer(d *dealer) {
+	if d.mon == nil {
+		return
+	}
+	_ = monitor(d.sock.h, "", 0)
+	l.items = slices.DeleteFunc(l.items, func(it pollItem) bool { return it.socket == d.mon.h })
+	d.mon.close()
+	d.mon = nil
+}
+
+// watchDealers reads the DEALERs' handshake events: a refused handshake is
+// logged (once per dealerLogEvery per peer, with how many), the first
+// success ends the watch.
+func (l *loop) watchDealers() {
+	for _, d := range l.dealers {
+		for d.mon != nil {
+			head, more, ok := d.mon.recv()
+			if !ok {
+				break
+			}
+			if more {
+				d.mon.recv()
+			}
+			if len(head) != 6 {
+				continue
+			}
+			ev := int(binary.LittleEndian.Uint16(head))
+			value := binary.LittleEndian.Uint32(head[2:])
+			if ev == evHandshakeSucceeded {
+				l.unwatchDealer(d)
+				break
+			}
+			d.refused++
+			now := time.Now()
+			if now.Sub(d.lastLog) < rejectLogEvery {
+				continue
+			}
+			// A peer with another secret cannot read this node's first
+			// CURVE message and hangs up: that is the common case.
+			why := "the peer closed the connection during the authentication handshake"
+			switch {
+			case ev == evHandshakeFailedAuth:
+				why = fmt.Sprintf("authentication refused: the peer does not accept this node's key (ZAP status %d)", value)
+			case ev == evHandshakeFailedProtocol && value == protoCryptographic:
+				why = "authentication failed: the peer's key does not match this node's secret"
+			case ev == evHandshakeFailedProtocol:
+				why = fmt.Sprintf("protocol error %#x", value)
+			}
+			l.p.log.Error("control: the handshake with a peer failed; is FPT_CLUSTER_SECRET (or FPT_CLUSTER_SECRET_FILE) the same on every node?",
+				"peer", d.endpoint, "why", why, "failed_handshakes", d.refused)
+			d.lastLog, d.refused = now, 0
+		}
+	}
 }
