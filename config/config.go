@@ -10,12 +10,14 @@ package config
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/fptps/fpt/node"
@@ -296,36 +298,74 @@ func (p *parser) flag(name string) bool {
 	return false
 }
 
+// maxSecretFileBytes bounds what is read of FPT_CLUSTER_SECRET_FILE: a
+// secret is a few dozen bytes, and a path such as /dev/zero must not make
+// the node read until it runs out of memory.
+const maxSecretFileBytes = 4096
+
 // secret reads the secret from the variable name or from the file the
-// variable fileName names (one, not both). The value itself never appears
+// variable fileName names (one, not both). Both forms lose surrounding white
+// space, and a secret of blanks is refused rather than taken for none
+// (an empty variable is unset). The value itself never appears
 // in an error.
 func (p *parser) secret(name, fileName string) string {
 	v, inline := p.optional(name)
 	path, file := p.optional(fileName)
+	if raw, _ := p.lookup(name); raw != "" && !inline {
+		// Set to blanks: meant as a secret, not as none.
+		inline = true
+	}
 	switch {
 	case inline && file:
 		p.fail(fileName, path, "set it or "+name+", not both")
 		return ""
 	case file:
-		b, err := os.ReadFile(path)
+		b, err := readSecretFile(path)
 		if err != nil {
-			p.fail(fileName, path, "cannot be read: "+err.Error())
+			p.fail(fileName, path, err.Error())
 			return ""
 		}
 		v = strings.TrimSpace(string(b))
 		if len(v) < MinSecretBytes {
-			p.fail(fileName, path, fmt.Sprintf("holds %d bytes; a secret has at least %d", len(v), MinSecretBytes))
+			p.fail(fileName, path, fmt.Sprintf("holds %d bytes besides white space; a secret has at least %d", len(v), MinSecretBytes))
 			return ""
 		}
 		return v
 	case inline:
+		v = strings.TrimSpace(v)
 		if len(v) < MinSecretBytes {
-			p.fail(name, "", fmt.Sprintf("is %d bytes; a secret has at least %d (e.g. openssl rand -hex 16)", len(v), MinSecretBytes))
+			p.fail(name, "", fmt.Sprintf("is %d bytes besides white space; a secret has at least %d (e.g. openssl rand -hex 16)", len(v), MinSecretBytes))
 			return ""
 		}
 		return v
 	}
 	return ""
+}
+
+// readSecretFile reads a regular file of at most maxSecretFileBytes. It
+// opens without blocking, so a FIFO with no writer cannot hang the node,
+// and refuses anything but a regular file before reading.
+func readSecretFile(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("cannot be read: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("cannot be read: %w", err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("is not a regular file (%s)", st.Mode().Type())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("cannot be read: %w", err)
+	}
+	if len(b) > maxSecretFileBytes {
+		return nil, fmt.Errorf("holds more than %d bytes; a secret is a short line", maxSecretFileBytes)
+	}
+	return b, nil
 }
 
 // ResolveHost works out the address other nodes should use to reach this

@@ -5,6 +5,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -224,6 +225,59 @@ func TestFromEnvSecurity(t *testing.T) {
 	e["FPT_CLUSTER_SECRET"] = "tooshort"
 	if _, err := FromEnv(env(e)); err == nil || strings.Contains(err.Error(), "tooshort") {
 		t.Errorf("error %v: want one that does not repeat the secret", err)
+	}
+}
+
+// TestSecretRefused: a secret file that is not a short regular file, or a
+// secret of white space in either form, is refused naming the variable,
+// without hanging on a FIFO or reading /dev/zero without end.
+func TestSecretRefused(t *testing.T) {
+	dir := t.TempDir()
+	fifo := dir + "/fifo"
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	blank := dir + "/blank"
+	big := dir + "/big"
+	if err := os.WriteFile(blank, []byte(strings.Repeat(" ", 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(big, []byte(strings.Repeat("s", maxSecretFileBytes+1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, variable, value, want string
+	}{
+		{"fifo", "FPT_CLUSTER_SECRET_FILE", fifo, "not a regular file"},
+		{"dev zero", "FPT_CLUSTER_SECRET_FILE", "/dev/zero", "not a regular file"},
+		{"directory", "FPT_CLUSTER_SECRET_FILE", dir, "not a regular file"},
+		{"too big", "FPT_CLUSTER_SECRET_FILE", big, "more than"},
+		{"blank file", "FPT_CLUSTER_SECRET_FILE", blank, "0 bytes"},
+		{"blank inline", "FPT_CLUSTER_SECRET", strings.Repeat(" ", 16), "0 bytes"},
+		{"padded short inline", "FPT_CLUSTER_SECRET", "  short-secret \t\n", "12 bytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := base()
+			e[tt.variable] = tt.value
+			done := make(chan error, 1)
+			go func() { _, err := FromEnv(env(e)); done <- err }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("FromEnv still reading the secret after 10 s")
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.variable) || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v: want one naming %s and saying %q", err, tt.variable, tt.want)
+			}
+		})
+	}
+	// The two forms agree: padding is dropped from either.
+	e := base()
+	e["FPT_CLUSTER_SECRET"] = " 0123456789abcdef\n"
+	if c, err := FromEnv(env(e)); err != nil || c.Secret != "0123456789abcdef" {
+		t.Fatalf("padded inline secret: %q, %v; want it trimmed", c.Secret, err)
 	}
 }
 

@@ -195,7 +195,7 @@ func Known() []Var {
 		{Name: "FPT_CLUSTER_SECRET", Meaning: fmt.Sprintf("the job's shared secret, at least %d bytes (e.g. openssl rand -hex 16); every node has the same one", MinSecretBytes), Use: NodeVar,
 			Default: "none: the node binds loopback only",
 			read:    func(p *parser, name string, c *Config) { c.Secret = p.secret(name, "FPT_CLUSTER_SECRET_FILE") }},
-		{Name: "FPT_CLUSTER_SECRET_FILE", Meaning: "a file holding the secret instead (surrounding white space removed)", Use: NodeVar},
+		{Name: "FPT_CLUSTER_SECRET_FILE", Meaning: "a regular file of at most 4 KiB holding the secret instead (surrounding white space removed, as from FPT_CLUSTER_SECRET)", Use: NodeVar},
 		{Name: "FPT_INSECURE", Meaning: "1: a node without a secret accepts connections from other hosts", Default: "0", Use: NodeVar,
 			read: func(p *parser, name string, c *Config) { c.Insecure = p.flag(name) }},
 

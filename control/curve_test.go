@@ -1,7 +1,10 @@
 package control
 
 import (
+	"log/slog"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -135,5 +138,63 @@ func TestZAPHandlerIdle(t *testing.T) {
 	b.Close() // the last plane with a secret: the handler stops
 	if n := zap.timeouts.Load() - before; n != 0 {
 		t.Errorf("the ZAP handler woke %d times on its poll timeout; want 0 (it waits for requests, and is woken to stop)", n)
+	}
+}
+
+// lockedBuffer is a log sink safe for the plane's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (w *lockedBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *lockedBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// TestWrongSecretSaysSo: a node whose secret differs says, itself, that its
+// handshake failed and names the secret; the node refusing it counts the
+// refusal as "auth" and logs it.
+func TestWrongSecretSaysSo(t *testing.T) {
+	var targetLog, wrongLog lockedBuffer
+	var auth atomic.Int64
+	target, err := Listen(Config{BindHost: "127.0.0.1", Secret: testSecret,
+		Logger: slog.New(slog.NewTextHandler(&targetLog, nil)),
+		OnReject: func(r string) {
+			if r == "auth" {
+				auth.Add(1)
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	wrong, err := Listen(Config{BindHost: "127.0.0.1", Secret: "another-secret-of-16+bytes",
+		Logger: slog.New(slog.NewTextHandler(&wrongLog, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wrong.Close()
+	if err := wrong.Send(endpoint(target), &Message{Command: AddNode}); err != nil {
+		t.Fatal(err)
+	}
+	// A deadlock guard, not a timing assertion.
+	for deadline := time.Now().Add(waitTime); ; time.Sleep(20 * time.Millisecond) {
+		said := strings.Contains(wrongLog.String(), "handshake with a peer failed") &&
+			strings.Contains(wrongLog.String(), "FPT_CLUSTER_SECRET") &&
+			strings.Contains(wrongLog.String(), "authentication")
+		if said && auth.Load() > 0 && strings.Contains(targetLog.String(), "control: refused") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("refused node logged %q; refusing node counted %d auth refusals and logged %q", wrongLog.String(), auth.Load(), targetLog.String())
+		}
 	}
 }

@@ -7,6 +7,7 @@ package control
 import "C"
 
 import (
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"net"
 	"reflect"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +48,16 @@ const (
 	idleWait = time.Second
 	// retryWait is the poll timeout while some peer has a backlog.
 	retryWait = 10 * time.Millisecond
+	// handshakeIvl bounds how long a connection may take over its ZeroMQ
+	// handshake (CURVE included) before libzmq closes it, as the data
+	// plane's van.DefaultHandshakeTimeout does: a member completes it in
+	// milliseconds, and a stranger's half greeting holds a descriptor.
+	handshakeIvl = 5 * time.Second
+	// maxUnauthenticated bounds the accepted connections still in their
+	// handshake; beyond it new ones are cut at once (reason "busy"), so
+	// strangers cannot take every file descriptor. A member cut by a burst
+	// reconnects, as ZeroMQ does.
+	maxUnauthenticated = 128
 	// recvBatch bounds the messages taken from the ROUTER per round, so a
 	// flood of incoming messages cannot starve outgoing ones.
 	recvBatch = 256
@@ -92,7 +104,10 @@ type Config struct {
 // libzmq asks for when a socket changes threads).
 //
 // With Config.Secret every socket speaks CURVE and a ZAP handler (zap.go)
-// admits only peers holding the job's client key. The routing id the ROUTER
+// admits only peers holding the job's client key. Every connection has
+// handshakeIvl to complete its handshake and at most maxUnauthenticated are
+// in it at once (gate.go); each refusal, of whatever kind, is counted
+// through Config.OnReject and logged at a bounded rate. The routing id the ROUTER
 // gives each incoming connection is reported as Message.Origin: the
 // connection a message came over; a reconnected peer gets a new Origin.
 // (Stable ids set on the DEALERs, with ROUTER hand-over, would survive
@@ -328,7 +343,16 @@ func sockOK(s *goczmq.Sock) bool {
 	return !f.IsValid() || f.Kind() != reflect.Pointer || !f.IsNil()
 }
 
+// newSock makes a czmq socket, which asserts (aborting the process) where
+// libzmq cannot make one; a raw socket made and closed just before finds
+// that out first, as an error. Only Listen uses it, before any stranger can
+// hold a connection; later sockets are raw (raw.go).
 func newSock(kind int) (*goczmq.Sock, error) {
+	probe, err := newRawSock(kind)
+	if err != nil {
+		return nil, err
+	}
+	probe.close()
 	s := goczmq.NewSock(kind)
 	if !sockOK(s) {
 		return nil, fmt.Errorf("control: creating a ZeroMQ socket failed: %w", zmqError(zmqErrno()))
@@ -344,11 +368,15 @@ type loop struct {
 	router    *goczmq.Sock
 	wakeRx    *goczmq.Sock
 	wakeTx    *goczmq.Sock
-	poller    *goczmq.Poller
+	mon       *rawSock // the ROUTER's monitor: connections and handshakes
+	gate      gate
+	items     []pollItem // router, wakeRx, mon
 	dealers   map[string]*dealer
 	waiting   int // dealers with a backlog
 
 	spare []outgoing // recycled queue buffer
+
+	monitoring bool // the ROUTER's monitor is on
 
 	partial  [][]byte // first frames of a ROUTER message not fully read yet
 	partialN int      // frames of that message read so far
@@ -356,9 +384,15 @@ type loop struct {
 
 type dealer struct {
 	endpoint string
-	sock     *goczmq.Sock
+	sock     *rawSock
 	pending  [][]byte // encoded messages libzmq could not take yet
 	dropped  int      // messages dropped in the current backlog episode
+	// mon follows the DEALER's handshakes until the first succeeds, so
+	// that a peer refusing this node's credentials is reported here, by
+	// the node refused; nil after that (or if it could not be made).
+	mon     *rawSock
+	refused int       // handshakes failed since the last log line
+	lastLog time.Time // of the last line about them
 }
 
 func (p *Plane) run(host string, port int, ready chan<- error) {
@@ -396,6 +430,9 @@ func (p *Plane) open(host string, port int) (_ *loop, err error) {
 	l.router.SetRcvtimeo(0) // reads never block: the poller says when to read
 	l.router.SetMaxmsgsize(MaxMessageLen)
 	setKeepalive(l.router)
+	if err := setHandleInt(handle(l.router), zmqHandshakeIvl, int(handshakeIvl/time.Millisecond)); err != nil {
+		return nil, fmt.Errorf("control: handshake interval: %w", err)
+	}
 	if strings.Contains(host, ":") {
 		l.router.SetIpv6(1)
 	}
@@ -407,7 +444,7 @@ func (p *Plane) open(host string, port int) (_ *loop, err error) {
 		// The ZAP domain names this plane's rule in the process-wide
 		// handler; set before bind, as libzmq reads it per connection.
 		l.zapDomain = "fpt-" + p.id
-		if err := zap.add(l.zapDomain, zapRule{key: keys.Client.PublicRaw, reject: p.reject.refuse}, p.log); err != nil {
+		if err := zap.add(l.zapDomain, zapRule{key: keys.Client.PublicRaw}, p.log); err != nil {
 			l.zapDomain = ""
 			return nil, err
 		}
@@ -446,9 +483,23 @@ func (p *Plane) open(host string, port int) (_ *loop, err error) {
 	if err := retryEINTR(func() error { return l.wakeTx.Connect(wake) }); err != nil {
 		return nil, fmt.Errorf("control: connect %s: %w", wake, err)
 	}
-	if l.poller, err = goczmq.NewPoller(l.router, l.wakeRx); err != nil {
-		return nil, fmt.Errorf("control: poller: %w", err)
+	// The monitor reports every accepted connection and its handshake's
+	// outcome, which bounds and counts the ones never authenticated. Its
+	// queue is unbounded: a lost event would skew the count.
+	mon := fmt.Sprintf("inproc://fpt-control-monitor-%016x", rand.Uint64())
+	if err := monitor(handle(l.router), mon, monitorEvents); err != nil {
+		return nil, err
 	}
+	l.monitoring = true
+	if l.mon, err = newRawSock(zmqPair); err != nil {
+		return nil, err
+	}
+	l.mon.setInt(zmqRcvhwm, 0)
+	if err := l.mon.connect(mon); err != nil {
+		return nil, fmt.Errorf("control: connect %s: %w", mon, err)
+	}
+	l.gate = newGate(maxUnauthenticated, handshakeIvl)
+	l.items = []pollItem{pollIn(handle(l.router)), pollIn(handle(l.wakeRx)), pollIn(l.mon.h)}
 	// Published under mu: Send reaches wakeTx only through the lock.
 	p.mu.Lock()
 	p.wakeTx = l.wakeTx
@@ -486,7 +537,9 @@ func (l *loop) serve() {
 		// so a busy ROUTER cannot starve Send (zpoller reports only the
 		// first ready socket). A nil result is a timeout or EINTR; either
 		// way the next round simply polls again.
-		l.poller.Wait(int(wait / time.Millisecond))
+		zmqPoll(l.items, int(wait/time.Millisecond))
+		l.watch()
+		l.watchDealers()
 		delivered, ok := l.receive()
 		if !ok {
 			return
@@ -625,13 +678,10 @@ func (l *loop) send(o outgoing) {
 // other reason is logged and counts as consumed.
 func (l *loop) trySend(d *dealer, data []byte) bool {
 	for {
-		// Check first: goczmq leaks the frame of a failed send, so avoid
-		// sends that would fail with EAGAIN.
-		if d.sock.Events()&goczmq.Pollout == 0 {
+		if !d.sock.writable() {
 			return false
 		}
-		err := d.sock.SendFrame(data, goczmq.FlagDontWait)
-		if err == nil {
+		if d.sock.send(data, false) {
 			return true
 		}
 		switch e := zmqErrno(); e {
@@ -676,30 +726,35 @@ func (l *loop) dealer(endpoint string) *dealer {
 	if d := l.dealers[endpoint]; d != nil {
 		return d
 	}
-	s, err := newSock(goczmq.Dealer)
+	s, err := newRawSock(zmqDealer)
 	if err != nil {
 		l.p.log.Error("control: message dropped", "peer", endpoint, "err", err)
 		return nil
 	}
-	s.SetLinger(int(linger / time.Millisecond))
-	s.SetSndhwm(hwm)
-	s.SetImmediate(0) // queue while the peer is not up yet
+	s.setInt(zmqLinger, int(linger/time.Millisecond))
+	s.setInt(zmqSndhwm, hwm)
+	s.setInt(zmqImmediate, 0) // queue while the peer is not up yet
+	s.setInt(zmqHandshakeIvl, int(handshakeIvl/time.Millisecond))
 	if l.keys != nil {
-		s.SetCurveServerkey(l.keys.Server.Public)
-		s.SetCurvePublickey(l.keys.Client.Public)
-		s.SetCurveSecretkey(l.keys.Client.Secret)
+		s.setString(zmqCurveServerkey, l.keys.Server.Public)
+		s.setString(zmqCurvePublickey, l.keys.Client.Public)
+		s.setString(zmqCurveSecretkey, l.keys.Client.Secret)
 	}
-	setKeepalive(s)
+	s.setInt(zmqTcpKeepalive, 1)
+	s.setInt(zmqTcpKeepaliveIdle, 30)
+	s.setInt(zmqTcpKeepaliveIntvl, 10)
+	s.setInt(zmqTcpKeepaliveCnt, 3)
 	if strings.Contains(endpoint, "[") {
-		s.SetIpv6(1)
+		s.setInt(zmqIpv6, 1)
 	}
-	if err := retryEINTR(func() error { return s.Connect(endpoint) }); err != nil {
-		s.Destroy()
+	if err := s.connect(endpoint); err != nil {
+		s.close()
 		l.p.log.Error("control: message dropped", "peer", endpoint,
 			"err", fmt.Errorf("control: connect %s: %w", endpoint, err))
 		return nil
 	}
 	d := &dealer{endpoint: endpoint, sock: s}
+	l.watchDealer(d)
 	l.dealers[endpoint] = d
 	return d
 }
@@ -736,11 +791,13 @@ func (l *loop) destroy() {
 			zap.remove(l.zapDomain)
 		}
 	}()
-	if l.poller != nil {
-		l.poller.Destroy()
+	if l.monitoring {
+		_ = monitor(handle(l.router), "", 0)
 	}
+	l.mon.close()
 	for _, d := range l.dealers {
-		d.sock.Destroy()
+		l.unwatchDealer(d)
+		d.sock.close()
 	}
 	clear(l.dealers)
 	for _, s := range []*goczmq.Sock{l.router, l.wakeRx, l.wakeTx} {
@@ -756,3 +813,129 @@ var _ interface {
 	AppendBinary([]byte) ([]byte, error)
 	UnmarshalBinary([]byte) error
 } = (*Message)(nil)
+
+// watch takes every event the ROUTER's monitor has queued: cuts what the
+// gate says to cut, and counts and logs (at a bounded rate) the refusals.
+func (l *loop) watch() {
+	for {
+		head, more, ok := l.mon.recv()
+		if !ok {
+			return
+		}
+		var addr []byte
+		if more {
+			addr, _, _ = l.mon.recv()
+		}
+		if len(head) != 6 {
+			continue
+		}
+		ev := int(binary.LittleEndian.Uint16(head))
+		value := binary.LittleEndian.Uint32(head[2:])
+		l.p.log.Debug("control: monitor event", "event", ev, "value", value, "endpoint", string(addr))
+		cut, reason := l.gate.event(ev, value, time.Now())
+		if cut && cutConnection(int(value), l.p.port) {
+			l.gate.Cut()
+		}
+		if reason != "" {
+			l.p.reject.Reject(reason, "plane", "control", "detail", rejectDetail(reason))
+		}
+	}
+}
+
+// rejectDetail explains a reason in the log.
+func rejectDetail(reason string) string {
+	switch reason {
+	case "busy":
+		return fmt.Sprintf("more than %d connections in their handshake: cut a new one", maxUnauthenticated)
+	case "auth":
+		return "a peer without this job's secret (FPT_CLUSTER_SECRET)"
+	case "protocol":
+		return "a peer that does not speak the job's ZeroMQ protocol and security"
+	}
+	return fmt.Sprintf("a connection closed or silent before its handshake completed (limit %s)", handshakeIvl)
+}
+
+// dealerEvents are the DEALER events watchDealers follows.
+const dealerEvents = evHandshakeSucceeded | evHandshakeFailedNoDetail | evHandshakeFailedProtocol | evHandshakeFailedAuth
+
+// watchDealer starts following d's handshakes. Without a secret there is
+// nothing to refuse, and a monitor that cannot be made only costs the
+// report.
+func (l *loop) watchDealer(d *dealer) {
+	if l.keys == nil {
+		return
+	}
+	ep := fmt.Sprintf("inproc://fpt-control-dealer-%016x", rand.Uint64())
+	if monitor(d.sock.h, ep, dealerEvents) != nil {
+		return
+	}
+	mon, err := newRawSock(zmqPair)
+	if err == nil {
+		mon.setInt(zmqRcvhwm, 0)
+		if err = mon.connect(ep); err != nil {
+			mon.close()
+		}
+	}
+	if err != nil {
+		_ = monitor(d.sock.h, "", 0)
+		return
+	}
+	d.mon = mon
+	l.items = append(l.items, pollIn(mon.h))
+}
+
+// unwatchDealer stops following d's handshakes.
+func (l *loop) unwatchDealer(d *dealer) {
+	if d.mon == nil {
+		return
+	}
+	_ = monitor(d.sock.h, "", 0)
+	l.items = slices.DeleteFunc(l.items, func(it pollItem) bool { return it.socket == d.mon.h })
+	d.mon.close()
+	d.mon = nil
+}
+
+// watchDealers reads the DEALERs' handshake events: a refused handshake is
+// logged (once per dealerLogEvery per peer, with how many), the first
+// success ends the watch.
+func (l *loop) watchDealers() {
+	for _, d := range l.dealers {
+		for d.mon != nil {
+			head, more, ok := d.mon.recv()
+			if !ok {
+				break
+			}
+			if more {
+				d.mon.recv()
+			}
+			if len(head) != 6 {
+				continue
+			}
+			ev := int(binary.LittleEndian.Uint16(head))
+			value := binary.LittleEndian.Uint32(head[2:])
+			if ev == evHandshakeSucceeded {
+				l.unwatchDealer(d)
+				break
+			}
+			d.refused++
+			now := time.Now()
+			if now.Sub(d.lastLog) < rejectLogEvery {
+				continue
+			}
+			// A peer with another secret cannot read this node's first
+			// CURVE message and hangs up: that is the common case.
+			why := "the peer closed the connection during the authentication handshake"
+			switch {
+			case ev == evHandshakeFailedAuth:
+				why = fmt.Sprintf("authentication refused: the peer does not accept this node's key (ZAP status %d)", value)
+			case ev == evHandshakeFailedProtocol && value == protoCryptographic:
+				why = "authentication failed: the peer's key does not match this node's secret"
+			case ev == evHandshakeFailedProtocol:
+				why = fmt.Sprintf("protocol error %#x", value)
+			}
+			l.p.log.Error("control: the handshake with a peer failed; is FPT_CLUSTER_SECRET (or FPT_CLUSTER_SECRET_FILE) the same on every node?",
+				"peer", d.endpoint, "why", why, "failed_handshakes", d.refused)
+			d.lastLog, d.refused = now, 0
+		}
+	}
+}

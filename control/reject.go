@@ -40,9 +40,6 @@ func (r *Rejecter) Count(reason string) {
 	}
 }
 
-// refuse is Reject without details, as a func(reason string).
-func (r *Rejecter) refuse(reason string) { r.Reject(reason) }
-
 // Reject records one refusal for reason and logs it, with args, unless a
 // refusal was logged less than rejectLogEvery ago.
 func (r *Rejecter) Reject(reason string, args ...any) {

@@ -19,10 +19,10 @@ import (
 const zapEndpoint = "inproc://zeromq.zap.01"
 
 // zapRule is what one plane's ROUTER admits: clients presenting key. Its
-// ROUTER's ZAP domain names the rule.
+// ROUTER's ZAP domain names the rule. A refusal is counted by the plane,
+// from its ROUTER's monitor (HANDSHAKE_FAILED_AUTH).
 type zapRule struct {
-	key    []byte // the client's 32-byte CURVE public key
-	reject func(reason string)
+	key []byte // the client's 32-byte CURVE public key
 }
 
 // zapHandler answers ZAP requests on its own goroutine while some plane
@@ -170,9 +170,6 @@ func (z *zapHandler) answer(req [][]byte) [][]byte {
 		return deny("400", "unknown domain")
 	}
 	if string(req[5]) != "CURVE" || len(req) != 7 || !bytes.Equal(req[6], rule.key) {
-		if rule.reject != nil {
-			rule.reject("handshake")
-		}
 		return deny("400", "not a member of this job")
 	}
 	return [][]byte{[]byte("1.0"), id, []byte("200"), []byte("OK"), []byte("member"), nil}
@@ -181,17 +178,20 @@ func (z *zapHandler) answer(req [][]byte) [][]byte {
 // wakeZAP sends the handler one frame, so that its receive returns and it
 // sees its stop flag at once. The REQ socket is its own, made and
 // destroyed on this locked thread; it lingers until the frame is taken.
+// It is raw (raw.go): at the end of a process whose descriptors strangers
+// used up, failing to make it must not abort the process.
 func wakeZAP() {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
-	s, err := newSock(goczmq.Req)
+	s, err := newRawSock(zmqReq)
 	if err != nil {
 		return // the handler stops after zapPoll instead
 	}
-	defer s.Destroy()
-	s.SetLinger(int(zapPoll / time.Millisecond))
-	if retryEINTR(func() error { return s.Connect(zapEndpoint) }) != nil {
+	defer s.close()
+	s.setInt(zmqLinger, int(zapPoll/time.Millisecond))
+	if s.connect(zapEndpoint) != nil {
 		return
 	}
-	_ = retryEINTR(func() error { return s.SendFrame([]byte("stop"), goczmq.FlagNone) })
+	for !s.send([]byte("stop"), false) && zmqErrno() == syscall.EINTR {
+	}
 }

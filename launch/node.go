@@ -2,12 +2,16 @@ package launch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
+	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -78,6 +82,11 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 	}
 	planes := deps.Planes
 	real := planes.Control == nil || planes.Data == nil
+	if real && cfg.Role == node.Scheduler {
+		if err := checkOwnAddress(cfg.RootURI); err != nil {
+			return nil, fmt.Errorf("launch: %w", err)
+		}
+	}
 	if real {
 		// Protected mode: refuse at once a job across machines without a
 		// secret, and say once how the node is exposed.
@@ -224,11 +233,39 @@ func (n *Node) startScheduler(ctx context.Context, planes cluster.Planes, decisi
 		defer close(n.schedDone)
 		plane, err := planes.Control(n.cfg.RootPort, n.log)
 		if err != nil {
-			n.schedErr = fmt.Errorf("scheduler: DMLC_PS_ROOT_PORT=%d: %w", n.cfg.RootPort, err)
+			n.schedErr = fmt.Errorf("scheduler: %w", bindError(n.cfg.RootPort, err))
 			return
 		}
 		n.schedErr = scheduler.Serve(ctx, plane, n.cfg, n.log, decisions, rejected, obs)
 	}()
+}
+
+// checkOwnAddress refuses a scheduler whose DMLC_PS_ROOT_URI does not
+// resolve: it could not bind the name, and every other node would look for
+// it in vain until FPT_START_TIMEOUT. (Servers and workers wait for the
+// scheduler's name to resolve instead: it may not exist yet.)
+func checkOwnAddress(host string) error {
+	if net.ParseIP(host) != nil {
+		return nil
+	}
+	if _, err := net.LookupIP(host); err != nil {
+		return &config.VarError{Var: "DMLC_PS_ROOT_URI", Value: host,
+			Reason: fmt.Sprintf("the scheduler cannot resolve its own address: %v", err)}
+	}
+	return nil
+}
+
+// bindError names DMLC_PS_ROOT_PORT in the scheduler's failure to listen,
+// as a configuration error (exit 2) when the port or address cannot be
+// had (in use, not this host's, privileged).
+func bindError(port int, err error) error {
+	for _, e := range []error{syscall.EADDRINUSE, syscall.EADDRNOTAVAIL, syscall.EACCES} {
+		if errors.Is(err, e) {
+			return &config.VarError{Var: "DMLC_PS_ROOT_PORT", Value: strconv.Itoa(port),
+				Reason: fmt.Sprintf("the scheduler cannot listen: %v", err)}
+		}
+	}
+	return fmt.Errorf("DMLC_PS_ROOT_PORT=%d: %w", port, err)
 }
 
 // Worker is the started worker, nil unless the node is one.

@@ -305,3 +305,41 @@ func TestMainPanicExitsThree(t *testing.T) {
 		}
 	})
 }
+
+// A scheduler that cannot have its own address is a configuration error
+// (exit 2) found at once, naming the variable and the value: a name that
+// does not resolve, a port another process holds.
+func TestSchedulerOwnAddress(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	busyPort := strconv.Itoa(busy.Addr().(*net.TCPAddr).Port)
+	tests := []struct {
+		name, uri, port string
+		wants           []string
+	}{
+		{"name does not resolve", "no-such-host.invalid", strconv.Itoa(freePort(t)), []string{"DMLC_PS_ROOT_URI", "no-such-host.invalid"}},
+		{"port in use", "127.0.0.1", busyPort, []string{"DMLC_PS_ROOT_PORT", busyPort, "in use"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := map[string]string{"DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": tt.uri, "DMLC_PS_ROOT_PORT": tt.port,
+				"DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1", "FPT_START_TIMEOUT": "30", "FPT_INSECURE": "1"}
+			began := time.Now()
+			code, stderr := mainInChild(t, env)
+			if code != launch.ExitUsage {
+				t.Errorf("exit %d, stderr %q; want %d", code, stderr, launch.ExitUsage)
+			}
+			for _, w := range tt.wants {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr %q does not name %s", stderr, w)
+				}
+			}
+			if d := time.Since(began); d > 20*time.Second {
+				t.Errorf("took %s: the scheduler waited for the cluster before refusing", d)
+			}
+		})
+	}
+}

@@ -8,8 +8,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/zeromq/goczmq"
 
+	"github.com/fptps/fpt/auth"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/internal/localcluster"
@@ -90,6 +93,11 @@ func TestAdversarial(t *testing.T) {
 		{name: "forged control commands to a worker", attack: probeForgedToWorker},
 		{name: "forged barriers for worker 9 with future sequence numbers", attack: probeForgedBarriers},
 		{name: "450k forged barriers", attack: probeBarrierFlood},
+		// These strike while the scheduler waits for the workers, whose
+		// run is over before a probe could read its metrics.
+		{name: "600 half greetings to the scheduler's ZeroMQ port", gated: true, attack: probeZMQExhaustion},
+		{name: "CURVE with keys from another secret", gated: true, attack: probeWrongKeyCURVE},
+		{name: "ZMTP 1.0 and 2.0 greetings and garbage to the ZeroMQ port", gated: true, attack: probeDowngrade},
 		{name: "would-be worker with a wrong secret", gated: true, attack: intruder("a-wrong-secret-of-32-bytes-000000")},
 		{name: "would-be worker without a secret", gated: true, attack: intruder("")},
 		{name: "heartbeat interval NaN", env: []string{"PS_HEARTBEAT_INTERVAL=NaN"}, configError: "PS_HEARTBEAT_INTERVAL"},
@@ -155,7 +163,8 @@ func startAdversarial(t *testing.T, p probe) *advCluster {
 	if p.serverShell != "" {
 		server = []string{"sh", "-c", p.serverShell + `exec "$0" "$@"`, bin.fpt}
 	}
-	env := append([]string{"PS_VERBOSE=1", "FPT_START_TIMEOUT=60", "FPT_CLUSTER_SECRET=" + secret, "FPT_GATE=" + gate}, p.env...)
+	env := append([]string{"PS_VERBOSE=1", "FPT_START_TIMEOUT=60", "FPT_CLUSTER_SECRET=" + secret, "FPT_GATE=" + gate,
+		"FPT_METRICS_ADDR=127.0.0.1:0"}, p.env...)
 	lc, err := localcluster.Start(localcluster.Spec{
 		Servers: 2, Workers: 2,
 		Scheduler: []string{bin.fpt}, Server: server, Worker: worker,
@@ -609,6 +618,166 @@ func probeBarrierFlood(t *testing.T, a *advCluster) {
 	if peak-base > 64<<20 {
 		t.Errorf("scheduler RSS grew by %d MiB under forged barriers (bound 64 MiB)", (peak-base)>>20)
 	}
+}
+
+// 600 connections to the scheduler's ZeroMQ port that send half a
+// greeting and then nothing: the scheduler cuts those beyond its bound at
+// once and the rest at the end of the handshake interval, so its
+// descriptors come back; the job goes on.
+func probeZMQExhaustion(t *testing.T, a *advCluster) {
+	pid := a.proc("scheduler").Cmd.Process.Pid
+	base := openFiles(t, pid)
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range 600 {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(a.Port)), 2*time.Second)
+		if err != nil {
+			continue
+		}
+		c.Write(partialGreeting)
+		conns = append(conns, c)
+	}
+	a.awaitRejected("scheduler", "busy", 1)
+	a.awaitRejected("scheduler", "handshake", 1)
+	// libzmq ends every stalled handshake within 5 s; a generous
+	// deadline, not a speed bound.
+	for deadline := time.Now().Add(30 * time.Second); openFiles(t, pid) > base+16; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the scheduler holds %d descriptors, %d before 600 stalled connections that are still open", openFiles(t, pid), base)
+		}
+	}
+	a.refusalLogged("scheduler", "")
+}
+
+// A DEALER with keys derived from another secret: refused in the CURVE
+// handshake, counted as "auth" and logged.
+func probeWrongKeyCURVE(t *testing.T, a *advCluster) {
+	s := insider(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(a.Port)), randomSecret(t))
+	defer s.Destroy()
+	sendControl(t, s, &control.Message{Command: control.Terminate, Sender: node.SchedulerID})
+	a.awaitRejected("scheduler", "auth", 1)
+	a.refusalLogged("scheduler", "")
+}
+
+// Greetings of older ZMTP versions, which carry no security, and bytes
+// that are no greeting: refused as "protocol" and logged.
+func probeDowngrade(t *testing.T, a *advCluster) {
+	greetings := [][]byte{
+		{0x01, 0x00}, // ZMTP 1.0: an empty identity frame
+		{0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 0x01, 0x05, 0, 0}, // ZMTP 2.0, DEALER
+		[]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
+	}
+	// Each alone: the scheduler tells a refused greeting from a member's
+	// handshake only when no handshake ended meanwhile.
+	for range 3 {
+		for _, g := range greetings {
+			c := dial(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(a.Port)))
+			c.Write(g)
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			c.Read(make([]byte, 64)) // until the scheduler hangs up
+			c.Close()
+		}
+	}
+	a.awaitRejected("scheduler", "protocol", 1)
+	a.refusalLogged("scheduler", "")
+}
+
+// partialGreeting is a ZMTP 3 signature and version, the rest withheld.
+var partialGreeting = []byte{0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3}
+
+// insider is a DEALER to addr speaking CURVE with the keys secret derives:
+// with the job's secret, a peer that passes the handshake but never
+// registered.
+func insider(t *testing.T, addr, secret string) *goczmq.Sock {
+	t.Helper()
+	keys, err := auth.DeriveCurve(secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := goczmq.NewSock(goczmq.Dealer)
+	s.SetCurveServerkey(keys.Server.Public)
+	s.SetCurvePublickey(keys.Client.Public)
+	s.SetCurveSecretkey(keys.Client.Secret)
+	s.SetSndhwm(0)
+	s.SetSndtimeo(10000)
+	s.SetLinger(5000)
+	if err := s.Connect("tcp://" + addr); err != nil {
+		t.Fatalf("insider to %s: %v", addr, err)
+	}
+	return s
+}
+
+var (
+	metricsAddrRe = regexp.MustCompile(`msg="serving metrics" .*?addr=(\S+)`)
+	rejectedRe    = regexp.MustCompile(`(?m)^fpt_rejected_connections_total\{plane="control",reason="([a-z]+)"[^}]*\} (\S+)$`)
+)
+
+// rejected is a node's fpt_rejected_connections_total on the control
+// plane, by reason.
+func (a *advCluster) rejected(name string) map[string]float64 {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m, err := waitOutput(ctx, a.proc(name), metricsAddrRe)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + m[1] + "/metrics")
+	if err != nil {
+		a.t.Fatalf("%s metrics: %v", name, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		a.t.Fatalf("%s metrics: %v", name, err)
+	}
+	out := map[string]float64{}
+	for _, r := range rejectedRe.FindAllStringSubmatch(string(b), -1) {
+		v, err := strconv.ParseFloat(r[2], 64)
+		if err != nil {
+			a.t.Fatalf("%s metrics: %q: %v", name, r[0], err)
+		}
+		out[r[1]] = v
+	}
+	return out
+}
+
+// awaitRejected waits (a deadlock guard) until name has refused at least
+// n control-plane connections or messages for reason.
+func (a *advCluster) awaitRejected(name, reason string, n float64) {
+	a.t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		got := a.rejected(name)
+		if got[reason] >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			a.t.Fatalf("%s counted %v control-plane refusals; want %s ≥ %.0f", name, got, reason, n)
+		}
+	}
+}
+
+// refusalLogged checks name logged a control-plane refusal (for reason,
+// if not empty; a reason may fall in another's rate-limited line).
+func (a *advCluster) refusalLogged(name, reason string) {
+	a.t.Helper()
+	want := []string{`msg="control: refused"`}
+	if reason != "" {
+		want = append(want, "reason="+reason)
+	}
+	mustContain(a.t, name+" stderr", a.proc(name).Stderr.String(), want...)
+}
+
+// openFiles counts a process's open descriptors.
+func openFiles(t *testing.T, pid int) int {
+	d, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(d)
 }
 
 // intruder starts a would-be third worker with the given secret (none if

@@ -1,0 +1,204 @@
+package control
+
+/*
+#cgo pkg-config: libczmq libzmq
+#include <czmq.h>
+#include <sys/socket.h>
+
+static int fpt_set_int(void *s, int opt, int v) { return zmq_setsockopt(s, opt, &v, sizeof v); }
+static int fpt_get_int(void *s, int opt, int *v) { size_t n = sizeof *v; return zmq_getsockopt(s, opt, v, &n); }
+*/
+import "C"
+
+import (
+	"fmt"
+	"reflect"
+	"syscall"
+	"unsafe"
+
+	"github.com/zeromq/goczmq"
+)
+
+// rawSock is a libzmq socket used without czmq, on the process's (czmq)
+// context. czmq asserts, aborting the process, when it cannot create a
+// socket (no file descriptor left, ZMQ_MAX_SOCKETS reached); libzmq
+// returns NULL. Every socket made after Listen, while strangers may be
+// holding connections open, is therefore raw: a failure to create one is
+// an error, never an abort. Like every socket it belongs to one thread.
+type rawSock struct{ h unsafe.Pointer }
+
+func newRawSock(kind int) (*rawSock, error) {
+	zsysInit.Do(zsysInitC)
+	h := C.zmq_socket(C.zsys_init(), C.int(kind))
+	if h == nil {
+		return nil, fmt.Errorf("control: creating a ZeroMQ socket failed: %w", zmqError(zmqErrno()))
+	}
+	s := &rawSock{h: h}
+	// libzmq's default linger is forever, which would block the context's
+	// end (Shutdown) on an unreachable peer.
+	s.setInt(C.ZMQ_LINGER, 0)
+	return s, nil
+}
+
+func (s *rawSock) setInt(opt C.int, v int) {
+	C.fpt_set_int(s.h, opt, C.int(v))
+}
+
+func (s *rawSock) setString(opt C.int, v string) {
+	b := []byte(v)
+	if len(b) == 0 {
+		return
+	}
+	C.zmq_setsockopt(s.h, opt, unsafe.Pointer(&b[0]), C.size_t(len(b)))
+}
+
+func (s *rawSock) connect(endpoint string) error {
+	ep := C.CString(endpoint)
+	defer C.free(unsafe.Pointer(ep))
+	for C.zmq_connect(s.h, ep) != 0 {
+		if e := zmqErrno(); e != syscall.EINTR {
+			return zmqError(e)
+		}
+	}
+	return nil
+}
+
+// writable reports whether a send would not block.
+func (s *rawSock) writable() bool {
+	var v C.int
+	if C.fpt_get_int(s.h, C.ZMQ_EVENTS, &v) != 0 {
+		return false
+	}
+	return v&C.ZMQ_POLLOUT != 0
+}
+
+// send sends one frame without blocking; the caller reads errno on failure.
+func (s *rawSock) send(data []byte, more bool) bool {
+	flags := C.int(C.ZMQ_DONTWAIT)
+	if more {
+		flags |= C.ZMQ_SNDMORE
+	}
+	var p unsafe.Pointer
+	if len(data) > 0 {
+		p = unsafe.Pointer(&data[0])
+	}
+	return C.zmq_send(s.h, p, C.size_t(len(data)), flags) >= 0
+}
+
+// recv reads one frame without blocking into a new slice; ok false when
+// none is waiting (or on any error).
+func (s *rawSock) recv() (frame []byte, more, ok bool) {
+	var msg C.zmq_msg_t
+	C.zmq_msg_init(&msg)
+	defer C.zmq_msg_close(&msg)
+	for C.zmq_msg_recv(&msg, s.h, C.ZMQ_DONTWAIT) < 0 {
+		if zmqErrno() != syscall.EINTR {
+			return nil, false, false
+		}
+	}
+	frame = C.GoBytes(C.zmq_msg_data(&msg), C.int(C.zmq_msg_size(&msg)))
+	return frame, C.zmq_msg_more(&msg) != 0, true
+}
+
+func (s *rawSock) close() {
+	if s != nil && s.h != nil {
+		C.zmq_close(s.h)
+		s.h = nil
+	}
+}
+
+// monitor makes libzmq report events on sock to endpoint (inproc), or
+// stops reporting with endpoint "".
+func monitor(sock unsafe.Pointer, endpoint string, events int) error {
+	var ep *C.char
+	if endpoint != "" {
+		ep = C.CString(endpoint)
+		defer C.free(unsafe.Pointer(ep))
+	}
+	if C.zmq_socket_monitor(sock, ep, C.int(events)) != 0 {
+		return fmt.Errorf("control: monitor: %w", zmqError(zmqErrno()))
+	}
+	return nil
+}
+
+// setHandleInt sets an integer option on a libzmq socket.
+func setHandleInt(h unsafe.Pointer, opt C.int, v int) error {
+	if C.fpt_set_int(h, opt, C.int(v)) != 0 {
+		return zmqError(zmqErrno())
+	}
+	return nil
+}
+
+// handle is the libzmq socket inside a goczmq socket.
+func handle(s *goczmq.Sock) unsafe.Pointer {
+	f := reflect.ValueOf(s).Elem().FieldByName("zsockT")
+	z := *(*unsafe.Pointer)(unsafe.Pointer(f.UnsafeAddr()))
+	return C.zsock_resolve(z)
+}
+
+// pollItem is one socket zmqPoll watches for input.
+type pollItem = C.zmq_pollitem_t
+
+func pollIn(h unsafe.Pointer) pollItem {
+	return pollItem{socket: h, events: C.ZMQ_POLLIN}
+}
+
+// zmqPoll waits up to timeout ms for input on items; EINTR and timeouts
+// are both just a return.
+func zmqPoll(items []pollItem, timeoutMS int) {
+	C.zmq_poll(&items[0], C.int(len(items)), C.long(timeoutMS))
+}
+
+// cutConnection ends an accepted TCP connection libzmq owns, by shutting
+// it down (never closing it: the descriptor stays libzmq's), after making
+// sure the descriptor still is a connection to localPort: an event names
+// a descriptor that may have been closed and reused since.
+func cutConnection(fd, localPort int) bool {
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		return false
+	}
+	var port int
+	switch a := sa.(type) {
+	case *syscall.SockaddrInet4:
+		port = a.Port
+	case *syscall.SockaddrInet6:
+		port = a.Port
+	default:
+		return false
+	}
+	if port != localPort {
+		return false
+	}
+	if _, err := syscall.Getpeername(fd); err != nil {
+		return false // the listener itself, or not connected
+	}
+	return syscall.Shutdown(fd, syscall.SHUT_RDWR) == nil
+}
+
+// Constants of raw.go's callers, in Go's types.
+const (
+	zmqPair                   = C.ZMQ_PAIR
+	zmqDealer                 = C.ZMQ_DEALER
+	zmqReq                    = C.ZMQ_REQ
+	zmqLinger                 = C.ZMQ_LINGER
+	zmqSndhwm                 = C.ZMQ_SNDHWM
+	zmqRcvhwm                 = C.ZMQ_RCVHWM
+	zmqImmediate              = C.ZMQ_IMMEDIATE
+	zmqHandshakeIvl           = C.ZMQ_HANDSHAKE_IVL
+	zmqIpv6                   = C.ZMQ_IPV6
+	zmqTcpKeepalive           = C.ZMQ_TCP_KEEPALIVE
+	zmqTcpKeepaliveIdle       = C.ZMQ_TCP_KEEPALIVE_IDLE
+	zmqTcpKeepaliveIntvl      = C.ZMQ_TCP_KEEPALIVE_INTVL
+	zmqTcpKeepaliveCnt        = C.ZMQ_TCP_KEEPALIVE_CNT
+	zmqCurveServerkey         = C.ZMQ_CURVE_SERVERKEY
+	zmqCurvePublickey         = C.ZMQ_CURVE_PUBLICKEY
+	zmqCurveSecretkey         = C.ZMQ_CURVE_SECRETKEY
+	evAccepted                = C.ZMQ_EVENT_ACCEPTED
+	evDisconnected            = C.ZMQ_EVENT_DISCONNECTED
+	evHandshakeSucceeded      = C.ZMQ_EVENT_HANDSHAKE_SUCCEEDED
+	evHandshakeFailedNoDetail = C.ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
+	evHandshakeFailedProtocol = C.ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+	evHandshakeFailedAuth     = C.ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
+	protoCryptographic        = C.ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC
+)
