@@ -498,11 +498,11 @@ func (w *Worker) fptPull(keys []uint64, data []byte, byteLens []int, dtype frame
 }
 
 // HandleFrame implements van.Handler.
-func (w *Worker) HandleFrame(h *frame.Header, payload []byte) {
+func (w *Worker) HandleFrame(h *frame.Header, payload []byte, inPlace bool) {
 	var err error
 	switch h.Type {
 	case frame.Push:
-		err = w.base.Agg.HandlePush(h, payload)
+		err = w.base.Agg.HandlePush(h, payload, inPlace)
 	case frame.Result:
 		err = w.handleResult(h, payload)
 	case frame.KVAck, frame.KVData, frame.KVError, frame.KVMoved, frame.KVRangeEnd:
