@@ -40,8 +40,7 @@ type Aggregator struct {
 
 	mu      sync.Mutex // the netconn van calls in parallel; workers add locally
 	table   *reduce.Table
-	adopted map[adoptKey]bool // pushes being read straight into a table buffer
-	retries []retry           // re-cuts after lost nodes: pushes they supersede are dropped
+	retries []retry // re-cuts after lost nodes: pushes they supersede are dropped
 	// sets are the workers of every iteration, by increasing from; the
 	// first is from 0. One per change of workers, which is rare: none is
 	// forgotten, so that a lost worker's late push is always recognised.
@@ -79,18 +78,12 @@ type retry struct {
 	from    uint64
 }
 
-// adoptKey names one worker's contribution to one partition.
-type adoptKey struct {
-	part   reduce.PartID
-	worker uint32
-}
-
 // New returns the aggregator of node n. deliver receives the node's own copy
 // of each sum when n is a worker; it is nil on a server.
 func New(n *cluster.Member, deliver Deliver) *Aggregator {
 	cfg := n.Config()
 	return &Aggregator{node: n, deliver: deliver, table: reduce.NewTable(),
-		adopted: make(map[adoptKey]bool), trace: n.Tracer(), follows: cfg.Grants()}
+		trace: n.Tracer(), follows: cfg.Grants()}
 }
 
 // Started takes the workers of the node table, which the node has once
@@ -129,21 +122,16 @@ func (a *Aggregator) initSets() {
 func (a *Aggregator) PayloadBuffer(h *frame.Header) []byte {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.adopted[adoptKey{partID(h), h.Sender}] = true
 	return a.table.Buffer(int(h.Length))
 }
 
 // HandlePush adds a Push frame received from a worker and sends the sum
-// when it is complete. A push that a retry superseded, or a late one from
+// when it is complete. inPlace says that payload is a buffer PayloadBuffer
+// gave for it (the van's Handler is told so), which the table takes back. A push that a retry superseded, or a late one from
 // a worker that was lost before its iteration, is dropped; one from a node
 // that is no worker of its iteration, and never was before, is an error.
-func (a *Aggregator) HandlePush(h *frame.Header, payload []byte) error {
-	a.mu.Lock()
-	k := adoptKey{partID(h), h.Sender}
-	adopt := a.adopted[k]
-	delete(a.adopted, k)
-	a.mu.Unlock()
-	return a.add(h, payload, adopt)
+func (a *Aggregator) HandlePush(h *frame.Header, payload []byte, inPlace bool) error {
+	return a.add(h, payload, inPlace)
 }
 
 // stale reports whether a retry superseded the push h: its iteration was

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/fptps/fpt/internal/localcluster"
+	"github.com/fptps/fpt/internal/metricstest"
 	"github.com/fptps/fpt/launch"
-	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/netem"
 	"github.com/fptps/fpt/worker"
 )
@@ -254,7 +254,7 @@ func shapingWorker(ctx context.Context, w *worker.Worker, o scenarioOptions, pro
 		var errs [2]error
 		for i, a := range addrs {
 			wg.Go(func() {
-				f, err := metrics.Scrape(ctx, a)
+				f, err := metricstest.Scrape(ctx, a)
 				if err != nil {
 					errs[i] = err
 					return

@@ -11,7 +11,7 @@ import (
 
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/internal/localcluster"
-	"github.com/fptps/fpt/metrics"
+	"github.com/fptps/fpt/internal/metricstest"
 )
 
 // trainLibs runs iters iterations of one float32 tensor of size bytes on
@@ -70,9 +70,9 @@ func TestLibMetrics(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	scrape := func(name string, l *Lib) metrics.Families {
+	scrape := func(name string, l *Lib) metricstest.Families {
 		t.Helper()
-		mfs, err := metrics.Scrape(ctx, addrs[l])
+		mfs, err := metricstest.Scrape(ctx, addrs[l])
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -117,14 +117,14 @@ func TestLibMetrics(t *testing.T) {
 		}
 	}
 	for _, addr := range addrs {
-		if _, err := metrics.Scrape(ctx, addr); err == nil {
+		if _, err := metricstest.Scrape(ctx, addr); err == nil {
 			t.Errorf("a node still serves metrics at %s after Finalize", addr)
 		}
 	}
 }
 
 // value is a series' value that must be in the scrape.
-func value(t *testing.T, f metrics.Families, name string, labels map[string]string) float64 {
+func value(t *testing.T, f metricstest.Families, name string, labels map[string]string) float64 {
 	t.Helper()
 	v, ok := f.Value(name, labels)
 	if !ok {

@@ -23,7 +23,7 @@ type stuckHandler struct {
 	release <-chan struct{}
 }
 
-func (h stuckHandler) HandleFrame(*frame.Header, []byte) { <-h.release }
+func (h stuckHandler) HandleFrame(*frame.Header, []byte, bool) { <-h.release }
 
 // A failed member closes at once although a peer stopped reading with
 // its send pool full: a draining close would wait the van's IOTimeout

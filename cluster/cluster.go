@@ -959,8 +959,8 @@ var (
 	_ van.Sink    = (*vanHandler)(nil)
 )
 
-func (h *vanHandler) HandleFrame(hdr *frame.Header, payload []byte) {
-	h.handler.HandleFrame(hdr, payload)
+func (h *vanHandler) HandleFrame(hdr *frame.Header, payload []byte, inPlace bool) {
+	h.handler.HandleFrame(hdr, payload, inPlace)
 }
 
 func (h *vanHandler) PayloadBuffer(hdr *frame.Header) []byte {

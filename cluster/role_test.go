@@ -22,9 +22,9 @@ import (
 // nopHandler takes no frames: these members move no data.
 type nopHandler struct{}
 
-func (nopHandler) HandleFrame(*frame.Header, []byte)  {}
-func (nopHandler) PeerLost(node.ID, error)            {}
-func (nopHandler) PayloadBuffer(*frame.Header) []byte { return nil }
+func (nopHandler) HandleFrame(*frame.Header, []byte, bool) {}
+func (nopHandler) PeerLost(node.ID, error)                 {}
+func (nopHandler) PayloadBuffer(*frame.Header) []byte      { return nil }
 
 // A role stuck in its control handler (a worker copying a 2 GiB result
 // under its lock once was) holds up neither heartbeat answers nor

@@ -263,11 +263,11 @@ func Known() []Var {
 		{Name: "FPT_NETEM_ROOT", Meaning: "set by fpt netem: host 0's address", Use: ToolVar},
 		{Name: "FPT_NETEM_IFACE", Meaning: "set by fpt netem: the host's interface", Use: ToolVar},
 
-		// Read by fpt's tests, which run nodes with them set.
+		// Read by fpt's tests, which run nodes with them set. A harness's
+		// own switches (a test's child process, a gated start) are named
+		// FPTTEST_*, outside the families Unknown checks, and are not here.
 		{Name: "FPT_TEST_LOG", Meaning: "tests: log the vans", Use: TestVar},
-		{Name: "FPT_TEST_PANIC", Meaning: "tests: where the panic test panics", Use: TestVar},
 		{Name: "FPT_ADVERSARIAL", Meaning: "tests: 0 skips the adversarial suite", Use: TestVar},
-		{Name: "FPT_GATE", Meaning: "tests: a file a gated process waits for", Use: TestVar},
 		{Name: "FPT_SKIP_ROOT_TESTS", Meaning: "tests: skip the tests that need root", Use: TestVar},
 		{Name: "FPT_NETEM_TEST_RUN", Meaning: "tests: marks a netem test's processes", Use: TestVar},
 		{Name: "FPT_NETEM_TEST_HELPER", Meaning: "tests: the netem test helper's part", Use: TestVar},

@@ -13,8 +13,8 @@ import (
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/internal/localcluster"
+	"github.com/fptps/fpt/internal/metricstest"
 	"github.com/fptps/fpt/launch"
-	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/trainer"
 	"github.com/fptps/fpt/worker"
@@ -49,8 +49,8 @@ func TestMetricsMatchTraining(t *testing.T) {
 		mu         sync.Mutex
 		addrs      = map[string]string{} // "server 0" etc. → metrics address
 		summaries  = map[int]trainer.Summary{}
-		serversIn  = map[string]metrics.Families{}
-		workersOut = map[int]metrics.Families{}
+		serversIn  = map[string]metricstest.Families{}
+		workersOut = map[int]metricstest.Families{}
 	)
 	start := func(role, name string, train launch.Train) <-chan error {
 		p, err := localcluster.FreePort()
@@ -96,7 +96,7 @@ func TestMetricsMatchTraining(t *testing.T) {
 			summaries[w.Rank()] = s
 			addr := addrs[fmt.Sprintf("worker %d", i)]
 			mu.Unlock()
-			mfs, err := metrics.Scrape(ctx, addr)
+			mfs, err := metricstest.Scrape(ctx, addr)
 			if err != nil {
 				trained.Done()
 				return err
@@ -111,7 +111,7 @@ func TestMetricsMatchTraining(t *testing.T) {
 	}
 	trained.Wait()
 	for i := range servers {
-		mfs, err := metrics.Scrape(ctx, addrs[fmt.Sprintf("server %d", i)])
+		mfs, err := metricstest.Scrape(ctx, addrs[fmt.Sprintf("server %d", i)])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -170,7 +170,7 @@ func TestMetricsMatchTraining(t *testing.T) {
 }
 
 // value is a series' value that must be in the scrape.
-func value(t *testing.T, f metrics.Families, name string, labels map[string]string) float64 {
+func value(t *testing.T, f metricstest.Families, name string, labels map[string]string) float64 {
 	t.Helper()
 	v, ok := f.Value(name, labels)
 	if !ok {

@@ -17,8 +17,8 @@ import (
 
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/internal/localcluster"
+	"github.com/fptps/fpt/internal/metricstest"
 	"github.com/fptps/fpt/launch"
-	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/worker"
 )
 
@@ -83,7 +83,7 @@ func TestStartSchedulerOutcomeIsFinalizes(t *testing.T) {
 	if err := n.Finalize(context.Background()); err == nil || !strings.Contains(err.Error(), "DMLC_PS_ROOT_PORT") {
 		t.Errorf("Finalize: %v, want the taken port", err)
 	}
-	if _, err := metrics.Scrape(context.Background(), addr); err == nil {
+	if _, err := metricstest.Scrape(context.Background(), addr); err == nil {
 		t.Error("metrics still served after Finalize")
 	}
 }
@@ -247,7 +247,7 @@ func TestMainChild(t *testing.T) {
 // ZeroMQ context. In the cluster case, the panic is the training
 // program's: the node fails first, so the server names the worker.
 func TestMainPanicExitsThree(t *testing.T) {
-	if where := os.Getenv("FPT_TEST_PANIC"); where != "" {
+	if where := os.Getenv("FPTTEST_PANIC"); where != "" {
 		train := func(context.Context, *worker.Worker) error { panic("boom in train") }
 		lookup := os.LookupEnv
 		if where == "lookup" {
@@ -257,7 +257,7 @@ func TestMainPanicExitsThree(t *testing.T) {
 	}
 	child := func(where string, env ...string) (int, string) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestMainPanicExitsThree$")
-		cmd.Env = append(append(os.Environ(), "FPT_TEST_PANIC="+where), env...)
+		cmd.Env = append(append(os.Environ(), "FPTTEST_PANIC="+where), env...)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		err := cmd.Run()

@@ -20,7 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/fptps/fpt/internal/httpserve"
+	"github.com/fptps/fpt/httpserve"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/van"
 )

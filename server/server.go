@@ -238,7 +238,7 @@ func (s *Server) PayloadBuffer(h *frame.Header) []byte {
 }
 
 // HandleFrame implements van.Handler.
-func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
+func (s *Server) HandleFrame(h *frame.Header, payload []byte, inPlace bool) {
 	from := node.ID(h.Sender)
 	if h.Type == frame.App {
 		// Customers' messages come from servers and workers alike (the
@@ -263,7 +263,7 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte) {
 		if s.onPush != nil {
 			s.onPush(h.Iteration)
 		}
-		err = s.base.Agg.HandlePush(h, payload)
+		err = s.base.Agg.HandlePush(h, payload, inPlace)
 	case frame.KVPush, frame.KVPushPull, frame.KVPull, frame.KVPullRange:
 		if s.awaitLoad() {
 			err = s.classicRequest(h, payload)

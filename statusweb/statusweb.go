@@ -14,7 +14,7 @@ import (
 	"net"
 	"net/http"
 
-	"github.com/fptps/fpt/internal/httpserve"
+	"github.com/fptps/fpt/httpserve"
 	"github.com/fptps/fpt/status"
 )
 

@@ -156,14 +156,14 @@ func startAdversarial(t *testing.T, p probe) *advCluster {
 	if p.gated {
 		// Poll for the gate file, bounded (2 min), then run the worker.
 		worker = append([]string{"sh", "-c",
-			`i=0; while [ ! -e "$FPT_GATE" ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done; exec "$0" "$@"`},
+			`i=0; while [ ! -e "$FPTTEST_GATE" ] && [ $i -lt 2400 ]; do sleep 0.05; i=$((i+1)); done; exec "$0" "$@"`},
 			worker...)
 	}
 	server := []string{bin.fpt}
 	if p.serverShell != "" {
 		server = []string{"sh", "-c", p.serverShell + `exec "$0" "$@"`, bin.fpt}
 	}
-	env := append([]string{"PS_VERBOSE=1", "FPT_START_TIMEOUT=60", "FPT_CLUSTER_SECRET=" + secret, "FPT_GATE=" + gate,
+	env := append([]string{"PS_VERBOSE=1", "FPT_START_TIMEOUT=60", "FPT_CLUSTER_SECRET=" + secret, "FPTTEST_GATE=" + gate,
 		"FPT_METRICS_ADDR=127.0.0.1:0"}, p.env...)
 	lc, err := localcluster.Start(localcluster.Spec{
 		Servers: 2, Workers: 2,

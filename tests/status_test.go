@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fptps/fpt/metrics"
+	"github.com/fptps/fpt/internal/metricstest"
 	"github.com/fptps/fpt/status"
 )
 
@@ -219,9 +219,9 @@ func TestSchedulerMetrics(t *testing.T) {
 	c, url, addr := statusRun(t, 30)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	scrape := func() metrics.Families {
+	scrape := func() metricstest.Families {
 		t.Helper()
-		f, err := metrics.Scrape(ctx, addr)
+		f, err := metricstest.Scrape(ctx, addr)
 		if err != nil {
 			t.Fatal(err)
 		}

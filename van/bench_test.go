@@ -24,7 +24,7 @@ type countHandler struct {
 	done   chan struct{}
 }
 
-func (h *countHandler) HandleFrame(*frame.Header, []byte) {
+func (h *countHandler) HandleFrame(*frame.Header, []byte, bool) {
 	if h.n.Add(1) == h.target.Load() {
 		h.done <- struct{}{}
 	}

@@ -80,7 +80,7 @@ type sample struct {
 	bytes []byte
 }
 
-func (s *sampler) HandleFrame(h *frame.Header, p []byte) {
+func (s *sampler) HandleFrame(h *frame.Header, p []byte, _ bool) {
 	s.count.Add(1)
 	f := sample{n: len(p)}
 	for _, i := range s.at {

@@ -208,7 +208,7 @@ func (c *core) onFrame(p *peer, h *frame.Header, payload []byte, inPlace bool) {
 		c.log.Debug("van: peer said bye", "peer", p.id)
 		return
 	}
-	c.cfg.Handler.HandleFrame(h, payload)
+	c.cfg.Handler.HandleFrame(h, payload, inPlace)
 }
 
 // enqueue is Send (block) and Forward (!block).

@@ -28,7 +28,7 @@ func (s *sinkCollector) PayloadBuffer(h *frame.Header) []byte {
 // TestReceivedPayloadCounters: every payload byte received is counted once,
 // as read in place when the handler's Sink gave the buffer and as copied
 // when it did not (no Sink, or the Sink declined); headers and empty
-// payloads count in neither.
+// payloads count in neither. The handler is told which it was.
 func TestReceivedPayloadCounters(t *testing.T) {
 	sizes := []int{0, 4, 1000, 64 << 10, 3 << 20, 12}
 	tests := []struct {
@@ -67,6 +67,9 @@ func TestReceivedPayloadCounters(t *testing.T) {
 				for i, f := range col.WaitFrames(t, len(sizes)) {
 					if at := wiretest.Check(f.Payload, uint64(i)); at >= 0 || len(f.Payload) != sizes[i] {
 						t.Fatalf("frame %d: %d bytes, content differs at byte %d", i, len(f.Payload), at)
+					}
+					if want := tt.inKeys(uint64(i)); sizes[i] > 0 && f.InPlace != want {
+						t.Errorf("frame %d of %d bytes: the handler was told in place %v, want %v", i, sizes[i], f.InPlace, want)
 					}
 				}
 				vantest.Eventually(t, func() error {

@@ -47,8 +47,10 @@ import (
 // long: the receiver serves every peer.
 type Handler interface {
 	// HandleFrame is called once per complete, validated frame other than
-	// Hello and Bye. payload is only valid during the call.
-	HandleFrame(h *frame.Header, payload []byte)
+	// Hello and Bye. payload is only valid during the call, unless inPlace:
+	// then it is the buffer the handler's Sink gave for this frame
+	// (PayloadBuffer), which the handler owns again.
+	HandleFrame(h *frame.Header, payload []byte, inPlace bool)
 	// PeerLost is called once when the connection to a peer that had said
 	// Hello ends without a Bye, or is closed for a protocol error.
 	PeerLost(peer node.ID, err error)

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/fptps/fpt/frame"
-	"github.com/fptps/fpt/metrics"
+	"github.com/fptps/fpt/internal/metricstest"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/trainer"
 	"github.com/fptps/fpt/van/vantest"
@@ -48,7 +48,7 @@ func workerPayload(w *worker.Worker) payload {
 // serverPayload reads a server's figures from its /metrics.
 func serverPayload(t *testing.T, addr string) payload {
 	t.Helper()
-	mfs, err := metrics.Scrape(context.Background(), addr)
+	mfs, err := metricstest.Scrape(context.Background(), addr)
 	if err != nil {
 		t.Fatal(err)
 	}

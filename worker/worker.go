@@ -63,6 +63,9 @@ type Worker struct {
 
 	quit     chan struct{} // closed by Finalize: watch stops
 	quitOnce sync.Once
+	// failed is closed by watch once the node failed and every request
+	// outstanding was settled with its error (Failed).
+	failed chan struct{}
 }
 
 var _ van.Sink = (*Worker)(nil)
@@ -79,6 +82,7 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 		c:       newCore(cfg.PartitionBytes, cfg.Grants()),
 		moved:   make(chan struct{}),
 		quit:    make(chan struct{}),
+		failed:  make(chan struct{}),
 	}
 	w.c.retryMode = cfg.Retries()
 	w.c.sumsAgainOnWorkerLoss = cfg.WorkerLoss != config.WorkerLossFail
@@ -130,10 +134,14 @@ func (w *Worker) watch() {
 		w.node.Logger().Warn("closing the data plane after the node failed", "err", err)
 	}
 	err := w.node.Err()
-	if err == nil {
+	failed := err != nil
+	if !failed {
 		err = fmt.Errorf("worker: the node left the cluster: %w", cluster.ErrTerminated)
 	}
 	w.update(func(c *core) effects { return c.fail(err) })
+	if failed {
+		close(w.failed)
+	}
 }
 
 // update runs f on the core under the lock, then does what it returned.
@@ -389,6 +397,18 @@ func (w *Worker) NumWorkers() int { return w.node.Config().NumWorkers }
 // NumServers is the number of servers in the cluster.
 func (w *Worker) NumServers() int { return w.node.Config().NumServers }
 
+// Failed is closed as soon as the node fails (a peer lost, the scheduler's
+// verdict, a bad frame), never when it leaves the cluster in order: once
+// every outstanding request has failed with the node's error, and every
+// call made after refuses. A training program that does not watch a
+// context, or one that blocks elsewhere, learns of the failure there
+// while its own code still runs, as C and Python programs do from their
+// calls' status; Err says why.
+func (w *Worker) Failed() <-chan struct{} { return w.failed }
+
+// Err is why the node failed, or nil while it has not.
+func (w *Worker) Err() error { return w.node.Err() }
+
 // Node is the worker's cluster membership.
 func (w *Worker) Node() *cluster.Member { return w.node }
 
@@ -498,11 +518,11 @@ func (w *Worker) fptPull(keys []uint64, data []byte, byteLens []int, dtype frame
 }
 
 // HandleFrame implements van.Handler.
-func (w *Worker) HandleFrame(h *frame.Header, payload []byte) {
+func (w *Worker) HandleFrame(h *frame.Header, payload []byte, inPlace bool) {
 	var err error
 	switch h.Type {
 	case frame.Push:
-		err = w.base.Agg.HandlePush(h, payload)
+		err = w.base.Agg.HandlePush(h, payload, inPlace)
 	case frame.Result:
 		err = w.handleResult(h, payload)
 	case frame.KVAck, frame.KVData, frame.KVError, frame.KVMoved, frame.KVRangeEnd:

@@ -723,7 +723,7 @@ func (v *Van) receive(a arrival) {
 		p.st.ReceivedCopied.Add(h.Length)
 	}
 	p.st.ReceivedBusy.Add(int64(time.Since(start)))
-	v.cfg.Handler.HandleFrame(&h, payload)
+	v.cfg.Handler.HandleFrame(&h, payload, inPlace)
 }
 
 // admit applies the TCP vans' handshake rules to a Hello from the van

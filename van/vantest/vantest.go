@@ -58,6 +58,7 @@ func Run(t *testing.T, network func() Listen) {
 type Frame struct {
 	Header  frame.Header
 	Payload []byte
+	InPlace bool // the handler was told Payload is its Sink's buffer
 }
 
 // Lost is a PeerLost call a Collector received.
@@ -81,12 +82,12 @@ type Collector struct {
 func NewCollector() *Collector { return &Collector{handled: make(chan struct{}, 1)} }
 
 // HandleFrame implements van.Handler.
-func (c *Collector) HandleFrame(h *frame.Header, p []byte) {
+func (c *Collector) HandleFrame(h *frame.Header, p []byte, inPlace bool) {
 	c.mu.Lock()
 	if n := len(c.sinkBufs); n > 0 && len(p) > 0 && &c.sinkBufs[n-1][0] == &p[0] {
 		c.inSink++
 	}
-	c.frames = append(c.frames, Frame{*h, append([]byte(nil), p...)})
+	c.frames = append(c.frames, Frame{*h, append([]byte(nil), p...), inPlace})
 	c.mu.Unlock()
 	c.poke()
 }

@@ -1,4 +1,7 @@
-package metrics
+// Package metricstest reads a node's Prometheus metrics from outside, as a
+// scrape would: for the tests and fpt bench, which check or measure a
+// running cluster through them.
+package metricstest
 
 import (
 	"context"
@@ -18,20 +21,20 @@ type Families map[string]*dto.MetricFamily
 func Scrape(ctx context.Context, addr string) (Families, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
 	if err != nil {
-		return nil, fmt.Errorf("metrics: scrape %s: %w", addr, err)
+		return nil, fmt.Errorf("metricstest: scrape %s: %w", addr, err)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("metrics: scrape %s: %w", addr, err)
+		return nil, fmt.Errorf("metricstest: scrape %s: %w", addr, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("metrics: scrape %s: %s", addr, resp.Status)
+		return nil, fmt.Errorf("metricstest: scrape %s: %s", addr, resp.Status)
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	mfs, err := p.TextToMetricFamilies(resp.Body)
 	if err != nil {
-		return nil, fmt.Errorf("metrics: scrape %s: %w", addr, err)
+		return nil, fmt.Errorf("metricstest: scrape %s: %w", addr, err)
 	}
 	return mfs, nil
 }
