@@ -434,6 +434,7 @@ func (c *core) follow(d lb.Directive) (out todo, moved bool, err error) {
 		if err := c.schedule.Add(*d.Decision); err != nil {
 			return todo{}, false, fmt.Errorf("worker: %w", err)
 		}
+		c.forgetDecisions()
 	}
 	if d.Done > c.done {
 		c.done = d.Done
