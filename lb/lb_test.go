@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -495,6 +496,66 @@ func TestScheduleRewrite(t *testing.T) {
 			}
 			if err := s.Add(Even(tc.d.Version+1, tc.d.Iteration+1, left)); err != nil {
 				t.Errorf("Add after Rewrite: %v", err)
+			}
+		})
+	}
+}
+
+// TestScheduleForgetKeepsWorkers: Forget drops the decisions before an
+// iteration but WorkersAt still answers for every iteration, from the
+// worker sets of those dropped (a rewrite that goes back before them
+// replaces the later sets).
+func TestScheduleForgetKeepsWorkers(t *testing.T) {
+	aggs := []node.ID{8, 10}
+	all, two, back := []node.ID{9, 11, 13}, []node.ID{9, 13}, []node.ID{9, 13, 15}
+	d := func(v uint32, it uint64, workers []node.ID) Decision {
+		return Decision{Version: v, Iteration: it, Aggregators: aggs, Shares: []float64{0.5, 0.5}, Workers: workers}
+	}
+	build := func(t *testing.T) *Schedule {
+		t.Helper()
+		s, err := NewSchedule(d(1, 0, all))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range []Decision{
+			d(2, 5, nil), d(3, 10, two), d(4, 10, two), d(5, 12, nil), d(6, 20, back), d(7, 25, nil), d(8, 30, nil),
+		} {
+			if err := s.Add(x); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return s
+	}
+	want := map[uint64][]node.ID{0: all, 4: all, 5: all, 9: all, 10: two, 11: two, 19: two, 20: back, 29: back, 30: back, 1 << 40: back}
+	cases := []struct {
+		name    string
+		before  uint64
+		rewrite *Decision // applied after Forget
+		len     int
+		want    map[uint64][]node.ID
+	}{
+		{"nothing to forget", 3, nil, 8, want},
+		{"some", 22, nil, 3, want},
+		{"all but the latest", 1 << 40, nil, 1, want},
+		{"rewrite before the kept", 28, &Decision{Version: 9, Iteration: 15, Aggregators: aggs, Shares: []float64{0.5, 0.5}, Workers: all}, 1,
+			map[uint64][]node.ID{0: all, 9: all, 10: two, 14: two, 15: all, 40: all}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := build(t)
+			s.Forget(tc.before)
+			if tc.rewrite != nil {
+				if err := s.Rewrite(*tc.rewrite); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if s.Len() != tc.len {
+				t.Errorf("%d decisions held, want %d", s.Len(), tc.len)
+			}
+			for it, ws := range tc.want {
+				if got := s.WorkersAt(it); !slices.Equal(got, ws) {
+					t.Errorf("WorkersAt(%d) = %v, want %v", it, got, ws)
+				}
 			}
 		})
 	}

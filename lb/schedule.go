@@ -15,6 +15,17 @@ import (
 // backwards along the schedule. A Schedule is not safe for concurrent use.
 type Schedule struct {
 	ds []Decision // Version increasing, Iteration non-decreasing; never empty
+	// past are the workers of the iterations before ds[0] that Forget
+	// dropped the decisions of, one entry per change of workers (joins
+	// and losses are rare, LB decisions are not), so that WorkersAt still
+	// answers for any iteration.
+	past []workersFrom
+}
+
+// workersFrom is a set of workers, in force from iteration from on.
+type workersFrom struct {
+	from    uint64
+	workers []node.ID
 }
 
 // NewSchedule returns a schedule starting with initial, which must be
@@ -68,6 +79,9 @@ func (s *Schedule) Rewrite(d Decision) error {
 		return fmt.Errorf("lb: schedule: decision version %d is not after the latest, %d", d.Version, last.Version)
 	}
 	keep := sort.Search(len(s.ds), func(i int) bool { return s.ds[i].Iteration >= d.Iteration })
+	past := sort.Search(len(s.past), func(i int) bool { return s.past[i].from >= d.Iteration })
+	clear(s.past[past:])
+	s.past = s.past[:past]
 	clear(s.ds[keep:])
 	s.ds = append(s.ds[:keep], inherit(clone(d), last))
 	return nil
@@ -99,10 +113,14 @@ func (s *Schedule) index(iteration uint64) int {
 }
 
 // WorkersAt returns the workers whose pushes the sums of iteration add up
-// (the Workers of the decision in force at it), or nil if no decision
-// held has named them. The slice is shared with the schedule: do not
-// modify it.
+// (the Workers of the decision in force at it, a forgotten one's too), or
+// nil if no decision has named them. The slice is shared with the
+// schedule: do not modify it.
 func (s *Schedule) WorkersAt(iteration uint64) []node.ID {
+	if len(s.past) > 0 && iteration < s.ds[0].Iteration {
+		i := sort.Search(len(s.past), func(i int) bool { return s.past[i].from > iteration })
+		return s.past[max(i-1, 0)].workers
+	}
 	return s.At(iteration).Workers
 }
 
@@ -114,18 +132,29 @@ func (s *Schedule) Latest() Decision {
 
 // Forget drops the decisions that no iteration from before on can need:
 // those superseded at or before before. The decision in force at before,
-// and every later one, are kept.
+// and every later one, are kept; of those dropped only their workers are,
+// when they change, for WorkersAt.
 func (s *Schedule) Forget(before uint64) {
 	i := s.index(before)
 	if i == 0 {
 		return
+	}
+	for _, d := range s.ds[:i] {
+		n := len(s.past)
+		switch {
+		case n > 0 && s.past[n-1].from == d.Iteration:
+			s.past[n-1].workers = d.Workers // superseded at the same iteration
+		case n == 0 || !slices.Equal(s.past[n-1].workers, d.Workers):
+			s.past = append(s.past, workersFrom{d.Iteration, d.Workers})
+		}
 	}
 	n := copy(s.ds, s.ds[i:])
 	clear(s.ds[n:])
 	s.ds = s.ds[:n]
 }
 
-// Len returns the number of decisions held.
+// Len returns the number of decisions held (not counting the workers
+// kept of forgotten ones).
 func (s *Schedule) Len() int { return len(s.ds) }
 
 // clone copies d's slices, so that the schedule's decisions cannot be

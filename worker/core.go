@@ -365,6 +365,7 @@ func (c *core) follow(d lb.Directive) (out effects, moved bool, err error) {
 		if err := c.schedule.Add(*d.Decision); err != nil {
 			return effects{}, false, fmt.Errorf("worker: %w", err)
 		}
+		c.forgetDecisions()
 	}
 	if d.Done > c.done {
 		c.done = d.Done

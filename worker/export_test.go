@@ -15,3 +15,10 @@ func (w *Worker) ClassicLayout() classic.Layout {
 	defer w.mu.Unlock()
 	return w.c.layout
 }
+
+// ScheduleLen is how many LB decisions the worker holds.
+func (w *Worker) ScheduleLen() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.c.schedule.Len()
+}

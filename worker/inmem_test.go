@@ -213,6 +213,28 @@ func TestInMemoryFPTSums(t *testing.T) {
 	}
 }
 
+// A long job's LB decisions do not pile up on the workers: with a probe
+// every iteration the LB decides every iteration or two, and each worker
+// holds only the decisions of the iterations in flight, while the sums
+// stay exact and WorkersAt answers for every iteration.
+func TestInMemoryScheduleBounded(t *testing.T) {
+	const iters = 600
+	c := startMem(t, 2, 2, map[string]string{"FPT_LB": "on", "FPT_LB_PROBE_EVERY": "1", "FPT_PARTITION_BYTES": memPartitionBytes})
+	fptRounds(t, c.Workers, iters, hooks{})
+	for _, w := range c.Workers {
+		if v := w.DecisionVersion(); v < 40 {
+			t.Fatalf("worker %d is at decision %d after %d iterations: too few to tell", w.Rank(), v, iters)
+		}
+		if n := w.ScheduleLen(); n > 8 {
+			t.Errorf("worker %d holds %d of its %d decisions", w.Rank(), n, w.DecisionVersion()+1)
+		}
+		if ids := w.WorkersAt(1); len(ids) != 2 {
+			t.Errorf("worker %d: WorkersAt(1) = %v", w.Rank(), ids)
+		}
+	}
+	finishMem(t, c)
+}
+
 // forcedDecisions move aggregation of a 2×2 cluster between servers and
 // workers at chosen iterations, from the initial even split over the
 // servers: both workers, then a mix, one worker, one server, everyone.
