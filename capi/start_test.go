@@ -192,7 +192,8 @@ func TestLibStartFailures(t *testing.T) {
 		finalize    Code
 		finalizeMsg string
 	}{
-		{"scheduler, port taken", env(port, 1, 1, "scheduler"), CodeOK, CodeCluster, "DMLC_PS_ROOT_PORT"},
+		// A taken port is a configuration error, as the binary's exit 2.
+		{"scheduler, port taken", env(port, 1, 1, "scheduler"), CodeOK, CodeConfig, "DMLC_PS_ROOT_PORT"},
 		{"worker, no scheduler", env(free, 1, 1, "worker"), CodeCluster, CodeOK, ""},
 		{"server, metrics address taken", env(port, 1, 1, "server"), CodeCluster, CodeOK, ""},
 	}
