@@ -64,6 +64,10 @@ var (
 	familyRe = regexp.MustCompile(`\b(?:FPT|PS|DMLC)_[A-Z0-9_]*[A-Z0-9]\b`)
 )
 
+// shellOwn are variables the shell sets or every user has, which a
+// script's -h need not name.
+var shellOwn = []string{"PATH", "HOME", "EPOCHREALTIME", "EPOCHSECONDS", "BASHPID", "RANDOM", "SECONDS"}
+
 // scriptVars are the upper-case variables a script expands outside its
 // comments, less the shell's own.
 func scriptVars(t *testing.T, path string) []string {
@@ -78,7 +82,7 @@ func scriptVars(t *testing.T, path string) []string {
 			continue
 		}
 		for _, m := range shellVarRe.FindAllStringSubmatch(line, -1) {
-			if m[1] != "PATH" && m[1] != "HOME" && !slices.Contains(vars, m[1]) {
+			if !slices.Contains(shellOwn, m[1]) && !slices.Contains(vars, m[1]) {
 				vars = append(vars, m[1])
 			}
 		}
