@@ -7,6 +7,12 @@ package control
 
 static int fpt_set_int(void *s, int opt, int v) { return zmq_setsockopt(s, opt, &v, sizeof v); }
 static int fpt_get_int(void *s, int opt, int *v) { size_t n = sizeof *v; return zmq_getsockopt(s, opt, v, &n); }
+// czmq's own socket calls below zsock: they return NULL rather than
+// assert, and track the socket, so that czmq's exit handler closes one
+// left open before it ends the context (an untracked socket would block
+// zmq_ctx_term, and so the process's exit, for ever).
+static void *fpt_socket(int type) { return zsys_socket(type, "control/raw.go", 0); }
+static void fpt_close(void *h) { zsys_close(h, "control/raw.go", 0); }
 */
 import "C"
 
@@ -19,17 +25,17 @@ import (
 	"github.com/zeromq/goczmq"
 )
 
-// rawSock is a libzmq socket used without czmq, on the process's (czmq)
-// context. czmq asserts, aborting the process, when it cannot create a
-// socket (no file descriptor left, ZMQ_MAX_SOCKETS reached); libzmq
-// returns NULL. Every socket made after Listen, while strangers may be
+// rawSock is a libzmq socket used without czmq's zsock, on the process's
+// (czmq) context. zsock asserts, aborting the process, when it cannot
+// create a socket (no file descriptor left, ZMQ_MAX_SOCKETS reached);
+// zsys_socket, beneath it, returns NULL. Every socket made after Listen, while strangers may be
 // holding connections open, is therefore raw: a failure to create one is
 // an error, never an abort. Like every socket it belongs to one thread.
 type rawSock struct{ h unsafe.Pointer }
 
 func newRawSock(kind int) (*rawSock, error) {
 	zsysInit.Do(zsysInitC)
-	h := C.zmq_socket(C.zsys_init(), C.int(kind))
+	h := C.fpt_socket(C.int(kind))
 	if h == nil {
 		return nil, fmt.Errorf("control: creating a ZeroMQ socket failed: %w", zmqError(zmqErrno()))
 	}
@@ -102,7 +108,7 @@ func (s *rawSock) recv() (frame []byte, more, ok bool) {
 
 func (s *rawSock) close() {
 	if s != nil && s.h != nil {
-		C.zmq_close(s.h)
+		C.fpt_close(s.h)
 		s.h = nil
 	}
 }
