@@ -69,6 +69,9 @@ type probe struct {
 	serverShell string
 	// env is extra KEY=VALUE for every process.
 	env []string
+	// train, if set, replaces trainArgs (a run long enough for an attack
+	// to finish mid-run, say).
+	train []string
 	// attack runs once both servers have registered. It returns when its
 	// own assertions are done; the suite then checks the run.
 	attack func(t *testing.T, a *advCluster)
@@ -92,7 +95,10 @@ func TestAdversarial(t *testing.T) {
 		{name: "forged control commands to the scheduler", attack: probeForgedToScheduler},
 		{name: "forged control commands to a worker", attack: probeForgedToWorker},
 		{name: "forged barriers for worker 9 with future sequence numbers", attack: probeForgedBarriers},
-		{name: "450k forged barriers", attack: probeBarrierFlood},
+		{name: "450k barriers over an authenticated, unregistered connection", attack: probeBarrierFlood,
+			// At least 15 s of training: the flood is taken in and counted
+			// while the scheduler runs.
+			train: []string{"-iters", "1500", "-compute", "10ms", "-tensors", "4", "-min-bytes", "4096", "-max-bytes", "65536"}},
 		// These strike while the scheduler waits for the workers, whose
 		// run is over before a probe could read its metrics.
 		{name: "600 half greetings to the scheduler's ZeroMQ port", gated: true, attack: probeZMQExhaustion},
@@ -152,7 +158,11 @@ func startAdversarial(t *testing.T, p probe) *advCluster {
 	t.Helper()
 	secret := randomSecret(t)
 	gate := filepath.Join(t.TempDir(), "go")
-	worker := append([]string{bin.app}, trainArgs...)
+	train := trainArgs
+	if p.train != nil {
+		train = p.train
+	}
+	worker := append([]string{bin.app}, train...)
 	if p.gated {
 		// Poll for the gate file, bounded (2 min), then run the worker.
 		worker = append([]string{"sh", "-c",
@@ -590,34 +600,46 @@ func probeForgedBarriers(t *testing.T, a *advCluster) {
 	}
 }
 
-// 450k forged barriers: the scheduler's tables are bounded by the
-// cluster's size, so its memory must not follow.
+// 450k barriers from a peer that holds the job's secret but never
+// registered (an insider: the CURVE handshake passes): each reaches the
+// scheduler, which refuses it as a stranger's, counts it and logs at a
+// bounded rate; its memory and the job are untouched.
 func probeBarrierFlood(t *testing.T, a *advCluster) {
 	a.midRun()
 	sched := a.proc("scheduler")
 	base := vmRSS(t, sched.Cmd.Process.Pid)
-	s := dealer(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(a.Port)))
+	before := a.rejected("scheduler")["stranger"]
+	s := insider(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(a.Port)), a.secret)
 	defer s.Destroy()
-	sent := 0
-	for i := range 450_000 {
+	const flood = 450_000
+	start := time.Now()
+	for i := range flood {
 		err := sendControl(t, s, &control.Message{Command: control.Barrier, Sender: node.ID(9 + 2*(i%4096)),
 			Recipient: node.SchedulerID, Group: node.WorkerGroup, Seq: uint64(1000 + i)})
 		if err != nil {
-			break // refused (no handshake): nothing more can be queued
+			t.Fatalf("barrier %d of the flood: %v", i, err)
 		}
-		sent++
 	}
-	// Let the scheduler take in what was queued (bounded), then measure.
-	deadline := time.Now().Add(5 * time.Second)
+	// Every barrier reached the scheduler and was refused: counted, not
+	// dropped on the way (awaitRejected's minute is a deadlock guard).
 	peak := base
-	for time.Now().Before(deadline) {
+	for deadline := time.Now().Add(time.Minute); a.rejected("scheduler")["stranger"] < before+flood; time.Sleep(100 * time.Millisecond) {
 		peak = max(peak, vmRSS(t, sched.Cmd.Process.Pid))
-		time.Sleep(100 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatalf("the scheduler counted %.0f of %d refused barriers", a.rejected("scheduler")["stranger"]-before, flood)
+		}
 	}
-	t.Logf("%d forged barriers queued; scheduler RSS %d MiB before, peak %d MiB", sent, base>>20, peak>>20)
+	peak = max(peak, vmRSS(t, sched.Cmd.Process.Pid))
+	took := time.Since(start)
+	t.Logf("%d barriers refused in %s; scheduler RSS %d MiB before, peak %d MiB", flood, took.Round(time.Millisecond), base>>20, peak>>20)
 	if peak-base > 64<<20 {
 		t.Errorf("scheduler RSS grew by %d MiB under forged barriers (bound 64 MiB)", (peak-base)>>20)
 	}
+	// One log line per 5 s at most, plus the first.
+	if n, bound := strings.Count(sched.Stderr.String(), `msg="control: refused"`), int(time.Since(start)/(5*time.Second))+3; n > bound {
+		t.Errorf("the scheduler logged %d refusals in %s, want at most %d (rate-limited)", n, time.Since(start).Round(time.Millisecond), bound)
+	}
+	a.refusalLogged("scheduler", "stranger")
 }
 
 // 600 connections to the scheduler's ZeroMQ port that send half a
