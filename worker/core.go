@@ -47,7 +47,12 @@ type core struct {
 	pushes, sums least
 	// scanned counts the tensors visited by passes over all of them
 	// (allTensors): a push's and a result's path make none.
-	scanned        uint64
+	scanned uint64
+	// calls numbers the calls split checked; a tensor's inCall is the
+	// latest that named it, so a key named twice is found in one pass.
+	// compared counts the keys that check visited.
+	calls          uint64
+	compared       uint64
 	results        map[resultKey]*result
 	readingInPlace map[inPlaceKey]landing // result partitions being read in place
 
@@ -176,6 +181,7 @@ type tensor struct {
 	// parameter by init, then pull, one key at a time). It lies in kept.
 	initial []byte
 	kept    *keptInit
+	inCall  uint64 // the latest split call that named the key (core.calls)
 }
 
 // sumsTallied reports whether t's sums count in core.sums: a key pushed, or
@@ -446,6 +452,7 @@ func (c *core) split(keys []uint64, data []byte, byteLens []int, dtype frame.DTy
 	ts := make([]*tensor, len(keys))
 	parts := make([][]byte, len(keys))
 	off := 0
+	c.calls++
 	for i, k := range keys {
 		t := c.tensors[k]
 		if t == nil {
@@ -457,9 +464,11 @@ func (c *core) split(keys []uint64, data []byte, byteLens []int, dtype frame.DTy
 		if byteLens[i] < 0 || uint64(byteLens[i]) != t.bytes {
 			return nil, nil, fmt.Errorf("worker: key %d is declared as %d bytes, the call gives %d: %w", k, t.bytes, byteLens[i], ErrSizeMismatch)
 		}
-		if slices.Contains(keys[:i], k) {
+		c.compared++
+		if t.inCall == c.calls {
 			return nil, nil, fmt.Errorf("worker: key %d appears twice in one call", k)
 		}
+		t.inCall = c.calls
 		if off+byteLens[i] > len(data) {
 			break // reported below
 		}

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lb"
 )
 
@@ -145,6 +147,36 @@ func TestCorePushPathScansNoTensor(t *testing.T) {
 				if got := c.iterationsPushed(); got != iter+1 {
 					t.Fatalf("iterationsPushed = %d after iteration %d", got, iter)
 				}
+			}
+		})
+	}
+}
+
+// Checking a call's keys visits each key once, however many the call
+// names (an FPTPull of every tensor names them all), and still refuses a
+// key named twice, in this call or not in an earlier one.
+func TestSplitVisitsEachKeyOnce(t *testing.T) {
+	for _, n := range []int{1, 10, 1000} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			c := startedCore(t, 0, 2, false)
+			keys, lens := make([]uint64, n), make([]int, n)
+			for i := range keys {
+				keys[i], lens[i] = uint64(i), 4
+				mustDeclare(t, c, keys[i], 4)
+			}
+			data := make([]byte, 4*n)
+			for range 2 { // the same keys again: not a duplicate
+				before := c.compared
+				if _, _, err := c.split(keys, data, lens, frame.Float32); err != nil {
+					t.Fatal(err)
+				}
+				if got := c.compared - before; got != uint64(n) {
+					t.Fatalf("a call of %d keys visited %d keys", n, got)
+				}
+			}
+			dup := append(slices.Clone(keys), keys[n/2])
+			if _, _, err := c.split(dup, make([]byte, 4*(n+1)), append(slices.Clone(lens), 4), frame.Float32); err == nil || !strings.Contains(err.Error(), "twice") {
+				t.Fatalf("key %d twice in a call of %d: %v, want an error", keys[n/2], n+1, err)
 			}
 		})
 	}
