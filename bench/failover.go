@@ -431,7 +431,9 @@ func runFailoverCluster(ctx context.Context, self string, fo failoverOptions, ki
 	args := []string{self, "bench", "--scenario", scenarioFailover, "--iters", strconv.Itoa(fo.iters),
 		"--kill-at", strconv.Itoa(fo.killAt), "--join-at", strconv.Itoa(fo.joinAt), "--tensors", strconv.Itoa(fo.tensors),
 		"--min-bytes", strconv.Itoa(fo.minBytes), "--max-bytes", strconv.Itoa(fo.maxBytes), "--compute", fo.compute.String()}
-	env := []string{childEnv + "=1"}
+	// PS_VERBOSE=1: the scheduler writes every LB decision, the probe that
+	// first gives the joined server a share too (parseJoin).
+	env := []string{childEnv + "=1", "PS_VERBOSE=1"}
 	er := elasticRun{label: "failover, no failure", iters: fo.iters, workers: failoverWorkers}
 	if kill {
 		env = append(env, "FPT_ON_SERVER_LOSS=retry")

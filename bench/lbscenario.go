@@ -470,7 +470,9 @@ func runLBCluster(ctx context.Context, net *netem.Network, l lbLayout, name stri
 	if lbOn {
 		mode = "on"
 	}
-	env := []string{childEnv + "=1", "DMLC_INTERFACE=" + net.Iface(), "FPT_LB=" + mode}
+	// PS_VERBOSE=1: the scheduler writes every LB decision, probes too, on
+	// its stdout (decisionMarks).
+	env := []string{childEnv + "=1", "PS_VERBOSE=1", "DMLC_INTERFACE=" + net.Iface(), "FPT_LB=" + mode}
 	if lo.partitionBytes > 0 {
 		env = append(env, "FPT_PARTITION_BYTES="+strconv.FormatInt(lo.partitionBytes, 10))
 	}

@@ -675,15 +675,7 @@ func (b *Balancer) input() Input {
 // sameSplit reports whether plan gives the aggregators of d the same
 // shares, to rounding.
 func sameSplit(plan Plan, d Decision) bool {
-	if !slices.Equal(plan.Aggregators, d.Aggregators) || len(plan.Shares) != len(d.Shares) {
-		return false
-	}
-	for i, s := range plan.Shares {
-		if math.Abs(s-d.Shares[i]) > ShareTolerance {
-			return false
-		}
-	}
-	return true
+	return d.SameSplit(Decision{Aggregators: plan.Aggregators, Shares: plan.Shares})
 }
 
 // times formats a predicted time, which means nothing while no worker has

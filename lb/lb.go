@@ -23,11 +23,12 @@
 package lb
 
 import (
-	"github.com/fptps/fpt/node"
-
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+
+	"github.com/fptps/fpt/node"
 )
 
 // Decision maps tensor bytes onto aggregators. It is versioned and takes
@@ -108,6 +109,20 @@ func (d Decision) Validate() error {
 		}
 	}
 	return nil
+}
+
+// SameSplit reports whether d and o give the same aggregators the same
+// shares, to ShareTolerance.
+func (d Decision) SameSplit(o Decision) bool {
+	if !slices.Equal(d.Aggregators, o.Aggregators) || len(d.Shares) != len(o.Shares) {
+		return false
+	}
+	for i, s := range d.Shares {
+		if math.Abs(s-o.Shares[i]) > ShareTolerance {
+			return false
+		}
+	}
+	return true
 }
 
 func (d Decision) String() string {

@@ -55,7 +55,9 @@ func (c *core) direct(d lb.Directive) {
 	if d.Decision != nil {
 		c.log.Info("lb decision", "version", d.Decision.Version, "from_iteration", d.Decision.Iteration,
 			"state", c.lb.State(), "split", d.String(), "reason", d.Reason)
-		c.out.decisions = append(c.out.decisions, DecisionLine(d))
+		if c.writeDecision(d) {
+			c.out.decisions = append(c.out.decisions, DecisionLine(d))
+		}
 	}
 	body, err := d.MarshalBinary()
 	if err != nil {
@@ -78,6 +80,26 @@ func (c *core) direct(d lb.Directive) {
 		}
 		c.send(info.ID, &control.Message{Command: control.Decision, Sender: node.SchedulerID, Body: body})
 	}
+}
+
+// writeDecision says whether d, a directive with a decision, gets a line
+// on the decisions writer. At PS_VERBOSE 1 and above every decision does.
+// At 0 only those that change what the job settles on do: a decision that
+// moves a worker or retries, or one whose split differs from the last line
+// written. Probes, and the fall-backs that follow a failed one, are left
+// to the log: an LB that probes every few iterations would otherwise
+// write a line each time (megabytes an hour).
+func (c *core) writeDecision(d lb.Directive) bool {
+	if c.cfg.Verbose < 1 {
+		if d.Probe {
+			return false
+		}
+		if d.Decision.Workers == nil && !d.Retry && c.written != nil && c.written.SameSplit(*d.Decision) {
+			return false
+		}
+	}
+	c.written = d.Decision
+	return true
 }
 
 // decisionLinePrefix starts every line DecisionLine writes.

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"testing"
 
+	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/node"
 )
@@ -43,6 +44,41 @@ func TestParseDecisionLineRejects(t *testing.T) {
 	} {
 		if v, it, ok := ParseDecisionLine(line); ok {
 			t.Errorf("ParseDecisionLine(%q) = %d, %d, true; want not a decision", line, v, it)
+		}
+	}
+}
+
+// At PS_VERBOSE=0 the decisions writer gets only the decisions that change
+// what the job settles on; at 1 every decision.
+func TestWriteDecision(t *testing.T) {
+	even := lb.Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{0.5, 0.5}}
+	skew := lb.Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{0.8, 0.2}}
+	with := func(d lb.Decision, probe, retry bool, workers ...node.ID) lb.Directive {
+		d.Workers = workers
+		return lb.Directive{Decision: &d, Probe: probe, Retry: retry}
+	}
+	seq := []struct {
+		name  string
+		d     lb.Directive
+		quiet bool // written at PS_VERBOSE=0
+	}{
+		{"the first decision", with(even, false, false), true},
+		{"a probe", with(even, true, false), false},
+		{"the fall-back to the written split", with(even, false, false), false},
+		{"a balanced split", with(skew, false, false), true},
+		{"a probe again", with(even, true, false), false},
+		{"the same balanced split", with(skew, false, false), false},
+		{"a retry on the same split", with(skew, false, true), true},
+		{"a worker change on the same split", with(skew, false, false, 9, 11), true},
+		{"back to even", with(even, false, false), true},
+	}
+	for _, verbose := range []int{0, 1} {
+		c := &core{cfg: config.Config{Verbose: verbose}}
+		for _, s := range seq {
+			want := s.quiet || verbose >= 1
+			if got := c.writeDecision(s.d); got != want {
+				t.Errorf("PS_VERBOSE=%d, %s: written %v, want %v", verbose, s.name, got, want)
+			}
 		}
 	}
 }

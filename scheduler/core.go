@@ -46,6 +46,9 @@ type core struct {
 	// serversDirected says whether the servers were sent a directive,
 	// serversShaping the Shaping of the last one (lb.Directive.ForServers).
 	serversDirected, serversShaping bool
+	// written is the split of the last decision line written
+	// (writeDecision).
+	written *lb.Decision
 	byOrigin                        map[string]node.ID
 	// left holds the nodes that left the job (FPT_ON_SERVER_LOSS=retry,
 	// FPT_ON_WORKER_LOSS=continue); membership counts such changes.

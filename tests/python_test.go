@@ -276,14 +276,15 @@ var (
 // (small partitions, so tensors span several aggregators): after every
 // step both workers hold the same parameters bit for bit, and after the
 // last they equal, within float32 rounding, one process that trained on
-// whole batches. The loss goes down.
+// whole batches. The loss goes down. (PS_VERBOSE=1: the scheduler writes
+// every decision, probes too, which the test counts.)
 func TestPythonTrainingMatchesSingleProcess(t *testing.T) {
 	py := needPython(t)
 	dir := t.TempDir()
 	const steps = 30
 	train := []string{"../examples/pytorch/train.py", "--samples", "1024", "--batch", "128", "--epochs", "4",
 		"--steps", strconv.Itoa(steps), "--hash"}
-	r := startFptrun(t, py, []string{"FPT_LB=on", "FPT_LB_PROBE_EVERY=3", "FPT_PARTITION_BYTES=4096", "PS_VERBOSE=0"},
+	r := startFptrun(t, py, []string{"FPT_LB=on", "FPT_LB_PROBE_EVERY=3", "FPT_PARTITION_BYTES=4096", "PS_VERBOSE=1"},
 		append(append([]string{"-np", "2", "--servers", "2", "python"}, train...), "--save", filepath.Join(dir, "w{rank}.bin"))...)
 	if code := r.wait(t, 4*time.Minute); code != 0 {
 		t.Fatalf("fptrun exited %d:\n%s", code, tail(r.out.String()))
