@@ -103,6 +103,18 @@ type Planes struct {
 	// connection's end, and the scheduler answers nothing until every
 	// node registered). Nil: the node waits out FPT_START_TIMEOUT.
 	Probe func(ctx context.Context, endpoint string) error
+	// Handshakes, if set, carries the outcomes of the control plane's
+	// handshakes with its peers (control.Config.OnHandshake): a node whose
+	// every handshake with the scheduler fails says so within
+	// PS_HEARTBEAT_TIMEOUT rather than waiting out FPT_START_TIMEOUT.
+	Handshakes <-chan Handshake
+}
+
+// Handshake is the outcome of one control-plane handshake with a peer's
+// endpoint: Err nil for a success.
+type Handshake struct {
+	Endpoint string
+	Err      error
 }
 
 // Network is the real planes of the node cfg describes: the control plane
@@ -110,6 +122,9 @@ type Planes struct {
 // plane over TCP with the van of kind cfg.Van (FPT_VAN). Refusals are
 // counted in m (nil: none).
 func Network(cfg config.Config, m *metrics.Node) Planes {
+	// Outcomes past the buffer are dropped rather than stall the plane's
+	// thread: only the start reads them, and it reads them as they come.
+	handshakes := make(chan Handshake, 64)
 	return Planes{
 		Control: func(port int, log *slog.Logger) (control.Transport, error) {
 			host, _, err := ListenHost(cfg)
@@ -117,10 +132,17 @@ func Network(cfg config.Config, m *metrics.Node) Planes {
 				return nil, err
 			}
 			return control.Listen(control.Config{BindHost: host, Port: port, Logger: log, Secret: cfg.Secret,
-				OnReject: func(reason string) { m.Rejected("control", reason) }})
+				OnReject: func(reason string) { m.Rejected("control", reason) },
+				OnHandshake: func(endpoint string, err error) {
+					select {
+					case handshakes <- Handshake{Endpoint: endpoint, Err: err}:
+					default:
+					}
+				}})
 		},
-		Data:  func(vc van.Config) (van.Transport, error) { return van.New(cfg.Van, vc) },
-		Probe: probeTCP,
+		Data:       func(vc van.Config) (van.Transport, error) { return van.New(cfg.Van, vc) },
+		Probe:      probeTCP,
+		Handshakes: handshakes,
 	}
 }
 
@@ -401,6 +423,11 @@ func (n *Member) awaitTable(ctx context.Context) error {
 		case ok := <-probes:
 			n.run(func(c *core) ready {
 				c.probed(ok, time.Now())
+				return ready{}
+			})
+		case h := <-n.planes.Handshakes:
+			n.run(func(c *core) ready {
+				c.handshake(h.Endpoint, h.Err, time.Now())
 				return ready{}
 			})
 		case <-ctx.Done():

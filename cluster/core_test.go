@@ -526,3 +526,57 @@ func TestCoreRegisterProbe(t *testing.T) {
 		t.Errorf("a tick after the table probed (%v) or failed the start (%v)", r.probe, r.startErr)
 	}
 }
+
+// A scheduler's port whose every handshake fails (another secret, another
+// program) ends the start after PS_HEARTBEAT_TIMEOUT of failures, naming
+// why; a success, or a failure with another peer, does not.
+func TestCoreHandshakes(t *testing.T) {
+	ms := time.Millisecond
+	const sched, other = "tcp://10.0.0.9:9000", "tcp://10.0.0.3:7000"
+	refused := errors.New("authentication failed: the peer's key does not match this node's secret")
+	// step is a tick (ep unset) or a handshake's outcome, at t0+at.
+	type step struct {
+		at  time.Duration
+		ep  string
+		err error
+	}
+	tests := []struct {
+		name     string
+		secret   string
+		steps    []step
+		startErr string // in the last tick's error; "" none
+	}{
+		{"failing, within the timeout", "", []step{{at: 100 * ms, ep: sched, err: refused}, {at: 1000 * ms}}, ""},
+		{"failing past the timeout", "", []step{{at: 100 * ms, ep: sched, err: refused}, {at: 700 * ms, ep: sched, err: refused}, {at: 1200 * ms}},
+			"the scheduler's port 10.0.0.9:9000 answers, but every handshake with it has failed for 1.1s (PS_HEARTBEAT_TIMEOUT is 1s), the latest: authentication failed"},
+		{"the hint names the secret when there is one", "a-secret-of-16-bytes+", []step{{at: 100 * ms, ep: sched, err: refused}, {at: 1200 * ms}},
+			"is FPT_CLUSTER_SECRET (or FPT_CLUSTER_SECRET_FILE) the same on every node"},
+		{"a success resets it", "", []step{{at: 100 * ms, ep: sched, err: refused}, {at: 500 * ms, ep: sched}, {at: 1200 * ms}}, ""},
+		{"counted from the first failure after a success", "", []step{
+			{at: 100 * ms, ep: sched, err: refused}, {at: 500 * ms, ep: sched}, {at: 600 * ms, ep: sched, err: refused}, {at: 1500 * ms},
+		}, ""},
+		{"another peer's failures do not count", "", []step{{at: 100 * ms, ep: other, err: refused}, {at: 5 * time.Second}}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.Secret = tt.secret
+			c := newCore(cfg)
+			c.bound(node.Info{Role: node.Worker, Host: "10.0.0.1", ControlPort: infoOf(me).ControlPort, DataPort: infoOf(me).DataPort})
+			var r ready
+			for _, s := range tt.steps {
+				if s.ep != "" {
+					c.handshake(s.ep, s.err, t0.Add(s.at))
+					continue
+				}
+				r = c.tick(t0.Add(s.at), 0)
+			}
+			switch {
+			case tt.startErr == "" && r.startErr != nil:
+				t.Errorf("start failed: %v", r.startErr)
+			case tt.startErr != "" && (r.startErr == nil || !strings.Contains(r.startErr.Error(), tt.startErr)):
+				t.Errorf("start error %v; want one with %q", r.startErr, tt.startErr)
+			}
+		})
+	}
+}

@@ -91,6 +91,13 @@ type Config struct {
 	// short fixed reason for every connection or message the plane refuses,
 	// e.g. metrics.Node.Rejected("control", reason).
 	OnReject func(reason string)
+	// OnHandshake, if set, is called (on the plane's thread, so briefly)
+	// with the outcome of each handshake this node's connection to a peer
+	// endpoint (a Send's DEALER) goes through, until the first succeeds:
+	// err nil for that success, else why the handshake failed. A node
+	// whose every handshake with its scheduler fails (another secret, or
+	// no fpt node on that port) learns it from here.
+	OnHandshake func(endpoint string, err error)
 }
 
 // Plane is one node's control-plane endpoint: a ROUTER bound on Config's
@@ -125,6 +132,8 @@ type Plane struct {
 	port   int
 	secret string
 	reject *Rejecter
+	// onHandshake is Config.OnHandshake.
+	onHandshake func(endpoint string, err error)
 	// id names the plane's rule in the ZAP handler.
 	id string
 
@@ -175,13 +184,14 @@ func Listen(cfg Config) (*Plane, error) {
 		idb[i] = byte(rand.Uint32())
 	}
 	p := &Plane{
-		log:    log,
-		secret: cfg.Secret,
-		reject: NewRejecter(log, cfg.OnReject),
-		id:     "fpt-" + hex.EncodeToString(idb[:]),
-		in:     make(chan *Message, incomingBuffer),
-		stop:   make(chan struct{}),
-		done:   make(chan struct{}),
+		log:         log,
+		secret:      cfg.Secret,
+		reject:      NewRejecter(log, cfg.OnReject),
+		onHandshake: cfg.OnHandshake,
+		id:          "fpt-" + hex.EncodeToString(idb[:]),
+		in:          make(chan *Message, incomingBuffer),
+		stop:        make(chan struct{}),
+		done:        make(chan struct{}),
 	}
 	ready := make(chan error, 1)
 	go p.run(host, cfg.Port, ready)
@@ -390,7 +400,9 @@ type dealer struct {
 	// mon follows the DEALER's handshakes until the first succeeds, so
 	// that a peer refusing this node's credentials is reported here, by
 	// the node refused; nil after that (or if it could not be made).
-	mon     *rawSock
+	mon *rawSock
+	// shaking: a connection is up and its handshake has not ended yet.
+	shaking bool
 	refused int       // handshakes failed since the last log line
 	lastLog time.Time // of the last line about them
 }
@@ -747,14 +759,17 @@ func (l *loop) dealer(endpoint string) *dealer {
 	if strings.Contains(endpoint, "[") {
 		s.setInt(zmqIpv6, 1)
 	}
+	// Watched before it connects, so that the monitor sees the first
+	// connection's every event.
+	d := &dealer{endpoint: endpoint, sock: s}
+	l.watchDealer(d)
 	if err := s.connect(endpoint); err != nil {
+		l.unwatchDealer(d)
 		s.close()
 		l.p.log.Error("control: message dropped", "peer", endpoint,
 			"err", fmt.Errorf("control: connect %s: %w", endpoint, err))
 		return nil
 	}
-	d := &dealer{endpoint: endpoint, sock: s}
-	l.watchDealer(d)
 	l.dealers[endpoint] = d
 	return d
 }
@@ -856,15 +871,15 @@ func rejectDetail(reason string) string {
 }
 
 // dealerEvents are the DEALER events watchDealers follows.
-const dealerEvents = evHandshakeSucceeded | evHandshakeFailedNoDetail | evHandshakeFailedProtocol | evHandshakeFailedAuth
+// Connections and their ends count too: a peer that hangs up on a CURVE
+// greeting it cannot read reports no handshake failure.
+const dealerEvents = evConnected | evDisconnected | evHandshakeSucceeded | evHandshakeFailedNoDetail | evHandshakeFailedProtocol | evHandshakeFailedAuth
 
-// watchDealer starts following d's handshakes. Without a secret there is
-// nothing to refuse, and a monitor that cannot be made only costs the
-// report.
+// watchDealer starts following d's handshakes: with a secret, a peer may
+// refuse this node's key; with or without one, what listens on the peer's
+// port may not speak ZMTP at all. A monitor that cannot be made only costs
+// the report.
 func (l *loop) watchDealer(d *dealer) {
-	if l.keys == nil {
-		return
-	}
 	ep := fmt.Sprintf("inproc://fpt-control-dealer-%016x", rand.Uint64())
 	if monitor(d.sock.h, ep, dealerEvents) != nil {
 		return
@@ -913,29 +928,56 @@ func (l *loop) watchDealers() {
 			}
 			ev := int(binary.LittleEndian.Uint16(head))
 			value := binary.LittleEndian.Uint32(head[2:])
-			if ev == evHandshakeSucceeded {
+			switch {
+			case ev == evConnected:
+				d.shaking = true
+				continue
+			case ev == evHandshakeSucceeded:
 				l.unwatchDealer(d)
-				break
+				if l.p.onHandshake != nil {
+					l.p.onHandshake(d.endpoint, nil)
+				}
+				continue // the watch is over: d.mon is nil
+			case !d.shaking:
+				continue // the end of a connection whose failure was reported
+			}
+			d.shaking = false
+			why := handshakeFailure(ev, value, l.keys != nil)
+			if l.p.onHandshake != nil {
+				l.p.onHandshake(d.endpoint, errors.New(why))
 			}
 			d.refused++
 			now := time.Now()
 			if now.Sub(d.lastLog) < rejectLogEvery {
 				continue
 			}
-			// A peer with another secret cannot read this node's first
-			// CURVE message and hangs up: that is the common case.
-			why := "the peer closed the connection during the authentication handshake"
-			switch {
-			case ev == evHandshakeFailedAuth:
-				why = fmt.Sprintf("authentication refused: the peer does not accept this node's key (ZAP status %d)", value)
-			case ev == evHandshakeFailedProtocol && value == protoCryptographic:
-				why = "authentication failed: the peer's key does not match this node's secret"
-			case ev == evHandshakeFailedProtocol:
-				why = fmt.Sprintf("protocol error %#x", value)
+			hint := "is an fpt node listening there?"
+			if l.keys != nil {
+				hint = "is FPT_CLUSTER_SECRET (or FPT_CLUSTER_SECRET_FILE) the same on every node?"
 			}
-			l.p.log.Error("control: the handshake with a peer failed; is FPT_CLUSTER_SECRET (or FPT_CLUSTER_SECRET_FILE) the same on every node?",
+			l.p.log.Error("control: the handshake with a peer failed; "+hint,
 				"peer", d.endpoint, "why", why, "failed_handshakes", d.refused)
 			d.lastLog, d.refused = now, 0
 		}
 	}
+}
+
+// handshakeFailure says why a DEALER's handshake failed, from its monitor
+// event ev and value; curve: the node speaks CURVE (it has a secret).
+func handshakeFailure(ev int, value uint32, curve bool) string {
+	switch {
+	case ev == evHandshakeFailedAuth:
+		return fmt.Sprintf("authentication refused: the peer does not accept this node's key (ZAP status %d)", value)
+	case ev == evHandshakeFailedProtocol && value == protoCryptographic:
+		return "authentication failed: the peer's key does not match this node's secret"
+	case ev == evHandshakeFailedProtocol:
+		return fmt.Sprintf("protocol error %#x: what listens there does not speak ZeroMQ's protocol as an fpt node does", value)
+	case ev == evDisconnected:
+		return "the peer closed the connection before the handshake completed"
+	case curve:
+		// A peer with another secret cannot read this node's first
+		// CURVE message and hangs up: that is the common case.
+		return "the peer closed the connection during the authentication handshake"
+	}
+	return "the peer closed the connection during the ZeroMQ handshake"
 }
