@@ -675,7 +675,7 @@ func (b *Balancer) input() Input {
 // sameSplit reports whether plan gives the aggregators of d the same
 // shares, to rounding.
 func sameSplit(plan Plan, d Decision) bool {
-	return d.SameSplit(Decision{Aggregators: plan.Aggregators, Shares: plan.Shares})
+	return d.SplitWithin(Decision{Aggregators: plan.Aggregators, Shares: plan.Shares}, ShareTolerance)
 }
 
 // times formats a predicted time, which means nothing while no worker has

@@ -111,14 +111,14 @@ func (d Decision) Validate() error {
 	return nil
 }
 
-// SameSplit reports whether d and o give the same aggregators the same
-// shares, to ShareTolerance.
-func (d Decision) SameSplit(o Decision) bool {
+// SplitWithin reports whether d and o give the same aggregators shares
+// that differ by tol at most (ShareTolerance: the same split).
+func (d Decision) SplitWithin(o Decision, tol float64) bool {
 	if !slices.Equal(d.Aggregators, o.Aggregators) || len(d.Shares) != len(o.Shares) {
 		return false
 	}
 	for i, s := range d.Shares {
-		if math.Abs(s-o.Shares[i]) > ShareTolerance {
+		if math.Abs(s-o.Shares[i]) > tol {
 			return false
 		}
 	}

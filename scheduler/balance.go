@@ -82,19 +82,26 @@ func (c *core) direct(d lb.Directive) {
 	}
 }
 
+// quietShareStep is how far an aggregator's share must move from the last
+// decision line written before a new split gets one at PS_VERBOSE=0: each
+// probe's measurements differ a little, and so do the splits balanced
+// from them.
+const quietShareStep = 0.05
+
 // writeDecision says whether d, a directive with a decision, gets a line
 // on the decisions writer. At PS_VERBOSE 1 and above every decision does.
 // At 0 only those that change what the job settles on do: a decision that
-// moves a worker or retries, or one whose split differs from the last line
-// written. Probes, and the fall-backs that follow a failed one, are left
-// to the log: an LB that probes every few iterations would otherwise
+// moves a worker or retries, or one whose aggregators differ from the
+// last line's, or whose shares moved by more than quietShareStep. Probes,
+// the fall-backs after failed ones and the splits that only drift are
+// left to the log: an LB that probes every few iterations would otherwise
 // write a line each time (megabytes an hour).
 func (c *core) writeDecision(d lb.Directive) bool {
 	if c.cfg.Verbose < 1 {
 		if d.Probe {
 			return false
 		}
-		if d.Decision.Workers == nil && !d.Retry && c.written != nil && c.written.SameSplit(*d.Decision) {
+		if d.Decision.Workers == nil && !d.Retry && c.written != nil && c.written.SplitWithin(*d.Decision, quietShareStep) {
 			return false
 		}
 	}

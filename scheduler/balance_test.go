@@ -53,6 +53,8 @@ func TestParseDecisionLineRejects(t *testing.T) {
 func TestWriteDecision(t *testing.T) {
 	even := lb.Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{0.5, 0.5}}
 	skew := lb.Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{0.8, 0.2}}
+	drift := lb.Decision{Aggregators: []node.ID{8, 10}, Shares: []float64{0.77, 0.23}}
+	others := lb.Decision{Aggregators: []node.ID{8, 9}, Shares: []float64{0.8, 0.2}}
 	with := func(d lb.Decision, probe, retry bool, workers ...node.ID) lb.Directive {
 		d.Workers = workers
 		return lb.Directive{Decision: &d, Probe: probe, Retry: retry}
@@ -68,8 +70,10 @@ func TestWriteDecision(t *testing.T) {
 		{"a balanced split", with(skew, false, false), true},
 		{"a probe again", with(even, true, false), false},
 		{"the same balanced split", with(skew, false, false), false},
+		{"a split that drifted a little", with(drift, false, false), false},
 		{"a retry on the same split", with(skew, false, true), true},
 		{"a worker change on the same split", with(skew, false, false, 9, 11), true},
+		{"other aggregators", with(others, false, false), true},
 		{"back to even", with(even, false, false), true},
 	}
 	for _, verbose := range []int{0, 1} {
