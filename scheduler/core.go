@@ -48,8 +48,8 @@ type core struct {
 	serversDirected, serversShaping bool
 	// written is the split of the last decision line written
 	// (writeDecision).
-	written *lb.Decision
-	byOrigin                        map[string]node.ID
+	written  *lb.Decision
+	byOrigin map[string]node.ID
 	// left holds the nodes that left the job (FPT_ON_SERVER_LOSS=retry,
 	// FPT_ON_WORKER_LOSS=continue); membership counts such changes.
 	left       map[node.ID]bool
