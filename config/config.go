@@ -66,6 +66,12 @@ type Config struct {
 	// iterations (FPT_LB_PROBE_EVERY; 0, the default: only when the
 	// measurements drift).
 	LBProbeEvery uint64
+	// LBAhead is how long, at the pace of the latest iterations, the LB
+	// lets workers push ahead of the last iteration done (FPT_LB_AHEAD;
+	// DefaultLBAhead): short iterations are granted more than 2 ahead,
+	// so that no step waits for a grant's round trip through the
+	// scheduler. Zero: 2 iterations, however short.
+	LBAhead time.Duration
 	// RetryServerLoss (FPT_ON_SERVER_LOSS=retry) makes a lost server cost
 	// the job a retry of its incomplete iterations over the servers left,
 	// instead of the job: workers keep each push's buffer until every
@@ -126,6 +132,7 @@ type Config struct {
 const (
 	DefaultHeartbeatInterval = time.Second
 	DefaultHeartbeatTimeout  = 10 * time.Second
+	DefaultLBAhead           = 20 * time.Millisecond
 	DefaultStartTimeout      = 300 * time.Second
 	DefaultPartitionBytes    = 1 << 20
 	DefaultMaxFrameBytes     = 1 << 30

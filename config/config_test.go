@@ -36,7 +36,7 @@ func TestFromEnvDefaults(t *testing.T) {
 		Role: node.Worker, RootURI: "127.0.0.1", RootPort: 9000, NumServers: 2, NumWorkers: 3,
 		Van: "epoll", HeartbeatInterval: DefaultHeartbeatInterval, HeartbeatTimeout: DefaultHeartbeatTimeout,
 		StartTimeout: DefaultStartTimeout, PartitionBytes: DefaultPartitionBytes,
-		MaxFrameBytes: DefaultMaxFrameBytes, PoolBytes: DefaultPoolBytes, LB: true,
+		MaxFrameBytes: DefaultMaxFrameBytes, PoolBytes: DefaultPoolBytes, LB: true, LBAhead: DefaultLBAhead,
 		StallTimeout: DefaultStallTimeout, TraceIters: trace.All, CheckpointEvery: DefaultCheckpointEvery,
 		WorkerWaitTimeout: DefaultWorkerWaitTimeout,
 		LeaveTimeout:      DefaultLeaveTimeout,
@@ -62,6 +62,7 @@ func TestFromEnvOptional(t *testing.T) {
 	e["FPT_STATUS_ADDR"] = "127.0.0.1:0"
 	e["FPT_LB"] = "off"
 	e["FPT_LB_PROBE_EVERY"] = "7"
+	e["FPT_LB_AHEAD"] = "0"
 	e["FPT_TRACE_FILE"] = "/tmp/{role}{rank}.json"
 	e["FPT_TRACE_ITERS"] = "10-20"
 	e["FPT_ON_WORKER_LOSS"] = "continue"
@@ -70,7 +71,7 @@ func TestFromEnvOptional(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Van != "netconn" || c.MetricsAddr != ":9100" || c.StatusAddr != "127.0.0.1:0" || c.HeartbeatInterval != 500*time.Millisecond || c.HeartbeatTimeout != 3*time.Second ||
-		c.PartitionBytes != 65536 || c.NodeHost != "198.18.0.2" || c.NodePort != 7000 || c.Verbose != 2 || c.LB || c.LBProbeEvery != 7 ||
+		c.PartitionBytes != 65536 || c.NodeHost != "198.18.0.2" || c.NodePort != 7000 || c.Verbose != 2 || c.LB || c.LBProbeEvery != 7 || c.LBAhead != 0 ||
 		c.TraceFile != "/tmp/{role}{rank}.json" || c.TraceIters != (trace.Window{First: 10, Last: 20}) ||
 		c.WorkerLoss != WorkerLossContinue || !c.Retries() || !c.Grants() || !c.Survives(node.WorkerID(3)) || c.Survives(node.ServerID(0)) {
 		t.Fatalf("unexpected %+v", c)

@@ -43,9 +43,16 @@ type Config struct {
 	// every node starts with on its own, is Even(0, 0, Servers).
 	Servers, Workers []node.ID
 	// Lookahead is how many iterations past the last one done workers may
-	// push (default 2). A decision takes effect after every iteration
-	// already granted, so it also sets how late decisions land.
+	// push at least (default 2). A decision takes effect after every
+	// iteration already granted, so it also sets how late decisions land.
 	Lookahead uint64
+	// AheadFor stretches the lookahead of short iterations: the horizon
+	// covers at least AheadFor at the pace of the latest iterations (up to
+	// maxTimedLookahead of them; default 20 ms). A grant is a round trip
+	// through the scheduler: two iterations of a millisecond ahead, a
+	// worker would wait for it every step, while decisions would land no
+	// later than AheadFor. Negative: Lookahead only.
+	AheadFor time.Duration
 	// Warmup is how many iterations finish on the initial decision before
 	// the first probe (default 2).
 	Warmup uint64
@@ -88,6 +95,9 @@ const (
 	defaultDriftIterations = 3
 	defaultRetryAfter      = 10
 	defaultJoinSettle      = 500 * time.Millisecond
+	defaultAheadFor        = 20 * time.Millisecond
+	// maxTimedLookahead bounds the lookahead AheadFor asks for.
+	maxTimedLookahead = 64
 	// Sanity bounds: beyond these a setting is a mistake, not a choice.
 	maxLookahead       = 1 << 16
 	maxProbeIterations = 1 << 16
@@ -135,6 +145,8 @@ type Balancer struct {
 
 	lastStep time.Time // now at the latest step
 	stepped  bool
+	// ahead is the lookahead of the latest grant (see Config.AheadFor).
+	ahead uint64
 
 	probeAt  uint64 // Default: the step that starts the next probe
 	probeWhy string
@@ -168,6 +180,7 @@ func NewBalancer(cfg Config) (*Balancer, error) {
 		all:      slices.Concat(cfg.Servers, cfg.Workers),
 		seen:     make(map[node.ID]uint64, len(cfg.Servers)+len(cfg.Workers)),
 		horizon:  cfg.Lookahead,
+		ahead:    cfg.Lookahead,
 		current:  Even(0, 0, cfg.Servers),
 		probeAt:  cfg.Warmup,
 		probeWhy: fmt.Sprintf("warm-up done (%d iterations on the even split)", cfg.Warmup),
@@ -219,6 +232,9 @@ func (c *Config) fill() error {
 	def(&c.RetryAfter, defaultRetryAfter)
 	if c.JoinSettle == 0 {
 		c.JoinSettle = defaultJoinSettle
+	}
+	if c.AheadFor == 0 {
+		c.AheadFor = defaultAheadFor
 	}
 	if c.Tolerance == 0 {
 		c.Tolerance = DefaultTolerance
@@ -328,6 +344,22 @@ func (b *Balancer) Observe(s Sample, now time.Time) []Directive {
 	return out
 }
 
+// lookahead is how many iterations past the last one done to grant, for
+// iterations that take wall each (0: unknown, the latest lookahead holds).
+func (b *Balancer) lookahead(wall time.Duration) uint64 {
+	if wall <= 0 {
+		return b.ahead
+	}
+	if b.cfg.AheadFor <= 0 || b.cfg.Lookahead >= maxTimedLookahead {
+		return b.cfg.Lookahead
+	}
+	n := uint64(b.cfg.AheadFor / wall)
+	if b.cfg.AheadFor%wall != 0 {
+		n++
+	}
+	return min(max(n, b.cfg.Lookahead), maxTimedLookahead)
+}
+
 // usableRate reports whether r can be a measured rate.
 func usableRate(r float64) bool { return r >= 0 && r <= MaxCapacity } // false for NaN
 
@@ -335,8 +367,9 @@ func usableRate(r float64) bool { return r >= 0 && r <= MaxCapacity } // false f
 // and returns the directive for it.
 func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
 	prev := b.horizon
+	b.ahead = b.lookahead(wall)
 	if !b.held {
-		b.horizon = max(prev, i+1+b.cfg.Lookahead)
+		b.horizon = max(prev, i+1+b.ahead)
 	}
 	var d Directive
 	switch b.state {
@@ -627,7 +660,7 @@ func (b *Balancer) balanced(i, prev uint64, wall time.Duration) Directive {
 	if b.cfg.ProbeEvery > 0 && i-b.enteredAt >= b.cfg.ProbeEvery {
 		return b.startProbe(i, prev, fmt.Sprintf("periodic, every %d iterations", b.cfg.ProbeEvery), false)
 	}
-	if i-b.lastDecisionAt < b.cfg.Lookahead+2 {
+	if i-b.lastDecisionAt < b.ahead+2 {
 		return Directive{} // let the latest decision land and be measured
 	}
 	in := b.input()

@@ -623,7 +623,7 @@ func TestNewBalancer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Config{Servers: servers, Workers: workers, Lookahead: 2, Warmup: 2, ProbeIterations: 2, Tolerance: DefaultTolerance, DriftFactor: 1.5, DriftIterations: 3, RetryAfter: 10, JoinSettle: 500 * time.Millisecond}
+	want := Config{Servers: servers, Workers: workers, Lookahead: 2, Warmup: 2, ProbeIterations: 2, Tolerance: DefaultTolerance, DriftFactor: 1.5, DriftIterations: 3, RetryAfter: 10, JoinSettle: 500 * time.Millisecond, AheadFor: 20 * time.Millisecond}
 	if !reflect.DeepEqual(b.cfg, want) {
 		t.Fatalf("defaults %+v", b.cfg)
 	}
@@ -808,5 +808,50 @@ func TestBalancerMeasured(t *testing.T) {
 	bound, err := b.Bound()
 	if err != nil || bound <= 0 {
 		t.Errorf("bound %v, %v; want a positive time", bound, err)
+	}
+}
+
+// Short iterations are granted further ahead, so that the grant's round
+// trip through the scheduler is not waited for every step: the horizon
+// covers AheadFor at the latest iterations' pace, within Lookahead and
+// maxTimedLookahead.
+func TestBalancerAheadFor(t *testing.T) {
+	tests := []struct {
+		name     string
+		aheadFor time.Duration
+		step     time.Duration // between the iterations' completions
+		want     uint64        // lookahead of the last grant
+	}{
+		{"long iterations keep Lookahead", 0, 100 * time.Millisecond, 2},
+		{"20 ms iterations keep Lookahead", 0, 20 * time.Millisecond, 2},
+		{"5 ms iterations: 4 ahead", 0, 5 * time.Millisecond, 4},
+		{"3 ms iterations: 7 ahead (rounded up)", 0, 3 * time.Millisecond, 7},
+		{"1 ms iterations: 20 ahead", 0, time.Millisecond, 20},
+		{"10 µs iterations: capped", 0, 10 * time.Microsecond, maxTimedLookahead},
+		{"AheadFor off", -1, time.Millisecond, 2},
+		{"AheadFor 100 ms", 100 * time.Millisecond, 10 * time.Millisecond, 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			servers, workers := ids(2, 2)
+			b, err := NewBalancer(Config{Servers: servers, Workers: workers, Fixed: true, AheadFor: tt.aheadFor})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.Start()
+			now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+			var last Directive
+			for it := range uint64(5) {
+				now = now.Add(tt.step)
+				for _, id := range append(slices.Clone(servers), workers...) {
+					for _, d := range b.Observe(Sample{Node: id, Iteration: it}, now) {
+						last = d
+					}
+				}
+			}
+			if got := last.Horizon - 5; got != tt.want {
+				t.Errorf("horizon %d after 5 iterations done: %d ahead, want %d", last.Horizon, got, tt.want)
+			}
+		})
 	}
 }

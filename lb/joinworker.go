@@ -99,7 +99,7 @@ func (b *Balancer) Release() Directive {
 // further step comes: grant them now.
 func (b *Balancer) release() {
 	b.held, b.holdWhy = false, ""
-	b.horizon = max(b.horizon, b.next+b.cfg.Lookahead)
+	b.horizon = max(b.horizon, b.next+b.ahead)
 }
 
 // JoinsAhead returns the workers that joined and whose first iteration

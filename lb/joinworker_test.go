@@ -171,7 +171,8 @@ func TestBalancerJoinWorker(t *testing.T) {
 func TestBalancerJoinWorkerProgress(t *testing.T) {
 	servers, workers := ids(1, 3)
 	w0, w1, w2, joiner := workers[0], workers[1], workers[2], node.WorkerID(3)
-	b, err := NewBalancer(Config{Servers: servers, Workers: workers, Fixed: true})
+	// AheadFor off: the grants below count on the lookahead of 2.
+	b, err := NewBalancer(Config{Servers: servers, Workers: workers, Fixed: true, AheadFor: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,10 @@ import (
 // decisions are lb.Balancer's; the scheduler only carries its samples in
 // and its directives out, and logs every decision with its reason.
 func (c *core) startLB() error {
-	cfg := lb.Config{ProbeEvery: c.cfg.LBProbeEvery, Fixed: !c.cfg.LB}
+	cfg := lb.Config{ProbeEvery: c.cfg.LBProbeEvery, Fixed: !c.cfg.LB, AheadFor: c.cfg.LBAhead}
+	if cfg.AheadFor == 0 {
+		cfg.AheadFor = -1 // Lookahead only
+	}
 	for _, info := range c.table {
 		switch info.Role {
 		case node.Server:

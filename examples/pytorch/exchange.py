@@ -1,0 +1,179 @@
+"""One data-parallel step's gradient exchange, fpt against gloo: W workers
+on this machine each hold a step's gradients of a given size, cut into
+DDP's 25 MB buckets, and exchange them (fpt: fptrun with W servers,
+FPTPush and FPTPull of every bucket, then a wait; gloo: an asynchronous
+torch.distributed.all_reduce per bucket, then a wait). Every value a worker
+gets back is checked exactly. For each size and worker count, one run of
+each system, alternated, prints the median and 90th percentile of a step's
+exchange time on worker 0:
+
+    python examples/pytorch/exchange.py [--sizes 4K,1M,25M,100M] [--workers 2,4] [--steps 30] [--json]
+"""
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from compare import REPO, free_port  # noqa: E402
+
+BUCKET = 25 * 10**6  # DDP's default bucket_cap_mb
+
+
+def parse_size(s):
+    """'4K', '1M', '25M', '100M' or a byte count: bytes, a multiple of 4."""
+    units = {"K": 1 << 10, "M": 10**6, "G": 10**9}
+    s = s.strip().upper()
+    n = int(float(s[:-1]) * units[s[-1]]) if s and s[-1] in units else int(s)
+    if n <= 0:
+        raise argparse.ArgumentTypeError("size %r is not positive" % s)
+    return n - n % 4 or 4
+
+
+def buckets(nbytes):
+    """The float32 element counts of a step's buckets."""
+    elems, out = nbytes // 4, []
+    while elems > 0:
+        out.append(min(elems, BUCKET // 4))
+        elems -= out[-1]
+    return out
+
+
+def check(bufs, workers, step):
+    """Every worker pushed rank+1+step: the sum is exact in float32."""
+    want = workers * (workers + 1) // 2 + workers * step
+    for b in bufs:
+        if not bool((b == want).all()):
+            bad = (b != want).nonzero()[0].item()
+            sys.exit("exchange.py: step %d: element %d is %r, want %d" % (step, bad, b[bad].item(), want))
+
+
+def worker(a):
+    torch.set_num_threads(1)
+    sizes = buckets(a.bytes)
+    grads = [torch.empty(n) for n in sizes]
+    sums = [torch.empty(n) for n in sizes]
+    times = []
+    if a.system == "fpt":
+        import fpt
+
+        fpt.start()
+        rank, workers = fpt.rank(), fpt.num_workers()
+        keys = list(range(len(sizes)))
+        for k, n in zip(keys, sizes):
+            fpt.declare(k, 4 * n, fpt.FLOAT32, priority=-k)
+        for k, g in zip(keys, grads):
+            g.zero_()
+            fpt.init(k, g)
+        for step in range(a.warmup + a.steps):
+            for g in grads:
+                g.fill_(rank + 1 + step)
+            t = time.perf_counter()
+            reqs = [fpt.push(k, g, priority=-k) for k, g in zip(keys, grads)]
+            reqs += [fpt.pull(k, s) for k, s in zip(keys, sums)]
+            fpt.wait_all(reqs)
+            if step >= a.warmup:
+                times.append(time.perf_counter() - t)
+            check(sums, workers, step)
+    else:
+        import torch.distributed as dist
+
+        rank, workers = a.rank, a.workers
+        dist.init_process_group("gloo", init_method="tcp://" + a.master, rank=rank, world_size=workers)
+        for step in range(a.warmup + a.steps):
+            for g in grads:
+                g.fill_(rank + 1 + step)
+            t = time.perf_counter()
+            for w in [dist.all_reduce(g, async_op=True) for g in grads]:
+                w.wait()
+            if step >= a.warmup:
+                times.append(time.perf_counter() - t)
+            check(grads, workers, step)
+    if rank == 0:
+        print("RESULT %s %s" % (a.system, ",".join("%.4f" % (1e3 * t) for t in times)), flush=True)
+    if a.system == "fpt":
+        fpt.finalize()
+    else:
+        dist.destroy_process_group()
+
+
+RESULT = re.compile(r"RESULT (\w+) ([0-9.,]+)")
+
+
+def run(me, system, workers, flags):
+    """One run of system with workers workers: worker 0's times in ms."""
+    if system == "gloo":
+        master = "127.0.0.1:%d" % free_port()
+        procs = [subprocess.Popen([sys.executable, me, "--system", "gloo", "--rank", str(r), "--workers",
+                                   str(workers), "--master", master] + flags,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r in range(workers)]
+        out = "".join(pr.communicate()[0] for pr in procs)
+        failed = any(pr.returncode for pr in procs)
+    else:
+        env = dict(os.environ, FPT_PYTHON=sys.executable, PS_VERBOSE=os.environ.get("PS_VERBOSE", "0"))
+        r = subprocess.run([os.path.join(REPO, "scripts", "fptrun"), "-np", str(workers), "--servers", str(workers),
+                            "python", me, "--system", "fpt", "--workers", str(workers)] + flags,
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        out, failed = r.stdout, r.returncode != 0
+    m = RESULT.search(out)
+    if failed or m is None or m.group(1) != system:
+        sys.exit("exchange.py: the %s run with %d workers failed:\n%s" % (system, workers, out[-4000:]))
+    return [float(t) for t in m.group(2).split(",")]
+
+
+def p90(xs):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.9 * len(xs)))]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="4K,1M,25M,100M", help="a step's gradient bytes, comma-separated")
+    p.add_argument("--workers", default="2,4", help="worker counts, comma-separated")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--json", action="store_true", help="one JSON object per row instead of a table")
+    p.add_argument("--system", choices=["fpt", "gloo"], help=argparse.SUPPRESS)
+    p.add_argument("--bytes", type=parse_size, help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--master", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.system:
+        a.workers = int(a.workers)
+        return worker(a)
+    me = os.path.abspath(__file__)
+    sizes = [parse_size(s) for s in a.sizes.split(",")]
+    counts = [int(w) for w in a.workers.split(",")]
+    if not a.json:
+        print("worker 0's exchange of one step (ms), %d steps after %d warm-up, one run each, alternated"
+              % (a.steps, a.warmup))
+        print("%8s %12s %11s %9s %11s %9s %10s" % ("workers", "bytes", "fpt median", "fpt p90", "gloo median",
+                                                   "gloo p90", "fpt/gloo"))
+    for workers in counts:
+        for nbytes in sizes:
+            flags = ["--bytes", str(nbytes), "--steps", str(a.steps), "--warmup", str(a.warmup)]
+            gloo = run(me, "gloo", workers, flags)
+            fpt = run(me, "fpt", workers, flags)
+            row = {"workers": workers, "bytes": nbytes,
+                   "fpt_median_ms": round(statistics.median(fpt), 3), "fpt_p90_ms": round(p90(fpt), 3),
+                   "gloo_median_ms": round(statistics.median(gloo), 3), "gloo_p90_ms": round(p90(gloo), 3)}
+            row["fpt_over_gloo"] = round(row["fpt_median_ms"] / row["gloo_median_ms"], 3)
+            if a.json:
+                print(json.dumps(row), flush=True)
+            else:
+                print("%8d %12d %11.2f %9.2f %11.2f %9.2f %10.2f" % (
+                    workers, nbytes, row["fpt_median_ms"], row["fpt_p90_ms"], row["gloo_median_ms"],
+                    row["gloo_p90_ms"], row["fpt_over_gloo"]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
