@@ -4,6 +4,7 @@ import (
 	"archive/zip"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -343,6 +344,38 @@ func TestPythonTrainingMatchesSingleProcess(t *testing.T) {
 		t.Errorf("after %d steps the workers' parameters differ from the single process's by up to %.3g, more than 1e-5 of the largest (%.3g)",
 			steps, worst, scale)
 	}
+}
+
+// examples/pytorch/exchange.py runs fpt and gloo on the same exchange and
+// prints one JSON row per size, every value checked by the workers (a
+// wrong sum exits non-zero).
+func TestPythonExchangeAgainstGloo(t *testing.T) {
+	py := needPython(t)
+	cmd := exec.Command(py.python, "../examples/pytorch/exchange.py", "--sizes", "4K,100K", "--workers", "2",
+		"--steps", "5", "--warmup", "1", "--json")
+	cmd.Env = append(os.Environ(), py.env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("exchange.py: %v\n%s", err, tail(string(out)))
+	}
+	var rows []map[string]float64
+	for line := range strings.Lines(string(out)) {
+		var row map[string]float64
+		if json.Unmarshal([]byte(line), &row) == nil {
+			rows = append(rows, row)
+		}
+	}
+	if len(rows) != 2 || rows[0]["bytes"] != 4096 || rows[1]["bytes"] != 102400 {
+		t.Fatalf("exchange.py printed %d rows %v, want 4096 and 102400 bytes:\n%s", len(rows), rows, out)
+	}
+	for _, r := range rows {
+		for _, f := range []string{"workers", "fpt_median_ms", "fpt_p90_ms", "gloo_median_ms", "gloo_p90_ms", "fpt_over_gloo"} {
+			if !(r[f] > 0) {
+				t.Errorf("row %v: %s is not positive", r, f)
+			}
+		}
+	}
+	t.Logf("%s", out)
 }
 
 func mean(xs []float64) float64 {
