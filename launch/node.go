@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -67,6 +66,9 @@ type Deps struct {
 	// Planes are the node's transports; zero: the real ones,
 	// cluster.Network(cfg, metrics). In-process clusters pass in-memory ones.
 	Planes cluster.Planes
+	// Lookup resolves the host names the node waits for before it starts
+	// (the scheduler's); nil: the system's resolver.
+	Lookup cluster.Lookup
 }
 
 // Start starts the node cfg.Role names and returns once it runs: a server
@@ -80,14 +82,16 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	// FPT_START_TIMEOUT bounds the whole start: waiting for the names to
+	// resolve, then for the cluster.
+	ctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
+	defer cancel()
 	planes := deps.Planes
 	real := planes.Control == nil || planes.Data == nil
-	if real && cfg.Role == node.Scheduler {
-		if err := checkOwnAddress(cfg.RootURI); err != nil {
+	if real {
+		if err := awaitNames(ctx, cfg, log, deps.Lookup); err != nil {
 			return nil, fmt.Errorf("launch: %w", err)
 		}
-	}
-	if real {
 		// Protected mode: refuse at once a job across machines without a
 		// secret, and say once how the node is exposed.
 		_, warning, err := cluster.ListenHost(cfg)
@@ -240,19 +244,21 @@ func (n *Node) startScheduler(ctx context.Context, planes cluster.Planes, decisi
 	}()
 }
 
-// checkOwnAddress refuses a scheduler whose DMLC_PS_ROOT_URI does not
-// resolve: it could not bind the name, and every other node would look for
-// it in vain until FPT_START_TIMEOUT. (Servers and workers wait for the
-// scheduler's name to resolve instead: it may not exist yet.)
-func checkOwnAddress(host string) error {
-	if net.ParseIP(host) != nil {
+// awaitNames waits until the names the node needs resolve: the
+// scheduler's DMLC_PS_ROOT_URI (the scheduler's own, which it binds) and
+// a server's or worker's DMLC_NODE_HOST. Under a cluster engine a node
+// often starts before its peers' names, or its own, exist (a Kubernetes
+// pod's headless-service name resolves once the pod runs), so a name that
+// does not resolve yet is waited for, up to FPT_START_TIMEOUT, rather than
+// refused.
+func awaitNames(ctx context.Context, cfg config.Config, log *slog.Logger, lookup cluster.Lookup) error {
+	if err := cluster.AwaitResolve(ctx, "DMLC_PS_ROOT_URI", cfg.RootURI, cfg.StartTimeout, log, lookup); err != nil {
+		return err
+	}
+	if cfg.Role == node.Scheduler {
 		return nil
 	}
-	if _, err := net.LookupIP(host); err != nil {
-		return &config.VarError{Var: "DMLC_PS_ROOT_URI", Value: host,
-			Reason: fmt.Sprintf("the scheduler cannot resolve its own address: %v", err)}
-	}
-	return nil
+	return cluster.AwaitResolve(ctx, "DMLC_NODE_HOST", cfg.NodeHost, cfg.StartTimeout, log, lookup)
 }
 
 // bindError names DMLC_PS_ROOT_PORT in the scheduler's failure to listen,
