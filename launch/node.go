@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,6 +47,11 @@ type Node struct {
 	schedMetrics *metrics.Scheduler
 	status       *statusweb.Server
 	tracer       *trace.Recorder // nil without FPT_TRACE_FILE
+	// board is the scheduler's status (its phase is its readiness).
+	board *status.Board
+	// started is set once Start succeeded; Ready reads it from the
+	// metrics server's goroutines.
+	started atomic.Bool
 
 	// The scheduler's run: stop ends it, schedDone is closed when it
 	// returned schedErr.
@@ -88,29 +94,31 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 	defer cancel()
 	planes := deps.Planes
 	real := planes.Control == nil || planes.Data == nil
-	if real {
-		if err := awaitNames(ctx, cfg, log, deps.Lookup); err != nil {
-			return nil, fmt.Errorf("launch: %w", err)
-		}
-		// Protected mode: refuse at once a job across machines without a
-		// secret, and say once how the node is exposed.
-		_, warning, err := cluster.ListenHost(cfg)
-		if err != nil {
-			return nil, fmt.Errorf("launch: %w", err)
-		}
-		if warning != "" {
-			log.Warn(warning)
-		}
-	}
 	n := &Node{cfg: cfg, log: log}
 	if err := checkTraceDir(cfg); err != nil {
 		return nil, err
 	}
+	// Metrics and probes first: /healthz answers while the node waits for
+	// its peers.
 	m, err := n.serveMetrics()
 	if err != nil {
 		return nil, err
 	}
 	if real {
+		if err := awaitNames(ctx, cfg, log, deps.Lookup); err != nil {
+			n.Close()
+			return nil, fmt.Errorf("launch: %w", err)
+		}
+		// Protected mode: refuse a job across machines without a secret,
+		// and say once how the node is exposed.
+		_, warning, err := cluster.ListenHost(cfg)
+		if err != nil {
+			n.Close()
+			return nil, fmt.Errorf("launch: %w", err)
+		}
+		if warning != "" {
+			log.Warn(warning)
+		}
 		planes = cluster.Network(cfg, m)
 	}
 	switch cfg.Role {
@@ -120,8 +128,10 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 			n.Close()
 			return nil, err
 		}
+		n.board = board
 		n.startScheduler(ctx, planes, deps.Decisions, func(reason string) { m.Rejected("control", reason) },
 			scheduler.Observers{Status: board, Metrics: n.schedMetrics})
+		n.started.Store(true)
 		return n, nil
 	case node.Server:
 		n.member = n.newMember(planes, m)
@@ -139,7 +149,32 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 		n.Close()
 		return nil, err
 	}
+	n.started.Store(true)
 	return n, nil
+}
+
+// Ready is nil when the node is a member of a running cluster: a server or
+// worker whose Start returned, the scheduler once every node registered;
+// else why not (starting, failed, the cluster terminated). It is what
+// /readyz on the metrics port answers.
+func (n *Node) Ready() error {
+	if !n.started.Load() {
+		return errors.New("starting: not a member of a running cluster yet")
+	}
+	select {
+	case <-n.Done():
+		if err := n.Err(); err != nil {
+			return fmt.Errorf("failed: %w", err)
+		}
+		return errors.New("the cluster has terminated")
+	default:
+	}
+	if n.board != nil {
+		if p := n.board.Latest().Phase; p != "running" {
+			return fmt.Errorf("the cluster is %s", p)
+		}
+	}
+	return nil
 }
 
 // newMember makes a server's or worker's membership, with its metrics and,
@@ -201,18 +236,19 @@ func (n *Node) serveMetrics() (*metrics.Node, error) {
 			return nil, fmt.Errorf("launch: %w", err)
 		}
 	}
-	if n.metrics, err = metrics.Serve(n.cfg.MetricsAddr, reg, n.log); err != nil {
+	if n.metrics, err = metrics.ServeProbed(n.cfg.MetricsAddr, reg, n.Ready, n.log); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
 // serveStatus serves the scheduler's status page, when asked to, and
-// returns the board the scheduler publishes to (nil: none). Without a
+// returns the board the scheduler publishes to. Without a
 // secret or FPT_INSECURE it binds loopback only, as the nodes do.
 func (n *Node) serveStatus() (*status.Board, error) {
 	if n.cfg.StatusAddr == "" {
-		return nil, nil
+		// The board still tells /readyz when the cluster runs.
+		return new(status.Board), nil
 	}
 	addr, err := statusweb.ListenAddr(n.cfg.StatusAddr, n.cfg.Secret == "" && !n.cfg.Insecure)
 	if err != nil {
