@@ -18,6 +18,7 @@ import (
 	"github.com/fptps/fpt/bench"
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/launch"
+	"github.com/fptps/fpt/launch/engine"
 	"github.com/fptps/fpt/netem"
 	"github.com/fptps/fpt/trace"
 )
@@ -75,7 +76,7 @@ func printUsage(w io.Writer) {
 
 // run is "fpt run PROG ARGS": under a cluster engine (Slurm, mpirun,
 // Kubernetes) the task first takes its role and rank from the engine's
-// variables (launch.EnginePlan); then a worker becomes PROG (exec, so that
+// variables (package launch/engine); then a worker becomes PROG (exec, so that
 // the launcher sees PROG's exit status and signals reach it), the
 // scheduler and servers run their node, and the task the engine's mapping
 // gives the scheduler as well runs it as a child process.
@@ -97,7 +98,7 @@ func run(args []string) int {
 		fmt.Fprint(os.Stderr, "fpt run: no program: fpt run [--dry-run] [--] PROG [ARGS...]\n")
 		return launch.ExitUsage
 	}
-	plan, err := launch.EnginePlan(os.LookupEnv)
+	plan, err := engine.Detect(os.LookupEnv)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "fpt run: %s: %v\n", plan.Engine, err)
 		return launch.ExitUsage
@@ -127,7 +128,7 @@ func run(args []string) int {
 }
 
 // printPlan writes what the engine's mapping set, one line each.
-func printPlan(w io.Writer, plan launch.Plan) {
+func printPlan(w io.Writer, plan engine.Plan) {
 	if plan.Engine == "" {
 		fmt.Fprintln(w, "fpt run: no cluster engine found (Slurm, Open MPI, Kubernetes): the DMLC_* variables say the role")
 		return

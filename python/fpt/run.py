@@ -104,7 +104,7 @@ def find_fpt(env=os.environ):
 
 
 # A task of a cluster engine's job has one of these set (fpt run's
-# mapping, launch.EnginePlan, reads the rest).
+# mapping, launch/engine.Detect, reads the rest).
 ENGINE_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "JOB_COMPLETION_INDEX")
 
 

@@ -1,4 +1,10 @@
-package launch
+// Package engine maps a cluster engine's tasks (Slurm, Open MPI's mpirun,
+// Kubernetes' Indexed Jobs and JobSets) to fpt's nodes: from the
+// variables the engine gives each task, the DMLC_* environment "fpt run"
+// starts the task's node with. It is pure: Detect reads an environment
+// and returns variables, without I/O, so that the mapping is tested as a
+// table and a manifest's pods can be checked against it.
+package engine
 
 import (
 	"fmt"
@@ -11,7 +17,7 @@ import (
 
 // A cluster engine (Slurm, Open MPI's mpirun, a Kubernetes Job or JobSet)
 // starts the same command once per task and tells each task its index;
-// EnginePlan turns that into the node's DMLC_* environment, with one
+// Detect turns that into the node's DMLC_* environment, with one
 // mapping for every engine:
 //
 //   - Slurm and Open MPI, with K tasks on each of N hosts (K ≥ 2, the same
@@ -38,7 +44,7 @@ import (
 // RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE as torchrun sets them
 // (among the workers, not the tasks: LOCAL_RANK picks a host's GPU).
 
-// Plan is what EnginePlan makes of a task's environment.
+// Plan is what Detect makes of a task's environment.
 type Plan struct {
 	// Engine is the engine found: "slurm", "openmpi", "jobset" or
 	// "indexed-job"; "" when none (Env is then empty).
@@ -74,11 +80,11 @@ type task struct {
 	withScheduler bool
 }
 
-// EnginePlan reads the task's environment through lookup and returns its
+// Detect reads the task's environment through lookup and returns its
 // plan: the engine found and the DMLC_* (and, for a worker, torchrun's)
 // variables it sets. An engine's variable that makes no sense is a
 // *config.VarError naming it.
-func EnginePlan(lookup func(string) (string, bool)) (Plan, error) {
+func Detect(lookup func(string) (string, bool)) (Plan, error) {
 	get := func(name string) string {
 		v, _ := lookup(name)
 		return strings.TrimSpace(v)

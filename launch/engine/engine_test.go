@@ -1,4 +1,4 @@
-package launch
+package engine
 
 import (
 	"errors"
@@ -45,8 +45,8 @@ func TestExpandHostlist(t *testing.T) {
 	}
 }
 
-// The engines' tasks become nodes by one mapping (EnginePlan's doc).
-func TestEnginePlan(t *testing.T) {
+// The engines' tasks become nodes by one mapping (Detect's doc).
+func TestDetect(t *testing.T) {
 	slurm := func(procID, localID, nodeID string, extra ...string) []string {
 		return append([]string{"SLURM_PROCID=" + procID, "SLURM_NTASKS=6", "SLURM_LOCALID=" + localID, "SLURM_NODEID=" + nodeID,
 			"SLURM_JOB_NODELIST=gpu[07-08]", "SLURM_JOB_ID=4242", "SLURM_STEP_ID=0"}, extra...)
@@ -133,7 +133,7 @@ func TestEnginePlan(t *testing.T) {
 				k, v, _ := strings.Cut(kv, "=")
 				env[k] = v
 			}
-			p, err := EnginePlan(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+			p, err := Detect(func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 			if p.Engine != tt.engine {
 				t.Errorf("engine %q, want %q", p.Engine, tt.engine)
 			}
