@@ -68,3 +68,5 @@ if ! command -v go >/dev/null 2>&1; then
 fi
 command -v go >/dev/null 2>&1 || { echo "setup: no Go toolchain on PATH (Go 1.26 or later)" >&2; exit 1; }
 go mod download
+# The Kubernetes manifests' test is a module of its own (deploy/kubernetes).
+(cd deploy/kubernetes && go mod download)

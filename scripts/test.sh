@@ -30,5 +30,7 @@ echo "== go vet"
 go vet ./...
 echo "== go test -race (all packages)"
 go test -race -count=1 -timeout 20m ./...
+echo "== go vet and go test, the Kubernetes manifests (a module of their own: k8s.io/api stays out of fpt's)"
+(cd deploy/kubernetes && go vet ./... && go test -count=1 ./...)
 echo "== go test, tensors over 2 GiB (too large for the race detector)"
 go test -count=1 -timeout 20m -run 'Over2GiB' ./van/ ./tests/
