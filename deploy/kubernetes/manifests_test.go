@@ -264,6 +264,7 @@ func check(t *testing.T, m manifest) {
 			env[k] = v
 		}
 		checkSecret(t, p, c, env["FPT_CLUSTER_SECRET_FILE"])
+		checkUser(t, p)
 		parsed := map[string]string{}
 		for k, v := range env {
 			parsed[k] = v
@@ -359,6 +360,22 @@ func checkSecret(t *testing.T, p pod, c corev1.Container, file string) {
 		}
 	}
 	t.Errorf("%s: FPT_CLUSTER_SECRET_FILE=%s is not in a volume mounted from a Secret", p.name, file)
+}
+
+// checkUser checks the pod runs as a user other than root that can read
+// the Secret's files: through its group (fsGroup), since Kubernetes makes
+// them root's.
+func checkUser(t *testing.T, p pod) {
+	sc := p.spec.SecurityContext
+	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.FSGroup == nil {
+		t.Errorf("%s: not run as a user other than root with an fsGroup", p.name)
+		return
+	}
+	for _, v := range p.spec.Volumes {
+		if v.Secret != nil && (v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o040 == 0) {
+			t.Errorf("%s: the Secret's files are not readable by the pod's group", p.name)
+		}
+	}
 }
 
 // checkProbes checks the liveness and readiness probes ask the node's
