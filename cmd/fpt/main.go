@@ -23,6 +23,11 @@ import (
 	"github.com/fptps/fpt/trace"
 )
 
+// version is fpt's, the Python package's too (python/fpt/_version.py;
+// a test checks they agree). A release build may set it with -ldflags
+// "-X main.version=V".
+var version = "0.1.0"
+
 const usage = `usage:
   fpt                     run the node DMLC_ROLE names (scheduler or server)
   fpt run [--dry-run] [--] PROG [ARGS...]
@@ -40,6 +45,7 @@ const usage = `usage:
   fpt trace merge OUT IN...
                           merge the nodes' FPT_TRACE_FILE timelines into one (fpt trace -h)
   fpt -h | --help | help  this help
+  fpt --version           fpt's version
 
 Exit status: 0 done, 1 failed, 2 bad usage or configuration, 3 internal error.
 
@@ -58,6 +64,9 @@ func main() {
 			os.Exit(run(os.Args[2:]))
 		case "-h", "-help", "--help", "help":
 			printUsage(os.Stdout)
+			return
+		case "--version", "version":
+			fmt.Printf("fpt %s\n", version)
 			return
 		default:
 			fmt.Fprintf(os.Stderr, "fpt: unknown command %q (fpt -h lists them)\n", os.Args[1])

@@ -60,12 +60,8 @@ SERVE_AFTER_WORKERS = 60
 
 
 def _repo():
-    try:
-        from . import _buildinfo
-
-        return _buildinfo.REPO
-    except ImportError:
-        return os.path.normpath(os.path.join(HERE, "..", ".."))
+    """The source tree this file is in (python/fpt/run.py)."""
+    return os.path.normpath(os.path.join(HERE, "..", ".."))
 
 
 def _imports_torch(python):
@@ -90,10 +86,13 @@ def find_python(env=os.environ):
 
 
 def find_fpt(env=os.environ):
-    """bin/fpt (scheduler and servers): FPT_BIN, the repository's bin/fpt,
-    or fpt on PATH."""
+    """bin/fpt (scheduler and servers): FPT_BIN, the one the wheel carries,
+    the source tree's bin/fpt, or fpt on PATH."""
     if env.get("FPT_BIN"):
         return env["FPT_BIN"]
+    packaged = os.path.join(HERE, "_native", "fpt")
+    if os.path.exists(packaged):
+        return packaged
     built = os.path.join(_repo(), "bin", "fpt")
     if os.path.exists(built):
         return built
@@ -158,9 +157,9 @@ _ENV_HELP = """environment read:
                         or python3 (default: the first python3 on PATH, then
                         /usr/bin/python3, that imports torch)
   FPT_BIN               the bin/fpt that runs the scheduler and servers
-                        (default: the repository's)
+                        (default: the wheel's, else the source tree's)
   FPT_LIB               the libfpt.so the workers' fpt package loads (default:
-                        the repository's build/lib)
+                        the wheel's, else the source tree's build/lib)
   FPT_CLUSTER_SECRET, FPT_CLUSTER_SECRET_FILE
                         the job's secret (default: a new one per job)
   every other DMLC_*, PS_* and FPT_* variable reaches every node unchanged:
