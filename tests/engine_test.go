@@ -81,15 +81,22 @@ func TestEngineSlurmMapping(t *testing.T) {
 }
 
 // Under Open MPI (one host, 3 ranks): a server with the scheduler, and 2
-// workers.
+// workers; the 4 processes on the host serve their metrics on ports apart
+// from the one FPT_METRICS_ADDR gives.
 func TestEngineOpenMPIMapping(t *testing.T) {
 	jobID := strconv.Itoa(int(time.Now().UnixNano()%1e6) + 1)
+	port, err := localcluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
 	outs := engineJob(t, 3, func(i int) []string {
 		return []string{"OMPI_COMM_WORLD_RANK=" + strconv.Itoa(i), "OMPI_COMM_WORLD_SIZE=3",
-			"OMPI_COMM_WORLD_LOCAL_RANK=" + strconv.Itoa(i), "OMPI_COMM_WORLD_LOCAL_SIZE=3", "OMPI_MCA_ess_base_jobid=" + jobID}
+			"OMPI_COMM_WORLD_LOCAL_RANK=" + strconv.Itoa(i), "OMPI_COMM_WORLD_LOCAL_SIZE=3", "OMPI_MCA_ess_base_jobid=" + jobID,
+			fmt.Sprintf("FPT_METRICS_ADDR=127.0.0.1:%d", port)}
 	})
-	mustContain(t, "rank 0", outs[0], "fpt run: engine openmpi", "this task also runs the scheduler")
-	mustContain(t, "rank 2", outs[2], "RANK=1", "PASS")
+	mustContain(t, "rank 0", outs[0], "fpt run: engine openmpi",
+		fmt.Sprintf("this task also runs the scheduler FPT_METRICS_ADDR=127.0.0.1:%d", port+3))
+	mustContain(t, "rank 2", outs[2], "RANK=1", fmt.Sprintf("FPT_METRICS_ADDR=127.0.0.1:%d", port+2), "PASS")
 }
 
 // fptrun under Slurm runs each task's share as fpt run maps it (here 4

@@ -124,7 +124,7 @@ func run(args []string) int {
 		printPlan(os.Stderr, plan)
 	}
 	if strings.TrimSpace(os.Getenv("DMLC_ROLE")) != "worker" {
-		return runNode(plan.Scheduler)
+		return runNode(plan.Scheduler, plan.SchedulerEnv)
 	}
 	path, err := exec.LookPath(args[0])
 	if err != nil {
@@ -147,13 +147,13 @@ func printPlan(w io.Writer, plan engine.Plan) {
 		fmt.Fprintf(w, "fpt run: %s\n", kv)
 	}
 	if plan.Scheduler {
-		fmt.Fprintln(w, "fpt run: this task also runs the scheduler")
+		fmt.Fprintln(w, strings.TrimSpace("fpt run: this task also runs the scheduler "+strings.Join(plan.SchedulerEnv, " ")))
 	}
 }
 
 // runNode runs the node DMLC_ROLE names, with the scheduler beside it in
 // a child process when withScheduler; the task fails when either does.
-func runNode(withScheduler bool) int {
+func runNode(withScheduler bool, schedEnv []string) int {
 	if !withScheduler {
 		// DMLC_ROLE unset or wrong is Main's configuration error.
 		return launch.Main("fpt", os.LookupEnv, os.Stderr, nil)
@@ -164,7 +164,7 @@ func runNode(withScheduler bool) int {
 		return launch.ExitFailed
 	}
 	sched := exec.Command(self)
-	sched.Env = append(os.Environ(), "DMLC_ROLE=scheduler")
+	sched.Env = append(append(os.Environ(), schedEnv...), "DMLC_ROLE=scheduler")
 	sched.Stdout, sched.Stderr = os.Stdout, os.Stderr
 	// The scheduler goes with the task, whatever ends it.
 	sched.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

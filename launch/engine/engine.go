@@ -9,6 +9,7 @@ package engine
 import (
 	"fmt"
 	"hash/fnv"
+	"net"
 	"strconv"
 	"strings"
 
@@ -40,7 +41,10 @@ import (
 //     scheduler's address, its pod's name under the job's headless
 //     Service, is DMLC_PS_ROOT_URI (the manifest's).
 //
-// Every DMLC_* variable set wins over the mapping's. A worker also gets
+// Every DMLC_* variable set wins over the mapping's. Where a host runs
+// several of a job's processes, FPT_METRICS_ADDR's port (when not 0) is
+// the first of theirs: local task i serves at port+i, the scheduler beside
+// task 0 at port+K. A worker also gets
 // RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE as torchrun sets them
 // (among the workers, not the tasks: LOCAL_RANK picks a host's GPU).
 
@@ -53,8 +57,10 @@ type Plan struct {
 	// none of them already set.
 	Env []string
 	// Scheduler says this task also runs the scheduler (the job's first
-	// task under Slurm and Open MPI), besides its own role.
-	Scheduler bool
+	// task under Slurm and Open MPI), besides its own role; SchedulerEnv
+	// is what the scheduler's process sets on top of Env.
+	Scheduler    bool
+	SchedulerEnv []string
 }
 
 // Engine port range: the scheduler's control port is an even port in
@@ -75,6 +81,8 @@ type task struct {
 	workers       int
 	localWorker   int // a worker's rank among its host's workers
 	hostWorkers   int // workers on its host
+	local         int // its index among its host's tasks
+	hostTasks     int // tasks on its host
 	root          string
 	port          int
 	withScheduler bool
@@ -113,7 +121,29 @@ func Detect(lookup func(string) (string, bool)) (Plan, error) {
 	if err != nil {
 		return Plan{Engine: engine}, err
 	}
-	return Plan{Engine: engine, Env: t.env(get), Scheduler: t.withScheduler && get("DMLC_ROLE") == ""}, nil
+	p := Plan{Engine: engine, Env: t.env(get), Scheduler: t.withScheduler && get("DMLC_ROLE") == ""}
+	if addr, ok := t.metricsAddr(get("FPT_METRICS_ADDR"), t.local); ok {
+		p.Env = append(p.Env, "FPT_METRICS_ADDR="+addr)
+	}
+	if addr, ok := t.metricsAddr(get("FPT_METRICS_ADDR"), t.hostTasks); ok && p.Scheduler {
+		p.SchedulerEnv = []string{"FPT_METRICS_ADDR=" + addr}
+	}
+	return p, nil
+}
+
+// metricsAddr is the metrics address of the process at offset among its
+// host's: FPT_METRICS_ADDR's port plus offset, when the host runs several
+// processes (each needs a port of its own) and the port is fixed.
+func (t task) metricsAddr(addr string, offset int) (string, bool) {
+	if addr == "" || t.hostTasks < 2 || offset == 0 {
+		return "", false
+	}
+	host, port, err := net.SplitHostPort(addr)
+	n, perr := strconv.Atoi(port)
+	if err != nil || perr != nil || n == 0 || n+offset > 65535 {
+		return "", false // port 0, or a malformed one the node reports
+	}
+	return net.JoinHostPort(host, strconv.Itoa(n+offset)), true
 }
 
 // env is the task's variables, less those already set.
@@ -169,7 +199,7 @@ func hostTask(h, hosts, local, perHost int, sizeVar string) (task, error) {
 		return task{}, &config.VarError{Var: sizeVar, Value: strconv.Itoa(perHost * hosts),
 			Reason: fmt.Sprintf("%d task(s) on each of %d host(s): fpt runs a server and at least one worker on every host, so at least 2 per host", perHost, hosts)}
 	}
-	t := task{servers: hosts, workers: hosts * (perHost - 1), hostWorkers: perHost - 1}
+	t := task{servers: hosts, workers: hosts * (perHost - 1), hostWorkers: perHost - 1, local: local, hostTasks: perHost}
 	if local == 0 {
 		t.role, t.rank = "server", h
 		t.withScheduler = h == 0

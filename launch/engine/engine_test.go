@@ -89,6 +89,9 @@ func TestDetect(t *testing.T) {
 				"DMLC_WORKER_ID=2", "RANK=2", "WORLD_SIZE=4", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=2"}, false, ""},
 		{"slurm: DMLC_* set win", slurm("0", "0", "0", "DMLC_PS_ROOT_URI=10.0.0.1", "DMLC_PS_ROOT_PORT=9000"), "slurm",
 			[]string{"DMLC_ROLE=server", "DMLC_NUM_SERVER=2", "DMLC_NUM_WORKER=4", "DMLC_SERVER_ID=0"}, true, ""},
+		{"slurm: metrics ports apart on a host", slurm("4", "1", "1", "FPT_METRICS_ADDR=:9100"), "slurm",
+			[]string{"DMLC_ROLE=worker", "DMLC_NUM_SERVER=2", "DMLC_NUM_WORKER=4", "DMLC_PS_ROOT_URI=gpu07", slurmPort,
+				"DMLC_WORKER_ID=2", "RANK=2", "WORLD_SIZE=4", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=2", "FPT_METRICS_ADDR=:9101"}, false, ""},
 		{"slurm: a role set takes no rank and no scheduler", slurm("0", "0", "0", "DMLC_ROLE=worker"), "slurm",
 			[]string{"DMLC_NUM_SERVER=2", "DMLC_NUM_WORKER=4", "DMLC_PS_ROOT_URI=gpu07", slurmPort}, false, ""},
 		{"slurm: one task per host", []string{"SLURM_PROCID=0", "SLURM_NTASKS=2", "SLURM_JOB_NODELIST=n[1-2]"}, "slurm", nil, false, "SLURM_NTASKS"},
@@ -170,5 +173,29 @@ func TestJobPort(t *testing.T) {
 			t.Errorf("jobs %s and %s share port %d", id, other, p)
 		}
 		seen[p] = id
+	}
+}
+
+// The scheduler beside task 0 serves its metrics past the host's tasks';
+// task 0 keeps the port given; port 0 is left alone.
+func TestSchedulerMetricsPort(t *testing.T) {
+	env := map[string]string{"SLURM_PROCID": "0", "SLURM_NTASKS": "3", "SLURM_LOCALID": "0", "SLURM_JOB_NODELIST": "n1",
+		"FPT_METRICS_ADDR": "10.0.0.1:9100"}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	p, err := Detect(lookup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Scheduler || !slices.Equal(p.SchedulerEnv, []string{"FPT_METRICS_ADDR=10.0.0.1:9103"}) {
+		t.Errorf("scheduler %v, its env %v; want FPT_METRICS_ADDR=10.0.0.1:9103", p.Scheduler, p.SchedulerEnv)
+	}
+	for _, kv := range p.Env {
+		if strings.HasPrefix(kv, "FPT_METRICS_ADDR=") {
+			t.Errorf("task 0 moved its metrics: %s", kv)
+		}
+	}
+	env["FPT_METRICS_ADDR"] = ":0"
+	if p, _ := Detect(lookup); len(p.SchedulerEnv) != 0 {
+		t.Errorf("port 0 moved: %v", p.SchedulerEnv)
 	}
 }
