@@ -47,7 +47,8 @@ type Node struct {
 	schedMetrics *metrics.Scheduler
 	status       *statusweb.Server
 	tracer       *trace.Recorder // nil without FPT_TRACE_FILE
-	// board is the scheduler's status (its phase is its readiness).
+	// board is the scheduler's status (its phase is its readiness); nil
+	// without a status page or metrics.
 	board *status.Board
 	// started is set once Start succeeded; Ready reads it from the
 	// metrics server's goroutines.
@@ -243,12 +244,16 @@ func (n *Node) serveMetrics() (*metrics.Node, error) {
 }
 
 // serveStatus serves the scheduler's status page, when asked to, and
-// returns the board the scheduler publishes to. Without a
+// returns the board the scheduler publishes to (nil: neither the page nor
+// /readyz reads one). Without a
 // secret or FPT_INSECURE it binds loopback only, as the nodes do.
 func (n *Node) serveStatus() (*status.Board, error) {
 	if n.cfg.StatusAddr == "" {
-		// The board still tells /readyz when the cluster runs.
-		return new(status.Board), nil
+		if n.metrics != nil {
+			// The board still tells /readyz when the cluster runs.
+			return new(status.Board), nil
+		}
+		return nil, nil
 	}
 	addr, err := statusweb.ListenAddr(n.cfg.StatusAddr, n.cfg.Secret == "" && !n.cfg.Insecure)
 	if err != nil {
