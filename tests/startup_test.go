@@ -1,7 +1,9 @@
 package tests
 
 import (
+	"fmt"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -37,17 +39,33 @@ func TestStartBeforeScheduler(t *testing.T) {
 	mustContain(t, "worker0 stdout", c.proc("worker0").Stdout.String(), "PASS")
 }
 
-// A scheduler name that never resolves fails the node after
-// FPT_START_TIMEOUT with status 1 (a failure to start, which a restart
-// policy retries; 2 is for configuration errors), naming it; the
-// scheduler waits for its own name the same way.
-func TestStartUnresolvableName(t *testing.T) {
+// A scheduler that never comes fails the node after FPT_START_TIMEOUT
+// with status 1 (a failure to start, which a restart policy retries; 2 is
+// for configuration errors), naming the address: a name that never
+// resolves (the scheduler waits for its own the same way), or a port
+// that refuses every connection.
+func TestStartNoScheduler(t *testing.T) {
 	const host = "fpt-no-such-host.invalid"
-	for _, role := range []string{"server", "scheduler"} {
-		t.Run(role, func(t *testing.T) {
+	port, err := localcluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, role, root string
+		wants            []string
+	}{
+		{"server, name never resolves", "server", host,
+			[]string{"DMLC_PS_ROOT_URI=" + host, "does not resolve after 1.5s", "waiting for a name to resolve"}},
+		{"scheduler, own name never resolves", "scheduler", host,
+			[]string{"DMLC_PS_ROOT_URI=" + host, "does not resolve after 1.5s", "waiting for a name to resolve"}},
+		{"server, port refuses", "server", "127.0.0.1",
+			[]string{fmt.Sprintf("the scheduler at 127.0.0.1:%d never took a connection in 1.5s", port), "does not take connections yet"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
 			cmd := exec.Command(bin.fpt)
-			cmd.Env = []string{"DMLC_ROLE=" + role, "DMLC_PS_ROOT_URI=" + host, "DMLC_PS_ROOT_PORT=9", "DMLC_NUM_SERVER=1",
-				"DMLC_NUM_WORKER=1", "FPT_START_TIMEOUT=1.5", "FPT_CLUSTER_SECRET=0123456789abcdef0123456789abcdef"}
+			cmd.Env = []string{"DMLC_ROLE=" + tt.role, "DMLC_PS_ROOT_URI=" + tt.root, "DMLC_PS_ROOT_PORT=" + strconv.Itoa(port),
+				"DMLC_NUM_SERVER=1", "DMLC_NUM_WORKER=1", "FPT_START_TIMEOUT=1.5", "FPT_CLUSTER_SECRET=0123456789abcdef0123456789abcdef"}
 			start := time.Now()
 			out, err := cmd.CombinedOutput()
 			took := time.Since(start)
@@ -58,7 +76,7 @@ func TestStartUnresolvableName(t *testing.T) {
 			if took < 1500*time.Millisecond {
 				t.Errorf("gave up after %s, before FPT_START_TIMEOUT (1.5 s):\n%s", took, out)
 			}
-			for _, want := range []string{"DMLC_PS_ROOT_URI=" + host, "does not resolve after 1.5s", "waiting for a name to resolve"} {
+			for _, want := range tt.wants {
 				if !strings.Contains(string(out), want) {
 					t.Errorf("output lacks %q:\n%s", want, out)
 				}
