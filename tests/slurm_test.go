@@ -32,11 +32,19 @@ func startSlurm(t *testing.T) *slurmCluster {
 	t.Helper()
 	for _, cmd := range []string{"munged", "slurmctld", "slurmd", "sbatch", "sinfo", "scancel"} {
 		if _, err := exec.LookPath(cmd); err != nil {
-			t.Skipf("Slurm is not installed (no %s): scripts/setup.sh test installs slurm-wlm and munge", cmd)
+			msg := fmt.Sprintf("Slurm is not installed (no %s): scripts/setup.sh test installs slurm-wlm and munge", cmd)
+			if os.Getenv("CI") == "true" {
+				t.Fatal(msg + " (CI=true, so this fails rather than skips)")
+			}
+			t.Skip(msg)
 		}
 	}
 	if os.Geteuid() != 0 {
-		t.Skip("a Slurm cluster of the test's own needs root (slurmd runs tasks as their user)")
+		msg := "a Slurm cluster of the test's own needs root (slurmd runs tasks as their user; CI runs as root)"
+		if os.Getenv(skipRootTestsEnv) == "1" {
+			t.Skipf("%s (%s=1)", msg, skipRootTestsEnv)
+		}
+		t.Fatalf("%s; set %s=1 to skip it", msg, skipRootTestsEnv)
 	}
 	// A short path: the munge socket's must fit a sockaddr_un.
 	dir, err := os.MkdirTemp("", "fpt-slurm-")
