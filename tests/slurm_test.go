@@ -1,6 +1,7 @@
 package tests
 
 import (
+	"context"
 	"crypto/rand"
 	"fmt"
 	"os"
@@ -188,7 +189,11 @@ func TestSlurmJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("sbatch", "--wait", "--nodes=1", "--ntasks-per-node=4", "--time=2", "--output="+out,
+	// Bounded, so that a job that hangs fails the test and the cleanups
+	// (scancel, the daemons) still run.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "sbatch", "--wait", "--nodes=1", "--ntasks-per-node=4", "--time=2", "--output="+out,
 		script, bin.app, "-iters", "3", "-max-bytes", "65536", "-quiet")
 	cmd.Env = append(s.env, "FPT="+bin.fpt, "PS_VERBOSE=1", "FPT_START_TIMEOUT=60")
 	sb, err := cmd.CombinedOutput()
