@@ -421,10 +421,7 @@ func (n *Member) awaitTable(ctx context.Context) error {
 				}()
 			}
 		case ok := <-probes:
-			n.run(func(c *core) ready {
-				c.probed(ok, time.Now())
-				return ready{}
-			})
+			n.run(func(c *core) ready { return c.probed(ok, time.Now()) })
 		case h := <-n.planes.Handshakes:
 			n.run(func(c *core) ready {
 				c.handshake(h.Endpoint, h.Err, time.Now())
@@ -434,8 +431,10 @@ func (n *Member) awaitTable(ctx context.Context) error {
 			if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				return fmt.Errorf("cluster: interrupted while waiting for the node table: %w", ctx.Err())
 			}
-			return fmt.Errorf("cluster: no node table from the scheduler at %s after %s (is it running, and were DMLC_NUM_SERVER=%d and DMLC_NUM_WORKER=%d nodes started?): %w",
-				n.sched, n.cfg.StartTimeout, n.cfg.NumServers, n.cfg.NumWorkers, ctx.Err())
+			n.mu.Lock()
+			err := n.core.startTimedOut(ctx.Err())
+			n.mu.Unlock()
+			return err
 		case m, ok := <-n.plane.Incoming():
 			if !ok {
 				return fmt.Errorf("cluster: control plane closed while registering")

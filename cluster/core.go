@@ -56,6 +56,10 @@ type core struct {
 	// succeeded); refusal says why the latest failed.
 	refusedSince time.Time
 	refusal      string
+	// refused rate-limits the log of probes refused while the scheduler
+	// has not listened yet; refusals counts them.
+	refused  logLimit
+	refusals int
 
 	// beating: the table came and heartbeats run (begin).
 	beating bool
@@ -386,12 +390,38 @@ func (c *core) registerTick(now time.Time) ready {
 }
 
 // probed takes a probe's answer, at now: whether the scheduler's port
-// took a connection.
-func (c *core) probed(ok bool, now time.Time) {
+// took a connection. A scheduler that has not listened yet is waited for
+// (the control plane connects again by itself); the first refusal is
+// logged, then one per waitLogEvery.
+func (c *core) probed(ok bool, now time.Time) ready {
 	c.probing = false
 	if ok {
 		c.seen = now
+		return ready{}
 	}
+	c.refusals++
+	var r ready
+	if !c.seen.IsZero() {
+		return r
+	}
+	if log, held := c.refused.allow(now); log {
+		r.note(slog.LevelWarn, "the scheduler does not take connections yet; waiting for it (FPT_START_TIMEOUT bounds the wait)",
+			"scheduler", strings.TrimPrefix(c.sched, "tcp://"), "refused_since_last_log", held, "timeout", c.cfg.StartTimeout)
+	}
+	return r
+}
+
+// startTimedOut is the start's failure once FPT_START_TIMEOUT has passed
+// without the node table: it names the scheduler's address, and says
+// whether anything ever listened there.
+func (c *core) startTimedOut(cause error) error {
+	addr := strings.TrimPrefix(c.sched, "tcp://")
+	if c.seen.IsZero() && c.refusals > 0 {
+		return fmt.Errorf("cluster: the scheduler at %s never took a connection in %s (FPT_START_TIMEOUT; %d tries refused): is it running there, at DMLC_PS_ROOT_URI and DMLC_PS_ROOT_PORT? %w",
+			addr, c.cfg.StartTimeout, c.refusals, cause)
+	}
+	return fmt.Errorf("cluster: no node table from the scheduler at %s after %s (is it running, and were DMLC_NUM_SERVER=%d and DMLC_NUM_WORKER=%d nodes started?): %w",
+		addr, c.cfg.StartTimeout, c.cfg.NumServers, c.cfg.NumWorkers, cause)
 }
 
 // handshake takes the outcome of a control-plane handshake with endpoint,

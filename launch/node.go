@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,6 +47,12 @@ type Node struct {
 	schedMetrics *metrics.Scheduler
 	status       *statusweb.Server
 	tracer       *trace.Recorder // nil without FPT_TRACE_FILE
+	// board is the scheduler's status (its phase is its readiness); nil
+	// without a status page or metrics.
+	board *status.Board
+	// started is set once Start succeeded; Ready reads it from the
+	// metrics server's goroutines.
+	started atomic.Bool
 
 	// The scheduler's run: stop ends it, schedDone is closed when it
 	// returned schedErr.
@@ -67,6 +73,9 @@ type Deps struct {
 	// Planes are the node's transports; zero: the real ones,
 	// cluster.Network(cfg, metrics). In-process clusters pass in-memory ones.
 	Planes cluster.Planes
+	// Lookup resolves the host names the node waits for before it starts
+	// (the scheduler's); nil: the system's resolver.
+	Lookup cluster.Lookup
 }
 
 // Start starts the node cfg.Role names and returns once it runs: a server
@@ -80,33 +89,37 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	// FPT_START_TIMEOUT bounds the whole start: waiting for the names to
+	// resolve, then for the cluster.
+	ctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
+	defer cancel()
 	planes := deps.Planes
 	real := planes.Control == nil || planes.Data == nil
-	if real && cfg.Role == node.Scheduler {
-		if err := checkOwnAddress(cfg.RootURI); err != nil {
-			return nil, fmt.Errorf("launch: %w", err)
-		}
-	}
-	if real {
-		// Protected mode: refuse at once a job across machines without a
-		// secret, and say once how the node is exposed.
-		_, warning, err := cluster.ListenHost(cfg)
-		if err != nil {
-			return nil, fmt.Errorf("launch: %w", err)
-		}
-		if warning != "" {
-			log.Warn(warning)
-		}
-	}
 	n := &Node{cfg: cfg, log: log}
 	if err := checkTraceDir(cfg); err != nil {
 		return nil, err
 	}
+	// Metrics and probes first: /healthz answers while the node waits for
+	// its peers.
 	m, err := n.serveMetrics()
 	if err != nil {
 		return nil, err
 	}
 	if real {
+		if err := awaitNames(ctx, cfg, log, deps.Lookup); err != nil {
+			n.Close()
+			return nil, fmt.Errorf("launch: %w", err)
+		}
+		// Protected mode: refuse a job across machines without a secret,
+		// and say once how the node is exposed.
+		_, warning, err := cluster.ListenHost(cfg)
+		if err != nil {
+			n.Close()
+			return nil, fmt.Errorf("launch: %w", err)
+		}
+		if warning != "" {
+			log.Warn(warning)
+		}
 		planes = cluster.Network(cfg, m)
 	}
 	switch cfg.Role {
@@ -116,8 +129,10 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 			n.Close()
 			return nil, err
 		}
+		n.board = board
 		n.startScheduler(ctx, planes, deps.Decisions, func(reason string) { m.Rejected("control", reason) },
 			scheduler.Observers{Status: board, Metrics: n.schedMetrics})
+		n.started.Store(true)
 		return n, nil
 	case node.Server:
 		n.member = n.newMember(planes, m)
@@ -135,7 +150,32 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 		n.Close()
 		return nil, err
 	}
+	n.started.Store(true)
 	return n, nil
+}
+
+// Ready is nil when the node is a member of a running cluster: a server or
+// worker whose Start returned, the scheduler once every node registered;
+// else why not (starting, failed, the cluster terminated). It is what
+// /readyz on the metrics port answers.
+func (n *Node) Ready() error {
+	if !n.started.Load() {
+		return errors.New("starting: not a member of a running cluster yet")
+	}
+	select {
+	case <-n.Done():
+		if err := n.Err(); err != nil {
+			return fmt.Errorf("failed: %w", err)
+		}
+		return errors.New("the cluster has terminated")
+	default:
+	}
+	if n.board != nil {
+		if p := n.board.Latest().Phase; p != "running" {
+			return fmt.Errorf("the cluster is %s", p)
+		}
+	}
+	return nil
 }
 
 // newMember makes a server's or worker's membership, with its metrics and,
@@ -197,17 +237,22 @@ func (n *Node) serveMetrics() (*metrics.Node, error) {
 			return nil, fmt.Errorf("launch: %w", err)
 		}
 	}
-	if n.metrics, err = metrics.Serve(n.cfg.MetricsAddr, reg, n.log); err != nil {
+	if n.metrics, err = metrics.ServeProbed(n.cfg.MetricsAddr, reg, n.Ready, n.log); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
 // serveStatus serves the scheduler's status page, when asked to, and
-// returns the board the scheduler publishes to (nil: none). Without a
+// returns the board the scheduler publishes to (nil: neither the page nor
+// /readyz reads one). Without a
 // secret or FPT_INSECURE it binds loopback only, as the nodes do.
 func (n *Node) serveStatus() (*status.Board, error) {
 	if n.cfg.StatusAddr == "" {
+		if n.metrics != nil {
+			// The board still tells /readyz when the cluster runs.
+			return new(status.Board), nil
+		}
 		return nil, nil
 	}
 	addr, err := statusweb.ListenAddr(n.cfg.StatusAddr, n.cfg.Secret == "" && !n.cfg.Insecure)
@@ -240,19 +285,21 @@ func (n *Node) startScheduler(ctx context.Context, planes cluster.Planes, decisi
 	}()
 }
 
-// checkOwnAddress refuses a scheduler whose DMLC_PS_ROOT_URI does not
-// resolve: it could not bind the name, and every other node would look for
-// it in vain until FPT_START_TIMEOUT. (Servers and workers wait for the
-// scheduler's name to resolve instead: it may not exist yet.)
-func checkOwnAddress(host string) error {
-	if net.ParseIP(host) != nil {
+// awaitNames waits until the names the node needs resolve: the
+// scheduler's DMLC_PS_ROOT_URI (the scheduler's own, which it binds) and
+// a server's or worker's DMLC_NODE_HOST. Under a cluster engine a node
+// often starts before its peers' names, or its own, exist (a Kubernetes
+// pod's headless-service name resolves once the pod runs), so a name that
+// does not resolve yet is waited for, up to FPT_START_TIMEOUT, rather than
+// refused.
+func awaitNames(ctx context.Context, cfg config.Config, log *slog.Logger, lookup cluster.Lookup) error {
+	if err := cluster.AwaitResolve(ctx, "DMLC_PS_ROOT_URI", cfg.RootURI, cfg.StartTimeout, log, lookup); err != nil {
+		return err
+	}
+	if cfg.Role == node.Scheduler {
 		return nil
 	}
-	if _, err := net.LookupIP(host); err != nil {
-		return &config.VarError{Var: "DMLC_PS_ROOT_URI", Value: host,
-			Reason: fmt.Sprintf("the scheduler cannot resolve its own address: %v", err)}
-	}
-	return nil
+	return cluster.AwaitResolve(ctx, "DMLC_NODE_HOST", cfg.NodeHost, cfg.StartTimeout, log, lookup)
 }
 
 // bindError names DMLC_PS_ROOT_PORT in the scheduler's failure to listen,

@@ -306,9 +306,12 @@ func TestMainPanicExitsThree(t *testing.T) {
 	})
 }
 
-// A scheduler that cannot have its own address is a configuration error
-// (exit 2) found at once, naming the variable and the value: a name that
-// does not resolve, a port another process holds.
+// A scheduler that cannot have its own address says so, naming the
+// variable and the value: a port another process holds is a
+// configuration error (exit 2) found at once; a name that does not
+// resolve may only not exist yet (a Kubernetes pod's own headless-service
+// name), so it is waited for until FPT_START_TIMEOUT, then fails the
+// start (exit 1).
 func TestSchedulerOwnAddress(t *testing.T) {
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -317,20 +320,22 @@ func TestSchedulerOwnAddress(t *testing.T) {
 	defer busy.Close()
 	busyPort := strconv.Itoa(busy.Addr().(*net.TCPAddr).Port)
 	tests := []struct {
-		name, uri, port string
-		wants           []string
+		name, uri, port, timeout string
+		code                     int
+		wants                    []string
 	}{
-		{"name does not resolve", "no-such-host.invalid", strconv.Itoa(freePort(t)), []string{"DMLC_PS_ROOT_URI", "no-such-host.invalid"}},
-		{"port in use", "127.0.0.1", busyPort, []string{"DMLC_PS_ROOT_PORT", busyPort, "in use"}},
+		{"name does not resolve", "no-such-host.invalid", strconv.Itoa(freePort(t)), "1", launch.ExitFailed,
+			[]string{"DMLC_PS_ROOT_URI", "no-such-host.invalid", "does not resolve after 1s"}},
+		{"port in use", "127.0.0.1", busyPort, "30", launch.ExitUsage, []string{"DMLC_PS_ROOT_PORT", busyPort, "in use"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			env := map[string]string{"DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": tt.uri, "DMLC_PS_ROOT_PORT": tt.port,
-				"DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1", "FPT_START_TIMEOUT": "30", "FPT_INSECURE": "1"}
+				"DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1", "FPT_START_TIMEOUT": tt.timeout, "FPT_INSECURE": "1"}
 			began := time.Now()
 			code, stderr := mainInChild(t, env)
-			if code != launch.ExitUsage {
-				t.Errorf("exit %d, stderr %q; want %d", code, stderr, launch.ExitUsage)
+			if code != tt.code {
+				t.Errorf("exit %d, stderr %q; want %d", code, stderr, tt.code)
 			}
 			for _, w := range tt.wants {
 				if !strings.Contains(stderr, w) {

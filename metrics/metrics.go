@@ -180,14 +180,40 @@ func (c *vanCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descPool, prometheus.GaugeValue, float64(queued))
 }
 
-// Server serves a registry over HTTP at /metrics.
+// Server serves a registry over HTTP at /metrics, and the probes a
+// cluster engine asks: /healthz and /readyz.
 type Server struct{ *httpserve.Server }
 
 // Serve listens on addr ("host:port"; port 0 picks one) and serves g at
-// /metrics until Close. A port in use is an error here, not later.
+// /metrics until Close. A port in use is an error here, not later. Its
+// /readyz always answers ready; ServeProbed's asks.
 func Serve(addr string, g prometheus.Gatherer, log *slog.Logger) (*Server, error) {
+	return ServeProbed(addr, g, nil, log)
+}
+
+// ServeProbed is Serve, with the probes a cluster engine asks (Kubernetes'
+// liveness and readiness): /healthz answers 200 while the process serves;
+// /readyz answers 200 when ready returns nil (nil ready: always), else 503
+// with its reason, so that a node is taken for ready only while it is a
+// member of a running cluster.
+func ServeProbed(addr string, g prometheus.Gatherer, ready func() error, log *slog.Logger) (*Server, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if ready != nil {
+			if err := ready(); err != nil {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				fmt.Fprintln(w, "not ready:", err)
+				return
+			}
+		}
+		fmt.Fprintln(w, "ready")
+	})
 	s, err := httpserve.Serve("FPT_METRICS_ADDR", addr, mux, log)
 	if err != nil {
 		return nil, fmt.Errorf("metrics: %w", err)

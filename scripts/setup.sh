@@ -15,7 +15,8 @@ Debian, then fetches the Go modules. Idempotent. What for:
   python   build, plus the Python package's and examples' PyTorch:
            python3-torch, python3-numpy (for /usr/bin/python3)
   test     python, plus what the tests use: iproute2 (emulated networks),
-           chromium (the status page's browser test)
+           chromium (the status page's browser test), slurm-wlm and munge
+           (a one-node Slurm cluster of the test's own: deploy/slurm)
            (scripts/test.sh and .ci/run ask for this; the default)
 
 Environment read: PATH (a Go toolchain, else /usr/local/go/bin or
@@ -47,6 +48,10 @@ if [ "$what" = test ]; then
   # The status page's browser test (tests/status_test.go) drives Debian's
   # headless Chromium.
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
+  # The Slurm test (tests/slurm_test.go) starts slurmctld and slurmd of
+  # its own; the packages' services are not used.
+  command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm)
+  command -v munged >/dev/null 2>&1 || need+=(munge)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -63,3 +68,5 @@ if ! command -v go >/dev/null 2>&1; then
 fi
 command -v go >/dev/null 2>&1 || { echo "setup: no Go toolchain on PATH (Go 1.26 or later)" >&2; exit 1; }
 go mod download
+# The Kubernetes manifests' test is a module of its own (deploy/kubernetes).
+(cd deploy/kubernetes && go mod download)

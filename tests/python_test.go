@@ -481,27 +481,42 @@ func TestFptrunHosts(t *testing.T) {
 	}
 }
 
-// pip install ./python builds the wheel with the backend in python/_build
-// (standard library only), so it works offline: the wheel has the
-// package, the fptrun command, and the repository where the installed
-// package finds libfpt and bin/fpt.
-func TestPythonWheel(t *testing.T) {
+// buildWheel builds fpt's wheel into dir with the backend in
+// python/_build (standard library only, so offline), carrying bin/fpt and
+// libfpt.so, and returns its path.
+func buildWheel(t *testing.T, dir string) string {
+	t.Helper()
 	python := "python3"
 	if _, err := exec.LookPath(python); err != nil {
 		python = "/usr/bin/python3"
 	}
-	dir := t.TempDir()
 	build := exec.Command(python, "-c", "import sys, backend; print(backend.build_wheel(sys.argv[1]))", dir)
 	build.Dir = "../python/_build"
+	build.Env = append(environWithout("FPT_"), "FPT_BIN="+bin.fpt, "FPT_LIB="+filepath.Join(libPrograms(t, "default"), "..", "lib", "libfpt.so"))
 	out, err := build.CombinedOutput()
 	if err != nil {
 		t.Fatalf("build_wheel: %v\n%s", err, out)
 	}
-	z, err := zip.OpenReader(filepath.Join(dir, strings.TrimSpace(string(out))))
+	return filepath.Join(dir, strings.TrimSpace(string(out)))
+}
+
+// The wheel: the package, the fptrun and fpt commands, the native files
+// (executable where they run), tagged for this platform, and no path of
+// the tree it was built in (an installed package must find nothing there).
+func TestPythonWheel(t *testing.T) {
+	wheel := buildWheel(t, t.TempDir())
+	if !regexp.MustCompile(`/fpt-[0-9.]+-py3-none-linux_[a-z0-9_]+\.whl$`).MatchString(wheel) {
+		t.Errorf("wheel %s: not tagged for this platform", wheel)
+	}
+	z, err := zip.OpenReader(wheel)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer z.Close()
+	repo, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
 	files := map[string]string{}
 	for _, f := range z.File {
 		rc, err := f.Open()
@@ -514,24 +529,87 @@ func TestPythonWheel(t *testing.T) {
 			t.Fatal(err)
 		}
 		files[f.Name] = string(b)
-	}
-	repo, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
+		native := strings.HasPrefix(f.Name, "fpt/_native/")
+		if native && f.Mode()&0o111 == 0 {
+			t.Errorf("%s is not executable in the wheel (mode %v)", f.Name, f.Mode())
+		}
+		// The Go binaries name their sources for stack traces; nothing
+		// else may name the tree.
+		if !native && strings.Contains(string(b), repo) {
+			t.Errorf("%s records the build tree %s", f.Name, repo)
+		}
 	}
 	for name, want := range map[string]string{
 		"fpt/__init__.py":                      "def push(",
 		"fpt/torch.py":                         "def DistributedOptimizer(",
 		"fpt/run.py":                           "def main(",
-		"fpt/_buildinfo.py":                    "REPO = '" + repo + "'",
-		"fpt-0.1.0.dist-info/entry_points.txt": "fptrun = fpt.run:main",
+		"fpt/_native/fpt":                      "\x7fELF",
+		"fpt/_native/libfpt.so":                "\x7fELF",
+		"fpt-0.1.0.dist-info/entry_points.txt": "fptrun = fpt.run:main\nfpt = fpt._cli:main",
 		"fpt-0.1.0.dist-info/RECORD":           "fpt/_lib.py,sha256=",
-		"fpt-0.1.0.dist-info/WHEEL":            "Root-Is-Purelib: true",
+		"fpt-0.1.0.dist-info/WHEEL":            "Root-Is-Purelib: false",
 	} {
 		if !strings.Contains(files[name], want) {
 			t.Errorf("wheel file %s does not contain %q (files: %d)", name, want, len(files))
 		}
 	}
+}
+
+// The wheel installed into a fresh virtual environment outside the tree,
+// with no PYTHONPATH, FPT_LIB or FPT_BIN: fpt --version and
+// fpt.__version__ agree with bin/fpt's, and fptrun runs a job that pushes
+// and pulls from the installed package alone.
+func TestWheelInstallsAnywhere(t *testing.T) {
+	needPython(t)
+	dir := t.TempDir()
+	wheel := buildWheel(t, dir)
+	venv := filepath.Join(dir, "venv")
+	run := func(what string, argv ...string) string {
+		t.Helper()
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Dir = dir
+		// As an activated environment: its bin first on PATH.
+		cmd.Env = append(environWithout("FPT_", "PYTHON", "DMLC_", "PS_", "PATH="), "PATH="+filepath.Join(venv, "bin")+":"+os.Getenv("PATH"))
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", what, err, tail(string(out)))
+		}
+		return string(out)
+	}
+	// Debian's python3 with torch and numpy; the venv sees them.
+	run("venv", "/usr/bin/python3", "-m", "venv", "--system-site-packages", venv)
+	run("pip install", filepath.Join(venv, "bin", "python"), "-m", "pip", "install", "--no-index", "--no-deps", "-q", wheel)
+	want, err := exec.Command(bin.fpt, "--version").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := run("fpt --version", filepath.Join(venv, "bin", "fpt"), "--version"); got != string(want) || got != "fpt 0.1.0\n" {
+		t.Errorf("fpt --version: %q; bin/fpt says %q, want fpt 0.1.0", got, want)
+	}
+	if got := run("fpt.__version__", filepath.Join(venv, "bin", "python"), "-c", "import fpt; print(fpt.__version__, fpt.__file__)"); !strings.HasPrefix(got, "0.1.0 "+venv) {
+		t.Errorf("fpt.__version__ and file: %q; want 0.1.0 from %s", got, venv)
+	}
+	const script = `
+import numpy as np, fpt
+fpt.start()
+r, n = fpt.rank(), fpt.num_workers()
+fpt.declare(0, 4 * 1000, "float32")
+fpt.init(0, np.zeros(1000, dtype=np.float32))
+for it in range(3):
+    g = np.full(1000, r + 1 + it, dtype=np.float32)
+    out = np.zeros(1000, dtype=np.float32)
+    fpt.push(0, g).wait()
+    fpt.pull(0, out).wait()
+    want = sum(w + 1 + it for w in range(n))
+    assert (out == want).all(), (it, out[:3], want)
+print("worker %d: pushed and pulled 3 iterations, every value exact" % r)
+fpt.finalize()
+`
+	out := run("fptrun", filepath.Join(venv, "bin", "fptrun"), "-np", "2", "--servers", "1", "python", "-c", script)
+	if n := strings.Count(out, "every value exact"); n != 2 {
+		t.Errorf("%d workers passed, want 2:\n%s", n, tail(out))
+	}
+	mustContain(t, "fptrun output", out, "fptrun: all 4 processes finished cleanly")
 }
 
 // Under FPT_ON_WORKER_LOSS=continue a worker killed (kill -9) mid-run does

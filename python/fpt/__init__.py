@@ -28,6 +28,7 @@ import threading
 import traceback
 
 from . import _buffers, _lib
+from ._version import __version__
 from ._buffers import FLOAT16, FLOAT32, FLOAT64
 
 __all__ = [

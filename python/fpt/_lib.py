@@ -49,19 +49,23 @@ _PROTOS = {
 }
 
 
+def native(name):
+    """The path of a native file the wheel carries (libfpt.so, fpt) in the
+    installed package, or None when this package runs from the source
+    tree."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_native", name)
+    return path if os.path.exists(path) else None
+
+
 def candidates():
-    """Where libfpt may be, in the order tried: FPT_LIB, the build tree
-    this package was installed from, the build tree this source file is in,
-    then the system's library path."""
+    """Where libfpt may be, in the order tried: FPT_LIB, the one the wheel
+    carries, the build tree this source file is in, then the system's
+    library path."""
     out = []
     if os.environ.get("FPT_LIB"):
         return [os.environ["FPT_LIB"]]
-    try:
-        from . import _buildinfo  # written by pip install (python/build_backend.py)
-
-        out.append(os.path.join(_buildinfo.REPO, "build", "lib", "libfpt.so"))
-    except ImportError:
-        pass
+    if native("libfpt.so"):
+        out.append(native("libfpt.so"))
     here = os.path.dirname(os.path.abspath(__file__))
     out.append(os.path.normpath(os.path.join(here, "..", "..", "build", "lib", "libfpt.so")))
     found = ctypes.util.find_library("fpt")

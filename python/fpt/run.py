@@ -19,6 +19,17 @@ names; without it, the first python3 on PATH that imports torch, then
 /usr/bin/python3 if that one does (Debian's python3-torch installs there),
 else the first python3 on PATH.
 
+Under a cluster engine (Slurm's srun, Open MPI's mpirun, a Kubernetes
+Indexed Job or JobSet: SLURM_PROCID, OMPI_COMM_WORLD_RANK or
+JOB_COMPLETION_INDEX set) fptrun runs this task's share only, as
+`fpt run` maps the engine's tasks (docs/running.md): the command as a
+worker, with RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE, or a
+server, or a server and the scheduler; -np, --servers, -s and -w are the
+engine's then. Every task needs the same FPT_CLUSTER_SECRET (or
+FPT_CLUSTER_SECRET_FILE).
+
+    srun --nodes 2 --ntasks-per-node 5 fptrun python train.py
+
 Across machines, as scripts/run_test.sh: the same --root HOST:PORT and
 FPT_CLUSTER_SECRET on every host, --scheduler on one, -s/-w this host's
 share, -np/--servers the whole job's sizes. --hosts h1,h2,... prints those
@@ -49,12 +60,8 @@ SERVE_AFTER_WORKERS = 60
 
 
 def _repo():
-    try:
-        from . import _buildinfo
-
-        return _buildinfo.REPO
-    except ImportError:
-        return os.path.normpath(os.path.join(HERE, "..", ".."))
+    """The source tree this file is in (python/fpt/run.py)."""
+    return os.path.normpath(os.path.join(HERE, "..", ".."))
 
 
 def _imports_torch(python):
@@ -79,10 +86,13 @@ def find_python(env=os.environ):
 
 
 def find_fpt(env=os.environ):
-    """bin/fpt (scheduler and servers): FPT_BIN, the repository's bin/fpt,
-    or fpt on PATH."""
+    """bin/fpt (scheduler and servers): FPT_BIN, the one the wheel carries,
+    the source tree's bin/fpt, or fpt on PATH."""
     if env.get("FPT_BIN"):
         return env["FPT_BIN"]
+    packaged = os.path.join(HERE, "_native", "fpt")
+    if os.path.exists(packaged):
+        return packaged
     built = os.path.join(_repo(), "bin", "fpt")
     if os.path.exists(built):
         return built
@@ -90,6 +100,37 @@ def find_fpt(env=os.environ):
     if found:
         return found
     raise SystemExit("fptrun: bin/fpt not found: run scripts/build.sh, or set FPT_BIN to fpt's path")
+
+
+# A task of a cluster engine's job has one of these set (fpt run's
+# mapping, launch/engine.Detect, reads the rest).
+ENGINE_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "JOB_COMPLETION_INDEX")
+
+
+def engine_task(env=os.environ):
+    """The engine variable that makes this process a task of an engine's
+    job, or None."""
+    return next((v for v in ENGINE_VARS if env.get(v)), None)
+
+
+def run_engine_task(a, secret):
+    """Becomes `fpt run -- command`, which takes this task's role from the
+    engine: the same bin/fpt and the same interpreter rule as fptrun's own
+    jobs."""
+    env = dict(os.environ)
+    if secret:
+        env["FPT_CLUSTER_SECRET"] = secret
+        env.pop("FPT_CLUSTER_SECRET_FILE", None)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    pkg_root = os.path.dirname(HERE)
+    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [x for x in [env.get("PYTHONPATH")] if x])
+    command = list(a.command)
+    if os.path.basename(command[0]) in ("python", "python3"):
+        command[0], _ = find_python(env)
+        env["FPT_PYTHON"] = command[0]
+    fpt_bin = find_fpt(env)
+    sys.stdout.flush()
+    os.execve(fpt_bin, [fpt_bin, "run", "--"] + command, env)
 
 
 def free_port():
@@ -116,9 +157,9 @@ _ENV_HELP = """environment read:
                         or python3 (default: the first python3 on PATH, then
                         /usr/bin/python3, that imports torch)
   FPT_BIN               the bin/fpt that runs the scheduler and servers
-                        (default: the repository's)
+                        (default: the wheel's, else the source tree's)
   FPT_LIB               the libfpt.so the workers' fpt package loads (default:
-                        the repository's build/lib)
+                        the wheel's, else the source tree's build/lib)
   FPT_CLUSTER_SECRET, FPT_CLUSTER_SECRET_FILE
                         the job's secret (default: a new one per job)
   every other DMLC_*, PS_* and FPT_* variable reaches every node unchanged:
@@ -289,6 +330,8 @@ def main(argv=None):
             print(line)
         return 0
 
+    if a.root is None and engine_task():
+        run_engine_task(a, secret)
     share = a.root is not None
     if share:
         host, _, port = a.root.rpartition(":")
