@@ -63,12 +63,14 @@ typedef enum fpt_node_role {
 } fpt_node_role;
 
 /* Element types. MXNet's mshadow flags map as kFloat32 -> FPT_FLOAT32,
- * kFloat64 -> FPT_FLOAT64, kFloat16 -> FPT_FLOAT16 (the values differ, so
- * that a zeroed field is never a valid type). */
+ * kFloat64 -> FPT_FLOAT64, kFloat16 -> FPT_FLOAT16, kBfloat16 ->
+ * FPT_BFLOAT16 (the values differ, so that a zeroed field is never a valid
+ * type). Sums of the 16-bit types are added in float32 and rounded once. */
 typedef enum fpt_dtype {
   FPT_FLOAT32 = 1,
   FPT_FLOAT64 = 2,
-  FPT_FLOAT16 = 3
+  FPT_FLOAT16 = 3,
+  FPT_BFLOAT16 = 4
 } fpt_dtype;
 
 /*
