@@ -105,6 +105,9 @@ type Lib struct {
 	// finalizing: every request a call started is then known to the
 	// worker's Finalize, which settles it and waits for its callback.
 	submit sync.RWMutex
+
+	// wires are the compressed keys' wire types (fpt_declare_wire).
+	wires map[uint64]frame.DType
 }
 
 // New returns a library that reads its configuration through lookup (the
@@ -317,7 +320,7 @@ func (l *Lib) Declare(key, bytes uint64, dtype, priority int) error {
 	}
 	d := frame.DType(dtype)
 	if dtype < 0 || dtype > math.MaxUint8 || d.Size() == 0 {
-		return fail(CodeArg, op, "key %d: unknown dtype %d (FPT_FLOAT32, FPT_FLOAT64 or FPT_FLOAT16)", key, dtype)
+		return fail(CodeArg, op, "key %d: unknown dtype %d (FPT_FLOAT32, FPT_FLOAT64, FPT_FLOAT16 or FPT_BFLOAT16)", key, dtype)
 	}
 	if priority < math.MinInt32 || priority > math.MaxInt32 {
 		return fail(CodeArg, op, "key %d: priority %d out of range", key, priority)
@@ -337,8 +340,19 @@ func (l *Lib) Init(t Tensors) error {
 	if err != nil {
 		return err
 	}
+	wc, err := l.wireOf(op, t)
+	if err != nil {
+		return err
+	}
+	if wc != nil {
+		wc.narrow()
+		t = wc.wire
+	}
 	if err := w.InitBytes(context.Background(), t.Keys, t.Data, t.Lens); err != nil {
 		return wrap(op, w, err)
+	}
+	if wc != nil {
+		wc.widen()
 	}
 	return nil
 }
@@ -350,8 +364,19 @@ func (l *Lib) Broadcast(t Tensors) error {
 	if err != nil {
 		return err
 	}
+	wc, err := l.wireOf(op, t)
+	if err != nil {
+		return err
+	}
+	if wc != nil {
+		wc.narrow()
+		t = wc.wire
+	}
 	if err := w.BroadcastBytes(context.Background(), t.Keys, t.Data, t.Lens); err != nil {
 		return wrap(op, w, err)
+	}
+	if wc != nil {
+		wc.widen()
 	}
 	return nil
 }
@@ -376,6 +401,14 @@ func (l *Lib) Push(t Tensors, priority int, cb Callback) (int, error) {
 	if err := l.alive(w, op); err != nil {
 		return 0, err
 	}
+	wc, err := l.wireOf(op, t)
+	if err != nil {
+		return 0, err
+	}
+	if wc != nil {
+		wc.narrow()
+		t = wc.wire
+	}
 	wcb, known := callback(cb)
 	ts, err := w.FPTPushBytes(t.Keys, t.Data, t.Lens, int32(priority), wcb)
 	if err != nil {
@@ -397,6 +430,14 @@ func (l *Lib) Pull(t Tensors, cb Callback) (int, error) {
 	}
 	if err := l.alive(w, op); err != nil {
 		return 0, err
+	}
+	wc, err := l.wireOf(op, t)
+	if err != nil {
+		return 0, err
+	}
+	if wc != nil {
+		cb = wc.then(cb)
+		t = wc.wire
 	}
 	wcb, known := callback(cb)
 	ts, err := w.FPTPullBytes(t.Keys, t.Data, t.Lens, wcb)

@@ -192,6 +192,16 @@ int fpt_set_tensors_per_iteration(int num_tensors);
 int fpt_declare(uint64_t key, uint64_t bytes, int dtype, int priority);
 
 /*
+ * fpt_declare with a compressed wire: the key's values are float32 in the
+ * program's memory (dtype FPT_FLOAT32, bytes its float32 size, which calls
+ * pass as lens) and travel as wire, FPT_BFLOAT16 or FPT_FLOAT16, in half
+ * the bytes: each push rounds them to wire, aggregators sum in float32 and
+ * round the sum once, each pull widens it back to float32 (exactly). wire 0
+ * (or dtype) is fpt_declare. One call takes keys of one wire type.
+ */
+int fpt_declare_wire(uint64_t key, uint64_t bytes, int dtype, int priority, int wire);
+
+/*
  * Callback of an asynchronous request. Called exactly once for every
  * request whose fpt_push/fpt_pull returned FPT_OK, with FPT_OK or the
  * request's failure (fpt_last_error() has the message), on a thread of the
