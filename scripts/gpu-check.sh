@@ -15,7 +15,9 @@ Checks fpt's GPU training with the prebuilt bin/fpt and build/lib/libfpt.so
      fpt.torch.DistributedOptimizer (2 backward passes per step) and with
      DDP + fpt.torch.comm_hook; their parameters equal one process trained
      on the whole batch within 1e-5, and within bfloat16 rounding over a
-     bf16 wire (python/tests/gpu_checks.py train);
+     bf16 wire (python/tests/gpu_checks.py train); 3 workers' bfloat16 sums,
+     16-bit wires and fpt.allreduce (of a CUDA tensor too) are exact or
+     within one rounding (gpu_checks.py collective);
   2. a table of ms per step for an MLP of --params parameters (default 21 M)
      at 2 and 4 workers: fpt, fpt over a bf16 wire, DDP over gloo with CUDA
      tensors, and one process without communication (python/tests/gpu_bench.py);
@@ -84,6 +86,14 @@ if fptrun 150 -np 2 --servers 1 "$py" python/tests/gpu_checks.py train >"$log/ex
 else
 	tail -40 "$log/exact"
 	echo "gpu-check.sh: the exactness check failed" >&2
+	exit 1
+fi
+
+if fptrun 120 -np 3 --servers 1 "$py" python/tests/gpu_checks.py collective >"$log/coll" 2>&1; then
+	grep -E '^\[worker0\] (ok|FAIL|skip)' "$log/coll" | grep -E 'CUDA|exact|within' | sed 's/^\[worker0\] /  /'
+else
+	tail -40 "$log/coll"
+	echo "gpu-check.sh: the collective check (3 workers) failed" >&2
 	exit 1
 fi
 

@@ -23,6 +23,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fpt_checks import check, failures, raises  # noqa: E402
 
 DEVICE = torch.device(os.environ.get("DEVICE", "cpu"))
+if DEVICE.type == "cuda":
+    # Float32 as the CPU computes it: no TF32, deterministic convolutions.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
 
 
 def bf16_ulp(x):
@@ -169,15 +175,24 @@ def train():
                                            m_acc.named_parameters(), bucket_bytes=4000, backward_passes_per_step=2)
     o_bf = fpt.torch.DistributedOptimizer(torch.optim.SGD(m_bf.parameters(), lr=lr, momentum=0.9),
                                           m_bf.named_parameters(), compression="bf16")
+    # A model whose gradient turns out sparse: refused at its first backward.
+    emb = torch.nn.Embedding(10, 4, sparse=True).to(DEVICE)
+    fpt.torch.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=lr), [("emb.weight", emb.weight)])
     # DDP's own process group (gloo): only for DDP's broadcast of the
     # model at construction; its port comes from worker 0 through fpt.
     port = torch.tensor([float(free_port())], dtype=torch.float64)
     fpt.broadcast(port, name="gloo port")
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % int(port.item()), rank=r, world_size=n)
     m_ddp = fresh()
-    ddp = DDP(m_ddp, device_ids=[DEVICE.index] if DEVICE.type == "cuda" else None, broadcast_buffers=False)
+    ddp = DDP(m_ddp, device_ids=[DEVICE.index or 0] if DEVICE.type == "cuda" else None, broadcast_buffers=False)
     state = fpt.torch.CommHookState(ddp)
-    ddp.register_comm_hook(state, fpt.torch.comm_hook)
+    hooked = []
+
+    def hook(st, bucket):  # fpt.torch.comm_hook, counted: DDP's own allreduce would train the same
+        hooked.append(bucket.index())
+        return fpt.torch.comm_hook(st, bucket)
+
+    ddp.register_comm_hook(state, hook)
     o_ddp = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
 
     xs, ys = shard(x, y, r, n)
@@ -193,6 +208,7 @@ def train():
         o_bf.zero_grad()
         F.cross_entropy(m_bf(xs), ys).backward()
         o_bf.step()
+    check(len(hooked) >= steps, "DDP's buckets went through fpt.torch.comm_hook (%d exchanges)" % len(hooked))
     ok, worst = close(m_ddp, ref, 1e-5)
     check(ok, "DDP with fpt.torch.comm_hook on 2 workers equals one process within 1e-5 (worst %.2g)" % worst)
     ok, worst = close(m_acc, ref, 1e-5)
@@ -209,6 +225,13 @@ def train():
         F.cross_entropy(m_acc(hx), hy).backward()
     raises(RuntimeError, "a third backward pass with backward_passes_per_step=2",
            lambda: F.cross_entropy(m_acc(xs), ys).backward())
+    emb.weight.grad = None  # as zero_grad(set_to_none=True) leaves it: autograd stores the sparse gradient
+    try:
+        emb(torch.tensor([1, 2], device=DEVICE)).sum().backward()
+        check(False, "a sparse gradient raised nothing")
+    except Exception as e:  # noqa: BLE001 - autograd may wrap the hook's error
+        check("emb.weight" in str(e) and "sparse" in str(e), "a sparse gradient is refused naming the parameter: %s"
+              % str(e).splitlines()[0])
     bad_input(Net)
     dist.destroy_process_group()
     fpt.finalize()
