@@ -239,3 +239,34 @@ func BenchmarkTableHalf(b *testing.B) {
 		})
 	}
 }
+
+// Narrow and Widen (a compressed wire's encoding): float32 to 16 bits
+// rounds as the scalar conversions do, and back is exact.
+func TestNarrowWiden(t *testing.T) {
+	vals := []float32{0, 1, -2.5, 1 + 0x1p-8, 3.14159, 65504, 1e-3}
+	src := make([]byte, 4*len(vals))
+	for i, v := range vals {
+		binary.LittleEndian.PutUint32(src[4*i:], math.Float32bits(v))
+	}
+	for _, c := range []struct {
+		dt    frame.DType
+		round func(float32) uint16
+		widen func(uint16) float32
+	}{
+		{frame.BFloat16, Float32ToBFloat16, BFloat16ToFloat32},
+		{frame.Float16, Float32ToFloat16, Float16ToFloat32},
+	} {
+		half := make([]byte, 2*len(vals))
+		Narrow(c.dt, half, src)
+		back := make([]byte, len(src))
+		Widen(c.dt, back, half)
+		for i, v := range vals {
+			if got, want := binary.LittleEndian.Uint16(half[2*i:]), c.round(v); got != want {
+				t.Errorf("%s: Narrow(%g) = %#04x, want %#04x", c.dt, v, got, want)
+			}
+			if got, want := math.Float32frombits(binary.LittleEndian.Uint32(back[4*i:])), c.widen(c.round(v)); got != want {
+				t.Errorf("%s: Widen(Narrow(%g)) = %g, want %g", c.dt, v, got, want)
+			}
+		}
+	}
+}

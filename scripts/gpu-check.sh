@@ -4,6 +4,7 @@
 # libraries --prepare copied next to them), and finishes within 5 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repo=$(pwd)
 
 usage() {
 	cat <<'TXT'
@@ -62,8 +63,8 @@ if [ "$prepare" = 1 ]; then
 	exit 0
 fi
 
-export LD_LIBRARY_PATH="$PWD/build/lib/runtime${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export FPT_LIB="$PWD/build/lib/libfpt.so" FPT_BIN="$PWD/bin/fpt" PYTHONPATH="$PWD/python"
+export LD_LIBRARY_PATH="$repo/build/lib/runtime${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export FPT_LIB="$repo/build/lib/libfpt.so" FPT_BIN="$repo/bin/fpt" PYTHONPATH="$repo/python"
 py=${FPT_PYTHON:-python3}
 export FPT_PYTHON="$py"
 if [ "$cpu" = 0 ] && "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
