@@ -140,9 +140,12 @@ def _broadcast(tensors, current=None):
             for k, t in zip(keys, ts):
                 fpt.declare(k, t.numel() * torch.empty((), dtype=wire).element_size(), str(wire), priority=0)
             # A joiner's init gives these tensors' values when it joins.
-            _register(keys, [lambda get=get, wire=wire: get().detach().reshape(-1).to(wire).contiguous()
+            _register(keys, [lambda get=get, wire=wire: get().detach().reshape(-1).to("cpu", wire).contiguous()
                              for _, get in pairs])
-            flat = torch.cat([t.detach().reshape(-1).to(wire) for t in ts]) if ts else torch.empty(0, dtype=wire)
+            # On the host, whatever device the tensors are on (fpt reads
+            # host memory); copied back to each tensor's device below.
+            flat = (torch.cat([t.detach().reshape(-1).to("cpu", wire) for t in ts]) if ts
+                    else torch.empty(0, dtype=wire))
             fpt.broadcast(keys, flat)
             off = 0
             for t in ts:
@@ -207,6 +210,66 @@ def _optimizer_values(optimizer):
     return sd, tensors, scalars, setters
 
 
+class _CUDA:
+    """The CUDA calls of the staged path, for a device."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def stream(self):
+        return torch.cuda.Stream(device=self.device)
+
+    def event(self):
+        return torch.cuda.Event()
+
+    def current_stream(self):
+        return torch.cuda.current_stream(self.device)
+
+    def on(self, stream):
+        return torch.cuda.stream(stream)
+
+    def pinned(self, n, dtype):
+        return torch.zeros(n, dtype=dtype, pin_memory=True)
+
+
+class _NoStream:
+    """A stream and event that are already done: the staged path on CPU
+    tensors (tests run the CUDA path's logic with it)."""
+
+    def wait_stream(self, _):
+        pass
+
+    def wait_event(self, _):
+        pass
+
+    def record(self, _=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *_):
+        return False
+
+
+class _HostStaging:
+    """_CUDA's interface over CPU tensors."""
+
+    def stream(self):
+        return _NoStream()
+
+    event = current_stream = stream
+
+    def on(self, _):
+        return _NoStream()
+
+    def pinned(self, n, dtype):
+        return torch.zeros(n, dtype=dtype)
+
+
 class _Bucket:
     """Consecutive parameters of one dtype (in backward order) whose
     gradients lie end to end in one flat buffer: pushed in one request
@@ -227,8 +290,8 @@ class _Mover:
     copies the sums back to the device on the side stream. The training
     thread never waits for the network, only step() for what it needs."""
 
-    def __init__(self, stream):
-        self.stream, self.q = stream, queue.Queue()
+    def __init__(self, ops, stream):
+        self.ops, self.stream, self.q = ops, stream, queue.Queue()
         self.thread = threading.Thread(target=self.run, name="fpt.torch mover", daemon=True)
         self.thread.start()
 
@@ -241,7 +304,7 @@ class _Mover:
             try:
                 b.copied.synchronize()  # this thread waits, not a stream
                 fpt.wait_all([fpt.push(b.keys, host_grads, b.priority), fpt.pull(b.keys, host_sums)])
-                with torch.cuda.stream(self.stream):
+                with self.ops.on(self.stream):
                     dev_sums.copy_(host_sums, non_blocking=True)
                     b.back.record(self.stream)
             except BaseException as e:  # noqa: BLE001 - handed to step()
@@ -251,7 +314,8 @@ class _Mover:
 class _Distributed:
     """The methods a DistributedOptimizer adds to the optimizer's class."""
 
-    def _fpt_setup(self, named_parameters, bucket_bytes, compression=None, backward_passes_per_step=1):
+    def _fpt_setup(self, named_parameters, bucket_bytes, compression=None, backward_passes_per_step=1,
+                   stage_on_host=False):
         named = list(named_parameters) if named_parameters is not None else [
             ("param%d" % i, p) for i, p in enumerate(p for g in self.param_groups for p in g["params"])]
         names = [n for n, _ in named]
@@ -265,7 +329,10 @@ class _Distributed:
         mine = {id(p) for g in self.param_groups for p in g["params"]}
         params = [(n, p) for n, p in named if p.requires_grad and id(p) in mine]
         self._fpt_device = device = _check_params(params, "DistributedOptimizer")
-        self._fpt_cuda = device.type == "cuda"
+        # The staged path (a copy to host memory, the exchange on a thread,
+        # the copy back): CUDA models', or CPU ones' where a test asks.
+        self._fpt_cuda = device.type == "cuda" or stage_on_host
+        ops = self._fpt_ops = _CUDA(device) if device.type == "cuda" else _HostStaging()
         self._fpt_params = params
         keys = _keys.take(len(params))
         self._fpt_keys = keys
@@ -293,14 +360,16 @@ class _Distributed:
         # model, which also gets its gradients' pinned copies and its sums
         # on the device).
         self._fpt_grads = {dt: torch.zeros(n, dtype=dt, device=device) for dt, n in size.items()}
-        self._fpt_sums = {dt: torch.zeros(n, dtype=dt, pin_memory=self._fpt_cuda) for dt, n in size.items()}
         if self._fpt_cuda:
-            self._fpt_host_grads = {dt: torch.zeros(n, dtype=dt, pin_memory=True) for dt, n in size.items()}
+            self._fpt_sums = {dt: ops.pinned(n, dt) for dt, n in size.items()}
+            self._fpt_host_grads = {dt: ops.pinned(n, dt) for dt, n in size.items()}
             self._fpt_dev_sums = {dt: torch.zeros(n, dtype=dt, device=device) for dt, n in size.items()}
-            self._fpt_stream = torch.cuda.Stream(device=device)
-            self._fpt_mover = _Mover(self._fpt_stream)
+            self._fpt_stream = ops.stream()
+            self._fpt_mover = _Mover(ops, self._fpt_stream)
             for b in self._fpt_buckets:
-                b.copied, b.back = torch.cuda.Event(), torch.cuda.Event()
+                b.copied, b.back = ops.event(), ops.event()
+        else:
+            self._fpt_sums = {dt: torch.zeros(n, dtype=dt) for dt, n in size.items()}
         for i, (n, p) in enumerate(params):
             # Earlier layers first: their gradients come last in the
             # backward pass and are needed first by the next forward pass.
@@ -399,8 +468,8 @@ class _Distributed:
         # stream: the host never blocks); the mover thread waits for it.
         host = self._fpt_host_grads[b.dtype][b.lo:b.hi]
         side = self._fpt_stream
-        side.wait_stream(torch.cuda.current_stream(self._fpt_device))
-        with torch.cuda.stream(side):
+        side.wait_stream(self._fpt_ops.current_stream())
+        with self._fpt_ops.on(side):
             host.copy_(grads, non_blocking=True)
             b.copied.record(side)
         b.done.clear()
@@ -424,7 +493,7 @@ class _Distributed:
                 "without it would step differently from the others. Use an optimizer without such state, or hand it "
                 "over yourself (keys declared before the first push, and a source that covers them and "
                 "fpt.torch.params_source)" % (now, broadcast))
-        return p.detach().contiguous()
+        return p.detach().cpu().contiguous()
 
     def synchronize(self):
         """Waits for every gradient's sum and sets each gradient to the
@@ -439,7 +508,7 @@ class _Distributed:
                 h.done.wait()
                 first = first or h.error
                 # The default stream waits for the copy back, the host not.
-                torch.cuda.current_stream(self._fpt_device).wait_event(h.back)
+                self._fpt_ops.current_stream().wait_event(h.back)
             else:
                 try:
                     fpt.wait_all(h)
@@ -468,7 +537,7 @@ class _Distributed:
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, bucket_bytes=1 << 20, compression=None,
-                         backward_passes_per_step=1):
+                         backward_passes_per_step=1, _stage_on_host=False):
     """Makes optimizer average its gradients over the workers. Gradients
     live end to end in one flat buffer per dtype (each parameter's .grad is
     a view of it), grouped in buckets of up to bucket_bytes in backward
@@ -497,7 +566,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, bucket_bytes=1 << 20,
     cls = type("Distributed" + base.__name__, (base,), {k: v for k, v in vars(_Distributed).items()
                                                         if not k.startswith("__")})
     optimizer.__class__ = cls
-    optimizer._fpt_setup(named_parameters, bucket_bytes, compression, backward_passes_per_step)
+    # _stage_on_host: a CPU model takes the CUDA path (copies to host
+    # buffers, the exchange on the background thread), for the tests.
+    optimizer._fpt_setup(named_parameters, bucket_bytes, compression, backward_passes_per_step, _stage_on_host)
     return optimizer
 
 

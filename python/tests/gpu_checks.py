@@ -175,6 +175,12 @@ def train():
                                            m_acc.named_parameters(), bucket_bytes=4000, backward_passes_per_step=2)
     o_bf = fpt.torch.DistributedOptimizer(torch.optim.SGD(m_bf.parameters(), lr=lr, momentum=0.9),
                                           m_bf.named_parameters(), compression="bf16")
+    # The CUDA path's staging (host buffers, the exchange on the background
+    # thread, the copy back), on CPU tensors: on a GPU, every model takes it.
+    m_st = fresh()
+    o_st = fpt.torch.DistributedOptimizer(torch.optim.SGD(m_st.parameters(), lr=lr, momentum=0.9),
+                                          m_st.named_parameters(), bucket_bytes=4000, _stage_on_host=True)
+    fpt.torch.broadcast_parameters(m_st.state_dict())
     # A model whose gradient turns out sparse: refused at its first backward.
     emb = torch.nn.Embedding(10, 4, sparse=True).to(DEVICE)
     fpt.torch.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=lr), [("emb.weight", emb.weight)])
@@ -208,11 +214,16 @@ def train():
         o_bf.zero_grad()
         F.cross_entropy(m_bf(xs), ys).backward()
         o_bf.step()
+        o_st.zero_grad()
+        F.cross_entropy(m_st(xs), ys).backward()
+        o_st.step()
     check(len(hooked) >= steps, "DDP's buckets went through fpt.torch.comm_hook (%d exchanges)" % len(hooked))
     ok, worst = close(m_ddp, ref, 1e-5)
     check(ok, "DDP with fpt.torch.comm_hook on 2 workers equals one process within 1e-5 (worst %.2g)" % worst)
     ok, worst = close(m_acc, ref, 1e-5)
     check(ok, "backward_passes_per_step=2 on 2 workers equals one process within 1e-5 (worst %.2g)" % worst)
+    ok, worst = close(m_st, ref, 1e-5)
+    check(ok, "the staged (CUDA) path on 2 workers equals one process within 1e-5 (worst %.2g)" % worst)
     # The gradients rounded to bfloat16 (2^-9 relative at most, each
     # worker's and the sum): the training's updates differ by about that.
     moved = drift(ref, fresh())
