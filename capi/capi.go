@@ -108,6 +108,9 @@ type Lib struct {
 
 	// wires are the compressed keys' wire types (fpt_declare_wire).
 	wires map[uint64]frame.DType
+	// staged are idle wire buffers by size, for the next compressed call.
+	stageMu sync.Mutex
+	staged  map[int][][]byte
 }
 
 // New returns a library that reads its configuration through lookup (the
@@ -348,11 +351,15 @@ func (l *Lib) Init(t Tensors) error {
 		wc.narrow()
 		t = wc.wire
 	}
-	if err := w.InitBytes(context.Background(), t.Keys, t.Data, t.Lens); err != nil {
-		return wrap(op, w, err)
-	}
+	err = w.InitBytes(context.Background(), t.Keys, t.Data, t.Lens)
 	if wc != nil {
-		wc.widen()
+		if err == nil {
+			wc.widen()
+		}
+		wc.release()
+	}
+	if err != nil {
+		return wrap(op, w, err)
 	}
 	return nil
 }
@@ -372,11 +379,15 @@ func (l *Lib) Broadcast(t Tensors) error {
 		wc.narrow()
 		t = wc.wire
 	}
-	if err := w.BroadcastBytes(context.Background(), t.Keys, t.Data, t.Lens); err != nil {
-		return wrap(op, w, err)
-	}
+	err = w.BroadcastBytes(context.Background(), t.Keys, t.Data, t.Lens)
 	if wc != nil {
-		wc.widen()
+		if err == nil {
+			wc.widen()
+		}
+		wc.release()
+	}
+	if err != nil {
+		return wrap(op, w, err)
 	}
 	return nil
 }
@@ -408,10 +419,14 @@ func (l *Lib) Push(t Tensors, priority int, cb Callback) (int, error) {
 	if wc != nil {
 		wc.narrow()
 		t = wc.wire
+		cb = wc.then(cb, false)
 	}
 	wcb, known := callback(cb)
 	ts, err := w.FPTPushBytes(t.Keys, t.Data, t.Lens, int32(priority), wcb)
 	if err != nil {
+		if wc != nil {
+			wc.release() // a refused call never runs its callback
+		}
 		return 0, wrap(op, w, err)
 	}
 	known(ts)
@@ -436,12 +451,15 @@ func (l *Lib) Pull(t Tensors, cb Callback) (int, error) {
 		return 0, err
 	}
 	if wc != nil {
-		cb = wc.then(cb)
+		cb = wc.then(cb, true)
 		t = wc.wire
 	}
 	wcb, known := callback(cb)
 	ts, err := w.FPTPullBytes(t.Keys, t.Data, t.Lens, wcb)
 	if err != nil {
+		if wc != nil {
+			wc.release() // a refused call never runs its callback
+		}
 		return 0, wrap(op, w, err)
 	}
 	known(ts)

@@ -59,6 +59,7 @@ func (l *Lib) setWire(key uint64, wd frame.DType) {
 type wireCall struct {
 	dt         frame.DType
 	user, wire Tensors
+	lib        *Lib
 }
 
 // wireOf is t's compressed counterpart, or nil when none of t's keys is
@@ -87,8 +88,35 @@ func (l *Lib) wireOf(op string, t Tensors) (*wireCall, error) {
 		}
 		wc.wire.Lens[i] = n / 2
 	}
-	wc.wire.Data = make([]byte, len(t.Data)/2)
+	wc.wire.Data = l.stageBuffer(len(t.Data) / 2)
+	wc.lib = l
 	return wc, nil
+}
+
+// stageBuffer is a wire buffer of n bytes, one a finished call gave back
+// if there is one: a training loop's calls reuse the same buffers.
+func (l *Lib) stageBuffer(n int) []byte {
+	l.stageMu.Lock()
+	defer l.stageMu.Unlock()
+	if free := l.staged[n]; len(free) > 0 {
+		b := free[len(free)-1]
+		l.staged[n] = free[:len(free)-1]
+		return b
+	}
+	return make([]byte, n)
+}
+
+// release gives the call's wire buffer back once the library is done with
+// it (the request settled); wc must not be used after.
+func (wc *wireCall) release() {
+	l := wc.lib
+	l.stageMu.Lock()
+	defer l.stageMu.Unlock()
+	if l.staged == nil {
+		l.staged = make(map[int][][]byte)
+	}
+	l.staged[len(wc.wire.Data)] = append(l.staged[len(wc.wire.Data)], wc.wire.Data)
+	wc.wire.Data = nil
 }
 
 func wireName(d frame.DType) string {
@@ -104,13 +132,15 @@ func (wc *wireCall) narrow() { reduce.Narrow(wc.dt, wc.wire.Data, wc.user.Data) 
 // widen decodes what arrived into the program's memory.
 func (wc *wireCall) widen() { reduce.Widen(wc.dt, wc.user.Data, wc.wire.Data) }
 
-// then is cb after widening a successful pull: the program's memory holds
-// the sums when cb runs and when fpt_wait returns.
-func (wc *wireCall) then(cb Callback) Callback {
+// then is cb after widening a successful pull (the program's memory holds
+// the sums when cb runs and when fpt_wait returns) and giving the wire
+// buffer back; for a push (widen false), after giving it back.
+func (wc *wireCall) then(cb Callback, widen bool) Callback {
 	return func(ts int, err error) {
-		if err == nil {
+		if err == nil && widen {
 			wc.widen()
 		}
+		wc.release()
 		if cb != nil {
 			cb(ts, err)
 		}

@@ -43,25 +43,35 @@ func TestLibWire(t *testing.T) {
 			for i := range g {
 				g[i] = val(rank, i)
 			}
-			push, err := l.Push(one(grads), 0, nil)
-			if err != nil {
-				return err
-			}
-			called := make(chan error, 1)
-			var cb Callback
-			if k == 0 {
-				cb = func(_ int, err error) { called <- err }
-			}
-			pull, err := l.Pull(one(sums), cb)
-			if err != nil {
-				return err
-			}
-			if err := errors.Join(l.Wait(push), l.Wait(pull)); err != nil {
-				return err
-			}
-			if k == 0 {
-				if err := <-called; err != nil {
+			for round := range 3 {
+				push, err := l.Push(one(grads), 0, nil)
+				if err != nil {
 					return err
+				}
+				called := make(chan error, 1)
+				var cb Callback
+				if k == 0 {
+					cb = func(_ int, err error) { called <- err }
+				}
+				pull, err := l.Pull(one(sums), cb)
+				if err != nil {
+					return err
+				}
+				if err := errors.Join(l.Wait(push), l.Wait(pull)); err != nil {
+					return err
+				}
+				if k == 0 {
+					if err := <-called; err != nil {
+						return err
+					}
+				}
+				// The push's and the pull's wire buffers are back, and the
+				// next round takes them again rather than new ones.
+				l.stageMu.Lock()
+				idle := len(l.staged[2*n])
+				l.stageMu.Unlock()
+				if idle != 2 {
+					return fmt.Errorf("%s wire, round %d: %d idle wire buffers of %d bytes, want 2", wd, round, idle, 2*n)
 				}
 			}
 			round, widen := reduce.Float32ToBFloat16, reduce.BFloat16ToFloat32
