@@ -83,6 +83,11 @@ def collective():
         fpt.allreduce(t, name="t%d" % length)
         check(torch.equal(t, torch.arange(length, dtype=torch.float32) * 6), "allreduce of %d elements sums exactly"
               % length)
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4) * (r + 1)
+    nc = base.t()  # not contiguous: through a host buffer, back in place
+    fpt.allreduce(nc, name="transposed")
+    check(torch.equal(base, torch.arange(12, dtype=torch.float32).reshape(3, 4) * 6),
+          "allreduce of a non-contiguous tensor sums in place")
     t = torch.full((2, 3), float(r), dtype=torch.float64)
     for step in (5, 6, 9):
         got = fpt.allreduce(t.clone(), step=step, name="stepped", op="average")
