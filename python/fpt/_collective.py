@@ -29,6 +29,7 @@ class _State:
         self.names = {}  # (kind, name) -> _Name
         self.unnamed = {"allreduce": 0, "broadcast": 0}
         self.keys = {}  # key -> name, to catch two names hashing alike
+        self.broadcasts = {}  # name -> its broadcasts so far
 
 
 _state = _State()
@@ -159,12 +160,9 @@ def broadcast(t, root=0, name=None):
         if name is None:
             name = "broadcast.%d" % _state.unnamed["broadcast"]
             _state.unnamed["broadcast"] += 1
-    seq = _state.names.get(("broadcast-seq", name))
-    count = 0 if seq is None else seq.pushes
+        count = _state.broadcasts.get(name, 0)
+        _state.broadcasts[name] = count + 1
     _, e = _entry("broadcast", t, code, "%s#%d" % (name, count), declare=True)
-    with _state.lock:
-        s = _state.names.setdefault(("broadcast-seq", name), _Name(0, 0, 0))
-        s.pushes = count + 1
     h = _host(e, t)
     with torch.no_grad():
         _to_host(h, t)
