@@ -85,21 +85,56 @@ func narrow(dt frame.DType, dst []byte, acc []float32) {
 
 // Narrow rounds the little-endian float32 values in src to the 16-bit type
 // dt (Float16 or BFloat16) into dst, which holds half as many bytes: a
-// compressed wire's encoding.
+// compressed wire's encoding. Typed loops where the slices are aligned
+// (the conversions inline there), byte-wise otherwise.
 func Narrow(dt frame.DType, dst, src []byte) {
-	_, round := halfConv(dt)
-	le := binary.LittleEndian
-	for i := 0; i+1 < len(dst) && 2*i+3 < len(src); i += 2 {
-		le.PutUint16(dst[i:], round(math.Float32frombits(le.Uint32(src[2*i:]))))
+	n := min(len(dst)/2, len(src)/4)
+	if n == 0 {
+		return
+	}
+	d, ok1 := asUint16(dst[:2*n])
+	s, ok2 := asFloat32(src[:4*n])
+	switch {
+	case ok1 && ok2 && dt == frame.BFloat16:
+		for i, f := range s {
+			d[i] = Float32ToBFloat16(f)
+		}
+	case ok1 && ok2:
+		for i, f := range s {
+			d[i] = Float32ToFloat16(f)
+		}
+	default:
+		_, round := halfConv(dt)
+		le := binary.LittleEndian
+		for i := range n {
+			le.PutUint16(dst[2*i:], round(math.Float32frombits(le.Uint32(src[4*i:]))))
+		}
 	}
 }
 
 // Widen sets the little-endian float32 values in dst to the 16-bit values
 // of dt in src (half as many bytes), exactly.
 func Widen(dt frame.DType, dst, src []byte) {
-	widen, _ := halfConv(dt)
-	le := binary.LittleEndian
-	for i := 0; i+1 < len(src) && 2*i+3 < len(dst); i += 2 {
-		le.PutUint32(dst[2*i:], math.Float32bits(widen(le.Uint16(src[i:]))))
+	n := min(len(dst)/4, len(src)/2)
+	if n == 0 {
+		return
+	}
+	d, ok1 := asFloat32(dst[:4*n])
+	s, ok2 := asUint16(src[:2*n])
+	switch {
+	case ok1 && ok2 && dt == frame.BFloat16:
+		for i, h := range s {
+			d[i] = BFloat16ToFloat32(h)
+		}
+	case ok1 && ok2:
+		for i, h := range s {
+			d[i] = Float16ToFloat32(h)
+		}
+	default:
+		widen, _ := halfConv(dt)
+		le := binary.LittleEndian
+		for i := range n {
+			le.PutUint32(dst[4*i:], math.Float32bits(widen(le.Uint16(src[2*i:]))))
+		}
 	}
 }

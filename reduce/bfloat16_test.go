@@ -260,6 +260,14 @@ func TestNarrowWiden(t *testing.T) {
 		Narrow(c.dt, half, src)
 		back := make([]byte, len(src))
 		Widen(c.dt, back, half)
+		// The byte-wise path (misaligned slices) gives the same bytes.
+		srcM, halfM, backM := make([]byte, len(src)+1)[1:], make([]byte, len(half)+1)[1:], make([]byte, len(src)+1)[1:]
+		copy(srcM, src)
+		Narrow(c.dt, halfM, srcM)
+		Widen(c.dt, backM, halfM)
+		if !slices.Equal(halfM, half) || !slices.Equal(backM, back) {
+			t.Errorf("%s: the misaligned path gives %x and %x, the aligned %x and %x", c.dt, halfM, backM, half, back)
+		}
 		for i, v := range vals {
 			if got, want := binary.LittleEndian.Uint16(half[2*i:]), c.round(v); got != want {
 				t.Errorf("%s: Narrow(%g) = %#04x, want %#04x", c.dt, v, got, want)
@@ -268,5 +276,26 @@ func TestNarrowWiden(t *testing.T) {
 				t.Errorf("%s: Widen(Narrow(%g)) = %g, want %g", c.dt, v, got, want)
 			}
 		}
+	}
+}
+
+// BenchmarkNarrowWiden measures a compressed wire's encoding and decoding
+// per float32 byte.
+func BenchmarkNarrowWiden(b *testing.B) {
+	const n = 1 << 20
+	src, half := make([]byte, 4*n), make([]byte, 2*n)
+	for _, dt := range []frame.DType{frame.BFloat16, frame.Float16} {
+		b.Run("narrow/"+dt.String(), func(b *testing.B) {
+			b.SetBytes(4 * n)
+			for b.Loop() {
+				Narrow(dt, half, src)
+			}
+		})
+		b.Run("widen/"+dt.String(), func(b *testing.B) {
+			b.SetBytes(4 * n)
+			for b.Loop() {
+				Widen(dt, src, half)
+			}
+		})
 	}
 }
