@@ -46,6 +46,18 @@ func halfConv(dt frame.DType) (func(uint16) float32, func(float32) uint16) {
 // widenInto sets acc to the 16-bit little-endian values of dt in src
 // (len(acc) == len(src)/2).
 func widenInto(dt frame.DType, acc []float32, src []byte) {
+	if s, ok := asUint16(src); ok && len(s) == len(acc) {
+		if dt == frame.BFloat16 {
+			for i, h := range s {
+				acc[i] = BFloat16ToFloat32(h)
+			}
+			return
+		}
+		for i, h := range s {
+			acc[i] = Float16ToFloat32(h)
+		}
+		return
+	}
 	widen, _ := halfConv(dt)
 	le := binary.LittleEndian
 	for i := range acc {
@@ -76,6 +88,18 @@ func addWidened(dt frame.DType, acc []float32, src []byte) {
 
 // narrow rounds acc once into dst's 16-bit little-endian values of dt.
 func narrow(dt frame.DType, dst []byte, acc []float32) {
+	if d, ok := asUint16(dst); ok && len(d) == len(acc) {
+		if dt == frame.BFloat16 {
+			for i, f := range acc {
+				d[i] = Float32ToBFloat16(f)
+			}
+			return
+		}
+		for i, f := range acc {
+			d[i] = Float32ToFloat16(f)
+		}
+		return
+	}
 	_, round := halfConv(dt)
 	le := binary.LittleEndian
 	for i, f := range acc {
