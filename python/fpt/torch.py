@@ -300,12 +300,16 @@ class _Mover:
             job = self.q.get()
             if job is None:
                 return
-            b, host_grads, host_sums, dev_sums = job
+            b, host_grads, host_sums, dev_sums, wire = job
             try:
                 b.copied.synchronize()  # this thread waits, not a stream
                 fpt.wait_all([fpt.push(b.keys, host_grads, b.priority), fpt.pull(b.keys, host_sums)])
                 with self.ops.on(self.stream):
-                    dev_sums.copy_(host_sums, non_blocking=True)
+                    if wire is not None:  # the 16-bit sums widened on the device
+                        wire.copy_(host_sums, non_blocking=True)
+                        dev_sums.copy_(wire)
+                    else:
+                        dev_sums.copy_(host_sums, non_blocking=True)
                     b.back.record(self.stream)
             except BaseException as e:  # noqa: BLE001 - handed to step()
                 b.error = e
@@ -360,10 +364,23 @@ class _Distributed:
         # model, which also gets its gradients' pinned copies and its sums
         # on the device).
         self._fpt_grads = {dt: torch.zeros(n, dtype=dt, device=device) for dt, n in size.items()}
+        # What each dtype travels as: compressed float32 goes as 16-bit.
+        wire_of = {dt: dt for dt in size}
+        if compression is not None and torch.float32 in wire_of:
+            wire_of[torch.float32] = torch.bfloat16 if _buffers.WIRES[compression] == fpt.BFLOAT16 else torch.float16
+        # The staged path narrows on the device, before the copy to host
+        # (half the bytes over PCIe), into a device buffer of the wire type
+        # that also takes the sums back before they are widened; its keys
+        # are declared as the wire type. The direct path leaves it to the
+        # library (a compressed key).
+        self._fpt_wire = wire_of if self._fpt_cuda else {dt: dt for dt in size}
         if self._fpt_cuda:
-            self._fpt_sums = {dt: ops.pinned(n, dt) for dt, n in size.items()}
-            self._fpt_host_grads = {dt: ops.pinned(n, dt) for dt, n in size.items()}
+            w = self._fpt_wire
+            self._fpt_sums = {dt: ops.pinned(n, w[dt]) for dt, n in size.items()}
+            self._fpt_host_grads = {dt: ops.pinned(n, w[dt]) for dt, n in size.items()}
             self._fpt_dev_sums = {dt: torch.zeros(n, dtype=dt, device=device) for dt, n in size.items()}
+            self._fpt_dev_wire = {dt: torch.zeros(n, dtype=w[dt], device=device) for dt, n in size.items()
+                                  if w[dt] != dt}
             self._fpt_stream = ops.stream()
             self._fpt_mover = _Mover(ops, self._fpt_stream)
             for b in self._fpt_buckets:
@@ -373,14 +390,18 @@ class _Distributed:
         for i, (n, p) in enumerate(params):
             # Earlier layers first: their gradients come last in the
             # backward pass and are needed first by the next forward pass.
-            fpt.declare(keys[i], p.numel() * p.element_size(), str(p.dtype), -i,
-                        compression=compression if p.dtype == torch.float32 else None)
+            wire = self._fpt_wire[p.dtype]
+            if wire != p.dtype:
+                fpt.declare(keys[i], p.numel() * torch.empty((), dtype=wire).element_size(), str(wire), -i)
+            else:
+                fpt.declare(keys[i], p.numel() * p.element_size(), str(p.dtype), -i,
+                            compression=compression if p.dtype == torch.float32 else None)
         for b in self._fpt_buckets:
             b.keys = [keys[i] for i in b.members]
             b.priority = -min(b.members)
         # A gradient key's parameters, for a worker joining the job, are its
         # parameter's values: its init gives the joiner the model.
-        _register(keys, [lambda p=p: self._fpt_handed(p) for _, p in params])
+        _register(keys, [lambda p=p: self._fpt_handed(p, self._fpt_wire[p.dtype]) for _, p in params])
         # The keys' init round (fpt_init is each key's iteration 0), so that
         # the first gradient push is summed.
         for dt in size:
@@ -467,17 +488,23 @@ class _Distributed:
         # that made the gradient is done with it (a stream waiting for a
         # stream: the host never blocks); the mover thread waits for it.
         host = self._fpt_host_grads[b.dtype][b.lo:b.hi]
+        dw = self._fpt_dev_wire.get(b.dtype)
+        narrow = dw[b.lo:b.hi] if dw is not None else None
         side = self._fpt_stream
         side.wait_stream(self._fpt_ops.current_stream())
         with self._fpt_ops.on(side):
-            host.copy_(grads, non_blocking=True)
+            if narrow is not None:
+                narrow.copy_(grads)  # rounded to the wire type on the device
+                host.copy_(narrow, non_blocking=True)
+            else:
+                host.copy_(grads, non_blocking=True)
             b.copied.record(side)
         b.done.clear()
         b.error = None
         self._fpt_handles.append(b)
-        self._fpt_mover.q.put((b, host, sums, self._fpt_dev_sums[b.dtype][b.lo:b.hi]))
+        self._fpt_mover.q.put((b, host, sums, self._fpt_dev_sums[b.dtype][b.lo:b.hi], narrow))
 
-    def _fpt_handed(self, p):
+    def _fpt_handed(self, p, wire):
         """Parameter p for a joining worker, unless the optimizer holds
         state the joiner would lack: entries made while training (momentum
         buffers, moments) that no broadcast_optimizer_state covered. Without
@@ -493,7 +520,7 @@ class _Distributed:
                 "without it would step differently from the others. Use an optimizer without such state, or hand it "
                 "over yourself (keys declared before the first push, and a source that covers them and "
                 "fpt.torch.params_source)" % (now, broadcast))
-        return p.detach().cpu().contiguous()
+        return p.detach().to("cpu", wire).contiguous()
 
     def synchronize(self):
         """Waits for every gradient's sum and sets each gradient to the

@@ -186,6 +186,11 @@ def train():
     o_st = fpt.torch.DistributedOptimizer(torch.optim.SGD(m_st.parameters(), lr=lr, momentum=0.9),
                                           m_st.named_parameters(), bucket_bytes=4000, _stage_on_host=True)
     fpt.torch.broadcast_parameters(m_st.state_dict())
+    # Staged with a bf16 wire: rounded before the copy to host (on the GPU,
+    # torch's rounding), not by the library; the same bits.
+    m_sb = fresh()
+    o_sb = fpt.torch.DistributedOptimizer(torch.optim.SGD(m_sb.parameters(), lr=lr, momentum=0.9),
+                                          m_sb.named_parameters(), compression="bf16", _stage_on_host=True)
     # A model whose gradient turns out sparse: refused at its first backward.
     emb = torch.nn.Embedding(10, 4, sparse=True).to(DEVICE)
     fpt.torch.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=lr), [("emb.weight", emb.weight)])
@@ -222,6 +227,9 @@ def train():
         o_st.zero_grad()
         F.cross_entropy(m_st(xs), ys).backward()
         o_st.step()
+        o_sb.zero_grad()
+        F.cross_entropy(m_sb(xs), ys).backward()
+        o_sb.step()
     check(len(hooked) >= steps, "DDP's buckets went through fpt.torch.comm_hook (%d exchanges)" % len(hooked))
     ok, worst = close(m_ddp, ref, 1e-5)
     check(ok, "DDP with fpt.torch.comm_hook on 2 workers equals one process within 1e-5 (worst %.2g)" % worst)
@@ -236,6 +244,8 @@ def train():
     check(off <= 2 ** -6 * moved, "a bf16 wire stays within bfloat16 rounding of one process: the parameters "
           "differ by %.3g of the %.3g they moved" % (off / moved, moved))
     check(off > 0, "a bf16 wire does round (%.3g)" % off)
+    check(all(torch.equal(p, q) for p, q in zip(m_sb.parameters(), m_bf.parameters())),
+          "the staged path's bf16 wire (rounded on the device) trains the same parameters bit for bit")
     # A third backward before step() is one too many.
     for hx, hy in (shard(xs, ys, 0, 2), shard(xs, ys, 1, 2)):
         F.cross_entropy(m_acc(hx), hy).backward()
