@@ -51,7 +51,7 @@ func TestPythonTrainGPUPaths(t *testing.T) {
 	for _, w := range []string{"worker0", "worker1"} {
 		out := c.proc(w).Stdout.String()
 		mustContain(t, w+" stdout", out, "TRAIN PASS", "DDP's buckets went through fpt.torch.comm_hook", "DDP with fpt.torch.comm_hook on 2 workers equals one process",
-			"backward_passes_per_step=2 on 2 workers equals one process", "a bf16 wire stays within",
+			"backward_passes_per_step=2 on 2 workers equals one process", "a bf16 wire stays within", "DDP with comm_hook over a bf16 wire stays within",
 			"a parameter on the meta device raises TypeError", "a sparse gradient is refused naming the parameter",
 			"the staged (CUDA) path on 2 workers equals one process",
 			"the staged path's bf16 wire (rounded on the device) trains the same parameters bit for bit")

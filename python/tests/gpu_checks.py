@@ -210,12 +210,19 @@ def train():
 
     ddp.register_comm_hook(state, hook)
     o_ddp = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
+    m_dbf = fresh()
+    ddp_bf = DDP(m_dbf, device_ids=[DEVICE.index or 0] if DEVICE.type == "cuda" else None, broadcast_buffers=False)
+    ddp_bf.register_comm_hook(fpt.torch.CommHookState(ddp_bf, compression="bf16"), fpt.torch.comm_hook)
+    o_dbf = torch.optim.SGD(ddp_bf.parameters(), lr=lr, momentum=0.9)
 
     xs, ys = shard(x, y, r, n)
     for _ in range(steps):
         o_ddp.zero_grad()
         F.cross_entropy(ddp(xs), ys).backward()
         o_ddp.step()
+        o_dbf.zero_grad()
+        F.cross_entropy(ddp_bf(xs), ys).backward()
+        o_dbf.step()
         # Two half shards, their losses summed: the gradient of the shard's mean.
         o_acc.zero_grad()
         for hx, hy in (shard(xs, ys, 0, 2), shard(xs, ys, 1, 2)):
@@ -244,6 +251,9 @@ def train():
     check(off <= 2 ** -6 * moved, "a bf16 wire stays within bfloat16 rounding of one process: the parameters "
           "differ by %.3g of the %.3g they moved" % (off / moved, moved))
     check(off > 0, "a bf16 wire does round (%.3g)" % off)
+    off = drift(m_dbf, ref)
+    check(0 < off <= 2 ** -6 * moved, "DDP with comm_hook over a bf16 wire stays within bfloat16 rounding of one "
+          "process: %.3g of the %.3g moved" % (off / moved, moved))
     check(all(torch.equal(p, q) for p, q in zip(m_sb.parameters(), m_bf.parameters())),
           "the staged path's bf16 wire (rounded on the device) trains the same parameters bit for bit")
     # A third backward before step() is one too many.
