@@ -105,6 +105,12 @@ type Lib struct {
 	// finalizing: every request a call started is then known to the
 	// worker's Finalize, which settles it and waits for its callback.
 	submit sync.RWMutex
+
+	// wires are the compressed keys' wire types (fpt_declare_wire).
+	wires map[uint64]frame.DType
+	// staged are idle wire buffers by size, for the next compressed call.
+	stageMu sync.Mutex
+	staged  map[int][][]byte
 }
 
 // New returns a library that reads its configuration through lookup (the
@@ -317,7 +323,7 @@ func (l *Lib) Declare(key, bytes uint64, dtype, priority int) error {
 	}
 	d := frame.DType(dtype)
 	if dtype < 0 || dtype > math.MaxUint8 || d.Size() == 0 {
-		return fail(CodeArg, op, "key %d: unknown dtype %d (FPT_FLOAT32, FPT_FLOAT64 or FPT_FLOAT16)", key, dtype)
+		return fail(CodeArg, op, "key %d: unknown dtype %d (FPT_FLOAT32, FPT_FLOAT64, FPT_FLOAT16 or FPT_BFLOAT16)", key, dtype)
 	}
 	if priority < math.MinInt32 || priority > math.MaxInt32 {
 		return fail(CodeArg, op, "key %d: priority %d out of range", key, priority)
@@ -337,7 +343,22 @@ func (l *Lib) Init(t Tensors) error {
 	if err != nil {
 		return err
 	}
-	if err := w.InitBytes(context.Background(), t.Keys, t.Data, t.Lens); err != nil {
+	wc, err := l.wireOf(op, t)
+	if err != nil {
+		return err
+	}
+	if wc != nil {
+		wc.narrow()
+		t = wc.wire
+	}
+	err = w.InitBytes(context.Background(), t.Keys, t.Data, t.Lens)
+	if wc != nil {
+		if err == nil {
+			wc.widen()
+		}
+		wc.release()
+	}
+	if err != nil {
 		return wrap(op, w, err)
 	}
 	return nil
@@ -350,7 +371,22 @@ func (l *Lib) Broadcast(t Tensors) error {
 	if err != nil {
 		return err
 	}
-	if err := w.BroadcastBytes(context.Background(), t.Keys, t.Data, t.Lens); err != nil {
+	wc, err := l.wireOf(op, t)
+	if err != nil {
+		return err
+	}
+	if wc != nil {
+		wc.narrow()
+		t = wc.wire
+	}
+	err = w.BroadcastBytes(context.Background(), t.Keys, t.Data, t.Lens)
+	if wc != nil {
+		if err == nil {
+			wc.widen()
+		}
+		wc.release()
+	}
+	if err != nil {
 		return wrap(op, w, err)
 	}
 	return nil
@@ -376,9 +412,21 @@ func (l *Lib) Push(t Tensors, priority int, cb Callback) (int, error) {
 	if err := l.alive(w, op); err != nil {
 		return 0, err
 	}
+	wc, err := l.wireOf(op, t)
+	if err != nil {
+		return 0, err
+	}
+	if wc != nil {
+		wc.narrow()
+		t = wc.wire
+		cb = wc.then(cb, false)
+	}
 	wcb, known := callback(cb)
 	ts, err := w.FPTPushBytes(t.Keys, t.Data, t.Lens, int32(priority), wcb)
 	if err != nil {
+		if wc != nil {
+			wc.release() // a refused call never runs its callback
+		}
 		return 0, wrap(op, w, err)
 	}
 	known(ts)
@@ -398,9 +446,20 @@ func (l *Lib) Pull(t Tensors, cb Callback) (int, error) {
 	if err := l.alive(w, op); err != nil {
 		return 0, err
 	}
+	wc, err := l.wireOf(op, t)
+	if err != nil {
+		return 0, err
+	}
+	if wc != nil {
+		cb = wc.then(cb, true)
+		t = wc.wire
+	}
 	wcb, known := callback(cb)
 	ts, err := w.FPTPullBytes(t.Keys, t.Data, t.Lens, wcb)
 	if err != nil {
+		if wc != nil {
+			wc.release() // a refused call never runs its callback
+		}
 		return 0, wrap(op, w, err)
 	}
 	known(ts)

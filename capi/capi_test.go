@@ -505,6 +505,7 @@ func TestHeaderConstants(t *testing.T) {
 		{"FPT_FLOAT32", int(frame.Float32)},
 		{"FPT_FLOAT64", int(frame.Float64)},
 		{"FPT_FLOAT16", int(frame.Float16)},
+		{"FPT_BFLOAT16", int(frame.BFloat16)},
 	}
 	for _, w := range want {
 		if v, ok := header[w.name]; !ok || v != w.value {

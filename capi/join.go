@@ -22,7 +22,7 @@ func (l *Lib) SetParamsSource(fn ParamsFn) error {
 	if err != nil {
 		return err
 	}
-	w.SetParamsSource(paramsSource(fn))
+	w.SetParamsSource(paramsSource(l.wireSource(fn)))
 	return nil
 }
 

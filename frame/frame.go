@@ -118,7 +118,10 @@ const (
 	Float32 DType = 1 + iota
 	Float64
 	Float16
-	lastDType = Float16
+	// BFloat16 is bfloat16: float32's sign and exponent with 7 fraction
+	// bits (its top 16 bits), as GPUs train in.
+	BFloat16
+	lastDType = BFloat16
 )
 
 // Size is the size of one element in bytes (0 for an unknown type).
@@ -128,7 +131,7 @@ func (d DType) Size() int {
 		return 4
 	case Float64:
 		return 8
-	case Float16:
+	case Float16, BFloat16:
 		return 2
 	}
 	return 0
@@ -142,18 +145,21 @@ func (d DType) String() string {
 		return "float64"
 	case Float16:
 		return "float16"
+	case BFloat16:
+		return "bfloat16"
 	}
 	return fmt.Sprintf("dtype(%d)", uint8(d))
 }
 
-// ParseDType reads a dtype by name ("float32", "float64", "float16").
+// ParseDType reads a dtype by name ("float32", "float64", "float16",
+// "bfloat16").
 func ParseDType(s string) (DType, error) {
 	for d := Float32; d <= lastDType; d++ {
 		if d.String() == s {
 			return d, nil
 		}
 	}
-	return 0, fmt.Errorf("unknown dtype %q (want float32, float64 or float16)", s)
+	return 0, fmt.Errorf("unknown dtype %q (want float32, float64, float16 or bfloat16)", s)
 }
 
 // Header is the fixed part of a frame.

@@ -63,12 +63,14 @@ typedef enum fpt_node_role {
 } fpt_node_role;
 
 /* Element types. MXNet's mshadow flags map as kFloat32 -> FPT_FLOAT32,
- * kFloat64 -> FPT_FLOAT64, kFloat16 -> FPT_FLOAT16 (the values differ, so
- * that a zeroed field is never a valid type). */
+ * kFloat64 -> FPT_FLOAT64, kFloat16 -> FPT_FLOAT16, kBfloat16 ->
+ * FPT_BFLOAT16 (the values differ, so that a zeroed field is never a valid
+ * type). Sums of the 16-bit types are added in float32 and rounded once. */
 typedef enum fpt_dtype {
   FPT_FLOAT32 = 1,
   FPT_FLOAT64 = 2,
-  FPT_FLOAT16 = 3
+  FPT_FLOAT16 = 3,
+  FPT_BFLOAT16 = 4
 } fpt_dtype;
 
 /*
@@ -188,6 +190,16 @@ int fpt_set_tensors_per_iteration(int num_tensors);
  * size and type only changes its priority.
  */
 int fpt_declare(uint64_t key, uint64_t bytes, int dtype, int priority);
+
+/*
+ * fpt_declare with a compressed wire: the key's values are float32 in the
+ * program's memory (dtype FPT_FLOAT32, bytes its float32 size, which calls
+ * pass as lens) and travel as wire, FPT_BFLOAT16 or FPT_FLOAT16, in half
+ * the bytes: each push rounds them to wire, aggregators sum in float32 and
+ * round the sum once, each pull widens it back to float32 (exactly). wire 0
+ * (or dtype) is fpt_declare. One call takes keys of one wire type.
+ */
+int fpt_declare_wire(uint64_t key, uint64_t bytes, int dtype, int priority, int wire);
 
 /*
  * Callback of an asynchronous request. Called exactly once for every

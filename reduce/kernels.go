@@ -7,8 +7,9 @@
 // That summation is the system's hot loop, so this package keeps it apart
 // from all I/O:
 //
-//   - Add and the typed kernels (AddFloat32, AddFloat64, AddFloat16) do
-//     dst += src on payload bytes in place, unrolled and allocation-free;
+//   - Add and the typed kernels (AddFloat32, AddFloat64, AddFloat16,
+//     AddBFloat16) do dst += src on payload bytes in place, unrolled and
+//     allocation-free; 16-bit values are added in float32 and rounded once;
 //   - Table does the bookkeeping: which workers have contributed to which
 //     (key, partition, iteration), checking every contribution against the
 //     first, and recycling the sum buffers so that a steady training loop
@@ -74,7 +75,15 @@ func Add(dt frame.DType, dst, src []byte) error {
 				return nil
 			}
 		}
-		addFloat16Bytes(dst, src)
+		addHalfBytes(dst, src, Float16ToFloat32, Float32ToFloat16)
+	case frame.BFloat16:
+		if d, ok := asUint16(dst); ok {
+			if s, ok := asUint16(src); ok {
+				AddBFloat16(d, s)
+				return nil
+			}
+		}
+		addHalfBytes(dst, src, BFloat16ToFloat32, Float32ToBFloat16)
 	}
 	return nil
 }
@@ -163,6 +172,28 @@ func AddFloat16(dst, src []uint16) {
 	}
 }
 
+// AddBFloat16 adds src into dst elementwise, both holding bfloat16 bit
+// patterns: each pair is widened to float32, added, and rounded back to the
+// nearest bfloat16 (ties to even), the correctly rounded bfloat16 sum. It
+// panics if the lengths differ.
+func AddBFloat16(dst, src []uint16) {
+	if len(src) != len(dst) {
+		panic(fmt.Sprintf("aggregator: AddBFloat16: len(dst)=%d != len(src)=%d", len(dst), len(src)))
+	}
+	for len(dst) >= 4 && len(src) >= 4 {
+		d, s := dst[:4:4], src[:4:4]
+		d[0] = Float32ToBFloat16(BFloat16ToFloat32(d[0]) + BFloat16ToFloat32(s[0]))
+		d[1] = Float32ToBFloat16(BFloat16ToFloat32(d[1]) + BFloat16ToFloat32(s[1]))
+		d[2] = Float32ToBFloat16(BFloat16ToFloat32(d[2]) + BFloat16ToFloat32(s[2]))
+		d[3] = Float32ToBFloat16(BFloat16ToFloat32(d[3]) + BFloat16ToFloat32(s[3]))
+		dst, src = dst[4:], src[4:]
+	}
+	src = src[:len(dst)]
+	for i := range dst {
+		dst[i] = Float32ToBFloat16(BFloat16ToFloat32(dst[i]) + BFloat16ToFloat32(src[i]))
+	}
+}
+
 // The byte-wise paths: for misaligned slices or big-endian machines. The
 // caller has checked that len(dst) == len(src) and is a multiple of the
 // element size.
@@ -185,11 +216,10 @@ func addFloat64Bytes(dst, src []byte) {
 	}
 }
 
-func addFloat16Bytes(dst, src []byte) {
+func addHalfBytes(dst, src []byte, widen func(uint16) float32, narrow func(float32) uint16) {
 	le := binary.LittleEndian
 	for len(dst) >= 2 && len(src) >= 2 {
-		sum := Float16ToFloat32(le.Uint16(dst)) + Float16ToFloat32(le.Uint16(src))
-		le.PutUint16(dst, Float32ToFloat16(sum))
+		le.PutUint16(dst, narrow(widen(le.Uint16(dst))+widen(le.Uint16(src))))
 		dst, src = dst[2:], src[2:]
 	}
 }

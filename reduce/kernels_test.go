@@ -20,6 +20,8 @@ func encode(dt frame.DType, vals []float64) []byte {
 			binary.LittleEndian.PutUint64(b[8*i:], math.Float64bits(v))
 		case frame.Float16:
 			binary.LittleEndian.PutUint16(b[2*i:], Float32ToFloat16(float32(v)))
+		case frame.BFloat16:
+			binary.LittleEndian.PutUint16(b[2*i:], Float32ToBFloat16(float32(v)))
 		}
 	}
 	return b
@@ -37,6 +39,8 @@ func decode(dt frame.DType, b []byte) []float64 {
 			vals[i] = math.Float64frombits(binary.LittleEndian.Uint64(b[8*i:]))
 		case frame.Float16:
 			vals[i] = float64(Float16ToFloat32(binary.LittleEndian.Uint16(b[2*i:])))
+		case frame.BFloat16:
+			vals[i] = float64(BFloat16ToFloat32(binary.LittleEndian.Uint16(b[2*i:])))
 		}
 	}
 	return vals
@@ -54,6 +58,8 @@ func refSum(dt frame.DType, a, b []float64) []float64 {
 			out[i] = a[i] + b[i]
 		case frame.Float16:
 			out[i] = float64(Float16ToFloat32(Float32ToFloat16(float32(a[i]) + float32(b[i]))))
+		case frame.BFloat16:
+			out[i] = float64(BFloat16ToFloat32(Float32ToBFloat16(float32(a[i]) + float32(b[i]))))
 		}
 	}
 	return out
@@ -80,6 +86,7 @@ func TestAddErrors(t *testing.T) {
 		{"not whole float32", frame.Float32, 6, 6},
 		{"not whole float64", frame.Float64, 12, 12},
 		{"not whole float16", frame.Float16, 3, 3},
+		{"not whole bfloat16", frame.BFloat16, 5, 5},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -106,7 +113,7 @@ func TestAddErrors(t *testing.T) {
 // for every dtype and lengths around the unrolling width.
 func TestAddPaths(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
-	for _, dt := range []frame.DType{frame.Float32, frame.Float64, frame.Float16} {
+	for _, dt := range []frame.DType{frame.Float32, frame.Float64, frame.Float16, frame.BFloat16} {
 		for n := 0; n <= 37; n++ {
 			for _, shift := range []int{0, 1} { // shift 1 misaligns both slices
 				a, b := smallInts(rng, n), smallInts(rng, n)
@@ -135,7 +142,7 @@ func TestAddPaths(t *testing.T) {
 // that round.
 func TestAddFractions(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 6))
-	for _, dt := range []frame.DType{frame.Float32, frame.Float64, frame.Float16} {
+	for _, dt := range []frame.DType{frame.Float32, frame.Float64, frame.Float16, frame.BFloat16} {
 		a, b := make([]float64, 1000), make([]float64, 1000)
 		for i := range a {
 			a[i], b[i] = rng.NormFloat64()*100, rng.NormFloat64()
@@ -157,9 +164,10 @@ func TestAddFractions(t *testing.T) {
 
 func TestTypedKernelsPanicOnLengthMismatch(t *testing.T) {
 	for name, f := range map[string]func(){
-		"float32": func() { AddFloat32(make([]float32, 3), make([]float32, 4)) },
-		"float64": func() { AddFloat64(make([]float64, 9), make([]float64, 8)) },
-		"float16": func() { AddFloat16(make([]uint16, 1), nil) },
+		"float32":  func() { AddFloat32(make([]float32, 3), make([]float32, 4)) },
+		"float64":  func() { AddFloat64(make([]float64, 9), make([]float64, 8)) },
+		"float16":  func() { AddFloat16(make([]uint16, 1), nil) },
+		"bfloat16": func() { AddBFloat16(make([]uint16, 1), nil) },
 	} {
 		func() {
 			defer func() {
@@ -173,7 +181,7 @@ func TestTypedKernelsPanicOnLengthMismatch(t *testing.T) {
 }
 
 func TestAddAllocatesNothing(t *testing.T) {
-	for _, dt := range []frame.DType{frame.Float32, frame.Float64, frame.Float16} {
+	for _, dt := range []frame.DType{frame.Float32, frame.Float64, frame.Float16, frame.BFloat16} {
 		dst, src := make([]byte, 4096), make([]byte, 4096)
 		if n := testing.AllocsPerRun(100, func() { _ = Add(dt, dst, src) }); n != 0 {
 			t.Errorf("%s: %v allocations per Add", dt, n)
@@ -201,7 +209,7 @@ func benchmarkAdd(b *testing.B, dt frame.DType, size int, misalign int) {
 }
 
 func BenchmarkAdd(b *testing.B) {
-	for _, dt := range []frame.DType{frame.Float32, frame.Float64, frame.Float16} {
+	for _, dt := range []frame.DType{frame.Float32, frame.Float64, frame.Float16, frame.BFloat16} {
 		for _, size := range []struct {
 			name string
 			n    int
@@ -213,7 +221,7 @@ func BenchmarkAdd(b *testing.B) {
 
 // BenchmarkAddMisaligned measures the byte-wise fallback.
 func BenchmarkAddMisaligned(b *testing.B) {
-	for _, dt := range []frame.DType{frame.Float32, frame.Float64, frame.Float16} {
+	for _, dt := range []frame.DType{frame.Float32, frame.Float64, frame.Float16, frame.BFloat16} {
 		b.Run(dt.String()+"/4KiB", func(b *testing.B) { benchmarkAdd(b, dt, 4<<10-8, 1) })
 	}
 }

@@ -73,6 +73,12 @@ type slot struct {
 	workers int      // contributions the round needs
 	seen    []uint64 // bitset of worker indexes that have contributed
 	count   int      // number of bits set in seen
+	// acc is the float32 running sum of a 16-bit round of more than two
+	// workers, rounded once into sum.Data when the last contribution is in
+	// (adding in 16 bits would round at every contribution). Kept with
+	// the slot when it is recycled, so a steady loop allocates nothing.
+	acc     []float32
+	widened bool // acc holds the round's sum so far
 }
 
 // Table aggregates contributions partition by partition; each round needs
@@ -148,7 +154,11 @@ func (t *Table) Add(c Contribution) (*Sum, error) {
 		return nil, nil
 	}
 	// check has validated dtype and lengths: Add cannot fail here.
-	_ = Add(c.DType, s.sum.Data, c.Data)
+	if s.workers > 2 && isHalf(c.DType) {
+		s.accumulate(c.Data)
+	} else {
+		_ = Add(c.DType, s.sum.Data, c.Data)
+	}
 	if c.Adopt {
 		t.recycle(c.Data)
 	}
@@ -157,9 +167,28 @@ func (t *Table) Add(c Contribution) (*Sum, error) {
 	if s.count < s.workers {
 		return nil, nil
 	}
+	if s.widened {
+		narrow(s.sum.DType, s.sum.Data, s.acc)
+		s.widened = false
+	}
 	delete(t.pending, c.PartID)
 	t.pendingBytes -= int64(len(s.sum.Data))
 	return &s.sum, nil
+}
+
+// accumulate adds 16-bit contribution data into the slot's float32 sum,
+// widening the first contribution (in sum.Data) into it first.
+func (s *slot) accumulate(data []byte) {
+	n := len(data) / 2
+	if !s.widened {
+		if cap(s.acc) < n {
+			s.acc = make([]float32, n)
+		}
+		s.acc = s.acc[:n]
+		widenInto(s.sum.DType, s.acc, s.sum.Data)
+		s.widened = true
+	}
+	addWidened(s.sum.DType, s.acc, data)
 }
 
 // check validates c against the table without changing anything. The
@@ -227,6 +256,7 @@ func (t *Table) start(c Contribution) *slot {
 	}
 	s.seen[c.Worker/64] |= 1 << (c.Worker % 64)
 	s.count = 1
+	s.widened = false
 	return s
 }
 
@@ -346,7 +376,7 @@ func (t *Table) Pending() int { return len(t.pending) }
 // PendingBytes returns the size of the buffers of the pending partitions.
 func (t *Table) PendingBytes() int64 { return t.pendingBytes }
 
-// Trim drops every idle buffer and record, returning the memory to the
+// Trim drops every idle buffer and record (float32 accumulators included), returning the memory to the
 // garbage collector; the table allocates afresh as it warms up again.
 // Useful after a layout change or when training ends.
 func (t *Table) Trim() {

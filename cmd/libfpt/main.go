@@ -250,6 +250,13 @@ func fpt_declare(key, bytes C.uint64_t, dtype, priority C.int) C.int {
 	})
 }
 
+//export fpt_declare_wire
+func fpt_declare_wire(key, bytes C.uint64_t, dtype, priority, wire C.int) C.int {
+	return guard("fpt_declare_wire", func() error {
+		return lib.DeclareWire(uint64(key), uint64(bytes), int(dtype), int(priority), int(wire))
+	})
+}
+
 //export fpt_init
 func fpt_init(keys *C.fpt_const_u64, n C.size_t, vals unsafe.Pointer, lens *C.fpt_const_u64) C.int {
 	const op = "fpt_init"

@@ -345,7 +345,8 @@ class KVWorker : public SimpleApp {
     if (dtype == 0) dtype = fpt_dtype_;
     CHECK_NE(dtype, 0) << what << ": values of this type are no fpt tensor: use float or double, or set_fpt_dtype";
     CHECK_EQ(sizeof(Val) == 1 || (dtype == FPT_FLOAT32 && sizeof(Val) == 4) ||
-                 (dtype == FPT_FLOAT64 && sizeof(Val) == 8) || (dtype == FPT_FLOAT16 && sizeof(Val) == 2),
+                 (dtype == FPT_FLOAT64 && sizeof(Val) == 8) ||
+                 ((dtype == FPT_FLOAT16 || dtype == FPT_BFLOAT16) && sizeof(Val) == 2),
              true)
         << what << ": set_fpt_dtype(" << dtype << ") does not fit values of " << sizeof(Val) << " bytes";
     return dtype;

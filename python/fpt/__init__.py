@@ -29,14 +29,14 @@ import traceback
 
 from . import _buffers, _lib
 from ._version import __version__
-from ._buffers import FLOAT16, FLOAT32, FLOAT64
+from ._buffers import BFLOAT16, FLOAT16, FLOAT32, FLOAT64
 
 __all__ = [
     "FPTError", "ArgumentError", "StateError", "UnknownKeyError", "SizeError", "ConfigError",
-    "ClusterError", "InternalError", "Request", "FLOAT32", "FLOAT64", "FLOAT16",
+    "ClusterError", "InternalError", "Request", "FLOAT32", "FLOAT64", "FLOAT16", "BFLOAT16",
     "start", "finalize", "role", "rank", "num_workers", "num_workers_at", "rank_at", "num_servers", "set_tensors_per_iteration",
     "set_params_source", "start_iteration", "joined",
-    "declare", "declared", "init", "broadcast", "push", "pull", "wait_all", "barrier", "my_id", "group_ids",
+    "declare", "declared", "init", "broadcast", "push", "pull", "wait_all", "allreduce", "barrier", "my_id", "group_ids",
     "barrier_group", "GROUP_SCHEDULER", "GROUP_SERVERS", "GROUP_WORKERS",
 ]
 
@@ -360,18 +360,32 @@ def set_tensors_per_iteration(n):
     _node.check(_node.lib.fpt_set_tensors_per_iteration(n))
 
 
-def declare(key, nbytes, dtype=FLOAT32, priority=0):
+def declare(key, nbytes, dtype=FLOAT32, priority=0, compression=None, _late=False):
     """Declares a tensor: key, size in bytes, dtype (FLOAT32/"float32",
-    FLOAT64, FLOAT16, or a NumPy/torch dtype), priority (larger first).
-    Every worker declares the same tensors before any of them pushes."""
+    FLOAT64, FLOAT16, BFLOAT16, or a NumPy/torch dtype), priority (larger
+    first). compression="bf16" or "fp16" makes a float32 key travel as
+    16-bit values (half the bytes): each push rounds them, aggregators sum
+    in float32 and round the sum once, each pull widens it back; the calls
+    still take float32 buffers of nbytes. Every worker declares the same
+    tensors before any of them pushes."""
     code = _buffers.dtype_code(dtype)
-    if _node.pushed and key not in _node.declared:
+    if _node.pushed and key not in _node.declared and not _late:
         raise StateError(_lib.ERR_STATE, "fpt_declare: key %d declared after the first push: every worker "
                          "declares all its keys before any push" % key)
     if code is None:
-        raise ArgumentError(_lib.ERR_ARG, "fpt_declare: dtype %r is not one of fpt's (float32, float64, float16)"
-                            % (dtype,))
-    _node.check(_node.lib.fpt_declare(key, nbytes, code, priority))
+        raise ArgumentError(_lib.ERR_ARG, "fpt_declare: dtype %r is not one of fpt's (%s)"
+                            % (dtype, _buffers.SUMMABLE))
+    if compression not in _buffers.WIRES:
+        raise ArgumentError(_lib.ERR_ARG, "fpt_declare: compression %r is none of None, \"bf16\" and \"fp16\""
+                            % (compression,))
+    wire = _buffers.WIRES[compression]
+    if wire and code != FLOAT32:
+        raise ArgumentError(_lib.ERR_ARG, "fpt_declare: key %d: compression %r takes float32 values, not %s"
+                            % (key, compression, _buffers.DTYPE_NAMES[code]))
+    if wire:
+        _node.check(_node.lib.fpt_declare_wire(key, nbytes, code, priority, wire))
+    else:
+        _node.check(_node.lib.fpt_declare(key, nbytes, code, priority))
     _node.declared[key] = (nbytes, code)
 
 
@@ -420,11 +434,21 @@ def init(keys, buf):
     _node.initialized.update(keys)
 
 
-def broadcast(keys, buf):
+def broadcast(keys, buf=None, root=0, name=None):
     """init for keys that no iteration pushes again (a model's buffers, an
     optimizer's state): every worker gets worker 0's values in buf, and the
     iterations after it complete without these keys; pushing one of them
-    raises. Collective; blocks."""
+    raises. Collective; blocks.
+
+    broadcast(tensor, root=0, name=None), without keys: gives every worker
+    worker 0's values of tensor (CPU or CUDA, any size), in place, over a
+    key fpt makes from name (None: the call's place among this process's
+    unnamed broadcasts). Every worker calls it for the same names in the
+    same order; root must be 0."""
+    if buf is None and not isinstance(keys, int) and not _is_key_list(keys):
+        from . import _collective
+
+        return _collective.broadcast(keys, root=root, name=name)
     keys, ck, cl, v = _tensors("fpt_broadcast", keys, buf, True)
     _node.check(_node.lib.fpt_broadcast(ck, len(keys), v.ptr, cl))
     _node.initialized.update(keys)
@@ -455,6 +479,24 @@ def pull(keys, buf):
     keys, ck, cl, v = _tensors("fpt_pull", keys, buf, True)
     return _node.submit("pull", keys, v.obj,
                         lambda cb, ud, ts: _node.lib.fpt_pull(ck, len(keys), v.ptr, cl, cb, ud, ts))
+
+
+def _is_key_list(keys):
+    return isinstance(keys, (list, tuple, range)) and all(isinstance(k, int) for k in keys)
+
+
+def allreduce(tensor, step=None, name=None, op="sum"):
+    """The sum over the workers of tensor (op="average": divided by the
+    number of workers), in place, and returned: a tensor of any size, CPU
+    or CUDA (copied through pinned host memory), float32, float64, float16
+    or bfloat16. Keyed by name (None: the call's place among this process's
+    unnamed allreduces): a name's first call declares and initialises its
+    key on every worker (collective), later calls push and pull it. step,
+    if given, numbers the calls of a name: it must grow from call to call
+    (every worker passes the same steps). Blocks."""
+    from . import _collective
+
+    return _collective.allreduce(tensor, step=step, name=name, op=op)
 
 
 def wait_all(requests):

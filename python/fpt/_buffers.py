@@ -3,10 +3,14 @@ an element type, without copying. PyTorch CPU tensors give data_ptr();
 NumPy arrays and any other buffer-protocol object (bytearray, memoryview)
 go through a NumPy view of the same memory."""
 
-FLOAT32, FLOAT64, FLOAT16 = 1, 2, 3
-DTYPE_NAMES = {FLOAT32: "float32", FLOAT64: "float64", FLOAT16: "float16"}
-_BY_NAME = {"float32": FLOAT32, "float64": FLOAT64, "float16": FLOAT16,
-            "torch.float32": FLOAT32, "torch.float64": FLOAT64, "torch.float16": FLOAT16}
+FLOAT32, FLOAT64, FLOAT16, BFLOAT16 = 1, 2, 3, 4
+DTYPE_NAMES = {FLOAT32: "float32", FLOAT64: "float64", FLOAT16: "float16", BFLOAT16: "bfloat16"}
+_BY_NAME = {"float32": FLOAT32, "float64": FLOAT64, "float16": FLOAT16, "bfloat16": BFLOAT16,
+            "torch.float32": FLOAT32, "torch.float64": FLOAT64, "torch.float16": FLOAT16,
+            "torch.bfloat16": BFLOAT16}
+# The wire types of a compressed float32 key (fpt.declare's compression).
+WIRES = {None: 0, "none": 0, "bf16": BFLOAT16, "bfloat16": BFLOAT16, "fp16": FLOAT16, "float16": FLOAT16}
+SUMMABLE = "float32, float64, float16, bfloat16"
 
 
 def dtype_code(dtype):
@@ -37,12 +41,15 @@ def view(obj, writable, op):
     read-only where the library writes, or not floating point."""
     if _is_torch(obj):
         if obj.device.type != "cpu":
-            raise TypeError("%s: tensor is on %s; fpt takes CPU tensors" % (op, obj.device))
+            raise TypeError("%s: tensor is on %s; fpt takes CPU tensors (fpt.allreduce and fpt.torch copy "
+                            "GPU tensors through pinned memory)" % (op, obj.device))
+        if obj.is_sparse:
+            raise TypeError("%s: tensor is sparse; fpt takes dense tensors" % op)
         if not obj.is_contiguous():
             raise ValueError("%s: tensor is not contiguous (call .contiguous() and pass that)" % op)
         code = dtype_code(obj.dtype)
         if code is None:
-            raise TypeError("%s: tensor dtype %s is not one of fpt's (float32, float64, float16)" % (op, obj.dtype))
+            raise TypeError("%s: tensor dtype %s is not one of fpt's (%s)" % (op, obj.dtype, SUMMABLE))
         return View(obj, obj.data_ptr(), obj.numel() * obj.element_size(), code)
     import numpy as np
 
@@ -56,7 +63,7 @@ def view(obj, writable, op):
     else:
         code = dtype_code(arr.dtype.name)
         if code is None:
-            raise TypeError("%s: array dtype %s is not one of fpt's (float32, float64, float16)" % (op, arr.dtype))
+            raise TypeError("%s: array dtype %s is not one of fpt's (%s)" % (op, arr.dtype, SUMMABLE))
     return View(obj, arr.ctypes.data if arr.nbytes else 0, arr.nbytes, code)
 
 

@@ -35,6 +35,7 @@ _PROTOS = {
     "fpt_joined": (ctypes.c_int, [_intp]),
     "fpt_set_tensors_per_iteration": (ctypes.c_int, [ctypes.c_int]),
     "fpt_declare": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int, ctypes.c_int]),
+    "fpt_declare_wire": (ctypes.c_int, [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int, ctypes.c_int, ctypes.c_int]),
     "fpt_init": (ctypes.c_int, [_u64p, ctypes.c_size_t, ctypes.c_void_p, _u64p]),
     "fpt_broadcast": (ctypes.c_int, [_u64p, ctypes.c_size_t, ctypes.c_void_p, _u64p]),
     "fpt_push": (ctypes.c_int, [_u64p, ctypes.c_size_t, ctypes.c_void_p, _u64p, ctypes.c_int,
