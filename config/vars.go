@@ -104,6 +104,24 @@ func Known() []Var {
 			read:    func(p *parser, name string, c *Config) { c.NodeHost, _ = p.optional(name) }},
 		{Name: "DMLC_INTERFACE", Meaning: "the network interface whose IPv4 address is the node's", Use: NodeVar,
 			read: func(p *parser, name string, c *Config) { c.Interface, _ = p.optional(name) }},
+		{Name: "FPT_HOST_ID", Meaning: "the host a server or worker runs on, for its local group (workers of one host); set it where DMLC_NODE_HOST does not tell hosts apart (containers, one address per process)", Default: "DMLC_NODE_HOST", Use: NodeVar,
+			read: func(p *parser, name string, c *Config) {
+				v, _ := p.optional(name)
+				if len(v) > MaxHostIDLen {
+					p.fail(name, v, fmt.Sprintf("longer than %d bytes", MaxHostIDLen))
+					v = ""
+				}
+				c.HostID = v
+			}},
+		{Name: "FPT_LOCAL_AGGREGATION", Meaning: "sum the contributions of a host's workers on the host before the network: off, auto (off until the local sum is measured on the data path) or on (refused: the data path does not sum locally yet); see docs/local-aggregation.md", Default: "off", Use: NodeVar,
+			read: func(p *parser, name string, c *Config) {
+				switch p.choice(name, "off", "auto", "on") {
+				case "auto":
+					c.LocalAggregation = LocalAggregationAuto
+				case "on":
+					p.fail(name, "on", "local aggregation is not on the data path yet: use off or auto (docs/local-aggregation.md)")
+				}
+			}},
 		{Name: "FPT_NODE_PORT", Meaning: "the node's control port; its data port is the next one", Default: "a free port", Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {
 				c.NodePort = p.port(name, false)
