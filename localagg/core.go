@@ -16,7 +16,9 @@ type Slot struct {
 	Iter uint64
 }
 
-func (s Slot) String() string { return fmt.Sprintf("key %d part %d iteration %d", s.Key, s.Part, s.Iter) }
+func (s Slot) String() string {
+	return fmt.Sprintf("key %d part %d iteration %d", s.Key, s.Part, s.Iter)
+}
 
 // Sum is a local contribution to add into the host's sum of Slot: From's
 // partition, copied in if First (the first to arrive), else added with the
