@@ -385,8 +385,9 @@ func (c *core) begin() {
 	}
 	var servers []node.ID
 	c.stamp = uint64(now.UnixNano())
+	body := localagg.AppendHosts(binary.LittleEndian.AppendUint64(nil, c.stamp), c.namedHosts())
 	for _, info := range c.table[1:] {
-		c.send(info.ID, &control.Message{Command: control.NodeTable, Recipient: info.ID, Nodes: c.table, Body: binary.LittleEndian.AppendUint64(nil, c.stamp)})
+		c.send(info.ID, &control.Message{Command: control.NodeTable, Recipient: info.ID, Nodes: c.table, Body: body})
 		if info.Role == node.Server {
 			servers = append(servers, info.ID)
 		}

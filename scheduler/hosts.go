@@ -30,6 +30,7 @@ func (c *core) formGroups() {
 	for _, info := range c.table {
 		host := c.hostIDs[c.reg.originOf(info)]
 		if host == "" {
+			// No name: the address names the host.
 			host = info.Host
 		}
 		members = append(members, localagg.Member{ID: info.ID, Host: host})
@@ -46,4 +47,14 @@ func (c *core) formGroups() {
 	}
 	c.log.Info("local groups", "hosts", len(groups), "workers_per_host", strings.Join(sizes, ","),
 		"local_aggregation", c.cfg.LocalAggregation)
+}
+
+// namedHosts lists the host each node of the table named (FPT_HOST_ID),
+// in the table's order: every member forms the same groups from it.
+func (c *core) namedHosts() []string {
+	hosts := make([]string, len(c.table))
+	for i, info := range c.table {
+		hosts[i] = c.hostIDs[c.reg.originOf(info)]
+	}
+	return hosts
 }
