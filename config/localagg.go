@@ -14,9 +14,12 @@ const (
 	// LocalAggregationOff sends every worker's contribution over the
 	// network (the default).
 	LocalAggregationOff LocalAggregation = iota
-	// LocalAggregationAuto lets fpt decide. The local sum is not on the
-	// data path yet, so it decides off; groups are still formed and shown.
+	// LocalAggregationAuto lets fpt decide. Until the local sum is
+	// measured on the emulated network it decides off; groups are still
+	// formed and logged.
 	LocalAggregationAuto
+	// LocalAggregationOn sums each host's contributions on the host.
+	LocalAggregationOn
 )
 
 func (l LocalAggregation) String() string {
@@ -25,6 +28,8 @@ func (l LocalAggregation) String() string {
 		return "off"
 	case LocalAggregationAuto:
 		return "auto"
+	case LocalAggregationOn:
+		return "on"
 	}
 	return fmt.Sprintf("LocalAggregation(%d)", int(l))
 }
@@ -36,4 +41,19 @@ func (c *Config) Host() string {
 		return c.HostID
 	}
 	return c.NodeHost
+}
+
+// localAggregationRefused says why FPT_LOCAL_AGGREGATION=on cannot run
+// with the rest of c ("" if it can): the combinations local aggregation
+// does not handle yet are refused at start-up rather than run wrong.
+func (c *Config) localAggregationRefused() string {
+	switch {
+	case c.LB:
+		return "needs FPT_LB=off (the LB would make workers aggregate, and a host's sum goes to servers only)"
+	case c.RetryServerLoss:
+		return "needs FPT_ON_SERVER_LOSS=fail (a retry would push a host's sum again)"
+	case c.WorkerLoss != WorkerLossFail:
+		return "needs FPT_ON_WORKER_LOSS=fail (a lost worker's contribution would stay in its host's sums)"
+	}
+	return ""
 }

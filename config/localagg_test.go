@@ -17,7 +17,11 @@ func TestLocalAggregation(t *testing.T) {
 		{"off", map[string]string{"FPT_LOCAL_AGGREGATION": "off"}, LocalAggregationOff, "198.18.0.2", nil},
 		{"auto", map[string]string{"FPT_LOCAL_AGGREGATION": " auto "}, LocalAggregationAuto, "198.18.0.2", nil},
 		{"host id names the host", map[string]string{"FPT_HOST_ID": "rack1-a"}, LocalAggregationOff, "rack1-a", nil},
-		{"on is refused", map[string]string{"FPT_LOCAL_AGGREGATION": "on"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "not on the data path"}},
+		{"on", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off"}, LocalAggregationOn, "198.18.0.2", nil},
+		{"on with the LB", map[string]string{"FPT_LOCAL_AGGREGATION": "on"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "FPT_LB=off"}},
+		{"on with server retry", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_SERVER_LOSS": "retry"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "FPT_ON_SERVER_LOSS=fail"}},
+		{"on with continue", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "FPT_ON_WORKER_LOSS=fail"}},
+		{"on with wait", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_WORKER_LOSS": "wait"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "FPT_ON_WORKER_LOSS=fail"}},
 		{"word", map[string]string{"FPT_LOCAL_AGGREGATION": "yes"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "off, auto or on"}},
 		{"host id too long", map[string]string{"FPT_HOST_ID": strings.Repeat("h", MaxHostIDLen+1)}, 0, "", []string{"FPT_HOST_ID", "longer than"}},
 	}

@@ -113,15 +113,6 @@ func Known() []Var {
 				}
 				c.HostID = v
 			}},
-		{Name: "FPT_LOCAL_AGGREGATION", Meaning: "sum the contributions of a host's workers on the host before the network: off, auto (off until the local sum is measured on the data path) or on (refused: the data path does not sum locally yet); see docs/local-aggregation.md", Default: "off", Use: NodeVar,
-			read: func(p *parser, name string, c *Config) {
-				switch p.choice(name, "off", "auto", "on") {
-				case "auto":
-					c.LocalAggregation = LocalAggregationAuto
-				case "on":
-					p.fail(name, "on", "local aggregation is not on the data path yet: use off or auto (docs/local-aggregation.md)")
-				}
-			}},
 		{Name: "FPT_NODE_PORT", Meaning: "the node's control port; its data port is the next one", Default: "a free port", Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {
 				c.NodePort = p.port(name, false)
@@ -210,6 +201,18 @@ func Known() []Var {
 			read: func(p *parser, name string, c *Config) { c.LBProbeEvery = uint64(p.integer(name, 0, 0, 1<<40)) }},
 
 		// Security.
+		{Name: "FPT_LOCAL_AGGREGATION", Meaning: "sum the contributions of a host's workers (one FPT_HOST_ID or address) on the host, in shared memory, and send one sum per host: off, auto (off: on is not measured yet) or on (needs FPT_LB=off, FPT_ON_SERVER_LOSS=fail and FPT_ON_WORKER_LOSS=fail, and no worker joining); see docs/local-aggregation.md", Default: "off", Use: NodeVar,
+			read: func(p *parser, name string, c *Config) {
+				switch p.choice(name, "off", "auto", "on") {
+				case "auto":
+					c.LocalAggregation = LocalAggregationAuto
+				case "on":
+					c.LocalAggregation = LocalAggregationOn
+					if reason := c.localAggregationRefused(); reason != "" {
+						p.fail(name, "on", reason)
+					}
+				}
+			}},
 		{Name: "FPT_CLUSTER_SECRET", Meaning: fmt.Sprintf("the job's shared secret, at least %d bytes (e.g. openssl rand -hex 16); every node has the same one", MinSecretBytes), Use: NodeVar,
 			Default: "none: the node binds loopback only",
 			read:    func(p *parser, name string, c *Config) { c.Secret = p.secret(name, "FPT_CLUSTER_SECRET_FILE") }},
