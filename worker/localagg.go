@@ -61,11 +61,21 @@ type localAgg struct {
 	cond   *sync.Cond
 	free   []int // member: its contribution chunks free; leader: result chunks free
 	closed bool
+	// outbox holds the notices to send, which writer sends in order: a
+	// notice never blocks the loop that takes them (two loops blocked
+	// on each other's full socket queue would wait for ever; a network
+	// namespace's queue holds 10 datagrams).
+	outbox []outNotice
 	// The leader's.
 	core    *localagg.Core
 	first   map[localagg.Slot]frame.Header // each slot's first contribution, which the others must match
 	sums    map[localagg.Slot][]byte
 	readers map[int]readers // result chunks being read
+}
+
+type outNotice struct {
+	to int
+	b  [noticeLen]byte
 }
 
 type readers struct {
@@ -109,6 +119,7 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte)) (*localA
 	if l.conn, err = net.ListenUnixgram("unixgram", l.addrs[l.idx]); err != nil {
 		return nil, fmt.Errorf("worker: local aggregation: notice socket: %w", err)
 	}
+	go l.writer()
 	layout := localagg.Layout{Members: len(g.Workers), Slots: localChunks, SlotBytes: int((cfg.PartitionBytes + 63) / 64 * 64)}
 	deadline := time.Now().Add(cfg.StartTimeout)
 	if l.idx == 0 {
@@ -197,19 +208,51 @@ func (l *localAgg) join(name string, job uint64, layout localagg.Layout, deadlin
 	return l.notify(0, noticeHello, 0, nil)
 }
 
-// notify sends member m a notice.
+// notify queues a notice to member m; writer sends it.
 func (l *localAgg) notify(m int, kind byte, chunk int, h *frame.Header) error {
-	var b [noticeLen]byte
-	b[0] = kind
-	binary.LittleEndian.PutUint16(b[1:], uint16(l.idx))
-	binary.LittleEndian.PutUint32(b[3:], uint32(chunk))
+	n := outNotice{to: m}
+	n.b[0] = kind
+	binary.LittleEndian.PutUint16(n.b[1:], uint16(l.idx))
+	binary.LittleEndian.PutUint32(n.b[3:], uint32(chunk))
 	if h != nil {
-		h.Encode(b[7:])
+		h.Encode(n.b[7:])
 	}
-	if _, err := l.conn.WriteToUnix(b[:], l.addrs[m]); err != nil {
-		return fmt.Errorf("local aggregation: notice to %s: %w", l.group.Workers[m], err)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return errors.New("local aggregation: closed")
 	}
+	l.outbox = append(l.outbox, n)
+	l.cond.Broadcast()
 	return nil
+}
+
+// writer sends the queued notices until close.
+func (l *localAgg) writer() {
+	for {
+		l.mu.Lock()
+		for len(l.outbox) == 0 && !l.closed {
+			l.cond.Wait()
+		}
+		if l.closed {
+			l.mu.Unlock()
+			return
+		}
+		out := l.outbox
+		l.outbox = nil
+		l.mu.Unlock()
+		for _, n := range out {
+			if _, err := l.conn.WriteToUnix(n.b[:], l.addrs[n.to]); err != nil {
+				l.mu.Lock()
+				closed := l.closed
+				l.mu.Unlock()
+				if !closed {
+					l.fail(fmt.Errorf("worker: local aggregation: notice to %s: %w", l.group.Workers[n.to], err))
+				}
+				return
+			}
+		}
+	}
 }
 
 // intercept takes the pushes of sends (not an init round's) into the
