@@ -118,7 +118,7 @@ type flags struct {
 	plot    string // --plot: an SVG file
 	// hostsWorkers is the hosts scenario's workers per host (--hosts-workers).
 	hostsWorkers string
-	from    string // --from: results to print and plot instead of a run
+	from         string // --from: results to print and plot instead of a run
 }
 
 // set tells whether the command line gave the named flag.
