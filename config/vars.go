@@ -201,7 +201,7 @@ func Known() []Var {
 			read: func(p *parser, name string, c *Config) { c.LBProbeEvery = uint64(p.integer(name, 0, 0, 1<<40)) }},
 
 		// Security.
-		{Name: "FPT_LOCAL_AGGREGATION", Meaning: "sum the contributions of a host's workers (one FPT_HOST_ID or address) on the host, in shared memory, and send one sum per host: off, auto (off: on is not measured yet) or on (needs FPT_LB=off, FPT_ON_SERVER_LOSS=fail and FPT_ON_WORKER_LOSS=fail, and no worker joining); see docs/local-aggregation.md", Default: "off", Use: NodeVar,
+		{Name: "FPT_LOCAL_AGGREGATION", Meaning: "sum the contributions of a host's workers (one FPT_HOST_ID or address) on the host, in shared memory, and send one sum per host: off, auto (off for now: on needs FPT_LB=off, and the LB is on by default) or on (needs FPT_LB=off, FPT_ON_SERVER_LOSS=fail and FPT_ON_WORKER_LOSS=fail, and no worker joining); see docs/local-aggregation.md", Default: "off", Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {
 				switch p.choice(name, "off", "auto", "on") {
 				case "auto":
