@@ -58,19 +58,26 @@ func TestLocalAggregation(t *testing.T) {
 		t.Skip("no /dev/shm:", err)
 	}
 	before := len(segments(t))
+	small := []string{"-iters", "4", "-max-bytes", "1048576", "-classic", "1"}
 	tests := []struct {
 		name  string
 		hosts []string
+		args  []string
+		env   []string
 	}{
-		{"groups of 1", []string{"a", "b"}},
-		{"a group of 2", []string{"a", "a"}},
-		{"a group of 3 and 1", []string{"a", "b", "a", "a"}},
-		{"uneven 2,1,2", []string{"a", "b", "c", "a", "c"}},
+		{"groups of 1", []string{"a", "b"}, small, nil},
+		{"a group of 2", []string{"a", "a"}, small, nil},
+		{"a group of 3 and 1", []string{"a", "b", "a", "a"}, small, nil},
+		{"uneven 2,1,2", []string{"a", "b", "c", "a", "c"}, small, nil},
+		// More notices in flight than a socket queues (net.unix.max_dgram_qlen,
+		// 10 by default): no notice loop may block on a peer's.
+		{"a group of 3, many partitions in flight", []string{"a", "a", "a"},
+			[]string{"-iters", "4", "-tensors", "4", "-min-bytes", "4194304", "-max-bytes", "4194304", "-classic", "0"}, []string{"FPT_PARTITION_BYTES=65536"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			args := []string{"-iters", "4", "-max-bytes", "1048576", "-classic", "1"}
-			c := hostCluster(t, 2, tt.hosts, []string{"FPT_LB=off", "FPT_LOCAL_AGGREGATION=on", "FPT_PARTITION_BYTES=262144"}, args)
+			env := append([]string{"FPT_LB=off", "FPT_LOCAL_AGGREGATION=on", "FPT_PARTITION_BYTES=262144"}, tt.env...)
+			c := hostCluster(t, 2, tt.hosts, env, tt.args)
 			c.waitAll(2 * time.Minute)
 			groups := map[string]int{}
 			for _, h := range tt.hosts {
