@@ -1,12 +1,14 @@
 package scheduler
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/localagg"
+	"github.com/fptps/fpt/node"
 )
 
 // noteHost records the host a registering node names in its AddNode's
@@ -41,6 +43,16 @@ func (c *core) formGroups() {
 		return
 	}
 	c.groups = groups
+	shown := map[node.ID]string{}
+	for _, g := range groups {
+		for _, w := range g.Workers {
+			shown[w] = fmt.Sprintf("%s (%d workers)", g.Host, len(g.Workers))
+			if len(g.Workers) == 1 {
+				shown[w] = g.Host + " (alone)"
+			}
+		}
+	}
+	c.obs.rec.Groups(shown)
 	sizes := make([]string, len(groups))
 	for i, n := range localagg.Sizes(groups) {
 		sizes[i] = strconv.Itoa(n)

@@ -58,6 +58,18 @@ func TestLocalGroups(t *testing.T) {
 			t.Errorf("group %s led by %s", g.Host, g.Leader())
 		}
 	}
+	// The status page shows each worker's group.
+	shown := map[string]int{}
+	for _, m := range c.obs.rec.Snapshot(t0, nil).Members {
+		if m.Role == "worker" {
+			shown[m.Group]++
+		} else if m.Group != "" {
+			t.Errorf("%s shown in group %q", m.Name, m.Group)
+		}
+	}
+	if want := map[string]int{"a (2 workers)": 2, "b (alone)": 1, "10.0.0.4 (alone)": 1, "10.0.0.5 (alone)": 1}; !reflect.DeepEqual(shown, want) {
+		t.Errorf("status page groups %v, want %v", shown, want)
+	}
 	if n := len(localagg.HostOf(c.groups)); n != cfg.NumWorkers {
 		t.Errorf("%d workers in groups, want %d", n, cfg.NumWorkers)
 	}
