@@ -14,9 +14,9 @@ const (
 	// LocalAggregationOff sends every worker's contribution over the
 	// network (the default).
 	LocalAggregationOff LocalAggregation = iota
-	// LocalAggregationAuto lets fpt decide. Until the local sum is
-	// measured on the emulated network it decides off; groups are still
-	// formed and logged.
+	// LocalAggregationAuto lets fpt decide: off, since on needs the LB
+	// off, and the LB (on by default) balances by node, not by host.
+	// Groups are still formed and shown.
 	LocalAggregationAuto
 	// LocalAggregationOn sums each host's contributions on the host.
 	LocalAggregationOn

@@ -66,6 +66,10 @@ type localAgg struct {
 	// on each other's full socket queue would wait for ever; a network
 	// namespace's queue holds 10 datagrams).
 	outbox []outNotice
+	// busy counts the calls and goroutines using the segment or the
+	// socket: close unmaps the segment only once they are out.
+	busy      sync.WaitGroup
+	closeOnce sync.Once
 	// The leader's.
 	core    *localagg.Core
 	first   map[localagg.Slot]frame.Header // each slot's first contribution, which the others must match
@@ -119,6 +123,7 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte)) (*localA
 	if l.conn, err = net.ListenUnixgram("unixgram", l.addrs[l.idx]); err != nil {
 		return nil, fmt.Errorf("worker: local aggregation: notice socket: %w", err)
 	}
+	l.enter()
 	go l.writer()
 	layout := localagg.Layout{Members: len(g.Workers), Slots: localChunks, SlotBytes: int((cfg.PartitionBytes + 63) / 64 * 64)}
 	deadline := time.Now().Add(cfg.StartTimeout)
@@ -134,6 +139,7 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte)) (*localA
 	for i := range localChunks {
 		l.free = append(l.free, i)
 	}
+	l.enter()
 	go l.loop()
 	l.log.Info("local aggregation", "host", g.Host, "group", g.Workers, "leader", g.Leader(), "segment_bytes_per_slot", layout.SlotBytes)
 	return l, nil
@@ -227,8 +233,20 @@ func (l *localAgg) notify(m int, kind byte, chunk int, h *frame.Header) error {
 	return nil
 }
 
+// enter counts a user of the segment and the socket in, unless closed.
+func (l *localAgg) enter() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.busy.Add(1)
+	return true
+}
+
 // writer sends the queued notices until close.
 func (l *localAgg) writer() {
+	defer l.busy.Done()
 	for {
 		l.mu.Lock()
 		for len(l.outbox) == 0 && !l.closed {
@@ -262,6 +280,10 @@ func (l *localAgg) intercept(sends []frame.Message) ([]frame.Message, error) {
 	if l == nil {
 		return sends, nil
 	}
+	if !l.enter() {
+		return nil, errors.New("local aggregation: closed")
+	}
+	defer l.busy.Done()
 	rest := sends[:0:0]
 	for i := range sends {
 		m := &sends[i]
@@ -359,9 +381,10 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 // member through the segment, before the leader's own lands (its buffer
 // is the program's after that).
 func (l *localAgg) publish(h *frame.Header, data []byte) error {
-	if l == nil || l.idx != 0 {
+	if l == nil || l.idx != 0 || !l.enter() {
 		return nil
 	}
+	defer l.busy.Done()
 	s := localagg.Slot{Key: h.Key, Part: int(h.Partition), Iter: h.Iteration}
 	init := h.Flags&frame.FlagInit != 0
 	l.mu.Lock()
@@ -398,6 +421,7 @@ func (l *localAgg) publish(h *frame.Header, data []byte) error {
 
 // loop takes the group's notices until the socket closes.
 func (l *localAgg) loop() {
+	defer l.busy.Done()
 	buf := make([]byte, noticeLen)
 	for {
 		n, err := l.conn.Read(buf)
@@ -487,6 +511,10 @@ func (l *localAgg) close() {
 	if l == nil {
 		return
 	}
+	l.closeOnce.Do(l.closeNow)
+}
+
+func (l *localAgg) closeNow() {
 	l.mu.Lock()
 	l.closed = true
 	l.cond.Broadcast()
@@ -494,6 +522,9 @@ func (l *localAgg) close() {
 	if l.conn != nil {
 		l.conn.Close()
 	}
+	// No one touches the segment once they are out (a pending socket
+	// call ends with the socket, a wait for a chunk with closed).
+	l.busy.Wait()
 	if l.seg != nil {
 		if err := l.seg.Close(); err != nil {
 			l.log.Warn("local aggregation: closing the segment", "err", err)
