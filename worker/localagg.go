@@ -97,6 +97,10 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte)) (*localA
 	if cfg.LocalAggregation != config.LocalAggregationOn {
 		return nil, nil
 	}
+	if n.Joined() {
+		// The running workers formed their groups without it.
+		return nil, errors.New("worker: FPT_LOCAL_AGGREGATION=on: a worker cannot join a running job that sums locally yet")
+	}
 	groups, err := n.LocalGroups()
 	if err != nil {
 		return nil, fmt.Errorf("worker: local aggregation: %w", err)
