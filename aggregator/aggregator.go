@@ -20,6 +20,7 @@ import (
 	"sync/atomic"
 
 	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/node"
@@ -54,6 +55,11 @@ type Aggregator struct {
 	version uint32
 	early   []earlyPush
 	follows bool
+	// groups are the workers' local groups when they sum locally
+	// (FPT_LOCAL_AGGREGATION=on; nil otherwise): a group's leader pushes
+	// the group's sum (frame.FlagHostSum), and only leaders are sent
+	// sums, which they hand to their group.
+	groups *hostGroups
 }
 
 // earlyPush is a push cut under a decision not followed yet; data is a
@@ -113,6 +119,9 @@ func (a *Aggregator) initSets() {
 	}
 	slices.Sort(ids)
 	a.sets = []workerSet{{0, ids}}
+	if a.node.Config().LocalAggregation == config.LocalAggregationOn {
+		a.groups = newHostGroups(a.node)
+	}
 }
 
 // PayloadBuffer is the van.Sink half for Push frames: a pushed partition is
@@ -250,6 +259,17 @@ func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
 		}
 		return nil
 	}
+	var also []int
+	if h.Flags&frame.FlagHostSum != 0 {
+		var err error
+		if also, err = a.groups.also(from, ws); err != nil {
+			if adopt {
+				a.table.Recycle(data)
+			}
+			a.mu.Unlock()
+			return err
+		}
+	}
 	// Under the lock: a dropped push must not open an aggregation span.
 	a.trace.Begin(trace.Aggregate, h)
 	sum, err := a.table.Add(reduce.Contribution{
@@ -257,6 +277,7 @@ func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
 		Adopt:   adopt,
 		Workers: len(ws),
 		Worker:  index,
+		Also:    also,
 		DType:   h.DType,
 		Offset:  h.Offset,
 		Total:   h.Total,
@@ -268,7 +289,7 @@ func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
 		return err
 	}
 	a.trace.End(trace.Aggregate, h) // before any worker can have the sum
-	return a.broadcast(h, sum, ws)
+	return a.broadcast(h, sum, a.groups.recipients(ws))
 }
 
 // broadcast sends sum to the workers of its iteration, ws (handing this
@@ -287,7 +308,7 @@ func (a *Aggregator) broadcast(h *frame.Header, sum *reduce.Sum, ws []node.ID) e
 	msgs := make([]frame.Message, len(ws)) // live until their Done
 	for i, id := range ws {
 		msgs[i].Header = frame.Header{
-			Type: frame.Result, DType: sum.DType, Flags: h.Flags,
+			Type: frame.Result, DType: sum.DType, Flags: h.Flags &^ frame.FlagHostSum,
 			Sender: self, Recipient: uint32(id),
 			Key: sum.Key, Partition: sum.Partition, Iteration: sum.Iteration,
 			Offset: sum.Offset, Total: sum.Total, Length: uint64(len(sum.Data)),

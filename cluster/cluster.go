@@ -265,7 +265,8 @@ func (n *Member) Start(ctx context.Context, h Handler) (err error) {
 		self.ID = node.RankID(n.cfg.Role, n.cfg.Rank)
 	}
 	n.log.Info("registering", "control", self.ControlEndpoint(), "data", self.DataAddr(), "scheduler", n.sched)
-	if err := n.plane.Send(n.sched, &control.Message{Command: control.AddNode, Nodes: []node.Info{self}}); err != nil {
+	// Text names the host for its local group (FPT_HOST_ID; empty: the address does).
+	if err := n.plane.Send(n.sched, &control.Message{Command: control.AddNode, Nodes: []node.Info{self}, Text: n.cfg.HostID}); err != nil {
 		return fmt.Errorf("cluster: register: %w", err)
 	}
 	if err := n.awaitTable(ctx); err != nil {

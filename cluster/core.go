@@ -85,6 +85,8 @@ type topology struct {
 	// join: the node table made this server or worker a member of a
 	// running job (control.FlagJoin): it skips the start barriers.
 	join bool
+	// hosts are the hosts nodes named (FPT_HOST_ID), by id (HostOf).
+	hosts map[node.ID]string
 }
 
 type barrierKey struct {
@@ -303,6 +305,11 @@ func (c *core) setTable(m *control.Message) (ready, error) {
 			servers, workers, c.cfg.NumServers, c.cfg.NumWorkers)
 	}
 	c.topo = &topology{self: me, table: table, byID: byID, stamp: binary.LittleEndian.Uint64(m.Body), join: join}
+	if !join {
+		if err := c.topo.readHosts(m.Nodes, m.Body[8:]); err != nil {
+			return r, fmt.Errorf("cluster: %w", err)
+		}
+	}
 	r.topo = c.topo
 	if join {
 		if err := c.startBarriers(m.Body[8:]); err != nil {
@@ -520,7 +527,7 @@ func (c *core) welcome(m *control.Message) ready {
 		r.note(slog.LevelWarn, "NodeJoined for a member ignored", "node", info)
 		return r
 	}
-	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: t.left, stamp: t.stamp, join: t.join}
+	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: t.left, stamp: t.stamp, join: t.join, hosts: t.hosts}
 	nt.byID[info.ID] = info
 	nt.table = append(slices.Clone(t.table), info)
 	slices.SortFunc(nt.table, func(a, b node.Info) int { return cmp.Compare(a.ID, b.ID) })
@@ -549,7 +556,7 @@ func (c *core) leave(id node.ID, why string, graceful bool) ready {
 		r.note(slog.LevelWarn, "NodeLeft for a node that is not another server or worker of the table ignored", "node", id)
 		return r
 	}
-	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: maps.Clone(t.left), stamp: t.stamp, join: t.join}
+	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: maps.Clone(t.left), stamp: t.stamp, join: t.join, hosts: t.hosts}
 	if nt.left == nil {
 		nt.left = make(map[node.ID]node.Info)
 	}

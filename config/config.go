@@ -37,6 +37,11 @@ type Config struct {
 	// address that routes to the scheduler).
 	NodeHost  string
 	Interface string // DMLC_INTERFACE
+	// HostID names the host the node runs on (FPT_HOST_ID); empty: its
+	// NodeHost does. Workers of one host form a local group.
+	HostID string
+	// LocalAggregation is FPT_LOCAL_AGGREGATION.
+	LocalAggregation LocalAggregation
 	// NodePort is this node's control port (FPT_NODE_PORT; 0 picks a free
 	// one). Its data port is always NodePort+1.
 	NodePort int

@@ -104,6 +104,15 @@ func Known() []Var {
 			read:    func(p *parser, name string, c *Config) { c.NodeHost, _ = p.optional(name) }},
 		{Name: "DMLC_INTERFACE", Meaning: "the network interface whose IPv4 address is the node's", Use: NodeVar,
 			read: func(p *parser, name string, c *Config) { c.Interface, _ = p.optional(name) }},
+		{Name: "FPT_HOST_ID", Meaning: "the host a server or worker runs on, for its local group (workers of one host); set it where DMLC_NODE_HOST does not tell hosts apart (containers, one address per process)", Default: "DMLC_NODE_HOST", Use: NodeVar,
+			read: func(p *parser, name string, c *Config) {
+				v, _ := p.optional(name)
+				if len(v) > MaxHostIDLen {
+					p.fail(name, v, fmt.Sprintf("longer than %d bytes", MaxHostIDLen))
+					v = ""
+				}
+				c.HostID = v
+			}},
 		{Name: "FPT_NODE_PORT", Meaning: "the node's control port; its data port is the next one", Default: "a free port", Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {
 				c.NodePort = p.port(name, false)
@@ -199,6 +208,18 @@ func Known() []Var {
 			}},
 
 		// Security.
+		{Name: "FPT_LOCAL_AGGREGATION", Meaning: "sum the contributions of a host's workers (one FPT_HOST_ID or address) on the host, in shared memory, and send one sum per host: off, auto (off for now: on needs FPT_LB=off, and the LB is on by default) or on (needs FPT_LB=off, FPT_ON_SERVER_LOSS=fail and FPT_ON_WORKER_LOSS=fail, and no worker joining); see docs/local-aggregation.md", Default: "off", Use: NodeVar,
+			read: func(p *parser, name string, c *Config) {
+				switch p.choice(name, "off", "auto", "on") {
+				case "auto":
+					c.LocalAggregation = LocalAggregationAuto
+				case "on":
+					c.LocalAggregation = LocalAggregationOn
+					if reason := c.localAggregationRefused(); reason != "" {
+						p.fail(name, "on", reason)
+					}
+				}
+			}},
 		{Name: "FPT_CLUSTER_SECRET", Meaning: fmt.Sprintf("the job's shared secret, at least %d bytes (e.g. openssl rand -hex 16); every node has the same one", MinSecretBytes), Use: NodeVar,
 			Default: "none: the node binds loopback only",
 			read:    func(p *parser, name string, c *Config) { c.Secret = p.secret(name, "FPT_CLUSTER_SECRET_FILE") }},

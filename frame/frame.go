@@ -191,6 +191,9 @@ const (
 	// FlagRefused marks a Params frame that carries the reason the sender
 	// has no parameters to give, not values.
 	FlagRefused
+	// FlagHostSum marks a Push that carries the sum of the sender's local
+	// group (package localagg): it counts for every worker of the group.
+	FlagHostSum
 )
 
 // Errors returned by Decode. They are wrapped with detail; test with errors.Is.

@@ -3,6 +3,7 @@ package reduce
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/fptps/fpt/frame"
 )
@@ -28,7 +29,11 @@ type Contribution struct {
 	// same.
 	Workers int
 	// Worker is the contributor's index among them, 0..Workers-1.
-	Worker        int
+	Worker int
+	// Also are the indexes of the other workers whose values Data holds
+	// summed with Worker's: a host's sum (package localagg). Each counts
+	// as contributed.
+	Also          []int
 	DType         frame.DType // element type of Data
 	Offset, Total uint64      // where this partition sits in its tensor (bytes)
 	// Init marks the key's init round: only worker 0 (the first of the
@@ -162,8 +167,7 @@ func (t *Table) Add(c Contribution) (*Sum, error) {
 	if c.Adopt {
 		t.recycle(c.Data)
 	}
-	s.seen[c.Worker/64] |= 1 << (c.Worker % 64)
-	s.count++
+	s.mark(c)
 	if s.count < s.workers {
 		return nil, nil
 	}
@@ -197,6 +201,14 @@ func (t *Table) check(c Contribution) error {
 	if c.Worker < 0 || c.Worker >= c.Workers {
 		return fmt.Errorf("%w: index %d of %d workers", ErrWorker, c.Worker, c.Workers)
 	}
+	for i, w := range c.Also {
+		if w < 0 || w >= c.Workers || w == c.Worker || slices.Contains(c.Also[:i], w) {
+			return fmt.Errorf("%w: index %d of %d workers, also for %d", ErrWorker, w, c.Workers, c.Worker)
+		}
+	}
+	if c.Init && len(c.Also) > 0 {
+		return fmt.Errorf("%w: a sum of several workers", ErrInit)
+	}
 	es := c.DType.Size()
 	if es == 0 {
 		return fmt.Errorf("%w: unknown dtype %s", ErrData, c.DType)
@@ -229,6 +241,11 @@ func (t *Table) check(c Contribution) error {
 	if s.seen[c.Worker/64]&(1<<(c.Worker%64)) != 0 {
 		return ErrDuplicate
 	}
+	for _, w := range c.Also {
+		if s.seen[w/64]&(1<<(w%64)) != 0 {
+			return fmt.Errorf("%w: worker %d, in a host's sum", ErrDuplicate, w)
+		}
+	}
 	f := &s.sum
 	if c.DType != f.DType || c.Offset != f.Offset || c.Total != f.Total || len(c.Data) != len(f.Data) {
 		return fmt.Errorf("%w: %s [%d, +%d) of %d bytes, first was %s [%d, +%d) of %d bytes", ErrMismatch,
@@ -254,10 +271,19 @@ func (t *Table) start(c Contribution) *slot {
 		Data:   buf,
 		slot:   s,
 	}
-	s.seen[c.Worker/64] |= 1 << (c.Worker % 64)
-	s.count = 1
+	s.count = 0
+	s.mark(c)
 	s.widened = false
 	return s
+}
+
+// mark counts c's workers as contributed to s.
+func (s *slot) mark(c Contribution) {
+	s.seen[c.Worker/64] |= 1 << (c.Worker % 64)
+	for _, w := range c.Also {
+		s.seen[w/64] |= 1 << (w % 64)
+	}
+	s.count += 1 + len(c.Also)
 }
 
 // newSlot returns an idle slot, or a new one, for a round of the given

@@ -145,6 +145,25 @@ func TestTableRules(t *testing.T) {
 			{c: at(2, contribOf(2, 0, 10)), done: true, sum: []float64{30}, pending: 1},
 			{c: contrib(1, 2), done: true, sum: []float64{6}},
 		}},
+		// A host's sum (package localagg) counts for every worker it holds.
+		{"a host's sum counts its workers", []step{
+			{c: with(contrib(2, 10), func(c *Contribution) { c.Also = []int{0} }), pending: 1},
+			{c: contrib(1, 1), done: true, sum: []float64{11}},
+		}},
+		{"a host's sum of every worker completes at once", []step{
+			{c: with(contrib(1, 6), func(c *Contribution) { c.Also = []int{0, 2} }), done: true, sum: []float64{6}},
+		}},
+		{"a host's sum naming a worker in twice", []step{
+			{c: contrib(0, 1), pending: 1},
+			{c: with(contrib(2, 10), func(c *Contribution) { c.Also = []int{0} }), wantErr: ErrDuplicate, pending: 1},
+			{c: with(contrib(2, 10), func(c *Contribution) { c.Also = []int{1, 1} }), wantErr: ErrWorker, pending: 1},
+			{c: with(contrib(2, 10), func(c *Contribution) { c.Also = []int{2} }), wantErr: ErrWorker, pending: 1},
+			{c: with(contrib(2, 10), func(c *Contribution) { c.Also = []int{3} }), wantErr: ErrWorker, pending: 1},
+			{c: with(contrib(2, 10), func(c *Contribution) { c.Also = []int{1} }), done: true, sum: []float64{11}},
+		}},
+		{"an init round is no host's sum", []step{
+			{c: with(contrib(0, 4), func(c *Contribution) { c.Init, c.Also = true, []int{1} }), wantErr: ErrInit},
+		}},
 		{"init round of a smaller set", []step{
 			{c: with(contribOf(2, 0, 4), func(c *Contribution) { c.Init = true }), done: true, sum: []float64{4}},
 			{c: with(contribOf(2, 1, 4), func(c *Contribution) { c.Init = true }), wantErr: ErrInit},

@@ -11,6 +11,7 @@ import (
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/node"
 )
 
@@ -81,6 +82,10 @@ type core struct {
 	// server lost before that ends the job even under retry: a worker
 	// cannot follow a retry before it has started.
 	running bool
+	// hostIDs are the hosts registering nodes named (FPT_HOST_ID), by
+	// connection; groups the workers' local groups, formed at the table.
+	hostIDs map[string]string
+	groups  []localagg.Group
 	// finalSeq is the final barrier's number, once a member reached it.
 	finalSeq  uint64
 	finalSeen bool
@@ -346,6 +351,7 @@ func (c *core) registerStep(m *control.Message) {
 		c.sendTo(info, &control.Message{Command: control.NodeFailed, Sender: node.SchedulerID, Text: "registration refused: " + err.Error()}, true)
 		return
 	}
+	c.noteHost(m)
 	c.log.Info("node registered", "node", info, "servers", c.reg.count(node.Server), "workers", c.reg.count(node.Worker))
 	if c.reg.complete() {
 		c.begin()
@@ -382,14 +388,16 @@ func (c *core) begin() {
 	}
 	var servers []node.ID
 	c.stamp = uint64(now.UnixNano())
+	body := localagg.AppendHosts(binary.LittleEndian.AppendUint64(nil, c.stamp), c.namedHosts())
 	for _, info := range c.table[1:] {
-		c.send(info.ID, &control.Message{Command: control.NodeTable, Recipient: info.ID, Nodes: c.table, Body: binary.LittleEndian.AppendUint64(nil, c.stamp)})
+		c.send(info.ID, &control.Message{Command: control.NodeTable, Recipient: info.ID, Nodes: c.table, Body: body})
 		if info.Role == node.Server {
 			servers = append(servers, info.ID)
 		}
 	}
 	c.layout = classic.Initial(servers) // as every node derives it from the table
 	c.log.Info("node table sent", "nodes", len(c.table))
+	c.formGroups()
 	// A retry after a lost node rides on the LB's grants, so it runs
 	// them even with the LB off (fixed at the even split).
 	if c.cfg.Grants() {

@@ -57,6 +57,9 @@ type Member struct {
 	// SeenAgoSeconds is the time since the scheduler last heard from it
 	// (0 for the scheduler itself).
 	SeenAgoSeconds float64 `json:"seen_ago_seconds"`
+	// Group is a worker's local group (package localagg): its host and
+	// how many workers it has; "" for other roles.
+	Group string `json:"group,omitempty"`
 }
 
 // Decision is an LB decision with its shares by node.
@@ -121,6 +124,7 @@ type Recorder struct {
 	lbOn     bool
 	phase    string
 	members  []node.Info
+	groups   map[node.ID]string // Groups
 	started  time.Time
 	timeout  time.Duration
 	state    string
@@ -151,6 +155,10 @@ func (r *Recorder) Started(table []node.Info, now time.Time) {
 	r.members = slices.Clone(table)
 	r.phase, r.started, r.last = "running", now, now
 }
+
+// Groups records the workers' local groups: each worker's, as the page
+// shows it ("host (n workers)").
+func (r *Recorder) Groups(groups map[node.ID]string) { r.groups = groups }
 
 // Stopped records that the cluster has terminated or failed.
 func (r *Recorder) Stopped() { r.phase = "stopped" }
@@ -210,7 +218,7 @@ func (r *Recorder) Snapshot(now time.Time, seen map[node.ID]time.Time) Snapshot 
 		Members: []Member{}, Capacities: []Capacity{}}
 	for _, info := range r.members {
 		m := Member{Name: NodeName(info.ID), Role: info.Role.String(), Rank: info.ID.Rank(), ID: info.ID,
-			Addr: net.JoinHostPort(info.Host, strconv.Itoa(info.ControlPort)), Alive: r.phase == "running"}
+			Addr: net.JoinHostPort(info.Host, strconv.Itoa(info.ControlPort)), Alive: r.phase == "running", Group: r.groups[info.ID]}
 		if info.ID != node.SchedulerID {
 			at, ok := seen[info.ID]
 			if !ok {

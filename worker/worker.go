@@ -66,6 +66,9 @@ type Worker struct {
 	// failed is closed by watch once the node failed and every request
 	// outstanding was settled with its error (Failed).
 	failed chan struct{}
+	// lagg is this worker's side of its host's group (localagg.go); nil
+	// when it sums nothing locally.
+	lagg *localAgg
 }
 
 var _ van.Sink = (*Worker)(nil)
@@ -107,6 +110,11 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 		n.Close()
 		return nil, err
 	}
+	if w.lagg, err = startLocal(n, w.deliverLocal); err != nil {
+		w.base.Close()
+		n.Close()
+		return nil, err
+	}
 	w.do(t)
 	go w.watch()
 	return w, nil
@@ -139,6 +147,7 @@ func (w *Worker) watch() {
 		err = fmt.Errorf("worker: the node left the cluster: %w", cluster.ErrTerminated)
 	}
 	w.update(func(c *core) effects { return c.fail(err) })
+	w.lagg.close()
 	if failed {
 		close(w.failed)
 	}
@@ -223,6 +232,12 @@ func (w *Worker) hand(req *request, locals, sends []frame.Message, counted bool)
 				w.update(func(c *core) effects { return c.sent(req, err) })
 			}
 		}
+	}
+	// Pushes summed on the host do not go to the van.
+	sends, lerr := w.lagg.intercept(sends)
+	if lerr != nil {
+		w.node.Fail(lerr)
+		return lerr
 	}
 	for i := range sends {
 		m := &sends[i]
@@ -425,6 +440,9 @@ const finalizeWait = 30 * time.Second
 // failure every outstanding request settles with it, and Finalize still
 // returns only once their callbacks have.
 func (w *Worker) Finalize(ctx context.Context) error {
+	// Last: the group's leader hands results over until every worker
+	// passed the final barrier.
+	defer w.lagg.close()
 	defer w.base.Close()
 	defer w.quitOnce.Do(func() { close(w.quit) })
 	w.mu.Lock()
@@ -577,6 +595,9 @@ func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
 	}
 	if !inPlace {
 		copy(l.span, payload)
+	}
+	if err := w.lagg.publish(h, l.span); err != nil {
+		return err
 	}
 	w.update(func(c *core) effects { return c.land(l, h.Partition) })
 	w.trace.End(trace.Pull, h)

@@ -30,7 +30,7 @@
       const tr = el("tr");
       tr.dataset.node = m.name;
       tr.dataset.alive = m.alive;
-      tr.append(el("td", m.name), el("td", m.role), el("td", m.rank), el("td", m.id), el("td", m.addr),
+      tr.append(el("td", m.name), el("td", m.role), el("td", m.rank), el("td", m.id), el("td", m.addr), el("td", m.group || ""),
         el("td", m.alive ? "yes" : "no", m.alive ? "" : "dead"),
         el("td", m.role === "scheduler" ? "" : m.seen_ago_seconds.toFixed(1) + " s ago"));
       body.append(tr);

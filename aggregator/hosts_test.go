@@ -1,0 +1,39 @@
+package aggregator
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/fptps/fpt/node"
+)
+
+func TestHostGroups(t *testing.T) {
+	w := node.WorkerID
+	// Hosts: {w0, w2, w3} and {w1}.
+	g := &hostGroups{members: map[node.ID][]node.ID{w(0): {w(2), w(3)}, w(1): nil}, follower: map[node.ID]bool{w(2): true, w(3): true}}
+	ws := []node.ID{w(0), w(1), w(2), w(3)}
+	if also, err := g.also(w(0), ws); err != nil || !reflect.DeepEqual(also, []int{2, 3}) {
+		t.Errorf("also(w0) = %v, %v; want [2 3]", also, err)
+	}
+	for _, from := range []node.ID{w(1), w(2)} {
+		if _, err := g.also(from, ws); err == nil {
+			t.Errorf("a host sum from %s, which leads no group of several, was taken", from)
+		}
+	}
+	if _, err := g.also(w(0), ws[:3]); err == nil {
+		t.Error("a host sum holding a worker not of the iteration was taken")
+	}
+	var none *hostGroups
+	if _, err := none.also(w(0), ws); err == nil {
+		t.Error("a host sum taken without local aggregation")
+	}
+	if got := g.recipients(ws); !reflect.DeepEqual(got, []node.ID{w(0), w(1)}) {
+		t.Errorf("recipients %v, want the leaders [w0 w1]", got)
+	}
+	if got := none.recipients(ws); !reflect.DeepEqual(got, ws) {
+		t.Errorf("recipients without groups %v, want every worker", got)
+	}
+	if !reflect.DeepEqual(ws, []node.ID{w(0), w(1), w(2), w(3)}) {
+		t.Error("recipients modified the workers' slice")
+	}
+}

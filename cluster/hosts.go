@@ -1,0 +1,50 @@
+package cluster
+
+import (
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/localagg"
+	"github.com/fptps/fpt/node"
+)
+
+// readHosts takes the hosts the table's nodes named (after the stamp of
+// a NodeTable's body; none from a scheduler that sent none), in the
+// order of nodes, the table as sent.
+func (t *topology) readHosts(nodes []node.Info, b []byte) error {
+	hosts, err := localagg.ParseHosts(b, len(nodes), config.MaxHostIDLen)
+	if err != nil {
+		return err
+	}
+	t.hosts = make(map[node.ID]string, len(nodes))
+	for i, info := range nodes {
+		if hosts[i] != "" {
+			t.hosts[info.ID] = hosts[i]
+		}
+	}
+	return nil
+}
+
+// HostOf is the host node id runs on, for its local group: the one it
+// named (FPT_HOST_ID), else its address; "" for a node not in the table.
+func (n *Member) HostOf(id node.ID) string {
+	t := n.topo.Load()
+	if t == nil {
+		return ""
+	}
+	if h, ok := t.hosts[id]; ok {
+		return h
+	}
+	if info, ok := t.byID[id]; ok {
+		return info.Host
+	}
+	return ""
+}
+
+// LocalGroups are the workers' local groups (package localagg), from the
+// hosts of the node table.
+func (n *Member) LocalGroups() ([]localagg.Group, error) {
+	var ms []localagg.Member
+	for _, id := range n.Workers() {
+		ms = append(ms, localagg.Member{ID: id, Host: n.HostOf(id)})
+	}
+	return localagg.Groups(ms)
+}

@@ -1,0 +1,59 @@
+package config
+
+import "fmt"
+
+// MaxHostIDLen bounds FPT_HOST_ID: it travels in the registration, whose
+// text the scheduler bounds too.
+const MaxHostIDLen = 255
+
+// LocalAggregation is whether a host's workers sum their contributions on
+// the host before the network (FPT_LOCAL_AGGREGATION).
+type LocalAggregation int
+
+const (
+	// LocalAggregationOff sends every worker's contribution over the
+	// network (the default).
+	LocalAggregationOff LocalAggregation = iota
+	// LocalAggregationAuto lets fpt decide: off, since on needs the LB
+	// off, and the LB (on by default) balances by node, not by host.
+	// Groups are still formed and shown.
+	LocalAggregationAuto
+	// LocalAggregationOn sums each host's contributions on the host.
+	LocalAggregationOn
+)
+
+func (l LocalAggregation) String() string {
+	switch l {
+	case LocalAggregationOff:
+		return "off"
+	case LocalAggregationAuto:
+		return "auto"
+	case LocalAggregationOn:
+		return "on"
+	}
+	return fmt.Sprintf("LocalAggregation(%d)", int(l))
+}
+
+// Host is the name of the host the node runs on, as its local group knows
+// it: FPT_HOST_ID, else the address other nodes reach it at.
+func (c *Config) Host() string {
+	if c.HostID != "" {
+		return c.HostID
+	}
+	return c.NodeHost
+}
+
+// localAggregationRefused says why FPT_LOCAL_AGGREGATION=on cannot run
+// with the rest of c ("" if it can): the combinations local aggregation
+// does not handle yet are refused at start-up rather than run wrong.
+func (c *Config) localAggregationRefused() string {
+	switch {
+	case c.LB:
+		return "needs FPT_LB=off (the LB would make workers aggregate, and a host's sum goes to servers only)"
+	case c.RetryServerLoss:
+		return "needs FPT_ON_SERVER_LOSS=fail (a retry would push a host's sum again)"
+	case c.WorkerLoss != WorkerLossFail:
+		return "needs FPT_ON_WORKER_LOSS=fail (a lost worker's contribution would stay in its host's sums)"
+	}
+	return ""
+}

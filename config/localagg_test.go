@@ -1,0 +1,55 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestLocalAggregation(t *testing.T) {
+	tests := []struct {
+		name    string
+		env     map[string]string
+		want    LocalAggregation
+		host    string
+		errWith []string // an error naming all of these
+	}{
+		{"unset", nil, LocalAggregationOff, "198.18.0.2", nil},
+		{"off", map[string]string{"FPT_LOCAL_AGGREGATION": "off"}, LocalAggregationOff, "198.18.0.2", nil},
+		{"auto", map[string]string{"FPT_LOCAL_AGGREGATION": " auto "}, LocalAggregationAuto, "198.18.0.2", nil},
+		{"host id names the host", map[string]string{"FPT_HOST_ID": "rack1-a"}, LocalAggregationOff, "rack1-a", nil},
+		{"on", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off"}, LocalAggregationOn, "198.18.0.2", nil},
+		{"on with the LB", map[string]string{"FPT_LOCAL_AGGREGATION": "on"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "FPT_LB=off"}},
+		{"on with server retry", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_SERVER_LOSS": "retry"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "FPT_ON_SERVER_LOSS=fail"}},
+		{"on with continue", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "FPT_ON_WORKER_LOSS=fail"}},
+		{"on with wait", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_WORKER_LOSS": "wait"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "FPT_ON_WORKER_LOSS=fail"}},
+		{"word", map[string]string{"FPT_LOCAL_AGGREGATION": "yes"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "off, auto or on"}},
+		{"host id too long", map[string]string{"FPT_HOST_ID": strings.Repeat("h", MaxHostIDLen+1)}, 0, "", []string{"FPT_HOST_ID", "longer than"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := base()
+			e["DMLC_NODE_HOST"] = "198.18.0.2"
+			for k, v := range tt.env {
+				e[k] = v
+			}
+			c, err := FromEnv(env(e))
+			if tt.errWith != nil {
+				if err == nil {
+					t.Fatal("no error")
+				}
+				for _, w := range tt.errWith {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not name %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.LocalAggregation != tt.want || c.Host() != tt.host {
+				t.Errorf("LocalAggregation %v, Host %q; want %v, %q", c.LocalAggregation, c.Host(), tt.want, tt.host)
+			}
+		})
+	}
+}

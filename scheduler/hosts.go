@@ -1,0 +1,72 @@
+package scheduler
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/control"
+	"github.com/fptps/fpt/localagg"
+	"github.com/fptps/fpt/node"
+)
+
+// noteHost records the host a registering node names in its AddNode's
+// Text (its FPT_HOST_ID), by the connection it came over. An empty or
+// oversized one is ignored: the node's address names its host then.
+func (c *core) noteHost(m *control.Message) {
+	if m.Text == "" || len(m.Text) > config.MaxHostIDLen {
+		return
+	}
+	if c.hostIDs == nil {
+		c.hostIDs = map[string]string{}
+	}
+	c.hostIDs[m.Origin] = m.Text
+}
+
+// formGroups forms the workers' local groups from the table: by the host
+// each named, else by address. It logs them; a failure (which the table's
+// checks make impossible) only leaves the job without groups.
+func (c *core) formGroups() {
+	members := make([]localagg.Member, 0, len(c.table))
+	for _, info := range c.table {
+		host := c.hostIDs[c.reg.originOf(info)]
+		if host == "" {
+			// No name: the address names the host.
+			host = info.Host
+		}
+		members = append(members, localagg.Member{ID: info.ID, Host: host})
+	}
+	groups, err := localagg.Groups(members)
+	if err != nil {
+		c.log.Warn("no local groups", "err", err)
+		return
+	}
+	c.groups = groups
+	shown := map[node.ID]string{}
+	for _, g := range groups {
+		for _, w := range g.Workers {
+			shown[w] = fmt.Sprintf("%s (%d workers)", g.Host, len(g.Workers))
+			if len(g.Workers) == 1 {
+				shown[w] = g.Host + " (alone)"
+			}
+		}
+	}
+	c.obs.rec.Groups(shown)
+	sizes := make([]string, len(groups))
+	for i, n := range localagg.Sizes(groups) {
+		sizes[i] = strconv.Itoa(n)
+	}
+	c.log.Info("local groups", "hosts", len(groups), "workers_per_host", strings.Join(sizes, ","),
+		"local_aggregation", c.cfg.LocalAggregation)
+}
+
+// namedHosts lists the host each node of the table named (FPT_HOST_ID),
+// in the table's order: every member forms the same groups from it.
+func (c *core) namedHosts() []string {
+	hosts := make([]string, len(c.table))
+	for i, info := range c.table {
+		hosts[i] = c.hostIDs[c.reg.originOf(info)]
+	}
+	return hosts
+}

@@ -1,0 +1,141 @@
+package tests
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/internal/localcluster"
+	"github.com/fptps/fpt/localagg"
+)
+
+// hostCluster runs a cluster whose workers are placed on emulated hosts
+// (FPT_HOST_ID): hosts[i] is the host of the i-th worker process.
+func hostCluster(t *testing.T, servers int, hosts []string, env []string, appArgs []string) *cluster {
+	t.Helper()
+	lc, err := localcluster.Start(localcluster.Spec{
+		Servers: servers, Workers: len(hosts),
+		Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
+		Worker: append([]string{bin.app}, appArgs...),
+		Env:    append([]string{"PS_VERBOSE=1", "FPT_START_TIMEOUT=60"}, env...),
+		Command: func(name string, argv []string) *exec.Cmd {
+			cmd := exec.Command(argv[0], argv[1:]...)
+			var i int
+			if _, err := fmt.Sscanf(name, "worker%d", &i); err == nil && i < len(hosts) {
+				cmd.Env = []string{"FPT_HOST_ID=" + hosts[i]}
+			}
+			return cmd
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lc.Kill)
+	return &cluster{Cluster: lc, t: t}
+}
+
+// segments lists this job's local-aggregation segments left in /dev/shm.
+func segments(t *testing.T) []string {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(localagg.DefaultDir, localagg.Prefix+"*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestLocalAggregation: workers on one host (FPT_HOST_ID) sum their
+// pushes in shared memory and send one sum per host; every worker gets
+// the exact sums (test_kv_app checks each against what every worker
+// pushed), in groups of 1, 2 and 3 and uneven hosts, and nothing is left
+// in /dev/shm after.
+func TestLocalAggregation(t *testing.T) {
+	if _, err := os.Stat(localagg.DefaultDir); err != nil {
+		t.Skip("no /dev/shm:", err)
+	}
+	before := len(segments(t))
+	small := []string{"-iters", "4", "-max-bytes", "1048576", "-classic", "1"}
+	tests := []struct {
+		name  string
+		hosts []string
+		args  []string
+		env   []string
+	}{
+		{"groups of 1", []string{"a", "b"}, small, nil},
+		{"a group of 2", []string{"a", "a"}, small, nil},
+		{"a group of 3 and 1", []string{"a", "b", "a", "a"}, small, nil},
+		{"uneven 2,1,2", []string{"a", "b", "c", "a", "c"}, small, nil},
+		// More notices in flight than a socket queues (net.unix.max_dgram_qlen,
+		// 10 by default): no notice loop may block on a peer's.
+		{"a group of 3, many partitions in flight", []string{"a", "a", "a"},
+			[]string{"-iters", "4", "-tensors", "4", "-min-bytes", "4194304", "-max-bytes", "4194304", "-classic", "0"}, []string{"FPT_PARTITION_BYTES=65536"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := append([]string{"FPT_LB=off", "FPT_LOCAL_AGGREGATION=on", "FPT_PARTITION_BYTES=262144"}, tt.env...)
+			c := hostCluster(t, 2, tt.hosts, env, tt.args)
+			c.waitAll(2 * time.Minute)
+			groups := map[string]int{}
+			for _, h := range tt.hosts {
+				groups[h]++
+			}
+			for i, h := range tt.hosts {
+				p := c.proc(fmt.Sprintf("worker%d", i))
+				mustContain(t, p.Name+" stdout", p.Stdout.String(), "iteration 4/4 verified", "PASS")
+				// Alone on its host, a worker sums nothing locally.
+				if want := groups[h] > 1; strings.Contains(p.Stderr.String(), `msg="local aggregation"`) != want {
+					t.Errorf("%s on host %s (of %d workers): local aggregation logged %v, want %v:\n%s", p.Name, h, groups[h], !want, want, tail(p.Stderr.String()))
+				}
+			}
+			if left := segments(t); len(left) > before {
+				t.Errorf("segments left in %s: %v", localagg.DefaultDir, left)
+			}
+		})
+	}
+}
+
+// TestLocalAggregationRefused: the combinations local aggregation does
+// not handle yet fail at start-up, naming the variable.
+func TestLocalAggregationRefused(t *testing.T) {
+	c := hostCluster(t, 1, []string{"a", "a"}, []string{"FPT_LOCAL_AGGREGATION=on", "FPT_LB=on"}, []string{"-iters", "1"})
+	if err := c.Wait(time.Minute); err == nil {
+		t.Fatal("a job with FPT_LOCAL_AGGREGATION=on and FPT_LB=on ran")
+	}
+	mustContain(t, "worker0 stderr", c.proc("worker0").Stderr.String(), "FPT_LOCAL_AGGREGATION", "FPT_LB=off")
+}
+
+// TestLocalAggregationKill: kill -9 of a group's member or of its leader
+// mid-run, under FPT_ON_WORKER_LOSS=fail: every other process exits
+// non-zero within 30 s, and no segment is left in /dev/shm.
+func TestLocalAggregationKill(t *testing.T) {
+	before := len(segments(t))
+	// worker0 and worker1 share host a; which one leads is the
+	// scheduler's ranking: both cases are covered.
+	for _, victimName := range []string{"worker0", "worker1"} {
+		t.Run(victimName, func(t *testing.T) {
+			c := hostCluster(t, 1, []string{"a", "a", "b"}, []string{"FPT_LB=off", "FPT_LOCAL_AGGREGATION=on"},
+				[]string{"-iters", "100000", "-max-bytes", "1048576"})
+			_, killed := c.killMidRun(victimName)
+			victim := c.proc(victimName)
+			for _, p := range c.Procs {
+				if p == victim {
+					continue
+				}
+				if !p.Wait(30*time.Second - time.Since(killed)) {
+					c.dump()
+					t.Fatalf("%s still running 30 s after %s was killed", p.Name, victimName)
+				}
+				if p.ExitCode() == 0 {
+					t.Errorf("%s exited 0 after %s died", p.Name, victimName)
+				}
+			}
+			if left := segments(t); len(left) > before {
+				t.Errorf("segments left in %s: %v", localagg.DefaultDir, left)
+			}
+		})
+	}
+}

@@ -1,0 +1,537 @@
+package worker
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/localagg"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/reduce"
+)
+
+// The shell of local aggregation (FPT_LOCAL_AGGREGATION=on): the workers
+// of one host sum their pushes in a shared-memory segment, and the group's
+// leader pushes one sum per partition (frame.FlagHostSum); the
+// aggregators send the sums to leaders only, and a leader hands each to
+// its group through the segment. The worker's core is unchanged: a
+// member's pushes are taken before the van (intercept) and its results
+// come in as its own sums (deliverLocal). The bookkeeping is
+// localagg.Core's; this file moves bytes and small notices (a unixgram
+// socket per worker, in the abstract namespace, so nothing is left on
+// disk).
+
+// localChunks is how many partitions each member may have in the segment
+// at once, and how many results the leader may have there.
+const localChunks = 16
+
+// Notices between a group's workers: kind, member index, chunk, header.
+const (
+	noticeHello    = 1 + iota // member → leader: the segment is mapped
+	noticeContrib             // member → leader: a contribution is in chunk
+	noticeConsumed            // leader → member: the chunk is summed, free
+	noticeResult              // leader → member: a result is in chunk
+	noticeRead                // member → leader: the result was copied out
+	noticeLen      = 1 + 2 + 4 + frame.HeaderSize
+)
+
+// localAgg is one worker's side of its host's group.
+type localAgg struct {
+	log     *slog.Logger
+	self    node.ID
+	group   localagg.Group
+	idx     int // self's index in group.Workers
+	seg     *localagg.Segment
+	conn    *net.UnixConn
+	addrs   []*net.UnixAddr // by member index
+	fail    func(error)
+	deliver func(h *frame.Header, data []byte)
+	send    func(m *frame.Message) error
+
+	mu     sync.Mutex
+	cond   *sync.Cond
+	free   []int // member: its contribution chunks free; leader: result chunks free
+	closed bool
+	// outbox holds the notices to send, which writer sends in order: a
+	// notice never blocks the loop that takes them (two loops blocked
+	// on each other's full socket queue would wait for ever; a network
+	// namespace's queue holds 10 datagrams).
+	outbox []outNotice
+	// busy counts the calls and goroutines using the segment or the
+	// socket: close unmaps the segment only once they are out.
+	busy      sync.WaitGroup
+	closeOnce sync.Once
+	// The leader's.
+	core    *localagg.Core
+	first   map[localagg.Slot]frame.Header // each slot's first contribution, which the others must match
+	sums    map[localagg.Slot][]byte
+	readers map[int]readers // result chunks being read
+}
+
+type outNotice struct {
+	to int
+	b  [noticeLen]byte
+}
+
+type readers struct {
+	left int
+	slot localagg.Slot
+	init bool // an init round's result: no host sum behind it
+}
+
+// startLocal sets up this worker's side of its host's group, once the
+// cluster started; nil when it sums nothing locally (off, or alone on its
+// host). The leader makes the segment and waits for every member to map
+// it, then removes its name: a job killed later leaves nothing behind.
+func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte)) (*localAgg, error) {
+	cfg := n.Config()
+	if cfg.LocalAggregation != config.LocalAggregationOn {
+		return nil, nil
+	}
+	if n.Joined() {
+		// The running workers formed their groups without it.
+		return nil, errors.New("worker: FPT_LOCAL_AGGREGATION=on: a worker cannot join a running job that sums locally yet")
+	}
+	groups, err := n.LocalGroups()
+	if err != nil {
+		return nil, fmt.Errorf("worker: local aggregation: %w", err)
+	}
+	self := n.Self().ID
+	var g localagg.Group
+	for _, gr := range groups {
+		if slices.Contains(gr.Workers, self) {
+			g = gr
+		}
+	}
+	if len(g.Workers) < 2 {
+		n.Logger().Info("local aggregation: alone on this host", "host", g.Host)
+		return nil, nil
+	}
+	l := &localAgg{log: n.Logger(), self: self, group: g, idx: slices.Index(g.Workers, self),
+		fail: n.Fail, deliver: deliver, send: n.Van().Send}
+	l.cond = sync.NewCond(&l.mu)
+	job := n.JobStamp()
+	name := localagg.Name(job, g.Host)
+	for _, w := range g.Workers {
+		l.addrs = append(l.addrs, &net.UnixAddr{Name: "@" + name + "-" + w.String(), Net: "unixgram"})
+	}
+	if l.conn, err = net.ListenUnixgram("unixgram", l.addrs[l.idx]); err != nil {
+		return nil, fmt.Errorf("worker: local aggregation: notice socket: %w", err)
+	}
+	l.enter()
+	go l.writer()
+	layout := localagg.Layout{Members: len(g.Workers), Slots: localChunks, SlotBytes: int((cfg.PartitionBytes + 63) / 64 * 64)}
+	deadline := time.Now().Add(cfg.StartTimeout)
+	if l.idx == 0 {
+		err = l.lead(name, job, layout, deadline)
+	} else {
+		err = l.join(name, job, layout, deadline)
+	}
+	if err != nil {
+		l.close()
+		return nil, fmt.Errorf("worker: local aggregation on host %q (FPT_LOCAL_AGGREGATION=on; off sends every worker's push over the network): %w", g.Host, err)
+	}
+	for i := range localChunks {
+		l.free = append(l.free, i)
+	}
+	l.enter()
+	go l.loop()
+	l.log.Info("local aggregation", "host", g.Host, "group", g.Workers, "leader", g.Leader(), "segment_bytes_per_slot", layout.SlotBytes)
+	return l, nil
+}
+
+// lead makes the segment and waits for every member's hello.
+func (l *localAgg) lead(name string, job uint64, layout localagg.Layout, deadline time.Time) error {
+	if gone, err := localagg.Sweep(localagg.DefaultDir); err == nil && len(gone) > 0 {
+		l.log.Warn("local aggregation: removed segments of jobs that were killed", "segments", gone)
+	}
+	seg, stale, err := localagg.Create(localagg.DefaultDir, name, job, 0, layout)
+	if err != nil {
+		return err
+	}
+	if stale {
+		l.log.Warn("local aggregation: replaced a segment left by a killed job", "segment", seg.Path())
+	}
+	l.seg = seg
+	core, err := localagg.NewCore(l.group.Workers, 1<<30, localagg.LossFail)
+	if err != nil {
+		return err
+	}
+	for _, w := range l.group.Workers {
+		if err := core.Declared(w, 0); err != nil {
+			return err
+		}
+	}
+	l.core, l.first, l.sums, l.readers = core, map[localagg.Slot]frame.Header{}, map[localagg.Slot][]byte{}, map[int]readers{}
+	hello := make([]bool, len(l.group.Workers))
+	hello[0] = true
+	buf := make([]byte, noticeLen)
+	for slices.Contains(hello, false) {
+		if err := l.conn.SetReadDeadline(deadline); err != nil {
+			return err
+		}
+		n, err := l.conn.Read(buf)
+		if err != nil {
+			return fmt.Errorf("waiting for the group's workers to map the segment: %w", err)
+		}
+		if n == noticeLen && buf[0] == noticeHello {
+			if m := int(binary.LittleEndian.Uint16(buf[1:])); m > 0 && m < len(hello) {
+				hello[m] = true
+			}
+		}
+	}
+	if err := l.conn.SetReadDeadline(time.Time{}); err != nil {
+		return err
+	}
+	// Every member mapped it: its name is no longer needed.
+	if err := os.Remove(seg.Path()); err != nil {
+		return fmt.Errorf("remove the segment's name: %w", err)
+	}
+	return nil
+}
+
+// join maps the leader's segment, once it is there, and says hello.
+func (l *localAgg) join(name string, job uint64, layout localagg.Layout, deadline time.Time) error {
+	for {
+		seg, err := localagg.Open(localagg.DefaultDir, name, job, 0, layout)
+		if err == nil {
+			l.seg = seg
+			break
+		}
+		// Not there yet, or still being written: the leader may be
+		// slower to start. Another job's or another layout's stays
+		// wrong, and is reported at the deadline.
+		if errors.Is(err, localagg.ErrDisagree) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return l.notify(0, noticeHello, 0, nil)
+}
+
+// notify queues a notice to member m; writer sends it.
+func (l *localAgg) notify(m int, kind byte, chunk int, h *frame.Header) error {
+	n := outNotice{to: m}
+	n.b[0] = kind
+	binary.LittleEndian.PutUint16(n.b[1:], uint16(l.idx))
+	binary.LittleEndian.PutUint32(n.b[3:], uint32(chunk))
+	if h != nil {
+		h.Encode(n.b[7:])
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return errors.New("local aggregation: closed")
+	}
+	l.outbox = append(l.outbox, n)
+	l.cond.Broadcast()
+	return nil
+}
+
+// enter counts a user of the segment and the socket in, unless closed.
+func (l *localAgg) enter() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.busy.Add(1)
+	return true
+}
+
+// writer sends the queued notices until close.
+func (l *localAgg) writer() {
+	defer l.busy.Done()
+	for {
+		l.mu.Lock()
+		for len(l.outbox) == 0 && !l.closed {
+			l.cond.Wait()
+		}
+		if l.closed {
+			l.mu.Unlock()
+			return
+		}
+		out := l.outbox
+		l.outbox = nil
+		l.mu.Unlock()
+		for _, n := range out {
+			if _, err := l.conn.WriteToUnix(n.b[:], l.addrs[n.to]); err != nil {
+				l.mu.Lock()
+				closed := l.closed
+				l.mu.Unlock()
+				if !closed {
+					l.fail(fmt.Errorf("worker: local aggregation: notice to %s: %w", l.group.Workers[n.to], err))
+				}
+				return
+			}
+		}
+	}
+}
+
+// intercept takes the pushes of sends (not an init round's) into the
+// group's sums and returns the frames left to send. A push taken is done
+// (its Done runs) once its bytes are in the segment or the host's sum.
+func (l *localAgg) intercept(sends []frame.Message) ([]frame.Message, error) {
+	if l == nil {
+		return sends, nil
+	}
+	if !l.enter() {
+		return nil, errors.New("local aggregation: closed")
+	}
+	defer l.busy.Done()
+	rest := sends[:0:0]
+	for i := range sends {
+		m := &sends[i]
+		if m.Header.Type != frame.Push || m.Header.Flags&frame.FlagInit != 0 {
+			rest = append(rest, *m)
+			continue
+		}
+		var err error
+		if l.idx == 0 {
+			err = l.arrive(0, &m.Header, m.Payload)
+		} else {
+			err = l.contribute(m)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if m.Done != nil {
+			m.Done(nil)
+		}
+	}
+	return rest, nil
+}
+
+// contribute writes a member's push into a free chunk and tells the
+// leader.
+func (l *localAgg) contribute(m *frame.Message) error {
+	if len(m.Payload) > len(l.seg.Contribution(l.idx, 0)) {
+		return fmt.Errorf("local aggregation: a %d-byte partition does not fit the segment's %d-byte slots", len(m.Payload), len(l.seg.Contribution(l.idx, 0)))
+	}
+	l.mu.Lock()
+	for len(l.free) == 0 && !l.closed {
+		l.cond.Wait()
+	}
+	if l.closed {
+		l.mu.Unlock()
+		return errors.New("local aggregation: closed")
+	}
+	chunk := l.free[len(l.free)-1]
+	l.free = l.free[:len(l.free)-1]
+	l.mu.Unlock()
+	copy(l.seg.Contribution(l.idx, chunk), m.Payload)
+	return l.notify(0, noticeContrib, chunk, &m.Header)
+}
+
+// arrive is the leader's: member m's contribution h, data, is summed into
+// the host's sum at once, which is pushed once every member's is in.
+func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
+	s := localagg.Slot{Key: h.Key, Part: int(h.Partition), Iter: h.Iteration}
+	l.mu.Lock()
+	f, seen := l.first[s]
+	if !seen {
+		l.first[s] = *h
+	} else if f.DType != h.DType || f.Offset != h.Offset || f.Total != h.Total || f.Length != h.Length || f.Recipient != h.Recipient || f.Aux != h.Aux {
+		l.mu.Unlock()
+		return fmt.Errorf("local aggregation: workers %s and %s of host %q disagree on key %d (declared differently?): %s against %s",
+			node.ID(f.Sender), node.ID(h.Sender), l.group.Host, h.Key, h, &f)
+	}
+	eff, err := l.core.Arrived(l.group.Workers[m], s)
+	if err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	for _, sum := range eff.Sums {
+		if sum.First {
+			l.sums[s] = append([]byte(nil), data...)
+		} else if err := reduce.Add(h.DType, l.sums[s], data); err != nil {
+			l.mu.Unlock()
+			return fmt.Errorf("local aggregation: %w", err)
+		}
+	}
+	var out []*frame.Message
+	for _, snd := range eff.Sends {
+		hh := l.first[snd.Slot]
+		hh.Sender = uint32(l.self)
+		hh.Flags |= frame.FlagHostSum
+		buf := l.sums[snd.Slot]
+		delete(l.first, snd.Slot)
+		delete(l.sums, snd.Slot)
+		out = append(out, &frame.Message{Header: hh, Payload: buf, Done: func(err error) {
+			if err != nil {
+				l.fail(fmt.Errorf("worker: host sum %s: %w", &hh, err))
+			}
+		}})
+	}
+	l.mu.Unlock()
+	for _, msg := range out {
+		if err := l.send(msg); err != nil {
+			return fmt.Errorf("worker: host sum %s: %w", &msg.Header, err)
+		}
+	}
+	return nil
+}
+
+// publish is the leader's: a result it received, data, goes to every
+// member through the segment, before the leader's own lands (its buffer
+// is the program's after that).
+func (l *localAgg) publish(h *frame.Header, data []byte) error {
+	if l == nil || l.idx != 0 || !l.enter() {
+		return nil
+	}
+	defer l.busy.Done()
+	s := localagg.Slot{Key: h.Key, Part: int(h.Partition), Iter: h.Iteration}
+	init := h.Flags&frame.FlagInit != 0
+	l.mu.Lock()
+	if !init {
+		if _, err := l.core.ResultIn(s); err != nil {
+			l.mu.Unlock()
+			return err
+		}
+	}
+	for len(l.free) == 0 && !l.closed {
+		l.cond.Wait()
+	}
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	chunk := l.free[len(l.free)-1]
+	l.free = l.free[:len(l.free)-1]
+	l.readers[chunk] = readers{left: len(l.group.Workers) - 1, slot: s, init: init}
+	l.mu.Unlock()
+	if len(data) > len(l.seg.HostSum(chunk)) {
+		return fmt.Errorf("local aggregation: a %d-byte result does not fit the segment's slots", len(data))
+	}
+	copy(l.seg.HostSum(chunk), data)
+	for m := 1; m < len(l.group.Workers); m++ {
+		hh := *h
+		hh.Recipient = uint32(l.group.Workers[m])
+		if err := l.notify(m, noticeResult, chunk, &hh); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loop takes the group's notices until the socket closes.
+func (l *localAgg) loop() {
+	defer l.busy.Done()
+	buf := make([]byte, noticeLen)
+	for {
+		n, err := l.conn.Read(buf)
+		if err != nil {
+			l.mu.Lock()
+			closed := l.closed
+			l.mu.Unlock()
+			if !closed {
+				l.fail(fmt.Errorf("worker: local aggregation: %w", err))
+			}
+			return
+		}
+		if err := l.handle(buf[:n]); err != nil {
+			l.fail(fmt.Errorf("worker: %w", err))
+			return
+		}
+	}
+}
+
+// handle takes one notice.
+func (l *localAgg) handle(b []byte) error {
+	if len(b) != noticeLen {
+		return fmt.Errorf("local aggregation: a %d-byte notice", len(b))
+	}
+	kind, m, chunk := b[0], int(binary.LittleEndian.Uint16(b[1:])), int(binary.LittleEndian.Uint32(b[3:]))
+	if m >= len(l.group.Workers) || chunk >= localChunks {
+		return fmt.Errorf("local aggregation: a notice from member %d about chunk %d", m, chunk)
+	}
+	var h *frame.Header
+	if kind != noticeConsumed && kind != noticeHello {
+		hh, err := frame.Decode(b[7:], uint64(len(l.seg.HostSum(0))))
+		if err != nil {
+			return fmt.Errorf("local aggregation: %w", err)
+		}
+		h = &hh
+	}
+	switch {
+	case l.idx == 0 && kind == noticeContrib && m > 0:
+		if int(h.Length) > len(l.seg.Contribution(m, chunk)) {
+			return fmt.Errorf("local aggregation: %s from %s does not fit a slot", h, l.group.Workers[m])
+		}
+		if err := l.arrive(m, h, l.seg.Contribution(m, chunk)[:h.Length]); err != nil {
+			return err
+		}
+		return l.notify(m, noticeConsumed, chunk, nil)
+	case l.idx == 0 && kind == noticeRead && m > 0:
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		r, ok := l.readers[chunk]
+		if !ok {
+			return fmt.Errorf("local aggregation: %s read a result not published", l.group.Workers[m])
+		}
+		if !r.init {
+			if _, err := l.core.Read(l.group.Workers[m], r.slot); err != nil {
+				return err
+			}
+		}
+		if r.left--; r.left > 0 {
+			l.readers[chunk] = r
+			return nil
+		}
+		delete(l.readers, chunk)
+		l.free = append(l.free, chunk)
+		l.cond.Broadcast()
+		return nil
+	case l.idx > 0 && kind == noticeConsumed && m == 0:
+		l.mu.Lock()
+		l.free = append(l.free, chunk)
+		l.cond.Broadcast()
+		l.mu.Unlock()
+		return nil
+	case l.idx > 0 && kind == noticeResult && m == 0:
+		if int(h.Length) > len(l.seg.HostSum(chunk)) {
+			return fmt.Errorf("local aggregation: result %s does not fit a slot", h)
+		}
+		l.deliver(h, l.seg.HostSum(chunk)[:h.Length])
+		return l.notify(0, noticeRead, chunk, h)
+	case kind == noticeHello:
+		return nil // a member's, after the leader stopped counting
+	}
+	return fmt.Errorf("local aggregation: notice %d from member %d unexpected here", kind, m)
+}
+
+// close ends this worker's side: its socket, its mapping (the leader's
+// removes the segment's name if still there).
+func (l *localAgg) close() {
+	if l == nil {
+		return
+	}
+	l.closeOnce.Do(l.closeNow)
+}
+
+func (l *localAgg) closeNow() {
+	l.mu.Lock()
+	l.closed = true
+	l.cond.Broadcast()
+	l.mu.Unlock()
+	if l.conn != nil {
+		l.conn.Close()
+	}
+	// No one touches the segment once they are out (a pending socket
+	// call ends with the socket, a wait for a chunk with closed).
+	l.busy.Wait()
+	if l.seg != nil {
+		if err := l.seg.Close(); err != nil {
+			l.log.Warn("local aggregation: closing the segment", "err", err)
+		}
+	}
+}
