@@ -83,6 +83,10 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		"DMLC_NUM_SERVER":   strconv.Itoa(o.Servers),
 		"DMLC_NUM_WORKER":   strconv.Itoa(o.Workers),
 		"FPT_START_TIMEOUT": "30",
+		// Two iterations ahead, however short: in memory an iteration
+		// takes microseconds, and tests count in iterations when a
+		// decision lands (o.Env may say otherwise).
+		"FPT_LB_AHEAD": "0",
 	}
 	maps.Copy(env, o.Env)
 	cfgFor := func(role string) (config.Config, error) {
