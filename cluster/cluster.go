@@ -678,6 +678,12 @@ func (n *Member) shutdown() {
 			}
 		}
 		if n.plane != nil {
+			n.mu.Lock()
+			forsake := n.core.forsakeScheduler()
+			n.mu.Unlock()
+			if f, ok := n.plane.(interface{ Forsake(string) }); ok && forsake {
+				f.Forsake(n.sched)
+			}
 			if err := n.plane.Close(); err != nil {
 				n.log.Warn("closing the control plane", "err", err)
 			}

@@ -59,9 +59,12 @@ type core struct {
 	// one finds it was stopped, every later one does, and sends nothing.
 	lastTick time.Time
 
-	err        error // the node's failure: the first one
-	terminated bool  // the scheduler's Terminate came
-	departed   bool  // the scheduler's NodeLeft for this node, after Leave
+	err error // the node's failure: the first one
+	// schedLost: the scheduler stopped answering heartbeats; nothing sent
+	// to it will be taken.
+	schedLost  bool
+	terminated bool // the scheduler's Terminate came
+	departed   bool // the scheduler's NodeLeft for this node, after Leave
 }
 
 type topology struct {
@@ -348,6 +351,7 @@ func (c *core) tick(now time.Time, progress uint64) ready {
 	c.lastTick = now
 	r := ready{send: []*control.Message{{Command: control.Heartbeat, Sender: c.self().ID, Seq: progress}}}
 	if silent := now.Sub(c.lastAck); silent > c.cfg.HeartbeatTimeout {
+		c.schedLost = true
 		r.merge(c.fail(fmt.Errorf("cluster: scheduler at %s unreachable: no heartbeat answer for %s", c.sched, silent.Round(time.Millisecond)), node.SchedulerID))
 	}
 	return r
@@ -561,3 +565,9 @@ func (c *core) describe(id node.ID) string {
 // that are failing too, and one that stopped reading would hold a
 // draining Close for IOTimeout.
 func (c *core) abortVan() bool { return c.err != nil }
+
+// forsakeScheduler reports whether closing the control plane should drop
+// what is still queued for the scheduler rather than linger to deliver
+// it: the scheduler stopped answering, so a node that failed for it
+// (waiting in any barrier, the final one included) exits at once.
+func (c *core) forsakeScheduler() bool { return c.schedLost }

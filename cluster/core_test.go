@@ -76,6 +76,7 @@ type ev struct {
 	msg      *control.Message
 	progress uint64 // a tick's
 	barrier  node.Group
+	final    bool    // the barrier is the final one (FlagFinal)
 	lost     node.ID // the data plane lost this peer
 	grace    bool    // the latest lost peer's grace ends
 	fail     string
@@ -143,7 +144,11 @@ func feed(t *testing.T, c *core, evs []ev) ready {
 		case e.msg != nil:
 			r = c.step(e.msg, now)
 		case e.barrier != 0:
-			m, err := c.barrier(e.barrier, 0)
+			var flags uint8
+			if e.final {
+				flags = control.FlagFinal
+			}
+			m, err := c.barrier(e.barrier, flags)
 			if err != nil {
 				t.Fatalf("barrier over %d: %v", e.barrier, err)
 			}
@@ -524,5 +529,59 @@ func TestCoreRegisterProbe(t *testing.T) {
 	c.probed(true, t0)
 	if r := c.tick(t0.Add(5*time.Second), 0); r.probe || r.startErr != nil {
 		t.Errorf("a tick after the table probed (%v) or failed the start (%v)", r.probe, r.startErr)
+	}
+}
+
+// A scheduler that goes silent fails the node, naming it, one timeout
+// after its last answer, whatever the node waits in: nothing, a barrier,
+// the final barrier; and the node then forsakes it (drops what is queued
+// for it at close rather than lingering). After the scheduler's
+// Terminate the job is over: silence is no failure. The heartbeat ticks
+// come every interval (100 ms) until the case's end.
+func TestCoreSchedulerSilence(t *testing.T) {
+	ack := sched(control.Message{Command: control.HeartbeatAck})
+	const wantFail = "scheduler at tcp://10.0.0.9:9000 unreachable"
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	tests := []struct {
+		name    string
+		evs     []ev // at ms(50)+k*ms(100): between ticks
+		end     time.Duration
+		fail    string // in the failure at the end; "" none
+		forsake bool
+	}{
+		{"running", []ev{{at: ms(450), msg: ack}}, ms(1600), wantFail, true},
+		{"answered in time", []ev{{at: ms(450), msg: ack}}, ms(1400), "", false},
+		{"worker barrier", []ev{{at: ms(450), msg: ack}, {at: ms(550), barrier: node.WorkerGroup}}, ms(1600), wantFail, true},
+		{"barrier of every node", []ev{{at: ms(450), msg: ack}, {at: ms(550), barrier: node.AllGroup}}, ms(1600), wantFail, true},
+		{"final barrier", []ev{{at: ms(450), msg: ack}, {at: ms(550), barrier: node.AllGroup, final: true}}, ms(1600), wantFail, true},
+		{"final barrier, a peer lost meanwhile", []ev{{at: ms(450), msg: ack},
+			{at: ms(550), barrier: node.AllGroup, final: true}, {at: ms(650), lost: node.ServerID(1)}}, ms(1600), wantFail, true},
+		{"terminated", []ev{{at: ms(450), msg: ack}, {at: ms(550), barrier: node.AllGroup, final: true},
+			{at: ms(650), msg: sched(control.Message{Command: control.Terminate})}}, ms(3000), "", false},
+		{"failed for a peer", []ev{{at: ms(450), msg: ack}, {at: ms(550), fail: "server died"}}, ms(1400), "server died", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var evs []ev
+			rest := tt.evs
+			for at := ms(100); at <= tt.end; at += ms(100) {
+				for len(rest) > 0 && rest[0].at < at {
+					evs, rest = append(evs, rest[0]), rest[1:]
+				}
+				evs = append(evs, ev{at: at})
+			}
+			c := registered(t)
+			feed(t, c, evs)
+			got := ""
+			if c.err != nil {
+				got = c.err.Error()
+			}
+			if tt.fail == "" && got != "" || !strings.Contains(got, tt.fail) {
+				t.Errorf("failure %q, want one with %q", got, tt.fail)
+			}
+			if c.forsakeScheduler() != tt.forsake {
+				t.Errorf("forsakeScheduler() = %v, want %v", c.forsakeScheduler(), tt.forsake)
+			}
+		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -222,4 +223,56 @@ func BenchmarkPSLiteGoodput(b *testing.B) {
 	b.ReportMetric(fptSum/n, "cpp-fpt-Gbit/s")
 	b.ReportMetric(classicSum/goSum, "classic/go")
 	b.ReportMetric(fptSum/goSum, "fpt/go")
+}
+
+// kill -9 of the scheduler while every server and worker waits in a
+// barrier it cannot pass (final_barrier.cc: the servers and worker 0 in
+// Finalize(0, true)'s barrier or, with Finalize(0, false), in libfpt's
+// final barrier; worker 1 in a barrier of the workers): each exits with
+// status 1 within PS_HEARTBEAT_TIMEOUT and a second, naming the
+// scheduler.
+func TestPSLiteSchedulerDiesInFinalBarrier(t *testing.T) {
+	for _, barrier := range []string{"1", "0"} {
+		t.Run("barrier="+barrier, func(t *testing.T) { schedulerDiesInFinalBarrier(t, barrier) })
+	}
+}
+
+func schedulerDiesInFinalBarrier(t *testing.T, barrier string) {
+	const timeout = 3 * time.Second
+	dir := libPrograms(t, "default")
+	argv := []string{filepath.Join(dir, "pslite_final_barrier"), "-barrier", barrier}
+	c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: 2, Workers: 2,
+		Scheduler: argv, Server: argv, Worker: argv,
+		Env: []string{"PS_HEARTBEAT_INTERVAL=0.5", "PS_HEARTBEAT_TIMEOUT=" + strconv.Itoa(int(timeout/time.Second))}}), t: t}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, name := range []string{"server0", "server1", "worker0", "worker1"} {
+		if _, err := waitOutput(ctx, c.proc(name), regexp.MustCompile(`waiting in`)); err != nil {
+			c.dump()
+			t.Fatal(err)
+		}
+	}
+	// Let every node send its barrier and see it answered by nothing.
+	time.Sleep(300 * time.Millisecond)
+	killed := time.Now()
+	if err := c.proc("scheduler").Kill(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("scheduler killed at %s", killed.Format("15:04:05.000"))
+	for _, name := range []string{"server0", "server1", "worker0", "worker1"} {
+		p := c.proc(name)
+		if !p.Wait(timeout + 2*time.Second) {
+			c.dump()
+			t.Fatalf("%s still running %s after the scheduler was killed", name, time.Since(killed).Round(time.Millisecond))
+		}
+		took := p.ExitedAt().Sub(killed)
+		t.Logf("%s exited %d after %s", name, p.ExitCode(), took.Round(time.Millisecond))
+		if took > timeout+time.Second {
+			t.Errorf("%s exited %s after the kill, later than PS_HEARTBEAT_TIMEOUT (%s) and a second:\n%s", name, took.Round(time.Millisecond), timeout, tail(p.Stderr.String()))
+		}
+		if p.ExitCode() != 1 {
+			t.Errorf("%s exited %d, want 1", name, p.ExitCode())
+		}
+		mustContain(t, name+" stderr", p.Stderr.String(), "scheduler")
+	}
 }
