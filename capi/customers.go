@@ -274,3 +274,46 @@ func custErr(op string, err error) error {
 	}
 	return &Error{Code: code, Err: fmt.Errorf("capi: %s: %w", op, err)}
 }
+
+// StartCustomer is ps-lite's Start(customer_id) of one of a process's
+// customer threads. The first call starts the node (Start) as that
+// customer. On a worker, each further customer that calls it while the
+// cluster assembles registers beside the node and counts as one of
+// DMLC_NUM_WORKER workers (cluster.Customers); it returns once the
+// cluster has started. On a server or the scheduler a further call only
+// waits for the start.
+func (l *Lib) StartCustomer(id int) error {
+	const op = "fpt_start_customer"
+	if id < 0 {
+		return fail(CodeArg, op, "customer id %d is negative", id)
+	}
+	l.mu.Lock()
+	switch l.state {
+	case idle:
+		l.mu.Unlock()
+		return l.start(op, id)
+	case starting, running:
+	default:
+		err := l.stateErr(op)
+		l.mu.Unlock()
+		return err
+	}
+	if id == l.first {
+		l.mu.Unlock()
+		return fail(CodeState, op, "customer %d started twice", id)
+	}
+	extra, done := l.extra, l.startDone
+	l.mu.Unlock()
+	if extra != nil {
+		if err := extra.Add(id); err != nil {
+			return &Error{Code: CodeState, Err: fmt.Errorf("capi: %s: %w", op, err)}
+		}
+	}
+	<-done
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state == broken {
+		return &Error{Code: CodeState, Err: fmt.Errorf("capi: %s: the node's start failed: %w", op, l.startErr)}
+	}
+	return nil
+}

@@ -77,6 +77,8 @@ type Member struct {
 	// barriers or failure notices (a worker copying a 2 GiB result once
 	// delayed them past PS_HEARTBEAT_TIMEOUT).
 	forRole chan *control.Message
+	// customers are a worker process's further customers (nil: none).
+	customers *Customers
 	// progress is what a worker has pushed (SetProgress), sent to the
 	// scheduler with every heartbeat for its stall check.
 	progress atomic.Uint64
@@ -243,10 +245,22 @@ func (n *Member) Start(ctx context.Context, h Handler) (err error) {
 		self.ID = node.RankID(n.cfg.Role, n.cfg.Rank)
 	}
 	n.log.Info("registering", "control", self.ControlEndpoint(), "data", self.DataAddr(), "scheduler", n.sched)
-	if err := n.plane.Send(n.sched, &control.Message{Command: control.AddNode, Nodes: []node.Info{self}}); err != nil {
+	add := &control.Message{Command: control.AddNode, Nodes: []node.Info{self}}
+	if err := n.plane.Send(n.sched, add); err != nil {
 		return fmt.Errorf("cluster: register: %w", err)
 	}
-	if err := n.awaitTable(ctx); err != nil {
+	err = n.customers.attach(func(id int) error {
+		if err := n.plane.Send(n.sched, customerMessage(add, id)); err != nil {
+			return fmt.Errorf("cluster: register customer %d: %w", id, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	err = n.awaitTable(ctx)
+	n.customers.detach()
+	if err != nil {
 		return err
 	}
 	n.van.SetSelf(n.Self().ID)

@@ -281,6 +281,21 @@ func (c *core) setTable(m *control.Message) (ready, error) {
 		return r, fmt.Errorf("cluster: node table does not list this node (%s) as id %d", self, m.Recipient)
 	}
 	join := m.Flags&control.FlagJoin != 0
+	if !join {
+		// A worker process of several customers counts once per
+		// customer (AddNode).
+		extra := m.Body[8:]
+		if len(extra)%8 != 0 {
+			return r, fmt.Errorf("cluster: node table: %d bytes of customer counts, not pairs of 32-bit words", len(extra))
+		}
+		for ; len(extra) > 0; extra = extra[8:] {
+			id, k := node.ID(binary.LittleEndian.Uint32(extra)), binary.LittleEndian.Uint32(extra[4:])
+			if info, ok := byID[id]; !ok || info.Role != node.Worker || k < 2 || k > uint32(c.cfg.NumWorkers) {
+				return r, fmt.Errorf("cluster: node table: worker %d of %d customers", id, k)
+			}
+			workers += int(k) - 1
+		}
+	}
 	switch {
 	case join && c.cfg.RankVar != "":
 		r.note(slog.LevelWarn, "joining a running job: the rank asked for is ignored; a joining node gets an id no node of the job had", "asked", c.cfg.RankVar, "id", m.Recipient)

@@ -585,3 +585,47 @@ func TestCoreSchedulerSilence(t *testing.T) {
 		})
 	}
 }
+
+// A job's first table counts a worker process of several customers once
+// per customer (the pairs after the stamp): one process of two
+// customers makes DMLC_NUM_WORKER=2.
+func TestCoreTableCustomers(t *testing.T) {
+	pair := func(id node.ID, k uint32) []byte {
+		b := binary.LittleEndian.AppendUint32(nil, uint32(id))
+		return binary.LittleEndian.AppendUint32(b, k)
+	}
+	tests := []struct {
+		name    string
+		workers int    // in the table
+		extra   []byte // after the stamp
+		err     string // "" taken
+	}{
+		{"two processes", 2, nil, ""},
+		{"one process of two customers", 1, pair(me, 2), ""},
+		{"one process, its customers untold", 1, nil, "1 workers"},
+		{"too many customers", 2, pair(me, 2), "3 workers"},
+		{"customers of a server", 1, pair(node.ServerID(0), 2), "worker 8 of 2 customers"},
+		{"customers of nobody", 1, pair(node.WorkerID(5), 2), "customers"},
+		{"a customer count of one", 2, pair(me, 1), "customers"},
+		{"a torn pair", 1, pair(me, 2)[:5], "pairs"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCore(testConfig())
+			c.bound(node.Info{Role: node.Worker, Host: "10.0.0.1", ControlPort: infoOf(me).ControlPort, DataPort: infoOf(me).DataPort})
+			m := nodeTable(me, 2, tt.workers, false, 0, classic.Layout{})
+			m.Body = append(m.Body, tt.extra...)
+			r := c.step(m, t0)
+			got := ""
+			if r.startErr != nil {
+				got = r.startErr.Error()
+			}
+			if tt.err == "" && got != "" || !strings.Contains(got, tt.err) {
+				t.Errorf("start error %q, want one with %q", got, tt.err)
+			}
+			if r.table != (tt.err == "") {
+				t.Errorf("table taken %v", r.table)
+			}
+		})
+	}
+}

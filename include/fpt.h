@@ -95,6 +95,18 @@ const char* fpt_status_name(int status);
 int fpt_start(void);
 
 /*
+ * ps-lite's Start(customer_id), for a process whose threads each start as
+ * a customer: the first call is fpt_start. On a worker, every further
+ * customer that calls it while the cluster assembles registers with the
+ * scheduler beside the process and counts as one of DMLC_NUM_WORKER
+ * workers (for barriers, ps::NumWorkers and the sums; the process keeps
+ * one id and one rank); each call returns once the cluster has started.
+ * A worker customer after the start is FPT_ERR_STATE. On a server or the
+ * scheduler a further call only waits for the start.
+ */
+int fpt_start_customer(int customer_id);
+
+/*
  * Leaves the cluster (see the life cycle above) and releases every thread,
  * socket and buffer the library holds. A worker first waits for its
  * outstanding requests (for at most 30 s; then the node fails and they

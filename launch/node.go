@@ -67,6 +67,9 @@ type Deps struct {
 	// Planes are the node's transports; zero: the real ones,
 	// cluster.Network(cfg, metrics). In-process clusters pass in-memory ones.
 	Planes cluster.Planes
+	// Customers, for a worker, are its process's further worker
+	// customers, which register beside it (nil: none).
+	Customers *cluster.Customers
 }
 
 // Start starts the node cfg.Role names and returns once it runs: a server
@@ -124,6 +127,7 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 		n.server, err = server.Start(ctx, n.member)
 	case node.Worker:
 		n.member = n.newMember(planes, m)
+		n.member.SetCustomers(deps.Customers)
 		n.worker, err = worker.Start(ctx, n.member)
 	default:
 		err = fmt.Errorf("launch: no node of role %s", cfg.Role)

@@ -140,6 +140,12 @@ func (c *core) step(m *control.Message, now time.Time) ready {
 		return c.take()
 	}
 	if m.Command == control.AddNode {
+		if m.Seq != 0 {
+			// A worker customer after the start: DMLC_NUM_WORKER was
+			// met without it.
+			c.reject.Reject("register", "customer", m.Seq-1, "err", "a worker customer registered after the cluster started")
+			return c.take()
+		}
 		// A server or worker joining the running job: the only
 		// message a connection of no member may send.
 		c.admit(m)
@@ -324,6 +330,18 @@ func (c *core) registerStep(m *control.Message) {
 		return
 	}
 	info := m.Nodes[0]
+	if m.Seq != 0 {
+		// A further worker customer of a process that registered.
+		if err := c.reg.addCustomer(info, m.Origin, m.Seq); err != nil {
+			c.reject.Reject("register", "node", info, "err", err)
+			return
+		}
+		c.log.Info("worker customer registered", "node", info, "customer", m.Seq-1, "workers", c.reg.count(node.Worker))
+		if c.reg.complete() {
+			c.begin()
+		}
+		return
+	}
 	if err := c.reg.add(info, m.Origin); err != nil {
 		// Two nodes pinned to one rank: no later registration mends
 		// that, so the start fails now, naming both.
@@ -379,8 +397,16 @@ func (c *core) begin() {
 	}
 	var servers []node.ID
 	c.stamp = uint64(now.UnixNano())
+	body := binary.LittleEndian.AppendUint64(nil, c.stamp)
+	// Then the worker processes of several customers: id and count.
 	for _, info := range c.table[1:] {
-		c.send(info.ID, &control.Message{Command: control.NodeTable, Recipient: info.ID, Nodes: c.table, Body: binary.LittleEndian.AppendUint64(nil, c.stamp)})
+		if w := c.reg.weightOf(info); w > 1 {
+			body = binary.LittleEndian.AppendUint32(body, uint32(info.ID))
+			body = binary.LittleEndian.AppendUint32(body, uint32(w))
+		}
+	}
+	for _, info := range c.table[1:] {
+		c.send(info.ID, &control.Message{Command: control.NodeTable, Recipient: info.ID, Nodes: c.table, Body: body})
 		if info.Role == node.Server {
 			servers = append(servers, info.ID)
 		}

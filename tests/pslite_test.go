@@ -27,6 +27,7 @@ func TestPSLitePrograms(t *testing.T) {
 		args             []string
 		servers, workers int
 		variant          string
+		env              []string
 		worker, server   []string // lines each worker / server prints
 	}{
 		{name: "kv-app", prog: "pslite_kv_app", args: []string{"-keys", "100", "-repeat", "10"},
@@ -37,9 +38,14 @@ func TestPSLitePrograms(t *testing.T) {
 		{name: "kv-app-cgocheck2", prog: "pslite_kv_app", args: []string{"-keys", "20", "-repeat", "3"},
 			servers: 1, workers: 2, variant: "cgocheck2",
 			worker: []string{"pulled exactly", "PASS: PushPull and ZPull exact", "init round and sum exact"}},
+		// As in ps-lite, each worker customer counts as one of
+		// DMLC_NUM_WORKER workers: two processes of two are four.
 		{name: "multi-workers", prog: "pslite_multi_workers", args: []string{"-customers", "2", "-keys", "1000", "-repeat", "20"},
-			servers: 2, workers: 2, variant: "default",
-			worker: []string{"customer 0: PASS", "customer 1: PASS", "worker: done"}, server: []string{"server: done"}},
+			servers: 2, workers: 2, variant: "default", env: []string{"DMLC_NUM_WORKER=4"},
+			worker: []string{"customer 0: PASS", "customer 1: PASS", "from 2 worker processes", "worker: done"}, server: []string{"server: done"}},
+		{name: "multi-workers-one-process", prog: "pslite_multi_workers", args: []string{"-customers", "2", "-keys", "1000", "-repeat", "5"},
+			servers: 2, workers: 1, variant: "default", env: []string{"DMLC_NUM_WORKER=2"},
+			worker: []string{"worker 0 customer 0: PASS", "worker 0 customer 1: PASS", "from 1 worker processes", "worker: done"}, server: []string{"server: done"}},
 		{name: "simple-app", prog: "pslite_simple_app", args: []string{"-n", "100"},
 			servers: 2, workers: 3, variant: "default",
 			worker: []string{"PASS: 100 requests to 2 nodes answered, 200 requests handled"},
@@ -66,7 +72,7 @@ func TestPSLitePrograms(t *testing.T) {
 			dir := libPrograms(t, tt.variant)
 			argv := append([]string{filepath.Join(dir, tt.prog)}, tt.args...)
 			c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: tt.servers, Workers: tt.workers,
-				Scheduler: argv, Server: argv, Worker: argv}), t: t}
+				Scheduler: argv, Server: argv, Worker: argv, Env: tt.env}), t: t}
 			c.waitAll(2 * time.Minute)
 			for i := range tt.workers {
 				name := fmt.Sprintf("worker%d", i)
