@@ -20,7 +20,6 @@ import (
 
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/config"
-	"github.com/fptps/fpt/customer"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/node"
@@ -102,9 +101,6 @@ type Lib struct {
 	startDone chan struct{}
 	first     int
 	extra     *cluster.Customers
-	// schedCustomers are the scheduler's customers: registered, never
-	// called (the scheduler has no data plane).
-	schedCustomers map[customer.Key]bool
 
 	// submit is held for reading while a call hands a request to the
 	// worker, and taken for writing by Finalize once the state says

@@ -112,6 +112,9 @@ type ready struct {
 	// grace is a lost peer whose verdict the node waits for
 	// (lostPeerGrace), then calls graceOver.
 	grace *lostPeer
+	// apps are messages from the scheduler's customers, for this
+	// node's (OnApp).
+	apps []*control.Message
 
 	// While registering: table is set when the node table came and was
 	// taken; startErr ends the start; probe asks whether the scheduler's
@@ -215,6 +218,8 @@ func (c *core) step(m *control.Message, now time.Time) ready {
 		r = c.welcome(m)
 	case control.Layout:
 		r = c.newLayout(m)
+	case control.App:
+		r.apps = []*control.Message{m}
 	case control.Terminate:
 		// Confirm, so that the scheduler knows it may exit.
 		r.send = []*control.Message{{Command: control.Terminate, Sender: c.self().ID}}

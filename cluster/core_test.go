@@ -629,3 +629,17 @@ func TestCoreTableCustomers(t *testing.T) {
 		})
 	}
 }
+
+// The scheduler's customers' messages come over its connection only, and
+// go to this node's customers (ready.apps); a forged one is refused.
+func TestCoreApps(t *testing.T) {
+	c := registered(t)
+	m := sched(control.Message{Command: control.App, Target: me, Seq: 2, Body: []byte("x")})
+	if r := c.step(m, t0); len(r.apps) != 1 || r.apps[0] != m {
+		t.Errorf("app message from the scheduler: apps %v", r.apps)
+	}
+	forged := &control.Message{Command: control.App, Sender: node.SchedulerID, Origin: "elsewhere", Target: me, Body: []byte("x")}
+	if r := c.step(forged, t0); len(r.apps) != 0 || len(r.rejects) != 1 {
+		t.Errorf("forged app message: apps %v, rejects %v", r.apps, r.rejects)
+	}
+}

@@ -80,7 +80,13 @@ const (
 	// the second with NodeLeft (FlagGraceful) to every member and to the
 	// server itself.
 	Leave
-	lastCommand = Leave
+	// App carries an application message (package appmsg's encoding in
+	// Body) to or from the scheduler's customers, which have no data
+	// plane: from a member to the scheduler, Target the recipient (the
+	// scheduler); from the scheduler to member Target. Seq is its
+	// priority.
+	App
+	lastCommand = App
 )
 
 // Flags.

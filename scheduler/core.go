@@ -106,6 +106,10 @@ type ready struct {
 	terminate bool
 	members   []node.ID
 	err       error
+	// table: the node table is out (for Observers.Apps); apps are
+	// members' messages for the scheduler's customers.
+	table []node.Info
+	apps  []*control.Message
 }
 
 // outgoing is a message for the node at to's control endpoint. quiet:
@@ -205,6 +209,12 @@ func (c *core) step(m *control.Message, now time.Time) ready {
 		c.leaveDeferred() // a join may have taken effect
 	case control.Joined:
 		c.joined(m)
+	case control.App:
+		if m.Target != node.SchedulerID || c.obs.Apps == nil {
+			c.reject.Reject("app", "from", m.Sender, "target", m.Target)
+			break
+		}
+		c.out.apps = append(c.out.apps, m)
 	case control.Leave:
 		if final := c.leave(m); final != nil {
 			c.terminate(final)
@@ -411,6 +421,7 @@ func (c *core) begin() {
 			servers = append(servers, info.ID)
 		}
 	}
+	c.out.table = c.table
 	c.layout = classic.Initial(servers) // as every node derives it from the table
 	c.log.Info("node table sent", "nodes", len(c.table))
 	// A retry after a lost node rides on the LB's grants, so it runs

@@ -32,7 +32,7 @@ Flags:
   --bindir DIR   where the programs go [default: bin]: kvstore_client,
                  fpt_bad_calls, pslite_kv_app, pslite_multi_workers,
                  pslite_simple_app, pslite_benchmark, pslite_mxnet_client,
-                 pslite_final_barrier
+                 pslite_final_barrier, pslite_scheduler_app
   -h, --help     this help
 
 Environment read:
@@ -92,7 +92,7 @@ export PKG_CONFIG_PATH="$prefix/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PAT
 g++ -std=c++17 -O2 -Wall -Wextra -Werror -pthread -o "$bindir/kvstore_client" clients/kvstore/kvstore_client.cc $(pkg-config --cflags --libs fpt)
 # shellcheck disable=SC2046
 gcc -std=c11 -O2 -Wall -Wextra -Werror -o "$bindir/fpt_bad_calls" clients/kvstore/bad_calls.c $(pkg-config --cflags --libs fpt)
-for prog in kv_app multi_workers simple_app benchmark mxnet_client final_barrier; do
+for prog in kv_app multi_workers simple_app benchmark mxnet_client final_barrier scheduler_app; do
   # shellcheck disable=SC2046
   g++ -std=c++11 -O2 -Wall -Wextra -Werror -pthread -o "$bindir/pslite_$prog" "clients/pslite/$prog.cc" $(pkg-config --cflags --libs fpt)
 done

@@ -18,8 +18,7 @@ import (
 // ps-lite programs (clients/pslite), written against ps-lite's C++
 // interface only (include/ps/, headers over fpt.h) and built by
 // build-lib.sh through pkg-config, run as every role of a real cluster:
-// the scheduler is the program too (it only starts and finalizes: fpt's
-// scheduler has no customers), as ps-lite's own tests run.
+// the scheduler is the program too, as ps-lite's own tests run.
 func TestPSLitePrograms(t *testing.T) {
 	tests := []struct {
 		name             string
@@ -29,6 +28,7 @@ func TestPSLitePrograms(t *testing.T) {
 		variant          string
 		env              []string
 		worker, server   []string // lines each worker / server prints
+		scheduler        []string
 	}{
 		{name: "kv-app", prog: "pslite_kv_app", args: []string{"-keys", "100", "-repeat", "10"},
 			servers: 2, workers: 2, variant: "default",
@@ -50,6 +50,11 @@ func TestPSLitePrograms(t *testing.T) {
 			servers: 2, workers: 3, variant: "default",
 			worker: []string{"PASS: 100 requests to 2 nodes answered, 200 requests handled"},
 			server: []string{"PASS: 100 requests to 3 nodes answered, 300 requests handled"}},
+		{name: "scheduler-app", prog: "pslite_scheduler_app", args: []string{"-n", "50"},
+			servers: 2, workers: 2, variant: "default",
+			worker:    []string{"PASS: 50 requests to 5 nodes answered, 50 from each handled"},
+			server:    []string{"PASS: 50 requests to 5 nodes answered, 50 from each handled"},
+			scheduler: []string{"node 1: PASS: 50 requests to 5 nodes answered, 50 from each handled"}},
 		{name: "benchmark", prog: "pslite_benchmark", args: []string{"-bytes", "4194304", "-keys", "16", "-iters", "5"},
 			servers: 2, workers: 2, variant: "default",
 			worker: []string{"PASS: 5 iterations of 4.0 MiB over 16 keys pushed and pulled, exact; goodput"}},
@@ -82,6 +87,7 @@ func TestPSLitePrograms(t *testing.T) {
 				name := fmt.Sprintf("server%d", i)
 				mustContain(t, name+" stdout", c.proc(name).Stdout.String(), tt.server...)
 			}
+			mustContain(t, "scheduler stdout", c.proc("scheduler").Stdout.String(), tt.scheduler...)
 			if tt.prog == "pslite_benchmark" {
 				// A figure for the log only: timing is not asserted.
 				t.Logf("mean goodput %.3f Gbit/s", meanGoodput(t, c.Cluster, tt.workers))

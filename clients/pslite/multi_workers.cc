@@ -10,7 +10,7 @@
 // another barrier, PushPull's answer one round more after the next one. Responses come
 // to customer (0, c) of the right process: a mix-up shows as a wrong sum.
 // Servers run a KVServer<float> with KVServerDefaultHandle; the scheduler
-// only starts and finalizes (fpt's scheduler has no customers). Thread c
+// only starts and finalizes. Thread c
 // calls Finalize(c); customer 0's call finalizes the node once every
 // customer has.
 //

@@ -29,8 +29,8 @@
  *    barrier for all (so every started customer must call it; a customer
  *    that has not called Start yet is not waited for).
  *
- * Messages to or from the scheduler are not possible on fpt (the scheduler
- * only coordinates): sending one is a check failure that says so.
+ * Messages to and from the scheduler's customers travel over fpt's control
+ * plane (the scheduler has no data plane): at most 32 MiB each.
  */
 #ifndef PS_INTERNAL_POSTOFFICE_H_
 #define PS_INTERNAL_POSTOFFICE_H_
@@ -416,10 +416,6 @@ inline int Van::Send(const Message& msg) {
   Postoffice* po = Postoffice::Get();
   po->CheckRunning("sending a message");
   const Meta& m = msg.meta;
-  CHECK_NE(m.recver, kScheduler) << "sending a message to the scheduler: fpt's scheduler only coordinates the "
-                                    "cluster and has no customers (send to servers and workers)";
-  CHECK(!po->is_scheduler()) << "sending a message from the scheduler: fpt's scheduler only coordinates the "
-                                "cluster and has no customers";
   fpt_msg_meta meta;
   std::memset(&meta, 0, sizeof meta);
   meta.app_id = m.app_id;
