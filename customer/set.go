@@ -210,11 +210,20 @@ func (s *Set) stopTimers() {
 	}
 }
 
-// HandleFrame takes an App frame from the van (payload is valid during
-// the call only: it is copied). An error is a malformed payload from a
+// PayloadBuffer is the buffer an App frame's payload is read into (the
+// role's van.Sink passes it on): the message's own, which HandleFrame then
+// keeps without a copy.
+func (s *Set) PayloadBuffer(h *frame.Header) []byte { return make([]byte, h.Length) }
+
+// HandleFrame takes an App frame from the van: payload is the Set's to
+// keep when inPlace (read into PayloadBuffer's buffer), else valid during
+// the call only, and copied. An error is a malformed payload from a
 // member, which the role treats as it does any other malformed frame.
-func (s *Set) HandleFrame(h *frame.Header, payload []byte) error {
-	return s.deliver(node.ID(h.Sender), h.Priority, bytes.Clone(payload))
+func (s *Set) HandleFrame(h *frame.Header, payload []byte, inPlace bool) error {
+	if !inPlace {
+		payload = bytes.Clone(payload)
+	}
+	return s.deliver(node.ID(h.Sender), h.Priority, payload)
 }
 
 // deliver decodes payload (the Set's to keep) and routes it.
