@@ -13,7 +13,7 @@
 # fpt_bad_calls (a C program that calls every entry point wrongly), and the
 # ps-lite programs of clients/pslite, built as C++11: pslite_kv_app,
 # pslite_multi_workers, pslite_simple_app, pslite_benchmark,
-# pslite_mxnet_client.
+# pslite_mxnet_client, pslite_final_barrier, pslite_scheduler_app.
 # GOEXPERIMENT passes through: GOEXPERIMENT=cgocheck2 builds a library that
 # checks every pointer the Go side writes.
 set -euo pipefail
