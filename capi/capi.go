@@ -20,7 +20,6 @@ import (
 
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/config"
-	"github.com/fptps/fpt/customer"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/node"
@@ -96,9 +95,12 @@ type Lib struct {
 	startErr error
 	node     *launch.Node   // running, finalizing
 	w        *worker.Worker // node.Worker(): nil unless a worker
-	// schedCustomers are the scheduler's customers: registered, never
-	// called (the scheduler has no data plane).
-	schedCustomers map[customer.Key]bool
+	// startDone is closed when Start (starting) has ended; first is the
+	// customer id it started as, extra a worker's further customers
+	// (StartCustomer).
+	startDone chan struct{}
+	first     int
+	extra     *cluster.Customers
 
 	// submit is held for reading while a call hands a request to the
 	// worker, and taken for writing by Finalize once the state says
@@ -131,8 +133,10 @@ func New(lookup func(string) (string, bool), environ func() []string, stdout, st
 // error leaves the library as it was, so the environment can be fixed and
 // Start called again; any other failure is final and only Finalize is
 // left.
-func (l *Lib) Start() error {
-	const op = "fpt_start"
+func (l *Lib) Start() error { return l.start("fpt_start", 0) }
+
+// start is Start, as customer first of the process (StartCustomer).
+func (l *Lib) start(op string, first int) error {
 	l.mu.Lock()
 	if l.state != idle {
 		err := l.stateErr(op)
@@ -152,13 +156,18 @@ func (l *Lib) Start() error {
 		return &Error{Code: CodeConfig, Err: fmt.Errorf("capi: %s: %w", op, err)}
 	}
 	l.state, l.cfg = starting, cfg
+	l.startDone, l.first = make(chan struct{}), first
+	if cfg.Role == node.Worker {
+		l.extra = &cluster.Customers{}
+	}
 	l.mu.Unlock()
 
 	// The node bounds its start with FPT_START_TIMEOUT; a failed start has
 	// released what it bound.
-	n, err := launch.Start(context.Background(), cfg, launch.Deps{Log: launch.Logger(l.stderr, cfg), Decisions: l.stdout})
+	n, err := launch.Start(context.Background(), cfg, launch.Deps{Log: launch.Logger(l.stderr, cfg), Decisions: l.stdout, Customers: l.extra})
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer close(l.startDone)
 	if err != nil {
 		l.state, l.startErr = broken, err
 		return &Error{Code: classify(err, CodeCluster), Err: fmt.Errorf("capi: %s: %w", op, err)}

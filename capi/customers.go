@@ -140,7 +140,7 @@ func (l *Lib) BarrierGroup(group int) error {
 	return nil
 }
 
-// customers returns the node's customer set (nil on the scheduler), or
+// customers returns the node's customer set, or
 // why op cannot run now.
 func (l *Lib) customers(op string) (*customer.Set, error) {
 	l.mu.Lock()
@@ -152,7 +152,7 @@ func (l *Lib) customers(op string) (*customer.Set, error) {
 }
 
 // customer checks a customer's ids and finds the node's customers, as
-// customers does (nil on the scheduler).
+// customers does.
 func (l *Lib) customer(op string, app, cust int) (*customer.Set, customer.Key, error) {
 	if app < math.MinInt32 || app > math.MaxInt32 || cust < math.MinInt32 || cust > math.MaxInt32 {
 		return nil, customer.Key{}, fail(CodeArg, op, "app %d, customer %d out of range", app, cust)
@@ -161,8 +161,8 @@ func (l *Lib) customer(op string, app, cust int) (*customer.Set, customer.Key, e
 	return set, customer.Key{App: int32(app), Customer: int32(cust)}, err
 }
 
-// CustomerAdd registers h as customer (app, cust). On the scheduler it is
-// recorded, and nothing ever arrives (the scheduler has no data plane).
+// CustomerAdd registers h as customer (app, cust). On the scheduler its
+// messages travel over the control plane.
 func (l *Lib) CustomerAdd(app, cust int, h MsgHandler) error {
 	const op = "fpt_customer_add"
 	if h == nil {
@@ -171,9 +171,6 @@ func (l *Lib) CustomerAdd(app, cust int, h MsgHandler) error {
 	set, k, err := l.customer(op, app, cust)
 	if err != nil {
 		return err
-	}
-	if set == nil {
-		return l.schedCustomer(op, k, true)
 	}
 	handler := func(m *appmsg.Message, err error) {
 		if err != nil {
@@ -195,33 +192,8 @@ func (l *Lib) CustomerRemove(app, cust int) error {
 	if err != nil {
 		return err
 	}
-	if set == nil {
-		return l.schedCustomer(op, k, false)
-	}
 	if err := set.Remove(k); err != nil {
 		return custErr(op, err)
-	}
-	return nil
-}
-
-// schedCustomer records customer k on the scheduler (add) or drops it:
-// the scheduler has no data plane, so its customers are only names,
-// registered once each.
-func (l *Lib) schedCustomer(op string, k customer.Key, add bool) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	switch {
-	case add && l.schedCustomers[k]:
-		return fail(CodeArg, op, "%s is registered already", k)
-	case !add && !l.schedCustomers[k]:
-		return fail(CodeArg, op, "%s is not registered", k)
-	case add:
-		if l.schedCustomers == nil {
-			l.schedCustomers = map[customer.Key]bool{}
-		}
-		l.schedCustomers[k] = true
-	default:
-		delete(l.schedCustomers, k)
 	}
 	return nil
 }
@@ -243,16 +215,13 @@ func (l *Lib) MsgSend(m Msg, segs [][]byte) error {
 	if err != nil {
 		return err
 	}
-	if set == nil {
-		return fail(CodeArg, op, "the scheduler sends no messages (it has no data plane)")
-	}
 	switch {
 	case len(segs) > MaxSegments:
 		return fail(CodeArg, op, "%d segments (at most FPT_MSG_MAX_SEGMENTS, %d)", len(segs), MaxSegments)
 	case m.DType < 0 || m.DType > math.MaxUint8 || (m.DType != 0 && frame.DType(m.DType).Size() == 0):
 		return fail(CodeArg, op, "dtype %d (0 or FPT_FLOAT32, FPT_FLOAT64, FPT_FLOAT16)", m.DType)
-	case m.Recipient < 8:
-		return fail(CodeArg, op, "recipient %d is not a server or worker (a group, the scheduler or no node)", m.Recipient)
+	case m.Recipient < 8 && m.Recipient != int32(node.SchedulerID):
+		return fail(CodeArg, op, "recipient %d is not a node (a group, or no node)", m.Recipient)
 	}
 	meta := appmsg.Meta{App: m.App, Customer: m.Customer, Timestamp: m.Timestamp, Head: m.Head,
 		Recipient: uint32(m.Recipient), Flags: m.Flags, DType: frame.DType(m.DType), Priority: m.Priority}
@@ -273,4 +242,47 @@ func custErr(op string, err error) error {
 		code = CodeState
 	}
 	return &Error{Code: code, Err: fmt.Errorf("capi: %s: %w", op, err)}
+}
+
+// StartCustomer is ps-lite's Start(customer_id) of one of a process's
+// customer threads. The first call starts the node (Start) as that
+// customer. On a worker, each further customer that calls it while the
+// cluster assembles registers beside the node and counts as one of
+// DMLC_NUM_WORKER workers (cluster.Customers); it returns once the
+// cluster has started. On a server or the scheduler a further call only
+// waits for the start.
+func (l *Lib) StartCustomer(id int) error {
+	const op = "fpt_start_customer"
+	if id < 0 {
+		return fail(CodeArg, op, "customer id %d is negative", id)
+	}
+	l.mu.Lock()
+	switch l.state {
+	case idle:
+		l.mu.Unlock()
+		return l.start(op, id)
+	case starting, running:
+	default:
+		err := l.stateErr(op)
+		l.mu.Unlock()
+		return err
+	}
+	if id == l.first {
+		l.mu.Unlock()
+		return fail(CodeState, op, "customer %d started twice", id)
+	}
+	extra, done := l.extra, l.startDone
+	l.mu.Unlock()
+	if extra != nil {
+		if err := extra.Add(id); err != nil {
+			return &Error{Code: CodeState, Err: fmt.Errorf("capi: %s: %w", op, err)}
+		}
+	}
+	<-done
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state == broken {
+		return &Error{Code: CodeState, Err: fmt.Errorf("capi: %s: the node's start failed: %w", op, l.startErr)}
+	}
+	return nil
 }

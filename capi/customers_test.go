@@ -82,6 +82,12 @@ func (r *rec) handle(m *appmsg.Message, err error) {
 	r.ch <- struct{}{}
 }
 
+func (r *rec) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.msgs)
+}
+
 func (r *rec) wait(t *testing.T) {
 	t.Helper()
 	select {
@@ -107,20 +113,30 @@ func TestLibCustomers(t *testing.T) {
 	if err := c.sched.BarrierGroup(7); err != nil {
 		t.Fatalf("scheduler BarrierGroup: %v", err)
 	}
-	if err := c.sched.CustomerAdd(0, 0, func(*appmsg.Message, error) { t.Error("the scheduler's customer was called") }); err != nil {
+	// The scheduler's customer, as a server's, answers every request
+	// (over the control plane: the scheduler has no data plane).
+	echo := func(l *Lib, r *rec) MsgHandler {
+		return func(m *appmsg.Message, err error) {
+			r.handle(m, err)
+			if err != nil || m.Meta.Flags&appmsg.Request == 0 {
+				return
+			}
+			resp := Msg{App: m.Meta.App, Customer: m.Meta.Customer, Timestamp: m.Meta.Timestamp, Head: m.Meta.Head,
+				Recipient: int32(m.Meta.Sender), Flags: m.Meta.Flags &^ appmsg.Request, DType: int32(m.Meta.DType)}
+			if err := l.MsgSend(resp, m.Segments); err != nil {
+				t.Errorf("response: %v", err)
+			}
+		}
+	}
+	schedRec := newRec()
+	if err := c.sched.CustomerAdd(0, 0, echo(c.sched, schedRec)); err != nil {
 		t.Fatalf("scheduler CustomerAdd: %v", err)
 	}
 	if err := c.sched.CustomerAdd(0, 0, func(*appmsg.Message, error) {}); CodeOf(err) != CodeArg {
 		t.Fatalf("scheduler CustomerAdd twice: %v", err)
 	}
-	if err := c.sched.MsgSend(Msg{Recipient: 8}, nil); CodeOf(err) != CodeArg || !strings.Contains(err.Error(), "scheduler") {
-		t.Fatalf("scheduler MsgSend: %v", err)
-	}
-	if err := c.sched.CustomerRemove(0, 0); err != nil {
-		t.Fatalf("scheduler CustomerRemove: %v", err)
-	}
-	if err := c.sched.CustomerRemove(0, 0); CodeOf(err) != CodeArg {
-		t.Fatalf("scheduler CustomerRemove twice: %v", err)
+	if err := c.sched.MsgSend(Msg{Recipient: 2}, nil); CodeOf(err) != CodeArg {
+		t.Fatalf("scheduler MsgSend to a group: %v", err)
 	}
 	if err := c.servers[0].CustomerAdd(0, 0, nil); CodeOf(err) != CodeArg {
 		t.Fatalf("nil handler: %v", err)
@@ -166,13 +182,13 @@ func TestLibCustomers(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		for _, s := range servers {
+		for _, s := range append(servers, int(node.SchedulerID)) {
 			body := []byte("from worker " + strconv.Itoa(rank))
 			if err := l.MsgSend(Msg{App: 0, Customer: 5, Timestamp: int32(rank), Head: 3, Recipient: int32(s), Flags: appmsg.Request | appmsg.Push, DType: 1}, [][]byte{body, nil}); err != nil {
 				return err
 			}
 		}
-		for range servers {
+		for range len(servers) + 1 {
 			r.wait(t)
 		}
 		// ps-lite's Barrier over servers and workers.
@@ -196,8 +212,17 @@ func TestLibCustomers(t *testing.T) {
 		}
 		r.mu.Unlock()
 	}
-	if err := c.servers[1].MsgSend(Msg{Recipient: 1}, nil); CodeOf(err) != CodeArg {
-		t.Errorf("send to the scheduler: %v", err)
+	if n := schedRec.count(); n != len(c.workers) {
+		t.Errorf("the scheduler's customer handled %d requests, want %d", n, len(c.workers))
+	}
+	if err := c.sched.CustomerRemove(0, 0); err != nil {
+		t.Fatalf("scheduler CustomerRemove: %v", err)
+	}
+	if err := c.sched.CustomerRemove(0, 0); CodeOf(err) != CodeArg {
+		t.Fatalf("scheduler CustomerRemove twice: %v", err)
+	}
+	if err := c.servers[1].MsgSend(Msg{Recipient: 3}, nil); CodeOf(err) != CodeArg {
+		t.Errorf("send to a group: %v", err)
 	}
 	if err := c.servers[1].MsgSend(Msg{Recipient: 9, DType: 300}, nil); CodeOf(err) != CodeArg {
 		t.Errorf("dtype 300: %v", err)

@@ -77,6 +77,10 @@ type Member struct {
 	// barriers or failure notices (a worker copying a 2 GiB result once
 	// delayed them past PS_HEARTBEAT_TIMEOUT).
 	forRole chan *control.Message
+	// customers are a worker process's further customers (nil: none).
+	customers *Customers
+	// onApp takes the messages of the scheduler's customers (OnApp).
+	onApp atomic.Pointer[func(from node.ID, priority int32, payload []byte)]
 	// progress is what a worker has pushed (SetProgress), sent to the
 	// scheduler with every heartbeat for its stall check.
 	progress atomic.Uint64
@@ -266,10 +270,22 @@ func (n *Member) Start(ctx context.Context, h Handler) (err error) {
 	}
 	n.log.Info("registering", "control", self.ControlEndpoint(), "data", self.DataAddr(), "scheduler", n.sched)
 	// Text names the host for its local group (FPT_HOST_ID; empty: the address does).
-	if err := n.plane.Send(n.sched, &control.Message{Command: control.AddNode, Nodes: []node.Info{self}, Text: n.cfg.HostID}); err != nil {
+	add := &control.Message{Command: control.AddNode, Nodes: []node.Info{self}, Text: n.cfg.HostID}
+	if err := n.plane.Send(n.sched, add); err != nil {
 		return fmt.Errorf("cluster: register: %w", err)
 	}
-	if err := n.awaitTable(ctx); err != nil {
+	err = n.customers.attach(func(id int) error {
+		if err := n.plane.Send(n.sched, customerMessage(add, id)); err != nil {
+			return fmt.Errorf("cluster: register customer %d: %w", id, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	err = n.awaitTable(ctx)
+	n.customers.detach()
+	if err != nil {
 		return err
 	}
 	n.van.SetSelf(n.Self().ID)
@@ -539,6 +555,25 @@ func (n *Member) SendScheduler(m *control.Message) error {
 	return n.plane.Send(n.sched, m)
 }
 
+// SendApp sends an app message (package appmsg's encoding) to the
+// scheduler's customers over the control plane: the scheduler has no data
+// plane. to must be the scheduler.
+func (n *Member) SendApp(to node.ID, priority int32, payload []byte) error {
+	if to != node.SchedulerID {
+		return fmt.Errorf("cluster: app message over the control plane to %s, not the scheduler", to)
+	}
+	if len(payload) > control.MaxMessageLen-1024 {
+		return fmt.Errorf("cluster: app message of %d bytes for the scheduler: the control plane carries at most %d", len(payload), control.MaxMessageLen-1024)
+	}
+	return n.SendScheduler(&control.Message{Command: control.App, Target: to, Seq: uint64(uint32(priority)), Body: payload})
+}
+
+// OnApp installs deliver, which takes the messages of the scheduler's
+// customers to this node's (customer.ControlApps). It must not block.
+func (n *Member) OnApp(deliver func(from node.ID, priority int32, payload []byte)) {
+	n.onApp.Store(&deliver)
+}
+
 // Self describes this node (its ID is 0 until the node table arrived).
 func (n *Member) Self() node.Info {
 	if t := n.topo.Load(); t != nil {
@@ -705,6 +740,12 @@ func (n *Member) shutdown() {
 			}
 		}
 		if n.plane != nil {
+			n.mu.Lock()
+			forsake := n.core.forsakeScheduler()
+			n.mu.Unlock()
+			if f, ok := n.plane.(interface{ Forsake(string) }); ok && forsake {
+				f.Forsake(n.sched)
+			}
 			if err := n.plane.Close(); err != nil {
 				n.log.Warn("closing the control plane", "err", err)
 			}
@@ -772,6 +813,13 @@ func (n *Member) run(f func(c *core) ready) ready {
 	}
 	if r.departed {
 		close(n.departed)
+	}
+	for _, m := range r.apps {
+		if f := n.onApp.Load(); f != nil {
+			(*f)(m.Sender, int32(m.Seq), m.Body)
+		} else {
+			n.log.Warn("app message from the scheduler for a node without customers dropped")
+		}
 	}
 	for _, m := range r.role {
 		n.toRole(m)

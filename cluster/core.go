@@ -68,9 +68,12 @@ type core struct {
 	// one finds it was stopped, every later one does, and sends nothing.
 	lastTick time.Time
 
-	err        error // the node's failure: the first one
-	terminated bool  // the scheduler's Terminate came
-	departed   bool  // the scheduler's NodeLeft for this node, after Leave
+	err error // the node's failure: the first one
+	// schedLost: the scheduler stopped answering heartbeats; nothing sent
+	// to it will be taken.
+	schedLost  bool
+	terminated bool // the scheduler's Terminate came
+	departed   bool // the scheduler's NodeLeft for this node, after Leave
 }
 
 type topology struct {
@@ -120,6 +123,9 @@ type ready struct {
 	// grace is a lost peer whose verdict the node waits for
 	// (lostPeerGrace), then calls graceOver.
 	grace *lostPeer
+	// apps are messages from the scheduler's customers, for this
+	// node's (OnApp).
+	apps []*control.Message
 
 	// While registering: table is set when the node table came and was
 	// taken; startErr ends the start; probe asks whether the scheduler's
@@ -223,6 +229,8 @@ func (c *core) step(m *control.Message, now time.Time) ready {
 		r = c.welcome(m)
 	case control.Layout:
 		r = c.newLayout(m)
+	case control.App:
+		r.apps = []*control.Message{m}
 	case control.Terminate:
 		// Confirm, so that the scheduler knows it may exit.
 		r.send = []*control.Message{{Command: control.Terminate, Sender: c.self().ID}}
@@ -289,6 +297,26 @@ func (c *core) setTable(m *control.Message) (ready, error) {
 		return r, fmt.Errorf("cluster: node table does not list this node (%s) as id %d", self, m.Recipient)
 	}
 	join := m.Flags&control.FlagJoin != 0
+	var hosts map[node.ID]string
+	if !join {
+		// The hosts the nodes named, then the worker processes of
+		// several customers, each counted once per customer (AddNode).
+		named, extra, err := readHosts(m.Nodes, m.Body[8:])
+		if err != nil {
+			return r, fmt.Errorf("cluster: %w", err)
+		}
+		hosts = named
+		if len(extra)%8 != 0 {
+			return r, fmt.Errorf("cluster: node table: %d bytes of customer counts, not pairs of 32-bit words", len(extra))
+		}
+		for ; len(extra) > 0; extra = extra[8:] {
+			id, k := node.ID(binary.LittleEndian.Uint32(extra)), binary.LittleEndian.Uint32(extra[4:])
+			if info, ok := byID[id]; !ok || info.Role != node.Worker || k < 2 || k > uint32(c.cfg.NumWorkers) {
+				return r, fmt.Errorf("cluster: node table: worker %d of %d customers", id, k)
+			}
+			workers += int(k) - 1
+		}
+	}
 	switch {
 	case join && c.cfg.RankVar != "":
 		r.note(slog.LevelWarn, "joining a running job: the rank asked for is ignored; a joining node gets an id no node of the job had", "asked", c.cfg.RankVar, "id", m.Recipient)
@@ -304,12 +332,7 @@ func (c *core) setTable(m *control.Message) (ready, error) {
 		return r, fmt.Errorf("cluster: node table has %d servers and %d workers; DMLC_NUM_SERVER=%d, DMLC_NUM_WORKER=%d",
 			servers, workers, c.cfg.NumServers, c.cfg.NumWorkers)
 	}
-	c.topo = &topology{self: me, table: table, byID: byID, stamp: binary.LittleEndian.Uint64(m.Body), join: join}
-	if !join {
-		if err := c.topo.readHosts(m.Nodes, m.Body[8:]); err != nil {
-			return r, fmt.Errorf("cluster: %w", err)
-		}
-	}
+	c.topo = &topology{self: me, table: table, byID: byID, stamp: binary.LittleEndian.Uint64(m.Body), join: join, hosts: hosts}
 	r.topo = c.topo
 	if join {
 		if err := c.startBarriers(m.Body[8:]); err != nil {
@@ -364,6 +387,7 @@ func (c *core) tick(now time.Time, progress uint64) ready {
 	c.lastTick = now
 	r := ready{send: []*control.Message{{Command: control.Heartbeat, Sender: c.self().ID, Seq: progress}}}
 	if silent := now.Sub(c.lastAck); silent > c.cfg.HeartbeatTimeout {
+		c.schedLost = true
 		r.merge(c.fail(fmt.Errorf("cluster: scheduler at %s unreachable: no heartbeat answer for %s", c.sched, silent.Round(time.Millisecond)), node.SchedulerID))
 	}
 	return r
@@ -628,3 +652,9 @@ func (c *core) describe(id node.ID) string {
 // that are failing too, and one that stopped reading would hold a
 // draining Close for IOTimeout.
 func (c *core) abortVan() bool { return c.err != nil }
+
+// forsakeScheduler reports whether closing the control plane should drop
+// what is still queued for the scheduler rather than linger to deliver
+// it: the scheduler stopped answering, so a node that failed for it
+// (waiting in any barrier, the final one included) exits at once.
+func (c *core) forsakeScheduler() bool { return c.schedLost }

@@ -76,6 +76,7 @@ type ev struct {
 	msg      *control.Message
 	progress uint64 // a tick's
 	barrier  node.Group
+	final    bool    // the barrier is the final one (FlagFinal)
 	lost     node.ID // the data plane lost this peer
 	grace    bool    // the latest lost peer's grace ends
 	fail     string
@@ -143,7 +144,11 @@ func feed(t *testing.T, c *core, evs []ev) ready {
 		case e.msg != nil:
 			r = c.step(e.msg, now)
 		case e.barrier != 0:
-			m, err := c.barrier(e.barrier, 0)
+			var flags uint8
+			if e.final {
+				flags = control.FlagFinal
+			}
+			m, err := c.barrier(e.barrier, flags)
 			if err != nil {
 				t.Fatalf("barrier over %d: %v", e.barrier, err)
 			}
@@ -578,5 +583,117 @@ func TestCoreHandshakes(t *testing.T) {
 				t.Errorf("start error %v; want one with %q", r.startErr, tt.startErr)
 			}
 		})
+	}
+}
+
+// A scheduler that goes silent fails the node, naming it, one timeout
+// after its last answer, whatever the node waits in: nothing, a barrier,
+// the final barrier; and the node then forsakes it (drops what is queued
+// for it at close rather than lingering). After the scheduler's
+// Terminate the job is over: silence is no failure. The heartbeat ticks
+// come every interval (100 ms) until the case's end.
+func TestCoreSchedulerSilence(t *testing.T) {
+	ack := sched(control.Message{Command: control.HeartbeatAck})
+	const wantFail = "scheduler at tcp://10.0.0.9:9000 unreachable"
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	tests := []struct {
+		name    string
+		evs     []ev // at ms(50)+k*ms(100): between ticks
+		end     time.Duration
+		fail    string // in the failure at the end; "" none
+		forsake bool
+	}{
+		{"running", []ev{{at: ms(450), msg: ack}}, ms(1600), wantFail, true},
+		{"answered in time", []ev{{at: ms(450), msg: ack}}, ms(1400), "", false},
+		{"worker barrier", []ev{{at: ms(450), msg: ack}, {at: ms(550), barrier: node.WorkerGroup}}, ms(1600), wantFail, true},
+		{"barrier of every node", []ev{{at: ms(450), msg: ack}, {at: ms(550), barrier: node.AllGroup}}, ms(1600), wantFail, true},
+		{"final barrier", []ev{{at: ms(450), msg: ack}, {at: ms(550), barrier: node.AllGroup, final: true}}, ms(1600), wantFail, true},
+		{"final barrier, a peer lost meanwhile", []ev{{at: ms(450), msg: ack},
+			{at: ms(550), barrier: node.AllGroup, final: true}, {at: ms(650), lost: node.ServerID(1)}}, ms(1600), wantFail, true},
+		{"terminated", []ev{{at: ms(450), msg: ack}, {at: ms(550), barrier: node.AllGroup, final: true},
+			{at: ms(650), msg: sched(control.Message{Command: control.Terminate})}}, ms(3000), "", false},
+		{"failed for a peer", []ev{{at: ms(450), msg: ack}, {at: ms(550), fail: "server died"}}, ms(1400), "server died", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var evs []ev
+			rest := tt.evs
+			for at := ms(100); at <= tt.end; at += ms(100) {
+				for len(rest) > 0 && rest[0].at < at {
+					evs, rest = append(evs, rest[0]), rest[1:]
+				}
+				evs = append(evs, ev{at: at})
+			}
+			c := registered(t)
+			feed(t, c, evs)
+			got := ""
+			if c.err != nil {
+				got = c.err.Error()
+			}
+			if tt.fail == "" && got != "" || !strings.Contains(got, tt.fail) {
+				t.Errorf("failure %q, want one with %q", got, tt.fail)
+			}
+			if c.forsakeScheduler() != tt.forsake {
+				t.Errorf("forsakeScheduler() = %v, want %v", c.forsakeScheduler(), tt.forsake)
+			}
+		})
+	}
+}
+
+// A job's first table counts a worker process of several customers once
+// per customer (the pairs after the stamp): one process of two
+// customers makes DMLC_NUM_WORKER=2.
+func TestCoreTableCustomers(t *testing.T) {
+	pair := func(id node.ID, k uint32) []byte {
+		b := binary.LittleEndian.AppendUint32(nil, uint32(id))
+		return binary.LittleEndian.AppendUint32(b, k)
+	}
+	tests := []struct {
+		name    string
+		workers int    // in the table
+		extra   []byte // after the stamp
+		err     string // "" taken
+	}{
+		{"two processes", 2, nil, ""},
+		{"one process of two customers", 1, pair(me, 2), ""},
+		{"one process, its customers untold", 1, nil, "1 workers"},
+		{"too many customers", 2, pair(me, 2), "3 workers"},
+		{"customers of a server", 1, pair(node.ServerID(0), 2), "worker 8 of 2 customers"},
+		{"customers of nobody", 1, pair(node.WorkerID(5), 2), "customers"},
+		{"a customer count of one", 2, pair(me, 1), "customers"},
+		{"a torn pair", 1, pair(me, 2)[:5], "pairs"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCore(testConfig())
+			c.bound(node.Info{Role: node.Worker, Host: "10.0.0.1", ControlPort: infoOf(me).ControlPort, DataPort: infoOf(me).DataPort})
+			m := nodeTable(me, 2, tt.workers, false, 0, classic.Layout{})
+			m.Body = append(m.Body, tt.extra...)
+			r := c.step(m, t0)
+			got := ""
+			if r.startErr != nil {
+				got = r.startErr.Error()
+			}
+			if tt.err == "" && got != "" || !strings.Contains(got, tt.err) {
+				t.Errorf("start error %q, want one with %q", got, tt.err)
+			}
+			if r.table != (tt.err == "") {
+				t.Errorf("table taken %v", r.table)
+			}
+		})
+	}
+}
+
+// The scheduler's customers' messages come over its connection only, and
+// go to this node's customers (ready.apps); a forged one is refused.
+func TestCoreApps(t *testing.T) {
+	c := registered(t)
+	m := sched(control.Message{Command: control.App, Target: me, Seq: 2, Body: []byte("x")})
+	if r := c.step(m, t0); len(r.apps) != 1 || r.apps[0] != m {
+		t.Errorf("app message from the scheduler: apps %v", r.apps)
+	}
+	forged := &control.Message{Command: control.App, Sender: node.SchedulerID, Origin: "elsewhere", Target: me, Body: []byte("x")}
+	if r := c.step(forged, t0); len(r.apps) != 0 || len(r.rejects) != 1 {
+		t.Errorf("forged app message: apps %v, rejects %v", r.apps, r.rejects)
 	}
 }

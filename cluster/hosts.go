@@ -8,19 +8,19 @@ import (
 
 // readHosts takes the hosts the table's nodes named (after the stamp of
 // a NodeTable's body; none from a scheduler that sent none), in the
-// order of nodes, the table as sent.
-func (t *topology) readHosts(nodes []node.Info, b []byte) error {
-	hosts, err := localagg.ParseHosts(b, len(nodes), config.MaxHostIDLen)
+// order of nodes, the table as sent, and returns the bytes after them.
+func readHosts(nodes []node.Info, b []byte) (map[node.ID]string, []byte, error) {
+	hosts, rest, err := localagg.ParseHosts(b, len(nodes), config.MaxHostIDLen)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	t.hosts = make(map[node.ID]string, len(nodes))
+	named := make(map[node.ID]string, len(nodes))
 	for i, info := range nodes {
 		if hosts[i] != "" {
-			t.hosts[info.ID] = hosts[i]
+			named[info.ID] = hosts[i]
 		}
 	}
-	return nil
+	return named, rest, nil
 }
 
 // HostOf is the host node id runs on, for its local group: the one it

@@ -94,6 +94,8 @@ func (c Command) String() string {
 		return "LAYOUT"
 	case Leave:
 		return "LEAVE"
+	case App:
+		return "APP"
 	}
 	return "command(" + strconv.Itoa(int(c)) + ")"
 }

@@ -32,6 +32,7 @@ func sampleMessages() map[string]*Message {
 		"Joined":       {Command: Joined, Sender: node.ServerID(2), Seq: 1},
 		"Layout":       {Command: Layout, Sender: node.SchedulerID, Body: []byte{1, 0, 0, 0, 1, 0, 0, 0, 8, 0, 0, 0}},
 		"Leave":        {Command: Leave, Sender: 12, Seq: 1},
+		"App":          {Command: App, Sender: 1, Target: 9, Seq: 3, Body: []byte("app message")},
 		"NodeLeft":     {Command: NodeLeft, Sender: node.SchedulerID, Target: node.ServerID(1), Text: "lost: connection reset by peer"},
 		"Terminate":    {Command: Terminate, Sender: node.SchedulerID, Recipient: 0xFFFFFFFF},
 		"Report":       {Command: Report, Sender: node.WorkerID(0), Seq: 1000, Body: []byte{1, 2, 3, 0, 255}},

@@ -21,13 +21,18 @@ type Command uint8
 // Commands.
 const (
 	// AddNode registers a node with the scheduler: Nodes[0] describes the
-	// sender (its ID 0, or the id of the rank its launcher pinned).
+	// sender (its ID 0, or the id of the rank its launcher pinned). A
+	// worker process of several customers (ps-lite's Start(customer_id)
+	// from several threads) registers each further one with Seq its
+	// customer id + 1, after its own AddNode: each counts as a worker.
 	AddNode Command = 1 + iota
 	// NodeTable answers AddNode once every node has registered: Nodes is
 	// the full table (scheduler included) and Recipient the receiver's id.
 	// Body begins with the job's stamp (8 bytes, little-endian: the
 	// scheduler's clock at the table, Unix ns; it orders checkpoints
-	// across a job's restarts).
+	// across a job's restarts). In a job's first table, pairs of 32-bit
+	// words follow: a worker's id and the customers it counts for, for
+	// each worker process of several (AddNode).
 	NodeTable
 	// Barrier asks the scheduler to release Group's barrier number Seq once
 	// every member has asked. FlagFinal marks the shut-down barrier.
@@ -75,7 +80,13 @@ const (
 	// the second with NodeLeft (FlagGraceful) to every member and to the
 	// server itself.
 	Leave
-	lastCommand = Leave
+	// App carries an application message (package appmsg's encoding in
+	// Body) to or from the scheduler's customers, which have no data
+	// plane: from a member to the scheduler, Target the recipient (the
+	// scheduler); from the scheduler to member Target. Seq is its
+	// priority.
+	App
+	lastCommand = App
 )
 
 // Flags.

@@ -147,8 +147,9 @@ type Plane struct {
 	mu          sync.Mutex
 	queue       []outgoing
 	closed      bool
-	wakePending bool         // a wake-up frame is in flight to the loop
-	wakeTx      *goczmq.Sock // owned by the loop; used by others under mu
+	forsaken    map[string]bool // Forsake's endpoints
+	wakePending bool            // a wake-up frame is in flight to the loop
+	wakeTx      *goczmq.Sock    // owned by the loop; used by others under mu
 }
 
 type outgoing struct {
@@ -286,6 +287,19 @@ func (p *Plane) Close() error {
 	})
 	<-p.done
 	return p.closeErr
+}
+
+// Forsake gives up on the peer at endpoint, known dead: Close keeps
+// nothing queued for it, and lingers neither in Close nor at the
+// process's end (Shutdown) to deliver it. Later Sends to it still queue,
+// for as long as the plane is open.
+func (p *Plane) Forsake(endpoint string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.forsaken == nil {
+		p.forsaken = make(map[string]bool)
+	}
+	p.forsaken[endpoint] = true
 }
 
 // wakeLocked pokes the loop. It runs under mu, on the caller's goroutine.
@@ -779,6 +793,16 @@ func (l *loop) shutdown() error {
 	// Messages queued before Close but not taken yet (the loop may have
 	// stopped while blocked on Incoming).
 	l.sendQueued()
+	// A forsaken peer's backlog is waited for by nobody.
+	l.p.mu.Lock()
+	forsaken := l.p.forsaken
+	l.p.mu.Unlock()
+	for _, d := range l.dealers {
+		if forsaken[d.endpoint] && len(d.pending) > 0 {
+			d.pending = nil
+			l.waiting--
+		}
+	}
 	// A backlog only exists for peers that have not taken hwm messages; give
 	// them the linger time to show up, then give up.
 	for end := time.Now().Add(linger); l.waiting > 0 && time.Now().Before(end); {
@@ -810,8 +834,14 @@ func (l *loop) destroy() {
 		_ = monitor(handle(l.router), "", 0)
 	}
 	l.mon.close()
+	l.p.mu.Lock()
+	forsaken := l.p.forsaken
+	l.p.mu.Unlock()
 	for _, d := range l.dealers {
 		l.unwatchDealer(d)
+		if forsaken[d.endpoint] {
+			d.sock.setInt(zmqLinger, 0)
+		}
 		d.sock.close()
 	}
 	clear(l.dealers)

@@ -151,7 +151,6 @@ func TestSendRefused(t *testing.T) {
 		segs [][]byte
 		want error
 	}{
-		{"scheduler", appmsg.Meta{Recipient: 1}, nil, customer.ErrRecipient},
 		{"group", appmsg.Meta{Recipient: 2}, nil, customer.ErrRecipient},
 		{"no such server", appmsg.Meta{Recipient: uint32(s1)}, nil, customer.ErrRecipient},
 		{"no such worker", appmsg.Meta{Recipient: uint32(w1)}, nil, customer.ErrRecipient},

@@ -18,7 +18,7 @@ func (k Key) String() string { return fmt.Sprintf("app %d, customer %d", k.App, 
 // app, whichever worker customer asked), on a worker (app, customer) (the
 // response goes back to the customer that asked).
 func Target(r node.Role, m *appmsg.Meta) Key {
-	if r == node.Server {
+	if r != node.Worker { // a server or the scheduler, as in ps-lite
 		return Key{m.App, m.App}
 	}
 	return Key{m.App, m.Customer}

@@ -65,6 +65,16 @@ type Node interface {
 	Fail(err error)
 }
 
+// ControlApps is what a Node offers for messages to or from the
+// scheduler's customers, which travel over the control plane (the
+// scheduler has no data plane): SendApp sends an encoded message to node
+// to, and OnApp installs the function that takes one that arrived.
+// A Node without it neither sends to nor receives from the scheduler.
+type ControlApps interface {
+	SendApp(to node.ID, priority int32, payload []byte) error
+	OnApp(deliver func(from node.ID, priority int32, payload []byte))
+}
+
 // Set is a node's customers.
 type Set struct {
 	n Node
@@ -82,6 +92,13 @@ type Set struct {
 // Close or n's close.
 func New(n Node) *Set {
 	s := &Set{n: n, c: newCore(), timers: map[Key]*time.Timer{}, quit: make(chan struct{}), watched: make(chan struct{})}
+	if a, ok := n.(ControlApps); ok {
+		a.OnApp(func(from node.ID, priority int32, payload []byte) {
+			if err := s.deliver(from, priority, payload); err != nil {
+				n.Logger().Warn("malformed app message over the control plane dropped", "from", from, "err", err)
+			}
+		})
+	}
 	go s.watch()
 	return s
 }
@@ -193,11 +210,20 @@ func (s *Set) stopTimers() {
 	}
 }
 
-// HandleFrame takes an App frame from the van (payload is valid during
-// the call only: it is copied). An error is a malformed payload from a
+// PayloadBuffer is the buffer an App frame's payload is read into (the
+// role's van.Sink passes it on): the message's own, which HandleFrame then
+// keeps without a copy.
+func (s *Set) PayloadBuffer(h *frame.Header) []byte { return make([]byte, h.Length) }
+
+// HandleFrame takes an App frame from the van: payload is the Set's to
+// keep when inPlace (read into PayloadBuffer's buffer), else valid during
+// the call only, and copied. An error is a malformed payload from a
 // member, which the role treats as it does any other malformed frame.
-func (s *Set) HandleFrame(h *frame.Header, payload []byte) error {
-	return s.deliver(node.ID(h.Sender), h.Priority, bytes.Clone(payload))
+func (s *Set) HandleFrame(h *frame.Header, payload []byte, inPlace bool) error {
+	if !inPlace {
+		payload = bytes.Clone(payload)
+	}
+	return s.deliver(node.ID(h.Sender), h.Priority, payload)
 }
 
 // deliver decodes payload (the Set's to keep) and routes it.
@@ -247,23 +273,34 @@ func (s *Set) Send(m *appmsg.Meta, segs [][]byte) error {
 		return fmt.Errorf("%w: %w", ErrFailed, err)
 	}
 	to := node.ID(m.Recipient)
+	self := s.n.Self()
+	apps, viaControl := s.n.(ControlApps)
+	viaControl = viaControl && (to == node.SchedulerID || self.Role == node.Scheduler)
 	info, ok := s.n.Info(to)
-	if !ok || (info.Role != node.Server && info.Role != node.Worker) {
-		return fmt.Errorf("%w: %d is no server or worker of this cluster", ErrRecipient, m.Recipient)
+	if !ok || (info.Role != node.Server && info.Role != node.Worker && !(viaControl && info.Role == node.Scheduler)) {
+		return fmt.Errorf("%w: %d is no node of this cluster that has customers", ErrRecipient, m.Recipient)
 	}
 	if err := appmsg.Check(m, segs, s.n.Config().MaxFrameBytes); err != nil {
 		return err
 	}
 	payload := appmsg.Encode(make([]byte, 0, appmsg.Size(segs)), m, segs)
-	self := s.n.Self().ID
-	if to == self {
+	if to == self.ID {
 		s.mu.Lock()
 		closed := s.c.closed
 		s.mu.Unlock()
 		if closed {
 			return ErrClosed
 		}
-		return s.deliver(self, m.Priority, payload)
+		return s.deliver(self.ID, m.Priority, payload)
+	}
+	if viaControl {
+		if err := apps.SendApp(to, m.Priority, payload); err != nil {
+			if ferr := s.n.Err(); ferr != nil {
+				return fmt.Errorf("%w: %w", ErrFailed, ferr)
+			}
+			return fmt.Errorf("customer: send to %s: %w", to, err)
+		}
+		return nil
 	}
 	err := s.n.Van().Send(&frame.Message{
 		Header:  frame.Header{Type: frame.App, Recipient: uint32(to), Priority: m.Priority},

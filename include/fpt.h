@@ -97,6 +97,18 @@ const char* fpt_status_name(int status);
 int fpt_start(void);
 
 /*
+ * ps-lite's Start(customer_id), for a process whose threads each start as
+ * a customer: the first call is fpt_start. On a worker, every further
+ * customer that calls it while the cluster assembles registers with the
+ * scheduler beside the process and counts as one of DMLC_NUM_WORKER
+ * workers (for barriers, ps::NumWorkers and the sums; the process keeps
+ * one id and one rank); each call returns once the cluster has started.
+ * A worker customer after the start is FPT_ERR_STATE. On a server or the
+ * scheduler a further call only waits for the start.
+ */
+int fpt_start_customer(int customer_id);
+
+/*
  * Leaves the cluster (see the life cycle above) and releases every thread,
  * socket and buffer the library holds. A worker first waits for its
  * outstanding requests (for at most 30 s; then the node fails and they
@@ -316,13 +328,15 @@ int fpt_barrier_group(int group);
 /*
  * Messages between customers (ps-lite's Customer and Message, on which
  * ps::KVWorker, ps::KVServer and ps::SimpleApp are built; include/ps/ does
- * that over these calls). Servers and workers only: a message to or from
- * the scheduler is FPT_ERR_ARG.
+ * that over these calls). Every node has customers, the scheduler too (as
+ * in ps-lite); the scheduler has no data plane, so messages to and from it
+ * travel over the control plane (at most 32 MiB each), and its customers'
+ * first send waits for every node to have registered.
  *
  * A customer is a handler registered under (app_id, customer_id). A
  * message is delivered to a customer of its recipient as ps-lite does: on a
- * server to (meta.app_id, meta.app_id), on a worker to (meta.app_id,
- * meta.customer_id). Each customer's handler runs on a thread of the
+ * server or the scheduler to (meta.app_id, meta.app_id), on a worker to
+ * (meta.app_id, meta.customer_id). Each customer's handler runs on a thread of the
  * library of its own, one message at a time, in the order the messages
  * arrived (per sender, the order they were sent). Messages for a customer
  * not registered yet wait for it, for up to FPT_START_TIMEOUT seconds; then
@@ -390,8 +404,8 @@ int fpt_customer_remove(int app_id, int customer_id);
  * are copied before it returns (the buffers are free again). The encoded
  * message (the data, 24 bytes of meta and 8 per segment) is at most
  * FPT_MAX_FRAME_BYTES. Asynchronous otherwise: the response, if any, comes
- * to the customer's handler. A recipient that is not a server or worker of
- * the cluster, more than FPT_MSG_MAX_SEGMENTS segments, a bad dtype, a
+ * to the customer's handler. A recipient that is no node of the cluster
+ * (a group, an unknown id), more than FPT_MSG_MAX_SEGMENTS segments, a bad dtype, a
  * flag other than FPT_MSG_REQUEST/PUSH/PULL/SIMPLE, or a message too large
  * is FPT_ERR_ARG.
  */

@@ -58,7 +58,10 @@ type Node struct {
 	// returned schedErr.
 	stop      context.CancelFunc
 	schedDone chan struct{}
-	schedErr  error
+	// schedCustomers are the scheduler's customers (ps-lite's apps on
+	// the scheduler), over the control plane.
+	schedCustomers *customer.Set
+	schedErr       error
 
 	closeOnce sync.Once
 }
@@ -76,6 +79,9 @@ type Deps struct {
 	// Lookup resolves the host names the node waits for before it starts
 	// (the scheduler's); nil: the system's resolver.
 	Lookup cluster.Lookup
+	// Customers, for a worker, are its process's further worker
+	// customers, which register beside it (nil: none).
+	Customers *cluster.Customers
 }
 
 // Start starts the node cfg.Role names and returns once it runs: a server
@@ -131,7 +137,7 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 		}
 		n.board = board
 		n.startScheduler(ctx, planes, deps.Decisions, func(reason string) { m.Rejected("control", reason) },
-			scheduler.Observers{Status: board, Metrics: n.schedMetrics})
+			scheduler.Observers{Status: board, Metrics: n.schedMetrics, Apps: n.schedApps()})
 		n.started.Store(true)
 		return n, nil
 	case node.Server:
@@ -139,6 +145,7 @@ func Start(ctx context.Context, cfg config.Config, deps Deps) (*Node, error) {
 		n.server, err = server.Start(ctx, n.member)
 	case node.Worker:
 		n.member = n.newMember(planes, m)
+		n.member.SetCustomers(deps.Customers)
 		n.worker, err = worker.Start(ctx, n.member)
 	default:
 		err = fmt.Errorf("launch: no node of role %s", cfg.Role)
@@ -321,7 +328,8 @@ func (n *Node) Worker() *worker.Worker { return n.worker }
 // Server is the node's server, nil unless it is one.
 func (n *Node) Server() *server.Server { return n.server }
 
-// Customers is a server's or worker's customers, nil for the scheduler.
+// Customers is the node's customers: a server's or worker's, or the
+// scheduler's, whose messages travel over the control plane.
 func (n *Node) Customers() *customer.Set {
 	switch {
 	case n.worker != nil:
@@ -329,7 +337,15 @@ func (n *Node) Customers() *customer.Set {
 	case n.server != nil:
 		return n.server.Customers()
 	}
-	return nil
+	return n.schedCustomers
+}
+
+// schedApps makes the scheduler's customers and the port their messages
+// go through.
+func (n *Node) schedApps() *scheduler.Apps {
+	apps := scheduler.NewApps(n.cfg, n.log)
+	n.schedCustomers = customer.New(apps)
+	return apps
 }
 
 // Member is a server's or worker's cluster membership, nil for the
@@ -434,6 +450,9 @@ func (n *Node) Close() {
 		if n.stop != nil {
 			n.stop()
 			<-n.schedDone
+		}
+		if n.schedCustomers != nil {
+			n.schedCustomers.Close()
 		}
 		if err := n.tracer.Close(); err != nil {
 			n.log.Warn("closing the trace file", "err", err)

@@ -8,25 +8,25 @@ import (
 func TestHostsWire(t *testing.T) {
 	hosts := []string{"", "a", "rack-7.b", ""}
 	b := AppendHosts([]byte("stamp..."), hosts)
-	got, err := ParseHosts(b[8:], len(hosts), 255)
-	if err != nil || !reflect.DeepEqual(got, hosts) {
-		t.Fatalf("ParseHosts = %q, %v; want %q", got, err, hosts)
+	after := []byte{1, 2, 3, 4, 5, 6, 7, 8}
+	got, rest, err := ParseHosts(append(b[8:], after...), len(hosts), 255)
+	if err != nil || !reflect.DeepEqual(got, hosts) || !reflect.DeepEqual(rest, after) {
+		t.Fatalf("ParseHosts = %q, %x, %v; want %q and the bytes after them %x", got, rest, err, hosts, after)
 	}
-	if got, err := ParseHosts(nil, 2, 255); err != nil || !reflect.DeepEqual(got, []string{"", ""}) {
-		t.Errorf("no hosts: %q, %v", got, err)
+	if got, rest, err := ParseHosts(nil, 2, 255); err != nil || !reflect.DeepEqual(got, []string{"", ""}) || len(rest) != 0 {
+		t.Errorf("no hosts: %q, %x, %v", got, rest, err)
 	}
 	enc := b[8:]
 	for _, bad := range [][]byte{
-		enc[:len(enc)-1],                    // short
-		append(append([]byte{}, enc...), 0), // trailing
-		{0xff},                              // bad count
-		AppendHosts(nil, []string{"a"}),     // another count
+		enc[:len(enc)-1],                // short
+		{0xff},                          // bad count
+		AppendHosts(nil, []string{"a"}), // another count
 	} {
-		if _, err := ParseHosts(bad, len(hosts), 255); err == nil {
+		if _, _, err := ParseHosts(bad, len(hosts), 255); err == nil {
 			t.Errorf("ParseHosts(%x): no error", bad)
 		}
 	}
-	if _, err := ParseHosts(enc, len(hosts), 3); err == nil {
+	if _, _, err := ParseHosts(enc, len(hosts), 3); err == nil {
 		t.Error("a host over the limit: no error")
 	}
 }
@@ -37,9 +37,9 @@ func FuzzParseHosts(f *testing.F) {
 		if n < 0 || n > 1000 {
 			return
 		}
-		hosts, err := ParseHosts(b, n, 255)
-		if err == nil && len(hosts) != n {
-			t.Fatalf("%d hosts for %d nodes", len(hosts), n)
+		hosts, rest, err := ParseHosts(b, n, 255)
+		if err == nil && (len(hosts) != n || len(rest) > len(b)) {
+			t.Fatalf("%d hosts for %d nodes, %d bytes left of %d", len(hosts), n, len(rest), len(b))
 		}
 	})
 }

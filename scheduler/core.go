@@ -114,6 +114,10 @@ type ready struct {
 	terminate bool
 	members   []node.ID
 	err       error
+	// table: the node table is out (for Observers.Apps); apps are
+	// members' messages for the scheduler's customers.
+	table []node.Info
+	apps  []*control.Message
 }
 
 // outgoing is a message for the node at to's control endpoint. quiet:
@@ -148,6 +152,12 @@ func (c *core) step(m *control.Message, now time.Time) ready {
 		return c.take()
 	}
 	if m.Command == control.AddNode {
+		if m.Seq != 0 {
+			// A worker customer after the start: DMLC_NUM_WORKER was
+			// met without it.
+			c.reject.Reject("register", "customer", m.Seq-1, "err", "a worker customer registered after the cluster started")
+			return c.take()
+		}
 		// A server or worker joining the running job: the only
 		// message a connection of no member may send.
 		c.admit(m)
@@ -207,6 +217,12 @@ func (c *core) step(m *control.Message, now time.Time) ready {
 		c.leaveDeferred() // a join may have taken effect
 	case control.Joined:
 		c.joined(m)
+	case control.App:
+		if m.Target != node.SchedulerID || c.obs.Apps == nil {
+			c.reject.Reject("app", "from", m.Sender, "target", m.Target)
+			break
+		}
+		c.out.apps = append(c.out.apps, m)
 	case control.Leave:
 		if final := c.leave(m); final != nil {
 			c.terminate(final)
@@ -332,6 +348,18 @@ func (c *core) registerStep(m *control.Message) {
 		return
 	}
 	info := m.Nodes[0]
+	if m.Seq != 0 {
+		// A further worker customer of a process that registered.
+		if err := c.reg.addCustomer(info, m.Origin, m.Seq); err != nil {
+			c.reject.Reject("register", "node", info, "err", err)
+			return
+		}
+		c.log.Info("worker customer registered", "node", info, "customer", m.Seq-1, "workers", c.reg.count(node.Worker))
+		if c.reg.complete() {
+			c.begin()
+		}
+		return
+	}
 	if err := c.reg.add(info, m.Origin); err != nil {
 		// Two nodes pinned to one rank: no later registration mends
 		// that, so the start fails now, naming both.
@@ -388,13 +416,22 @@ func (c *core) begin() {
 	}
 	var servers []node.ID
 	c.stamp = uint64(now.UnixNano())
+	// The stamp, the hosts the nodes named (local groups), then the
+	// worker processes of several customers: id and count.
 	body := localagg.AppendHosts(binary.LittleEndian.AppendUint64(nil, c.stamp), c.namedHosts())
+	for _, info := range c.table[1:] {
+		if w := c.reg.weightOf(info); w > 1 {
+			body = binary.LittleEndian.AppendUint32(body, uint32(info.ID))
+			body = binary.LittleEndian.AppendUint32(body, uint32(w))
+		}
+	}
 	for _, info := range c.table[1:] {
 		c.send(info.ID, &control.Message{Command: control.NodeTable, Recipient: info.ID, Nodes: c.table, Body: body})
 		if info.Role == node.Server {
 			servers = append(servers, info.ID)
 		}
 	}
+	c.out.table = c.table
 	c.layout = classic.Initial(servers) // as every node derives it from the table
 	c.log.Info("node table sent", "nodes", len(c.table))
 	c.formGroups()

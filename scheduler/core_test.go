@@ -202,3 +202,42 @@ func cat(parts ...[]string) []string {
 	}
 	return out
 }
+
+// A member's app message for the scheduler's customers is handed to the
+// shell (Observers.Apps) when the scheduler has customers, refused when
+// it has none or the message names another recipient; the node table is
+// handed over once, at the start.
+func TestCoreApps(t *testing.T) {
+	cfg := config.Config{NumServers: 1, NumWorkers: 1, HeartbeatInterval: time.Second, HeartbeatTimeout: time.Minute, StartTimeout: time.Minute}
+	app := func(target node.ID) *control.Message {
+		return &control.Message{Command: control.App, Sender: node.ServerID(0), Target: target, Seq: 3, Body: []byte("payload")}
+	}
+	tests := []struct {
+		name  string
+		apps  bool
+		m     *control.Message
+		taken bool
+	}{
+		{"to the scheduler's customers", true, app(node.SchedulerID), true},
+		{"a scheduler without customers", false, app(node.SchedulerID), false},
+		{"to another member", true, app(node.WorkerID(0)), false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			run := startCore(t, cfg, true)
+			if len(run.tables.table) != 3 {
+				t.Fatalf("table handed over with %d nodes, want 3", len(run.tables.table))
+			}
+			if tt.apps {
+				run.c.obs.Apps = NewApps(cfg, nil)
+			}
+			r := run.step(t0, tt.m)
+			if got := len(r.apps) == 1 && string(r.apps[0].Body) == "payload"; got != tt.taken {
+				t.Errorf("app message handed over: %v, want %v", got, tt.taken)
+			}
+			if r.table != nil {
+				t.Errorf("table handed over again")
+			}
+		})
+	}
+}

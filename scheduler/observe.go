@@ -15,6 +15,9 @@ type Observers struct {
 	Status *status.Board
 	// Metrics records the members, the LB's decisions and the iterations.
 	Metrics *metrics.Scheduler
+	// Apps carries the scheduler's customers' messages (nil: it has
+	// none, and members' app messages are refused).
+	Apps *Apps
 }
 
 // observer feeds the Observers from the scheduler's loop.

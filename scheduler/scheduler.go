@@ -30,11 +30,11 @@ import (
 // over the connection it came from (control.Message.Origin); others are
 // dropped and passed to onReject (nil: only logged, at a bounded rate).
 // obs are told the members, the LB's decisions and the iterations.
-func Serve(ctx context.Context, plane control.Transport, cfg config.Config, log *slog.Logger, decisions io.Writer, onReject func(reason string), obs Observers) error {
+func Serve(ctx context.Context, plane control.Transport, cfg config.Config, log *slog.Logger, decisions io.Writer, onReject func(reason string), obs Observers) (err error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	sh := &shell{plane: plane, log: log, decisions: decisions, status: obs.Status}
+	sh := &shell{plane: plane, log: log, decisions: decisions, status: obs.Status, apps: obs.Apps}
 	o := observer{Observers: obs, rec: status.NewRecorder(cfg.LB, cfg.HeartbeatTimeout, 0)}
 	sh.c = newCore(cfg, log, node.Info{Host: cfg.RootURI, ControlPort: plane.Port()}, control.NewRejecter(log, onReject), o, time.Now())
 	defer plane.Close()
@@ -42,6 +42,7 @@ func Serve(ctx context.Context, plane control.Transport, cfg config.Config, log 
 		o.rec.Stopped()
 		sh.post(time.Now())
 	}()
+	defer func() { obs.Apps.end(err) }()
 	log.Info("scheduler listening", "port", plane.Port(), "servers", cfg.NumServers, "workers", cfg.NumWorkers)
 	if err := sh.register(ctx); err != nil {
 		var sf *startFailedError
@@ -61,6 +62,7 @@ type shell struct {
 	log       *slog.Logger
 	decisions io.Writer     // nil: decisions are only logged
 	status    *status.Board // nil: no status page
+	apps      *Apps         // nil: no customers
 }
 
 // register feeds the core the registrations until the node table is
@@ -132,6 +134,12 @@ func (sh *shell) do(r ready) {
 	}
 	if r.publish {
 		sh.post(time.Now())
+	}
+	if r.table != nil {
+		sh.apps.started(r.table, sh.plane)
+	}
+	for _, m := range r.apps {
+		sh.apps.received(m)
 	}
 }
 

@@ -16,6 +16,47 @@ type registry struct {
 	servers, workers int
 	pending          []node.Info
 	origins          []string // pending[i] registered over connection origins[i]
+	// customers[i] are pending[i]'s further worker customers (ps-lite's
+	// Start(customer_id) of several threads of one process): each counts
+	// as one of the workers; keyed by the registration's Seq.
+	customers []map[uint64]bool
+}
+
+// addCustomer registers a further worker customer (seq, non-zero) of the
+// worker process that registered at info's address over origin.
+func (r *registry) addCustomer(info node.Info, origin string, seq uint64) error {
+	for i, p := range r.pending {
+		if p.Host != info.Host || p.ControlPort != info.ControlPort {
+			continue
+		}
+		switch {
+		case r.origins[i] != origin:
+			return fmt.Errorf("customer %d of %s: from another connection than the node's", seq-1, info)
+		case p.Role != node.Worker:
+			return fmt.Errorf("customer %d of %s: only a worker process registers several customers", seq-1, p)
+		case r.customers[i][seq]:
+			return fmt.Errorf("customer %d of %s registered twice", seq-1, p)
+		case r.count(node.Worker) >= r.workers:
+			return fmt.Errorf("customer %d of %s is one worker too many: the cluster has %d (DMLC_NUM_WORKER counts every worker customer)", seq-1, p, r.workers)
+		}
+		if r.customers[i] == nil {
+			r.customers[i] = make(map[uint64]bool)
+		}
+		r.customers[i][seq] = true
+		return nil
+	}
+	return fmt.Errorf("customer %d of %s: the node has not registered", seq-1, info)
+}
+
+// weightOf is how many of the workers the node at info's address counts
+// for: 1 and its further customers.
+func (r *registry) weightOf(info node.Info) int {
+	for i, p := range r.pending {
+		if p.Host == info.Host && p.ControlPort == info.ControlPort {
+			return 1 + len(r.customers[i])
+		}
+	}
+	return 1
 }
 
 // add registers info, which arrived over the connection origin. It holds
@@ -45,6 +86,7 @@ func (r *registry) add(info node.Info, origin string) error {
 	}
 	r.pending = append(r.pending, info)
 	r.origins = append(r.origins, origin)
+	r.customers = append(r.customers, nil)
 	return nil
 }
 
@@ -68,11 +110,13 @@ func (r *registry) originOf(info node.Info) string {
 	return ""
 }
 
+// count is the nodes of role registered, a worker process counting once
+// per customer.
 func (r *registry) count(role node.Role) int {
 	n := 0
-	for _, p := range r.pending {
+	for i, p := range r.pending {
 		if p.Role == role {
-			n++
+			n += 1 + len(r.customers[i])
 		}
 	}
 	return n

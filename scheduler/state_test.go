@@ -163,3 +163,55 @@ func TestRegistryBounded(t *testing.T) {
 		t.Errorf("%d registrations kept, want 1", len(r.pending))
 	}
 }
+
+// A worker process's further customers (AddNode with Seq) each count as
+// one of the workers, from the process's own connection only; the
+// registrations complete the cluster once servers and customers add up.
+func TestRegistryWorkerCustomers(t *testing.T) {
+	srv := node.Info{Role: node.Server, Host: "h", ControlPort: 10, DataPort: 11}
+	w := node.Info{Role: node.Worker, Host: "h", ControlPort: 20, DataPort: 21}
+	w2 := node.Info{Role: node.Worker, Host: "h", ControlPort: 30, DataPort: 31}
+	type reg struct {
+		info   node.Info
+		origin string
+		seq    uint64 // 0: the node's own AddNode
+		ok     bool
+	}
+	tests := []struct {
+		name     string
+		workers  int
+		regs     []reg
+		complete bool
+		weight   int // of w at the end
+	}{
+		{"one process of two customers", 2, []reg{{srv, "s", 0, true}, {w, "w", 0, true}, {w, "w", 2, true}}, true, 2},
+		{"customer before its node", 2, []reg{{srv, "s", 0, true}, {w, "w", 2, false}, {w, "w", 0, true}}, false, 1},
+		{"customer twice", 3, []reg{{w, "w", 0, true}, {w, "w", 2, true}, {w, "w", 2, false}}, false, 2},
+		{"customer from another connection", 2, []reg{{w, "w", 0, true}, {w, "x", 2, false}}, false, 1},
+		{"customer of a server", 1, []reg{{srv, "s", 0, true}, {srv, "s", 2, false}}, false, 1},
+		{"one customer too many", 2, []reg{{w, "w", 0, true}, {w2, "w2", 0, true}, {w, "w", 2, false}}, false, 1},
+		{"a process too many", 2, []reg{{w, "w", 0, true}, {w, "w", 3, true}, {w2, "w2", 0, false}}, false, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := registry{servers: 1, workers: tt.workers}
+			for i, g := range tt.regs {
+				var err error
+				if g.seq == 0 {
+					err = r.add(g.info, g.origin)
+				} else {
+					err = r.addCustomer(g.info, g.origin, g.seq)
+				}
+				if (err == nil) != g.ok {
+					t.Errorf("registration %d (%s seq %d): err %v, want ok %v", i, g.info, g.seq, err, g.ok)
+				}
+			}
+			if r.complete() != tt.complete {
+				t.Errorf("complete() = %v, want %v", r.complete(), tt.complete)
+			}
+			if got := r.weightOf(w); got != tt.weight {
+				t.Errorf("weightOf(worker) = %d, want %d", got, tt.weight)
+			}
+		})
+	}
+}

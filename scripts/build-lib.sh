@@ -13,7 +13,7 @@
 # fpt_bad_calls (a C program that calls every entry point wrongly), and the
 # ps-lite programs of clients/pslite, built as C++11: pslite_kv_app,
 # pslite_multi_workers, pslite_simple_app, pslite_benchmark,
-# pslite_mxnet_client.
+# pslite_mxnet_client, pslite_final_barrier, pslite_scheduler_app.
 # GOEXPERIMENT passes through: GOEXPERIMENT=cgocheck2 builds a library that
 # checks every pointer the Go side writes.
 set -euo pipefail
@@ -31,7 +31,8 @@ Flags:
                  interface over fpt.h), lib/pkgconfig/fpt.pc
   --bindir DIR   where the programs go [default: bin]: kvstore_client,
                  fpt_bad_calls, pslite_kv_app, pslite_multi_workers,
-                 pslite_simple_app, pslite_benchmark, pslite_mxnet_client
+                 pslite_simple_app, pslite_benchmark, pslite_mxnet_client,
+                 pslite_final_barrier, pslite_scheduler_app
   -h, --help     this help
 
 Environment read:
@@ -91,7 +92,7 @@ export PKG_CONFIG_PATH="$prefix/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PAT
 g++ -std=c++17 -O2 -Wall -Wextra -Werror -pthread -o "$bindir/kvstore_client" clients/kvstore/kvstore_client.cc $(pkg-config --cflags --libs fpt)
 # shellcheck disable=SC2046
 gcc -std=c11 -O2 -Wall -Wextra -Werror -o "$bindir/fpt_bad_calls" clients/kvstore/bad_calls.c $(pkg-config --cflags --libs fpt)
-for prog in kv_app multi_workers simple_app benchmark mxnet_client; do
+for prog in kv_app multi_workers simple_app benchmark mxnet_client final_barrier scheduler_app; do
   # shellcheck disable=SC2046
   g++ -std=c++11 -O2 -Wall -Wextra -Werror -pthread -o "$bindir/pslite_$prog" "clients/pslite/$prog.cc" $(pkg-config --cflags --libs fpt)
 done

@@ -229,12 +229,15 @@ func New(n *cluster.Member) *Server {
 var _ van.Sink = (*Server)(nil)
 
 // PayloadBuffer implements van.Sink: pushed partitions are read straight
-// into the aggregator's buffers.
+// into the aggregator's buffers, customers' messages into their own.
 func (s *Server) PayloadBuffer(h *frame.Header) []byte {
-	if h.Type != frame.Push {
-		return nil
+	switch h.Type {
+	case frame.Push:
+		return s.base.Agg.PayloadBuffer(h)
+	case frame.App:
+		return s.base.Customers.PayloadBuffer(h)
 	}
-	return s.base.Agg.PayloadBuffer(h)
+	return nil
 }
 
 // HandleFrame implements van.Handler.
@@ -244,7 +247,7 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte, inPlace bool) {
 		// Customers' messages come from servers and workers alike (the
 		// van admits members only). A malformed one fails the node, as
 		// any other malformed frame from a member does.
-		if err := s.base.Customers.HandleFrame(h, payload); err != nil {
+		if err := s.base.Customers.HandleFrame(h, payload, inPlace); err != nil {
 			s.node.Fail(fmt.Errorf("server: from %s: %s: %w", from, h, err))
 		}
 		return

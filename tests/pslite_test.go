@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,8 +18,7 @@ import (
 // ps-lite programs (clients/pslite), written against ps-lite's C++
 // interface only (include/ps/, headers over fpt.h) and built by
 // build-lib.sh through pkg-config, run as every role of a real cluster:
-// the scheduler is the program too (it only starts and finalizes: fpt's
-// scheduler has no customers), as ps-lite's own tests run.
+// the scheduler is the program too, as ps-lite's own tests run.
 func TestPSLitePrograms(t *testing.T) {
 	tests := []struct {
 		name             string
@@ -26,7 +26,9 @@ func TestPSLitePrograms(t *testing.T) {
 		args             []string
 		servers, workers int
 		variant          string
+		env              []string
 		worker, server   []string // lines each worker / server prints
+		scheduler        []string
 	}{
 		{name: "kv-app", prog: "pslite_kv_app", args: []string{"-keys", "100", "-repeat", "10"},
 			servers: 2, workers: 2, variant: "default",
@@ -36,13 +38,23 @@ func TestPSLitePrograms(t *testing.T) {
 		{name: "kv-app-cgocheck2", prog: "pslite_kv_app", args: []string{"-keys", "20", "-repeat", "3"},
 			servers: 1, workers: 2, variant: "cgocheck2",
 			worker: []string{"pulled exactly", "PASS: PushPull and ZPull exact", "init round and sum exact"}},
+		// As in ps-lite, each worker customer counts as one of
+		// DMLC_NUM_WORKER workers: two processes of two are four.
 		{name: "multi-workers", prog: "pslite_multi_workers", args: []string{"-customers", "2", "-keys", "1000", "-repeat", "20"},
-			servers: 2, workers: 2, variant: "default",
-			worker: []string{"customer 0: PASS", "customer 1: PASS", "worker: done"}, server: []string{"server: done"}},
+			servers: 2, workers: 2, variant: "default", env: []string{"DMLC_NUM_WORKER=4"},
+			worker: []string{"customer 0: PASS", "customer 1: PASS", "from 2 worker processes", "worker: done"}, server: []string{"server: done"}},
+		{name: "multi-workers-one-process", prog: "pslite_multi_workers", args: []string{"-customers", "2", "-keys", "1000", "-repeat", "5"},
+			servers: 2, workers: 1, variant: "default", env: []string{"DMLC_NUM_WORKER=2"},
+			worker: []string{"worker 0 customer 0: PASS", "worker 0 customer 1: PASS", "from 1 worker processes", "worker: done"}, server: []string{"server: done"}},
 		{name: "simple-app", prog: "pslite_simple_app", args: []string{"-n", "100"},
 			servers: 2, workers: 3, variant: "default",
 			worker: []string{"PASS: 100 requests to 2 nodes answered, 200 requests handled"},
 			server: []string{"PASS: 100 requests to 3 nodes answered, 300 requests handled"}},
+		{name: "scheduler-app", prog: "pslite_scheduler_app", args: []string{"-n", "50"},
+			servers: 2, workers: 2, variant: "default",
+			worker:    []string{"PASS: 50 requests to 5 nodes answered, 50 from each handled"},
+			server:    []string{"PASS: 50 requests to 5 nodes answered, 50 from each handled"},
+			scheduler: []string{"node 1: PASS: 50 requests to 5 nodes answered, 50 from each handled"}},
 		{name: "benchmark", prog: "pslite_benchmark", args: []string{"-bytes", "4194304", "-keys", "16", "-iters", "5"},
 			servers: 2, workers: 2, variant: "default",
 			worker: []string{"PASS: 5 iterations of 4.0 MiB over 16 keys pushed and pulled, exact; goodput"}},
@@ -65,7 +77,7 @@ func TestPSLitePrograms(t *testing.T) {
 			dir := libPrograms(t, tt.variant)
 			argv := append([]string{filepath.Join(dir, tt.prog)}, tt.args...)
 			c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: tt.servers, Workers: tt.workers,
-				Scheduler: argv, Server: argv, Worker: argv}), t: t}
+				Scheduler: argv, Server: argv, Worker: argv, Env: tt.env}), t: t}
 			c.waitAll(2 * time.Minute)
 			for i := range tt.workers {
 				name := fmt.Sprintf("worker%d", i)
@@ -75,6 +87,7 @@ func TestPSLitePrograms(t *testing.T) {
 				name := fmt.Sprintf("server%d", i)
 				mustContain(t, name+" stdout", c.proc(name).Stdout.String(), tt.server...)
 			}
+			mustContain(t, "scheduler stdout", c.proc("scheduler").Stdout.String(), tt.scheduler...)
 			if tt.prog == "pslite_benchmark" {
 				// A figure for the log only: timing is not asserted.
 				t.Logf("mean goodput %.3f Gbit/s", meanGoodput(t, c.Cluster, tt.workers))
@@ -222,4 +235,56 @@ func BenchmarkPSLiteGoodput(b *testing.B) {
 	b.ReportMetric(fptSum/n, "cpp-fpt-Gbit/s")
 	b.ReportMetric(classicSum/goSum, "classic/go")
 	b.ReportMetric(fptSum/goSum, "fpt/go")
+}
+
+// kill -9 of the scheduler while every server and worker waits in a
+// barrier it cannot pass (final_barrier.cc: the servers and worker 0 in
+// Finalize(0, true)'s barrier or, with Finalize(0, false), in libfpt's
+// final barrier; worker 1 in a barrier of the workers): each exits with
+// status 1 within PS_HEARTBEAT_TIMEOUT and a second, naming the
+// scheduler.
+func TestPSLiteSchedulerDiesInFinalBarrier(t *testing.T) {
+	for _, barrier := range []string{"1", "0"} {
+		t.Run("barrier="+barrier, func(t *testing.T) { schedulerDiesInFinalBarrier(t, barrier) })
+	}
+}
+
+func schedulerDiesInFinalBarrier(t *testing.T, barrier string) {
+	const timeout = 3 * time.Second
+	dir := libPrograms(t, "default")
+	argv := []string{filepath.Join(dir, "pslite_final_barrier"), "-barrier", barrier}
+	c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: 2, Workers: 2,
+		Scheduler: argv, Server: argv, Worker: argv,
+		Env: []string{"PS_HEARTBEAT_INTERVAL=0.5", "PS_HEARTBEAT_TIMEOUT=" + strconv.Itoa(int(timeout/time.Second))}}), t: t}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, name := range []string{"server0", "server1", "worker0", "worker1"} {
+		if _, err := waitOutput(ctx, c.proc(name), regexp.MustCompile(`waiting in`)); err != nil {
+			c.dump()
+			t.Fatal(err)
+		}
+	}
+	// Let every node send its barrier and see it answered by nothing.
+	time.Sleep(300 * time.Millisecond)
+	killed := time.Now()
+	if err := c.proc("scheduler").Kill(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("scheduler killed at %s", killed.Format("15:04:05.000"))
+	for _, name := range []string{"server0", "server1", "worker0", "worker1"} {
+		p := c.proc(name)
+		if !p.Wait(timeout + 2*time.Second) {
+			c.dump()
+			t.Fatalf("%s still running %s after the scheduler was killed", name, time.Since(killed).Round(time.Millisecond))
+		}
+		took := p.ExitedAt().Sub(killed)
+		t.Logf("%s exited %d after %s", name, p.ExitCode(), took.Round(time.Millisecond))
+		if took > timeout+time.Second {
+			t.Errorf("%s exited %s after the kill, later than PS_HEARTBEAT_TIMEOUT (%s) and a second:\n%s", name, took.Round(time.Millisecond), timeout, tail(p.Stderr.String()))
+		}
+		if p.ExitCode() != 1 {
+			t.Errorf("%s exited %d, want 1", name, p.ExitCode())
+		}
+		mustContain(t, name+" stderr", p.Stderr.String(), "scheduler")
+	}
 }

@@ -546,7 +546,7 @@ func (w *Worker) HandleFrame(h *frame.Header, payload []byte, inPlace bool) {
 	case frame.KVAck, frame.KVData, frame.KVError, frame.KVMoved, frame.KVRangeEnd:
 		err = w.handleKV(h, payload)
 	case frame.App:
-		err = w.base.Customers.HandleFrame(h, payload)
+		err = w.base.Customers.HandleFrame(h, payload, inPlace)
 	case frame.Params:
 		err = w.handleParams(h, payload)
 	default:
@@ -569,11 +569,14 @@ func (w *Worker) Customers() *customer.Set { return w.base.Customers }
 
 // PayloadBuffer implements van.Sink: a result partition is read straight
 // into the FPTPull's buffer (or the staging buffer), a pushed partition
-// into the aggregator's buffer, not copied there.
+// into the aggregator's buffer, a customer's message into its own, not
+// copied there.
 func (w *Worker) PayloadBuffer(h *frame.Header) []byte {
 	switch h.Type {
 	case frame.Push:
 		return w.base.Agg.PayloadBuffer(h)
+	case frame.App:
+		return w.base.Customers.PayloadBuffer(h)
 	case frame.Result:
 		w.trace.Begin(trace.Pull, h)
 		w.mu.Lock()

@@ -194,12 +194,12 @@ static void customer_calls(void) {
   EXPECT(fpt_msg_send(&m, NULL, 3), FPT_ERR_ARG, "segs is NULL");
   EXPECT(fpt_msg_send(&m, segs, 5), FPT_ERR_ARG, "FPT_MSG_MAX_SEGMENTS");
   EXPECT(fpt_msg_send(&m, segs, SIZE_MAX), FPT_ERR_ARG, "FPT_MSG_MAX_SEGMENTS");
-  bad.recipient = 1;
+  bad.recipient = FPT_GROUP_SERVERS + FPT_GROUP_SCHEDULER;
   EXPECT(fpt_msg_send(&bad, segs, 3), FPT_ERR_ARG, "recipient");
   bad.recipient = FPT_GROUP_SERVERS;
   EXPECT(fpt_msg_send(&bad, segs, 3), FPT_ERR_ARG, "recipient");
   bad.recipient = 99;
-  EXPECT(fpt_msg_send(&bad, segs, 3), FPT_ERR_ARG, "no server or worker");
+  EXPECT(fpt_msg_send(&bad, segs, 3), FPT_ERR_ARG, "no node of this cluster");
   bad.recipient = -8;
   EXPECT(fpt_msg_send(&bad, segs, 3), FPT_ERR_ARG, "recipient");
   bad = m;

@@ -1,13 +1,16 @@
 // multi_workers: several worker customers in one process (as ps-lite's
 // tests/test_kv_app_multi_workers.cc), written against ps:: only. Each
-// worker process runs -customers threads; thread c calls Start(c), makes a
+// worker process runs -customers threads, and, as in ps-lite, each counts
+// as one of DMLC_NUM_WORKER workers: the job has DMLC_NUM_WORKER /
+// customers worker processes (ranks), and NumWorkers() is
+// DMLC_NUM_WORKER. Thread c calls Start(c), makes a
 // KVWorker<float>(0, c) and pushes its own keys (offset by c) -repeat
 // times; after a barrier of every customer of every worker, a Pull must be
 // exactly the sum over the worker processes and the repeats, and, after
 // another barrier, PushPull's answer one round more after the next one. Responses come
 // to customer (0, c) of the right process: a mix-up shows as a wrong sum.
 // Servers run a KVServer<float> with KVServerDefaultHandle; the scheduler
-// only starts and finalizes (fpt's scheduler has no customers). Thread c
+// only starts and finalizes. Thread c
 // calls Finalize(c); customer 0's call finalizes the node once every
 // customer has.
 //
@@ -48,7 +51,8 @@ void RunWorker(int customer_id) {
     g_cv.wait(lk, [] { return g_started == g_customers; });
   }
   KVWorker<float> kv(0, customer_id);
-  int rank = MyRank(), workers = NumWorkers();
+  int rank = MyRank(), workers = NumWorkers() / g_customers;
+  CHECK_EQ(workers * g_customers, NumWorkers()) << "DMLC_NUM_WORKER counts every customer of every worker process";
   std::vector<Key> keys(g_keys);
   std::vector<float> vals(g_keys);
   for (int i = 0; i < g_keys; ++i) {
@@ -84,7 +88,7 @@ void RunWorker(int customer_id) {
     for (int r = 0; r < workers; ++r) want += Value(r, customer_id, i);
     CHECK_EQ(rets[i], want * (g_repeat + 1)) << "customer " << customer_id << ": pull after pushpull, index " << i;
   }
-  std::printf("worker %d customer %d: PASS: %d keys x %d pushes from %d workers, pulled exactly\n", rank,
+  std::printf("worker %d customer %d: PASS: %d keys x %d pushes from %d worker processes, pulled exactly\n", rank,
               customer_id, g_keys, g_repeat, workers);
   std::fflush(stdout);
   Finalize(customer_id, true);

@@ -8,9 +8,7 @@
 // side and got every response. The app is made, and its handlers set,
 // before Start, so that no request finds the default handler.
 //
-// The scheduler takes no part: fpt's scheduler only coordinates the
-// cluster and has no data plane, so it has no customers (ps-lite's test
-// sends from the scheduler; on fpt that is a check failure that says so).
+// The scheduler takes no part here (scheduler_app.cc has apps on it).
 //
 //   simple_app [-n N]
 

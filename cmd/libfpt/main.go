@@ -157,6 +157,11 @@ func userData(user unsafe.Pointer) C.uintptr_t { return C.uintptr_t(uintptr(user
 //export fpt_start
 func fpt_start() C.int { return guard("fpt_start", lib.Start) }
 
+//export fpt_start_customer
+func fpt_start_customer(customerID C.int) C.int {
+	return guard("fpt_start_customer", func() error { return lib.StartCustomer(int(customerID)) })
+}
+
 //export fpt_finalize
 func fpt_finalize() C.int { return guard("fpt_finalize", lib.Finalize) }
 

@@ -3,9 +3,9 @@
  * and a string body between customers, as ps-lite's.
  *
  * On fpt the body travels as the message's one segment (at most
- * FPT_MAX_FRAME_BYTES). Servers and workers only: fpt's scheduler has no
- * customers, so a Request to the scheduler, or to a group that includes it,
- * or from the scheduler, is a check failure.
+ * FPT_MAX_FRAME_BYTES). As in ps-lite, the scheduler is a node like the
+ * others: a SimpleApp on it sends to and receives from any node or group
+ * (its messages travel over fpt's control plane, at most 32 MiB each).
  */
 #ifndef PS_SIMPLE_APP_H_
 #define PS_SIMPLE_APP_H_
@@ -92,10 +92,6 @@ inline SimpleApp::SimpleApp(int app_id, int customer_id) : SimpleApp() {
 inline int SimpleApp::Request(int req_head, const std::string& req_body, int recv_id) {
   Postoffice* po = Postoffice::Get();
   po->CheckRunning("SimpleApp::Request");
-  CHECK(!(recv_id < 8 && (recv_id & kScheduler)))
-      << "SimpleApp::Request to group " << recv_id
-      << ", which includes the scheduler: fpt's scheduler has no customers (send to kServerGroup, kWorkerGroup "
-         "or a node id)";
   Message msg;
   msg.meta.head = req_head;
   msg.meta.body = req_body;

@@ -5,11 +5,16 @@
  *
  * How ps-lite's life cycle maps onto libfpt (one node per process):
  *
- *  - Start(customer_id) / StartAsync: the first call runs fpt_start (which
+ *  - Start(customer_id) / StartAsync: every call runs
+ *    fpt_start_customer(customer_id). The first starts the node (it
  *    returns, on a server or worker, once every node has joined: that is
- *    ps-lite's start barrier; the scheduler's returns at once) and
- *    registers the customers constructed before it. Later calls, from other
- *    customers' threads, wait for the first and return.
+ *    ps-lite's start barrier; the scheduler's returns at once). As in
+ *    ps-lite, each further customer of a worker process that starts while
+ *    the cluster assembles registers with the scheduler and counts as one
+ *    of DMLC_NUM_WORKER workers (the process keeps one id and one rank);
+ *    its call returns once the cluster has started. On a server or the
+ *    scheduler a further call waits for the start. The customers
+ *    constructed before the start are registered with libfpt then.
  *  - Finalize(customer_id, do_barrier): ps-lite stops the node from
  *    customer 0's call. Here the node is finalized by customer 0's call if
  *    customer 0 started, else by the last started customer to finalize;
@@ -24,8 +29,8 @@
  *    barrier for all (so every started customer must call it; a customer
  *    that has not called Start yet is not waited for).
  *
- * Messages to or from the scheduler are not possible on fpt (the scheduler
- * only coordinates): sending one is a check failure that says so.
+ * Messages to and from the scheduler's customers travel over fpt's control
+ * plane (the scheduler has no data plane): at most 32 MiB each.
  */
 #ifndef PS_INTERNAL_POSTOFFICE_H_
 #define PS_INTERNAL_POSTOFFICE_H_
@@ -207,12 +212,12 @@ class Postoffice {
   bool node_started_ = false;
   bool finalizing_ = false;
   bool finalized_ = false;
-  /* Customers that called Start and not yet Finalize. */
+  /* Customers that called Start and not yet Finalize; those in Start. */
   std::set<int> active_;
+  std::set<int> starting_;
   bool zero_started_ = false;
   /* app_id -> customer_id -> customer. */
   std::unordered_map<int, std::unordered_map<int, Customer*>> customers_;
-  std::mutex start_mu_;
   std::mutex barrier_mu_;
   /* A barrier of several customers: how many arrived, its group, and the
    * number of barriers completed. */
@@ -233,25 +238,22 @@ class Postoffice {
 ////////////////////////////////////////////////////////////////////////////
 
 inline void Postoffice::Start(int customer_id, const char* /*argv0*/, const bool /*do_barrier*/) {
-  std::lock_guard<std::mutex> start_lk(start_mu_);
   {
     std::lock_guard<std::mutex> lk(mu_);
     CHECK(!finalizing_) << "ps::Start(" << customer_id
                         << ") after ps::Finalize: fpt runs one node per process, once";
-    CHECK(!active_.count(customer_id)) << "ps::Start(" << customer_id << ") twice";
-    if (node_started_) {
-      active_.insert(customer_id);
-      if (customer_id == 0) zero_started_ = true;
-      return;
-    }
+    CHECK(!active_.count(customer_id) && !starting_.count(customer_id)) << "ps::Start(" << customer_id << ") twice";
+    starting_.insert(customer_id);
   }
-  // fpt_start is ps-lite's start and its barrier (a server or worker
-  // returns once every node has joined).
-  PS_FPT_CHECK(fpt_start(), "ps::Start: fpt_start");
+  // ps-lite's start and its barrier (a server or worker returns once every
+  // node, every worker customer included, has joined).
+  PS_FPT_CHECK(fpt_start_customer(customer_id), "ps::Start(" << customer_id << "): fpt_start_customer");
   std::lock_guard<std::mutex> lk(mu_);
-  node_started_ = true;
+  starting_.erase(customer_id);
   active_.insert(customer_id);
   if (customer_id == 0) zero_started_ = true;
+  if (node_started_) return;
+  node_started_ = true;
   for (auto& app : customers_) {
     for (auto& c : app.second) Register(c.second);
   }
@@ -414,10 +416,6 @@ inline int Van::Send(const Message& msg) {
   Postoffice* po = Postoffice::Get();
   po->CheckRunning("sending a message");
   const Meta& m = msg.meta;
-  CHECK_NE(m.recver, kScheduler) << "sending a message to the scheduler: fpt's scheduler only coordinates the "
-                                    "cluster and has no customers (send to servers and workers)";
-  CHECK(!po->is_scheduler()) << "sending a message from the scheduler: fpt's scheduler only coordinates the "
-                                "cluster and has no customers";
   fpt_msg_meta meta;
   std::memset(&meta, 0, sizeof meta);
   meta.app_id = m.app_id;
