@@ -11,6 +11,7 @@ import (
 	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
+	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/node"
 )
 
@@ -641,7 +642,7 @@ func TestCoreSchedulerSilence(t *testing.T) {
 }
 
 // A job's first table counts a worker process of several customers once
-// per customer (the pairs after the stamp): one process of two
+// per customer (the pairs after the stamp and the hosts): one process of two
 // customers makes DMLC_NUM_WORKER=2.
 func TestCoreTableCustomers(t *testing.T) {
 	pair := func(id node.ID, k uint32) []byte {
@@ -668,7 +669,8 @@ func TestCoreTableCustomers(t *testing.T) {
 			c := newCore(testConfig())
 			c.bound(node.Info{Role: node.Worker, Host: "10.0.0.1", ControlPort: infoOf(me).ControlPort, DataPort: infoOf(me).DataPort})
 			m := nodeTable(me, 2, tt.workers, false, 0, classic.Layout{})
-			m.Body = append(m.Body, tt.extra...)
+			// As the scheduler sends it: the hosts named (none), then the pairs.
+			m.Body = append(localagg.AppendHosts(m.Body, make([]string, len(m.Nodes))), tt.extra...)
 			r := c.step(m, t0)
 			got := ""
 			if r.startErr != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -182,7 +183,7 @@ func TestUnmarshalRejects(t *testing.T) {
 		{"bad format", append([]byte{0xF2}, valid[1:]...), "unknown format byte 0xf2"},
 		{"protobuf", cat([]byte{0x08, 0x01}, valid[2:]), "unknown format byte"},
 		{"command 0", cat(rawHeader(0, 0), empty, empty), "unknown command 0"},
-		{"command 16", cat(rawHeader(lastCommand+1, 0), empty, empty), "unknown command 16"},
+		{"the command after the last", cat(rawHeader(lastCommand+1, 0), empty, empty), fmt.Sprintf("unknown command %d", lastCommand+1)},
 		{"command 255", cat(rawHeader(255, 0), empty, empty), "unknown command 255"},
 		{"too many nodes", cat(rawHeader(NodeTable, MaxNodes+1), empty, empty), "65537 nodes"},
 		{"huge node count", cat(rawHeader(NodeTable, 0xFFFFFFFF), empty, empty), "nodes, limit"},
