@@ -219,7 +219,7 @@ func (l *Lib) MsgSend(m Msg, segs [][]byte) error {
 	case len(segs) > MaxSegments:
 		return fail(CodeArg, op, "%d segments (at most FPT_MSG_MAX_SEGMENTS, %d)", len(segs), MaxSegments)
 	case m.DType < 0 || m.DType > math.MaxUint8 || (m.DType != 0 && frame.DType(m.DType).Size() == 0):
-		return fail(CodeArg, op, "dtype %d (0 or FPT_FLOAT32, FPT_FLOAT64, FPT_FLOAT16)", m.DType)
+		return fail(CodeArg, op, "dtype %d (0 or FPT_FLOAT32, FPT_FLOAT64, FPT_FLOAT16, FPT_BFLOAT16)", m.DType)
 	case m.Recipient < 8 && m.Recipient != int32(node.SchedulerID):
 		return fail(CodeArg, op, "recipient %d is not a node (a group, or no node)", m.Recipient)
 	}
