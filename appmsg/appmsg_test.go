@@ -73,7 +73,7 @@ func TestCheckRejects(t *testing.T) {
 		max    uint64
 	}{
 		{"five segments", func(*Meta) [][]byte { return make([][]byte, 5) }, 1 << 20},
-		{"bad dtype", func(m *Meta) [][]byte { m.DType = 4; return segs }, 1 << 20},
+		{"bad dtype", func(m *Meta) [][]byte { m.DType = 9; return segs }, 1 << 20},
 		{"failed flag", func(m *Meta) [][]byte { m.Flags |= Failed; return segs }, 1 << 20},
 		{"unknown flag", func(m *Meta) [][]byte { m.Flags = 1 << 31; return segs }, 1 << 20},
 		{"too large", func(*Meta) [][]byte { return segs }, 1000},

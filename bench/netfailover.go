@@ -476,7 +476,9 @@ func runElasticScenario(ctx context.Context, eo elasticOptions, p *progress) (el
 		"--iters", strconv.Itoa(eo.iters), "--tail", strconv.Itoa(eo.tail), "--tensors", strconv.Itoa(eo.tensors),
 		"--min-bytes", strconv.Itoa(eo.minBytes), "--max-bytes", strconv.Itoa(eo.maxBytes), "--compute", eo.compute.String(),
 		"--kill-at", strconv.Itoa(eo.killAt), "--join-at", strconv.Itoa(eo.joinAt), "--workers", strconv.Itoa(eo.workers)}
-	env := []string{childEnv + "=1", "DMLC_INTERFACE=" + net.Iface(), "FPT_LB=on"}
+	// PS_VERBOSE=1: the scheduler writes every LB decision, the probe that
+	// first gives a joined server a share too (parseJoin).
+	env := []string{childEnv + "=1", "PS_VERBOSE=1", "DMLC_INTERFACE=" + net.Iface(), "FPT_LB=on"}
 	er := elasticRun{label: eo.name, iters: eo.iters, workers: len(l.workerHosts)}
 	switch eo.name {
 	case scenarioServerLoss:

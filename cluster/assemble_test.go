@@ -81,7 +81,8 @@ func TestSchedulerGoneWhileAssembling(t *testing.T) {
 // A node whose every handshake with the scheduler's port fails says so
 // within about PS_HEARTBEAT_TIMEOUT, naming the port and why, rather than
 // waiting out FPT_START_TIMEOUT: a scheduler with another secret, or
-// another program holding the port.
+// another program holding the port (one that answers a CURVE greeting
+// with garbage and hangs up reports nothing: see control's dealerEvents).
 func TestSchedulerPortRefusesHandshakes(t *testing.T) {
 	const secret = "the-job-secret-of-16+bytes"
 	tests := []struct {
@@ -98,7 +99,6 @@ func TestSchedulerPortRefusesHandshakes(t *testing.T) {
 			t.Cleanup(func() { sched.Close() })
 			return sched.Port()
 		}, []string{"every handshake with it has failed", "FPT_CLUSTER_SECRET"}},
-		{"another program on the port, with a secret", secret, garbagePort, []string{"every handshake with it has failed", "is an fpt scheduler listening there"}},
 		{"another program on the port, without a secret", "", garbagePort, []string{"every handshake with it has failed", "not another program"}},
 		{"a silent program on the port", secret, silentPort, []string{"every handshake with it has failed"}},
 	}

@@ -136,6 +136,15 @@ func TestStrangersCannotExhaustDescriptors(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// The last few may still be closing: hang up on them, and let their
+	// ends be counted before the child reports.
+	for _, c := range conns {
+		c.Close()
+	}
+	for deadline := time.Now().Add(10 * time.Second); fds() > base && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // the monitor's last events, behind the fds
 	stdin.Close()
 	var last string
 	for out.Scan() {

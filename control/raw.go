@@ -201,7 +201,6 @@ const (
 	zmqCurvePublickey         = C.ZMQ_CURVE_PUBLICKEY
 	zmqCurveSecretkey         = C.ZMQ_CURVE_SECRETKEY
 	evAccepted                = C.ZMQ_EVENT_ACCEPTED
-	evConnected               = C.ZMQ_EVENT_CONNECTED
 	evDisconnected            = C.ZMQ_EVENT_DISCONNECTED
 	evHandshakeSucceeded      = C.ZMQ_EVENT_HANDSHAKE_SUCCEEDED
 	evHandshakeFailedNoDetail = C.ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL
