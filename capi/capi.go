@@ -347,35 +347,18 @@ func (l *Lib) Declare(key, bytes uint64, dtype, priority int) error {
 // (collective: every worker calls it with the same keys, before their
 // first push).
 func (l *Lib) Init(t Tensors) error {
-	const op = "fpt_init"
-	w, err := l.worker(op)
-	if err != nil {
-		return err
-	}
-	wc, err := l.wireOf(op, t)
-	if err != nil {
-		return err
-	}
-	if wc != nil {
-		wc.narrow()
-		t = wc.wire
-	}
-	err = w.InitBytes(context.Background(), t.Keys, t.Data, t.Lens)
-	if wc != nil {
-		if err == nil {
-			wc.widen()
-		}
-		wc.release()
-	}
-	if err != nil {
-		return wrap(op, w, err)
-	}
-	return nil
+	return l.collective("fpt_init", t, (*worker.Worker).InitBytes)
 }
 
 // Broadcast is Init for keys no iteration pushes again (fpt_broadcast).
 func (l *Lib) Broadcast(t Tensors) error {
-	const op = "fpt_broadcast"
+	return l.collective("fpt_broadcast", t, (*worker.Worker).BroadcastBytes)
+}
+
+// collective runs a blocking call of every worker (Init, Broadcast) on
+// t's keys, through their 16-bit wire where they have one: narrowed
+// before, widened into t.Data after a success.
+func (l *Lib) collective(op string, t Tensors, call func(w *worker.Worker, ctx context.Context, keys []uint64, data []byte, byteLens []int) error) error {
 	w, err := l.worker(op)
 	if err != nil {
 		return err
@@ -388,7 +371,7 @@ func (l *Lib) Broadcast(t Tensors) error {
 		wc.narrow()
 		t = wc.wire
 	}
-	err = w.BroadcastBytes(context.Background(), t.Keys, t.Data, t.Lens)
+	err = call(w, context.Background(), t.Keys, t.Data, t.Lens)
 	if wc != nil {
 		if err == nil {
 			wc.widen()
