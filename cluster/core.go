@@ -51,11 +51,11 @@ type core struct {
 	// registering (zero: never yet); probing: a probe is out.
 	seen    time.Time
 	probing bool
-	// refusedSince is when the handshakes with the scheduler's port began
+	// shakeFailingSince is when the handshakes with the scheduler's port began
 	// to fail, with none succeeding since (zero: none failed, or one
-	// succeeded); refusal says why the latest failed.
-	refusedSince time.Time
-	refusal      string
+	// succeeded); shakeFailure says why the latest failed.
+	shakeFailingSince time.Time
+	shakeFailure      string
 	// refused rate-limits the log of probes refused while the scheduler
 	// has not listened yet; refusals counts them.
 	refused  logLimit
@@ -401,13 +401,13 @@ func (c *core) tick(now time.Time, progress uint64) ready {
 // naming the scheduler. A port that never answered is a scheduler not
 // started yet, which FPT_START_TIMEOUT waits for.
 func (c *core) registerTick(now time.Time) ready {
-	if failing := now.Sub(c.refusedSince); !c.refusedSince.IsZero() && failing > c.cfg.HeartbeatTimeout {
+	if failing := now.Sub(c.shakeFailingSince); !c.shakeFailingSince.IsZero() && failing > c.cfg.HeartbeatTimeout {
 		hint := "is an fpt scheduler listening there, and not another program?"
 		if c.cfg.Secret != "" {
 			hint = "is FPT_CLUSTER_SECRET (or FPT_CLUSTER_SECRET_FILE) the same on every node, and is an fpt scheduler listening there?"
 		}
 		return ready{startErr: fmt.Errorf("cluster: the scheduler's port %s answers, but every handshake with it has failed for %s (PS_HEARTBEAT_TIMEOUT is %s), the latest: %s; %s",
-			strings.TrimPrefix(c.sched, "tcp://"), failing.Round(time.Millisecond), c.cfg.HeartbeatTimeout, c.refusal, hint)}
+			strings.TrimPrefix(c.sched, "tcp://"), failing.Round(time.Millisecond), c.cfg.HeartbeatTimeout, c.shakeFailure, hint)}
 	}
 	if silent := now.Sub(c.seen); !c.seen.IsZero() && silent > c.cfg.HeartbeatTimeout {
 		return ready{startErr: fmt.Errorf("cluster: the scheduler at %s stopped answering while the cluster was assembling: nothing has listened there for %s (PS_HEARTBEAT_TIMEOUT is %s)",
@@ -463,13 +463,13 @@ func (c *core) handshake(endpoint string, err error, now time.Time) {
 		return
 	}
 	if err == nil {
-		c.refusedSince, c.refusal = time.Time{}, ""
+		c.shakeFailingSince, c.shakeFailure = time.Time{}, ""
 		return
 	}
-	if c.refusedSince.IsZero() {
-		c.refusedSince = now
+	if c.shakeFailingSince.IsZero() {
+		c.shakeFailingSince = now
 	}
-	c.refusal = err.Error()
+	c.shakeFailure = err.Error()
 }
 
 // selfSilence is how long this process went without running, when that
