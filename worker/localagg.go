@@ -71,9 +71,13 @@ type localAgg struct {
 	busy      sync.WaitGroup
 	closeOnce sync.Once
 	// The leader's.
-	core    *localagg.Core
-	first   map[localagg.Slot]frame.Header // each slot's first contribution, which the others must match
-	sums    map[localagg.Slot][]byte
+	core  *localagg.Core
+	first map[localagg.Slot]frame.Header // each slot's first contribution, which the others must match
+	sums  map[localagg.Slot][]byte
+	// spare are host sums' buffers whose sends completed, for the next
+	// ones (at most maxSpareSums): a leader sums a partition per member
+	// round and would otherwise allocate each.
+	spare   [][]byte
 	readers map[int]readers // result chunks being read
 }
 
@@ -352,7 +356,7 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 	}
 	for _, sum := range eff.Sums {
 		if sum.First {
-			l.sums[s] = append([]byte(nil), data...)
+			l.sums[s] = append(l.sumBuf(len(data)), data...)
 		} else if err := reduce.Add(h.DType, l.sums[s], data); err != nil {
 			l.mu.Unlock()
 			return fmt.Errorf("local aggregation: %w", err)
@@ -369,7 +373,13 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 		out = append(out, &frame.Message{Header: hh, Payload: buf, Done: func(err error) {
 			if err != nil {
 				l.fail(fmt.Errorf("worker: host sum %s: %w", &hh, err))
+				return
 			}
+			l.mu.Lock()
+			if len(l.spare) < maxSpareSums {
+				l.spare = append(l.spare, buf)
+			}
+			l.mu.Unlock()
 		}})
 	}
 	l.mu.Unlock()
@@ -379,6 +389,22 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 		}
 	}
 	return nil
+}
+
+// maxSpareSums bounds the host sums' buffers a leader keeps for reuse.
+const maxSpareSums = 64
+
+// sumBuf is an empty buffer with room for n bytes, a spare one where one
+// is large enough. Called with l.mu held.
+func (l *localAgg) sumBuf(n int) []byte {
+	for i := len(l.spare) - 1; i >= 0; i-- {
+		if b := l.spare[i]; cap(b) >= n {
+			l.spare[i] = l.spare[len(l.spare)-1]
+			l.spare = l.spare[:len(l.spare)-1]
+			return b[:0]
+		}
+	}
+	return make([]byte, 0, n)
 }
 
 // publish is the leader's: a result it received, data, goes to every
