@@ -113,6 +113,18 @@ def engine_task(env=os.environ):
     return next((v for v in ENGINE_VARS if env.get(v)), None)
 
 
+def child_command(env, command):
+    """The command a child runs, and env set for it: this package first on
+    PYTHONPATH, and a command of "python" or "python3" run by the
+    interpreter find_python picks (also named in FPT_PYTHON)."""
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(HERE)] + [x for x in [env.get("PYTHONPATH")] if x])
+    command = list(command)
+    if os.path.basename(command[0]) in ("python", "python3"):
+        command[0], _ = find_python(env)
+        env["FPT_PYTHON"] = command[0]
+    return command
+
+
 def run_engine_task(a, secret):
     """Becomes `fpt run -- command`, which takes this task's role from the
     engine: the same bin/fpt and the same interpreter rule as fptrun's own
@@ -122,12 +134,7 @@ def run_engine_task(a, secret):
         env["FPT_CLUSTER_SECRET"] = secret
         env.pop("FPT_CLUSTER_SECRET_FILE", None)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    pkg_root = os.path.dirname(HERE)
-    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [x for x in [env.get("PYTHONPATH")] if x])
-    command = list(a.command)
-    if os.path.basename(command[0]) in ("python", "python3"):
-        command[0], _ = find_python(env)
-        env["FPT_PYTHON"] = command[0]
+    command = child_command(env, a.command)
     fpt_bin = find_fpt(env)
     sys.stdout.flush()
     os.execve(fpt_bin, [fpt_bin, "run", "--"] + command, env)
@@ -352,12 +359,7 @@ def main(argv=None):
                DMLC_NUM_WORKER=str(a.workers), FPT_CLUSTER_SECRET=secret or secrets.token_hex(16),
                PYTHONUNBUFFERED="1")
     env.pop("FPT_CLUSTER_SECRET_FILE", None)
-    pkg_root = os.path.dirname(HERE)
-    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [x for x in [env.get("PYTHONPATH")] if x])
-    command = list(a.command)
-    if os.path.basename(command[0]) in ("python", "python3"):
-        command[0], _ = find_python(env)
-        env["FPT_PYTHON"] = command[0]
+    command = child_command(env, a.command)
     fpt_bin = find_fpt(env) if (run_sched or here_s) else None
 
     job = Job()
