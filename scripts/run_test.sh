@@ -177,7 +177,8 @@ stop_all() { # signal: the nodes still running, and the monitor
   local pid
   if [ -n "${running+x}" ]; then set -- "$1" ${running[@]+"${running[@]}"}; else set -- "$1" ${pids[@]+"${pids[@]}"}; fi
   for pid in "${@:2}"; do kill "-$1" -- "-$pid" 2>/dev/null || true; done
-  [ -n "${mon_pid:-}" ] && kill "-$1" "$mon_pid" 2>/dev/null
+  # The monitor leads a group of its own: its sleep is signalled with it.
+  [ -n "${mon_pid:-}" ] && kill "-$1" -- "-$mon_pid" 2>/dev/null
   return 0
 }
 # children sets kids to this script's child processes, read from /proc
@@ -225,7 +226,7 @@ stop_children() {
     stop_all KILL
     children
     local pid
-    for pid in ${kids[@]+"${kids[@]}"}; do kill -KILL "$pid" 2>/dev/null || true; done
+    for pid in ${kids[@]+"${kids[@]}"}; do kill -KILL -- "-$pid" "$pid" 2>/dev/null || true; done
     for pid in ${kids[@]+"${kids[@]}"}; do wait "$pid" 2>/dev/null || true; done
   fi
   # Gone: their ids may belong to others from here on.
@@ -288,8 +289,10 @@ if [ "$monitor" = 1 ]; then
   dev="${iface:-lo}"
   [ "$DMLC_PS_ROOT_URI" != 127.0.0.1 ] && [ -z "$iface" ] && dev=$(ip route get "$DMLC_PS_ROOT_URI" 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p' | head -1)
   (
-    # SIGTERM ends the loop and its sleep together: nothing outlives the script.
-    trap 'kill "$nap" 2>/dev/null; wait "$nap"; exit 0' TERM
+    # SIGTERM ends the loop and its sleep together: nothing outlives the
+    # script. The trap waits for every child, not only $nap: a signal
+    # between `sleep 1 &` and `nap=$!` leaves $nap naming the last sleep.
+    trap 'kill "$nap" 2>/dev/null; wait; exit 0' TERM
     read_bytes() { awk -v d="$dev:" '$1==d {print $2, $10}' /proc/net/dev; }
     set -- $(read_bytes); rx0=${1:-0}; tx0=${2:-0}
     while :; do
