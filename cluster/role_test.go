@@ -31,7 +31,11 @@ func (nopHandler) PayloadBuffer(*frame.Header) []byte      { return nil }
 // barriers: with the handler blocked for many heartbeat timeouts, no
 // member fails and a barrier still passes.
 func TestBlockedRoleKeepsMembership(t *testing.T) {
-	const timeout = 200 * time.Millisecond
+	// A timeout of ten heartbeats: long enough that a loaded machine
+	// running the race detector does not miss it, short enough that a
+	// member whose heartbeats waited for the stuck handler (for the whole
+	// test) fails several times over.
+	const timeout = 500 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	ctl, data := memplane.NewNetwork(), memvan.NewNetwork()
@@ -41,7 +45,7 @@ func TestBlockedRoleKeepsMembership(t *testing.T) {
 	}
 	cfgFor, schedDone := startScheduler(ctx, t, ctl, map[string]string{
 		"FPT_LB":                "on", // the scheduler directs every node at once
-		"PS_HEARTBEAT_INTERVAL": "0.02",
+		"PS_HEARTBEAT_INTERVAL": "0.05",
 		"PS_HEARTBEAT_TIMEOUT":  strconv.FormatFloat(timeout.Seconds(), 'f', -1, 64),
 	})
 	log := discard()
@@ -83,9 +87,9 @@ func TestBlockedRoleKeepsMembership(t *testing.T) {
 		}
 	}
 
-	// Both handlers are stuck now. Wait many heartbeat timeouts.
+	// Both handlers are stuck now. Wait several heartbeat timeouts.
 	select {
-	case <-time.After(10 * timeout):
+	case <-time.After(6 * timeout):
 	case err := <-schedDone:
 		t.Fatalf("the scheduler ended while the roles were busy: %v", err)
 	}
