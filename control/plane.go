@@ -346,8 +346,6 @@ func checkEndpoint(ep string) error {
 // (retry) from EAGAIN (come back later) or a real failure. The caller must
 // be locked to its OS thread, and nothing but free() (which preserves errno
 // in glibc ≥ 2.33) runs between the failing call and this one.
-func zsysInitC() { C.zsys_init() }
-
 func zmqErrno() syscall.Errno { return syscall.Errno(C.zmq_errno()) }
 
 // zmqError turns an errno into an error that prints like the C library's
@@ -426,14 +424,23 @@ func (p *Plane) run(host string, port int, ready chan<- error) {
 	defer close(p.done)
 	defer close(p.in)
 
+	if !enterRound() {
+		ready <- errors.New("control: the process is exiting")
+		parkForExit()
+	}
 	l, err := p.open(host, port)
+	leaveRound()
 	if err != nil {
 		ready <- err
 		return
 	}
 	ready <- nil
 	l.serve()
+	if !enterRound() {
+		parkForExit()
+	}
 	p.closeErr = l.shutdown()
+	leaveRound()
 }
 
 // open creates the ROUTER, the wake-up pair and the poller.
@@ -553,37 +560,51 @@ func setKeepalive(s *goczmq.Sock) {
 	s.SetTcpKeepaliveCnt(3)
 }
 
-// serve runs until Close.
+// serve runs until Close, each round through the exit gate.
 func (l *loop) serve() {
 	wait := idleWait
 	for {
-		// Which socket woke us does not matter: every round services both,
-		// so a busy ROUTER cannot starve Send (zpoller reports only the
-		// first ready socket). A nil result is a timeout or EINTR; either
-		// way the next round simply polls again.
-		zmqPoll(l.items, int(wait/time.Millisecond))
-		l.watch()
-		l.watchDealers()
-		delivered, ok := l.receive()
-		if !ok {
+		if !enterRound() {
+			parkForExit()
+		}
+		done := l.round(wait)
+		leaveRound()
+		if done {
 			return
 		}
-		if delivered {
-			// The consumer we just woke sits in this P's run queue, and
-			// the blocking poll below would keep the P in a cgo call
-			// until sysmon retakes it (tens of µs to ms). Yielding lets
-			// it run now; it halved ping-pong latency on a 2-core box.
-			runtime.Gosched()
-		}
-		if l.sendQueued() {
-			return
-		}
-		l.retryBacklogs()
 		wait = idleWait
 		if l.waiting > 0 {
 			wait = retryWait
 		}
 	}
+}
+
+// round polls up to wait and services the sockets once; true once Close
+// has been called.
+func (l *loop) round(wait time.Duration) (closed bool) {
+	// Which socket woke us does not matter: every round services both, so
+	// a busy ROUTER cannot starve Send (zpoller reports only the first
+	// ready socket). A nil result is a timeout or EINTR; either way the
+	// next round simply polls again.
+	zmqPoll(l.items, int(wait/time.Millisecond))
+	l.watch()
+	l.watchDealers()
+	delivered, ok := l.receive()
+	if !ok {
+		return true
+	}
+	if delivered {
+		// The consumer we just woke sits in this P's run queue, and the
+		// blocking poll of the next round would keep the P in a cgo call
+		// until sysmon retakes it (tens of µs to ms). Yielding lets it
+		// run now; it halved ping-pong latency on a 2-core box.
+		runtime.Gosched()
+	}
+	if l.sendQueued() {
+		return true
+	}
+	l.retryBacklogs()
+	return false
 }
 
 // receive reads up to recvBatch messages from the ROUTER and delivers them.

@@ -2,6 +2,7 @@ package control
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -109,48 +110,79 @@ func (z *zapHandler) run(stop *atomic.Bool, done chan<- struct{}, ready chan<- e
 	runtime.LockOSThread() // errno, and the socket's one thread
 	defer runtime.UnlockOSThread()
 	zsysInit.Do(zsysInitC)
-	s, err := newSock(goczmq.Rep)
+	if !enterRound() {
+		ready <- errors.New("control: the process is exiting")
+		parkForExit()
+	}
+	s, err := z.open()
+	leaveRound()
 	if err != nil {
 		ready <- err
 		return
 	}
-	defer s.Destroy()
+	ready <- nil
+	defer func() {
+		if !enterRound() {
+			parkForExit()
+		}
+		s.Destroy()
+		leaveRound()
+	}()
+	for !stop.Load() {
+		if !enterRound() {
+			parkForExit()
+		}
+		ok := z.serveOne(s, stop, log)
+		leaveRound()
+		if !ok {
+			return
+		}
+	}
+}
+
+// open makes the handler's socket, bound at the ZAP endpoint.
+func (z *zapHandler) open() (*goczmq.Sock, error) {
+	s, err := newSock(goczmq.Rep)
+	if err != nil {
+		return nil, err
+	}
 	s.SetLinger(0)
 	s.SetRcvtimeo(int(zapPoll / time.Millisecond))
 	// The previous handler's endpoint may take a moment to be released.
 	var bindErr error
 	for range 100 {
 		if bindErr = retryEINTR(func() error { _, err := s.Bind(zapEndpoint); return err }); bindErr == nil {
-			break
+			return s, nil
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if bindErr != nil {
-		ready <- fmt.Errorf("control: bind the ZAP handler at %s: %w", zapEndpoint, bindErr)
-		return
+	s.Destroy()
+	return nil, fmt.Errorf("control: bind the ZAP handler at %s: %w", zapEndpoint, bindErr)
+}
+
+// serveOne waits up to zapPoll for one request and answers it; false when
+// the handler must end (stopped, or its socket failed).
+func (z *zapHandler) serveOne(s *goczmq.Sock, stop *atomic.Bool, log *slog.Logger) bool {
+	req, err := s.RecvMessage()
+	e := zmqErrno() // before anything else can touch errno
+	if err != nil && e == syscall.EAGAIN {
+		z.timeouts.Add(1)
 	}
-	ready <- nil
-	for !stop.Load() {
-		req, err := s.RecvMessage()
-		e := zmqErrno() // before anything else can touch errno
-		if err != nil && e == syscall.EAGAIN {
-			z.timeouts.Add(1)
-		}
-		if stop.Load() {
-			return // woken to stop (wakeZAP)
-		}
-		if err != nil {
-			if e != syscall.EINTR && e != syscall.EAGAIN {
-				log.Error("control: ZAP handler: receive failed; refusing every new connection", "err", zmqError(e))
-				return
-			}
-			continue
-		}
-		reply := z.answer(req)
-		if err := retryEINTR(func() error { return s.SendMessage(reply) }); err != nil {
-			log.Error("control: ZAP handler: reply failed", "err", err)
-		}
+	if stop.Load() {
+		return false // woken to stop (wakeZAP)
 	}
+	if err != nil {
+		if e != syscall.EINTR && e != syscall.EAGAIN {
+			log.Error("control: ZAP handler: receive failed; refusing every new connection", "err", zmqError(e))
+			return false
+		}
+		return true
+	}
+	reply := z.answer(req)
+	if err := retryEINTR(func() error { return s.SendMessage(reply) }); err != nil {
+		log.Error("control: ZAP handler: reply failed", "err", err)
+	}
+	return true
 }
 
 // answer decides one ZAP request (RFC 27): version, request id, domain,
