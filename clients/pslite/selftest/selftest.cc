@@ -5,6 +5,7 @@
 //   g++ -std=c++11 -Wall -Wextra -Werror -pthread -Iinclude -o /tmp/selftest
 //     clients/pslite/selftest/selftest.cc clients/pslite/selftest/fake_fpt.cc
 //   /tmp/selftest
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -24,11 +25,15 @@ extern "C" int fake_fpt_finalizes(void);
 // node barrier, and the node is finalized once, after every customer.
 int Customers() {
   std::vector<std::thread> threads;
+  // Every customer has started before the first barrier: a thread slow to
+  // start (a loaded machine, ThreadSanitizer) must not find the node
+  // finalized already.
+  std::atomic<int> started{0};
   for (int c = 0; c < 3; c++) {
-    threads.emplace_back([c] {
+    threads.emplace_back([c, &started] {
       Start(c);
-      // Every customer has started before the first barrier.
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      started++;
+      while (started.load() < 3) std::this_thread::yield();
       for (int i = 0; i < 3; i++) Postoffice::Get()->Barrier(c, kWorkerGroup);
       if (c != 0) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100 * c));
