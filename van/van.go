@@ -202,9 +202,14 @@ type Config struct {
 	// connections counter). It must not block.
 	OnReject func(reason string)
 	// HandshakeTimeout bounds an accepted connection's whole handshake
-	// (and a dialled one's wait for the challenge). Default
+	// (and a dialled one's wait for the challenge), and how long a peer's
+	// first accepted channel waits for the others. Default
 	// DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
+	// Channels is the connections per pair of nodes (FPT_CHANNELS), 1 to
+	// MaxChannels; every node of a cluster must use the same. Default
+	// DefaultChannels. See channels.go. The in-memory van ignores it.
+	Channels int
 }
 
 // Defaults.
@@ -256,6 +261,12 @@ func New(kind string, cfg Config) (Transport, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Channels == 0 {
+		cfg.Channels = DefaultChannels
+	}
+	if err := checkChannels(cfg.Channels); err != nil {
+		return nil, err
 	}
 	switch kind {
 	case KindEpoll, "":
