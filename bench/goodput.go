@@ -110,6 +110,11 @@ type goodputResult struct {
 	CPUSeconds     float64 `json:"cpu_s"`
 	CPUPerGB       float64 `json:"cpu_s_per_gb"`
 	RawTCPCPUPerGB float64 `json:"raw_tcp_cpu_s_per_gb"`
+	// WorkersCPUPerGB, ServersCPUPerGB and SchedulerCPUPerGB split
+	// CPUPerGB by role, to tell where the CPU above raw TCP's goes.
+	WorkersCPUPerGB   float64 `json:"workers_cpu_s_per_gb"`
+	ServersCPUPerGB   float64 `json:"servers_cpu_s_per_gb"`
+	SchedulerCPUPerGB float64 `json:"scheduler_cpu_s_per_gb"`
 	// Secret is "on" when every process of the cluster had a
 	// FPT_CLUSTER_SECRET, else "off". With --auth-compare, a row with the
 	// secret on also has the mean goodput and CPU per GB of the
@@ -123,6 +128,7 @@ type goodputResult struct {
 // goodputHeader and row are the table "fpt bench" prints without --json.
 var goodputHeader = []string{"van", "workers", "servers", "lb", "tensor", "iters",
 	"goodput Gbit/s", "raw TCP Gbit/s", "ratio", "all workers Gbit/s", "TCP/tensor bytes", "CPU s/GB", "raw TCP CPU s/GB",
+	"CPU s/GB workers/servers/scheduler",
 	"secret", "vs secret off (goodput, CPU/GB)"}
 
 func (r goodputResult) row() []string {
@@ -141,6 +147,7 @@ func (r goodputResult) row() []string {
 		sizeText(r.TensorBytes), strconv.Itoa(r.Iters),
 		fmt.Sprintf("%.2f", r.GoodputGbps), fmt.Sprintf("%.2f", r.RawTCPGbps), fmt.Sprintf("%.2f", r.Ratio),
 		fmt.Sprintf("%.2f", r.ClusterGoodputGbps), tcpShare, fmt.Sprintf("%.3f", r.CPUPerGB), fmt.Sprintf("%.3f", r.RawTCPCPUPerGB),
+		fmt.Sprintf("%.3f/%.3f/%.3f", r.WorkersCPUPerGB, r.ServersCPUPerGB, r.SchedulerCPUPerGB),
 		secret, vsOff}
 }
 
@@ -259,7 +266,11 @@ func goodputRun(van string, s shape, o goodputOptions, p *progress, run string, 
 	res.ClusterGoodputGbps = gbps(float64(res.TensorTrafficBytes), c.timed)
 	res.TCPBytes = c.tcpBytes
 	res.CPUSeconds = c.cpu.Seconds()
-	res.CPUPerGB = cpuPerGB(c.cpu, float64(int64(s.workers)*2*o.tensorBytes*int64(o.iters+untimedIters)))
+	moved := float64(int64(s.workers) * 2 * o.tensorBytes * int64(o.iters+untimedIters))
+	res.CPUPerGB = cpuPerGB(c.cpu, moved)
+	res.WorkersCPUPerGB = cpuPerGB(c.roleCPU["worker"], moved)
+	res.ServersCPUPerGB = cpuPerGB(c.roleCPU["server"], moved)
+	res.SchedulerCPUPerGB = cpuPerGB(c.roleCPU["scheduler"], moved)
 	return res, nil
 }
 
@@ -268,6 +279,7 @@ type clusterRun struct {
 	timed    time.Duration // worker rank 0's timed iterations
 	tcpBytes uint64        // every worker's tcpBytes, summed
 	cpu      time.Duration // every process's user+sys
+	roleCPU  map[string]time.Duration
 }
 
 // goodputCluster runs the cluster once.
@@ -317,7 +329,18 @@ func goodputCluster(van string, s shape, o goodputOptions, p *progress, run stri
 	}
 	r, err := sumReports(reps)
 	r.cpu = c.CPU()
+	r.roleCPU = roleCPU(c)
 	return r, err
+}
+
+// roleCPU is the user+sys CPU of c's processes by role: localcluster names
+// them scheduler, server0.., worker0...
+func roleCPU(c *localcluster.Cluster) map[string]time.Duration {
+	m := map[string]time.Duration{}
+	for _, proc := range c.Procs {
+		m[strings.TrimRight(proc.Name, "0123456789")] += proc.CPU()
+	}
+	return m
 }
 
 // sumReports adds up the workers' reports: rank 0's time, everyone's bytes.
