@@ -168,6 +168,9 @@ func runChannels(ctx context.Context, net *netem.Network, o goodputOptions, rate
 		return res, fmt.Errorf("worker 0 reported %.3f s and %d bytes on TCP, want a positive time and %d bytes at least",
 			rep.Seconds, rep.TCPBytes, 2*o.tensorBytes*int64(o.iters))
 	}
+	if rep.Channels != n {
+		return res, fmt.Errorf("worker 0's van has %d connections per peer, want %d (FPT_CHANNELS)", rep.Channels, n)
+	}
 	// The worker checked its sums, or failed the run.
 	res.Checked = true
 	res.GoodputGbps = gbps(float64(2*o.tensorBytes*int64(o.iters)), time.Duration(rep.Seconds*float64(time.Second)))

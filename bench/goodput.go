@@ -160,6 +160,9 @@ type workerReport struct {
 	Rank     int     `json:"rank"`
 	Seconds  float64 `json:"seconds"`   // the timed iterations
 	TCPBytes uint64  `json:"tcp_bytes"` // see tcpBytes, over the timed iterations
+	// Channels is the most connections the worker's van has to one peer
+	// (FPT_CHANNELS as the van applied it).
+	Channels int `json:"channels"`
 }
 
 // shapes are the configurations the flags ask for: --peers' rows, the one
@@ -473,7 +476,11 @@ func goodputWorker(ctx context.Context, w *worker.Worker, o goodputOptions, out,
 			return fmt.Errorf("bench: element %d = %v, want %v", i, sums[i], want)
 		}
 	}
-	return writeJSONLine(out, workerReport{Rank: w.Rank(), Seconds: elapsed.Seconds(), TCPBytes: tcpBytes(before, after)})
+	channels := 0
+	for _, st := range after {
+		channels = max(channels, st.Channels)
+	}
+	return writeJSONLine(out, workerReport{Rank: w.Rank(), Seconds: elapsed.Seconds(), TCPBytes: tcpBytes(before, after), Channels: channels})
 }
 
 // rawTCP moves volume bytes each way at once between two loopback TCP

@@ -41,6 +41,9 @@ func TestChannelsStripeByPartition(t *testing.T) {
 		if err := v.AwaitPeers(t.Context(), []node.ID{8}); err != nil {
 			t.Fatal(err)
 		}
+		if st := v.Stats(); len(st) != 1 || st[0].Channels != n {
+			t.Fatalf("stats %+v, want one peer with %d channels", st, n)
+		}
 		const parts = 12
 		for it := range uint64(2) {
 			for p := range uint32(parts) {

@@ -185,6 +185,7 @@ func (c *core) addPeerLocked(id node.ID, links []link) (*peer, error) {
 	st := c.stats.Of(id)
 	p := &peer{id: id, links: links, st: st, byes: make([]atomic.Bool, len(links))}
 	p.live.Store(int32(len(links)))
+	st.Channels.Store(int32(len(links)))
 	c.peers[id] = p
 	close(c.changed)
 	c.changed = make(chan struct{})

@@ -156,6 +156,10 @@ type PeerStats struct {
 	ReceivedCopiedBytes  uint64 // payload bytes read into the van's buffer
 	SentBusy             time.Duration
 	ReceivedBusy         time.Duration
+	// Channels is the connections (Config.Channels) the peer has, or had
+	// when it was last connected; 0 from a van without connections
+	// (van/memvan).
+	Channels int
 }
 
 // Config configures a Transport.
