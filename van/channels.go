@@ -102,14 +102,13 @@ func (c *core) join(id node.ID, ch int, l link) (*peer, error) {
 	c.mu.Unlock()
 	t := time.NewTimer(c.cfg.HandshakeTimeout)
 	defer t.Stop()
-	var why error
+	why := ErrClosed
 	select {
 	case <-g.done:
 		return g.p, g.err
 	case <-t.C:
-		why = reject("channels", "node %d opened %d of its %d channels within %v", id, g.got, n, c.cfg.HandshakeTimeout)
+		why = nil
 	case <-c.closing:
-		why = ErrClosed
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -117,6 +116,9 @@ func (c *core) join(id node.ID, ch int, l link) (*peer, error) {
 	case <-g.done:
 		return g.p, g.err
 	default:
+	}
+	if why == nil {
+		why = reject("channels", "node %d opened %d of its %d channels within %v", id, g.got, n, c.cfg.HandshakeTimeout)
 	}
 	if c.groups[id] == g {
 		delete(c.groups, id)
