@@ -96,6 +96,10 @@ With --scenario, runs a cluster in an emulated network (network namespaces, tbf)
             with local aggregation off and on (FPT_LB=off in both): iter_ms, bound_ms (the
             least the links allow in that mode) and host_link_bytes (each host's interface
             counters per iteration) next to model_link_bytes (the traffic model by host)
+  channels  one worker and one server on hosts at --rate (default 1gbit) where one TCP
+            connection gets at most --flow-cap (default 200mbit), the goodput bench's push
+            and pull of one tensor (default 32 MiB, 5 iterations, sums checked) with 1 and
+            with 4 connections per pair (FPT_CHANNELS): goodput_gbps of each side by side
 
 Every run prints a table, or with --json one JSON object per result; progress goes to
 stderr. --plot FILE also draws the results as an SVG image; --from FILE draws (and
@@ -118,6 +122,7 @@ type flags struct {
 	plot    string // --plot: an SVG file
 	// hostsWorkers is the hosts scenario's workers per host (--hosts-workers).
 	hostsWorkers string
+	flowCap      string // --flow-cap: the channels scenario's cap on one connection
 	from         string // --from: results to print and plot instead of a run
 }
 
@@ -143,7 +148,7 @@ func newFlags(output io.Writer) *flags {
 	fs.Int64Var(&o.partitionBytes, "partition-bytes", 0, "FPT_PARTITION_BYTES for the cluster (0: the default, 256 KiB in shaping and\npriority)")
 	fs.BoolVar(&o.jsonOut, "json", false, "one JSON object per line (else a table)")
 	fs.BoolVar(&o.authCompare, "auth-compare", false, "run each goodput row four times, without a cluster secret\n(FPT_CLUSTER_SECRET), with one twice, and without again, and give the\nsecret-on rows' mean goodput and CPU per GB relative to the secret-off rows'")
-	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor one or more of slow-server, equal, slow-worker (comma-separated), or server-loss,\nserver-join, worker-wait or hosts; or failover, on loopback (no root)")
+	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor one or more of slow-server, equal, slow-worker (comma-separated), or server-loss,\nserver-join, worker-wait, hosts or channels; or failover, on loopback (no root)")
 	fs.StringVar(&f.scen.rate, "rate", "200mbit", "shaping and priority: the worker host's link rate, both ways (tc syntax); LB scenarios:\nevery host's but the slow one's (default 400mbit there)")
 	registerLBFlags(fs, &f.lbs)
 	fs.IntVar(&f.killAt, "kill-at", failoverDefaultKillAt, "failover and server-loss scenarios: server1 is killed (kill -9) once worker 0 has\nverified the iteration before this one (server-loss: default iters/3); worker-wait: worker2,\nthe same way (default iters/3)")
@@ -152,6 +157,7 @@ func newFlags(output io.Writer) *flags {
 	fs.StringVar(&f.from, "from", "", "run nothing: read the results a --json run printed from this file (- for stdin),\nprint them and draw them with --plot")
 	fs.StringVar(&f.weights, "weights", "3:1", "shaping scenario: the worker's flow weights for server 0 and server 1")
 	fs.StringVar(&f.hostsWorkers, "hosts-workers", hostsDefaultWorkers, "hosts scenario: workers per emulated host, comma-separated (one server per host)")
+	fs.StringVar(&f.flowCap, "flow-cap", channelsDefaultFlowCap, "channels scenario: the most one TCP connection gets of a host's link (tc syntax)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), usageText)
 		fs.PrintDefaults()
@@ -181,6 +187,8 @@ func Main(args []string) int {
 		return failoverMain(f)
 	case name == scenarioHosts:
 		return hostsMain(f)
+	case name == scenarioChannels:
+		return channelsMain(f)
 	case isElasticScenario(name):
 		return elasticMain(f)
 	case name != "" && isLBScenario(name):

@@ -110,6 +110,15 @@ type goodputResult struct {
 	CPUSeconds     float64 `json:"cpu_s"`
 	CPUPerGB       float64 `json:"cpu_s_per_gb"`
 	RawTCPCPUPerGB float64 `json:"raw_tcp_cpu_s_per_gb"`
+	// WorkersCPUPerGB, ServersCPUPerGB and SchedulerCPUPerGB split
+	// CPUPerGB by role, to tell where the CPU above raw TCP's goes.
+	// TimedCPUPerGB is every process's CPU over the timed iterations
+	// only, per GB all workers pushed and pulled in them (cpuwindow.go):
+	// the figure to hold against raw TCP's.
+	TimedCPUPerGB     float64 `json:"timed_cpu_s_per_gb"`
+	WorkersCPUPerGB   float64 `json:"workers_cpu_s_per_gb"`
+	ServersCPUPerGB   float64 `json:"servers_cpu_s_per_gb"`
+	SchedulerCPUPerGB float64 `json:"scheduler_cpu_s_per_gb"`
 	// Secret is "on" when every process of the cluster had a
 	// FPT_CLUSTER_SECRET, else "off". With --auth-compare, a row with the
 	// secret on also has the mean goodput and CPU per GB of the
@@ -123,6 +132,7 @@ type goodputResult struct {
 // goodputHeader and row are the table "fpt bench" prints without --json.
 var goodputHeader = []string{"van", "workers", "servers", "lb", "tensor", "iters",
 	"goodput Gbit/s", "raw TCP Gbit/s", "ratio", "all workers Gbit/s", "TCP/tensor bytes", "CPU s/GB", "raw TCP CPU s/GB",
+	"timed CPU s/GB", "CPU s/GB workers/servers/scheduler",
 	"secret", "vs secret off (goodput, CPU/GB)"}
 
 func (r goodputResult) row() []string {
@@ -141,6 +151,7 @@ func (r goodputResult) row() []string {
 		sizeText(r.TensorBytes), strconv.Itoa(r.Iters),
 		fmt.Sprintf("%.2f", r.GoodputGbps), fmt.Sprintf("%.2f", r.RawTCPGbps), fmt.Sprintf("%.2f", r.Ratio),
 		fmt.Sprintf("%.2f", r.ClusterGoodputGbps), tcpShare, fmt.Sprintf("%.3f", r.CPUPerGB), fmt.Sprintf("%.3f", r.RawTCPCPUPerGB),
+		fmt.Sprintf("%.3f", r.TimedCPUPerGB), fmt.Sprintf("%.3f/%.3f/%.3f", r.WorkersCPUPerGB, r.ServersCPUPerGB, r.SchedulerCPUPerGB),
 		secret, vsOff}
 }
 
@@ -149,6 +160,9 @@ type workerReport struct {
 	Rank     int     `json:"rank"`
 	Seconds  float64 `json:"seconds"`   // the timed iterations
 	TCPBytes uint64  `json:"tcp_bytes"` // see tcpBytes, over the timed iterations
+	// Channels is the most connections the worker's van has to one peer
+	// (FPT_CHANNELS as the van applied it).
+	Channels int `json:"channels"`
 }
 
 // shapes are the configurations the flags ask for: --peers' rows, the one
@@ -259,7 +273,12 @@ func goodputRun(van string, s shape, o goodputOptions, p *progress, run string, 
 	res.ClusterGoodputGbps = gbps(float64(res.TensorTrafficBytes), c.timed)
 	res.TCPBytes = c.tcpBytes
 	res.CPUSeconds = c.cpu.Seconds()
-	res.CPUPerGB = cpuPerGB(c.cpu, float64(int64(s.workers)*2*o.tensorBytes*int64(o.iters+untimedIters)))
+	moved := float64(int64(s.workers) * 2 * o.tensorBytes * int64(o.iters+untimedIters))
+	res.CPUPerGB = cpuPerGB(c.cpu, moved)
+	res.TimedCPUPerGB = cpuPerGB(c.timedCPU, float64(res.TensorTrafficBytes))
+	res.WorkersCPUPerGB = cpuPerGB(c.roleCPU["worker"], moved)
+	res.ServersCPUPerGB = cpuPerGB(c.roleCPU["server"], moved)
+	res.SchedulerCPUPerGB = cpuPerGB(c.roleCPU["scheduler"], moved)
 	return res, nil
 }
 
@@ -268,6 +287,8 @@ type clusterRun struct {
 	timed    time.Duration // worker rank 0's timed iterations
 	tcpBytes uint64        // every worker's tcpBytes, summed
 	cpu      time.Duration // every process's user+sys
+	roleCPU  map[string]time.Duration
+	timedCPU time.Duration // every process's, over the timed iterations
 }
 
 // goodputCluster runs the cluster once.
@@ -287,12 +308,14 @@ func goodputCluster(van string, s shape, o goodputOptions, p *progress, run stri
 		return clusterRun{}, err
 	}
 	env = append(env, secretEnv...)
+	window := new(cpuWindow)
 	c, err := localcluster.Start(localcluster.Spec{
 		Servers: s.servers, Workers: s.workers,
 		Scheduler: []string{self}, Server: []string{self}, Worker: args, Env: env,
 		Stderr: func(name string) io.Writer {
+			// Rank 0, whichever process it is, says the marks.
 			if strings.HasPrefix(name, "worker") {
-				return p.relay(run)
+				return io.MultiWriter(p.relay(run), window.writer())
 			}
 			return nil
 		},
@@ -300,6 +323,11 @@ func goodputCluster(van string, s shape, o goodputOptions, p *progress, run stri
 	if err != nil {
 		return clusterRun{}, err
 	}
+	var pids []int
+	for _, proc := range c.Procs {
+		pids = append(pids, proc.Cmd.Process.Pid)
+	}
+	window.setPids(pids)
 	defer c.Kill()
 	if err := c.Wait(10 * time.Minute); err != nil {
 		return clusterRun{}, err
@@ -316,8 +344,23 @@ func goodputCluster(van string, s shape, o goodputOptions, p *progress, run stri
 		reps = append(reps, rep)
 	}
 	r, err := sumReports(reps)
+	if err != nil {
+		return r, err
+	}
 	r.cpu = c.CPU()
+	r.roleCPU = roleCPU(c)
+	r.timedCPU, err = window.result()
 	return r, err
+}
+
+// roleCPU is the user+sys CPU of c's processes by role: localcluster names
+// them scheduler, server0.., worker0...
+func roleCPU(c *localcluster.Cluster) map[string]time.Duration {
+	m := map[string]time.Duration{}
+	for _, proc := range c.Procs {
+		m[strings.TrimRight(proc.Name, "0123456789")] += proc.CPU()
+	}
+	return m
 }
 
 // sumReports adds up the workers' reports: rank 0's time, everyone's bytes.
@@ -365,8 +408,13 @@ func goodputWorker(ctx context.Context, w *worker.Worker, o goodputOptions, out,
 	}
 	grads := make([]float32, n)
 	sums := make([]float32, n)
-	for i := range grads {
-		grads[i] = float32(i%251 + w.Rank())
+	// i%251 + rank, without a division per element: the fill is not
+	// what the bench measures, and it is counted in its CPU.
+	for i, r := 0, 0; i < n; i, r = i+1, r+1 {
+		if r == 251 {
+			r = 0
+		}
+		grads[i] = float32(r + w.Rank())
 	}
 	keys, lens := []uint64{0}, []int{n}
 	if err := kv.Init(ctx, keys, sums, lens); err != nil {
@@ -400,6 +448,7 @@ func goodputWorker(ctx context.Context, w *worker.Worker, o goodputOptions, out,
 	if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
 		return err
 	}
+	say(markTimedStart)
 	v := w.Node().Van()
 	before := v.Stats()
 	start := time.Now()
@@ -418,6 +467,7 @@ func goodputWorker(ctx context.Context, w *worker.Worker, o goodputOptions, out,
 	if err := w.Barrier(ctx, node.WorkerGroup); err != nil {
 		return err
 	}
+	say(markTimedEnd)
 	after := v.Stats()
 	workers := w.NumWorkers()
 	for _, i := range []int{0, n / 2, n - 1} {
@@ -426,7 +476,11 @@ func goodputWorker(ctx context.Context, w *worker.Worker, o goodputOptions, out,
 			return fmt.Errorf("bench: element %d = %v, want %v", i, sums[i], want)
 		}
 	}
-	return writeJSONLine(out, workerReport{Rank: w.Rank(), Seconds: elapsed.Seconds(), TCPBytes: tcpBytes(before, after)})
+	channels := 0
+	for _, st := range after {
+		channels = max(channels, st.Channels)
+	}
+	return writeJSONLine(out, workerReport{Rank: w.Rank(), Seconds: elapsed.Seconds(), TCPBytes: tcpBytes(before, after), Channels: channels})
 }
 
 // rawTCP moves volume bytes each way at once between two loopback TCP

@@ -120,7 +120,7 @@ func TestGoodputTable(t *testing.T) {
 	rows := [][]string{
 		goodputResult{Van: "epoll", Workers: 1, Servers: 1, LB: "off", TensorBytes: 64 << 20, Iters: 50,
 			GoodputGbps: 12.345, RawTCPGbps: 20, Ratio: 0.617, ClusterGoodputGbps: 12.345, TensorTrafficBytes: 1000, TCPBytes: 1002,
-			CPUPerGB: 0.81234, RawTCPCPUPerGB: 0.4}.row(),
+			CPUPerGB: 0.81234, RawTCPCPUPerGB: 0.4, TimedCPUPerGB: 0.45678, WorkersCPUPerGB: 0.5, ServersCPUPerGB: 0.3, SchedulerCPUPerGB: 0.01234}.row(),
 		goodputResult{Van: "netconn", Workers: 2, Servers: 2, LB: "on", TensorBytes: 1 << 20, Iters: 5}.row(),
 		goodputResult{Van: "epoll", Workers: 1, Servers: 1, LB: "off", TensorBytes: 1 << 20, Iters: 5, Secret: "on",
 			GoodputVsOff: 0.98765, CPUPerGBVsOff: 1.0123}.row(),
@@ -131,9 +131,9 @@ func TestGoodputTable(t *testing.T) {
 	}
 	checkTable(t, sb.String(), [][]string{
 		goodputHeader,
-		{"epoll", "1", "1", "off", "64 MiB", "50", "12.35", "20.00", "0.62", "12.35", "1.002", "0.812", "0.400", "off", "-"},
-		{"netconn", "2", "2", "on", "1 MiB", "5", "0.00", "0.00", "0.00", "0.00", "-", "0.000", "0.000", "off", "-"},
-		{"epoll", "1", "1", "off", "1 MiB", "5", "0.00", "0.00", "0.00", "0.00", "-", "0.000", "0.000", "on", "x0.988, x1.012"},
+		{"epoll", "1", "1", "off", "64 MiB", "50", "12.35", "20.00", "0.62", "12.35", "1.002", "0.812", "0.400", "0.457", "0.500/0.300/0.012", "off", "-"},
+		{"netconn", "2", "2", "on", "1 MiB", "5", "0.00", "0.00", "0.00", "0.00", "-", "0.000", "0.000", "0.000", "0.000/0.000/0.000", "off", "-"},
+		{"epoll", "1", "1", "off", "1 MiB", "5", "0.00", "0.00", "0.00", "0.00", "-", "0.000", "0.000", "0.000", "0.000/0.000/0.000", "on", "x0.988, x1.012"},
 	})
 }
 

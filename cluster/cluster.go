@@ -393,6 +393,7 @@ func (n *Member) bind(host, listen string) error {
 			MaxPayload:     n.cfg.MaxFrameBytes,
 			PartitionBytes: n.cfg.PartitionBytes,
 			PoolBytes:      n.cfg.PoolBytes,
+			Channels:       n.cfg.Channels,
 			Logger:         n.log,
 			HelloKey:       helloKey,
 			Admit:          n.admitPeer,

@@ -54,6 +54,9 @@ type Config struct {
 	PartitionBytes    uint64        // FPT_PARTITION_BYTES: largest tensor partition (default 1 MiB)
 	MaxFrameBytes     uint64        // FPT_MAX_FRAME_BYTES: largest frame payload accepted (default 1 GiB)
 	PoolBytes         int64         // FPT_POOL_BYTES: send pool limit (default 512 MiB)
+	// Channels is FPT_CHANNELS: data connections per pair of nodes, 1 to
+	// MaxChannels (van.Config.Channels); every node must have the same.
+	Channels int
 	// MetricsAddr is where the node serves Prometheus metrics
 	// (FPT_METRICS_ADDR, "host:port", ":port" for every interface, port 0
 	// for any free one); empty: no metrics served.
@@ -142,6 +145,10 @@ const (
 	DefaultPartitionBytes    = 1 << 20
 	DefaultMaxFrameBytes     = 1 << 30
 	DefaultPoolBytes         = 512 << 20
+	// DefaultChannels and MaxChannels are van.DefaultChannels and
+	// van.MaxChannels (config does not import the data plane).
+	DefaultChannels          = 1
+	MaxChannels              = 64
 	DefaultStallTimeout      = 600 * time.Second
 	DefaultWorkerWaitTimeout = 300 * time.Second
 	DefaultLeaveTimeout      = 120 * time.Second

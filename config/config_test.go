@@ -11,6 +11,7 @@ import (
 
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/trace"
+	"github.com/fptps/fpt/van"
 )
 
 func env(kv map[string]string) func(string) (string, bool) {
@@ -37,7 +38,7 @@ func TestFromEnvDefaults(t *testing.T) {
 		Van: "epoll", HeartbeatInterval: DefaultHeartbeatInterval, HeartbeatTimeout: DefaultHeartbeatTimeout,
 		StartTimeout: DefaultStartTimeout, PartitionBytes: DefaultPartitionBytes,
 		MaxFrameBytes: DefaultMaxFrameBytes, PoolBytes: DefaultPoolBytes, LB: true, LBAhead: DefaultLBAhead,
-		StallTimeout: DefaultStallTimeout, TraceIters: trace.All, CheckpointEvery: DefaultCheckpointEvery,
+		Channels: DefaultChannels, StallTimeout: DefaultStallTimeout, TraceIters: trace.All, CheckpointEvery: DefaultCheckpointEvery,
 		WorkerWaitTimeout: DefaultWorkerWaitTimeout,
 		LeaveTimeout:      DefaultLeaveTimeout,
 	}
@@ -66,12 +67,13 @@ func TestFromEnvOptional(t *testing.T) {
 	e["FPT_TRACE_FILE"] = "/tmp/{role}{rank}.json"
 	e["FPT_TRACE_ITERS"] = "10-20"
 	e["FPT_ON_WORKER_LOSS"] = "continue"
+	e["FPT_CHANNELS"] = "4"
 	c, err := FromEnv(env(e))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Van != "netconn" || c.MetricsAddr != ":9100" || c.StatusAddr != "127.0.0.1:0" || c.HeartbeatInterval != 500*time.Millisecond || c.HeartbeatTimeout != 3*time.Second ||
-		c.PartitionBytes != 65536 || c.NodeHost != "198.18.0.2" || c.NodePort != 7000 || c.Verbose != 2 || c.LB || c.LBProbeEvery != 7 || c.LBAhead != 0 ||
+		c.PartitionBytes != 65536 || c.Channels != 4 || c.NodeHost != "198.18.0.2" || c.NodePort != 7000 || c.Verbose != 2 || c.LB || c.LBProbeEvery != 7 || c.LBAhead != 0 ||
 		c.TraceFile != "/tmp/{role}{rank}.json" || c.TraceIters != (trace.Window{First: 10, Last: 20}) ||
 		c.WorkerLoss != WorkerLossContinue || !c.Retries() || !c.Grants() || !c.Survives(node.WorkerID(3)) || c.Survives(node.ServerID(0)) {
 		t.Fatalf("unexpected %+v", c)
@@ -138,6 +140,10 @@ func TestFromEnvErrorsNameTheVariable(t *testing.T) {
 		{"word workers", func(e map[string]string) { e["DMLC_NUM_WORKER"] = "two" }, []string{"DMLC_NUM_WORKER"}},
 		{"several", func(e map[string]string) { delete(e, "DMLC_NUM_WORKER"); e["FPT_VAN"] = "rdma" }, []string{"DMLC_NUM_WORKER", "FPT_VAN"}},
 		{"timeout below interval", func(e map[string]string) { e["PS_HEARTBEAT_INTERVAL"] = "5"; e["PS_HEARTBEAT_TIMEOUT"] = "2" }, []string{"PS_HEARTBEAT_TIMEOUT"}},
+		{"no channels", func(e map[string]string) { e["FPT_CHANNELS"] = "0" }, []string{"FPT_CHANNELS"}},
+		{"negative channels", func(e map[string]string) { e["FPT_CHANNELS"] = "-2" }, []string{"FPT_CHANNELS"}},
+		{"absurd channels", func(e map[string]string) { e["FPT_CHANNELS"] = "1000" }, []string{"FPT_CHANNELS"}},
+		{"channels not a number", func(e map[string]string) { e["FPT_CHANNELS"] = "four" }, []string{"FPT_CHANNELS"}},
 		{"partition above frame", func(e map[string]string) { e["FPT_PARTITION_BYTES"] = "4096"; e["FPT_MAX_FRAME_BYTES"] = "2048" }, []string{"FPT_PARTITION_BYTES"}},
 		{"verbose", func(e map[string]string) { e["PS_VERBOSE"] = "9" }, []string{"PS_VERBOSE"}},
 		{"metrics without port", func(e map[string]string) { e["FPT_METRICS_ADDR"] = "localhost" }, []string{"FPT_METRICS_ADDR"}},
@@ -432,5 +438,13 @@ func TestFromEnvRank(t *testing.T) {
 				t.Errorf("rank %d from %q, want %d from %q", c.Rank, c.RankVar, tt.rank, tt.rankVar)
 			}
 		})
+	}
+}
+
+// config mirrors the data plane's bounds on FPT_CHANNELS rather than
+// importing it; the two must agree.
+func TestChannelsBoundsMatchVan(t *testing.T) {
+	if DefaultChannels != van.DefaultChannels || MaxChannels != van.MaxChannels {
+		t.Fatalf("config's channels %d (max %d), van's %d (max %d)", DefaultChannels, MaxChannels, van.DefaultChannels, van.MaxChannels)
 	}
 }

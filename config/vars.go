@@ -182,6 +182,10 @@ func Known() []Var {
 			}},
 		{Name: "FPT_POOL_BYTES", Meaning: "limit of the send pool, bytes", Default: strconv.Itoa(DefaultPoolBytes), Use: NodeVar,
 			read: func(p *parser, name string, c *Config) { c.PoolBytes = p.integer(name, DefaultPoolBytes, 1<<16, 1<<50) }},
+		{Name: "FPT_CHANNELS", Meaning: "data connections per pair of nodes, partitions striped over them; the same on every node", Default: strconv.Itoa(DefaultChannels), Use: NodeVar,
+			read: func(p *parser, name string, c *Config) {
+				c.Channels = int(p.integer(name, DefaultChannels, 1, MaxChannels))
+			}},
 
 		// The load balancer.
 		{Name: "FPT_LB", Meaning: "the scheduler's load balancer: on, or off (every tensor split evenly over the servers, as in ps-lite)", Default: "on", Use: NodeVar,

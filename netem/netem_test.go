@@ -154,7 +154,7 @@ func ours(t *testing.T, n names) []string {
 func TestNetemShapesLinks(t *testing.T) {
 	needRoot(t)
 	const rate = 50e6
-	n, err := New(context.Background(), []HostSpec{{"50mbit", "50mbit"}, {}, {}})
+	n, err := New(context.Background(), []HostSpec{{Up: "50mbit", Down: "50mbit"}, {}, {}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func TestNetemTwoNetworksAndClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	b, err := New(ctx, []HostSpec{{"1gbit", "1gbit"}})
+	b, err := New(ctx, []HostSpec{{Up: "1gbit", Down: "1gbit"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,7 @@ func TestNetemSetRate(t *testing.T) {
 	needRoot(t)
 	const rate = 20e6
 	ctx := context.Background()
-	n, err := New(ctx, []HostSpec{{"200mbit", "200mbit"}, {}})
+	n, err := New(ctx, []HostSpec{{Up: "200mbit", Down: "200mbit"}, {}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,7 +315,7 @@ func TestNetemSetRate(t *testing.T) {
 	changed := make(chan error, 1)
 	go func() {
 		time.Sleep(300 * time.Millisecond)
-		changed <- n.SetRate(ctx, 0, HostSpec{"20mbit", "20mbit"})
+		changed <- n.SetRate(ctx, 0, HostSpec{Up: "20mbit", Down: "20mbit"})
 	}()
 	// About 0.3 s at 200 Mbit/s, then some 2 s at 20.
 	got := transfer(t, n, 0, 1, 12<<20)
@@ -368,5 +368,29 @@ func TestGone(t *testing.T) {
 	}
 	if gone(errors.New("not a command error")) {
 		t.Error("a plain error counted as gone")
+	}
+}
+
+// One TCP connection from a host with a per-flow cap runs near the cap,
+// well below the link's rate, which a connection from an uncapped host of
+// the same rate reaches. A functional check that the HTB and its filters
+// catch the flow, not a speed assertion: the bounds are loose.
+func TestNetemFlowCap(t *testing.T) {
+	needRoot(t)
+	const flowCap = 100e6
+	n, err := New(context.Background(), []HostSpec{{Up: "1gbit", Down: "1gbit", FlowCap: "100mbit"}, {Up: "1gbit", Down: "1gbit"}, {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	const size = 8 << 20 // about 0.7 s at 100 Mbit/s
+	capped := transfer(t, n, 0, 2, size)
+	free := transfer(t, n, 1, 2, size)
+	t.Logf("one flow from the capped host: %.1f Mbit/s; from the uncapped one: %.1f Mbit/s", capped/1e6, free/1e6)
+	if capped > 2*flowCap {
+		t.Errorf("one flow from the capped host: %.1f Mbit/s, want about %.0f", capped/1e6, flowCap/1e6)
+	}
+	if free < 3*flowCap {
+		t.Errorf("one flow from the uncapped host: %.1f Mbit/s, want far more than %.0f", free/1e6, flowCap/1e6)
 	}
 }

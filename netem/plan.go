@@ -84,7 +84,7 @@ func setupPlan(n names, hosts []HostSpec) ([]step, error) {
 		{"bring up bridge " + br, []string{"ip", "link", "set", br, "up"}},
 	}
 	for i, h := range hosts {
-		up, down, err := hostRates(h)
+		up, down, flowCap, err := hostRates(h)
 		if err != nil {
 			return nil, fmt.Errorf("netem: host %d: %w", i, err)
 		}
@@ -98,16 +98,26 @@ func setupPlan(n names, hosts []HostSpec) ([]step, error) {
 			step{"bring up " + iface + " in " + ns, []string{"ip", "-n", ns, "link", "set", iface, "up"}},
 			step{"bring up lo in " + ns, []string{"ip", "-n", ns, "link", "set", "lo", "up"}},
 		)
-		if up > 0 {
-			plan = append(plan, step{"shape upload of " + ns + " to " + h.Up,
-				append([]string{"tc", "-n", ns, "qdisc", "add", "dev", iface, "root"}, tbfArgs(up)...)})
-		}
+		plan = append(plan, uploadPlan(ns, h, up, flowCap)...)
 		if down > 0 {
 			plan = append(plan, step{"shape download of " + ns + " to " + h.Down,
 				append([]string{"tc", "qdisc", "add", "dev", veth, "root"}, tbfArgs(down)...)})
 		}
 	}
 	return plan, nil
+}
+
+// uploadPlan shapes host namespace ns's upload: a tbf at up, or with a
+// flow cap the HTB of flowCapPlan; nothing when up is 0.
+func uploadPlan(ns string, h HostSpec, up, flowCap uint64) []step {
+	switch {
+	case up == 0:
+		return nil
+	case flowCap > 0:
+		return flowCapPlan([]string{"tc", "-n", ns}, iface, "shape upload of "+ns+" to "+h.Up+", "+h.FlowCap+" a flow", up, flowCap)
+	}
+	return []step{{"shape upload of " + ns + " to " + h.Up,
+		append([]string{"tc", "-n", ns, "qdisc", "add", "dev", iface, "root"}, tbfArgs(up)...)}}
 }
 
 // ratePlan lists the commands that reshape host i of a network to h, on
@@ -119,16 +129,13 @@ func setupPlan(n names, hosts []HostSpec) ([]step, error) {
 // sent, stalling the link for good. Deleting drops what was queued, as a
 // real link that slows down would; TCP sends it again.
 func ratePlan(n names, i int, h HostSpec) ([]step, error) {
-	up, down, err := hostRates(h)
+	up, down, flowCap, err := hostRates(h)
 	if err != nil {
 		return nil, fmt.Errorf("netem: host %d: %w", i, err)
 	}
 	ns, veth := n.namespace(i), n.veth(i)
 	plan := []step{{"unshape upload of " + ns, []string{"tc", "-n", ns, "qdisc", "del", "dev", iface, "root"}}}
-	if up > 0 {
-		plan = append(plan, step{"shape upload of " + ns + " to " + h.Up,
-			append([]string{"tc", "-n", ns, "qdisc", "add", "dev", iface, "root"}, tbfArgs(up)...)})
-	}
+	plan = append(plan, uploadPlan(ns, h, up, flowCap)...)
 	plan = append(plan, step{"unshape download of " + ns, []string{"tc", "qdisc", "del", "dev", veth, "root"}})
 	if down > 0 {
 		plan = append(plan, step{"shape download of " + ns + " to " + h.Down,
@@ -138,18 +145,26 @@ func ratePlan(n names, i int, h HostSpec) ([]step, error) {
 }
 
 // hostRates returns a host's rates in bits per second, 0 for unlimited.
-func hostRates(h HostSpec) (up, down uint64, err error) {
+func hostRates(h HostSpec) (up, down, flowCap uint64, err error) {
 	if h.Up != "" {
 		if up, err = parseRate(h.Up); err != nil {
-			return 0, 0, fmt.Errorf("upload: %w", err)
+			return 0, 0, 0, fmt.Errorf("upload: %w", err)
 		}
 	}
 	if h.Down != "" {
 		if down, err = parseRate(h.Down); err != nil {
-			return 0, 0, fmt.Errorf("download: %w", err)
+			return 0, 0, 0, fmt.Errorf("download: %w", err)
 		}
 	}
-	return up, down, nil
+	if h.FlowCap != "" {
+		if flowCap, err = parseRate(h.FlowCap); err != nil {
+			return 0, 0, 0, fmt.Errorf("flow cap: %w", err)
+		}
+		if up == 0 || flowCap > up {
+			return 0, 0, 0, fmt.Errorf("flow cap %s needs an upload rate at least as high (upload %q)", h.FlowCap, h.Up)
+		}
+	}
+	return up, down, flowCap, nil
 }
 
 // teardownPlan lists the commands that remove a network of k hosts,

@@ -15,14 +15,14 @@ func TestParseHostSpec(t *testing.T) {
 		want    HostSpec
 		wantErr string
 	}{
-		{in: "200mbit", want: HostSpec{"200mbit", "200mbit"}},
-		{in: " 1GBit ", want: HostSpec{"1gbit", "1gbit"}},
-		{in: "100mbit/1gbit", want: HostSpec{"100mbit", "1gbit"}},
+		{in: "200mbit", want: HostSpec{Up: "200mbit", Down: "200mbit"}},
+		{in: " 1GBit ", want: HostSpec{Up: "1gbit", Down: "1gbit"}},
+		{in: "100mbit/1gbit", want: HostSpec{Up: "100mbit", Down: "1gbit"}},
 		{in: "0", want: HostSpec{}},
 		{in: "none", want: HostSpec{}},
-		{in: "none/50mbit", want: HostSpec{"", "50mbit"}},
-		{in: "50mbit/0", want: HostSpec{"50mbit", ""}},
-		{in: "1.5gbit", want: HostSpec{"1.5gbit", "1.5gbit"}},
+		{in: "none/50mbit", want: HostSpec{Up: "", Down: "50mbit"}},
+		{in: "50mbit/0", want: HostSpec{Up: "50mbit", Down: ""}},
+		{in: "1.5gbit", want: HostSpec{Up: "1.5gbit", Down: "1.5gbit"}},
 		{in: "", wantErr: "empty rate"},
 		{in: "100mbit/", wantErr: "empty rate"},
 		{in: "fast", wantErr: "not a number with a unit"},
@@ -132,7 +132,7 @@ func TestOwnerPid(t *testing.T) {
 
 func TestSetupPlan(t *testing.T) {
 	n := namesFor(42, 0)
-	plan, err := setupPlan(n, []HostSpec{{"1gbit", "200mbit"}, {}})
+	plan, err := setupPlan(n, []HostSpec{{Up: "1gbit", Down: "200mbit"}, {}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +362,7 @@ func TestRatePlan(t *testing.T) {
 		h    HostSpec
 		want []string
 	}{
-		{"both sides limited", 1, HostSpec{"25mbit", "200mbit"}, []string{
+		{"both sides limited", 1, HostSpec{Up: "25mbit", Down: "200mbit"}, []string{
 			"tc -n fpt42ah1 qdisc del dev eth0 root",
 			"tc -n fpt42ah1 qdisc add dev eth0 root tbf rate 25000000bit burst 32768 latency 50ms",
 			"tc qdisc del dev fpt42av1 root",
@@ -395,11 +395,11 @@ func TestRatePlan(t *testing.T) {
 		}
 	}
 	// The shaping commands are setupPlan's, for the new rates.
-	setup, err := setupPlan(n, []HostSpec{{}, {"2mbit", "3mbit"}})
+	setup, err := setupPlan(n, []HostSpec{{}, {Up: "2mbit", Down: "3mbit"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	change, _ := ratePlan(n, 1, HostSpec{"2mbit", "3mbit"})
+	change, _ := ratePlan(n, 1, HostSpec{Up: "2mbit", Down: "3mbit"})
 	if !slices.Equal(setup[len(setup)-2].args, change[1].args) || !slices.Equal(setup[len(setup)-1].args, change[3].args) {
 		t.Errorf("setup shapes with %q and %q; SetRate with %q and %q",
 			setup[len(setup)-2].args, setup[len(setup)-1].args, change[1].args, change[3].args)
@@ -411,7 +411,7 @@ func TestRatePlan(t *testing.T) {
 
 func TestSetRateExecutor(t *testing.T) {
 	f := &fakeIP{}
-	n, err := create(context.Background(), f.run, 5, func(int) bool { return true }, []HostSpec{{}, {"1mbit", "1mbit"}})
+	n, err := create(context.Background(), f.run, 5, func(int) bool { return true }, []HostSpec{{}, {Up: "1mbit", Down: "1mbit"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,20 +423,20 @@ func TestSetRateExecutor(t *testing.T) {
 	}
 	f.fail = nil
 	f.ran = nil
-	if err := n.SetRate(context.Background(), 1, HostSpec{"25mbit", "2mbit"}); err != nil {
+	if err := n.SetRate(context.Background(), 1, HostSpec{Up: "25mbit", Down: "2mbit"}); err != nil {
 		t.Fatal(err)
 	}
 	f.ranAll(t, "tc -n fpt5ah1 qdisc del dev eth0 root", "tc -n fpt5ah1 qdisc add dev eth0 root tbf rate 25000000bit burst 32768 latency 50ms",
 		"tc qdisc del dev fpt5av1 root", "tc qdisc add dev fpt5av1 root tbf rate 2000000bit burst 32768 latency 50ms")
-	if got := n.Host(1); got != (HostSpec{"25mbit", "2mbit"}) {
+	if got := n.Host(1); got != (HostSpec{Up: "25mbit", Down: "2mbit"}) {
 		t.Errorf("Host(1) = %v after SetRate", got)
 	}
 	// A failing tc: the error names it, the spec stays the last good one.
 	f.fail = map[string]string{"tc qdisc add dev fpt5av1": "Error: Specified qdisc kind is unknown."}
-	if err := n.SetRate(context.Background(), 1, HostSpec{"3mbit", "3mbit"}); err == nil || !strings.Contains(err.Error(), "shape download of fpt5ah1 to 3mbit") {
+	if err := n.SetRate(context.Background(), 1, HostSpec{Up: "3mbit", Down: "3mbit"}); err == nil || !strings.Contains(err.Error(), "shape download of fpt5ah1 to 3mbit") {
 		t.Errorf("SetRate with a failing tc: %v", err)
 	}
-	if got := n.Host(1); got != (HostSpec{"25mbit", "2mbit"}) {
+	if got := n.Host(1); got != (HostSpec{Up: "25mbit", Down: "2mbit"}) {
 		t.Errorf("Host(1) = %v after a failed SetRate", got)
 	}
 	if err := n.SetRate(context.Background(), 2, HostSpec{}); err == nil {

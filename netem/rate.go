@@ -9,7 +9,9 @@ import (
 
 // HostSpec is one host's link: rates in tc syntax ("200mbit", "1gbit"); ""
 // means unlimited. Up limits what the host sends, Down what it receives.
-type HostSpec struct{ Up, Down string }
+// FlowCap, with Up, caps each TCP connection's share of Up (see
+// flowcap.go); it is set in code (the channels scenario), not parsed.
+type HostSpec struct{ Up, Down, FlowCap string }
 
 // String is the spec as ParseHostSpec reads it back.
 func (h HostSpec) String() string {

@@ -201,6 +201,10 @@ func TestBenchScenarios(t *testing.T) {
 		// with the same parameters).
 		{append(lbScenarioArgs("worker-wait"), "--iters", "12", "--kill-at", "4", "--tail", "3"),
 			append(elasticFields, "retry_from_iteration", "hold_iteration", "joined_from_iteration", "join_iter_ms", "waited_ms", "kill_at")},
+		// 1 and 4 connections per pair under a per-flow cap, small; the
+		// last line is the 4-channel run's.
+		{[]string{"--scenario", "channels", "--tensor-bytes", "4194304", "--iters", "3", "--json"},
+			[]string{"goodput_gbps", "vs_one_channel"}},
 	} {
 		t.Run(tc.args[1], func(t *testing.T) {
 			r := startFPT(t, append([]string{"bench"}, tc.args...)...)
@@ -221,6 +225,9 @@ func TestBenchScenarios(t *testing.T) {
 				}
 			}
 			checkExits(t, line)
+			if line["scenario"] == "channels" && (line["channels"] != 4.0 || line["checked"] != true) {
+				t.Errorf("channels scenario's last line: channels %v, checked %v; want 4 and true", line["channels"], line["checked"])
+			}
 			t.Logf("%s", out)
 			r.checkGone(t)
 		})

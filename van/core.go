@@ -58,12 +58,13 @@ func (r *recvClock) read(st *peerstat.Counters, midFrame bool) {
 }
 
 // peer is a connected node that has been introduced (dialled, or accepted
-// and said Hello).
+// and said Hello on every channel).
 type peer struct {
-	id   node.ID
-	link link
-	st   *peerstat.Counters
-	bye  atomic.Bool // the peer said Bye: its EOF is not a loss
+	id    node.ID
+	links []link // by channel (see channels.go)
+	st    *peerstat.Counters
+	byes  []atomic.Bool // by channel: the peer said Bye there, its EOF is not a loss
+	live  atomic.Int32  // channels not ended yet
 
 	mu      sync.Mutex
 	failure error // why this side broke the connection, if it did
@@ -77,7 +78,20 @@ func (p *peer) fail(err error) {
 		p.failure = err
 	}
 	p.mu.Unlock()
-	p.link.abort()
+	for _, l := range p.links {
+		l.abort()
+	}
+}
+
+// saidBye reports whether the peer said Bye on every channel: it left in
+// order.
+func (p *peer) saidBye() bool {
+	for i := range p.byes {
+		if !p.byes[i].Load() {
+			return false
+		}
+	}
+	return true
 }
 
 func (p *peer) reason(readErr error) error {
@@ -104,9 +118,14 @@ type core struct {
 	rejects *rateLog
 	// handshakes holds a token per accepted connection in its handshake.
 	handshakes chan struct{}
+	// closing is closed once the van closes: accepted channels waiting
+	// for the rest of their peer's (join) give up.
+	closing     chan struct{}
+	closingOnce sync.Once
 
 	mu      sync.Mutex
 	peers   map[node.ID]*peer
+	groups  map[node.ID]*channelGroup // accepted peers with channels still to come
 	stats   peerstat.Table
 	changed chan struct{} // closed and replaced whenever a peer is added
 
@@ -119,6 +138,8 @@ func newCore(cfg Config) *core {
 		log:        cfg.Logger,
 		q:          sendq.New[*frame.Message](cfg.PoolBytes),
 		peers:      make(map[node.ID]*peer),
+		groups:     make(map[node.ID]*channelGroup),
+		closing:    make(chan struct{}),
 		stats:      make(peerstat.Table),
 		changed:    make(chan struct{}),
 		senderDone: make(chan struct{}),
@@ -147,10 +168,14 @@ func (c *core) SetSelf(id node.ID) { c.self.Store(uint32(id)) }
 
 func (c *core) selfID() node.ID { return node.ID(c.self.Load()) }
 
-// addPeer makes a connection that has been introduced usable.
-func (c *core) addPeer(id node.ID, l link) (*peer, error) {
+// addPeer makes the channels of a peer that has been introduced usable.
+func (c *core) addPeer(id node.ID, links []link) (*peer, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.addPeerLocked(id, links)
+}
+
+func (c *core) addPeerLocked(id node.ID, links []link) (*peer, error) {
 	if c.quiet.Load() {
 		return nil, ErrClosed
 	}
@@ -158,7 +183,9 @@ func (c *core) addPeer(id node.ID, l link) (*peer, error) {
 		return nil, fmt.Errorf("van: node %d already has a connection to node %d", c.selfID(), id)
 	}
 	st := c.stats.Of(id)
-	p := &peer{id: id, link: l, st: st}
+	p := &peer{id: id, links: links, st: st, byes: make([]atomic.Bool, len(links))}
+	p.live.Store(int32(len(links)))
+	st.Channels.Store(int32(len(links)))
 	c.peers[id] = p
 	close(c.changed)
 	c.changed = make(chan struct{})
@@ -166,9 +193,9 @@ func (c *core) addPeer(id node.ID, l link) (*peer, error) {
 	return p, nil
 }
 
-// dropPeer is called exactly once per peer, by the goroutine that owns its
-// connection, after the connection has ended; err is why (from the reader's
-// side). It reports the loss unless the peer said Bye or we are closing.
+// dropPeer is called exactly once per peer, by endChannel, after every
+// channel has ended; err is why (from the reader's side). It reports the
+// loss unless the peer said Bye on every channel or we are closing.
 func (c *core) dropPeer(p *peer, err error) {
 	c.mu.Lock()
 	if c.peers[p.id] == p {
@@ -177,7 +204,7 @@ func (c *core) dropPeer(p *peer, err error) {
 	c.mu.Unlock()
 	c.q.PurgeFlow(p.id)
 	switch {
-	case p.bye.Load():
+	case p.saidBye():
 		c.log.Debug("van: peer left", "peer", p.id)
 	case c.quiet.Load():
 		c.log.Debug("van: connection closed while closing", "peer", p.id, "err", err)
@@ -194,9 +221,10 @@ func (c *core) lookup(id node.ID) *peer {
 	return c.peers[id]
 }
 
-// onFrame handles a complete frame from an introduced peer; inPlace tells
-// whether its payload was read into the handler's Sink buffer.
-func (c *core) onFrame(p *peer, h *frame.Header, payload []byte, inPlace bool) {
+// onFrame handles a complete frame from channel ch of an introduced peer;
+// inPlace tells whether its payload was read into the handler's Sink
+// buffer.
+func (c *core) onFrame(p *peer, ch int, h *frame.Header, payload []byte, inPlace bool) {
 	p.st.ReceivedFrames.Add(1)
 	if inPlace {
 		p.st.ReceivedInPlace.Add(uint64(len(payload)))
@@ -204,8 +232,8 @@ func (c *core) onFrame(p *peer, h *frame.Header, payload []byte, inPlace bool) {
 		p.st.ReceivedCopied.Add(uint64(len(payload)))
 	}
 	if h.Type == frame.Bye {
-		p.bye.Store(true)
-		c.log.Debug("van: peer said bye", "peer", p.id)
+		p.byes[ch].Store(true)
+		c.log.Debug("van: peer said bye", "peer", p.id, "channel", ch)
 		return
 	}
 	c.cfg.Handler.HandleFrame(h, payload, inPlace)
@@ -332,7 +360,7 @@ func (c *core) write(m *frame.Message, hdr *[frame.HeaderSize]byte) {
 	h.Sender, h.Length = uint32(c.selfID()), uint64(len(m.Payload))
 	h.Encode(hdr[:])
 	start := time.Now()
-	err := p.link.writeFrame(hdr[:], m.Payload, c.cfg.IOTimeout)
+	err := p.links[channelOf(&m.Header, len(p.links))].writeFrame(hdr[:], m.Payload, c.cfg.IOTimeout)
 	p.st.SentBusy.Add(int64(time.Since(start)))
 	if err != nil {
 		err = fmt.Errorf("van: write to node %d: %w", id, err)
@@ -359,12 +387,15 @@ func (c *core) sayBye(hdr *[frame.HeaderSize]byte) {
 	for _, p := range peers {
 		h := frame.Header{Type: frame.Bye, Sender: uint32(c.selfID()), Recipient: uint32(p.id)}
 		h.Encode(hdr[:])
-		if err := p.link.writeFrame(hdr[:], nil, min(byeTimeout, c.cfg.IOTimeout)); err != nil {
-			c.log.Debug("van: bye not sent", "peer", p.id, "err", err)
-			continue
+		// Each channel's Bye follows its last frame.
+		for ch, l := range p.links {
+			if err := l.writeFrame(hdr[:], nil, min(byeTimeout, c.cfg.IOTimeout)); err != nil {
+				c.log.Debug("van: bye not sent", "peer", p.id, "channel", ch, "err", err)
+				continue
+			}
+			p.st.SentBytes.Add(frame.HeaderSize)
+			p.st.SentFrames.Add(1)
 		}
-		p.st.SentBytes.Add(frame.HeaderSize)
-		p.st.SentFrames.Add(1)
 	}
 }
 
@@ -374,6 +405,7 @@ func (c *core) sayBye(hdr *[frame.HeaderSize]byte) {
 // Afterwards lost connections are no longer reported; the caller closes
 // the sockets.
 func (c *core) closeSend(drain bool) {
+	defer c.closingOnce.Do(func() { close(c.closing) })
 	if !drain {
 		// Bye still tells peers that the connection's end is not the
 		// failure (the scheduler's verdict says what it is), but a write
@@ -403,7 +435,9 @@ func (c *core) closeSend(drain bool) {
 func (c *core) abortLinks() {
 	c.mu.Lock()
 	for _, p := range c.peers {
-		p.link.abort()
+		for _, l := range p.links {
+			l.abort()
+		}
 	}
 	c.mu.Unlock()
 }
@@ -439,21 +473,37 @@ func limitUnsentConn(tc *net.TCPConn, n int) error {
 	return serr
 }
 
-// dial connects to a peer that has no connection yet and says Hello.
-func (c *core) dial(ctx context.Context, id node.ID, addr string) (*net.TCPConn, error) {
+// dial opens every channel to a peer that has no connection yet, saying
+// Hello on each; it closes them all if one fails.
+func (c *core) dial(ctx context.Context, id node.ID, addr string) ([]*net.TCPConn, error) {
 	if c.quiet.Load() {
 		return nil, ErrClosed
 	}
 	if c.lookup(id) != nil {
 		return nil, fmt.Errorf("van: dial node %d at %s: already connected", id, addr)
 	}
-	return dialHello(ctx, &c.cfg, c.selfID(), id, addr)
+	n := c.cfg.Channels
+	tcs := make([]*net.TCPConn, 0, n)
+	for ch := range n {
+		tc, err := dialHello(ctx, &c.cfg, c.selfID(), id, addr, ch)
+		if err != nil {
+			for _, tc := range tcs {
+				tc.Close()
+			}
+			if n > 1 {
+				err = fmt.Errorf("%w (channel %d of %d)", err, ch, n)
+			}
+			return nil, err
+		}
+		tcs = append(tcs, tc)
+	}
+	return tcs, nil
 }
 
 // dialHello connects to addr and introduces self to peer with a Hello,
 // and with a key proves membership (see acceptHello and auth/hello.go),
 // using a blocking net.Conn: nothing else knows of the connection yet.
-func dialHello(ctx context.Context, cfg *Config, self, peer node.ID, addr string) (*net.TCPConn, error) {
+func dialHello(ctx context.Context, cfg *Config, self, peer node.ID, addr string, ch int) (*net.TCPConn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -475,7 +525,7 @@ func dialHello(ctx context.Context, cfg *Config, self, peer node.ID, addr string
 		tc.Close()
 		return nil, fmt.Errorf("van: hello to node %d at %s: %w", peer, addr, err)
 	}
-	if err := sayHello(tc, cfg.HelloKey, self, peer); err != nil {
+	if err := sayHello(tc, cfg.HelloKey, self, peer, ch, cfg.Channels); err != nil {
 		tc.Close()
 		return nil, fmt.Errorf("van: hello to node %d at %s: %w", peer, addr, err)
 	}
@@ -486,9 +536,9 @@ func dialHello(ctx context.Context, cfg *Config, self, peer node.ID, addr string
 	return tc, nil
 }
 
-// sayHello is the dialer's side of the handshake.
-func sayHello(tc *net.TCPConn, key []byte, self, peer node.ID) error {
-	h := frame.Header{Type: frame.Hello, Sender: uint32(self), Recipient: uint32(peer)}
+// sayHello is the dialer's side of the handshake, for channel ch of n.
+func sayHello(tc *net.TCPConn, key []byte, self, peer node.ID, ch, n int) error {
+	h := frame.Header{Type: frame.Hello, Sender: uint32(self), Recipient: uint32(peer), Partition: uint32(ch), Aux: uint32(n)}
 	if len(key) == 0 {
 		var hdr [frame.HeaderSize]byte
 		h.Encode(hdr[:])
@@ -506,11 +556,11 @@ func sayHello(tc *net.TCPConn, key []byte, self, peer node.ID) error {
 	if _, err := tc.Write(msg[:]); err != nil {
 		return err
 	}
-	var ch [auth.ChallengeSize]byte
-	if _, err := io.ReadFull(tc, ch[:]); err != nil {
+	var chal [auth.ChallengeSize]byte
+	if _, err := io.ReadFull(tc, chal[:]); err != nil {
 		return fmt.Errorf("refused, or no answer to the authenticated hello (does node %d have the same cluster secret, and may this node dial it?): %w", peer, err)
 	}
-	nonce, mac, err := auth.DecodeChallenge(ch[:])
+	nonce, mac, err := auth.DecodeChallenge(chal[:])
 	if err != nil {
 		return err
 	}

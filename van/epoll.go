@@ -72,6 +72,7 @@ type epConn struct {
 	cut    cutter
 	clock  recvClock
 	peer   *peer     // set before the receiver sees the connection
+	ch     int       // which of the peer's channels
 	expiry time.Time // mid-frame: closed if no byte arrives by then
 
 	// fdMu keeps wfd from being closed (and its number reused) under a
@@ -179,37 +180,58 @@ func ownFD(sc syscall.Conn) (int, error) {
 func (v *epollVan) Addr() string { return v.addr }
 
 func (v *epollVan) Dial(ctx context.Context, id node.ID, addr string) error {
-	tc, err := v.dial(ctx, id, addr)
+	tcs, err := v.dial(ctx, id, addr)
 	if err != nil {
 		return err
 	}
-	fd, err := ownFD(tc)
-	tc.Close()
-	if err == nil {
-		if err = limitUnsent(fd, v.cfg.UnsentBytes); err != nil {
-			unix.Close(fd)
+	conns := make([]*epConn, 0, len(tcs))
+	closeAll := func() {
+		for _, c := range conns {
+			unix.Close(c.fd)
 		}
 	}
-	if err != nil {
-		return fmt.Errorf("van: dial node %d at %s: %w", id, addr, err)
+	for _, tc := range tcs {
+		fd, err := ownFD(tc)
+		tc.Close()
+		if err == nil {
+			if err = limitUnsent(fd, v.cfg.UnsentBytes); err != nil {
+				unix.Close(fd)
+			}
+		}
+		if err != nil {
+			closeAll()
+			for _, tc := range tcs[len(conns)+1:] {
+				tc.Close()
+			}
+			return fmt.Errorf("van: dial node %d at %s: %w", id, addr, err)
+		}
+		conns = append(conns, newEpConn(fd, v.epfd, addr, v.newCutter(id, true)))
 	}
-	c := newEpConn(fd, v.epfd, addr, v.newCutter(id, true))
-	p, err := v.addPeer(id, c)
+	links := make([]link, len(conns))
+	for i, c := range conns {
+		links[i] = c
+	}
+	p, err := v.addPeer(id, links)
 	if err != nil {
-		unix.Close(fd)
+		closeAll()
 		return err
 	}
-	c.peer = p
-	p.st.SentBytes.Add(frame.HeaderSize)
-	p.st.SentFrames.Add(1)
-	// Hand the connection to the receiver, which registers it.
+	for i, c := range conns {
+		c.peer, c.ch = p, i
+	}
+	p.st.SentBytes.Add(uint64(len(conns)) * frame.HeaderSize)
+	p.st.SentFrames.Add(uint64(len(conns)))
+	// Hand the connections to the receiver, which registers them.
 	v.reqMu.Lock()
 	if v.stopping {
 		v.reqMu.Unlock()
-		c.close()
+		for _, c := range conns {
+			c.close()
+			v.endChannel(p, c.ch, ErrClosed)
+		}
 		return ErrClosed
 	}
-	v.adds = append(v.adds, c)
+	v.adds = append(v.adds, conns...)
 	v.reqMu.Unlock()
 	v.wake()
 	return nil
@@ -433,7 +455,7 @@ func (v *epollVan) handshake(fd int, remote string) {
 		nc.Close()
 		return
 	}
-	peer, err := v.acceptHello(nc)
+	peer, ch, err := v.acceptHello(nc)
 	v.trackHandshake(nc, false)
 	if err != nil {
 		nc.Close()
@@ -460,22 +482,26 @@ func (v *epollVan) handshake(fd int, remote string) {
 		v.log.Warn("van: accepted connection", "err", err)
 	}
 	c := newEpConn(nfd, v.epfd, remote, v.newCutter(peer, true))
-	p, err := v.addPeer(peer, c)
+	p, err := v.join(peer, ch, c)
 	if err != nil {
 		unix.Close(nfd)
 		if !errors.Is(err, ErrClosed) {
-			v.refused(remote, reject("duplicate", "%w", err))
+			var r *rejection
+			if !errors.As(err, &r) {
+				err = reject("duplicate", "%w", err)
+			}
+			v.refused(remote, err)
 		}
 		return
 	}
-	c.peer = p
+	c.peer, c.ch = p, ch
 	p.st.ReceivedBytes.Add(frame.HeaderSize)
 	p.st.ReceivedFrames.Add(1)
 	v.reqMu.Lock()
 	if v.stopping {
 		v.reqMu.Unlock()
 		c.close()
-		v.dropPeer(p, ErrClosed)
+		v.endChannel(p, ch, ErrClosed)
 		return
 	}
 	v.adds = append(v.adds, c)
@@ -544,7 +570,7 @@ func (v *epollVan) serve(c *epConn) {
 		c.peer.st.ReceivedBytes.Add(uint64(n))
 		c.clock.read(c.peer.st, c.cut.midFrame())
 		if h != nil {
-			v.onFrame(c.peer, h, payload, c.cut.inPlace())
+			v.onFrame(c.peer, c.ch, h, payload, c.cut.inPlace())
 			if frames--; frames == 0 {
 				return
 			}
@@ -581,7 +607,7 @@ func (v *epollVan) drop(c *epConn, err error) {
 	}
 	delete(v.pending, c)
 	c.close()
-	v.dropPeer(c.peer, err)
+	v.endChannel(c.peer, c.ch, err)
 }
 
 // shutdown closes everything the receiver owns; it runs as it exits.

@@ -5,3 +5,6 @@ var (
 	ErrProtocol = errProtocol
 	ErrStalled  = errStalled
 )
+
+// ChannelOf is channelOf, for the tests of package van_test.
+var ChannelOf = channelOf

@@ -86,16 +86,17 @@ func (c *core) refused(remote string, err error) {
 }
 
 // acceptHello runs an accepted connection's handshake on a blocking
-// net.Conn, within HandshakeTimeout, and returns the peer it proved to be.
+// net.Conn, within HandshakeTimeout, and returns the peer it proved to be
+// and the channel the connection is.
 // It reads exactly the handshake's bytes, so that the first frame is left
 // in the socket for the receiver. Without a key it is the plain Hello.
-func (c *core) acceptHello(nc net.Conn) (node.ID, error) {
+func (c *core) acceptHello(nc net.Conn) (node.ID, int, error) {
 	if err := nc.SetDeadline(time.Now().Add(c.cfg.HandshakeTimeout)); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	var hdr [frame.HeaderSize]byte
 	if _, err := io.ReadFull(nc, hdr[:]); err != nil {
-		return 0, reject("handshake", "no hello within %v: %w", c.cfg.HandshakeTimeout, err)
+		return 0, 0, reject("handshake", "no hello within %v: %w", c.cfg.HandshakeTimeout, err)
 	}
 	key := c.cfg.HelloKey
 	var wantLen uint64
@@ -104,51 +105,60 @@ func (c *core) acceptHello(nc net.Conn) (node.ID, error) {
 	}
 	h, err := frame.Decode(hdr[:], auth.NonceSize)
 	if err != nil {
-		return 0, reject("protocol", "hello: %w", err)
+		return 0, 0, reject("protocol", "hello: %w", err)
 	}
 	self := c.selfID()
 	switch {
 	case h.Type != frame.Hello:
-		return 0, reject("protocol", "first frame is %s, want hello", h.Type)
+		return 0, 0, reject("protocol", "first frame is %s, want hello", h.Type)
 	case self == 0:
-		return 0, reject("early", "hello from node %d before this node has an id", h.Sender)
+		return 0, 0, reject("early", "hello from node %d before this node has an id", h.Sender)
 	case node.ID(h.Recipient) != self:
-		return 0, reject("protocol", "hello for node %d arrived at node %d", h.Recipient, self)
+		return 0, 0, reject("protocol", "hello for node %d arrived at node %d", h.Recipient, self)
 	case h.Sender == 0 || node.ID(h.Sender) == self:
-		return 0, reject("protocol", "hello from invalid node id %d", h.Sender)
+		return 0, 0, reject("protocol", "hello from invalid node id %d", h.Sender)
 	case h.Length != wantLen && wantLen == 0:
-		return 0, reject("auth", "node %d offers an authenticated hello; this node has no cluster secret", h.Sender)
+		return 0, 0, reject("auth", "node %d offers an authenticated hello; this node has no cluster secret", h.Sender)
 	case h.Length != wantLen:
-		return 0, reject("auth", "node %d sent a plain hello; this node requires the cluster secret (FPT_CLUSTER_SECRET)", h.Sender)
+		return 0, 0, reject("auth", "node %d sent a plain hello; this node requires the cluster secret (FPT_CLUSTER_SECRET)", h.Sender)
 	}
 	peer := node.ID(h.Sender)
 	if c.cfg.Admit != nil {
 		if reason := c.cfg.Admit(peer); reason != "" {
-			return 0, reject(reason, "hello from node %d, which may not dial this node (%s)", peer, reason)
+			return 0, 0, reject(reason, "hello from node %d, which may not dial this node (%s)", peer, reason)
 		}
+	}
+	// A Hello names its channel and how many the dialler opens (0 from a
+	// node that knows of one only).
+	ch, n := int(h.Partition), max(int(h.Aux), 1)
+	switch {
+	case n != c.cfg.Channels:
+		return 0, 0, reject("channels", "node %d opens %d channels per peer, this node expects %d (FPT_CHANNELS must be the same on every node)", peer, n, c.cfg.Channels)
+	case ch >= n:
+		return 0, 0, reject("protocol", "hello from node %d for channel %d of %d", peer, ch, n)
 	}
 	if len(key) > 0 {
 		t := auth.Transcript{DialerID: uint32(peer), AcceptorID: uint32(self)}
 		if _, err := io.ReadFull(nc, t.DialerNonce[:]); err != nil {
-			return 0, reject("handshake", "hello nonce from node %d: %w", peer, err)
+			return 0, 0, reject("handshake", "hello nonce from node %d: %w", peer, err)
 		}
 		if _, err := rand.Read(t.AcceptorNonce[:]); err != nil {
-			return 0, fmt.Errorf("van: nonce: %w", err)
+			return 0, 0, fmt.Errorf("van: nonce: %w", err)
 		}
-		ch := auth.EncodeChallenge(t.AcceptorNonce, t.MAC(key, auth.Acceptor))
-		if _, err := nc.Write(ch[:]); err != nil {
-			return 0, reject("handshake", "challenge to node %d: %w", peer, err)
+		chal := auth.EncodeChallenge(t.AcceptorNonce, t.MAC(key, auth.Acceptor))
+		if _, err := nc.Write(chal[:]); err != nil {
+			return 0, 0, reject("handshake", "challenge to node %d: %w", peer, err)
 		}
 		var mac [auth.MACSize]byte
 		if _, err := io.ReadFull(nc, mac[:]); err != nil {
-			return 0, reject("auth", "no answer from node %d to the challenge (wrong secret?): %w", peer, err)
+			return 0, 0, reject("auth", "no answer from node %d to the challenge (wrong secret?): %w", peer, err)
 		}
 		if err := t.Verify(key, auth.Dialer, mac[:]); err != nil {
-			return 0, reject("auth", "node %d: %w", peer, err)
+			return 0, 0, reject("auth", "node %d: %w", peer, err)
 		}
 	}
 	if err := nc.SetDeadline(time.Time{}); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return peer, nil
+	return peer, ch, nil
 }

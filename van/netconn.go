@@ -42,6 +42,7 @@ type ncConn struct {
 	cut    cutter
 	clock  recvClock
 	peer   *peer
+	ch     int // which of the peer's channels
 }
 
 func newNetConn(cfg Config) (Transport, error) {
@@ -64,25 +65,41 @@ func newNetConn(cfg Config) (Transport, error) {
 func (v *netConnVan) Addr() string { return v.addr }
 
 func (v *netConnVan) Dial(ctx context.Context, id node.ID, addr string) error {
-	tc, err := v.dial(ctx, id, addr)
+	tcs, err := v.dial(ctx, id, addr)
 	if err != nil {
 		return err
 	}
-	if err := limitUnsentConn(tc, v.cfg.UnsentBytes); err != nil {
-		tc.Close()
-		return fmt.Errorf("van: dial node %d at %s: %w", id, addr, err)
+	closeAll := func() {
+		for _, tc := range tcs {
+			tc.Close()
+		}
 	}
-	c := &ncConn{tc: tc, remote: addr, cut: v.newCutter(id, true)}
-	p, err := v.addPeer(id, c)
+	conns := make([]*ncConn, len(tcs))
+	links := make([]link, len(tcs))
+	for i, tc := range tcs {
+		if err := limitUnsentConn(tc, v.cfg.UnsentBytes); err != nil {
+			closeAll()
+			return fmt.Errorf("van: dial node %d at %s: %w", id, addr, err)
+		}
+		conns[i] = &ncConn{tc: tc, remote: addr, cut: v.newCutter(id, true), ch: i}
+		links[i] = conns[i]
+	}
+	p, err := v.addPeer(id, links)
 	if err != nil {
-		tc.Close()
+		closeAll()
 		return err
 	}
-	c.peer = p
-	p.st.SentBytes.Add(frame.HeaderSize)
-	p.st.SentFrames.Add(1)
-	if !v.start(c) {
-		v.dropPeer(p, ErrClosed)
+	p.st.SentBytes.Add(uint64(len(conns)) * frame.HeaderSize)
+	p.st.SentFrames.Add(uint64(len(conns)))
+	closed := false
+	for _, c := range conns {
+		c.peer = p
+		if !v.start(c) {
+			v.endChannel(p, c.ch, ErrClosed)
+			closed = true
+		}
+	}
+	if closed {
 		return ErrClosed
 	}
 	return nil
@@ -157,24 +174,25 @@ func (v *netConnVan) read(c *ncConn) {
 	v.mu.Lock()
 	delete(v.conns, c)
 	v.mu.Unlock()
-	v.dropPeer(c.peer, err)
+	v.endChannel(c.peer, c.ch, err)
 }
 
 // introduce runs an accepted connection's handshake and makes it a peer.
 func (v *netConnVan) introduce(c *ncConn) error {
-	id, err := v.acceptHello(c.tc)
+	id, ch, err := v.acceptHello(c.tc)
 	if err != nil {
 		return err
 	}
 	c.cut = v.newCutter(id, true)
-	p, err := v.addPeer(id, c)
+	p, err := v.join(id, ch, c)
 	if err != nil {
-		if errors.Is(err, ErrClosed) {
+		var r *rejection
+		if errors.Is(err, ErrClosed) || errors.As(err, &r) {
 			return err
 		}
 		return reject("duplicate", "%w", err)
 	}
-	c.peer = p
+	c.peer, c.ch = p, ch
 	p.st.ReceivedBytes.Add(frame.HeaderSize)
 	p.st.ReceivedFrames.Add(1)
 	return nil
@@ -203,7 +221,7 @@ func (v *netConnVan) readLoop(c *ncConn) error {
 			c.peer.st.ReceivedBytes.Add(uint64(n))
 			c.clock.read(c.peer.st, c.cut.midFrame())
 			if h != nil {
-				v.onFrame(c.peer, h, payload, c.cut.inPlace())
+				v.onFrame(c.peer, c.ch, h, payload, c.cut.inPlace())
 			}
 		}
 		switch {

@@ -156,6 +156,10 @@ type PeerStats struct {
 	ReceivedCopiedBytes  uint64 // payload bytes read into the van's buffer
 	SentBusy             time.Duration
 	ReceivedBusy         time.Duration
+	// Channels is the connections (Config.Channels) the peer has, or had
+	// when it was last connected; 0 from a van without connections
+	// (van/memvan).
+	Channels int
 }
 
 // Config configures a Transport.
@@ -202,9 +206,14 @@ type Config struct {
 	// connections counter). It must not block.
 	OnReject func(reason string)
 	// HandshakeTimeout bounds an accepted connection's whole handshake
-	// (and a dialled one's wait for the challenge). Default
+	// (and a dialled one's wait for the challenge), and how long a peer's
+	// first accepted channel waits for the others. Default
 	// DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
+	// Channels is the connections per pair of nodes (FPT_CHANNELS), 1 to
+	// MaxChannels; every node of a cluster must use the same. Default
+	// DefaultChannels. See channels.go. The in-memory van ignores it.
+	Channels int
 }
 
 // Defaults.
@@ -256,6 +265,12 @@ func New(kind string, cfg Config) (Transport, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.Channels == 0 {
+		cfg.Channels = DefaultChannels
+	}
+	if err := checkChannels(cfg.Channels); err != nil {
+		return nil, err
 	}
 	switch kind {
 	case KindEpoll, "":

@@ -48,6 +48,8 @@ func Run(t *testing.T, network func() Listen) {
 		{"ShapingSwitch", testShapingSwitch},
 		{"Auth", testAuth},
 		{"HelloBeforeID", testHelloBeforeID},
+		{"Channels", testChannels},
+		{"ChannelsGracefulClose", testChannelsGracefulClose},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, network()) })
@@ -299,6 +301,13 @@ func testRoundTrip(t *testing.T, l Listen) {
 			}
 		}
 		sa[0].SentBusy, sa[0].ReceivedBusy, sb[0].SentBusy, sb[0].ReceivedBusy = 0, 0, 0, 0
+		// One connection, or none on a van without them.
+		for _, st := range []*van.PeerStats{&sa[0], &sb[0]} {
+			if st.Channels > 1 {
+				return fmt.Errorf("%d channels by default: %+v", st.Channels, *st)
+			}
+			st.Channels = 0
+		}
 		// One Hello from a to b on top of the data frames, as on TCP.
 		// The collector has no sink: every payload is copied.
 		want := van.PeerStats{Peer: 9, SentBytes: total + frame.HeaderSize, ReceivedBytes: total, SentFrames: uint64(len(sizes)) + 1, ReceivedFrames: uint64(len(sizes)), ReceivedCopiedBytes: payload}
@@ -637,4 +646,120 @@ func testShapingSwitch(t *testing.T, l Listen) {
 	a.SetWeight(9, 1)
 	cb.WaitFrames(t, 3)
 	queued(0)
+}
+
+// channelsMod gives a van 4 channels per peer (Config.Channels).
+func channelsMod(c *van.Config) { c.Channels = 4 }
+
+// testChannels: with several channels per pair, every frame still arrives
+// whole, once, and in the order the layers above rely on: one partition's
+// frames in the order sent, and every frame that is not FPT tensor traffic
+// in the order sent, in both directions at once, large frames among small.
+func testChannels(t *testing.T, l Listen) {
+	a, ca := NewVan(t, l, 8, channelsMod)
+	b, cb := NewVan(t, l, 9, channelsMod)
+	Connect(t, a, 8, b, 9)
+	const keys, parts, iters = 3, 5, 4
+	send := func(v van.Transport, from, to node.ID) int {
+		n := 0
+		for it := range uint64(iters) {
+			for k := range uint64(keys) {
+				for p := range uint32(parts) {
+					size := 4 * int(1+(k*131+uint64(p)*977+it*31)%4096)
+					if p == 2 && it == 1 {
+						size = 1 << 20
+					}
+					h := wiretest.PushHeader(from, to, k, size)
+					h.Partition, h.Iteration = p, it
+					if k == 1 {
+						h.Type = frame.Result
+					}
+					pl := make([]byte, size)
+					wiretest.Fill(pl, channelSeed(&h))
+					if err := v.Send(&frame.Message{Header: h, Payload: pl}); err != nil {
+						t.Error(err)
+						return n
+					}
+					n++
+				}
+				// Classic and App frames, whose order is one stream.
+				h := frame.Header{Type: frame.App, Sender: uint32(from), Recipient: uint32(to), Iteration: it*keys + k}
+				if err := v.Send(&frame.Message{Header: h, Payload: []byte{byte(k)}}); err != nil {
+					t.Error(err)
+					return n
+				}
+				h = frame.Header{Type: frame.KVAck, Sender: uint32(from), Recipient: uint32(to), Key: k + 100, Iteration: it*keys + k}
+				if err := v.Send(&frame.Message{Header: h}); err != nil {
+					t.Error(err)
+					return n
+				}
+				n += 2
+			}
+		}
+		return n
+	}
+	var wg sync.WaitGroup
+	var nb int
+	wg.Go(func() { nb = send(b, 9, 8) })
+	na := send(a, 8, 9)
+	wg.Wait()
+	for _, tc := range []struct {
+		c    *Collector
+		n    int
+		from node.ID
+	}{{cb, na, 8}, {ca, nb, 9}} {
+		got := tc.c.WaitFrames(t, tc.n)
+		if len(got) != tc.n {
+			t.Fatalf("%d frames from %d, want %d", len(got), tc.from, tc.n)
+		}
+		nextIter := map[[2]uint64]uint64{}
+		var nextOther uint64
+		var others int
+		for _, f := range got {
+			h := &f.Header
+			switch h.Type {
+			case frame.Push, frame.Result:
+				kp := [2]uint64{h.Key, uint64(h.Partition)}
+				if h.Iteration != nextIter[kp] {
+					t.Fatalf("from %d: key %d partition %d: iteration %d arrived when %d was due", tc.from, h.Key, h.Partition, h.Iteration, nextIter[kp])
+				}
+				nextIter[kp]++
+				if at := wiretest.Check(f.Payload, channelSeed(h)); at >= 0 {
+					t.Fatalf("from %d: %v: content differs at byte %d", tc.from, h, at)
+				}
+			default:
+				if h.Iteration != nextOther {
+					t.Fatalf("from %d: %v arrived when iteration %d of the classic and App frames was due", tc.from, h, nextOther)
+				}
+				if others++; others%2 == 0 {
+					nextOther++
+				}
+			}
+		}
+	}
+}
+
+func channelSeed(h *frame.Header) uint64 {
+	return uint64(h.Sender)<<48 | h.Key<<32 | uint64(h.Partition)<<16 | h.Iteration
+}
+
+// testChannelsGracefulClose: a node that closes says Bye on every channel
+// after its last frame there; the peer gets every frame and sees no loss.
+func testChannelsGracefulClose(t *testing.T, l Listen) {
+	a, ca := NewVan(t, l, 8, channelsMod)
+	b, cb := NewVan(t, l, 9, channelsMod)
+	Connect(t, a, 8, b, 9)
+	const n = 64
+	for i := range uint32(n) {
+		h := wiretest.PushHeader(8, 9, uint64(i%3), 1<<14)
+		h.Partition = i
+		if err := a.Send(&frame.Message{Header: h, Payload: make([]byte, 1<<14)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cb.WaitFrames(t, n)
+	leftSayingBye(t, b, ca, cb, "Close")
 }

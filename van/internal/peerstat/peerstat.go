@@ -15,6 +15,7 @@ type Counters struct {
 	SentBytes, ReceivedBytes, SentFrames, ReceivedFrames atomic.Uint64
 	ReceivedInPlace, ReceivedCopied                      atomic.Uint64 // payload bytes
 	SentBusy, ReceivedBusy                               atomic.Int64  // nanoseconds
+	Channels                                             atomic.Int32  // connections of the latest
 }
 
 // Snapshot is one peer's counters at a moment. It has the fields of
@@ -29,6 +30,7 @@ type Snapshot struct {
 	ReceivedCopiedBytes  uint64
 	SentBusy             time.Duration
 	ReceivedBusy         time.Duration
+	Channels             int
 }
 
 // Table is the counters of every peer a van has had. It is not safe for
@@ -60,6 +62,7 @@ func (t Table) Snapshots() []Snapshot {
 			ReceivedCopiedBytes:  c.ReceivedCopied.Load(),
 			SentBusy:             time.Duration(c.SentBusy.Load()),
 			ReceivedBusy:         time.Duration(c.ReceivedBusy.Load()),
+			Channels:             int(c.Channels.Load()),
 		})
 	}
 	slices.SortFunc(out, func(a, b Snapshot) int { return int(int64(a.Peer) - int64(b.Peer)) })
