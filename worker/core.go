@@ -239,6 +239,10 @@ type request struct {
 	// redirects (KVMoved) is sent again as it was.
 	frames []frame.Message
 	rng    *rangePull
+	// key and iter are an FPTPush's or FPTPull's first key and its
+	// iteration (the timeline's), with fpt set; classic requests have none.
+	key, iter, bytes uint64
+	fpt              bool
 }
 
 // call is the shell's half of a request, which the core only carries.
