@@ -562,6 +562,14 @@ func (c *core) lookup(ts int) (*request, error) {
 	return nil, c.collect(ts)
 }
 
+// settled is Test: whether request ts is released (its callback returned).
+func (c *core) settled(ts int) (bool, error) {
+	if ts <= 0 || ts > c.lastTS {
+		return false, fmt.Errorf("worker: Test(%d): %w", ts, ErrNoRequest)
+	}
+	return c.requests[ts] == nil, nil
+}
+
 // collect returns request ts's error to the first caller that asks.
 func (c *core) collect(ts int) error {
 	err := c.errs[ts]

@@ -370,6 +370,15 @@ func (w *Worker) Wait(ts int) error {
 	return err
 }
 
+// Test reports, without blocking, whether request ts has settled and its
+// callback returned: a Wait on it would return at once. A timestamp no
+// call returned is ErrNoRequest.
+func (w *Worker) Test(ts int) (bool, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.c.settled(ts)
+}
+
 // DecisionVersion is the version of the latest LB decision this worker has
 // received (0: the initial even split over the servers).
 func (w *Worker) DecisionVersion() uint32 {
