@@ -515,6 +515,28 @@ func (l *Lib) Wait(ts int) error {
 	return requestErr(ts, err)
 }
 
+// Test reports, without blocking, whether request ts has settled and its
+// callback returned (Wait would return at once).
+func (l *Lib) Test(ts int) (bool, error) {
+	const op = "fpt_test"
+	l.mu.Lock()
+	st, w := l.state, l.w
+	if st != running && st != finalizing {
+		err := l.stateErr(op)
+		l.mu.Unlock()
+		return false, err
+	}
+	l.mu.Unlock()
+	if w == nil {
+		return false, fail(CodeArg, op, "no request %d", ts)
+	}
+	done, err := w.Test(ts)
+	if err != nil {
+		return false, fail(CodeArg, op, "no request %d", ts)
+	}
+	return done, nil
+}
+
 // Barrier waits for every worker to call it.
 func (l *Lib) Barrier() error {
 	const op = "fpt_barrier"

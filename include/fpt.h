@@ -290,6 +290,14 @@ int fpt_pull(const uint64_t* keys, size_t num_keys, void* vals, const uint64_t* 
  */
 int fpt_wait(int64_t ts);
 
+/*
+ * Without blocking, sets *done to 1 if request ts has completed and its
+ * callback returned (fpt_wait(ts) would return at once), else 0. A
+ * program that waits with fpt_wait needs no callback: with cb NULL a
+ * request's completion wakes its fpt_wait directly, on no other thread.
+ */
+int fpt_test(int64_t ts, int* done);
+
 /* Blocks until every worker has called it (ps-lite's barrier over the
  * worker group). */
 int fpt_barrier(void);

@@ -378,6 +378,42 @@ func TestPythonExchangeAgainstGloo(t *testing.T) {
 	t.Logf("%s", out)
 }
 
+// exchange.py --breakdown traces an fpt run and prints fpt trace
+// breakdown of worker 0's steps: every timed step, each segment measured,
+// the Python step spans joined to the worker's.
+func TestPythonExchangeBreakdown(t *testing.T) {
+	py := needPython(t)
+	cmd := exec.Command(py.python, "../examples/pytorch/exchange.py", "--breakdown", "--sizes", "4K", "--workers", "2",
+		"--steps", "5", "--warmup", "1", "--json")
+	cmd.Env = append(os.Environ(), py.env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("exchange.py --breakdown: %v\n%s", err, tail(string(out)))
+	}
+	var row struct {
+		Worker   int      `json:"worker"`
+		Bytes    int      `json:"bytes"`
+		Segments []string `json:"segments"`
+		Median   []int64  `json:"median_us"`
+		Steps    []struct {
+			Iteration uint64 `json:"iteration"`
+		} `json:"steps"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimSpace(string(out))), &row); err != nil {
+		t.Fatalf("exchange.py --breakdown printed no JSON row: %v\n%s", err, out)
+	}
+	if row.Worker != 9 || row.Bytes != 4096 || len(row.Steps) != 5 || row.Steps[0].Iteration != 2 {
+		t.Errorf("breakdown of worker %d, %d bytes, %d steps from iteration %v; want worker 9, 4096, 5 from 2:\n%s",
+			row.Worker, row.Bytes, len(row.Steps), row.Steps, out)
+	}
+	for i, m := range row.Median {
+		if m < 0 {
+			t.Errorf("segment %q not measured", row.Segments[i])
+		}
+	}
+	t.Logf("%s", out)
+}
+
 func mean(xs []float64) float64 {
 	s := 0.0
 	for _, x := range xs {

@@ -46,12 +46,16 @@ func readTrace(t *testing.T, path string) []traceEvent {
 		if e.Name == "" || e.Ph == "" || e.Pid == nil || e.Tid == nil {
 			t.Fatalf("%s: event %d lacks name, ph, pid or tid: %+v", path, i, e)
 		}
-		if e.Ph == "X" && (e.Ts == nil || e.Dur == nil || *e.Dur < 0 || e.Args.Key == nil || e.Args.LB == nil) {
+		if e.Ph == "X" && (e.Ts == nil || e.Dur == nil || *e.Dur < 0 || e.Args.Key == nil || e.Args.LB == nil && !perRequest(e.Name)) {
 			t.Fatalf("%s: span %d lacks ts, dur, key or lb_version: %+v", path, i, e)
 		}
 	}
 	return evs
 }
+
+// perRequest reports whether a span is an FPTPush's or FPTPull's (call,
+// settle, wait), not a partition's.
+func perRequest(name string) bool { return name == "call" || name == "settle" || name == "wait" }
 
 type partIter struct {
 	key  uint64
@@ -84,6 +88,7 @@ func TestTraceTimeline(t *testing.T) {
 	perFile := 0
 	var paths []string
 	workerPids := map[int]bool{}
+	requests := map[string]int{} // file and per-request phase → spans
 	for _, f := range files {
 		path := filepath.Join(dir, f+".json")
 		paths = append(paths, path)
@@ -97,6 +102,10 @@ func TestTraceTimeline(t *testing.T) {
 				}
 			}
 			if e.Ph != "X" {
+				continue
+			}
+			if perRequest(e.Name) {
+				requests[f+" "+e.Name]++
 				continue
 			}
 			perFile++
@@ -173,7 +182,7 @@ func TestTraceTimeline(t *testing.T) {
 	}
 	merged := map[spanKey]traceEvent{}
 	for _, e := range readTrace(t, out) {
-		if e.Ph == "X" {
+		if e.Ph == "X" && !perRequest(e.Name) {
 			merged[spanKey{*e.Pid, e.Name, partIter{*e.Args.Key, e.Args.Partition, e.Args.Iteration}}] = e
 		}
 	}
@@ -192,6 +201,25 @@ func TestTraceTimeline(t *testing.T) {
 				t.Errorf("%+v on worker pid %d: push at %v, aggregate ends %v, pull ends %v: not in causal order", p, pid, *push.Ts, end(a), end(pull))
 			}
 		}
+	}
+	// Every traced iteration's calls settled, and the breakdown reads
+	// worker 0's steps from the files.
+	for _, w := range []string{"worker0", "worker1"} {
+		if n := requests[w+" call"]; n == 0 || n != requests[w+" settle"] {
+			t.Errorf("%s: %d call and %d settle spans", w, n, requests[w+" settle"])
+		}
+	}
+	msg, err := exec.Command(bin.fpt, append([]string{"trace", "breakdown", "-json"}, paths...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("fpt trace breakdown: %v\n%s", err, msg)
+	}
+	var b struct {
+		Steps []struct {
+			Iteration uint64 `json:"iteration"`
+		} `json:"steps"`
+	}
+	if err := json.Unmarshal(msg, &b); err != nil || len(b.Steps) != last-first+1 || b.Steps[0].Iteration != first {
+		t.Errorf("fpt trace breakdown: %v; want iterations %d-%d:\n%s", err, first, last, msg)
 	}
 	if info, err := os.Stat(out); err == nil {
 		t.Logf("%d partitions × %d iterations traced; merged trace %d bytes", len(aggOf)/(last-first+1), last-first+1, info.Size())

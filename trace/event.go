@@ -22,10 +22,24 @@ const (
 	// Pull is a worker receiving the sum: from the Result frame's header
 	// arriving until its bytes landed in the FPTPull's buffer (or staging).
 	Pull
+	// Call is a worker's FPTPush or FPTPull call (a request, not a
+	// partition): from entering the worker until it returned to the caller,
+	// its frames queued.
+	Call
+	// Settle is a request completing: from the worker finding it done (its
+	// last frame written, or its last sum landed) until its waiters were
+	// released, after its callback returned.
+	Settle
+	// Wait is a Wait on a request: from the call until it returned.
+	Wait
 	numPhases
 )
 
-var phaseNames = [numPhases]string{"push", "aggregate", "pull"}
+var phaseNames = [numPhases]string{"push", "aggregate", "pull", "call", "settle", "wait"}
+
+// perRequest reports whether p is measured on a request (Call, Settle,
+// Wait) rather than on one partition's frame.
+func (p Phase) perRequest() bool { return p >= Call && p < numPhases }
 
 func (p Phase) String() string {
 	if p < numPhases {
@@ -60,6 +74,9 @@ type Span struct {
 	// split over the servers).
 	Version    uint32
 	Start, End int64 // Unix time, microseconds
+	// PullOp is, for a per-request phase, whether the request is an
+	// FPTPull (false: an FPTPush).
+	PullOp bool
 }
 
 // spanOf is the span of a frame's partition.
@@ -81,6 +98,7 @@ type track struct {
 	phase     Phase
 	key       uint64
 	partition uint32
+	pull      bool // a per-request phase's FPTPull
 }
 
 // appendSpan encodes s as a Chrome trace "X" (complete) event of process
@@ -101,6 +119,11 @@ func appendSpan(b []byte, pid, tid int, s *Span) []byte {
 	b = strconv.AppendUint(b, s.Iteration, 10)
 	b = append(b, `,"bytes":`...)
 	b = strconv.AppendUint(b, s.Bytes, 10)
+	if s.Phase.perRequest() {
+		b = append(b, `,"op":"`...)
+		b = append(b, opName(s.PullOp)...)
+		return append(b, `"}}`...)
+	}
 	if s.Phase == Aggregate {
 		b = append(b, `,"aggregator":`...)
 		b = strconv.AppendInt(b, int64(pid), 10)
@@ -130,8 +153,12 @@ func appendDecision(b []byte, pid int, ts int64, v uint32) []byte {
 // appendThreadName names a track (Chrome's "thread_name" metadata) and
 // fixes its place among the node's rows.
 func appendThreadName(b []byte, pid, tid int, t track) []byte {
-	name := append(strconv.AppendUint([]byte("key "), t.key, 10), " part "...)
-	name = append(strconv.AppendUint(name, uint64(t.partition), 10), ' ')
+	name := strconv.AppendUint([]byte("key "), t.key, 10)
+	if t.phase.perRequest() {
+		name = append(append(append(name, ' '), opName(t.pull)...), ' ')
+	} else {
+		name = append(strconv.AppendUint(append(name, " part "...), uint64(t.partition), 10), ' ')
+	}
 	name = append(name, t.phase.String()...)
 	b = appendMeta(b, "thread_name", pid, tid, "name", string(name))
 	b = append(b, ",\n"...)
@@ -140,6 +167,14 @@ func appendThreadName(b []byte, pid, tid int, t track) []byte {
 	b = append(b, `,"args":{"sort_index":`...)
 	b = strconv.AppendInt(b, int64(tid), 10)
 	return append(b, "}}"...)
+}
+
+// opName names a request's operation.
+func opName(pull bool) string {
+	if pull {
+		return "pull"
+	}
+	return "push"
 }
 
 // appendMeta encodes a metadata event with one string argument.

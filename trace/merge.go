@@ -6,8 +6,10 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"slices"
 )
@@ -149,11 +151,18 @@ func parseEvents(data []byte) ([]json.RawMessage, error) {
 }
 
 const mergeUsage = `usage: fpt trace merge OUT.json IN.json [IN.json ...]
+       fpt trace breakdown [-worker ID] [-json] IN.json [IN.json ...]
 
-Combines the trace files that FPT_TRACE_FILE made on the workers and
+merge combines the trace files that FPT_TRACE_FILE made on the workers and
 servers into one timeline (load it in https://ui.perfetto.dev or
 chrome://tracing). The files' timestamps are Unix microseconds: they line
 up as they are when the nodes' clocks agree (one machine; NTP or PTP).
+
+breakdown reads the same files (or a merged one) and prints where one
+worker's steps spent their time: the critical path from its first
+FPTPush call to its last Wait (from the program's own "step" spans when a
+file has them, as examples/pytorch/exchange.py --breakdown writes),
+median and 90th percentile per segment (docs/latency.md).
 `
 
 // Main is "fpt trace": args are what follows it. It returns the exit code.
@@ -161,6 +170,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help" || args[0] == "help") {
 		fmt.Fprint(stdout, mergeUsage)
 		return 0
+	}
+	if len(args) > 0 && args[0] == "breakdown" {
+		return breakdownMain(args[1:], stdout, stderr)
 	}
 	if len(args) < 3 || args[0] != "merge" {
 		fmt.Fprint(stderr, mergeUsage)
@@ -198,5 +210,43 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stdout, "fpt trace merge: %d events of %d nodes from %d files into %s\n", st.Events, st.Nodes, len(inputs), out)
+	return 0
+}
+
+// breakdownMain is "fpt trace breakdown".
+func breakdownMain(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("fpt trace breakdown", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	worker := fs.Uint("worker", 0, "the worker's node id (default: the one the step spans are of, else the lowest)")
+	asJSON := fs.Bool("json", false, "print the breakdown, every step included, as JSON")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() == 0 || *worker > math.MaxUint32 {
+		fmt.Fprint(stderr, mergeUsage)
+		return 2
+	}
+	var inputs []Input
+	for _, n := range fs.Args() {
+		data, err := os.ReadFile(n)
+		if err != nil {
+			fmt.Fprintf(stderr, "fpt trace breakdown: %v\n", err)
+			return 1
+		}
+		inputs = append(inputs, Input{n, data})
+	}
+	b, err := Analyze(inputs, uint32(*worker))
+	if err != nil {
+		fmt.Fprintf(stderr, "%v\n", err)
+		return 1
+	}
+	if *asJSON {
+		if err := json.NewEncoder(stdout).Encode(b); err != nil {
+			fmt.Fprintf(stderr, "fpt trace breakdown: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	b.Print(stdout)
 	return 0
 }

@@ -158,6 +158,25 @@ func (r *Recorder) End(p Phase, h *frame.Header) {
 	r.mu.Unlock()
 }
 
+// Now is the recorder's clock (Unix microseconds), for a span a caller
+// measures itself and gives to Request; 0 on a nil recorder.
+func (r *Recorder) Now() int64 {
+	if r == nil {
+		return 0
+	}
+	return r.now()
+}
+
+// Request records per-request phase p (Call, Settle, Wait) of an FPTPush
+// or FPTPull (pull) of iteration iter whose first key is key, from start
+// (Now) until now.
+func (r *Recorder) Request(p Phase, key, iter, bytes uint64, pull bool, start int64) {
+	if r == nil || !p.perRequest() || !r.window.Contains(iter) {
+		return
+	}
+	r.Record(Span{Phase: p, Key: key, Iteration: iter, Bytes: bytes, PullOp: pull, Start: start, End: r.now()})
+}
+
 // Record records a span measured elsewhere, if its iteration is in the
 // window.
 func (r *Recorder) Record(s Span) {
@@ -317,7 +336,7 @@ func (e *encoder) header(b []byte, m Meta, w Window, now int64) []byte {
 // span appends s, after the track's name and the decision's mark when
 // they are new.
 func (e *encoder) span(b []byte, s *Span) []byte {
-	t := track{s.Phase, s.Key, s.Partition}
+	t := track{s.Phase, s.Key, s.Partition, s.PullOp}
 	tid, ok := e.tids[t]
 	if !ok {
 		tid = len(e.tids) + 1

@@ -239,6 +239,10 @@ type request struct {
 	// redirects (KVMoved) is sent again as it was.
 	frames []frame.Message
 	rng    *rangePull
+	// key and iter are an FPTPush's or FPTPull's first key and its
+	// iteration (the timeline's), with fpt set; classic requests have none.
+	key, iter, bytes uint64
+	fpt              bool
 }
 
 // call is the shell's half of a request, which the core only carries.
@@ -556,6 +560,14 @@ func (c *core) lookup(ts int) (*request, error) {
 		return nil, fmt.Errorf("worker: Wait(%d): %w", ts, ErrNoRequest)
 	}
 	return nil, c.collect(ts)
+}
+
+// settled is Test: whether request ts is released (its callback returned).
+func (c *core) settled(ts int) (bool, error) {
+	if ts <= 0 || ts > c.lastTS {
+		return false, fmt.Errorf("worker: Test(%d): %w", ts, ErrNoRequest)
+	}
+	return c.requests[ts] == nil, nil
 }
 
 // collect returns request ts's error to the first caller that asks.

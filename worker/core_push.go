@@ -44,6 +44,7 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	if err != nil {
 		return effects{}, err
 	}
+	req.key, req.iter, req.bytes, req.fpt = ts[0].key, began, uint64(len(data)), true
 	if hold > 0 {
 		hp := &heldPush{req: req, ts: ts, iters: make([]uint64, len(ts)), parts: parts, priority: priority, last: began}
 		for i, t := range ts {

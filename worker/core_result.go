@@ -99,6 +99,7 @@ func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	if err != nil {
 		return effects{}, err
 	}
+	req.key, req.iter, req.bytes, req.fpt = ts[0].key, ts[0].pulled, uint64(len(data)), true
 	out := effects{req: req}
 	for i, t := range ts {
 		iter := t.pulled

@@ -73,6 +73,10 @@ func TestInMemoryTraceFollowsDecisions(t *testing.T) {
 			if it < first || it > last {
 				t.Errorf("%s: %s span of iteration %d, outside the window", f, e.Name, it)
 			}
+			counts[f+" "+e.Name]++
+			if e.Name == "call" || e.Name == "settle" || e.Name == "wait" {
+				continue // a request's, not a partition's
+			}
 			if e.Args.LB != d.Version {
 				t.Errorf("%s: %s span of iteration %d says decision v%d; v%d is in force", f, e.Name, it, e.Args.LB, d.Version)
 			}
@@ -85,7 +89,6 @@ func TestInMemoryTraceFollowsDecisions(t *testing.T) {
 				}
 				aggregatedBy[it][e.Pid] = true
 			}
-			counts[f+" "+e.Name]++
 		}
 	}
 	// Where a decision gives workers all of it, they record every sum
@@ -100,6 +103,10 @@ func TestInMemoryTraceFollowsDecisions(t *testing.T) {
 	for _, w := range []string{"worker0", "worker1"} {
 		if counts[w+" push"] == 0 || counts[w+" push"] != counts[w+" pull"] {
 			t.Errorf("%s: %d push and %d pull spans", w, counts[w+" push"], counts[w+" pull"])
+		}
+		// Each FPTPush and FPTPull call in the window, and its settling.
+		if counts[w+" call"] == 0 || counts[w+" call"] != counts[w+" settle"] {
+			t.Errorf("%s: %d call and %d settle spans", w, counts[w+" call"], counts[w+" settle"])
 		}
 	}
 	t.Logf("spans: %v", counts)

@@ -315,6 +315,7 @@ func newCall(cb Callback, pull bool) *call {
 // request.
 func (w *Worker) complete(r *request) {
 	cl := r.call
+	traced := w.trace.Now()
 	if r.err == nil && !cl.began.IsZero() {
 		if cl.pull {
 			w.metrics.ObservePull(time.Since(cl.began))
@@ -324,12 +325,22 @@ func (w *Worker) complete(r *request) {
 	}
 	if cl.cb == nil {
 		w.release(r)
+		w.traceRequest(trace.Settle, r, traced)
 		return
 	}
 	go func() {
 		cl.cb(r.err)
 		w.release(r)
+		w.traceRequest(trace.Settle, r, traced)
 	}()
+}
+
+// traceRequest records phase p of FPTPush or FPTPull request r, begun at
+// start (the recorder's Now), on the timeline.
+func (w *Worker) traceRequest(p trace.Phase, r *request, start int64) {
+	if w.trace != nil && r.fpt {
+		w.trace.Request(p, r.key, r.iter, r.bytes, r.call.pull, start)
+	}
 }
 
 func (w *Worker) release(r *request) {
@@ -350,10 +361,22 @@ func (w *Worker) Wait(ts int) error {
 	if r == nil {
 		return err
 	}
+	began := w.trace.Now()
 	<-r.call.done
 	w.mu.Lock()
+	err = w.c.collect(ts)
+	w.mu.Unlock()
+	w.traceRequest(trace.Wait, r, began)
+	return err
+}
+
+// Test reports, without blocking, whether request ts has settled and its
+// callback returned: a Wait on it would return at once. A timestamp no
+// call returned is ErrNoRequest.
+func (w *Worker) Test(ts int) (bool, error) {
+	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.c.collect(ts)
+	return w.c.settled(ts)
 }
 
 // DecisionVersion is the version of the latest LB decision this worker has
@@ -498,6 +521,7 @@ func (w *Worker) declare(key uint64, dtype frame.DType, bytes uint64, priority i
 // decision for it may still be on its way.
 func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame.DType, priority int32, cb Callback) (int, error) {
 	cl := newCall(cb, false)
+	began := w.trace.Now()
 	for {
 		w.mu.Lock()
 		t, err := w.c.push(keys, data, byteLens, dtype, priority, cl)
@@ -519,12 +543,14 @@ func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame
 			return 0, err
 		}
 		w.do(t)
+		w.traceRequest(trace.Call, t.req, began)
 		return t.req.ts, nil
 	}
 }
 
 // fptPull is FPTPull on bytes.
 func (w *Worker) fptPull(keys []uint64, data []byte, byteLens []int, dtype frame.DType, cb Callback) (int, error) {
+	began := w.trace.Now()
 	w.mu.Lock()
 	t, err := w.c.pull(keys, data, byteLens, dtype, newCall(cb, true))
 	w.mu.Unlock()
@@ -532,6 +558,7 @@ func (w *Worker) fptPull(keys []uint64, data []byte, byteLens []int, dtype frame
 		return 0, err
 	}
 	w.do(t)
+	w.traceRequest(trace.Call, t.req, began)
 	return t.req.ts, nil
 }
 

@@ -337,6 +337,24 @@ func fpt_wait(ts C.int64_t) C.int {
 	return guard("fpt_wait", func() error { return lib.Wait(int(ts)) })
 }
 
+//export fpt_test
+func fpt_test(ts C.int64_t, done *C.int) C.int {
+	return guard("fpt_test", func() error {
+		if done == nil {
+			return nullArg("fpt_test", "done")
+		}
+		d, err := lib.Test(int(ts))
+		if err != nil {
+			return err
+		}
+		*done = 0
+		if d {
+			*done = 1
+		}
+		return nil
+	})
+}
+
 //export fpt_barrier
 func fpt_barrier() C.int { return guard("fpt_barrier", lib.Barrier) }
 

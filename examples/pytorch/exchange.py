@@ -8,15 +8,22 @@ each system, alternated, prints the median and 90th percentile of a step's
 exchange time on worker 0:
 
     python examples/pytorch/exchange.py [--sizes 4K,1M,25M,100M] [--workers 2,4] [--steps 30] [--json]
+
+With --breakdown, fpt runs alone, traced (FPT_TRACE_FILE, and worker 0's
+own step spans), and each size prints where worker 0's steps spent their
+time: bin/fpt trace breakdown over the run's trace files (docs/latency.md).
 """
 
 import argparse
+import glob
 import json
 import os
 import re
 import statistics
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -73,16 +80,20 @@ def worker(a):
         for k, g in zip(keys, grads):
             g.zero_()
             fpt.init(k, g)
+        spans = []  # (iteration, Unix µs, µs): --breakdown's step spans
         for step in range(a.warmup + a.steps):
             for g in grads:
                 g.fill_(rank + 1 + step)
-            t = time.perf_counter()
+            wall, t = time.time_ns() // 1000, time.perf_counter()
             reqs = [fpt.push(k, g, priority=-k) for k, g in zip(keys, grads)]
             reqs += [fpt.pull(k, s) for k, s in zip(keys, sums)]
             fpt.wait_all(reqs)
             if step >= a.warmup:
                 times.append(time.perf_counter() - t)
+                spans.append((step + 1, wall, round(1e6 * times[-1])))  # iteration 0 is the init round
             check(sums, workers, step)
+        if a.trace_dir and rank == 0:
+            write_steps(os.path.join(a.trace_dir, "steps-worker0.json"), fpt.my_id(), spans)
     else:
         import torch.distributed as dist
 
@@ -105,10 +116,39 @@ def worker(a):
         dist.destroy_process_group()
 
 
+def write_steps(path, node_id, spans):
+    """Worker node_id's step spans as a trace file fpt trace breakdown and
+    merge read: Unix microseconds, like the nodes' own."""
+    pid = 1000000 + node_id
+    evs = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+            "args": {"name": "steps of worker id %d" % node_id, "fpt_clock": "unix_us", "role": "step",
+                     "node_id": node_id}}]
+    evs += [{"name": "step", "cat": "fpt", "ph": "X", "ts": ts, "dur": dur, "pid": pid, "tid": 1,
+             "args": {"iteration": it}} for it, ts, dur in spans]
+    with open(path, "w") as f:
+        json.dump(evs, f)
+
+
+def breakdown(me, workers, flags, warmup, as_json):
+    """One traced fpt run; prints fpt trace breakdown of worker 0's steps."""
+    d = tempfile.mkdtemp(prefix="fpt-breakdown-")
+    try:
+        env = {"FPT_TRACE_FILE": os.path.join(d, "trace-{role}{rank}.json"), "FPT_TRACE_ITERS": "%d-" % (warmup + 1)}
+        run(me, "fpt", workers, flags + ["--trace-dir", d], env)
+        files = sorted(glob.glob(os.path.join(d, "*.json")))
+        args = [os.path.join(REPO, "bin", "fpt"), "trace", "breakdown"] + (["-json"] if as_json else []) + files
+        r = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if r.returncode != 0:
+            sys.exit("exchange.py: fpt trace breakdown failed:\n" + r.stdout)
+        return r.stdout
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 RESULT = re.compile(r"RESULT (\w+) ([0-9.,]+)")
 
 
-def run(me, system, workers, flags):
+def run(me, system, workers, flags, extra_env=None):
     """One run of system with workers workers: worker 0's times in ms."""
     if system == "gloo":
         master = "127.0.0.1:%d" % free_port()
@@ -119,7 +159,8 @@ def run(me, system, workers, flags):
         out = "".join(pr.communicate()[0] for pr in procs)
         failed = any(pr.returncode for pr in procs)
     else:
-        env = dict(os.environ, FPT_PYTHON=sys.executable, PS_VERBOSE=os.environ.get("PS_VERBOSE", "0"))
+        env = dict(os.environ, FPT_PYTHON=sys.executable, PS_VERBOSE=os.environ.get("PS_VERBOSE", "0"),
+                   **(extra_env or {}))
         r = subprocess.run([os.path.join(REPO, "scripts", "fptrun"), "-np", str(workers), "--servers", str(workers),
                             "python", me, "--system", "fpt", "--workers", str(workers)] + flags,
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -142,10 +183,13 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--json", action="store_true", help="one JSON object per row instead of a table")
+    p.add_argument("--breakdown", action="store_true",
+                   help="fpt only, traced: where worker 0's step time goes (fpt trace breakdown)")
     p.add_argument("--system", choices=["fpt", "gloo"], help=argparse.SUPPRESS)
     p.add_argument("--bytes", type=parse_size, help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--master", help=argparse.SUPPRESS)
+    p.add_argument("--trace-dir", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.system:
         a.workers = int(a.workers)
@@ -153,6 +197,17 @@ def main():
     me = os.path.abspath(__file__)
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     counts = [int(w) for w in a.workers.split(",")]
+    if a.breakdown:
+        for workers in counts:
+            for nbytes in sizes:
+                flags = ["--bytes", str(nbytes), "--steps", str(a.steps), "--warmup", str(a.warmup)]
+                out = breakdown(me, workers, flags, a.warmup, a.json)
+                if a.json:
+                    print(json.dumps(dict(json.loads(out), workers=workers, bytes=nbytes)), flush=True)
+                else:
+                    print("== %d workers, %d bytes a step" % (workers, nbytes))
+                    print(out, flush=True)
+        return
     if not a.json:
         print("worker 0's exchange of one step (ms), %d steps after %d warm-up, one run each, alternated"
               % (a.steps, a.warmup))

@@ -98,19 +98,31 @@ def _error(status, message):
 
 class Request:
     """An asynchronous push or pull. wait() blocks until it completed and
-    raises its failure. The tensor stays referenced until then."""
+    raises its failure. The tensor stays referenced until then.
 
-    __slots__ = ("op", "keys", "ts", "_buf", "_done", "_status", "_message", "_waited")
+    Requests take no callback: wait() blocks in the library's fpt_wait with
+    the GIL released, which the request's completion wakes directly (a
+    callback would add a goroutine, a foreign thread taking the GIL and a
+    Python wake-up to every step)."""
 
-    def __init__(self, op, keys, buf):
-        self.op, self.keys, self._buf = op, keys, buf
+    __slots__ = ("op", "keys", "ts", "_buf", "_rid", "_settled", "_waited")
+
+    def __init__(self, op, keys, buf, rid):
+        self.op, self.keys, self._buf, self._rid = op, keys, buf, rid
         self.ts = None
-        self._done = threading.Event()
-        self._status, self._message, self._waited = _lib.OK, "", False
+        self._settled = self._waited = False
 
     def done(self):
         """Whether the request has completed (successfully or not)."""
-        return self._done.is_set()
+        if not self._settled and _node.settled(self.ts):
+            self._release()
+        return self._settled
+
+    def _release(self):
+        """The library is done with the tensor: let it go."""
+        self._settled, self._buf = True, None
+        with _node.lock:
+            _node.pending.pop(self._rid, None)
 
     def wait(self):
         """Blocks until the request completed; raises its error (only the
@@ -120,12 +132,9 @@ class Request:
         self._waited = True
         st = _node.lib.fpt_wait(self.ts)
         msg = _node.last_error() if st != _lib.OK else ""
-        # fpt_wait returns once the callback returned, which recorded the
-        # request's own outcome with its message.
-        if self._status != _lib.OK:
-            raise _error(self._status, "%s of keys %s: %s" % (self.op, self.keys, self._message))
+        self._release()
         if st != _lib.OK:
-            raise _error(st, msg)
+            raise _error(st, "%s of keys %s: %s" % (self.op, self.keys, msg))
 
     def __repr__(self):
         return "<fpt.Request %s keys=%s ts=%s %s>" % (self.op, self.keys, self.ts,
@@ -134,7 +143,7 @@ class Request:
 
 class _Node:
     """The process's node: the library, what was declared, and the
-    requests in flight (each holding its tensor until its callback)."""
+    requests in flight (each holding its tensor until it is seen done)."""
 
     def __init__(self):
         self._lib = None
@@ -142,14 +151,11 @@ class _Node:
         self.declared = {}  # key -> (bytes, dtype)
         self.initialized = set()  # keys fpt_init gave a starting value
         self.pushed = False  # declarations must all come before the first push
-        self.pending = {}  # request id -> Request
+        self.pending = {}  # request id -> Request, until seen done (waited, done(), or a sweep)
         self.ids = itertools.count(1)
         self.started = self.finalized = False
         self.failed = False  # an uncaught exception is ending the program
         self.cluster_failed = False  # a call raised ClusterError already
-        # Kept for the life of the process: the library may call it until
-        # fpt_finalize returns.
-        self.callback = _lib.CALLBACK(self._on_done)
         self.params_cb = None  # the registered parameters source, kept alive
 
     @property
@@ -165,25 +171,34 @@ class _Node:
         if status != _lib.OK:
             raise _error(status, self.last_error())
 
-    def _on_done(self, ts, status, user_data):
-        # On a thread of the library, holding the GIL: record, release the
-        # tensor, wake waiters. Nothing here may raise.
-        msg = self.last_error() if status != _lib.OK else ""
+    def settled(self, ts):
+        """Whether request ts completed (fpt_test); True once the library
+        cannot tell any more (finalized or failed): it holds nothing then."""
+        done = ctypes.c_int()
+        return self.lib.fpt_test(ts, ctypes.byref(done)) != _lib.OK or bool(done.value)
+
+    def sweep(self):
+        """Lets go of the tensors of requests done and never waited for, so
+        that a program that does not wait for every push holds no more than
+        SWEEP_AT of them."""
         with self.lock:
-            req = self.pending.pop(user_data or 0, None)
-        if req is not None:
-            req._status, req._message, req._buf = status, msg, None
-            req._done.set()
+            reqs = list(self.pending.values())
+        for req in reqs:
+            if req.ts is not None and self.settled(req.ts):
+                req._release()
 
     def submit(self, op, keys, buf, call):
         """Runs call(callback, user_data, ts_out) for a new request that
-        holds buf until it completes."""
-        req = Request(op, keys, buf)
+        holds buf until it completes. The request has no callback: its
+        waiter is woken by the library itself."""
+        if len(self.pending) >= SWEEP_AT:
+            self.sweep()
         rid = next(self.ids)
+        req = Request(op, keys, buf, rid)
         with self.lock:
             self.pending[rid] = req
         ts = ctypes.c_int64()
-        status = call(self.callback, ctypes.c_void_p(rid), ctypes.byref(ts))
+        status = call(_lib.NO_CALLBACK, None, ctypes.byref(ts))
         if status != _lib.OK:
             with self.lock:
                 self.pending.pop(rid, None)
@@ -191,6 +206,10 @@ class _Node:
         req.ts = ts.value
         return req
 
+
+# How many requests may hold their tensors, unwaited, before submit looks
+# for those done.
+SWEEP_AT = 256
 
 _node = _Node()
 
@@ -233,7 +252,7 @@ def finalize():
     with _node.lock:
         left, _node.pending = list(_node.pending.values()), {}
     for req in left:  # completed (fpt_finalize waited for them)
-        req._buf = None
+        req._settled, req._buf = True, None
     _node.check(status)
 
 

@@ -11,6 +11,7 @@ OK, ERR_ARG, ERR_STATE, ERR_KEY, ERR_SIZE, ERR_CONFIG, ERR_CLUSTER, ERR_INTERNAL
 
 # fpt_callback: void (*)(int64_t ts, int status, void* user_data).
 CALLBACK = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p)
+NO_CALLBACK = CALLBACK()  # NULL
 
 # fpt_params_fn: int (*)(void* ctx, uint64_t iteration, uint64_t key, void* dst, uint64_t bytes).
 PARAMS_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p,
@@ -43,6 +44,7 @@ _PROTOS = {
     "fpt_pull": (ctypes.c_int, [_u64p, ctypes.c_size_t, ctypes.c_void_p, _u64p,
                                 CALLBACK, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]),
     "fpt_wait": (ctypes.c_int, [ctypes.c_int64]),
+    "fpt_test": (ctypes.c_int, [ctypes.c_int64, _intp]),
     "fpt_barrier": (ctypes.c_int, []),
     "fpt_my_id": (ctypes.c_int, [_intp]),
     "fpt_group_ids": (ctypes.c_int, [ctypes.c_int, _intp, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),

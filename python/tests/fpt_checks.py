@@ -135,6 +135,39 @@ def basic():
     fpt.wait_all([fpt.push(1, ba), fpt.pull(1, bo)])
     check((np.frombuffer(bo, np.float32) == 3).all(), "bytearray push/pull (raw bytes)")
 
+    # Requests take no callback: their completion wakes fpt_wait itself,
+    # not a goroutine that calls into Python to set an Event.
+    real, given = fpt._node._lib, []
+
+    class Spy:
+        def __getattr__(self, name):
+            fn = getattr(real, name)
+            if name in ("fpt_push", "fpt_pull"):
+                return lambda *a: (given.append(a[-3]), fn(*a))[1]
+            return fn
+
+    fpt._node._lib = Spy()
+    try:
+        hp = fpt.push(1, ba)
+        sp = fpt.pull(1, bo)
+        fpt.wait_all([hp, sp])
+    finally:
+        fpt._node._lib = real
+    check(len(given) == 2 and not any(given), "push and pull pass the library no callback")
+    check(hp.done() and sp.done() and not fpt._node.pending, "waited requests are done and held no more")
+    # A push never waited for lets go of its tensor once a sweep sees it done.
+    tmp = np.full(16, r + 1, np.float32)
+    ref, unwaited = weakref.ref(tmp), fpt.push(1, tmp)
+    del tmp, unwaited
+    fpt.wait_all([fpt.pull(1, bo)])
+    for _ in range(500):
+        fpt._node.sweep()
+        gc.collect()
+        if ref() is None:
+            break
+        time.sleep(0.01)
+    check(ref() is None and not fpt._node.pending, "an unwaited push's tensor is let go once it is done")
+
     # A tensor whose last reference goes while its push is in flight: the
     # package holds it, so the memory is not reused before it was sent.
     fpt.barrier()

@@ -1,0 +1,63 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/fptps/fpt/worker"
+)
+
+// Test tells, without blocking, whether a request settled: a pull is not
+// while the other worker has not pushed, is once Wait returned; a
+// timestamp no call returned is ErrNoRequest. Requests without a callback
+// need nothing else to be waited for (the Python package makes them so).
+func TestTestReportsSettled(t *testing.T) {
+	c := startMem(t, 1, 2, map[string]string{"FPT_LB": "off"})
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for _, w := range c.Workers {
+		wg.Go(func() {
+			kv := worker.NewKV[float32](w)
+			if err := kv.Declare(1, 4, 0); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := kv.Init(ctx, []uint64{1}, make([]float32, 4), []int{4}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	w0, w1 := worker.NewKV[float32](c.Workers[0]), worker.NewKV[float32](c.Workers[1])
+	vals, sum := []float32{1, 2, 3, 4}, make([]float32, 4)
+	push, err := w0.FPTPush([]uint64{1}, vals, []int{4}, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pull, err := w0.FPTPull([]uint64{1}, sum, []int{4}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done, err := c.Workers[0].Test(pull); done || err != nil {
+		t.Errorf("Test(pull) before the other worker pushed: %v, %v; want false, nil", done, err)
+	}
+	if _, err := w1.FPTPush([]uint64{1}, vals, []int{4}, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, ts := range []int{push, pull} {
+		if err := w0.Wait(ts); err != nil {
+			t.Fatal(err)
+		}
+		if done, err := c.Workers[0].Test(ts); !done || err != nil {
+			t.Errorf("Test(%d) after its Wait: %v, %v; want true, nil", ts, done, err)
+		}
+	}
+	if sum[3] != 8 {
+		t.Errorf("sum %v, want twice %v", sum, vals)
+	}
+	if _, err := c.Workers[0].Test(pull + 100); !errors.Is(err, worker.ErrNoRequest) {
+		t.Errorf("Test of a timestamp no call returned: %v, want ErrNoRequest", err)
+	}
+}
