@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -211,5 +212,43 @@ func TestLocalAggregationKill(t *testing.T) {
 				t.Errorf("segments left in %s: %v", localagg.DefaultDir, left)
 			}
 		})
+	}
+}
+
+// TestLocalAggregationDisagree: two workers of one host that declare
+// different tensors (test_kv_app's sizes from -max-bytes) fail the job,
+// naming the key's size, before any wrong sum: no worker verifies an
+// iteration. (The init round's values reach a member through its group,
+// and its own declaration refuses them.)
+func TestLocalAggregationDisagree(t *testing.T) {
+	lc, err := localcluster.Start(localcluster.Spec{
+		Servers: 1, Workers: 2,
+		Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
+		Worker: []string{bin.app, "-iters", "3", "-tensors", "2", "-max-bytes", "1048576", "-classic", "0"},
+		Env:    []string{"PS_VERBOSE=1", "FPT_START_TIMEOUT=60", "FPT_LB=off", "FPT_LOCAL_AGGREGATION=on", "FPT_HOST_ID=a"},
+		Command: func(name string, argv []string) *exec.Cmd {
+			if name == "worker1" {
+				argv = append(slices.Clone(argv), "-max-bytes", "524288") // the last one counts
+			}
+			return exec.Command(argv[0], argv[1:]...)
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lc.Kill)
+	c := &cluster{Cluster: lc, t: t}
+	if err := c.Wait(time.Minute); err == nil {
+		t.Fatal("a job whose workers of one host declared different tensors ran to its end")
+	}
+	sched := c.proc("scheduler").Stderr.String()
+	if !regexp.MustCompile(`failed: .*key is \d+ bytes`).MatchString(sched) {
+		c.dump()
+		t.Error("the scheduler's verdict does not name the key's size")
+	}
+	for _, w := range []string{"worker0", "worker1"} {
+		if p := c.proc(w); strings.Contains(p.Stdout.String(), "verified") {
+			t.Errorf("%s verified an iteration:\n%s", w, tail(p.Stdout.String()))
+		}
 	}
 }
