@@ -16,6 +16,7 @@ import (
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/localagg"
+	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/reduce"
 )
@@ -57,6 +58,7 @@ type localAgg struct {
 	fail    func(error)
 	deliver func(h *frame.Header, data []byte)
 	send    func(m *frame.Message) error
+	metrics *metrics.Node // nil: none
 
 	// elastic: a lost worker leaves the job rather than ending it
 	// (FPT_ON_WORKER_LOSS=continue or wait): a notice that cannot reach
@@ -135,7 +137,7 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte)) (*localA
 		return nil, nil
 	}
 	l := &localAgg{log: n.Logger(), self: self, group: g, idx: slices.Index(g.Workers, self),
-		fail: n.Fail, deliver: deliver, send: n.Van().Send, elastic: cfg.WorkersMayLeave(), until: math.MaxUint64}
+		fail: n.Fail, deliver: deliver, send: n.Van().Send, metrics: n.Metrics(), elastic: cfg.WorkersMayLeave(), until: math.MaxUint64}
 	l.cond = sync.NewCond(&l.mu)
 	job := n.JobStamp()
 	name := localagg.Name(job, g.Host)
@@ -454,6 +456,7 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 		}})
 	}
 	l.mu.Unlock()
+	l.metrics.LocalSummed(len(eff.Sums), len(out))
 	for _, msg := range out {
 		if err := l.send(msg); err != nil {
 			return fmt.Errorf("worker: host sum %s: %w", &msg.Header, err)
