@@ -213,6 +213,9 @@ func (a *Aggregator) follow(d lb.Directive) []earlyPush {
 		a.node.Logger().Info("workers of the sums changed", "from_iteration", from, "workers", ws, "version", d.Decision.Version)
 	}
 	if d.Retry {
+		// Workers push the iterations it re-cuts over the network, each
+		// its own (worker/localagg.go's dissolve).
+		a.groups.dissolve(from)
 		a.retries = append(a.retries, retry{d.Decision.Version, from})
 		if n := a.table.DropStale(d.Decision.Version, from); n > 0 {
 			a.node.Logger().Info("partial sums dropped after a retry", "partitions", n, "from_iteration", from, "version", d.Decision.Version)
@@ -262,7 +265,7 @@ func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
 	var also []int
 	if h.Flags&frame.FlagHostSum != 0 {
 		var err error
-		if also, err = a.groups.also(from, ws); err != nil {
+		if also, err = a.groups.also(from, h.Iteration, ws); err != nil {
 			if adopt {
 				a.table.Recycle(data)
 			}
@@ -289,7 +292,7 @@ func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
 		return err
 	}
 	a.trace.End(trace.Aggregate, h) // before any worker can have the sum
-	return a.broadcast(h, sum, a.groups.recipients(ws))
+	return a.broadcast(h, sum, a.groups.recipients(h.Iteration, ws))
 }
 
 // broadcast sends sum to the workers of its iteration, ws (handing this

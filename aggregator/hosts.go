@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/fptps/fpt/cluster"
@@ -15,11 +16,15 @@ type hostGroups struct {
 	members map[node.ID][]node.ID
 	// follower: a member that is no leader, sent no sums.
 	follower map[node.ID]bool
-	err      error
+	// until is the first iteration the groups no longer sum: a retry's
+	// (a lost worker's, FPT_ON_WORKER_LOSS=continue or wait), from which
+	// every worker pushes over the network and is sent its sums.
+	until uint64
+	err   error
 }
 
 func newHostGroups(n *cluster.Member) *hostGroups {
-	g := &hostGroups{members: map[node.ID][]node.ID{}, follower: map[node.ID]bool{}}
+	g := &hostGroups{members: map[node.ID][]node.ID{}, follower: map[node.ID]bool{}, until: math.MaxUint64}
 	groups, err := n.LocalGroups()
 	if err != nil {
 		g.err = err
@@ -34,15 +39,25 @@ func newHostGroups(n *cluster.Member) *hostGroups {
 	return g
 }
 
+// dissolve ends the groups' sums from iteration from on (a retry's).
+func (g *hostGroups) dissolve(from uint64) {
+	if g != nil {
+		g.until = min(g.until, from)
+	}
+}
+
 // also returns the indexes in ws of the workers whose values leader's host
-// sum holds besides its own. A host sum from a node that leads no group
-// of more than one is refused: it would count for workers it does not hold.
-func (g *hostGroups) also(leader node.ID, ws []node.ID) ([]int, error) {
+// sum of iteration iter holds besides its own. A host sum from a node
+// that leads no group of more than one, or of an iteration the groups no
+// longer sum, is refused: it would count for workers it does not hold.
+func (g *hostGroups) also(leader node.ID, iter uint64, ws []node.ID) ([]int, error) {
 	switch {
 	case g == nil:
 		return nil, fmt.Errorf("host sum from %s, yet workers do not sum locally here (FPT_LOCAL_AGGREGATION)", leader)
 	case g.err != nil:
 		return nil, fmt.Errorf("host sum from %s: %w", leader, g.err)
+	case iter >= g.until:
+		return nil, fmt.Errorf("host sum from %s of iteration %d, yet the groups sum no iteration from %d on (a worker was lost)", leader, iter, g.until)
 	case len(g.members[leader]) == 0:
 		return nil, fmt.Errorf("host sum from %s, which leads no local group of several workers", leader)
 	}
@@ -57,10 +72,11 @@ func (g *hostGroups) also(leader node.ID, ws []node.ID) ([]int, error) {
 	return also, nil
 }
 
-// recipients are the workers of ws sent a sum: the leaders and the workers
-// alone on their hosts; every worker without local groups.
-func (g *hostGroups) recipients(ws []node.ID) []node.ID {
-	if g == nil || g.err != nil {
+// recipients are the workers of ws sent a sum of iteration iter: the
+// leaders and the workers alone on their hosts; every worker without
+// local groups, or once they are dissolved.
+func (g *hostGroups) recipients(iter uint64, ws []node.ID) []node.ID {
+	if g == nil || g.err != nil || iter >= g.until {
 		return ws
 	}
 	return slices.DeleteFunc(slices.Clone(ws), func(w node.ID) bool { return g.follower[w] })

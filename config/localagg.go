@@ -51,9 +51,7 @@ func (c *Config) localAggregationRefused() string {
 	case c.LB:
 		return "needs FPT_LB=off (the LB would make workers aggregate, and a host's sum goes to servers only)"
 	case c.RetryServerLoss:
-		return "needs FPT_ON_SERVER_LOSS=fail (a retry would push a host's sum again)"
-	case c.WorkerLoss != WorkerLossFail:
-		return "needs FPT_ON_WORKER_LOSS=fail (a lost worker's contribution would stay in its host's sums)"
+		return "needs FPT_ON_SERVER_LOSS=fail (a joining server would not know the groups whose sums it is sent)"
 	}
 	return ""
 }

@@ -20,8 +20,8 @@ func TestLocalAggregation(t *testing.T) {
 		{"on", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off"}, LocalAggregationOn, "198.18.0.2", nil},
 		{"on with the LB", map[string]string{"FPT_LOCAL_AGGREGATION": "on"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "FPT_LB=off"}},
 		{"on with server retry", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_SERVER_LOSS": "retry"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "FPT_ON_SERVER_LOSS=fail"}},
-		{"on with continue", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "FPT_ON_WORKER_LOSS=fail"}},
-		{"on with wait", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_WORKER_LOSS": "wait"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "FPT_ON_WORKER_LOSS=fail"}},
+		{"on with continue", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}, LocalAggregationOn, "198.18.0.2", nil},
+		{"on with wait", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_WORKER_LOSS": "wait"}, LocalAggregationOn, "198.18.0.2", nil},
 		{"word", map[string]string{"FPT_LOCAL_AGGREGATION": "yes"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "off, auto or on"}},
 		{"host id too long", map[string]string{"FPT_HOST_ID": strings.Repeat("h", MaxHostIDLen+1)}, 0, "", []string{"FPT_HOST_ID", "longer than"}},
 	}

@@ -37,6 +37,8 @@ type Van interface {
 type Node struct {
 	push, pull prometheus.Histogram
 	rejected   *prometheus.CounterVec
+	// A local group leader's (FPT_LOCAL_AGGREGATION).
+	localContribs, localHostSums prometheus.Counter
 
 	mu  sync.Mutex
 	van Van // nil until Watch
@@ -66,10 +68,11 @@ func New(reg prometheus.Registerer, role node.Role) (*Node, error) {
 			Help: "Connections or messages refused before they could do anything: a peer without the secret, a stranger, a malformed or oversized frame.",
 		}, []string{"plane", "reason"}),
 	}
+	m.localContribs, m.localHostSums = newLocalCounters()
 	cs := []prometheus.Collector{m.rejected} // every role accepts connections
 	switch role {
 	case node.Worker:
-		cs = append(cs, (*vanCollector)(m), m.push, m.pull)
+		cs = append(cs, (*vanCollector)(m), m.push, m.pull, m.localContribs, m.localHostSums)
 	case node.Server:
 		cs = append(cs, (*vanCollector)(m))
 	}

@@ -25,6 +25,7 @@ type Scheduler struct {
 	probes     prometheus.Counter
 	members    *prometheus.GaugeVec
 	membership prometheus.Gauge
+	groups     *prometheus.GaugeVec
 }
 
 // NewScheduler registers the scheduler's metrics on reg.
@@ -64,8 +65,9 @@ func NewScheduler(reg prometheus.Registerer) (*Scheduler, error) {
 			Name: "fpt_membership_version",
 			Help: "Membership changes since the cluster started (0: the nodes it started with).",
 		}),
+		groups: newLocalGroups(),
 	}
-	for _, c := range []prometheus.Collector{m.version, m.share, m.capacity, m.iteration, m.iterations, m.probes, m.members, m.membership} {
+	for _, c := range []prometheus.Collector{m.version, m.share, m.capacity, m.iteration, m.iterations, m.probes, m.members, m.membership, m.groups} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: register: %w", err)
 		}

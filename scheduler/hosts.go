@@ -53,6 +53,7 @@ func (c *core) formGroups() {
 		}
 	}
 	c.obs.rec.Groups(shown)
+	c.obs.Metrics.LocalGroups(groups)
 	sizes := make([]string, len(groups))
 	for i, n := range localagg.Sizes(groups) {
 		sizes[i] = strconv.Itoa(n)

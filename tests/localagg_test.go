@@ -1,10 +1,14 @@
 package tests
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,12 +17,91 @@ import (
 	"github.com/fptps/fpt/localagg"
 )
 
+// rankRe is test_kv_app's first line, with the worker's rank.
+var rankRe = regexp.MustCompile(`(?m)^worker (\d+): `)
+
+// TestLocalAggregationWorkerLoss: kill -9 of a worker of a group of three
+// on one host mid-run, under FPT_ON_WORKER_LOSS=continue (the group's
+// leader, rank 0 as the lowest id, or a member) and wait (a member, then
+// a replacement joins on the same host): the retry dissolves the group,
+// and the workers left (and the joiner) verify every value of every
+// iteration against the workers its sums add up, and exit 0.
+func TestLocalAggregationWorkerLoss(t *testing.T) {
+	args := append([]string{"-iters", strconv.Itoa(failoverIters), "-compute", "20ms"}, failoverModel...)
+	tests := []struct {
+		name   string
+		policy string
+		rank   string // the victim's
+		join   bool
+	}{
+		{"continue, leader lost", "continue", "0", false},
+		{"continue, member lost", "continue", "2", false},
+		{"wait, member lost and replaced", "wait", "1", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := hostClusterOf(t, 1, 3, []string{"a", "a", "a", "a"},
+				[]string{"FPT_LB=off", "FPT_LOCAL_AGGREGATION=on", "FPT_ON_WORKER_LOSS=" + tt.policy, "FPT_PARTITION_BYTES=65536"}, args)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(fmt.Sprintf(`iteration %d/`, failoverKillAt))); err != nil {
+				c.dump()
+				t.Fatal(err)
+			}
+			var victim *localcluster.Proc
+			var left []string
+			for i := range 3 {
+				p := c.proc(fmt.Sprintf("worker%d", i))
+				mustContain(t, p.Name+" stderr", p.Stderr.String(), `msg="local aggregation"`)
+				if m := rankRe.FindStringSubmatch(p.Stdout.String()); m != nil && m[1] == tt.rank {
+					victim = p
+				} else {
+					left = append(left, p.Name)
+				}
+			}
+			if victim == nil {
+				t.Fatalf("no worker printed rank %s", tt.rank)
+			}
+			if err := victim.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := waitOutput(ctx, c.proc("scheduler"), workerLeftRe); err != nil {
+				c.dump()
+				t.Fatal(err)
+			}
+			if tt.join {
+				joiner, err := c.Add("worker")
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.joined(joiner, victim, left)
+				mustContain(t, "joiner stderr", joiner.Stderr.String(), "this worker sums alone")
+			} else if err := c.WaitExcept(2*time.Minute, victim); err != nil {
+				c.dump()
+				t.Fatal(err)
+			}
+			for _, name := range left {
+				p := c.proc(name)
+				mustContain(t, name+" stdout", p.Stdout.String(), fmt.Sprintf("iteration %d/%d verified", failoverIters, failoverIters), "PASS")
+				mustContain(t, name+" stderr", p.Stderr.String(), "group dissolved after a retry")
+			}
+		})
+	}
+}
+
 // hostCluster runs a cluster whose workers are placed on emulated hosts
 // (FPT_HOST_ID): hosts[i] is the host of the i-th worker process.
 func hostCluster(t *testing.T, servers int, hosts []string, env []string, appArgs []string) *cluster {
 	t.Helper()
+	return hostClusterOf(t, servers, len(hosts), hosts, env, appArgs)
+}
+
+// hostClusterOf is hostCluster starting the first workers of hosts: the
+// others are the hosts of workers added later (cluster.Add).
+func hostClusterOf(t *testing.T, servers, workers int, hosts []string, env []string, appArgs []string) *cluster {
+	t.Helper()
 	lc, err := localcluster.Start(localcluster.Spec{
-		Servers: servers, Workers: len(hosts),
+		Servers: servers, Workers: workers,
 		Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
 		Worker: append([]string{bin.app}, appArgs...),
 		Env:    append([]string{"PS_VERBOSE=1", "FPT_START_TIMEOUT=60"}, env...),
@@ -129,5 +212,43 @@ func TestLocalAggregationKill(t *testing.T) {
 				t.Errorf("segments left in %s: %v", localagg.DefaultDir, left)
 			}
 		})
+	}
+}
+
+// TestLocalAggregationDisagree: two workers of one host that declare
+// different tensors (test_kv_app's sizes from -max-bytes) fail the job,
+// naming the key's size, before any wrong sum: no worker verifies an
+// iteration. (The init round's values reach a member through its group,
+// and its own declaration refuses them.)
+func TestLocalAggregationDisagree(t *testing.T) {
+	lc, err := localcluster.Start(localcluster.Spec{
+		Servers: 1, Workers: 2,
+		Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
+		Worker: []string{bin.app, "-iters", "3", "-tensors", "2", "-max-bytes", "1048576", "-classic", "0"},
+		Env:    []string{"PS_VERBOSE=1", "FPT_START_TIMEOUT=60", "FPT_LB=off", "FPT_LOCAL_AGGREGATION=on", "FPT_HOST_ID=a"},
+		Command: func(name string, argv []string) *exec.Cmd {
+			if name == "worker1" {
+				argv = append(slices.Clone(argv), "-max-bytes", "524288") // the last one counts
+			}
+			return exec.Command(argv[0], argv[1:]...)
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lc.Kill)
+	c := &cluster{Cluster: lc, t: t}
+	if err := c.Wait(time.Minute); err == nil {
+		t.Fatal("a job whose workers of one host declared different tensors ran to its end")
+	}
+	sched := c.proc("scheduler").Stderr.String()
+	if !regexp.MustCompile(`failed: .*key is \d+ bytes`).MatchString(sched) {
+		c.dump()
+		t.Error("the scheduler's verdict does not name the key's size")
+	}
+	for _, w := range []string{"worker0", "worker1"} {
+		if p := c.proc(w); strings.Contains(p.Stdout.String(), "verified") {
+			t.Errorf("%s verified an iteration:\n%s", w, tail(p.Stdout.String()))
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/localagg"
+	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/reduce"
 )
@@ -56,11 +58,22 @@ type localAgg struct {
 	fail    func(error)
 	deliver func(h *frame.Header, data []byte)
 	send    func(m *frame.Message) error
+	metrics *metrics.Node // nil: none
+
+	// elastic: a lost worker leaves the job rather than ending it
+	// (FPT_ON_WORKER_LOSS=continue or wait): a notice that cannot reach
+	// a lost peer is dropped, and the retry its loss brings dissolves
+	// the group.
+	elastic bool
 
 	mu     sync.Mutex
 	cond   *sync.Cond
 	free   []int // member: its contribution chunks free; leader: result chunks free
 	closed bool
+	// until is the first iteration the group no longer sums (a retry's,
+	// dissolve): its pushes and results go over the network, as if each
+	// worker were alone on its host. MaxUint64 until a retry.
+	until uint64
 	// outbox holds the notices to send, which writer sends in order: a
 	// notice never blocks the loop that takes them (two loops blocked
 	// on each other's full socket queue would wait for ever; a network
@@ -102,8 +115,11 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte)) (*localA
 		return nil, nil
 	}
 	if n.Joined() {
-		// The running workers formed their groups without it.
-		return nil, errors.New("worker: FPT_LOCAL_AGGREGATION=on: a worker cannot join a running job that sums locally yet")
+		// The running workers formed their groups without it: it sums
+		// alone, as a worker alone on its host does, and every sum stays
+		// exact (the aggregators count and answer it as such).
+		n.Logger().Info("local aggregation: joined a running job, so this worker sums alone, over the network", "host", cfg.Host())
+		return nil, nil
 	}
 	groups, err := n.LocalGroups()
 	if err != nil {
@@ -121,7 +137,7 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte)) (*localA
 		return nil, nil
 	}
 	l := &localAgg{log: n.Logger(), self: self, group: g, idx: slices.Index(g.Workers, self),
-		fail: n.Fail, deliver: deliver, send: n.Van().Send}
+		fail: n.Fail, deliver: deliver, send: n.Van().Send, metrics: n.Metrics(), elastic: cfg.WorkersMayLeave(), until: math.MaxUint64}
 	l.cond = sync.NewCond(&l.mu)
 	job := n.JobStamp()
 	name := localagg.Name(job, g.Host)
@@ -272,13 +288,58 @@ func (l *localAgg) writer() {
 				l.mu.Lock()
 				closed := l.closed
 				l.mu.Unlock()
-				if !closed {
-					l.fail(fmt.Errorf("worker: local aggregation: notice to %s: %w", l.group.Workers[n.to], err))
+				if closed {
+					return
 				}
+				if l.elastic {
+					// The peer's socket is gone with its process: the
+					// scheduler's retry for its loss dissolves the group,
+					// and the workers left push again over the network
+					// what the notice was about.
+					l.log.Warn("local aggregation: notice to a lost group member dropped", "member", l.group.Workers[n.to], "err", err)
+					continue
+				}
+				l.fail(fmt.Errorf("worker: local aggregation: notice to %s: %w", l.group.Workers[n.to], err))
 				return
 			}
 		}
 	}
+}
+
+// dissolve ends the group's sums from iteration from on: a retry decision
+// (a lost worker, FPT_ON_WORKER_LOSS=continue or wait) re-cuts those
+// iterations, each worker pushes them again over the network, and the
+// aggregators send every worker its sums (aggregator/hosts.go). The group
+// stops there rather than re-forming over the members left: its leader
+// may be the one lost, and with it the segment's sums of those iterations.
+// The host sums of earlier iterations are complete for every worker.
+func (l *localAgg) dissolve(from uint64) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if from >= l.until {
+		return
+	}
+	l.until = from
+	for s := range l.first {
+		if s.Iter >= from {
+			delete(l.first, s)
+			delete(l.sums, s)
+		}
+	}
+	// A member waiting for a chunk its lost leader would never free
+	// drops its push (the retry sends it again).
+	l.cond.Broadcast()
+	l.log.Info("local aggregation: group dissolved after a retry: from its iteration on every worker pushes over the network", "host", l.group.Host, "from_iteration", from)
+}
+
+// summed reports whether the group still sums iteration iter.
+func (l *localAgg) summed(iter uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return iter < l.until
 }
 
 // intercept takes the pushes of sends (not an init round's) into the
@@ -295,7 +356,7 @@ func (l *localAgg) intercept(sends []frame.Message) ([]frame.Message, error) {
 	rest := sends[:0:0]
 	for i := range sends {
 		m := &sends[i]
-		if m.Header.Type != frame.Push || m.Header.Flags&frame.FlagInit != 0 {
+		if m.Header.Type != frame.Push || m.Header.Flags&frame.FlagInit != 0 || !l.summed(m.Header.Iteration) {
 			rest = append(rest, *m)
 			continue
 		}
@@ -316,18 +377,24 @@ func (l *localAgg) intercept(sends []frame.Message) ([]frame.Message, error) {
 }
 
 // contribute writes a member's push into a free chunk and tells the
-// leader.
+// leader. A push of an iteration the group was dissolved from while it
+// waited for a chunk is dropped: the retry that dissolved it sent the
+// push again, over the network.
 func (l *localAgg) contribute(m *frame.Message) error {
 	if len(m.Payload) > len(l.seg.Contribution(l.idx, 0)) {
 		return fmt.Errorf("local aggregation: a %d-byte partition does not fit the segment's %d-byte slots", len(m.Payload), len(l.seg.Contribution(l.idx, 0)))
 	}
 	l.mu.Lock()
-	for len(l.free) == 0 && !l.closed {
+	for len(l.free) == 0 && !l.closed && m.Header.Iteration < l.until {
 		l.cond.Wait()
 	}
 	if l.closed {
 		l.mu.Unlock()
 		return errors.New("local aggregation: closed")
+	}
+	if m.Header.Iteration >= l.until {
+		l.mu.Unlock()
+		return nil
 	}
 	chunk := l.free[len(l.free)-1]
 	l.free = l.free[:len(l.free)-1]
@@ -341,6 +408,12 @@ func (l *localAgg) contribute(m *frame.Message) error {
 func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 	s := localagg.Slot{Key: h.Key, Part: int(h.Partition), Iter: h.Iteration}
 	l.mu.Lock()
+	if s.Iter >= l.until {
+		// A member's, sent before the group was dissolved: the retry
+		// has it pushed again over the network.
+		l.mu.Unlock()
+		return nil
+	}
 	f, seen := l.first[s]
 	if !seen {
 		l.first[s] = *h
@@ -383,6 +456,7 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 		}})
 	}
 	l.mu.Unlock()
+	l.metrics.LocalSummed(len(eff.Sums), len(out))
 	for _, msg := range out {
 		if err := l.send(msg); err != nil {
 			return fmt.Errorf("worker: host sum %s: %w", &msg.Header, err)
@@ -418,16 +492,24 @@ func (l *localAgg) publish(h *frame.Header, data []byte) error {
 	s := localagg.Slot{Key: h.Key, Part: int(h.Partition), Iter: h.Iteration}
 	init := h.Flags&frame.FlagInit != 0
 	l.mu.Lock()
+	if h.Iteration >= l.until && !init {
+		// Every worker is sent its own sums of these iterations.
+		l.mu.Unlock()
+		return nil
+	}
 	if !init {
 		if _, err := l.core.ResultIn(s); err != nil {
 			l.mu.Unlock()
 			return err
 		}
 	}
-	for len(l.free) == 0 && !l.closed {
+	// A lost member never reads its results: the retry its loss brings
+	// dissolves the group, and a result waiting for their chunks is
+	// every worker's own from then on.
+	for len(l.free) == 0 && !l.closed && (init || h.Iteration < l.until) {
 		l.cond.Wait()
 	}
-	if l.closed {
+	if l.closed || !init && h.Iteration >= l.until {
 		l.mu.Unlock()
 		return nil
 	}

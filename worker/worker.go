@@ -399,6 +399,10 @@ func (w *Worker) follow(d lb.Directive) error {
 	if err != nil {
 		return err
 	}
+	if d.Retry && d.Decision != nil {
+		// Before the retry's pushes: they go over the network.
+		w.lagg.dissolve(d.Decision.Iteration)
+	}
 	w.do(t)
 	return nil
 }
