@@ -87,12 +87,23 @@ Libs: -L\${libdir} -Wl,-rpath,\${libdir} -lfpt
 PC
 
 export PKG_CONFIG_PATH="$prefix/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+# The programs compile side by side; each one's failure fails the build.
+pids=()
 # Word splitting of pkg-config's output is intended.
 # shellcheck disable=SC2046
-g++ -std=c++17 -O2 -Wall -Wextra -Werror -pthread -o "$bindir/kvstore_client" clients/kvstore/kvstore_client.cc $(pkg-config --cflags --libs fpt)
+g++ -std=c++17 -O2 -Wall -Wextra -Werror -pthread -o "$bindir/kvstore_client" clients/kvstore/kvstore_client.cc $(pkg-config --cflags --libs fpt) &
+pids+=($!)
 # shellcheck disable=SC2046
-gcc -std=c11 -O2 -Wall -Wextra -Werror -o "$bindir/fpt_bad_calls" clients/kvstore/bad_calls.c $(pkg-config --cflags --libs fpt)
+gcc -std=c11 -O2 -Wall -Wextra -Werror -o "$bindir/fpt_bad_calls" clients/kvstore/bad_calls.c $(pkg-config --cflags --libs fpt) &
+pids+=($!)
 for prog in kv_app multi_workers simple_app benchmark mxnet_client final_barrier scheduler_app; do
   # shellcheck disable=SC2046
-  g++ -std=c++11 -O2 -Wall -Wextra -Werror -pthread -o "$bindir/pslite_$prog" "clients/pslite/$prog.cc" $(pkg-config --cflags --libs fpt)
+  g++ -std=c++11 -O2 -Wall -Wextra -Werror -pthread -o "$bindir/pslite_$prog" "clients/pslite/$prog.cc" $(pkg-config --cflags --libs fpt) &
+  pids+=($!)
 done
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=1; done
+if [ "$failed" = 1 ]; then
+  echo "build-lib: a client program did not compile (its errors are above)" >&2
+  exit 1
+fi

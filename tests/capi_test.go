@@ -36,7 +36,8 @@ func buildLib(name string, env ...string) (string, error) {
 		}
 	}
 	prefix := filepath.Join(bin.dir, "libfpt-"+name)
-	cmd := exec.Command("../scripts/build-lib.sh", "--prefix", prefix, "--bindir", filepath.Join(prefix, "bin"))
+	// Niced: it may run beside tests (TestMain starts it early).
+	cmd := exec.Command("nice", "-n", "10", "../scripts/build-lib.sh", "--prefix", prefix, "--bindir", filepath.Join(prefix, "bin"))
 	cmd.Env = append(os.Environ(), env...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build-lib.sh (%s): %w\n%s", name, err, out)

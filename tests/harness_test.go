@@ -2,6 +2,7 @@ package tests
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -33,7 +34,23 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = binaries{dir: dir, fpt: filepath.Join(dir, "fpt"), app: filepath.Join(dir, "test_kv_app")}
+	// A whole run builds the C library twice (libPrograms), minutes on a
+	// small machine: the builds start now, beside the first tests, which
+	// mostly wait on their clusters. A run of chosen tests builds only
+	// what they ask for.
+	flag.Parse()
+	prebuilt := make(chan struct{})
+	if flag.Lookup("test.run").Value.String() == "" {
+		go func() {
+			defer close(prebuilt)
+			libDefault()
+			libCgocheck2()
+		}()
+	} else {
+		close(prebuilt)
+	}
 	code := m.Run()
+	<-prebuilt
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -130,6 +130,7 @@ func TestPSLiteHeadersSelftest(t *testing.T) {
 	}
 	for _, variant := range []struct{ name, flags string }{{"plain", "-O2"}, {"tsan", "-O1 -fsanitize=thread"}} {
 		t.Run(variant.name, func(t *testing.T) {
+			t.Parallel() // two compilations side by side
 			exe := filepath.Join(t.TempDir(), "selftest")
 			args := append([]string{"-std=c++11", "-Wall", "-Wextra", "-Werror", "-pthread", "-g"}, strings.Fields(variant.flags)...)
 			args = append(args, "-I../include", "-o", exe,
