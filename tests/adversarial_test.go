@@ -698,6 +698,10 @@ func probeDowngrade(t *testing.T, a *advCluster) {
 	for range 3 {
 		for _, g := range greetings {
 			c := dial(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(a.Port)))
+			if c == nil {
+				a.dump()
+				t.Fatal("the scheduler's port refused a connection")
+			}
 			c.Write(g)
 			c.SetReadDeadline(time.Now().Add(10 * time.Second))
 			c.Read(make([]byte, 64)) // until the scheduler hangs up
