@@ -2,6 +2,7 @@ package tests
 
 import (
 	"fmt"
+	"net"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -109,4 +110,28 @@ func TestFptrunUnderSlurm(t *testing.T) {
 	})
 	mustContain(t, "task 0", outs[0], "fpt run: engine slurm", "this task also runs the scheduler")
 	mustContain(t, "task 3", outs[3], "LOCAL_RANK=2", "LOCAL_WORLD_SIZE=3", "PASS")
+}
+
+// The scheduler that task 0 runs beside its server cannot listen (its
+// port is taken): the task ends at once with the scheduler's status and
+// says why, instead of its server waiting out FPT_START_TIMEOUT.
+func TestEngineSchedulerFailureEndsTask(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	port := held.Addr().(*net.TCPAddr).Port
+	cmd := exec.Command(bin.fpt, "run", "--", bin.app, "-iters", "3")
+	cmd.Env = append(environWithout("FPT_", "PS_", "DMLC_", "SLURM_", "OMPI_", "JOB_COMPLETION_INDEX", "RANK", "WORLD_SIZE", "LOCAL_"),
+		"OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=3", "OMPI_COMM_WORLD_LOCAL_RANK=0", "OMPI_COMM_WORLD_LOCAL_SIZE=3",
+		"OMPI_MCA_ess_base_jobid=7", "DMLC_PS_ROOT_PORT="+strconv.Itoa(port), "FPT_START_TIMEOUT=60")
+	start := time.Now()
+	timer := time.AfterFunc(50*time.Second, func() { cmd.Process.Kill() }) // a hang guard, not a speed bound
+	defer timer.Stop()
+	out, _ := cmd.CombinedOutput()
+	if code := cmd.ProcessState.ExitCode(); code <= 0 {
+		t.Fatalf("the task exited %d after %s, want the scheduler's failure:\n%s", code, time.Since(start).Round(time.Millisecond), out)
+	}
+	mustContain(t, "task 0", string(out), "the scheduler cannot listen", "the scheduler beside this task failed")
 }

@@ -44,7 +44,10 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	if err != nil {
 		return effects{}, err
 	}
-	req.key, req.iter, req.bytes, req.fpt = ts[0].key, began, uint64(len(data)), true
+	req.iter, req.bytes, req.fpt = began, uint64(len(data)), true
+	if len(ts) > 0 { // a push of no keys is a request that settles at once
+		req.key = ts[0].key
+	}
 	if hold > 0 {
 		hp := &heldPush{req: req, ts: ts, iters: make([]uint64, len(ts)), parts: parts, priority: priority, last: began}
 		for i, t := range ts {

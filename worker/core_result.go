@@ -99,7 +99,10 @@ func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	if err != nil {
 		return effects{}, err
 	}
-	req.key, req.iter, req.bytes, req.fpt = ts[0].key, ts[0].pulled, uint64(len(data)), true
+	req.bytes, req.fpt = uint64(len(data)), true
+	if len(ts) > 0 { // a pull of no keys is a request that settles at once
+		req.key, req.iter = ts[0].key, ts[0].pulled
+	}
 	out := effects{req: req}
 	for i, t := range ts {
 		iter := t.pulled

@@ -32,6 +32,19 @@ func TestTestReportsSettled(t *testing.T) {
 	wg.Wait()
 	w0, w1 := worker.NewKV[float32](c.Workers[0]), worker.NewKV[float32](c.Workers[1])
 	vals, sum := []float32{1, 2, 3, 4}, make([]float32, 4)
+	// A push or pull of no keys settles at once (fpt_push(NULL, 0, ...)).
+	for _, call := range []func() (int, error){
+		func() (int, error) { return w0.FPTPush(nil, nil, nil, 0, nil) },
+		func() (int, error) { return w0.FPTPull(nil, nil, nil, nil) },
+	} {
+		ts, err := call()
+		if err != nil {
+			t.Fatalf("a request of no keys: %v", err)
+		}
+		if err := w0.Wait(ts); err != nil {
+			t.Fatalf("waiting for a request of no keys: %v", err)
+		}
+	}
 	push, err := w0.FPTPush([]uint64{1}, vals, []int{4}, 0, nil)
 	if err != nil {
 		t.Fatal(err)

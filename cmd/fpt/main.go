@@ -172,11 +172,32 @@ func runNode(withScheduler bool, schedEnv []string) int {
 		fmt.Fprintf(os.Stderr, "fpt run: starting the scheduler: %v\n", err)
 		return launch.ExitFailed
 	}
+	done := make(chan error, 1)
+	nodeEnded := make(chan struct{})
+	go func() {
+		err := sched.Wait()
+		if err == nil { // the cluster is done: the node ends in a moment
+			<-nodeEnded
+		}
+		select {
+		case <-nodeEnded:
+			done <- err
+		default:
+			// The scheduler failed while this task's node runs (its port
+			// taken, a bad setting): the node would wait for it until
+			// FPT_START_TIMEOUT or its heartbeat timeout; the task ends now.
+			code := launch.ExitFailed
+			if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() > 0 {
+				code = ee.ExitCode()
+			}
+			fmt.Fprintf(os.Stderr, "fpt run: the scheduler beside this task failed (%v); ending the task\n", err)
+			os.Exit(code)
+		}
+	}()
 	code := launch.Main("fpt", os.LookupEnv, os.Stderr, nil)
+	close(nodeEnded)
 	// The scheduler ends with the cluster; it has had its signal too
 	// when the engine stopped the task.
-	done := make(chan error, 1)
-	go func() { done <- sched.Wait() }()
 	select {
 	case err = <-done:
 	case <-time.After(schedulerLinger):

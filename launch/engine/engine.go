@@ -65,9 +65,11 @@ type Plan struct {
 
 // Engine port range: the scheduler's control port is an even port in
 // [enginePortBase, enginePortBase+2*enginePorts), its data port the next.
+// The range ends below Linux's ephemeral ports (32768 and up by default),
+// which any outgoing connection on the host may hold.
 const (
 	enginePortBase = 20000
-	enginePorts    = 10000
+	enginePorts    = 6000
 	// maxHosts bounds a Slurm node list's expansion (a malformed
 	// "n[0-999999999]" must not allocate a billion names).
 	maxHosts = 1 << 16

@@ -163,6 +163,10 @@ func TestDetect(t *testing.T) {
 // Two jobs' schedulers on one host get different ports, each an even one
 // in the range, its successor (the data port) in the range too.
 func TestJobPort(t *testing.T) {
+	// Below Linux's ephemeral ports: an outgoing connection never holds it.
+	if last := enginePortBase + 2*enginePorts - 1; last >= 32768 {
+		t.Errorf("the engine's ports reach %d, into the ephemeral range (32768 and up)", last)
+	}
 	seen := map[int]string{}
 	for _, id := range []string{"1.0", "2.0", "1.1", "4242.0", "4243.0"} {
 		p := jobPort("slurm", id)
