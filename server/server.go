@@ -263,10 +263,7 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte, inPlace bool) {
 	var err error
 	switch h.Type {
 	case frame.Push:
-		if s.onPush != nil {
-			s.onPush(h.Iteration)
-		}
-		err = s.base.Agg.HandlePush(h, payload, inPlace)
+		err = handlePush(s.base.Agg, s.onPush, h, payload, inPlace)
 	case frame.KVPush, frame.KVPushPull, frame.KVPull, frame.KVPullRange:
 		if s.awaitLoad() {
 			err = s.classicRequest(h, payload)
@@ -290,6 +287,25 @@ func (s *Server) HandleFrame(h *frame.Header, payload []byte, inPlace bool) {
 	if err != nil {
 		s.node.Fail(fmt.Errorf("server: from %s: %s: %w", from, h, err))
 	}
+}
+
+// pushHandler is the aggregator's part of a push.
+type pushHandler interface {
+	HandlePush(h *frame.Header, payload []byte, inPlace bool) error
+}
+
+// handlePush hands a pushed partition to agg, then tells the LB agent
+// (report, nil without one) that its iteration began. The report comes
+// after: the aggregator may answer the push at once, and building and
+// sending a report must not delay that. The agent's rates come from its
+// own periodic reads of the van's counters, so the order does not change
+// what it reports.
+func handlePush(agg pushHandler, report func(iteration uint64), h *frame.Header, payload []byte, inPlace bool) error {
+	err := agg.HandlePush(h, payload, inPlace)
+	if report != nil {
+		report(h.Iteration)
+	}
+	return err
 }
 
 // drainedAt is what a worker's KVDrained said: how many classic

@@ -136,7 +136,16 @@ func mapKept(n int) ([]byte, error) {
 	if n == 0 {
 		return nil, nil
 	}
-	return unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	mem, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	if err != nil {
+		return nil, err
+	}
+	// Huge pages: the copy into fresh memory is mostly page faults, one
+	// per 4 KiB page without them (a 64 MiB copy took about 16 times the
+	// CPU). Only advice: where the kernel has no transparent huge pages
+	// the memory works as well with small ones, so a refusal is ignored.
+	_ = unix.Madvise(mem, unix.MADV_HUGEPAGE)
+	return mem, nil
 }
 
 // unmapKept returns memory from mapKept.
