@@ -46,7 +46,8 @@ size_t ElemsPerKey(size_t bytes, int num_keys) {
 // Values is this worker's push: per_key values for each of num_keys keys.
 SArray<float> Values(size_t per_key, int num_keys) {
   SArray<float> vals(per_key * num_keys);
-  for (size_t i = 0; i < vals.size(); ++i) vals[i] = Value(MyRank(), i);
+  int rank = MyRank();
+  for (size_t i = 0; i < vals.size(); ++i) vals[i] = Value(rank, i);
   return vals;
 }
 
@@ -182,6 +183,10 @@ int main(int argc, char* argv[]) {
   CHECK(mode == "classic") << "-mode " << mode << ": want classic (built against ps-lite)";
 #endif
   CHECK(handle == "default" || handle == "vector") << "-handle " << handle << ": want default or vector";
+  // After Start, as ps-lite's own programs do (ps-lite registers the
+  // customers of a KVServer made before Start with a van that is not yet
+  // running).
+  Start(0);
   KVServer<float>* server = nullptr;
   if (IsServer()) {
     server = new KVServer<float>(0);
@@ -191,7 +196,8 @@ int main(int argc, char* argv[]) {
       server->set_request_handle(KVServerDefaultHandle<float>());
     }
   }
-  Start(0);
+  // No request before every server has its handle.
+  if (!IsScheduler()) Postoffice::Get()->Barrier(0, kWorkerGroup + kServerGroup);
   if (IsWorker()) {
 #ifdef FPT_H
     if (mode == "fpt") {
