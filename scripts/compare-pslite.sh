@@ -9,14 +9,28 @@
 # PSLITE is a ps-lite source tree or bare git directory (its HEAD is
 # used). Needs g++, libzmq (libzmq3-dev), protobuf (libprotobuf-dev,
 # protobuf-compiler), and bin/fpt and bin/pslite_benchmark (scripts/build.sh).
-# Nothing of it is part of fpt's build or tests. FPT_PSLITE_WORK names the
+# Nothing of it is part of fpt's build or tests. COMPARE_PSLITE_WORK names the
 # scratch directory (default: a new one under /tmp, removed at the end).
 set -euo pipefail
+usage() {
+  cat <<'USAGE'
+usage: scripts/compare-pslite.sh PSLITE [fpt bench flags...]
+
+Builds dmlc/ps-lite from PSLITE (a source tree or a bare git directory, its
+HEAD) in a scratch directory, builds clients/pslite/benchmark.cc against it,
+and runs "bin/fpt bench --scenario classic" with that program as the
+ps-lite path, next to fpt's classic and FPT paths and raw TCP in one run.
+Needs g++, pkg-config, libzmq3-dev, libprotobuf-dev, protobuf-compiler, and
+bin/fpt and bin/pslite_benchmark (scripts/build.sh). Nothing of fpt's build
+or tests depends on it.
+
+Environment read: COMPARE_PSLITE_WORK (the scratch directory; default a new
+one under /tmp, removed at the end).
+USAGE
+}
 case "${1:-}" in
-  ""|-h|--help)
-    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
-    [ -n "${1:-}" ] && exit 0
-    exit 2 ;;
+  -h|--help) usage; exit 0 ;;
+  "") usage >&2; exit 2 ;;
 esac
 src=$1
 shift
@@ -26,7 +40,7 @@ for tool in g++ protoc pkg-config; do
   command -v "$tool" >/dev/null 2>&1 || { echo "compare-pslite: $tool not found (apt-get install g++ protobuf-compiler pkg-config)" >&2; exit 1; }
 done
 [ -x bin/fpt ] && [ -x bin/pslite_benchmark ] || { echo "compare-pslite: bin/fpt or bin/pslite_benchmark missing (scripts/build.sh)" >&2; exit 1; }
-work=${FPT_PSLITE_WORK:-}
+work=${COMPARE_PSLITE_WORK:-}
 if [ -z "$work" ]; then
   work=$(mktemp -d /tmp/compare-pslite.XXXXXX)
   trap 'rm -rf "$work"' EXIT
