@@ -76,6 +76,10 @@ type Meta struct {
 type Message struct {
 	Meta     Meta
 	Segments [][]byte
+	// Buffer, when set, is the memory the segments alias, which the
+	// receiver's allocator made (customer.Allocator): whoever holds the
+	// message last frees it there. Never encoded.
+	Buffer []byte
 }
 
 // ErrInvalid is returned (wrapped, with detail) for a message that cannot

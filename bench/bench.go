@@ -101,6 +101,15 @@ With --scenario, runs a cluster in an emulated network (network namespaces, tbf)
             and pull of one tensor (default 32 MiB, 5 iterations, sums checked) with 1 and
             with 4 connections per pair (FPT_CHANNELS): goodput_gbps of each side by side
 
+  classic   on loopback (no root): ps-lite's classic path (KVWorker ZPush/ZPull into
+            KVServerDefaultHandle through include/ps, the C++ program pslite_benchmark)
+            next to its FPT path (FPTPush/FPTPull) and raw TCP, --workers x --servers
+            (default 2 x 2), --iters iterations (default 5): a dense case (4 keys of
+            --tensor-bytes, default 8 MiB) and a sparse one (--sparse-keys keys of one
+            float, default 10^7; the FPT path moves them as one tensor); push and pull ms,
+            Gbit/s of worker 0 and CPU s/GB of every process; --pslite-program adds the
+            same program built against dmlc/ps-lite
+
 Every run prints a table, or with --json one JSON object per result; progress goes to
 stderr. --plot FILE also draws the results as an SVG image; --from FILE draws (and
 prints) the results a --json run saved, without running anything.
@@ -124,6 +133,11 @@ type flags struct {
 	hostsWorkers string
 	flowCap      string // --flow-cap: the channels scenario's cap on one connection
 	from         string // --from: results to print and plot instead of a run
+	// The classic scenario's --sparse-keys, --classic-program and
+	// --pslite-program.
+	sparseKeys     int
+	classicProgram string
+	psliteProgram  string
 }
 
 // set tells whether the command line gave the named flag.
@@ -148,7 +162,7 @@ func newFlags(output io.Writer) *flags {
 	fs.Int64Var(&o.partitionBytes, "partition-bytes", 0, "FPT_PARTITION_BYTES for the cluster (0: the default, 256 KiB in shaping and\npriority)")
 	fs.BoolVar(&o.jsonOut, "json", false, "one JSON object per line (else a table)")
 	fs.BoolVar(&o.authCompare, "auth-compare", false, "run each goodput row four times, without a cluster secret\n(FPT_CLUSTER_SECRET), with one twice, and without again, and give the\nsecret-on rows' mean goodput and CPU per GB relative to the secret-off rows'")
-	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor one or more of slow-server, equal, slow-worker (comma-separated), or server-loss,\nserver-join, worker-wait, hosts or channels; or failover, on loopback (no root)")
+	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor one or more of slow-server, equal, slow-worker (comma-separated), or server-loss,\nserver-join, worker-wait, hosts or channels; or failover or classic, on loopback (no root)")
 	fs.StringVar(&f.scen.rate, "rate", "200mbit", "shaping and priority: the worker host's link rate, both ways (tc syntax); LB scenarios:\nevery host's but the slow one's (default 400mbit there)")
 	registerLBFlags(fs, &f.lbs)
 	fs.IntVar(&f.killAt, "kill-at", failoverDefaultKillAt, "failover and server-loss scenarios: server1 is killed (kill -9) once worker 0 has\nverified the iteration before this one (server-loss: default iters/3); worker-wait: worker2,\nthe same way (default iters/3)")
@@ -156,6 +170,9 @@ func newFlags(output io.Writer) *flags {
 	fs.StringVar(&f.plot, "plot", "", "also draw the results as an SVG image in this file: LB scenarios' iteration times\n(off, on, bound, decisions), failover's (both runs, the loss, the join), goodput vs raw TCP, CPU per GB by peers")
 	fs.StringVar(&f.from, "from", "", "run nothing: read the results a --json run printed from this file (- for stdin),\nprint them and draw them with --plot")
 	fs.StringVar(&f.weights, "weights", "3:1", "shaping scenario: the worker's flow weights for server 0 and server 1")
+	fs.IntVar(&f.sparseKeys, "sparse-keys", classicSparseKeys, "classic scenario: the sparse case's keys (one float each)")
+	fs.StringVar(&f.classicProgram, "classic-program", "", "classic scenario: the C++ program (default: pslite_benchmark beside fpt)")
+	fs.StringVar(&f.psliteProgram, "pslite-program", "", "classic scenario: the same program built against dmlc/ps-lite, run as a fourth\npath (scripts/compare-pslite.sh builds it)")
 	fs.StringVar(&f.hostsWorkers, "hosts-workers", hostsDefaultWorkers, "hosts scenario: workers per emulated host, comma-separated (one server per host)")
 	fs.StringVar(&f.flowCap, "flow-cap", channelsDefaultFlowCap, "channels scenario: the most one TCP connection gets of a host's link (tc syntax)")
 	fs.Usage = func() {
@@ -189,6 +206,8 @@ func Main(args []string) int {
 		return hostsMain(f)
 	case name == scenarioChannels:
 		return channelsMain(f)
+	case name == scenarioClassic:
+		return classicMain(f)
 	case isElasticScenario(name):
 		return elasticMain(f)
 	case name != "" && isLBScenario(name):

@@ -20,6 +20,7 @@ import (
 
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/customer"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/launch"
 	"github.com/fptps/fpt/node"
@@ -101,6 +102,9 @@ type Lib struct {
 	startDone chan struct{}
 	first     int
 	extra     *cluster.Customers
+	// alloc makes the buffers customer messages are read into
+	// (SetAllocator); nil: Go memory.
+	alloc customer.Allocator
 
 	// submit is held for reading while a call hands a request to the
 	// worker, and taken for writing by Finalize once the state says

@@ -161,10 +161,30 @@ func (l *Lib) customer(op string, app, cust int) (*customer.Set, customer.Key, e
 	return set, customer.Key{App: int32(app), Customer: int32(cust)}, err
 }
 
+// SetAllocator makes a the allocator of the buffers the node reads
+// customer messages into (customer.Allocator): libfpt's C memory, which a
+// customer added with CustomerAddKeep keeps without a copy. Before Start.
+func (l *Lib) SetAllocator(a customer.Allocator) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.alloc = a
+}
+
 // CustomerAdd registers h as customer (app, cust). On the scheduler its
-// messages travel over the control plane.
+// messages travel over the control plane. A message's Buffer (the
+// allocator's) is freed when h returns.
 func (l *Lib) CustomerAdd(app, cust int, h MsgHandler) error {
-	const op = "fpt_customer_add"
+	return l.customerAdd("fpt_customer_add", app, cust, h, false)
+}
+
+// CustomerAddKeep is CustomerAdd for a handler that keeps the messages it
+// gets: one with a Buffer is h's, to free with the allocator
+// (fpt_msg_release); one without is valid during the call only.
+func (l *Lib) CustomerAddKeep(app, cust int, h MsgHandler) error {
+	return l.customerAdd("fpt_customer_add_keep", app, cust, h, true)
+}
+
+func (l *Lib) customerAdd(op string, app, cust int, h MsgHandler, keep bool) error {
 	if h == nil {
 		return fail(CodeArg, op, "handler is NULL")
 	}
@@ -172,11 +192,20 @@ func (l *Lib) CustomerAdd(app, cust int, h MsgHandler) error {
 	if err != nil {
 		return err
 	}
+	l.mu.Lock()
+	alloc := l.alloc
+	l.mu.Unlock()
+	if alloc != nil {
+		set.UseAllocator(alloc)
+	}
 	handler := func(m *appmsg.Message, err error) {
 		if err != nil {
 			err = &Error{Code: CodeCluster, Err: fmt.Errorf("capi: customer (%d, %d): %w", app, cust, err)}
 		}
 		h(m, err)
+		if !keep && m.Buffer != nil && alloc != nil {
+			alloc.Free(m.Buffer)
+		}
 	}
 	if err := set.Add(k, handler); err != nil {
 		return custErr(op, err)

@@ -276,7 +276,7 @@ func TestHeaderDefines(t *testing.T) {
 		header[m[1]] = v
 	}
 	want := map[string]int{
-		"FPT_API_VERSION":      3,
+		"FPT_API_VERSION":      4,
 		"FPT_GROUP_SCHEDULER":  int(node.SchedulerGroup),
 		"FPT_GROUP_SERVERS":    int(node.ServerGroup),
 		"FPT_GROUP_WORKERS":    int(node.WorkerGroup),

@@ -37,7 +37,9 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/fptps/fpt/appmsg"
 	"github.com/fptps/fpt/config"
@@ -75,9 +77,25 @@ type ControlApps interface {
 	OnApp(deliver func(from node.ID, priority int32, payload []byte))
 }
 
+// Allocator makes the buffers App payloads are read into, and frees them:
+// libfpt's reads them into C memory that its C++ customers keep without a
+// copy (fpt_customer_add_keep). Alloc returns exactly n bytes; Free takes
+// back what Alloc made.
+type Allocator interface {
+	Alloc(n int) []byte
+	Free(b []byte)
+}
+
 // Set is a node's customers.
 type Set struct {
 	n Node
+
+	// alloc is the Allocator (nil: Go memory); allocated holds the
+	// buffers it made that the van is reading into, by address, so that
+	// HandleFrame knows a payload as one of them.
+	alloc     atomic.Pointer[Allocator]
+	allocMu   sync.Mutex
+	allocated map[*byte]struct{}
 
 	mu     sync.Mutex
 	c      *core
@@ -210,10 +228,29 @@ func (s *Set) stopTimers() {
 	}
 }
 
+// UseAllocator makes a the allocator of the payloads read from now on (a
+// message of them carries its buffer in appmsg.Message.Buffer, and its
+// handler frees it). Setting it again replaces it; buffers already made
+// are freed by the allocator that made them.
+func (s *Set) UseAllocator(a Allocator) { s.alloc.Store(&a) }
+
 // PayloadBuffer is the buffer an App frame's payload is read into (the
 // role's van.Sink passes it on): the message's own, which HandleFrame then
-// keeps without a copy.
-func (s *Set) PayloadBuffer(h *frame.Header) []byte { return make([]byte, h.Length) }
+// keeps without a copy; the Allocator's when there is one.
+func (s *Set) PayloadBuffer(h *frame.Header) []byte {
+	a := s.alloc.Load()
+	if a == nil || h.Length == 0 {
+		return make([]byte, h.Length)
+	}
+	b := (*a).Alloc(int(h.Length))
+	s.allocMu.Lock()
+	if s.allocated == nil {
+		s.allocated = map[*byte]struct{}{}
+	}
+	s.allocated[unsafe.SliceData(b)] = struct{}{}
+	s.allocMu.Unlock()
+	return b
+}
 
 // HandleFrame takes an App frame from the van: payload is the Set's to
 // keep when inPlace (read into PayloadBuffer's buffer), else valid during
@@ -221,16 +258,38 @@ func (s *Set) PayloadBuffer(h *frame.Header) []byte { return make([]byte, h.Leng
 // member, which the role treats as it does any other malformed frame.
 func (s *Set) HandleFrame(h *frame.Header, payload []byte, inPlace bool) error {
 	if !inPlace {
-		payload = bytes.Clone(payload)
+		return s.deliver(node.ID(h.Sender), h.Priority, bytes.Clone(payload))
 	}
-	return s.deliver(node.ID(h.Sender), h.Priority, payload)
+	var owner Allocator
+	if a := s.alloc.Load(); a != nil && len(payload) > 0 {
+		s.allocMu.Lock()
+		if _, ok := s.allocated[unsafe.SliceData(payload)]; ok {
+			delete(s.allocated, unsafe.SliceData(payload))
+			owner = *a
+		}
+		s.allocMu.Unlock()
+	}
+	return s.deliverOwned(node.ID(h.Sender), h.Priority, payload, owner)
 }
 
 // deliver decodes payload (the Set's to keep) and routes it.
 func (s *Set) deliver(from node.ID, priority int32, payload []byte) error {
+	return s.deliverOwned(from, priority, payload, nil)
+}
+
+// deliverOwned is deliver of a payload that owner made (nil: Go memory):
+// the message carries it as its Buffer, or it is freed here when the
+// message goes nowhere.
+func (s *Set) deliverOwned(from node.ID, priority int32, payload []byte, owner Allocator) error {
 	m, err := appmsg.Decode(payload)
 	if err != nil {
+		if owner != nil {
+			owner.Free(payload)
+		}
 		return err
+	}
+	if owner != nil {
+		m.Buffer = payload
 	}
 	self := s.n.Self()
 	m.Meta.Sender, m.Meta.Recipient, m.Meta.Priority = uint32(from), uint32(self.ID), priority
@@ -245,6 +304,9 @@ func (s *Set) deliver(from node.ID, priority int32, payload []byte) error {
 	case routeQueued:
 		s.wake([]*inbox{in})
 	case routeRemoved:
+		if owner != nil {
+			owner.Free(payload)
+		}
 		s.n.Logger().Warn("message for a removed customer dropped", "customer", k, "from", from, "head", m.Meta.Head, "timestamp", m.Meta.Timestamp)
 	}
 	return nil

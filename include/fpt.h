@@ -39,8 +39,9 @@ extern "C" {
 #endif
 
 /* The version of this interface (2: nodes, groups and customers; 3: a
- * joinable worker's fpt_set_params_source, fpt_start_iteration, fpt_joined). */
-#define FPT_API_VERSION 3
+ * joinable worker's fpt_set_params_source, fpt_start_iteration, fpt_joined;
+ * 4: fpt_customer_add_keep, fpt_msg_release). */
+#define FPT_API_VERSION 4
 
 /* Status codes. */
 typedef enum fpt_status {
@@ -401,6 +402,28 @@ typedef void (*fpt_msg_handler)(const fpt_msg_meta* meta, const fpt_segment* seg
 /* Registers handler as customer (app_id, customer_id). Registering a
  * customer that exists is FPT_ERR_ARG. */
 int fpt_customer_add(int app_id, int customer_id, fpt_msg_handler handler, void* user_data);
+
+/*
+ * A handler that may keep a message past the call: when block is not NULL
+ * the segments lie in block, the library's memory, which is the handler's
+ * from then on: it stays valid until fpt_msg_release(block), which the
+ * handler (or whatever it hands the data to) calls exactly once, from any
+ * thread, at any time (after fpt_finalize too). When block is NULL the
+ * segments are valid during the call only, as for fpt_msg_handler (the
+ * FPT_MSG_FAILED call, and messages the library did not read into memory
+ * of its own: those from this node itself or over the scheduler's control
+ * plane). Segment data in block start 8-byte aligned when every segment
+ * before them has a length that is a multiple of 8.
+ */
+typedef void (*fpt_msg_keep_handler)(const fpt_msg_meta* meta, const fpt_segment* segs, size_t num_segs,
+                                     void* block, void* user_data);
+
+/* fpt_customer_add for a handler that keeps messages (fpt_msg_keep_handler):
+ * a receiver that reads values in place saves a copy of every message. */
+int fpt_customer_add_keep(int app_id, int customer_id, fpt_msg_keep_handler handler, void* user_data);
+
+/* Frees the block of a message an fpt_msg_keep_handler kept. */
+void fpt_msg_release(void* block);
 
 /* Removes a customer. When it returns, its handler is not running and will
  * not run again; messages that arrive for it afterwards are dropped with a

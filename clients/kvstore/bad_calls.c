@@ -85,6 +85,14 @@ static void every_worker_call(int want, const char* want_msg) {
 
 static void on_msg(const fpt_msg_meta* meta, const fpt_segment* segs, size_t num_segs, void* user);
 
+static void on_keep(const fpt_msg_meta* meta, const fpt_segment* segs, size_t num_segs, void* block, void* user) {
+  (void)meta;
+  (void)segs;
+  (void)num_segs;
+  (void)user;
+  fpt_msg_release(block);
+}
+
 /* The node, group and customer calls (fpt.h API version 2 on), each of
  * which must fail with the same status and message in the current state. */
 static void every_customer_call(int want, const char* want_msg) {
@@ -96,6 +104,7 @@ static void every_customer_call(int want, const char* want_msg) {
   EXPECT(fpt_group_ids(FPT_GROUP_WORKERS, ids, 4, &n), want, want_msg);
   EXPECT(fpt_barrier_group(FPT_GROUP_WORKERS), want, want_msg);
   EXPECT(fpt_customer_add(0, 0, on_msg, NULL), want, want_msg);
+  EXPECT(fpt_customer_add_keep(0, 0, on_keep, NULL), want, want_msg);
   EXPECT(fpt_customer_remove(0, 0), want, want_msg);
   EXPECT(fpt_msg_send(&meta, NULL, 0), want, want_msg);
 }
@@ -172,6 +181,7 @@ static void customer_calls(void) {
   EXPECT(fpt_barrier_group(FPT_GROUP_SCHEDULER), FPT_OK, NULL); /* nobody to wait for */
 
   EXPECT(fpt_customer_add(3, 7, NULL, NULL), FPT_ERR_ARG, "handler is NULL");
+  EXPECT(fpt_customer_add_keep(3, 7, NULL, NULL), FPT_ERR_ARG, "handler is NULL");
   EXPECT(fpt_customer_add(3, 7, on_msg, NULL), FPT_OK, NULL);
   EXPECT(fpt_customer_add(3, 7, on_msg, NULL), FPT_ERR_ARG, "already");
   EXPECT(fpt_customer_remove(3, 8), FPT_ERR_ARG, "not registered");

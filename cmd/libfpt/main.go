@@ -54,7 +54,13 @@ import (
 // Postoffice, has no handle for the caller to pass around, and a process
 // can run only one node (one ZeroMQ context, shut down once), so it lives
 // here; capi.Lib guards its own state with a mutex.
-var lib = capi.New(getenv, environ, os.Stdout, os.Stderr, control.Shutdown)
+var lib = newLib()
+
+func newLib() *capi.Lib {
+	l := capi.New(getenv, environ, os.Stdout, os.Stderr, control.Shutdown)
+	l.SetAllocator(cAlloc{})
+	return l
+}
 
 func main() {}
 
@@ -441,6 +447,78 @@ func fpt_msg_send(meta *C.fpt_const_msg_meta, segs *C.fpt_const_segment, n C.siz
 	})
 }
 
+//export fpt_customer_add_keep
+func fpt_customer_add_keep(app, cust C.int, handler C.fpt_msg_keep_handler, user unsafe.Pointer) C.int {
+	const op = "fpt_customer_add_keep"
+	u := userData(user)
+	return guard(op, func() error {
+		if handler == nil {
+			return nullArg(op, "handler")
+		}
+		return lib.CustomerAddKeep(int(app), int(cust), keepHandler(handler, u))
+	})
+}
+
+// cAlloc is the allocator of the buffers customer messages are read into:
+// C memory (malloc), which a keeping handler frees with fpt_msg_release
+// (free) whenever it is done with it, on any thread.
+type cAlloc struct{}
+
+func (cAlloc) Alloc(n int) []byte {
+	p := C.malloc(C.size_t(n))
+	if p == nil {
+		// Go memory here would later be given to free().
+		panic(fmt.Sprintf("libfpt: malloc of %d bytes for a customer message failed", n))
+	}
+	return unsafe.Slice((*byte)(p), n)
+}
+
+func (cAlloc) Free(b []byte) { C.free(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// msgSegs is a message's meta and segments for C. Segments in Go memory
+// are pinned for the call (the array then holds pinned pointers only, as
+// cgo's rules require); an empty segment is NULL.
+func msgSegs(m *appmsg.Message, pin *runtime.Pinner) (C.fpt_msg_meta, [capi.MaxSegments]C.fpt_segment, int) {
+	meta := C.fpt_msg_meta{
+		app_id: C.int32_t(m.Meta.App), customer_id: C.int32_t(m.Meta.Customer),
+		timestamp: C.int32_t(m.Meta.Timestamp), head: C.int32_t(m.Meta.Head),
+		sender: C.int32_t(m.Meta.Sender), recipient: C.int32_t(m.Meta.Recipient),
+		flags: C.uint32_t(m.Meta.Flags), dtype: C.int32_t(m.Meta.DType), priority: C.int32_t(m.Meta.Priority),
+	}
+	var segs [capi.MaxSegments]C.fpt_segment
+	n := min(len(m.Segments), capi.MaxSegments)
+	for i, s := range m.Segments[:n] {
+		if len(s) == 0 {
+			continue
+		}
+		p := unsafe.Pointer(unsafe.SliceData(s))
+		if m.Buffer == nil {
+			pin.Pin(p)
+		}
+		segs[i] = C.fpt_segment{data: p, bytes: C.uint64_t(len(s))}
+	}
+	return meta, segs, n
+}
+
+// keepHandler wraps a keeping C handler for capi: a message in C memory
+// (m.Buffer) is handed over with its block, NULL otherwise.
+func keepHandler(h C.fpt_msg_keep_handler, user C.uintptr_t) capi.MsgHandler {
+	return func(m *appmsg.Message, err error) {
+		var pin runtime.Pinner
+		defer pin.Unpin()
+		meta, segs, n := msgSegs(m, &pin)
+		var block unsafe.Pointer
+		if m.Buffer != nil {
+			block = unsafe.Pointer(unsafe.SliceData(m.Buffer))
+		}
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+		}
+		C.fpt_invoke_msg_keep(h, &meta, &segs[0], C.size_t(n), block, cstr(msg), C.size_t(len(msg)), user)
+	}
+}
+
 // msgHandler wraps a C customer handler for capi. Each call hands C the
 // meta and a segment array in Go memory, the segments' bytes pinned for
 // the call (the array then holds pinned pointers only, as cgo's rules
@@ -449,22 +527,7 @@ func msgHandler(h C.fpt_msg_handler, user C.uintptr_t) capi.MsgHandler {
 	return func(m *appmsg.Message, err error) {
 		var pin runtime.Pinner
 		defer pin.Unpin()
-		meta := C.fpt_msg_meta{
-			app_id: C.int32_t(m.Meta.App), customer_id: C.int32_t(m.Meta.Customer),
-			timestamp: C.int32_t(m.Meta.Timestamp), head: C.int32_t(m.Meta.Head),
-			sender: C.int32_t(m.Meta.Sender), recipient: C.int32_t(m.Meta.Recipient),
-			flags: C.uint32_t(m.Meta.Flags), dtype: C.int32_t(m.Meta.DType), priority: C.int32_t(m.Meta.Priority),
-		}
-		var segs [capi.MaxSegments]C.fpt_segment
-		n := min(len(m.Segments), capi.MaxSegments)
-		for i, s := range m.Segments[:n] {
-			if len(s) == 0 {
-				continue
-			}
-			p := unsafe.Pointer(unsafe.SliceData(s))
-			pin.Pin(p)
-			segs[i] = C.fpt_segment{data: p, bytes: C.uint64_t(len(s))}
-		}
+		meta, segs, n := msgSegs(m, &pin)
 		msg := ""
 		if err != nil {
 			msg = err.Error()

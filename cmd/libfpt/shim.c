@@ -1,3 +1,4 @@
+#include <stdlib.h>
 #include <string.h>
 
 #include "shim.h"
@@ -43,6 +44,15 @@ void fpt_invoke_msg(fpt_msg_handler handler, const fpt_msg_meta* meta, const fpt
   fpt_set_last_error(msg, msg_len);
   handler(meta, segs, n, (void*)user);
 }
+
+void fpt_invoke_msg_keep(fpt_msg_keep_handler handler, const fpt_msg_meta* meta, const fpt_segment* segs, size_t n,
+                         void* block, const char* msg, size_t msg_len, uintptr_t user) {
+  fpt_set_last_error(msg, msg_len);
+  handler(meta, segs, n, block, (void*)user);
+}
+
+/* The block of a kept message is malloc'd (libfpt's customer allocator). */
+void fpt_msg_release(void* block) { free(block); }
 
 int fpt_invoke_params(fpt_params_fn fn, uintptr_t ctx, uint64_t iteration, uint64_t key, void* dst,
                       uint64_t bytes) {

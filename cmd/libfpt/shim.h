@@ -26,6 +26,10 @@ __attribute__((visibility("hidden"))) void fpt_invoke_msg(fpt_msg_handler handle
 
 /* Calls fn(ctx, iteration, key, dst, bytes) and returns its status: a
  * parameters source (fpt_set_params_source). */
+__attribute__((visibility("hidden"))) void fpt_invoke_msg_keep(fpt_msg_keep_handler handler, const fpt_msg_meta* meta,
+                                                               const fpt_segment* segs, size_t n, void* block,
+                                                               const char* msg, size_t msg_len, uintptr_t user);
+
 __attribute__((visibility("hidden"))) int fpt_invoke_params(fpt_params_fn fn, uintptr_t ctx, uint64_t iteration,
                                                             uint64_t key, void* dst, uint64_t bytes);
 

@@ -19,6 +19,8 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <iterator>
+#include <map>
 #include <mutex>
 #include <type_traits>
 #include <unordered_map>
@@ -42,6 +44,30 @@ struct KVPairs {
   SArray<int> lens;
   int priority = 0;
 };
+
+namespace internal {
+/* Makes *dst the array src without a copy when dst is an SArray; a
+ * std::vector cannot take memory over. */
+template <typename V>
+bool TakeOver(SArray<V>* dst, const SArray<V>& src) {
+  *dst = src;
+  return true;
+}
+template <typename C, typename V>
+bool TakeOver(C*, const SArray<V>&) {
+  return false;
+}
+/* Resizes an array that a copy fills next: an SArray without setting the
+ * new elements first. */
+template <typename V>
+void ResizeForCopy(SArray<V>* a, size_t n) {
+  a->resize_uninitialized(n);
+}
+template <typename C>
+void ResizeForCopy(C* a, size_t n) {
+  a->resize(n);
+}
+}  // namespace internal
 
 /* The fpt_dtype of values of type Val: float and double are tensor values,
  * anything else 0. */
@@ -442,58 +468,167 @@ class KVServer : public SimpleApp {
  * A request handle that adds pushed values into a store and answers pulls
  * from it. ps-lite's handles values of one element; this one any length:
  * a key's value has the length of its first push (lens[i], or
- * vals.size()/keys.size() without lens), later pushes must agree, and a
- * pull answers with lens. A key never pushed pulls as one 0.
+ * vals.size()/keys.size() without lens), later pushes must agree. A pull
+ * answers with lens when its keys' lengths differ, else without (every
+ * key then has vals.size()/keys.size() values, which KVWorker reads as
+ * lens). A key never pushed pulls as one 0.
+ *
+ * A request's keys in one piece: the first push of a key list none of whose
+ * keys is stored yet keeps the list's values as one block (its keys, their
+ * common length, the values end to end), and a later request of exactly
+ * that list adds into or answers from the block as one array, with no work
+ * per key (the classic path's usual case: every worker pushes and pulls the
+ * same keys each iteration). A request of any other keys that meets a
+ * block's key range breaks that block into store, one vector per key.
  */
 template <typename Val>
 struct KVServerDefaultHandle {
   void operator()(const KVMeta& req_meta, const KVPairs<Val>& req_data, KVServer<Val>* server) {
     size_t n = req_data.keys.size();
     KVPairs<Val> res;
+    size_t k = 0;  // values per key when lens is empty
+    if (req_meta.push && req_data.lens.empty() && n) {
+      k = req_data.vals.size() / n;
+      CHECK_EQ(k * n, req_data.vals.size()) << "KVServerDefaultHandle: values do not divide among the keys";
+    }
+    Block* b = n ? FindBlock(req_data.keys) : nullptr;
     if (req_meta.push) {
-      size_t k = 0;
-      if (req_data.lens.empty() && n) {
-        k = req_data.vals.size() / n;
-        CHECK_EQ(k * n, req_data.vals.size()) << "KVServerDefaultHandle: values do not divide among the keys";
+      size_t len = req_data.lens.empty() ? k : LensLength(req_data.lens);
+      bool uniform = UniformLens(req_data.lens, len) && len * n == req_data.vals.size();
+      if (b && uniform && len == b->k) {
+        Val* dst = b->vals.data();
+        const Val* src = req_data.vals.data();
+        for (size_t j = 0, m = b->vals.size(); j < m; ++j) dst[j] += src[j];
+      } else if (!b && n && uniform && NewBlock(req_data.keys)) {
+        Block& nb = blocks_[req_data.keys.front()];
+        nb.keys.assign(req_data.keys.begin(), req_data.keys.end());
+        nb.k = len;
+        nb.vals.assign(req_data.vals.begin(), req_data.vals.end());
+        b = &nb;
+      } else {
+        if (b) Break(b);
+        BreakRange(req_data.keys);
+        PushEach(req_data);
+        b = nullptr;
       }
-      size_t off = 0;
-      for (size_t i = 0; i < n; ++i) {
-        size_t len = req_data.lens.empty() ? k : size_t(req_data.lens[i]);
-        CHECK_LE(off + len, req_data.vals.size()) << "KVServerDefaultHandle: lens exceed vals";
-        std::vector<Val>& v = store[req_data.keys[i]];
-        if (v.empty()) v.resize(len);
-        CHECK_EQ(v.size(), len) << "KVServerDefaultHandle: key " << req_data.keys[i] << " was pushed with "
-                                << v.size() << " values, now " << len;
-        for (size_t j = 0; j < len; ++j) v[j] += req_data.vals[off + j];
-        off += len;
-      }
-      CHECK_EQ(off, req_data.vals.size()) << "KVServerDefaultHandle: lens add up to less than vals";
     }
     if (req_meta.pull) {
       res.keys = req_data.keys;
-      res.lens.resize(n);
-      size_t total = 0;
-      for (size_t i = 0; i < n; ++i) {
-        auto it = store.find(req_data.keys[i]);
-        size_t len = it == store.end() ? 1 : it->second.size();
-        res.lens[i] = static_cast<int>(len);
-        total += len;
-      }
-      res.vals.resize(total);
-      size_t off = 0;
-      for (size_t i = 0; i < n; ++i) {
-        auto it = store.find(req_data.keys[i]);
-        if (it == store.end()) {
-          res.vals[off++] = Val();
-          continue;
-        }
-        std::copy(it->second.begin(), it->second.end(), res.vals.data() + off);
-        off += it->second.size();
+      if (b) {
+        // Response copies the values before it returns: a view of the
+        // block will do.
+        res.vals = SArray<Val>(b->vals.data(), b->vals.size(), false);
+      } else {
+        BreakRange(req_data.keys);
+        PullEach(req_data.keys, &res);
       }
     }
     server->Response(req_meta, res);
   }
   std::unordered_map<Key, std::vector<Val>> store;
+
+ private:
+  struct Block {
+    std::vector<Key> keys;
+    size_t k = 0;  // values per key
+    std::vector<Val> vals;
+  };
+
+  // The block whose keys are exactly keys, or null.
+  Block* FindBlock(const SArray<Key>& keys) {
+    auto it = blocks_.find(keys.front());
+    if (it == blocks_.end()) return nullptr;
+    Block& b = it->second;
+    if (b.keys.size() != keys.size() || std::memcmp(b.keys.data(), keys.data(), keys.size() * sizeof(Key)) != 0) {
+      return nullptr;
+    }
+    return &b;
+  }
+  static size_t LensLength(const SArray<int>& lens) { return lens.empty() ? 0 : size_t(lens[0]); }
+  // Whether lens is empty or every length is k.
+  static bool UniformLens(const SArray<int>& lens, size_t k) {
+    for (int l : lens) {
+      if (size_t(l) != k) return false;
+    }
+    return true;
+  }
+  // Whether keys (ascending) may become a block: no block's range meets
+  // theirs and none of them is in store.
+  bool NewBlock(const SArray<Key>& keys) {
+    auto it = blocks_.upper_bound(keys.back());
+    if (it != blocks_.begin() && std::prev(it)->second.keys.back() >= keys.front()) return false;
+    if (store.empty()) return true;
+    for (Key key : keys) {
+      if (store.count(key)) return false;
+    }
+    return true;
+  }
+  // Moves block b into store, one vector per key.
+  void Break(Block* b) {
+    for (size_t i = 0; i < b->keys.size(); ++i) {
+      store[b->keys[i]].assign(b->vals.begin() + i * b->k, b->vals.begin() + (i + 1) * b->k);
+    }
+    blocks_.erase(b->keys.front());
+  }
+  // Breaks every block whose key range meets keys' (ascending).
+  void BreakRange(const SArray<Key>& keys) {
+    if (keys.empty()) return;
+    auto it = blocks_.upper_bound(keys.back());
+    while (it != blocks_.begin()) {
+      --it;
+      if (it->second.keys.back() < keys.front()) break;
+      Block* b = &it->second;
+      it = std::next(it);  // Break erases b
+      Break(b);
+      it = blocks_.upper_bound(keys.back());
+    }
+  }
+  void PushEach(const KVPairs<Val>& req_data) {
+    size_t n = req_data.keys.size();
+    size_t k = 0;
+    if (req_data.lens.empty() && n) k = req_data.vals.size() / n;
+    size_t off = 0;
+    for (size_t i = 0; i < n; ++i) {
+      size_t len = req_data.lens.empty() ? k : size_t(req_data.lens[i]);
+      CHECK_LE(off + len, req_data.vals.size()) << "KVServerDefaultHandle: lens exceed vals";
+      std::vector<Val>& v = store[req_data.keys[i]];
+      if (v.empty()) v.resize(len);
+      CHECK_EQ(v.size(), len) << "KVServerDefaultHandle: key " << req_data.keys[i] << " was pushed with " << v.size()
+                              << " values, now " << len;
+      for (size_t j = 0; j < len; ++j) v[j] += req_data.vals[off + j];
+      off += len;
+    }
+    CHECK_EQ(off, req_data.vals.size()) << "KVServerDefaultHandle: lens add up to less than vals";
+  }
+  void PullEach(const SArray<Key>& keys, KVPairs<Val>* res) {
+    size_t n = keys.size();
+    std::vector<const std::vector<Val>*> found(n);
+    res->lens.resize_uninitialized(n);
+    size_t total = 0;
+    bool uniform = true;
+    for (size_t i = 0; i < n; ++i) {
+      auto it = store.find(keys[i]);
+      found[i] = it == store.end() ? nullptr : &it->second;
+      size_t len = found[i] ? found[i]->size() : 1;
+      res->lens[i] = static_cast<int>(len);
+      uniform = uniform && res->lens[i] == res->lens[0];
+      total += len;
+    }
+    res->vals.resize_uninitialized(total);
+    size_t off = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (!found[i]) {
+        res->vals[off++] = Val();
+        continue;
+      }
+      std::copy(found[i]->begin(), found[i]->end(), res->vals.data() + off);
+      off += found[i]->size();
+    }
+    if (uniform) res->lens.clear();
+  }
+
+  // By first key.
+  std::map<Key, Block> blocks_;
 };
 
 ////////////////////////////////////////////////////////////////////////////
@@ -712,15 +847,19 @@ int KVWorker<Val>::AddPullCB(const SArray<Key>& keys, C* vals, D* lens, const Ca
       CHECK(!s.keys.empty()) << "a pull response without keys";
       Range range = FindRange(keys, s.keys.front(), s.keys.back() + 1);
       CHECK_EQ(range.size(), s.keys.size()) << "unmatched keys size from one server";
-      if (lens) CHECK_EQ(s.lens.size(), s.keys.size()) << "a server answered a pull without lens";
+      if (lens && s.lens.size()) CHECK_EQ(s.lens.size(), s.keys.size()) << "a server's pull answer has lens for another number of keys";
       total_key += s.keys.size();
       total_val += s.vals.size();
     }
     CHECK_EQ(total_key, keys.size()) << "lost some servers?";
     std::sort(kvs.begin(), kvs.end(),
               [](const KVPairs<Val>& a, const KVPairs<Val>& b) { return a.keys.front() < b.keys.front(); });
+    bool fill = true;
     if (vals->empty()) {
-      vals->resize(total_val);
+      // One server's answer is the pull's values as they are (an SArray
+      // takes them over); else room for them, unset until copied in.
+      fill = !(kvs.size() == 1 && internal::TakeOver(vals, kvs[0].vals));
+      if (fill) internal::ResizeForCopy(vals, total_val);
     } else {
       CHECK_EQ(vals->size(), total_val) << "the pull's vals have room for " << vals->size() << " values, the servers sent "
                                         << total_val;
@@ -729,18 +868,25 @@ int KVWorker<Val>::AddPullCB(const SArray<Key>& keys, C* vals, D* lens, const Ca
     int* p_lens = nullptr;
     if (lens) {
       if (lens->empty()) {
-        lens->resize(keys.size());
+        internal::ResizeForCopy(lens, keys.size());
       } else {
         CHECK_EQ(lens->size(), keys.size()) << "the pull's lens have another size than its keys";
       }
       p_lens = lens->data();
     }
     for (const auto& s : kvs) {
-      if (s.vals.size()) std::memcpy(p_vals, s.vals.data(), s.vals.size() * sizeof(Val));
+      if (fill && s.vals.size()) std::memcpy(p_vals, s.vals.data(), s.vals.size() * sizeof(Val));
       p_vals += s.vals.size();
       if (p_lens) {
-        if (s.lens.size()) std::memcpy(p_lens, s.lens.data(), s.lens.size() * sizeof(int));
-        p_lens += s.lens.size();
+        if (s.lens.size()) {
+          std::memcpy(p_lens, s.lens.data(), s.lens.size() * sizeof(int));
+        } else {
+          // No lens: every key has the same number of values.
+          size_t k = s.vals.size() / s.keys.size();
+          CHECK_EQ(k * s.keys.size(), s.vals.size()) << "a pull response's values do not divide among its keys";
+          std::fill(p_lens, p_lens + s.keys.size(), static_cast<int>(k));
+        }
+        p_lens += s.keys.size();
       }
     }
     if (cb) cb();

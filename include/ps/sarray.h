@@ -116,6 +116,18 @@ class SArray {
     if (size > cur) std::fill(data() + cur, data() + size, val);
   }
 
+  /* Resizes as resize does but leaves new elements unset (whatever the
+   * memory held): for an array the caller overwrites whole at once, which
+   * resize would first fill. fpt's addition. */
+  void resize_uninitialized(size_t size) {
+    if (capacity_ >= size) {
+      size_ = size;
+      return;
+    }
+    V* p = Allocate(size);
+    if (size_) std::memcpy(p, data(), size_ * sizeof(V));
+    reset(p, size, [](V* q) { delete[] q; });
+  }
   void reserve(size_t size) {
     if (capacity_ >= size) return;
     size_t old = size_;

@@ -7,6 +7,7 @@
 #include <fpt.h>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -24,7 +25,8 @@ struct Msg {
 };
 
 struct Cust {
-  fpt_msg_handler h;
+  fpt_msg_handler h = nullptr;
+  fpt_msg_keep_handler kh = nullptr;
   void* user;
   std::deque<Msg> q;
   bool stop = false;
@@ -37,6 +39,8 @@ std::mutex mu;
 std::condition_variable cv;
 std::map<std::pair<int, int>, Cust*> custs;
 std::map<std::pair<int, int>, std::deque<Msg>> early;
+// The blocks handed to keeping handlers and not released: start, bytes.
+std::map<const char*, size_t> blocks;
 
 void Loop(Cust* c) {
   std::unique_lock<std::mutex> lk(mu);
@@ -47,9 +51,30 @@ void Loop(Cust* c) {
     c->q.pop_front();
     lk.unlock();
     std::vector<fpt_segment> segs;
-    for (auto& s : m.segs) segs.push_back(fpt_segment{s.data(), s.size()});
     last_error = m.segs.empty() && (m.meta.flags & FPT_MSG_FAILED) ? "node 10 died (fake)" : "";
-    c->h(&m.meta, segs.data(), segs.size(), c->user);
+    if (c->kh && !(m.meta.flags & FPT_MSG_FAILED)) {
+      // One block, laid out as libfpt's: 48 bytes of header, then the
+      // segments end to end.
+      size_t total = 48;
+      for (auto& s : m.segs) total += s.size();
+      char* block = static_cast<char*>(std::malloc(total));
+      size_t off = 48;
+      for (auto& s : m.segs) {
+        std::memcpy(block + off, s.data(), s.size());
+        segs.push_back(fpt_segment{block + off, s.size()});
+        off += s.size();
+      }
+      {
+        std::lock_guard<std::mutex> blk(mu);
+        blocks[block] = total;
+      }
+      c->kh(&m.meta, segs.data(), segs.size(), block, c->user);
+    } else if (c->kh) {
+      c->kh(&m.meta, segs.data(), segs.size(), nullptr, c->user);
+    } else {
+      for (auto& s : m.segs) segs.push_back(fpt_segment{s.data(), s.size()});
+      c->h(&m.meta, segs.data(), segs.size(), c->user);
+    }
     lk.lock();
   }
 }
@@ -138,11 +163,33 @@ int fake_fpt_finalizes(void) {
   std::lock_guard<std::mutex> lk(mu);
   return finalizes;
 }
-int fpt_customer_add(int app, int cid, fpt_msg_handler h, void* user) {
+// Whether p lies in a block handed to a keeping handler and not released.
+int fake_fpt_in_block(const void* p) {
+  std::lock_guard<std::mutex> lk(mu);
+  const char* q = static_cast<const char*>(p);
+  auto it = blocks.upper_bound(q);
+  if (it == blocks.begin()) return 0;
+  --it;
+  return q < it->first + it->second;
+}
+// How many blocks are not released.
+int fake_fpt_blocks(void) {
+  std::lock_guard<std::mutex> lk(mu);
+  return static_cast<int>(blocks.size());
+}
+void fpt_msg_release(void* block) {
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    if (!blocks.erase(static_cast<const char*>(block))) std::abort();  // not ours, or twice
+  }
+  std::free(block);
+}
+static int AddCustomer(int app, int cid, fpt_msg_handler h, fpt_msg_keep_handler kh, void* user) {
   std::lock_guard<std::mutex> lk(mu);
   if (custs.count({app, cid})) return FPT_ERR_ARG;
   Cust* c = new Cust();
   c->h = h;
+  c->kh = kh;
   c->user = user;
   for (auto& m : early[{app, cid}]) c->q.push_back(m);
   early.erase({app, cid});
@@ -150,6 +197,12 @@ int fpt_customer_add(int app, int cid, fpt_msg_handler h, void* user) {
   c->t = std::thread(Loop, c);
   cv.notify_all();
   return FPT_OK;
+}
+int fpt_customer_add(int app, int cid, fpt_msg_handler h, void* user) {
+  return AddCustomer(app, cid, h, nullptr, user);
+}
+int fpt_customer_add_keep(int app, int cid, fpt_msg_keep_handler h, void* user) {
+  return AddCustomer(app, cid, nullptr, h, user);
 }
 int fpt_customer_remove(int app, int cid) {
   Cust* c;

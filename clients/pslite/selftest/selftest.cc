@@ -19,6 +19,8 @@ using namespace ps;
 extern "C" void fake_fpt_fail(void);
 extern "C" int fake_fpt_barriers(void);
 extern "C" int fake_fpt_finalizes(void);
+extern "C" int fake_fpt_in_block(const void* p);
+extern "C" int fake_fpt_blocks(void);
 
 // "selftest customers": three customers of one process, each Start(c),
 // three Barriers each and Finalize(c): each Barrier of the three is one
@@ -117,13 +119,93 @@ int Bad(const std::string& what) {
   return 0;
 }
 
+// Keys from..to-1 ascending.
+SArray<Key> KeyRun(Key from, Key to) {
+  SArray<Key> keys(to - from);
+  for (Key k = from; k < to; ++k) keys[k - from] = k;
+  return keys;
+}
+
+// KVServerDefaultHandle's store: a key list pushed again and again (kept
+// as one block), then lists that meet it (the block broken into keys), a
+// key never pushed, keys of two values; every value checked exactly.
+void Store(KVWorker<float>* kv) {
+  SArray<Key> a = KeyRun(1000, 2000);
+  SArray<float> ones(a.size(), 1);
+  for (int i = 0; i < 3; i++) kv->Wait(kv->ZPush(a, ones));
+  SArray<float> got;
+  SArray<int> got_lens;
+  kv->Wait(kv->ZPull(a, &got, &got_lens));
+  // One server answered: the pull's values are the received message's
+  // memory, not a copy of it.
+  CHECK(fake_fpt_in_block(got.data())) << "the pulled values were copied";
+  CHECK_EQ(got.size(), a.size());
+  CHECK_EQ(got_lens.size(), a.size());
+  for (size_t i = 0; i < a.size(); i++) {
+    CHECK_EQ(got[i], 3) << "key " << a[i];
+    CHECK_EQ(got_lens[i], 1) << "key " << a[i];
+  }
+  // The pull's vals already have their size: overwritten in place.
+  float* before = got.data();
+  kv->Wait(kv->ZPush(a, ones));
+  kv->Wait(kv->ZPull(a, &got));
+  CHECK(got.data() == before);
+  for (size_t i = 0; i < a.size(); i++) CHECK_EQ(got[i], 4) << "key " << a[i];
+  // Keys 1500..2499: half of them in the block.
+  SArray<Key> b = KeyRun(1500, 2500);
+  SArray<float> twos(b.size(), 2);
+  kv->Wait(kv->ZPush(b, twos));
+  SArray<Key> ab = KeyRun(1000, 2500);
+  SArray<float> all;
+  kv->Wait(kv->ZPull(ab, &all));
+  CHECK_EQ(all.size(), ab.size());
+  for (size_t i = 0; i < ab.size(); i++) {
+    float want = (ab[i] < 1500 ? 4 : 0) + (ab[i] >= 1500 && ab[i] < 2000 ? 4 : 0) + (ab[i] >= 1500 ? 2 : 0);
+    CHECK_EQ(all[i], want) << "key " << ab[i];
+  }
+  kv->Wait(kv->ZPush(a, ones));
+  kv->Wait(kv->ZPull(a, &got));
+  for (size_t i = 0; i < a.size(); i++) {
+    CHECK_EQ(got[i], a[i] < 1500 ? 5 : 7) << "key " << a[i] << " after the block broke";
+  }
+  // Two values a key, and a key never pushed (one 0) among them.
+  SArray<Key> c = KeyRun(3000, 3010);
+  SArray<float> pairs(2 * c.size());
+  for (size_t i = 0; i < pairs.size(); i++) pairs[i] = float(i);
+  kv->Wait(kv->ZPush(c, pairs));
+  kv->Wait(kv->ZPush(c, pairs));
+  SArray<float> cv;
+  SArray<int> cl;
+  kv->Wait(kv->ZPull(c, &cv, &cl));
+  CHECK_EQ(cv.size(), pairs.size());
+  for (size_t i = 0; i < pairs.size(); i++) CHECK_EQ(cv[i], 2 * pairs[i]);
+  for (int l : cl) CHECK_EQ(l, 2);
+  SArray<Key> cx = KeyRun(3009, 3011);
+  cv.clear();
+  cl.clear();
+  kv->Wait(kv->ZPull(cx, &cv, &cl));
+  CHECK_EQ(cv.size(), 3u);
+  CHECK_EQ(cl.size(), 2u);
+  CHECK_EQ(cl[0], 2);
+  CHECK_EQ(cl[1], 1);
+  CHECK_EQ(cv[0], 36);
+  CHECK_EQ(cv[1], 38);
+  CHECK_EQ(cv[2], 0);
+}
+
 int main(int argc, char* argv[]) {
   if (argc > 2 && !std::strcmp(argv[1], "bad")) return Bad(argv[2]);
   if (argc > 1 && !std::strcmp(argv[1], "fail")) return Fail();
   if (argc > 1 && !std::strcmp(argv[1], "customers")) return Customers();
   // The server's customer is (0, 0); the worker's (0, 1).
   KVServer<float> server(0);
-  server.set_request_handle(KVServerDefaultHandle<float>());
+  KVServerDefaultHandle<float> handle;
+  server.set_request_handle([&handle](const KVMeta& meta, const KVPairs<float>& data, KVServer<float>* s) {
+    // The request's arrays are views of the received message.
+    CHECK(data.keys.empty() || fake_fpt_in_block(data.keys.data())) << "the request's keys were copied";
+    CHECK(data.vals.empty() || fake_fpt_in_block(data.vals.data())) << "the request's values were copied";
+    handle(meta, data, s);
+  });
   Start(0);
   KVWorker<float> kv(0, 1);
   std::vector<Key> keys = {1, 5, kMaxKey / 2, kMaxKey - 1};
@@ -145,6 +227,8 @@ int main(int argc, char* argv[]) {
   kv.Wait(kv.Pull(std::vector<Key>(), &none));
   CHECK(none.empty());
 
+  Store(&kv);
+
   // SimpleApp: the worker side is (1, 2); the server side (1, 1), which
   // fake_fpt delivers node 8's messages of app 1 to.
   SimpleApp app(1, 2);
@@ -161,6 +245,8 @@ int main(int argc, char* argv[]) {
   app.Wait(app.Request(7, "hi", kServerGroup));
   CHECK_EQ(responses, 1);
   Finalize(0, false);
+  // Every received message's memory was released once its arrays went.
+  CHECK_EQ(fake_fpt_blocks(), 0);
   std::printf("selftest: PASS\n");
   return 0;
 }

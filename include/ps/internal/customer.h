@@ -2,12 +2,14 @@
  * ps/internal/customer.h - ps::Customer: a handler of messages registered
  * under (app_id, customer_id), and the requests it has in flight.
  *
- * On fpt a Customer is an fpt_customer_add registration (made when it is
- * constructed, or at ps::Start if it is constructed before). libfpt runs
+ * On fpt a Customer is an fpt_customer_add_keep registration (made when it
+ * is constructed, or at ps::Start if it is constructed before). libfpt runs
  * its handler on a thread of its own, one message at a time in arrival
- * order; the handler copies the message's segments into SArrays, calls the
- * RecvHandle and then, for a response, counts it for WaitRequest, as
- * ps-lite's Customer::Receiving does.
+ * order; the handler makes the message's segments SArrays that share the
+ * block libfpt read the message into (no copy, as ps-lite's zero-copy
+ * receive; the last of them releases the block), calls the RecvHandle and
+ * then, for a response, counts it for WaitRequest, as ps-lite's
+ * Customer::Receiving does.
  *
  * When the cluster fails libfpt calls the handler once with FPT_MSG_FAILED:
  * every WaitRequest then ends the program (LOG(FATAL)) with libfpt's reason,
@@ -64,8 +66,10 @@ class Customer {
    * which ends the program. */
   void Fail(const std::string& reason);
 
-  /* The fpt_msg_handler of every Customer; user_data is the Customer. */
-  static void Handler(const fpt_msg_meta* meta, const fpt_segment* segs, size_t num_segs, void* user_data);
+  /* The fpt_msg_keep_handler of every Customer; user_data is the
+   * Customer. */
+  static void Handler(const fpt_msg_meta* meta, const fpt_segment* segs, size_t num_segs, void* block,
+                      void* user_data);
 
  private:
   void CheckTimestamp(int timestamp, const char* what);

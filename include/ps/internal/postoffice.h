@@ -42,6 +42,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -202,8 +203,8 @@ class Postoffice {
   mutable int num_servers_ = -1;
   void NodeBarrier(int customer_id, int node_group);
   void Register(Customer* c) {
-    PS_FPT_CHECK(fpt_customer_add(c->app_id(), c->customer_id(), &Customer::Handler, c),
-                 "ps::Customer(" << c->app_id() << ", " << c->customer_id() << "): fpt_customer_add");
+    PS_FPT_CHECK(fpt_customer_add_keep(c->app_id(), c->customer_id(), &Customer::Handler, c),
+                 "ps::Customer(" << c->app_id() << ", " << c->customer_id() << "): fpt_customer_add_keep");
   }
 
   Van van_;
@@ -513,8 +514,13 @@ inline void Customer::Fail(const std::string& reason) {
   tracker_cond_.notify_all();
 }
 
-inline void Customer::Handler(const fpt_msg_meta* meta, const fpt_segment* segs, size_t num_segs, void* user_data) {
+inline void Customer::Handler(const fpt_msg_meta* meta, const fpt_segment* segs, size_t num_segs, void* block,
+                              void* user_data) {
   Customer* c = static_cast<Customer*>(user_data);
+  // The message's block is ours from here: every segment's SArray shares
+  // it, and the last one to go releases it.
+  std::shared_ptr<char> owner;
+  if (block) owner.reset(static_cast<char*>(block), [](char* p) { fpt_msg_release(p); });
   if (meta->flags & FPT_MSG_FAILED) {
     std::string reason = fpt_last_error();
     c->Fail(reason);
@@ -536,7 +542,6 @@ inline void Customer::Handler(const fpt_msg_meta* meta, const fpt_segment* segs,
   msg.meta.simple_app = (meta->flags & FPT_MSG_SIMPLE) != 0;
   msg.meta.dtype = meta->dtype;
   msg.meta.priority = meta->priority;
-  // The segments are valid during this call only: copy them.
   if (msg.meta.simple_app) {
     if (num_segs > 0 && segs[0].bytes > 0) {
       msg.meta.body.assign(static_cast<const char*>(segs[0].data), segs[0].bytes);
@@ -544,7 +549,16 @@ inline void Customer::Handler(const fpt_msg_meta* meta, const fpt_segment* segs,
   } else {
     for (size_t i = 0; i < num_segs; i++) {
       SArray<char> d;
-      d.CopyFrom(static_cast<const char*>(segs[i].data), segs[i].bytes);
+      char* data = static_cast<char*>(const_cast<void*>(segs[i].data));
+      // A view of the block (zero copy, as ps-lite's received SArrays
+      // are), unless there is none (the segments live during this call
+      // only) or the data are not aligned for any value type.
+      if (owner && reinterpret_cast<uintptr_t>(data) % 8 == 0) {
+        d.reset(data, segs[i].bytes, [](char*) {});
+        d.ptr() = std::shared_ptr<char>(owner, data);
+      } else {
+        d.CopyFrom(data, segs[i].bytes);
+      }
       msg.data.push_back(d);
     }
   }
