@@ -551,7 +551,14 @@ func sendControl(t *testing.T, s *goczmq.Sock, m *control.Message) error {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return s.SendFrame(b, goczmq.FlagNone)
+	// goczmq's error does not say why; a signal (the Go runtime's
+	// preemption) can interrupt a send that waited: try again.
+	for range 3 {
+		if err = s.SendFrame(b, goczmq.FlagNone); err == nil {
+			return nil
+		}
+	}
+	return err
 }
 
 // forgeries are NodeFailed, AddNode with a member's address, Terminate
