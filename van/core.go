@@ -360,8 +360,17 @@ func (c *core) write(m *frame.Message, hdr *[frame.HeaderSize]byte) {
 	h.Sender, h.Length = uint32(c.selfID()), uint64(len(m.Payload))
 	h.Encode(hdr[:])
 	start := time.Now()
-	err := p.links[channelOf(&m.Header, len(p.links))].writeFrame(hdr[:], m.Payload, c.cfg.IOTimeout)
+	ch := channelOf(&m.Header, len(p.links))
+	err := p.links[ch].writeFrame(hdr[:], m.Payload, c.cfg.IOTimeout)
 	p.st.SentBusy.Add(int64(time.Since(start)))
+	if err != nil && p.byes[ch].Load() {
+		// The peer said Bye on this channel and it is closed: the peer is
+		// leaving in order (its other channels end soon), not lost.
+		if m.Done != nil {
+			m.Done(fmt.Errorf("van: frame for node %d not sent: %w", id, ErrNoPeer))
+		}
+		return
+	}
 	if err != nil {
 		err = fmt.Errorf("van: write to node %d: %w", id, err)
 		p.fail(err)
