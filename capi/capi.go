@@ -501,15 +501,11 @@ func requestErr(ts int, err error) error {
 // succeeded, return nil.
 func (l *Lib) Wait(ts int) error {
 	const op = "fpt_wait"
-	l.mu.Lock()
-	st, w := l.state, l.w
-	if st != running && st != finalizing {
-		err := l.stateErr(op)
-		l.mu.Unlock()
+	w, err := l.requestWorker(op)
+	if err != nil {
 		return err
 	}
-	l.mu.Unlock()
-	var err error = worker.ErrNoRequest // a server or the scheduler made none
+	err = worker.ErrNoRequest // a server or the scheduler made none
 	if w != nil {
 		err = w.Wait(ts)
 	}
@@ -519,18 +515,26 @@ func (l *Lib) Wait(ts int) error {
 	return requestErr(ts, err)
 }
 
+// requestWorker is the worker whose requests op asks about (nil on a
+// server or the scheduler), or op's state error before fpt_start or
+// after fpt_finalize.
+func (l *Lib) requestWorker(op string) (*worker.Worker, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state != running && l.state != finalizing {
+		return nil, l.stateErr(op)
+	}
+	return l.w, nil
+}
+
 // Test reports, without blocking, whether request ts has settled and its
 // callback returned (Wait would return at once).
 func (l *Lib) Test(ts int) (bool, error) {
 	const op = "fpt_test"
-	l.mu.Lock()
-	st, w := l.state, l.w
-	if st != running && st != finalizing {
-		err := l.stateErr(op)
-		l.mu.Unlock()
+	w, err := l.requestWorker(op)
+	if err != nil {
 		return false, err
 	}
-	l.mu.Unlock()
 	if w == nil {
 		return false, fail(CodeArg, op, "no request %d", ts)
 	}
