@@ -186,12 +186,8 @@ func runNode(withScheduler bool, schedEnv []string) int {
 			// The scheduler failed while this task's node runs (its port
 			// taken, a bad setting): the node would wait for it until
 			// FPT_START_TIMEOUT or its heartbeat timeout; the task ends now.
-			code := launch.ExitFailed
-			if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() > 0 {
-				code = ee.ExitCode()
-			}
 			fmt.Fprintf(os.Stderr, "fpt run: the scheduler beside this task failed (%v); ending the task\n", err)
-			os.Exit(code)
+			os.Exit(schedulerStatus(err))
 		}
 	}()
 	code := launch.Main("fpt", os.LookupEnv, os.Stderr, nil)
@@ -207,12 +203,19 @@ func runNode(withScheduler bool, schedEnv []string) int {
 	}
 	if code == launch.ExitOK && err != nil {
 		fmt.Fprintf(os.Stderr, "fpt run: scheduler: %v\n", err)
-		if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() > 0 {
-			return ee.ExitCode()
-		}
-		return launch.ExitFailed
+		return schedulerStatus(err)
 	}
 	return code
+}
+
+// schedulerStatus is the task's exit status for the scheduler's failure
+// err: the scheduler's own status, or ExitFailed when it has none (killed
+// by a signal, never waited for).
+func schedulerStatus(err error) int {
+	if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() > 0 {
+		return ee.ExitCode()
+	}
+	return launch.ExitFailed
 }
 
 // schedulerLinger bounds how long a task waits for the scheduler it runs
