@@ -22,6 +22,13 @@ func engineJob(t *testing.T, tasks int, task func(i int) []string) []string {
 	return engineJobOf(t, []string{bin.fpt, "run", "--"}, tasks, task)
 }
 
+// engineEnviron is this process's environment without what an engine or
+// fpt would read (so the host's own Slurm or MPI job cannot leak in), plus
+// extra.
+func engineEnviron(extra ...string) []string {
+	return append(environWithout("FPT_", "PS_", "DMLC_", "SLURM_", "OMPI_", "JOB_COMPLETION_INDEX", "RANK", "WORLD_SIZE", "LOCAL_"), extra...)
+}
+
 // engineJobOf is engineJob with the launcher launch (fpt run --, or
 // fptrun) in front of test_kv_app.
 func engineJobOf(t *testing.T, launch []string, tasks int, task func(i int) []string) []string {
@@ -36,8 +43,7 @@ func engineJobOf(t *testing.T, launch []string, tasks int, task func(i int) []st
 	for i := range tasks {
 		argv := append(append([]string(nil), launch...), bin.app, "-iters", "3", "-max-bytes", "65536", "-quiet")
 		cmd := exec.Command(argv[0], argv[1:]...)
-		cmd.Env = append(append(environWithout("FPT_", "PS_", "DMLC_", "SLURM_", "OMPI_", "JOB_COMPLETION_INDEX", "RANK", "WORLD_SIZE", "LOCAL_"),
-			"FPT_CLUSTER_SECRET="+secret, "FPT_START_TIMEOUT=60", "PS_VERBOSE=1"), task(i)...)
+		cmd.Env = append(engineEnviron("FPT_CLUSTER_SECRET="+secret, "FPT_START_TIMEOUT=60", "PS_VERBOSE=1"), task(i)...)
 		var out strings.Builder
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Start(); err != nil {
@@ -123,8 +129,7 @@ func TestEngineSchedulerFailureEndsTask(t *testing.T) {
 	defer held.Close()
 	port := held.Addr().(*net.TCPAddr).Port
 	cmd := exec.Command(bin.fpt, "run", "--", bin.app, "-iters", "3")
-	cmd.Env = append(environWithout("FPT_", "PS_", "DMLC_", "SLURM_", "OMPI_", "JOB_COMPLETION_INDEX", "RANK", "WORLD_SIZE", "LOCAL_"),
-		"OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=3", "OMPI_COMM_WORLD_LOCAL_RANK=0", "OMPI_COMM_WORLD_LOCAL_SIZE=3",
+	cmd.Env = engineEnviron("OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=3", "OMPI_COMM_WORLD_LOCAL_RANK=0", "OMPI_COMM_WORLD_LOCAL_SIZE=3",
 		"OMPI_MCA_ess_base_jobid=7", "DMLC_PS_ROOT_PORT="+strconv.Itoa(port), "FPT_START_TIMEOUT=60")
 	start := time.Now()
 	timer := time.AfterFunc(50*time.Second, func() { cmd.Process.Kill() }) // a hang guard, not a speed bound
