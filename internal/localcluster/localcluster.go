@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -271,14 +272,29 @@ func (c *Cluster) Kill() {
 	}
 }
 
-// FreePort asks the kernel for a free TCP port on loopback.
+// FreePort returns a TCP port, and the one after it, that nothing
+// listens on now, below Linux's ephemeral ports (32768 and up) and the
+// engines' (20000 and up): a port the kernel hands out for :0 is one any
+// outgoing connection may take before the test's node binds it.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("localcluster: free port: %w", err)
+	const first, last = 10000, 19998
+	for range 200 {
+		p := first + 2*mrand.IntN((last-first)/2+1)
+		if bindable(p) && bindable(p+1) {
+			return p, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, fmt.Errorf("localcluster: free port: none free among 200 tries in %d-%d", first, last+1)
+}
+
+// bindable reports whether port can be listened on, on every interface.
+func bindable(port int) bool {
+	l, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
+	if err != nil {
+		return false
+	}
+	l.Close()
+	return true
 }
 
 // Buffer collects a process's output while it runs.
