@@ -7,6 +7,7 @@ package control
 import "C"
 
 import (
+	crand "crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -114,11 +115,12 @@ type Config struct {
 // admits only peers holding the job's client key. Every connection has
 // handshakeIvl to complete its handshake and at most maxUnauthenticated are
 // in it at once (gate.go); each refusal, of whatever kind, is counted
-// through Config.OnReject and logged at a bounded rate. The routing id the ROUTER
-// gives each incoming connection is reported as Message.Origin: the
-// connection a message came over; a reconnected peer gets a new Origin.
-// (Stable ids set on the DEALERs, with ROUTER hand-over, would survive
-// reconnections; that belongs with elastic membership.)
+// through Config.OnReject and logged at a bounded rate. Each DEALER carries
+// a random routing id of its own, reported as Message.Origin: the sending
+// plane's DEALER a message came through. It survives the DEALER's
+// reconnections (the ROUTER hands the id over to the new connection), so
+// a member whose connection was cut stays itself; another process, or
+// the same one restarted, has another.
 //
 // Delivery is what ZeroMQ gives: in order per sender and peer, queued while
 // the peer is not up yet, lost if a process dies with messages in flight.
@@ -460,6 +462,9 @@ func (p *Plane) open(host string, port int) (_ *loop, err error) {
 	l.router.SetRcvhwm(hwm)
 	l.router.SetRcvtimeo(0) // reads never block: the poller says when to read
 	l.router.SetMaxmsgsize(MaxMessageLen)
+	// A reconnected DEALER brings its routing id (dealer) to a new
+	// connection while the old one may not have been seen to end.
+	l.router.SetRouterHandover(1)
 	setKeepalive(l.router)
 	if err := setHandleInt(handle(l.router), zmqHandshakeIvl, int(handshakeIvl/time.Millisecond)); err != nil {
 		return nil, fmt.Errorf("control: handshake interval: %w", err)
@@ -766,6 +771,15 @@ func (l *loop) retryBacklogs() {
 	}
 }
 
+// newRoutingID is a DEALER's routing id: 16 random bytes, the first not
+// zero (ids starting with zero are libzmq's own).
+func newRoutingID() string {
+	b := make([]byte, 16)
+	crand.Read(b)
+	b[0] |= 0x80
+	return string(b)
+}
+
 // dealer returns the DEALER connected to endpoint, creating it on first use.
 func (l *loop) dealer(endpoint string) *dealer {
 	if d := l.dealers[endpoint]; d != nil {
@@ -780,6 +794,7 @@ func (l *loop) dealer(endpoint string) *dealer {
 	s.setInt(zmqSndhwm, hwm)
 	s.setInt(zmqImmediate, 0) // queue while the peer is not up yet
 	s.setInt(zmqHandshakeIvl, int(handshakeIvl/time.Millisecond))
+	s.setString(zmqRoutingID, newRoutingID())
 	if l.keys != nil {
 		s.setString(zmqCurveServerkey, l.keys.Server.Public)
 		s.setString(zmqCurvePublickey, l.keys.Client.Public)

@@ -23,6 +23,7 @@ import (
 	"unsafe"
 
 	"github.com/zeromq/goczmq"
+	"golang.org/x/sys/unix"
 )
 
 // rawSock is a libzmq socket used without czmq's zsock, on the process's
@@ -157,8 +158,9 @@ func zmqPoll(items []pollItem, timeoutMS int) {
 
 // cutConnection ends an accepted TCP connection libzmq owns, by shutting
 // it down (never closing it: the descriptor stays libzmq's), after making
-// sure the descriptor still is a connection to localPort: an event names
-// a descriptor that may have been closed and reused since.
+// sure the descriptor still is a new connection to localPort: an event
+// names a descriptor that may have been closed and reused since, perhaps
+// by a member's connection accepted after it.
 func cutConnection(fd, localPort int) bool {
 	sa, err := syscall.Getsockname(fd)
 	if err != nil {
@@ -179,7 +181,23 @@ func cutConnection(fd, localPort int) bool {
 	if _, err := syscall.Getpeername(fd); err != nil {
 		return false // the listener itself, or not connected
 	}
+	if pastGreeting(fd) {
+		return false
+	}
 	return syscall.Shutdown(fd, syscall.SHUT_RDWR) == nil
+}
+
+// greetingLen is the size of the ZMTP 3 greeting each side sends first.
+const greetingLen = 64
+
+// pastGreeting reports whether the peer on fd has had more than the
+// ROUTER's greeting from it: the ROUTER sends its next command (READY, or
+// CURVE's WELCOME, which needs the job's server key) only after a valid
+// greeting and mechanism step from the peer, so such a connection is a
+// member's (or a peer with the secret's) and never one to cut as new.
+func pastGreeting(fd int) bool {
+	info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+	return err == nil && info.Bytes_acked > greetingLen
 }
 
 // Constants of raw.go's callers, in Go's types.
@@ -192,6 +210,7 @@ const (
 	zmqRcvhwm                 = C.ZMQ_RCVHWM
 	zmqImmediate              = C.ZMQ_IMMEDIATE
 	zmqHandshakeIvl           = C.ZMQ_HANDSHAKE_IVL
+	zmqRoutingID              = C.ZMQ_ROUTING_ID
 	zmqIpv6                   = C.ZMQ_IPV6
 	zmqTcpKeepalive           = C.ZMQ_TCP_KEEPALIVE
 	zmqTcpKeepaliveIdle       = C.ZMQ_TCP_KEEPALIVE_IDLE
