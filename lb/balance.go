@@ -67,6 +67,9 @@ type Input struct {
 	// Tolerance is the fraction by which the balanced split must beat the
 	// even split over the servers (DefaultTolerance if zero).
 	Tolerance float64
+	// Hosts, if set, balances by host (see Hosts): the nodes of a host
+	// share its link.
+	Hosts *Hosts
 }
 
 // Plan is Balance's answer: the shares, and the predicted iteration times
@@ -171,6 +174,9 @@ func (in Input) cost(id node.ID, server bool) (b, g float64) {
 // perByte is T(s)/M: the busiest node's time per byte of model. Nodes
 // absent from aggs have share 0.
 func (in Input) perByte(aggs []node.ID, shares []float64) float64 {
+	if in.Hosts != nil {
+		return in.hostPerByte(aggs, shares)
+	}
 	share := func(id node.ID) float64 {
 		if i := slices.Index(aggs, id); i >= 0 && i < len(shares) {
 			return shares[i]
@@ -205,6 +211,9 @@ func (in Input) duration(perByte float64) time.Duration {
 // least busy. Aggregators are servers then workers, in input order; those
 // with share 0 are left out.
 func (in Input) waterFill() ([]node.ID, []float64) {
+	if in.Hosts != nil {
+		return in.hostWaterFill()
+	}
 	type agg struct {
 		id   node.ID
 		b, g float64

@@ -85,6 +85,9 @@ type Config struct {
 	// (JoinWorker), which is what FPT_ON_SERVER_LOSS=retry and
 	// FPT_ON_WORKER_LOSS=continue|wait need with the LB off.
 	Fixed bool
+	// Hosts, if set, balances by host (Input.Hosts): the scheduler sets
+	// it with local aggregation on, when the nodes' hosts are known.
+	Hosts *Hosts
 }
 
 const (
@@ -214,6 +217,9 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%d nodes, more than a decision can name (%d)", n, MaxAggregators)
 	}
 	c.Servers, c.Workers = slices.Clone(c.Servers), slices.Clone(c.Workers)
+	if c.Hosts != nil {
+		c.Hosts = &Hosts{Of: maps.Clone(c.Hosts.Of), Local: c.Hosts.Local}
+	}
 	seen := make(map[node.ID]bool, len(c.Servers)+len(c.Workers))
 	for _, id := range slices.Concat(c.Servers, c.Workers) {
 		if seen[id] {
@@ -702,6 +708,7 @@ func (b *Balancer) input() Input {
 		Capacity:   c,
 		ModelBytes: float64(b.model),
 		Tolerance:  b.cfg.Tolerance,
+		Hosts:      b.cfg.Hosts,
 	}
 }
 

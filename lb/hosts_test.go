@@ -2,6 +2,7 @@ package lb
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -85,5 +86,80 @@ func TestHostModelRefuses(t *testing.T) {
 	in := HostInput{HostOf: hostOf, Capacity: []float64{1e9, 1e9}, ModelBytes: 1}
 	if _, err := HostLoad(in, Even(1, 0, []node.ID{node.ServerID(5)})); err == nil {
 		t.Error("HostLoad with an aggregator on no host: no error")
+	}
+}
+
+// TestBalancerByHost runs the Balancer through its probe with the nodes
+// placed on hosts, one server per host, each node measuring its share of
+// its host's link (the nodes of a host share it), and checks the split it
+// settles on against the model by host, and that the model by node (the
+// same measurements, hosts unknown) settles elsewhere.
+func TestBalancerByHost(t *testing.T) {
+	const gbit = 125e6
+	type agg struct {
+		id    node.ID
+		share float64
+	}
+	tests := []struct {
+		name    string
+		workers []int
+		links   []float64 // each host's link, in Gbit/s
+		local   bool
+		want    []agg
+	}{
+		{"4,4 local: the even split over the servers", []int{4, 4}, []float64{1, 1}, true,
+			[]agg{{node.ServerID(0), 0.5}, {node.ServerID(1), 0.5}}},
+		{"4,3,1 local: one sum per host, even", []int{4, 3, 1}, []float64{1, 1, 1}, true,
+			[]agg{{node.ServerID(0), 1.0 / 3}, {node.ServerID(1), 1.0 / 3}, {node.ServerID(2), 1.0 / 3}}},
+		{"4,3,1 local, host 2 at half a Gbit: nothing on it", []int{4, 3, 1}, []float64{1, 1, 0.5}, true,
+			[]agg{{node.ServerID(0), 0.5}, {node.ServerID(1), 0.5}}},
+		{"4,3,1 local, host 0 at 2 Gbit: all on it", []int{4, 3, 1}, []float64{2, 1, 1}, true,
+			// Host 0 carries M·(1+S_0) at 2 Gbit, the others M·(1+S_h) at
+			// 1: all on host 0 leaves each at 1 (M per Gbit), where any
+			// share elsewhere raises that host above it.
+			[]agg{{node.ServerID(0), 1}}},
+		{"4,3,1 not local: host 0's workers set the pace whatever the split", []int{4, 3, 1}, []float64{1, 1, 1}, false,
+			[]agg{{node.ServerID(0), 1.0 / 3}, {node.ServerID(1), 1.0 / 3}, {node.ServerID(2), 1.0 / 3}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			hostOf, servers := hosts(tt.workers...)
+			var workers []node.ID
+			on := make([]int, len(tt.workers))
+			for id, h := range hostOf {
+				on[h]++
+				if r, _ := id.Role(); r == node.Worker {
+					workers = append(workers, id)
+				}
+			}
+			slices.Sort(workers)
+			rate := func(id node.ID, _ uint64) (float64, float64) {
+				h := hostOf[id]
+				r := tt.links[h] * gbit / float64(on[h])
+				return r, r
+			}
+			settle := func(h *Hosts) Decision {
+				s := newSim(t, Config{Servers: servers, Workers: workers, Hosts: h})
+				s.rate = rate
+				s.run(12)
+				ds := s.decisions()
+				if len(ds) < 2 || !ds[0].d.Probe {
+					t.Fatalf("decisions %v", ds)
+				}
+				return *ds[1].d.Decision
+			}
+			got := settle(&Hosts{Of: hostOf, Local: tt.local})
+			var want Decision
+			for _, a := range tt.want {
+				want.Aggregators = append(want.Aggregators, a.id)
+				want.Shares = append(want.Shares, a.share)
+			}
+			if !got.SplitWithin(want, 1e-6) {
+				t.Errorf("by host: %v %v, want %v %v", got.Aggregators, got.Shares, want.Aggregators, want.Shares)
+			}
+			if blind := settle(nil); blind.SplitWithin(want, 0.01) {
+				t.Errorf("by node, hosts unknown: %v %v, the same as by host", blind.Aggregators, blind.Shares)
+			}
+		})
 	}
 }
