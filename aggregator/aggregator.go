@@ -20,7 +20,6 @@ import (
 	"sync/atomic"
 
 	"github.com/fptps/fpt/cluster"
-	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/node"
@@ -119,7 +118,7 @@ func (a *Aggregator) initSets() {
 	}
 	slices.Sort(ids)
 	a.sets = []workerSet{{0, ids}}
-	if a.node.Config().LocalAggregation == config.LocalAggregationOn {
+	if a.node.SumsLocally() {
 		a.groups = newHostGroups(a.node)
 	}
 }

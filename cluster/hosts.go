@@ -48,3 +48,16 @@ func (n *Member) LocalGroups() ([]localagg.Group, error) {
 	}
 	return localagg.Groups(ms)
 }
+
+// SumsLocally reports whether the workers sum on their hosts
+// (config.Config.SumsLocally: FPT_LOCAL_AGGREGATION=on, or auto with a host
+// of several workers), from the groups of the node table, so that every
+// node decides alike.
+func (n *Member) SumsLocally() bool {
+	groups, err := n.LocalGroups()
+	if err != nil {
+		groups = nil // on still sums, and fails naming the error
+	}
+	cfg := n.Config()
+	return cfg.SumsLocally(localagg.Sizes(groups))
+}

@@ -83,9 +83,11 @@ type core struct {
 	// cannot follow a retry before it has started.
 	running bool
 	// hostIDs are the hosts registering nodes named (FPT_HOST_ID), by
-	// connection; groups the workers' local groups, formed at the table.
+	// connection; groups the workers' local groups, formed at the table;
+	// hostOf every node's host (named, else its address).
 	hostIDs map[string]string
 	groups  []localagg.Group
+	hostOf  map[node.ID]string
 	// finalSeq is the final barrier's number, once a member reached it.
 	finalSeq  uint64
 	finalSeen bool

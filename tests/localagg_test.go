@@ -184,11 +184,50 @@ func TestLocalAggregation(t *testing.T) {
 // TestLocalAggregationRefused: the combinations local aggregation does
 // not handle yet fail at start-up, naming the variable.
 func TestLocalAggregationRefused(t *testing.T) {
-	c := hostCluster(t, 1, []string{"a", "a"}, []string{"FPT_LOCAL_AGGREGATION=on", "FPT_LB=on"}, []string{"-iters", "1"})
+	c := hostCluster(t, 1, []string{"a", "a"}, []string{"FPT_LOCAL_AGGREGATION=on", "FPT_ON_SERVER_LOSS=retry"}, []string{"-iters", "1"})
 	if err := c.Wait(time.Minute); err == nil {
-		t.Fatal("a job with FPT_LOCAL_AGGREGATION=on and FPT_LB=on ran")
+		t.Fatal("a job with FPT_LOCAL_AGGREGATION=on and FPT_ON_SERVER_LOSS=retry ran")
 	}
-	mustContain(t, "worker0 stderr", c.proc("worker0").Stderr.String(), "FPT_LOCAL_AGGREGATION", "FPT_LB=off")
+	mustContain(t, "worker0 stderr", c.proc("worker0").Stderr.String(), "FPT_LOCAL_AGGREGATION", "FPT_ON_SERVER_LOSS=fail")
+}
+
+// probeWithWorkerRe is a decision line of a probe that makes workers
+// aggregate (every node takes an equal share).
+var probeWithWorkerRe = regexp.MustCompile(`(?m)^.*lb decision v\d+ from iteration \d+: .*worker\d+\(\d+\) [0-9.]+%.*; probe`)
+
+// TestLocalAggregationLB: local aggregation with the LB on. Its probe
+// makes every worker aggregate a share, a group's leader and its members
+// alike: the host's group sums into one host sum for each, on the host,
+// and the aggregator's sum comes back to the whole group through it; the
+// split after the probe is balanced by host. test_kv_app checks every
+// value of every iteration against what every worker pushed.
+func TestLocalAggregationLB(t *testing.T) {
+	if _, err := os.Stat(localagg.DefaultDir); err != nil {
+		t.Skip("no /dev/shm:", err)
+	}
+	const iters = 14
+	args := []string{"-iters", strconv.Itoa(iters), "-max-bytes", "1048576", "-classic", "0"}
+	for _, tt := range []struct {
+		name  string
+		hosts []string
+	}{
+		{"a group of 2", []string{"a", "a"}},
+		{"uneven 3,1", []string{"a", "b", "a", "a"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env := []string{"FPT_LB=on", "FPT_LB_AHEAD=0", "FPT_LOCAL_AGGREGATION=on", "FPT_PARTITION_BYTES=131072"}
+			c := hostCluster(t, 2, tt.hosts, env, args)
+			c.waitAll(2 * time.Minute)
+			for i := range tt.hosts {
+				p := c.proc(fmt.Sprintf("worker%d", i))
+				mustContain(t, p.Name+" stdout", p.Stdout.String(), fmt.Sprintf("iteration %d/%d verified", iters, iters), "PASS")
+			}
+			mustContain(t, "worker0 stderr", c.proc("worker0").Stderr.String(), `msg="local aggregation"`)
+			if sched := c.proc("scheduler").Stdout.String(); !probeWithWorkerRe.MatchString(sched) {
+				t.Errorf("no probe made workers aggregate:\n%s", tail(sched))
+			}
+		})
+	}
 }
 
 // TestLocalAggregationKill: kill -9 of a group's member or of its leader

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/fptps/fpt/cluster"
-	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/metrics"
@@ -58,6 +57,9 @@ type localAgg struct {
 	fail    func(error)
 	deliver func(h *frame.Header, data []byte)
 	send    func(m *frame.Message) error
+	// local adds a host sum to this worker's own aggregator: the
+	// leader's, for a partition it aggregates itself.
+	local   func(h *frame.Header, data []byte) error
 	metrics *metrics.Node // nil: none
 
 	// elastic: a lost worker leaves the job rather than ending it
@@ -109,9 +111,9 @@ type readers struct {
 // cluster started; nil when it sums nothing locally (off, or alone on its
 // host). The leader makes the segment and waits for every member to map
 // it, then removes its name: a job killed later leaves nothing behind.
-func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte)) (*localAgg, error) {
+func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte), local func(*frame.Header, []byte) error) (*localAgg, error) {
 	cfg := n.Config()
-	if cfg.LocalAggregation != config.LocalAggregationOn {
+	if !n.SumsLocally() {
 		return nil, nil
 	}
 	if n.Joined() {
@@ -137,7 +139,7 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte)) (*localA
 		return nil, nil
 	}
 	l := &localAgg{log: n.Logger(), self: self, group: g, idx: slices.Index(g.Workers, self),
-		fail: n.Fail, deliver: deliver, send: n.Van().Send, metrics: n.Metrics(), elastic: cfg.WorkersMayLeave(), until: math.MaxUint64}
+		fail: n.Fail, deliver: deliver, send: n.Van().Send, local: local, metrics: n.Metrics(), elastic: cfg.WorkersMayLeave(), until: math.MaxUint64}
 	l.cond = sync.NewCond(&l.mu)
 	job := n.JobStamp()
 	name := localagg.Name(job, g.Host)
@@ -458,11 +460,30 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 	l.mu.Unlock()
 	l.metrics.LocalSummed(len(eff.Sums), len(out))
 	for _, msg := range out {
+		if node.ID(msg.Header.Recipient) == l.self {
+			l.addOwn(msg)
+			continue
+		}
 		if err := l.send(msg); err != nil {
 			return fmt.Errorf("worker: host sum %s: %w", &msg.Header, err)
 		}
 	}
 	return nil
+}
+
+// addOwn adds the leader's host sum of a partition it aggregates itself
+// to its aggregator, on a goroutine of its own: the sum may complete
+// there, and its result is handed to the group (publish), which may wait
+// for a result chunk that only the notice loop, perhaps the caller, frees.
+func (l *localAgg) addOwn(msg *frame.Message) {
+	if !l.enter() {
+		return
+	}
+	go func() {
+		defer l.busy.Done()
+		err := l.local(&msg.Header, msg.Payload) // copies the payload
+		msg.Done(err)
+	}()
 }
 
 // maxSpareSums bounds the host sums' buffers a leader keeps for reuse.
