@@ -5,6 +5,10 @@ import (
 	"slices"
 )
 
+// DefaultLocalAggregationDir is FPT_LOCAL_AGGREGATION_DIR's default:
+// Linux's shared-memory file system.
+const DefaultLocalAggregationDir = "/dev/shm"
+
 // MaxHostIDLen bounds FPT_HOST_ID: it travels in the registration, whose
 // text the scheduler bounds too.
 const MaxHostIDLen = 255

@@ -224,6 +224,13 @@ func Known() []Var {
 					}
 				}
 			}},
+		{Name: "FPT_LOCAL_AGGREGATION_DIR", Meaning: "where a host's group makes its shared-memory segment; a worker that cannot make one there (missing, not writable, full) sums alone, over the network, and logs why", Default: DefaultLocalAggregationDir, Use: NodeVar,
+			read: func(p *parser, name string, c *Config) {
+				c.LocalAggregationDir = DefaultLocalAggregationDir
+				if v, ok := p.optional(name); ok && v != "" {
+					c.LocalAggregationDir = v
+				}
+			}},
 		{Name: "FPT_CLUSTER_SECRET", Meaning: fmt.Sprintf("the job's shared secret, at least %d bytes (e.g. openssl rand -hex 16); every node has the same one", MinSecretBytes), Use: NodeVar,
 			Default: "none: the node binds loopback only",
 			read:    func(p *parser, name string, c *Config) { c.Secret = p.secret(name, "FPT_CLUSTER_SECRET_FILE") }},

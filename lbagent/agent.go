@@ -19,6 +19,7 @@ import (
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/localagg"
 )
 
 // Timing of the measurements.
@@ -89,9 +90,9 @@ func (a *Agent) sample(byHost bool) {
 			return
 		case now := <-t.C:
 			var sent, recv uint64
-			self := a.node.HostOf(a.node.Self().ID)
+			self := localagg.HostName(a.node.HostOf(a.node.Self().ID))
 			for _, p := range a.node.Van().Stats() {
-				if byHost && a.node.HostOf(p.Peer) == self {
+				if byHost && localagg.HostName(a.node.HostOf(p.Peer)) == self {
 					continue
 				}
 				sent += p.SentBytes

@@ -94,7 +94,7 @@ func (c *core) lbHosts() *lb.Hosts {
 		if info.Role != node.Server && info.Role != node.Worker {
 			continue
 		}
-		name := c.hostOf[info.ID]
+		name := localagg.HostName(c.hostOf[info.ID]) // where its link is
 		i, ok := index[name]
 		if !ok {
 			i = len(index)

@@ -181,6 +181,25 @@ func TestLocalAggregation(t *testing.T) {
 	}
 }
 
+// TestLocalAggregationNoSharedMemory: workers whose segment directory
+// (FPT_LOCAL_AGGREGATION_DIR) is missing each sum alone, over the network,
+// saying why, instead of failing the job: every value stays exact.
+func TestLocalAggregationNoSharedMemory(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing")
+	hosts := []string{"a", "a", "b"}
+	c := hostCluster(t, 1, hosts, []string{"FPT_LB=off", "FPT_LOCAL_AGGREGATION=on", "FPT_LOCAL_AGGREGATION_DIR=" + missing},
+		[]string{"-iters", "3", "-max-bytes", "1048576", "-classic", "0"})
+	c.waitAll(2 * time.Minute)
+	for i := range hosts {
+		p := c.proc(fmt.Sprintf("worker%d", i))
+		mustContain(t, p.Name+" stdout", p.Stdout.String(), "iteration 3/3 verified", "PASS")
+		mustContain(t, p.Name+" stderr", p.Stderr.String(), "no shared memory for a group's segment here, so this worker sums alone", missing)
+		if strings.Contains(p.Stderr.String(), `msg="local aggregation"`) {
+			t.Errorf("%s summed in a group:\n%s", p.Name, tail(p.Stderr.String()))
+		}
+	}
+}
+
 // TestLocalAggregationRefused: the combinations local aggregation does
 // not handle yet fail at start-up, naming the variable.
 func TestLocalAggregationRefused(t *testing.T) {

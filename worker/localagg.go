@@ -33,7 +33,7 @@ import (
 
 // localChunks is how many partitions each member may have in the segment
 // at once, and how many results the leader may have there.
-const localChunks = 16
+const localChunks = localagg.Chunks
 
 // Notices between a group's workers: kind, member index, chunk, header.
 const (
@@ -52,6 +52,7 @@ type localAgg struct {
 	group   localagg.Group
 	idx     int // self's index in group.Workers
 	seg     *localagg.Segment
+	dir     string // where the segment lives (FPT_LOCAL_AGGREGATION_DIR)
 	conn    *net.UnixConn
 	addrs   []*net.UnixAddr // by member index
 	fail    func(error)
@@ -151,7 +152,8 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte), local fu
 	}
 	l.enter()
 	go l.writer()
-	layout := localagg.Layout{Members: len(g.Workers), Slots: localChunks, SlotBytes: int((cfg.PartitionBytes + 63) / 64 * 64)}
+	layout := localagg.GroupLayout(len(g.Workers), cfg.PartitionBytes)
+	l.dir = cfg.LocalAggregationDir
 	deadline := time.Now().Add(cfg.StartTimeout)
 	if l.idx == 0 {
 		err = l.lead(name, job, layout, deadline)
@@ -173,10 +175,10 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte), local fu
 
 // lead makes the segment and waits for every member's hello.
 func (l *localAgg) lead(name string, job uint64, layout localagg.Layout, deadline time.Time) error {
-	if gone, err := localagg.Sweep(localagg.DefaultDir); err == nil && len(gone) > 0 {
+	if gone, err := localagg.Sweep(l.dir); err == nil && len(gone) > 0 {
 		l.log.Warn("local aggregation: removed segments of jobs that were killed", "segments", gone)
 	}
-	seg, stale, err := localagg.Create(localagg.DefaultDir, name, job, 0, layout)
+	seg, stale, err := localagg.Create(l.dir, name, job, 0, layout)
 	if err != nil {
 		return err
 	}
@@ -224,7 +226,7 @@ func (l *localAgg) lead(name string, job uint64, layout localagg.Layout, deadlin
 // join maps the leader's segment, once it is there, and says hello.
 func (l *localAgg) join(name string, job uint64, layout localagg.Layout, deadline time.Time) error {
 	for {
-		seg, err := localagg.Open(localagg.DefaultDir, name, job, 0, layout)
+		seg, err := localagg.Open(l.dir, name, job, 0, layout)
 		if err == nil {
 			l.seg = seg
 			break
