@@ -163,3 +163,24 @@ func TestBalancerByHost(t *testing.T) {
 		})
 	}
 }
+
+// TestBalancerByHostAfterRetry: a lost worker's retry ends the groups'
+// host sums, so the Balancer models the hosts without local aggregation
+// from then on, still by host.
+func TestBalancerByHostAfterRetry(t *testing.T) {
+	hostOf, servers := hosts(2, 2)
+	workers := []node.ID{node.WorkerID(0), node.WorkerID(1), node.WorkerID(2), node.WorkerID(3)}
+	b, err := NewBalancer(Config{Servers: servers, Workers: workers, Hosts: &Hosts{Of: hostOf, Local: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := b.input().Hosts; h == nil || !h.Local {
+		t.Fatalf("before a loss: hosts %+v, want local", h)
+	}
+	if _, err := b.Lose(node.WorkerID(3), "test"); err != nil {
+		t.Fatal(err)
+	}
+	if h := b.input().Hosts; h == nil || h.Local || len(h.Of) != len(hostOf) {
+		t.Fatalf("after a worker's retry: hosts %+v, want by host, not local", h)
+	}
+}
