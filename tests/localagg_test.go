@@ -33,15 +33,19 @@ func TestLocalAggregationWorkerLoss(t *testing.T) {
 		policy string
 		rank   string // the victim's
 		join   bool
+		lb     string
 	}{
-		{"continue, leader lost", "continue", "0", false},
-		{"continue, member lost", "continue", "2", false},
-		{"wait, member lost and replaced", "wait", "1", true},
+		{"continue, leader lost", "continue", "0", false, "off"},
+		{"continue, member lost", "continue", "2", false, "off"},
+		{"wait, member lost and replaced", "wait", "1", true, "off"},
+		// With the LB, the probe after the join makes the joiner aggregate:
+		// it sends its sums to the members too, which push their own.
+		{"wait, member lost and replaced, LB on", "wait", "1", true, "on"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := hostClusterOf(t, 1, 3, []string{"a", "a", "a", "a"},
-				[]string{"FPT_LB=off", "FPT_LOCAL_AGGREGATION=on", "FPT_ON_WORKER_LOSS=" + tt.policy, "FPT_PARTITION_BYTES=65536"}, args)
+				[]string{"FPT_LB=" + tt.lb, "FPT_LB_AHEAD=0", "FPT_LOCAL_AGGREGATION=on", "FPT_ON_WORKER_LOSS=" + tt.policy, "FPT_PARTITION_BYTES=65536"}, args)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(fmt.Sprintf(`iteration %d/`, failoverKillAt))); err != nil {
