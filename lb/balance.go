@@ -150,11 +150,21 @@ func (in Input) check() error {
 		for _, id := range ids {
 			c, ok := in.Capacity[id]
 			switch {
+			case !ok && in.Hosts != nil:
+				// By host, a node that exchanged nothing with other hosts
+				// (a group's member, whose bytes stay on its host) adds
+				// nothing to its host's link; a host with no node
+				// measured is an error (hostInput).
 			case !ok:
 				return fmt.Errorf("%w: no measurement of node %d", ErrCapacity, id)
 			case !(c > 0) || c > MaxCapacity: // NaN too
 				return fmt.Errorf("%w: node %d measured at %g bytes/s", ErrCapacity, id, c)
 			}
+		}
+	}
+	if in.Hosts != nil {
+		if _, err := in.hostInput(); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -3,6 +3,7 @@ package lb
 import (
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -182,5 +183,37 @@ func TestBalancerByHostAfterRetry(t *testing.T) {
 	}
 	if h := b.input().Hosts; h == nil || h.Local || len(h.Of) != len(hostOf) {
 		t.Fatalf("after a worker's retry: hosts %+v, want by host, not local", h)
+	}
+}
+
+// TestBalancerByHostUnmeasuredMember: by host, a group's member that
+// exchanged nothing with other hosts (its bytes stay on its host) leaves
+// the probe good, since its host's other nodes measure the link; a host
+// with no node measured still fails it.
+func TestBalancerByHostUnmeasuredMember(t *testing.T) {
+	hostOf, servers := hosts(2, 2)
+	workers := []node.ID{node.WorkerID(0), node.WorkerID(1), node.WorkerID(2), node.WorkerID(3)}
+	for _, tt := range []struct {
+		name   string
+		silent func(node.ID) bool
+		want   string // the reason's start after the probe
+	}{
+		{"members silent", func(id node.ID) bool { return id == node.WorkerID(1) || id == node.WorkerID(3) }, "balanced"},
+		{"a whole host silent", func(id node.ID) bool { return hostOf[id] == 1 }, "probe failed"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newSim(t, Config{Servers: servers, Workers: workers, Hosts: &Hosts{Of: hostOf, Local: true}})
+			s.rate = func(id node.ID, _ uint64) (float64, float64) {
+				if tt.silent(id) {
+					return 0, 0
+				}
+				return 1e8, 1e8
+			}
+			s.run(12)
+			ds := s.decisions()
+			if len(ds) < 2 || !strings.HasPrefix(ds[1].d.Reason, tt.want) {
+				t.Fatalf("decisions %v, want the second's reason to start %q", ds, tt.want)
+			}
+		})
 	}
 }
