@@ -75,10 +75,7 @@ func (n *Member) hostNamed(self node.Info) string {
 	if cfg.Role != node.Worker || cfg.LocalAggregation == config.LocalAggregationOff {
 		return cfg.HostID
 	}
-	dir := cfg.LocalAggregationDir
-	if dir == "" {
-		dir = config.DefaultLocalAggregationDir
-	}
+	dir := cfg.SegmentDir()
 	err := localagg.Check(dir, localagg.GroupLayout(2, cfg.PartitionBytes))
 	if err == nil {
 		return cfg.HostID

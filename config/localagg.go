@@ -49,6 +49,16 @@ func (c *Config) Host() string {
 	return c.NodeHost
 }
 
+// SegmentDir is where the local groups' segments live:
+// FPT_LOCAL_AGGREGATION_DIR, or its default for a Config not read from
+// the environment.
+func (c *Config) SegmentDir() string {
+	if c.LocalAggregationDir == "" {
+		return DefaultLocalAggregationDir
+	}
+	return c.LocalAggregationDir
+}
+
 // localAggregationRefused says why FPT_LOCAL_AGGREGATION=on cannot run
 // with the rest of c ("" if it can): the combinations local aggregation
 // does not handle yet are refused at start-up rather than run wrong.

@@ -78,3 +78,17 @@ func TestSumsLocally(t *testing.T) {
 		})
 	}
 }
+
+func TestSegmentDir(t *testing.T) {
+	if got := (&Config{}).SegmentDir(); got != DefaultLocalAggregationDir {
+		t.Errorf("a Config not read from the environment: %q, want %q", got, DefaultLocalAggregationDir)
+	}
+	c, err := FromEnv(env(map[string]string{"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9000",
+		"DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1", "FPT_LOCAL_AGGREGATION_DIR": "/run/fpt"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.SegmentDir(); got != "/run/fpt" {
+		t.Errorf("FPT_LOCAL_AGGREGATION_DIR=/run/fpt: %q", got)
+	}
+}

@@ -153,7 +153,7 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte), local fu
 	l.enter()
 	go l.writer()
 	layout := localagg.GroupLayout(len(g.Workers), cfg.PartitionBytes)
-	l.dir = cfg.LocalAggregationDir
+	l.dir = cfg.SegmentDir()
 	deadline := time.Now().Add(cfg.StartTimeout)
 	if l.idx == 0 {
 		err = l.lead(name, job, layout, deadline)
