@@ -2,6 +2,7 @@ package lb
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -372,4 +373,17 @@ func (in Input) hostWaterFill() ([]node.ID, []float64) {
 func (in Input) evenOver() ([]node.ID, []float64) {
 	d := Even(0, 0, in.Servers)
 	return d.Aggregators, d.Shares
+}
+
+// PlaceOnHost puts node id on host index h of the model by host (a worker
+// that joined, whose host the scheduler knows from its registration); a
+// node the Balancer does not place sits alone on a host of its own. It
+// does nothing when the Balancer balances by node.
+func (b *Balancer) PlaceOnHost(id node.ID, h int) {
+	if b.cfg.Hosts == nil || h < 0 || h >= MaxAggregators {
+		return
+	}
+	of := maps.Clone(b.cfg.Hosts.Of)
+	of[id] = h
+	b.cfg.Hosts = &Hosts{Of: of, Local: b.cfg.Hosts.Local}
 }

@@ -217,3 +217,41 @@ func TestBalancerByHostUnmeasuredMember(t *testing.T) {
 		})
 	}
 }
+
+// TestBalancerPlaceOnHost: a joining worker placed on its host adds its
+// capacity to that host's link; unplaced, it is a host of its own.
+func TestBalancerPlaceOnHost(t *testing.T) {
+	hostOf, servers := hosts(1, 1)
+	workers := []node.ID{node.WorkerID(0), node.WorkerID(1)}
+	joiner := node.WorkerID(2)
+	for _, place := range []bool{false, true} {
+		b, err := NewBalancer(Config{Servers: servers, Workers: workers, Hosts: &Hosts{Of: hostOf, Local: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.JoinWorker(joiner, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		if place {
+			b.PlaceOnHost(joiner, 1)
+		}
+		in := b.input()
+		for _, id := range slices.Concat(servers, b.Workers()) {
+			in.Capacity[id] = 1
+		}
+		hi, err := in.hostInput()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []float64{2, 2, 1} // host 0, host 1, the joiner alone
+		if place {
+			want = []float64{2, 3}
+		}
+		if !slices.Equal(hi.Capacity, want) {
+			t.Errorf("placed %v: host capacities %v, want %v", place, hi.Capacity, want)
+		}
+	}
+	if _, ok := hostOf[joiner]; ok || len(hostOf) != 4 {
+		t.Errorf("the caller's map changed: %v", hostOf)
+	}
+}

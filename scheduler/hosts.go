@@ -90,6 +90,7 @@ func (c *core) lbHosts() *lb.Hosts {
 	}
 	h := &lb.Hosts{Of: make(map[node.ID]int, len(c.table)), Local: true}
 	index := map[string]int{}
+	c.lbHostIndex = index
 	for _, info := range c.table {
 		if info.Role != node.Server && info.Role != node.Worker {
 			continue
@@ -103,4 +104,23 @@ func (c *core) lbHosts() *lb.Hosts {
 		h.Of[info.ID] = i
 	}
 	return h
+}
+
+// placeJoiner tells the LB, when it balances by host, the host of worker
+// info, which joined the running job: a host of the job's, or a new one.
+func (c *core) placeJoiner(info node.Info) {
+	if c.lbHostIndex == nil {
+		return
+	}
+	name := c.hostIDs[c.reg.originOf(info)]
+	if name == "" {
+		name = info.Host
+	}
+	name = localagg.HostName(name)
+	i, ok := c.lbHostIndex[name]
+	if !ok {
+		i = len(c.lbHostIndex)
+		c.lbHostIndex[name] = i
+	}
+	c.lb.PlaceOnHost(info.ID, i)
 }
