@@ -218,7 +218,7 @@ func (c *Config) fill() error {
 	}
 	c.Servers, c.Workers = slices.Clone(c.Servers), slices.Clone(c.Workers)
 	if c.Hosts != nil {
-		c.Hosts = &Hosts{Of: maps.Clone(c.Hosts.Of), Local: c.Hosts.Local}
+		c.Hosts = &Hosts{Of: maps.Clone(c.Hosts.Of), Local: c.Hosts.Local, Alone: maps.Clone(c.Hosts.Alone)}
 	}
 	seen := make(map[node.ID]bool, len(c.Servers)+len(c.Workers))
 	for _, id := range slices.Concat(c.Servers, c.Workers) {
@@ -515,7 +515,7 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 		// The workers' groups stop summing at a retry (each worker
 		// pushes over the network from its iteration on): the hosts'
 		// links carry one contribution per worker again.
-		b.cfg.Hosts = &Hosts{Of: b.cfg.Hosts.Of}
+		b.cfg.Hosts = &Hosts{Of: b.cfg.Hosts.Of, Alone: b.cfg.Hosts.Alone}
 	}
 	if worker {
 		b.recutVersion, b.recutFrom = dec.Version, dec.Iteration

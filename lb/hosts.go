@@ -37,23 +37,32 @@ type HostInput struct {
 	ModelBytes float64
 	// Local: the workers of a host sum locally, one sum per host.
 	Local bool
+	// Alone are workers that sum alone though their host's group sums
+	// (one that joined, or had no shared memory): each puts its own
+	// contribution on its host's link beside the host's sum.
+	Alone map[node.ID]bool
 }
 
 // perHost returns c_g for every host: what its workers put on the network
 // per byte of a partition.
 func (in HostInput) perHost() ([]float64, error) {
 	c := make([]float64, len(in.Capacity))
+	alone := make([]float64, len(in.Capacity))
 	for id, h := range in.HostOf {
 		if h < 0 || h >= len(c) {
 			return nil, fmt.Errorf("lb: %s on host %d of %d", id, h, len(c))
 		}
 		if r, ok := id.Role(); ok && r == node.Worker {
-			c[h]++
+			if in.Local && in.Alone[id] {
+				alone[h]++
+			} else {
+				c[h]++
+			}
 		}
 	}
 	if in.Local {
 		for h := range c {
-			c[h] = math.Min(c[h], 1)
+			c[h] = math.Min(c[h], 1) + alone[h]
 		}
 	}
 	for h, cp := range in.Capacity {
@@ -174,13 +183,16 @@ type Hosts struct {
 	Of map[node.ID]int
 	// Local: the workers of a host sum locally.
 	Local bool
+	// Alone are workers that sum alone though on a host of a group (see
+	// HostInput.Alone).
+	Alone map[node.ID]bool
 }
 
 // hostInput is in's model by host, per byte of model (M = 1): each
 // host's capacity is the sum of its nodes'. A node on no host of Of (a
 // node that joined) is taken to be alone on a host of its own.
 func (in Input) hostInput() (HostInput, error) {
-	hi := HostInput{HostOf: make(map[node.ID]int, len(in.Servers)+len(in.Workers)), ModelBytes: 1, Local: in.Hosts.Local}
+	hi := HostInput{HostOf: make(map[node.ID]int, len(in.Servers)+len(in.Workers)), ModelBytes: 1, Local: in.Hosts.Local, Alone: in.Hosts.Alone}
 	// Hosts are numbered afresh over the nodes of in: a host whose nodes
 	// were all lost is no host of the model.
 	index := map[int]int{}
@@ -385,5 +397,5 @@ func (b *Balancer) PlaceOnHost(id node.ID, h int) {
 	}
 	of := maps.Clone(b.cfg.Hosts.Of)
 	of[id] = h
-	b.cfg.Hosts = &Hosts{Of: of, Local: b.cfg.Hosts.Local}
+	b.cfg.Hosts = &Hosts{Of: of, Local: b.cfg.Hosts.Local, Alone: b.cfg.Hosts.Alone}
 }

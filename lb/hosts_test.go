@@ -250,6 +250,19 @@ func TestBalancerPlaceOnHost(t *testing.T) {
 		if !slices.Equal(hi.Capacity, want) {
 			t.Errorf("placed %v: host capacities %v, want %v", place, hi.Capacity, want)
 		}
+		// The joiner sums alone: its contribution crosses its host's link
+		// beside the host's sum.
+		c, err := hi.perHost()
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantC := []float64{1, 1, 1}
+		if place {
+			wantC = []float64{1, 2}
+		}
+		if !slices.Equal(c, wantC) {
+			t.Errorf("placed %v: contributions per host %v, want %v", place, c, wantC)
+		}
 	}
 	if _, ok := hostOf[joiner]; ok || len(hostOf) != 4 {
 		t.Errorf("the caller's map changed: %v", hostOf)

@@ -95,7 +95,15 @@ func (c *core) lbHosts() *lb.Hosts {
 		if info.Role != node.Server && info.Role != node.Worker {
 			continue
 		}
-		name := localagg.HostName(c.hostOf[info.ID]) // where its link is
+		named := c.hostOf[info.ID]
+		name := localagg.HostName(named) // where its link is
+		if name != named {
+			// No shared memory: it sums alone on its host.
+			if h.Alone == nil {
+				h.Alone = map[node.ID]bool{}
+			}
+			h.Alone[info.ID] = true
+		}
 		i, ok := index[name]
 		if !ok {
 			i = len(index)

@@ -92,4 +92,11 @@ func TestLocalGroups(t *testing.T) {
 	if r, _ := c.table[1].ID.Role(); r != node.Server || perHost[srv] != 3 || len(perHost) != 4 {
 		t.Errorf("LB hosts %v: want the server with host a's two workers, and 3 other hosts", h.Of)
 	}
+	// A worker of host a without shared memory: on host a's link, alone.
+	w := c.table[2].ID
+	c.hostOf[w] = "a" + localagg.NoSharedMemory
+	h = c.lbHosts()
+	if h.Of[w] != srv || !h.Alone[w] || len(h.Alone) != 1 {
+		t.Errorf("LB hosts %+v: want %s on host a (%d), alone", h, w, srv)
+	}
 }
