@@ -20,7 +20,6 @@ import (
 	"sync/atomic"
 
 	"github.com/fptps/fpt/cluster"
-	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/node"
@@ -60,6 +59,9 @@ type Aggregator struct {
 	// the group's sum (frame.FlagHostSum), and only leaders are sent
 	// sums, which they hand to their group.
 	groups *hostGroups
+	// covered are, per partition summing, the workers a host sum counted
+	// besides its leader: they are sent no sum (their leader hands it on).
+	covered map[reduce.PartID][]node.ID
 }
 
 // earlyPush is a push cut under a decision not followed yet; data is a
@@ -119,7 +121,7 @@ func (a *Aggregator) initSets() {
 	}
 	slices.Sort(ids)
 	a.sets = []workerSet{{0, ids}}
-	if a.node.Config().LocalAggregation == config.LocalAggregationOn {
+	if a.node.SumsLocally() {
 		a.groups = newHostGroups(a.node)
 	}
 }
@@ -217,6 +219,11 @@ func (a *Aggregator) follow(d lb.Directive) []earlyPush {
 		// its own (worker/localagg.go's dissolve).
 		a.groups.dissolve(from)
 		a.retries = append(a.retries, retry{d.Decision.Version, from})
+		for pid := range a.covered {
+			if pid.Iteration >= from && pid.Version < d.Decision.Version {
+				delete(a.covered, pid) // dropped with its partial sum
+			}
+		}
 		if n := a.table.DropStale(d.Decision.Version, from); n > 0 {
 			a.node.Logger().Info("partial sums dropped after a retry", "partitions", n, "from_iteration", from, "version", d.Decision.Version)
 		}
@@ -287,12 +294,26 @@ func (a *Aggregator) add(h *frame.Header, data []byte, adopt bool) error {
 		Init:    h.Flags&frame.FlagInit != 0,
 		Data:    data,
 	})
+	pid := partID(h)
+	if err == nil && len(also) > 0 {
+		if a.covered == nil {
+			a.covered = map[reduce.PartID][]node.ID{}
+		}
+		for _, i := range also {
+			a.covered[pid] = append(a.covered[pid], ws[i])
+		}
+	}
+	var covered []node.ID
+	if err == nil && sum != nil {
+		covered = a.covered[pid]
+		delete(a.covered, pid)
+	}
 	a.mu.Unlock()
 	if err != nil || sum == nil {
 		return err
 	}
 	a.trace.End(trace.Aggregate, h) // before any worker can have the sum
-	return a.broadcast(h, sum, a.groups.recipients(h.Iteration, ws))
+	return a.broadcast(h, sum, a.groups.recipients(h, ws, covered))
 }
 
 // broadcast sends sum to the workers of its iteration, ws (handing this

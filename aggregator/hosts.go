@@ -6,6 +6,8 @@ import (
 	"slices"
 
 	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/node"
 )
 
@@ -30,6 +32,15 @@ func newHostGroups(n *cluster.Member) *hostGroups {
 		g.err = err
 		return g
 	}
+	// The groups are those of the workers the job started with: a worker
+	// that joined a running job (a rank past DMLC_NUM_WORKER: joiners take
+	// the next rank no worker had) sums alone, and a node that joined
+	// finds them in its table too.
+	started := n.Config().NumWorkers
+	for i := range groups {
+		groups[i].Workers = slices.DeleteFunc(groups[i].Workers, func(w node.ID) bool { return w.Rank() >= started })
+	}
+	groups = slices.DeleteFunc(groups, func(gr localagg.Group) bool { return len(gr.Workers) == 0 })
 	for _, gr := range groups {
 		g.members[gr.Leader()] = gr.Workers[1:]
 		for _, w := range gr.Workers[1:] {
@@ -72,12 +83,23 @@ func (g *hostGroups) also(leader node.ID, iter uint64, ws []node.ID) ([]int, err
 	return also, nil
 }
 
-// recipients are the workers of ws sent a sum of iteration iter: the
-// leaders and the workers alone on their hosts; every worker without
-// local groups, or once they are dissolved.
-func (g *hostGroups) recipients(iter uint64, ws []node.ID) []node.ID {
-	if g == nil || g.err != nil || iter >= g.until {
+// recipients are the workers of ws sent a sum of the partition h: every
+// worker but the members whose leader's host sum held their values
+// (covered), which their leader hands the sum to. An init round's (only
+// worker 0 pushes, no host sum) goes to the leaders and the workers alone
+// on their hosts while the groups sum, since the leaders hand it on too.
+func (g *hostGroups) recipients(h *frame.Header, ws, covered []node.ID) []node.ID {
+	if g == nil || g.err != nil {
 		return ws
 	}
-	return slices.DeleteFunc(slices.Clone(ws), func(w node.ID) bool { return g.follower[w] })
+	if h.Flags&frame.FlagInit != 0 {
+		if h.Iteration >= g.until {
+			return ws
+		}
+		return slices.DeleteFunc(slices.Clone(ws), func(w node.ID) bool { return g.follower[w] })
+	}
+	if len(covered) == 0 {
+		return ws
+	}
+	return slices.DeleteFunc(slices.Clone(ws), func(w node.ID) bool { return slices.Contains(covered, w) })
 }

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/node"
 )
 
@@ -28,10 +29,20 @@ func TestHostGroups(t *testing.T) {
 	if _, err := none.also(w(0), 5, ws); err == nil {
 		t.Error("a host sum taken without local aggregation")
 	}
-	if got := g.recipients(5, ws); !reflect.DeepEqual(got, []node.ID{w(0), w(1)}) {
+	push := func(iter uint64) *frame.Header { return &frame.Header{Iteration: iter} }
+	initRound := &frame.Header{Flags: frame.FlagInit}
+	if got := g.recipients(push(5), ws, []node.ID{w(2), w(3)}); !reflect.DeepEqual(got, []node.ID{w(0), w(1)}) {
 		t.Errorf("recipients %v, want the leaders [w0 w1]", got)
 	}
-	if got := none.recipients(5, ws); !reflect.DeepEqual(got, ws) {
+	if got := g.recipients(initRound, ws, nil); !reflect.DeepEqual(got, []node.ID{w(0), w(1)}) {
+		t.Errorf("recipients of the init round %v, want the leaders [w0 w1]", got)
+	}
+	// Members that pushed their own (their group no longer sums, or this
+	// node joined and knows nothing of a retry): sent their sums.
+	if got := g.recipients(push(5), ws, nil); !reflect.DeepEqual(got, ws) {
+		t.Errorf("recipients of members' own pushes %v, want every worker", got)
+	}
+	if got := none.recipients(push(5), ws, nil); !reflect.DeepEqual(got, ws) {
 		t.Errorf("recipients without groups %v, want every worker", got)
 	}
 	// A retry from iteration 7 (a lost worker) dissolves the groups from
@@ -44,10 +55,10 @@ func TestHostGroups(t *testing.T) {
 	if _, err := g.also(w(0), 7, ws); err == nil {
 		t.Error("a host sum of iteration 7, from which the groups are dissolved, was taken")
 	}
-	if got := g.recipients(6, ws); !reflect.DeepEqual(got, []node.ID{w(0), w(1)}) {
+	if got := g.recipients(push(6), ws, []node.ID{w(2), w(3)}); !reflect.DeepEqual(got, []node.ID{w(0), w(1)}) {
 		t.Errorf("recipients of iteration 6 %v, want the leaders [w0 w1]", got)
 	}
-	if got := g.recipients(7, ws); !reflect.DeepEqual(got, ws) {
+	if got := g.recipients(push(7), ws, nil); !reflect.DeepEqual(got, ws) {
 		t.Errorf("recipients of iteration 7, after the groups were dissolved, %v; want every worker", got)
 	}
 	none.dissolve(7) // no groups: nothing to do

@@ -270,7 +270,7 @@ func (n *Member) Start(ctx context.Context, h Handler) (err error) {
 	}
 	n.log.Info("registering", "control", self.ControlEndpoint(), "data", self.DataAddr(), "scheduler", n.sched)
 	// Text names the host for its local group (FPT_HOST_ID; empty: the address does).
-	add := &control.Message{Command: control.AddNode, Nodes: []node.Info{self}, Text: n.cfg.HostID}
+	add := &control.Message{Command: control.AddNode, Nodes: []node.Info{self}, Text: n.hostNamed(self)}
 	if err := n.plane.Send(n.sched, add); err != nil {
 		return fmt.Errorf("cluster: register: %w", err)
 	}

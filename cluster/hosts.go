@@ -48,3 +48,42 @@ func (n *Member) LocalGroups() ([]localagg.Group, error) {
 	}
 	return localagg.Groups(ms)
 }
+
+// SumsLocally reports whether the workers sum on their hosts
+// (config.Config.SumsLocally: FPT_LOCAL_AGGREGATION=on, or auto with a host
+// of several workers), from the groups of the node table, so that every
+// node decides alike.
+func (n *Member) SumsLocally() bool {
+	groups, err := n.LocalGroups()
+	if err != nil {
+		groups = nil // on still sums, and fails naming the error
+	}
+	cfg := n.Config()
+	return cfg.SumsLocally(localagg.Sizes(groups))
+}
+
+// hostNamed is the host a registering node names (FPT_HOST_ID; empty:
+// its address names it). A worker that may sum locally and cannot make a
+// group's segment where they live (a missing, unwritable or full
+// FPT_LOCAL_AGGREGATION_DIR) names its host with localagg.NoSharedMemory:
+// it is then alone in its group, on the network path, and the others of
+// its host sum without it. The check reserves a group of two's segment,
+// the least a group needs; one that fails at a larger group's start is
+// still an error there.
+func (n *Member) hostNamed(self node.Info) string {
+	cfg := n.cfg
+	if cfg.Role != node.Worker || cfg.LocalAggregation == config.LocalAggregationOff {
+		return cfg.HostID
+	}
+	dir := cfg.SegmentDir()
+	err := localagg.Check(dir, localagg.GroupLayout(2, cfg.PartitionBytes))
+	if err == nil {
+		return cfg.HostID
+	}
+	host := cfg.HostID
+	if host == "" {
+		host = self.Host
+	}
+	n.log.Warn("local aggregation: no shared memory for a group's segment here, so this worker sums alone, over the network", "dir", dir, "err", err)
+	return host + localagg.NoSharedMemory
+}

@@ -42,6 +42,9 @@ type Config struct {
 	HostID string
 	// LocalAggregation is FPT_LOCAL_AGGREGATION.
 	LocalAggregation LocalAggregation
+	// LocalAggregationDir is FPT_LOCAL_AGGREGATION_DIR: where the groups'
+	// shared-memory segments live.
+	LocalAggregationDir string
 	// NodePort is this node's control port (FPT_NODE_PORT; 0 picks a free
 	// one). Its data port is always NodePort+1.
 	NodePort int

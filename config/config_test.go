@@ -39,8 +39,9 @@ func TestFromEnvDefaults(t *testing.T) {
 		StartTimeout: DefaultStartTimeout, PartitionBytes: DefaultPartitionBytes,
 		MaxFrameBytes: DefaultMaxFrameBytes, PoolBytes: DefaultPoolBytes, LB: true, LBAhead: DefaultLBAhead,
 		Channels: DefaultChannels, StallTimeout: DefaultStallTimeout, TraceIters: trace.All, CheckpointEvery: DefaultCheckpointEvery,
-		WorkerWaitTimeout: DefaultWorkerWaitTimeout,
-		LeaveTimeout:      DefaultLeaveTimeout,
+		LocalAggregationDir: DefaultLocalAggregationDir,
+		WorkerWaitTimeout:   DefaultWorkerWaitTimeout,
+		LeaveTimeout:        DefaultLeaveTimeout,
 	}
 	if c != want {
 		t.Fatalf("got %+v\nwant %+v", c, want)

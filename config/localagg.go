@@ -1,6 +1,13 @@
 package config
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
+
+// DefaultLocalAggregationDir is FPT_LOCAL_AGGREGATION_DIR's default:
+// Linux's shared-memory file system.
+const DefaultLocalAggregationDir = "/dev/shm"
 
 // MaxHostIDLen bounds FPT_HOST_ID: it travels in the registration, whose
 // text the scheduler bounds too.
@@ -14,9 +21,8 @@ const (
 	// LocalAggregationOff sends every worker's contribution over the
 	// network (the default).
 	LocalAggregationOff LocalAggregation = iota
-	// LocalAggregationAuto lets fpt decide: off, since on needs the LB
-	// off, and the LB (on by default) balances by node, not by host.
-	// Groups are still formed and shown.
+	// LocalAggregationAuto sums on the host where that pays: when a host
+	// runs several workers and FPT_ON_SERVER_LOSS=fail (SumsLocally).
 	LocalAggregationAuto
 	// LocalAggregationOn sums each host's contributions on the host.
 	LocalAggregationOn
@@ -43,15 +49,37 @@ func (c *Config) Host() string {
 	return c.NodeHost
 }
 
+// SegmentDir is where the local groups' segments live:
+// FPT_LOCAL_AGGREGATION_DIR, or its default for a Config not read from
+// the environment.
+func (c *Config) SegmentDir() string {
+	if c.LocalAggregationDir == "" {
+		return DefaultLocalAggregationDir
+	}
+	return c.LocalAggregationDir
+}
+
 // localAggregationRefused says why FPT_LOCAL_AGGREGATION=on cannot run
 // with the rest of c ("" if it can): the combinations local aggregation
 // does not handle yet are refused at start-up rather than run wrong.
 func (c *Config) localAggregationRefused() string {
-	switch {
-	case c.LB:
-		return "needs FPT_LB=off (the LB would make workers aggregate, and a host's sum goes to servers only)"
-	case c.RetryServerLoss:
+	if c.RetryServerLoss {
 		return "needs FPT_ON_SERVER_LOSS=fail (a joining server would not know the groups whose sums it is sent)"
 	}
 	return ""
+}
+
+// SumsLocally says whether the workers sum on their hosts, given the
+// number of workers on each host (every node knows them from the node
+// table, so every node decides alike): always with on; with auto, when a
+// host runs several workers (one alone saves nothing) and the rest of c
+// allows it.
+func (c *Config) SumsLocally(workersPerHost []int) bool {
+	switch c.LocalAggregation {
+	case LocalAggregationOn:
+		return true
+	case LocalAggregationAuto:
+		return c.localAggregationRefused() == "" && slices.ContainsFunc(workersPerHost, func(n int) bool { return n >= 2 })
+	}
+	return false
 }

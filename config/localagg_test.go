@@ -18,7 +18,7 @@ func TestLocalAggregation(t *testing.T) {
 		{"auto", map[string]string{"FPT_LOCAL_AGGREGATION": " auto "}, LocalAggregationAuto, "198.18.0.2", nil},
 		{"host id names the host", map[string]string{"FPT_HOST_ID": "rack1-a"}, LocalAggregationOff, "rack1-a", nil},
 		{"on", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off"}, LocalAggregationOn, "198.18.0.2", nil},
-		{"on with the LB", map[string]string{"FPT_LOCAL_AGGREGATION": "on"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "FPT_LB=off"}},
+		{"on with the LB", map[string]string{"FPT_LOCAL_AGGREGATION": "on"}, LocalAggregationOn, "198.18.0.2", nil},
 		{"on with server retry", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_SERVER_LOSS": "retry"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "FPT_ON_SERVER_LOSS=fail"}},
 		{"on with continue", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}, LocalAggregationOn, "198.18.0.2", nil},
 		{"on with wait", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_WORKER_LOSS": "wait"}, LocalAggregationOn, "198.18.0.2", nil},
@@ -51,5 +51,44 @@ func TestLocalAggregation(t *testing.T) {
 				t.Errorf("LocalAggregation %v, Host %q; want %v, %q", c.LocalAggregation, c.Host(), tt.want, tt.host)
 			}
 		})
+	}
+}
+
+func TestSumsLocally(t *testing.T) {
+	tests := []struct {
+		name    string
+		la      LocalAggregation
+		retry   bool
+		perHost []int
+		want    bool
+	}{
+		{"off", LocalAggregationOff, false, []int{4, 4}, false},
+		{"on, every worker alone", LocalAggregationOn, false, []int{1, 1}, true},
+		{"auto, a host of several", LocalAggregationAuto, false, []int{4, 3, 1}, true},
+		{"auto, every worker alone", LocalAggregationAuto, false, []int{1, 1, 1}, false},
+		{"auto, no worker", LocalAggregationAuto, false, nil, false},
+		{"auto with server retry", LocalAggregationAuto, true, []int{4, 4}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Config{LocalAggregation: tt.la, RetryServerLoss: tt.retry}
+			if got := c.SumsLocally(tt.perHost); got != tt.want {
+				t.Errorf("SumsLocally(%v) = %v, want %v", tt.perHost, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestSegmentDir(t *testing.T) {
+	if got := (&Config{}).SegmentDir(); got != DefaultLocalAggregationDir {
+		t.Errorf("a Config not read from the environment: %q, want %q", got, DefaultLocalAggregationDir)
+	}
+	c, err := FromEnv(env(map[string]string{"DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "9000",
+		"DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1", "FPT_LOCAL_AGGREGATION_DIR": "/run/fpt"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.SegmentDir(); got != "/run/fpt" {
+		t.Errorf("FPT_LOCAL_AGGREGATION_DIR=/run/fpt: %q", got)
 	}
 }

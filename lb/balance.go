@@ -67,6 +67,9 @@ type Input struct {
 	// Tolerance is the fraction by which the balanced split must beat the
 	// even split over the servers (DefaultTolerance if zero).
 	Tolerance float64
+	// Hosts, if set, balances by host (see Hosts): the nodes of a host
+	// share its link.
+	Hosts *Hosts
 }
 
 // Plan is Balance's answer: the shares, and the predicted iteration times
@@ -147,11 +150,21 @@ func (in Input) check() error {
 		for _, id := range ids {
 			c, ok := in.Capacity[id]
 			switch {
+			case !ok && in.Hosts != nil:
+				// By host, a node that exchanged nothing with other hosts
+				// (a group's member, whose bytes stay on its host) adds
+				// nothing to its host's link; a host with no node
+				// measured is an error (hostInput).
 			case !ok:
 				return fmt.Errorf("%w: no measurement of node %d", ErrCapacity, id)
 			case !(c > 0) || c > MaxCapacity: // NaN too
 				return fmt.Errorf("%w: node %d measured at %g bytes/s", ErrCapacity, id, c)
 			}
+		}
+	}
+	if in.Hosts != nil {
+		if _, err := in.hostInput(); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -171,6 +184,9 @@ func (in Input) cost(id node.ID, server bool) (b, g float64) {
 // perByte is T(s)/M: the busiest node's time per byte of model. Nodes
 // absent from aggs have share 0.
 func (in Input) perByte(aggs []node.ID, shares []float64) float64 {
+	if in.Hosts != nil {
+		return in.hostPerByte(aggs, shares)
+	}
 	share := func(id node.ID) float64 {
 		if i := slices.Index(aggs, id); i >= 0 && i < len(shares) {
 			return shares[i]
@@ -205,6 +221,9 @@ func (in Input) duration(perByte float64) time.Duration {
 // least busy. Aggregators are servers then workers, in input order; those
 // with share 0 are left out.
 func (in Input) waterFill() ([]node.ID, []float64) {
+	if in.Hosts != nil {
+		return in.hostWaterFill()
+	}
 	type agg struct {
 		id   node.ID
 		b, g float64

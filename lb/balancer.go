@@ -85,6 +85,9 @@ type Config struct {
 	// (JoinWorker), which is what FPT_ON_SERVER_LOSS=retry and
 	// FPT_ON_WORKER_LOSS=continue|wait need with the LB off.
 	Fixed bool
+	// Hosts, if set, balances by host (Input.Hosts): the scheduler sets
+	// it with local aggregation on, when the nodes' hosts are known.
+	Hosts *Hosts
 }
 
 const (
@@ -214,6 +217,9 @@ func (c *Config) fill() error {
 		return fmt.Errorf("%d nodes, more than a decision can name (%d)", n, MaxAggregators)
 	}
 	c.Servers, c.Workers = slices.Clone(c.Servers), slices.Clone(c.Workers)
+	if c.Hosts != nil {
+		c.Hosts = &Hosts{Of: maps.Clone(c.Hosts.Of), Local: c.Hosts.Local, Alone: maps.Clone(c.Hosts.Alone)}
+	}
 	seen := make(map[node.ID]bool, len(c.Servers)+len(c.Workers))
 	for _, id := range slices.Concat(c.Servers, c.Workers) {
 		if seen[id] {
@@ -505,6 +511,12 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 	delete(b.isWorker, id)
 	delete(b.seen, id)
 	delete(b.joinAt, id)
+	if b.cfg.Hosts != nil && b.cfg.Hosts.Local {
+		// The workers' groups stop summing at a retry (each worker
+		// pushes over the network from its iteration on): the hosts'
+		// links carry one contribution per worker again.
+		b.cfg.Hosts = &Hosts{Of: b.cfg.Hosts.Of, Alone: b.cfg.Hosts.Alone}
+	}
 	if worker {
 		b.recutVersion, b.recutFrom = dec.Version, dec.Iteration
 		clear(b.joined)
@@ -702,6 +714,7 @@ func (b *Balancer) input() Input {
 		Capacity:   c,
 		ModelBytes: float64(b.model),
 		Tolerance:  b.cfg.Tolerance,
+		Hosts:      b.cfg.Hosts,
 	}
 }
 

@@ -2,6 +2,8 @@ package lb
 
 import (
 	"math"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,5 +87,184 @@ func TestHostModelRefuses(t *testing.T) {
 	in := HostInput{HostOf: hostOf, Capacity: []float64{1e9, 1e9}, ModelBytes: 1}
 	if _, err := HostLoad(in, Even(1, 0, []node.ID{node.ServerID(5)})); err == nil {
 		t.Error("HostLoad with an aggregator on no host: no error")
+	}
+}
+
+// TestBalancerByHost runs the Balancer through its probe with the nodes
+// placed on hosts, one server per host, each node measuring its share of
+// its host's link (the nodes of a host share it), and checks the split it
+// settles on against the model by host, and that the model by node (the
+// same measurements, hosts unknown) settles elsewhere.
+func TestBalancerByHost(t *testing.T) {
+	const gbit = 125e6
+	type agg struct {
+		id    node.ID
+		share float64
+	}
+	tests := []struct {
+		name    string
+		workers []int
+		links   []float64 // each host's link, in Gbit/s
+		local   bool
+		want    []agg
+	}{
+		{"4,4 local: the even split over the servers", []int{4, 4}, []float64{1, 1}, true,
+			[]agg{{node.ServerID(0), 0.5}, {node.ServerID(1), 0.5}}},
+		{"4,3,1 local: one sum per host, even", []int{4, 3, 1}, []float64{1, 1, 1}, true,
+			[]agg{{node.ServerID(0), 1.0 / 3}, {node.ServerID(1), 1.0 / 3}, {node.ServerID(2), 1.0 / 3}}},
+		{"4,3,1 local, host 2 at half a Gbit: nothing on it", []int{4, 3, 1}, []float64{1, 1, 0.5}, true,
+			[]agg{{node.ServerID(0), 0.5}, {node.ServerID(1), 0.5}}},
+		{"4,3,1 local, host 0 at 2 Gbit: all on it", []int{4, 3, 1}, []float64{2, 1, 1}, true,
+			// Host 0 carries M·(1+S_0) at 2 Gbit, the others M·(1+S_h) at
+			// 1: all on host 0 leaves each at 1 (M per Gbit), where any
+			// share elsewhere raises that host above it.
+			[]agg{{node.ServerID(0), 1}}},
+		{"4,3,1 not local: host 0's workers set the pace whatever the split", []int{4, 3, 1}, []float64{1, 1, 1}, false,
+			[]agg{{node.ServerID(0), 1.0 / 3}, {node.ServerID(1), 1.0 / 3}, {node.ServerID(2), 1.0 / 3}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			hostOf, servers := hosts(tt.workers...)
+			var workers []node.ID
+			on := make([]int, len(tt.workers))
+			for id, h := range hostOf {
+				on[h]++
+				if r, _ := id.Role(); r == node.Worker {
+					workers = append(workers, id)
+				}
+			}
+			slices.Sort(workers)
+			rate := func(id node.ID, _ uint64) (float64, float64) {
+				h := hostOf[id]
+				r := tt.links[h] * gbit / float64(on[h])
+				return r, r
+			}
+			settle := func(h *Hosts) Decision {
+				s := newSim(t, Config{Servers: servers, Workers: workers, Hosts: h})
+				s.rate = rate
+				s.run(12)
+				ds := s.decisions()
+				if len(ds) < 2 || !ds[0].d.Probe {
+					t.Fatalf("decisions %v", ds)
+				}
+				return *ds[1].d.Decision
+			}
+			got := settle(&Hosts{Of: hostOf, Local: tt.local})
+			var want Decision
+			for _, a := range tt.want {
+				want.Aggregators = append(want.Aggregators, a.id)
+				want.Shares = append(want.Shares, a.share)
+			}
+			if !got.SplitWithin(want, 1e-6) {
+				t.Errorf("by host: %v %v, want %v %v", got.Aggregators, got.Shares, want.Aggregators, want.Shares)
+			}
+			if blind := settle(nil); blind.SplitWithin(want, 0.01) {
+				t.Errorf("by node, hosts unknown: %v %v, the same as by host", blind.Aggregators, blind.Shares)
+			}
+		})
+	}
+}
+
+// TestBalancerByHostAfterRetry: a lost worker's retry ends the groups'
+// host sums, so the Balancer models the hosts without local aggregation
+// from then on, still by host.
+func TestBalancerByHostAfterRetry(t *testing.T) {
+	hostOf, servers := hosts(2, 2)
+	workers := []node.ID{node.WorkerID(0), node.WorkerID(1), node.WorkerID(2), node.WorkerID(3)}
+	b, err := NewBalancer(Config{Servers: servers, Workers: workers, Hosts: &Hosts{Of: hostOf, Local: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := b.input().Hosts; h == nil || !h.Local {
+		t.Fatalf("before a loss: hosts %+v, want local", h)
+	}
+	if _, err := b.Lose(node.WorkerID(3), "test"); err != nil {
+		t.Fatal(err)
+	}
+	if h := b.input().Hosts; h == nil || h.Local || len(h.Of) != len(hostOf) {
+		t.Fatalf("after a worker's retry: hosts %+v, want by host, not local", h)
+	}
+}
+
+// TestBalancerByHostUnmeasuredMember: by host, a group's member that
+// exchanged nothing with other hosts (its bytes stay on its host) leaves
+// the probe good, since its host's other nodes measure the link; a host
+// with no node measured still fails it.
+func TestBalancerByHostUnmeasuredMember(t *testing.T) {
+	hostOf, servers := hosts(2, 2)
+	workers := []node.ID{node.WorkerID(0), node.WorkerID(1), node.WorkerID(2), node.WorkerID(3)}
+	for _, tt := range []struct {
+		name   string
+		silent func(node.ID) bool
+		want   string // the reason's start after the probe
+	}{
+		{"members silent", func(id node.ID) bool { return id == node.WorkerID(1) || id == node.WorkerID(3) }, "balanced"},
+		{"a whole host silent", func(id node.ID) bool { return hostOf[id] == 1 }, "probe failed"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newSim(t, Config{Servers: servers, Workers: workers, Hosts: &Hosts{Of: hostOf, Local: true}})
+			s.rate = func(id node.ID, _ uint64) (float64, float64) {
+				if tt.silent(id) {
+					return 0, 0
+				}
+				return 1e8, 1e8
+			}
+			s.run(12)
+			ds := s.decisions()
+			if len(ds) < 2 || !strings.HasPrefix(ds[1].d.Reason, tt.want) {
+				t.Fatalf("decisions %v, want the second's reason to start %q", ds, tt.want)
+			}
+		})
+	}
+}
+
+// TestBalancerPlaceOnHost: a joining worker placed on its host adds its
+// capacity to that host's link; unplaced, it is a host of its own.
+func TestBalancerPlaceOnHost(t *testing.T) {
+	hostOf, servers := hosts(1, 1)
+	workers := []node.ID{node.WorkerID(0), node.WorkerID(1)}
+	joiner := node.WorkerID(2)
+	for _, place := range []bool{false, true} {
+		b, err := NewBalancer(Config{Servers: servers, Workers: workers, Hosts: &Hosts{Of: hostOf, Local: true}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.JoinWorker(joiner, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		if place {
+			b.PlaceOnHost(joiner, 1)
+		}
+		in := b.input()
+		for _, id := range slices.Concat(servers, b.Workers()) {
+			in.Capacity[id] = 1
+		}
+		hi, err := in.hostInput()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []float64{2, 2, 1} // host 0, host 1, the joiner alone
+		if place {
+			want = []float64{2, 3}
+		}
+		if !slices.Equal(hi.Capacity, want) {
+			t.Errorf("placed %v: host capacities %v, want %v", place, hi.Capacity, want)
+		}
+		// The joiner sums alone: its contribution crosses its host's link
+		// beside the host's sum.
+		c, err := hi.perHost()
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantC := []float64{1, 1, 1}
+		if place {
+			wantC = []float64{1, 2}
+		}
+		if !slices.Equal(c, wantC) {
+			t.Errorf("placed %v: contributions per host %v, want %v", place, c, wantC)
+		}
+	}
+	if _, ok := hostOf[joiner]; ok || len(hostOf) != 4 {
+		t.Errorf("the caller's map changed: %v", hostOf)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/fptps/fpt/cluster"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/localagg"
 )
 
 // Timing of the measurements.
@@ -64,7 +65,7 @@ func New(n *cluster.Member, apply Apply) *Agent {
 // Start begins measuring; call it once the node has started.
 func (a *Agent) Start() {
 	a.wg.Add(1)
-	go a.sample()
+	go a.sample(a.node.SumsLocally())
 }
 
 // Close stops measuring. It is idempotent.
@@ -73,7 +74,11 @@ func (a *Agent) Close() {
 	a.wg.Wait()
 }
 
-func (a *Agent) sample() {
+// sample reads the van's counters every Tick. With local aggregation
+// (byHost) the LB balances by host, and what a node exchanges with nodes
+// of its own host (a host sum to an aggregator there) does not cross the
+// host's link: only the bytes to and from other hosts count.
+func (a *Agent) sample(byHost bool) {
 	defer a.wg.Done()
 	t := time.NewTicker(Tick)
 	defer t.Stop()
@@ -85,7 +90,11 @@ func (a *Agent) sample() {
 			return
 		case now := <-t.C:
 			var sent, recv uint64
+			self := localagg.HostName(a.node.HostOf(a.node.Self().ID))
 			for _, p := range a.node.Van().Stats() {
+				if byHost && localagg.HostName(a.node.HostOf(p.Peer)) == self {
+					continue
+				}
 				sent += p.SentBytes
 				recv += p.ReceivedBytes
 			}

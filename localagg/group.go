@@ -11,6 +11,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/fptps/fpt/node"
 )
@@ -29,13 +30,23 @@ type Group struct {
 	Workers []node.ID
 }
 
+// NoSharedMemory ends the host a worker names when its shared memory
+// cannot hold a segment (Check): Groups makes it a group of its own, so
+// it sums alone, over the network, and the others of its host without it.
+const NoSharedMemory = " (no shared memory)"
+
+// HostName is the host a worker's named host stands for, without
+// NoSharedMemory: where its link is.
+func HostName(named string) string { return strings.TrimSuffix(named, NoSharedMemory) }
+
 // Leader is the worker that sends the group's sums.
 func (g Group) Leader() node.ID { return g.Workers[0] }
 
 // Groups forms the local groups of the workers in members: one per host,
 // ordered by their leaders. Other roles are ignored (a server on a host
-// aggregates for the network, not for its host's group). A worker named
-// twice, or with no host, is an error: the groups would not add up.
+// aggregates for the network, not for its host's group), and a worker
+// whose host ends in NoSharedMemory is alone. A worker named twice, or
+// with no host, is an error: the groups would not add up.
 func Groups(members []Member) ([]Group, error) {
 	byHost := map[string]*Group{}
 	seen := map[node.ID]bool{}
@@ -52,6 +63,9 @@ func Groups(members []Member) ([]Group, error) {
 			return nil, fmt.Errorf("localagg: %s has no host", m.ID)
 		}
 		g := byHost[m.Host]
+		if strings.HasSuffix(m.Host, NoSharedMemory) {
+			g = nil // alone
+		}
 		if g == nil {
 			g = &Group{Host: m.Host}
 			byHost[m.Host] = g

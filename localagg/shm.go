@@ -77,6 +77,29 @@ func Name(job uint64, host string) string {
 	return Prefix + strconv.FormatUint(job, 16) + "-" + b.String()
 }
 
+// Chunks is how many partitions each member of a group may have in the
+// segment at once, and how many results the leader may have there: the
+// slots of a group's layout.
+const Chunks = 16
+
+// GroupLayout is the layout of a group of members whose partitions are
+// at most partitionBytes.
+func GroupLayout(members int, partitionBytes uint64) Layout {
+	return Layout{Members: members, Slots: Chunks, SlotBytes: int((partitionBytes + align - 1) / align * align)}
+}
+
+// Check reports whether dir can hold a segment of layout l: it makes one
+// under a name of its own (with this process's pid), reserving its memory,
+// and removes it. A worker whose check fails sums alone, over the network
+// (NoSharedMemory), rather than failing the job at its group's start.
+func Check(dir string, l Layout) error {
+	seg, _, err := Create(dir, Prefix+"check-"+strconv.Itoa(os.Getpid()), 0, 0, l)
+	if err != nil {
+		return err
+	}
+	return seg.Close()
+}
+
 // ErrInUse is Create's error for a segment a live process made: another
 // job (or this one, started twice) is using it.
 var ErrInUse = errors.New("shared-memory segment in use")

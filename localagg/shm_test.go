@@ -454,3 +454,43 @@ func TestShmFull(t *testing.T) {
 		t.Errorf("left behind: %v", left)
 	}
 }
+
+// TestCheck: a directory that cannot hold a group's segment (missing, not
+// a directory, full) fails Check, which leaves nothing behind where it can.
+func TestCheck(t *testing.T) {
+	l := GroupLayout(2, 1<<16)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		dir  string
+		ok   bool
+	}{
+		{"a directory", dir, true},
+		{"missing", filepath.Join(dir, "missing"), false},
+		{"not a directory", file, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if err := Check(tt.dir, l); (err == nil) != tt.ok {
+				t.Fatalf("Check(%s) = %v, want ok %v", tt.dir, err, tt.ok)
+			}
+		})
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, Prefix+"*")); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
+	if os.Geteuid() != 0 {
+		return
+	}
+	full := t.TempDir()
+	if err := unix.Mount("tmpfs", full, "tmpfs", 0, "size=64k"); err != nil {
+		return
+	}
+	defer unix.Unmount(full, 0)
+	if err := Check(full, l); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("Check on a full file system: %v, want ENOSPC", err)
+	}
+}

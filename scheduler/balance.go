@@ -13,7 +13,7 @@ import (
 // decisions are lb.Balancer's; the scheduler only carries its samples in
 // and its directives out, and logs every decision with its reason.
 func (c *core) startLB() error {
-	cfg := lb.Config{ProbeEvery: c.cfg.LBProbeEvery, Fixed: !c.cfg.LB, AheadFor: c.cfg.LBAhead}
+	cfg := lb.Config{ProbeEvery: c.cfg.LBProbeEvery, Fixed: !c.cfg.LB, AheadFor: c.cfg.LBAhead, Hosts: c.lbHosts()}
 	if cfg.AheadFor == 0 {
 		cfg.AheadFor = -1 // Lookahead only
 	}

@@ -83,9 +83,13 @@ type core struct {
 	// cannot follow a retry before it has started.
 	running bool
 	// hostIDs are the hosts registering nodes named (FPT_HOST_ID), by
-	// connection; groups the workers' local groups, formed at the table.
-	hostIDs map[string]string
-	groups  []localagg.Group
+	// connection; groups the workers' local groups, formed at the table;
+	// hostOf every node's host (named, else its address); lbHostIndex the
+	// LB's index of each host, when it balances by host.
+	hostIDs     map[string]string
+	groups      []localagg.Group
+	hostOf      map[node.ID]string
+	lbHostIndex map[string]int
 	// finalSeq is the final barrier's number, once a member reached it.
 	finalSeq  uint64
 	finalSeen bool

@@ -7,6 +7,7 @@ import (
 
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
+	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/node"
 )
@@ -29,6 +30,7 @@ func (c *core) noteHost(m *control.Message) {
 // checks make impossible) only leaves the job without groups.
 func (c *core) formGroups() {
 	members := make([]localagg.Member, 0, len(c.table))
+	c.hostOf = make(map[node.ID]string, len(c.table))
 	for _, info := range c.table {
 		host := c.hostIDs[c.reg.originOf(info)]
 		if host == "" {
@@ -36,6 +38,7 @@ func (c *core) formGroups() {
 			host = info.Host
 		}
 		members = append(members, localagg.Member{ID: info.ID, Host: host})
+		c.hostOf[info.ID] = host
 	}
 	groups, err := localagg.Groups(members)
 	if err != nil {
@@ -59,7 +62,7 @@ func (c *core) formGroups() {
 		sizes[i] = strconv.Itoa(n)
 	}
 	c.log.Info("local groups", "hosts", len(groups), "workers_per_host", strings.Join(sizes, ","),
-		"local_aggregation", c.cfg.LocalAggregation)
+		"local_aggregation", c.cfg.LocalAggregation, "sums_locally", c.sumsLocally())
 }
 
 // namedHosts lists the host each node of the table named (FPT_HOST_ID),
@@ -70,4 +73,62 @@ func (c *core) namedHosts() []string {
 		hosts[i] = c.hostIDs[c.reg.originOf(info)]
 	}
 	return hosts
+}
+
+// sumsLocally reports whether the workers sum on their hosts, as every
+// node decides it from the table (cluster.Member.SumsLocally).
+func (c *core) sumsLocally() bool {
+	return c.cfg.SumsLocally(localagg.Sizes(c.groups))
+}
+
+// lbHosts places the servers and workers on their hosts for the LB, which
+// balances by host when the workers sum on their hosts (nil otherwise:
+// by node).
+func (c *core) lbHosts() *lb.Hosts {
+	if !c.sumsLocally() || c.hostOf == nil {
+		return nil
+	}
+	h := &lb.Hosts{Of: make(map[node.ID]int, len(c.table)), Local: true}
+	index := map[string]int{}
+	c.lbHostIndex = index
+	for _, info := range c.table {
+		if info.Role != node.Server && info.Role != node.Worker {
+			continue
+		}
+		named := c.hostOf[info.ID]
+		name := localagg.HostName(named) // where its link is
+		if name != named {
+			// No shared memory: it sums alone on its host.
+			if h.Alone == nil {
+				h.Alone = map[node.ID]bool{}
+			}
+			h.Alone[info.ID] = true
+		}
+		i, ok := index[name]
+		if !ok {
+			i = len(index)
+			index[name] = i
+		}
+		h.Of[info.ID] = i
+	}
+	return h
+}
+
+// placeJoiner tells the LB, when it balances by host, the host of worker
+// info, which joined the running job: a host of the job's, or a new one.
+func (c *core) placeJoiner(info node.Info) {
+	if c.lbHostIndex == nil {
+		return
+	}
+	name := c.hostIDs[c.reg.originOf(info)]
+	if name == "" {
+		name = info.Host
+	}
+	name = localagg.HostName(name)
+	i, ok := c.lbHostIndex[name]
+	if !ok {
+		i = len(c.lbHostIndex)
+		c.lbHostIndex[name] = i
+	}
+	c.lb.PlaceOnHost(info.ID, i)
 }

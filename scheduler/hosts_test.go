@@ -73,4 +73,30 @@ func TestLocalGroups(t *testing.T) {
 	if n := len(localagg.HostOf(c.groups)); n != cfg.NumWorkers {
 		t.Errorf("%d workers in groups, want %d", n, cfg.NumWorkers)
 	}
+	// The LB balances by host only where the workers sum on their hosts:
+	// auto, with host a's two workers, does; the server of host a shares
+	// its host with them.
+	if h := c.lbHosts(); h != nil {
+		t.Errorf("LB hosts %v with local aggregation off", h)
+	}
+	c.cfg.LocalAggregation = config.LocalAggregationAuto
+	h := c.lbHosts()
+	if h == nil || !h.Local || len(h.Of) != 6 {
+		t.Fatalf("LB hosts %+v with local aggregation auto and a host of two workers", h)
+	}
+	perHost := map[int]int{}
+	for _, i := range h.Of {
+		perHost[i]++
+	}
+	srv := h.Of[c.table[1].ID] // the first registered: the server on host a
+	if r, _ := c.table[1].ID.Role(); r != node.Server || perHost[srv] != 3 || len(perHost) != 4 {
+		t.Errorf("LB hosts %v: want the server with host a's two workers, and 3 other hosts", h.Of)
+	}
+	// A worker of host a without shared memory: on host a's link, alone.
+	w := c.table[2].ID
+	c.hostOf[w] = "a" + localagg.NoSharedMemory
+	h = c.lbHosts()
+	if h.Of[w] != srv || !h.Alone[w] || len(h.Alone) != 1 {
+		t.Errorf("LB hosts %+v: want %s on host a (%d), alone", h, w, srv)
+	}
 }

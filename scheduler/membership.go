@@ -439,6 +439,7 @@ func (c *core) admitWorker(info node.Info) {
 		c.log.Error("joining worker not counted", "node", info, "err", err)
 		return
 	}
+	c.placeJoiner(info)
 	c.membership++
 	c.log.Warn(msgWorkerJoined, "node", info, "membership_version", c.membership,
 		"workers", len(c.lb.Workers()), "from_iteration", d.Decision.Iteration)

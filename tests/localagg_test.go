@@ -33,15 +33,19 @@ func TestLocalAggregationWorkerLoss(t *testing.T) {
 		policy string
 		rank   string // the victim's
 		join   bool
+		lb     string
 	}{
-		{"continue, leader lost", "continue", "0", false},
-		{"continue, member lost", "continue", "2", false},
-		{"wait, member lost and replaced", "wait", "1", true},
+		{"continue, leader lost", "continue", "0", false, "off"},
+		{"continue, member lost", "continue", "2", false, "off"},
+		{"wait, member lost and replaced", "wait", "1", true, "off"},
+		// With the LB, the probe after the join makes the joiner aggregate:
+		// it sends its sums to the members too, which push their own.
+		{"wait, member lost and replaced, LB on", "wait", "1", true, "on"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := hostClusterOf(t, 1, 3, []string{"a", "a", "a", "a"},
-				[]string{"FPT_LB=off", "FPT_LOCAL_AGGREGATION=on", "FPT_ON_WORKER_LOSS=" + tt.policy, "FPT_PARTITION_BYTES=65536"}, args)
+				[]string{"FPT_LB=" + tt.lb, "FPT_LB_AHEAD=0", "FPT_LOCAL_AGGREGATION=on", "FPT_ON_WORKER_LOSS=" + tt.policy, "FPT_PARTITION_BYTES=65536"}, args)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(fmt.Sprintf(`iteration %d/`, failoverKillAt))); err != nil {
@@ -181,14 +185,72 @@ func TestLocalAggregation(t *testing.T) {
 	}
 }
 
+// TestLocalAggregationNoSharedMemory: workers whose segment directory
+// (FPT_LOCAL_AGGREGATION_DIR) is missing each sum alone, over the network,
+// saying why, instead of failing the job: every value stays exact.
+func TestLocalAggregationNoSharedMemory(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing")
+	hosts := []string{"a", "a", "b"}
+	c := hostCluster(t, 1, hosts, []string{"FPT_LB=off", "FPT_LOCAL_AGGREGATION=on", "FPT_LOCAL_AGGREGATION_DIR=" + missing},
+		[]string{"-iters", "3", "-max-bytes", "1048576", "-classic", "0"})
+	c.waitAll(2 * time.Minute)
+	for i := range hosts {
+		p := c.proc(fmt.Sprintf("worker%d", i))
+		mustContain(t, p.Name+" stdout", p.Stdout.String(), "iteration 3/3 verified", "PASS")
+		mustContain(t, p.Name+" stderr", p.Stderr.String(), "no shared memory for a group's segment here, so this worker sums alone", missing)
+		if strings.Contains(p.Stderr.String(), `msg="local aggregation"`) {
+			t.Errorf("%s summed in a group:\n%s", p.Name, tail(p.Stderr.String()))
+		}
+	}
+}
+
 // TestLocalAggregationRefused: the combinations local aggregation does
 // not handle yet fail at start-up, naming the variable.
 func TestLocalAggregationRefused(t *testing.T) {
-	c := hostCluster(t, 1, []string{"a", "a"}, []string{"FPT_LOCAL_AGGREGATION=on", "FPT_LB=on"}, []string{"-iters", "1"})
+	c := hostCluster(t, 1, []string{"a", "a"}, []string{"FPT_LOCAL_AGGREGATION=on", "FPT_ON_SERVER_LOSS=retry"}, []string{"-iters", "1"})
 	if err := c.Wait(time.Minute); err == nil {
-		t.Fatal("a job with FPT_LOCAL_AGGREGATION=on and FPT_LB=on ran")
+		t.Fatal("a job with FPT_LOCAL_AGGREGATION=on and FPT_ON_SERVER_LOSS=retry ran")
 	}
-	mustContain(t, "worker0 stderr", c.proc("worker0").Stderr.String(), "FPT_LOCAL_AGGREGATION", "FPT_LB=off")
+	mustContain(t, "worker0 stderr", c.proc("worker0").Stderr.String(), "FPT_LOCAL_AGGREGATION", "FPT_ON_SERVER_LOSS=fail")
+}
+
+// probeWithWorkerRe is a decision line of a probe that makes workers
+// aggregate (every node takes an equal share).
+var probeWithWorkerRe = regexp.MustCompile(`(?m)^.*lb decision v\d+ from iteration \d+: .*worker\d+\(\d+\) [0-9.]+%.*; probe`)
+
+// TestLocalAggregationLB: local aggregation with the LB on. Its probe
+// makes every worker aggregate a share, a group's leader and its members
+// alike: the host's group sums into one host sum for each, on the host,
+// and the aggregator's sum comes back to the whole group through it; the
+// split after the probe is balanced by host. test_kv_app checks every
+// value of every iteration against what every worker pushed.
+func TestLocalAggregationLB(t *testing.T) {
+	if _, err := os.Stat(localagg.DefaultDir); err != nil {
+		t.Skip("no /dev/shm:", err)
+	}
+	const iters = 14
+	args := []string{"-iters", strconv.Itoa(iters), "-max-bytes", "1048576", "-classic", "0"}
+	for _, tt := range []struct {
+		name  string
+		hosts []string
+	}{
+		{"a group of 2", []string{"a", "a"}},
+		{"uneven 3,1", []string{"a", "b", "a", "a"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env := []string{"FPT_LB=on", "FPT_LB_AHEAD=0", "FPT_LOCAL_AGGREGATION=on", "FPT_PARTITION_BYTES=131072"}
+			c := hostCluster(t, 2, tt.hosts, env, args)
+			c.waitAll(2 * time.Minute)
+			for i := range tt.hosts {
+				p := c.proc(fmt.Sprintf("worker%d", i))
+				mustContain(t, p.Name+" stdout", p.Stdout.String(), fmt.Sprintf("iteration %d/%d verified", iters, iters), "PASS")
+			}
+			mustContain(t, "worker0 stderr", c.proc("worker0").Stderr.String(), `msg="local aggregation"`)
+			if sched := c.proc("scheduler").Stdout.String(); !probeWithWorkerRe.MatchString(sched) {
+				t.Errorf("no probe made workers aggregate:\n%s", tail(sched))
+			}
+		})
+	}
 }
 
 // TestLocalAggregationKill: kill -9 of a group's member or of its leader

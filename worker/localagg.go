@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/fptps/fpt/cluster"
-	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/metrics"
@@ -34,7 +33,7 @@ import (
 
 // localChunks is how many partitions each member may have in the segment
 // at once, and how many results the leader may have there.
-const localChunks = 16
+const localChunks = localagg.Chunks
 
 // Notices between a group's workers: kind, member index, chunk, header.
 const (
@@ -53,11 +52,15 @@ type localAgg struct {
 	group   localagg.Group
 	idx     int // self's index in group.Workers
 	seg     *localagg.Segment
+	dir     string // where the segment lives (FPT_LOCAL_AGGREGATION_DIR)
 	conn    *net.UnixConn
 	addrs   []*net.UnixAddr // by member index
 	fail    func(error)
 	deliver func(h *frame.Header, data []byte)
 	send    func(m *frame.Message) error
+	// local adds a host sum to this worker's own aggregator: the
+	// leader's, for a partition it aggregates itself.
+	local   func(h *frame.Header, data []byte) error
 	metrics *metrics.Node // nil: none
 
 	// elastic: a lost worker leaves the job rather than ending it
@@ -109,9 +112,9 @@ type readers struct {
 // cluster started; nil when it sums nothing locally (off, or alone on its
 // host). The leader makes the segment and waits for every member to map
 // it, then removes its name: a job killed later leaves nothing behind.
-func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte)) (*localAgg, error) {
+func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte), local func(*frame.Header, []byte) error) (*localAgg, error) {
 	cfg := n.Config()
-	if cfg.LocalAggregation != config.LocalAggregationOn {
+	if !n.SumsLocally() {
 		return nil, nil
 	}
 	if n.Joined() {
@@ -137,7 +140,7 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte)) (*localA
 		return nil, nil
 	}
 	l := &localAgg{log: n.Logger(), self: self, group: g, idx: slices.Index(g.Workers, self),
-		fail: n.Fail, deliver: deliver, send: n.Van().Send, metrics: n.Metrics(), elastic: cfg.WorkersMayLeave(), until: math.MaxUint64}
+		fail: n.Fail, deliver: deliver, send: n.Van().Send, local: local, metrics: n.Metrics(), elastic: cfg.WorkersMayLeave(), until: math.MaxUint64}
 	l.cond = sync.NewCond(&l.mu)
 	job := n.JobStamp()
 	name := localagg.Name(job, g.Host)
@@ -149,7 +152,8 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte)) (*localA
 	}
 	l.enter()
 	go l.writer()
-	layout := localagg.Layout{Members: len(g.Workers), Slots: localChunks, SlotBytes: int((cfg.PartitionBytes + 63) / 64 * 64)}
+	layout := localagg.GroupLayout(len(g.Workers), cfg.PartitionBytes)
+	l.dir = cfg.SegmentDir()
 	deadline := time.Now().Add(cfg.StartTimeout)
 	if l.idx == 0 {
 		err = l.lead(name, job, layout, deadline)
@@ -171,10 +175,10 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte)) (*localA
 
 // lead makes the segment and waits for every member's hello.
 func (l *localAgg) lead(name string, job uint64, layout localagg.Layout, deadline time.Time) error {
-	if gone, err := localagg.Sweep(localagg.DefaultDir); err == nil && len(gone) > 0 {
+	if gone, err := localagg.Sweep(l.dir); err == nil && len(gone) > 0 {
 		l.log.Warn("local aggregation: removed segments of jobs that were killed", "segments", gone)
 	}
-	seg, stale, err := localagg.Create(localagg.DefaultDir, name, job, 0, layout)
+	seg, stale, err := localagg.Create(l.dir, name, job, 0, layout)
 	if err != nil {
 		return err
 	}
@@ -222,7 +226,7 @@ func (l *localAgg) lead(name string, job uint64, layout localagg.Layout, deadlin
 // join maps the leader's segment, once it is there, and says hello.
 func (l *localAgg) join(name string, job uint64, layout localagg.Layout, deadline time.Time) error {
 	for {
-		seg, err := localagg.Open(localagg.DefaultDir, name, job, 0, layout)
+		seg, err := localagg.Open(l.dir, name, job, 0, layout)
 		if err == nil {
 			l.seg = seg
 			break
@@ -458,11 +462,30 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 	l.mu.Unlock()
 	l.metrics.LocalSummed(len(eff.Sums), len(out))
 	for _, msg := range out {
+		if node.ID(msg.Header.Recipient) == l.self {
+			l.addOwn(msg)
+			continue
+		}
 		if err := l.send(msg); err != nil {
 			return fmt.Errorf("worker: host sum %s: %w", &msg.Header, err)
 		}
 	}
 	return nil
+}
+
+// addOwn adds the leader's host sum of a partition it aggregates itself
+// to its aggregator, on a goroutine of its own: the sum may complete
+// there, and its result is handed to the group (publish), which may wait
+// for a result chunk that only the notice loop, perhaps the caller, frees.
+func (l *localAgg) addOwn(msg *frame.Message) {
+	if !l.enter() {
+		return
+	}
+	go func() {
+		defer l.busy.Done()
+		err := l.local(&msg.Header, msg.Payload) // copies the payload
+		msg.Done(err)
+	}()
 }
 
 // maxSpareSums bounds the host sums' buffers a leader keeps for reuse.

@@ -110,7 +110,7 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 		n.Close()
 		return nil, err
 	}
-	if w.lagg, err = startLocal(n, w.deliverLocal); err != nil {
+	if w.lagg, err = startLocal(n, w.deliverLocal, w.base.Agg.AddLocal); err != nil {
 		w.base.Close()
 		n.Close()
 		return nil, err
@@ -210,6 +210,14 @@ func (w *Worker) do(t effects) {
 // frames; with counted, each frame's Done settles one of req's items. It
 // returns the local contributions' error.
 func (w *Worker) hand(req *request, locals, sends []frame.Message, counted bool) error {
+	// A worker of a group adds its own contribution to a partition it
+	// aggregates into its host's sum too: the host sum then counts for
+	// every worker of the group, this one included.
+	locals, lerr := w.lagg.intercept(locals)
+	if lerr != nil {
+		w.node.Fail(lerr)
+		return lerr
+	}
 	var err error
 	for i := range locals {
 		m := &locals[i]
@@ -234,7 +242,7 @@ func (w *Worker) hand(req *request, locals, sends []frame.Message, counted bool)
 		}
 	}
 	// Pushes summed on the host do not go to the van.
-	sends, lerr := w.lagg.intercept(sends)
+	sends, lerr = w.lagg.intercept(sends)
 	if lerr != nil {
 		w.node.Fail(lerr)
 		return lerr
@@ -708,6 +716,12 @@ func (w *Worker) deliverLocal(h *frame.Header, data []byte) {
 	}
 	w.trace.Begin(trace.Pull, h)
 	copy(l.span, data)
+	// A group's leader that aggregated the partition hands the sum to
+	// its group, as it does a sum it received.
+	if err := w.lagg.publish(h, l.span); err != nil {
+		w.node.Fail(fmt.Errorf("worker: own sum %s: %w", h, err))
+		return
+	}
 	w.update(func(c *core) effects { return c.land(l, h.Partition) })
 	w.trace.End(trace.Pull, h)
 }
