@@ -328,8 +328,11 @@ func (s *Set) expire(k Key, gen uint64) {
 }
 
 // Send sends a message to m.Recipient (a server or worker of the cluster;
-// this node too), copying the segments first: they are free again when it
-// returns. It blocks while the van's send pool is full.
+// this node too). The segments are free again when it returns: to another
+// server or worker they go from where they lie, gathered behind the
+// encoded meta by the van's write, and Send waits until that write is
+// done; to this node or over the control plane they are copied first. It
+// blocks while the van's send pool is full.
 func (s *Set) Send(m *appmsg.Meta, segs [][]byte) error {
 	if err := s.n.Err(); err != nil {
 		return fmt.Errorf("%w: %w", ErrFailed, err)
@@ -345,7 +348,6 @@ func (s *Set) Send(m *appmsg.Meta, segs [][]byte) error {
 	if err := appmsg.Check(m, segs, s.n.Config().MaxFrameBytes); err != nil {
 		return err
 	}
-	payload := appmsg.Encode(make([]byte, 0, appmsg.Size(segs)), m, segs)
 	if to == self.ID {
 		s.mu.Lock()
 		closed := s.c.closed
@@ -353,28 +355,39 @@ func (s *Set) Send(m *appmsg.Meta, segs [][]byte) error {
 		if closed {
 			return ErrClosed
 		}
-		return s.deliver(self.ID, m.Priority, payload)
+		return s.deliver(self.ID, m.Priority, appmsg.Encode(make([]byte, 0, appmsg.Size(segs)), m, segs))
 	}
 	if viaControl {
-		if err := apps.SendApp(to, m.Priority, payload); err != nil {
-			if ferr := s.n.Err(); ferr != nil {
-				return fmt.Errorf("%w: %w", ErrFailed, ferr)
-			}
-			return fmt.Errorf("customer: send to %s: %w", to, err)
+		if err := apps.SendApp(to, m.Priority, appmsg.Encode(make([]byte, 0, appmsg.Size(segs)), m, segs)); err != nil {
+			return s.sendErr(to, err)
 		}
 		return nil
 	}
+	// The van holds segs until Done: the caller's memory must not be
+	// reused before the frame is written (or can no longer be).
+	written := make(chan error, 1)
 	err := s.n.Van().Send(&frame.Message{
 		Header:  frame.Header{Type: frame.App, Recipient: uint32(to), Priority: m.Priority},
-		Payload: payload,
+		Payload: appmsg.EncodeHead(make([]byte, 0, appmsg.Overhead), m, segs),
+		More:    segs,
+		Done:    func(err error) { written <- err },
 	})
+	if err == nil {
+		err = <-written
+	}
 	if err != nil {
-		if ferr := s.n.Err(); ferr != nil {
-			return fmt.Errorf("%w: %w", ErrFailed, ferr)
-		}
-		return fmt.Errorf("customer: send to %s: %w", to, err)
+		return s.sendErr(to, err)
 	}
 	return nil
+}
+
+// sendErr is Send's error for a send to to that failed with err: the
+// node's failure when there is one (which is why the send failed).
+func (s *Set) sendErr(to node.ID, err error) error {
+	if ferr := s.n.Err(); ferr != nil {
+		return fmt.Errorf("%w: %w", ErrFailed, ferr)
+	}
+	return fmt.Errorf("customer: send to %s: %w", to, err)
 }
 
 // Close stops every customer and waits for their goroutines (a handler
