@@ -170,6 +170,17 @@ func (l *Lib) SetAllocator(a customer.Allocator) {
 	l.alloc = a
 }
 
+// ReleaseBlock gives back the block of a message a keeping handler kept
+// (fpt_msg_release): to the allocator, by its address (b[0]'s).
+func (l *Lib) ReleaseBlock(b []byte) {
+	l.mu.Lock()
+	a := l.alloc
+	l.mu.Unlock()
+	if a != nil {
+		a.Free(b)
+	}
+}
+
 // CustomerAdd registers h as customer (app, cust). On the scheduler its
 // messages travel over the control plane. A message's Buffer (the
 // allocator's) is freed when h returns.
@@ -236,8 +247,9 @@ type Msg struct {
 	Priority                       int32
 }
 
-// MsgSend sends m with segs (copied before it returns) to m.Recipient, a
-// server or worker of the cluster (this node too).
+// MsgSend sends m with segs to m.Recipient, a server or worker of the
+// cluster (this node too); segs are free again when it returns
+// (customer.Set.Send).
 func (l *Lib) MsgSend(m Msg, segs [][]byte) error {
 	const op = "fpt_msg_send"
 	set, err := l.customers(op)
