@@ -136,10 +136,21 @@ func (s *Set) watch() {
 	}
 	err := s.n.Err()
 	s.mu.Lock()
-	wake := s.c.fail(err)
+	wake, dropped := s.c.fail(err)
 	s.stopTimers()
 	s.mu.Unlock()
 	s.wake(wake)
+	freeDropped(dropped)
+}
+
+// freeDropped gives the Buffers of messages that reach no handler back
+// to the allocators that made them.
+func freeDropped(dropped []item) {
+	for _, it := range dropped {
+		if it.owner != nil && it.msg != nil && it.msg.Buffer != nil {
+			it.owner.Free(it.msg.Buffer)
+		}
+	}
 }
 
 // Add registers h as customer k and starts its goroutine; messages that
@@ -176,13 +187,14 @@ func (s *Set) Used() bool {
 // for itself).
 func (s *Set) Remove(k Key) error {
 	s.mu.Lock()
-	in, err := s.c.remove(k)
+	in, dropped, err := s.c.remove(k)
 	if err != nil {
 		s.mu.Unlock()
 		return err
 	}
 	s.mu.Unlock()
 	s.wake([]*inbox{in})
+	freeDropped(dropped)
 	<-in.end
 	return nil
 }
@@ -295,7 +307,7 @@ func (s *Set) deliverOwned(from node.ID, priority int32, payload []byte, owner A
 	m.Meta.Sender, m.Meta.Recipient, m.Meta.Priority = uint32(from), uint32(self.ID), priority
 	k := Target(self.Role, &m.Meta)
 	s.mu.Lock()
-	r, in, gen := s.c.deliver(k, &m, from)
+	r, in, gen := s.c.deliver(k, &m, owner, from)
 	if r == routeFirst {
 		s.timers[k] = time.AfterFunc(s.n.Config().StartTimeout, func() { s.expire(k, gen) })
 	}
@@ -303,6 +315,10 @@ func (s *Set) deliverOwned(from node.ID, priority int32, payload []byte, owner A
 	switch r {
 	case routeQueued:
 		s.wake([]*inbox{in})
+	case routeDropped:
+		if owner != nil {
+			owner.Free(payload)
+		}
 	case routeRemoved:
 		if owner != nil {
 			owner.Free(payload)
@@ -323,6 +339,7 @@ func (s *Set) expire(k Key, gen uint64) {
 	if !ok {
 		return
 	}
+	freeDropped(w.msgs)
 	s.n.Fail(fmt.Errorf("customer: %d message(s) for %s (the first from %s) waited %s for that customer to be registered on %s (FPT_START_TIMEOUT): does the program create it?",
 		len(w.msgs), k, w.first, s.n.Config().StartTimeout, s.n.Self().ID))
 }
@@ -398,10 +415,11 @@ func (s *Set) Close() {
 		close(s.quit)
 		<-s.watched
 		s.mu.Lock()
-		wake := s.c.close()
+		wake, dropped := s.c.close()
 		s.stopTimers()
 		s.mu.Unlock()
 		s.wake(wake)
+		freeDropped(dropped)
 		for _, in := range wake {
 			<-in.end
 		}
