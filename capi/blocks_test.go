@@ -56,12 +56,12 @@ func TestBlockCache(t *testing.T) {
 		{
 			name: "a block much larger than asked is left", maxBytes: 64 * mib, maxN: 8,
 			steps: []step{{op: "alloc", name: "a", n: 8 * mib}, {op: "free", name: "a"}, {op: "alloc", name: "b", n: 1 * mib}},
-			hits: 0, misses: 2, held: 8 * mib,
+			hits:  0, misses: 2, held: 8 * mib,
 		},
 		{
 			name: "small blocks are not kept", maxBytes: 64 * mib, maxN: 8,
 			steps: []step{{op: "alloc", name: "a", n: 4096}, {op: "free", name: "a"}, {op: "alloc", name: "b", n: 4096}},
-			hits: 0, misses: 2,
+			hits:  0, misses: 2,
 		},
 		{
 			name: "bounded in bytes", maxBytes: 20 * mib, maxN: 8,
@@ -72,7 +72,7 @@ func TestBlockCache(t *testing.T) {
 		{
 			name: "bounded in count", maxBytes: 64 * mib, maxN: 1,
 			steps: []step{{op: "alloc", name: "a", n: mib}, {op: "alloc", name: "b", n: mib}, {op: "free", name: "a"}, {op: "free", name: "b"}},
-			hits: 0, misses: 2, held: mib,
+			hits:  0, misses: 2, held: mib,
 		},
 		{
 			name: "drained: kept blocks and later ones go back", maxBytes: 64 * mib, maxN: 8,
