@@ -173,6 +173,10 @@ func (s *Set) Add(k Key, h Handler) error {
 	return nil
 }
 
+// Info describes node id of the set's cluster (its node's table); ok is
+// false for an id that is no node of it.
+func (s *Set) Info(id node.ID) (node.Info, bool) { return s.n.Info(id) }
+
 // Used reports whether a customer was ever registered: ps-lite's
 // KVWorker and KVServer talk to particular servers, and cannot go on
 // without one that left.

@@ -320,7 +320,9 @@ int fpt_my_id(int* id);
  * The ids of the nodes in group_or_id (a group, or a single node id >= 8),
  * ascending, into ids[0..cap); *n receives how many there are (which may
  * exceed cap: then only cap are written). An id that is no node of the
- * cluster is FPT_ERR_ARG.
+ * cluster is FPT_ERR_ARG. A worker process of several customers
+ * (fpt_start_customer) is one node, one id, in the workers' group, though
+ * each of its customers counts in fpt_num_workers.
  */
 int fpt_group_ids(int group_or_id, int* ids, size_t cap, size_t* n);
 
