@@ -121,6 +121,17 @@ func Size(segs [][]byte) uint64 {
 // Encode appends the payload of m (meta and segments, copied) to dst and
 // returns it. m must pass Check.
 func Encode(dst []byte, m *Meta, segs [][]byte) []byte {
+	dst = EncodeHead(dst, m, segs)
+	for _, s := range segs {
+		dst = append(dst, s...)
+	}
+	return dst
+}
+
+// EncodeHead appends what Encode puts before the segments' bytes (the
+// meta and the segments' lengths) to dst and returns it: the head of a
+// payload whose segments a gathering write sends from where they lie.
+func EncodeHead(dst []byte, m *Meta, segs [][]byte) []byte {
 	le := binary.LittleEndian
 	var fixed [fixedSize]byte
 	fixed[0] = Version
@@ -134,9 +145,6 @@ func Encode(dst []byte, m *Meta, segs [][]byte) []byte {
 	dst = append(dst, fixed[:]...)
 	for _, s := range segs {
 		dst = le.AppendUint64(dst, uint64(len(s)))
-	}
-	for _, s := range segs {
-		dst = append(dst, s...)
 	}
 	return dst
 }

@@ -206,7 +206,11 @@ func (l *Lib) Finalize() error {
 	l.shutdown()
 	l.mu.Lock()
 	l.state = finished
+	alloc := l.alloc
 	l.mu.Unlock()
+	if d, ok := alloc.(interface{ Drain() }); ok {
+		d.Drain() // no message comes any more: the kept blocks go back
+	}
 	if err != nil {
 		return &Error{Code: classify(err, CodeCluster), Err: fmt.Errorf("capi: %s: %w", op, err)}
 	}

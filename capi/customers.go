@@ -50,26 +50,43 @@ func (l *Lib) MyID() (int, error) {
 
 // GroupIDs is the ids of the nodes in a group (1, 2, 4 or their union)
 // or, for an id of 8 or more, that node alone, ascending. The cluster's
-// counts (DMLC_NUM_SERVER, DMLC_NUM_WORKER) make the ids, so the scheduler
-// answers as the others do.
+// counts (DMLC_NUM_SERVER, DMLC_NUM_WORKER) bound the ids, and the node
+// table says which of them are nodes, so the scheduler answers as the
+// others do: a worker process of several customers (StartCustomer) is one
+// node, one id, though each of its customers counts in DMLC_NUM_WORKER.
 func (l *Lib) GroupIDs(groupOrID int) ([]int, error) {
 	const op = "fpt_group_ids"
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if err := l.started(op); err != nil {
+		l.mu.Unlock()
 		return nil, err
 	}
-	return groupIDs(op, groupOrID, l.cfg.NumServers, l.cfg.NumWorkers)
+	cfg, n := l.cfg, l.node
+	l.mu.Unlock()
+	isNode := func(id node.ID) bool {
+		if m := n.Member(); m != nil {
+			_, ok := m.Info(id)
+			return ok
+		}
+		set := n.Customers() // the scheduler's, over its table
+		if set == nil {
+			return true
+		}
+		_, ok := set.Info(id)
+		return ok
+	}
+	return groupIDs(op, groupOrID, cfg.NumServers, cfg.NumWorkers, isNode)
 }
 
-// groupIDs is GroupIDs for a cluster of the given size.
-func groupIDs(op string, groupOrID, servers, workers int) ([]int, error) {
+// groupIDs is GroupIDs for a cluster of the given size whose node table
+// holds the ids isNode says.
+func groupIDs(op string, groupOrID, servers, workers int, isNode func(node.ID) bool) ([]int, error) {
 	switch {
 	case groupOrID <= 0 || (groupOrID > int(node.AllGroup) && groupOrID < 8):
 		return nil, fail(CodeArg, op, "%d is no group (1, 2, 4 or a union of them) and no node id (8 or more)", groupOrID)
 	case groupOrID >= 8:
 		id := node.ID(groupOrID)
-		if groupOrID > math.MaxUint32 || !known(id, servers, workers) {
+		if groupOrID > math.MaxUint32 || !known(id, servers, workers) || !isNode(id) {
 			return nil, fail(CodeArg, op, "%d is no node of this cluster (%d servers, %d workers)", groupOrID, servers, workers)
 		}
 		return []int{groupOrID}, nil
@@ -81,12 +98,16 @@ func groupIDs(op string, groupOrID, servers, workers int) ([]int, error) {
 	}
 	if g&node.ServerGroup != 0 {
 		for r := range servers {
-			ids = append(ids, int(node.ServerID(r)))
+			if id := node.ServerID(r); isNode(id) {
+				ids = append(ids, int(id))
+			}
 		}
 	}
 	if g&node.WorkerGroup != 0 {
 		for r := range workers {
-			ids = append(ids, int(node.WorkerID(r)))
+			if id := node.WorkerID(r); isNode(id) {
+				ids = append(ids, int(id))
+			}
 		}
 	}
 	slices.Sort(ids)
@@ -170,6 +191,17 @@ func (l *Lib) SetAllocator(a customer.Allocator) {
 	l.alloc = a
 }
 
+// ReleaseBlock gives back the block of a message a keeping handler kept
+// (fpt_msg_release): to the allocator, by its address (b[0]'s).
+func (l *Lib) ReleaseBlock(b []byte) {
+	l.mu.Lock()
+	a := l.alloc
+	l.mu.Unlock()
+	if a != nil {
+		a.Free(b)
+	}
+}
+
 // CustomerAdd registers h as customer (app, cust). On the scheduler its
 // messages travel over the control plane. A message's Buffer (the
 // allocator's) is freed when h returns.
@@ -236,8 +268,9 @@ type Msg struct {
 	Priority                       int32
 }
 
-// MsgSend sends m with segs (copied before it returns) to m.Recipient, a
-// server or worker of the cluster (this node too).
+// MsgSend sends m with segs to m.Recipient, a server or worker of the
+// cluster (this node too); segs are free again when it returns
+// (customer.Set.Send).
 func (l *Lib) MsgSend(m Msg, segs [][]byte) error {
 	const op = "fpt_msg_send"
 	set, err := l.customers(op)

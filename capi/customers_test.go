@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fptps/fpt/appmsg"
+	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/node"
 )
 
@@ -36,7 +37,7 @@ func TestGroupIDs(t *testing.T) {
 		{15, nil, CodeArg}, // worker 3 of 3
 		{1 << 40, nil, CodeArg},
 	} {
-		got, err := groupIDs("op", tt.group, 2, 3)
+		got, err := groupIDs("op", tt.group, 2, 3, func(node.ID) bool { return true })
 		if CodeOf(err) != tt.code || !reflect.DeepEqual(got, tt.want) {
 			t.Errorf("groupIDs(%d) = %v, %v; want %v, code %d", tt.group, got, err, tt.want, tt.code)
 		}
@@ -289,5 +290,72 @@ func TestHeaderDefines(t *testing.T) {
 	}
 	if !reflect.DeepEqual(header, want) {
 		t.Errorf("fpt.h defines %v, the Go side %v", header, want)
+	}
+}
+
+// A worker process of two customers under DMLC_NUM_WORKER=2 is one node:
+// the worker group is its one id on every node, the scheduler included,
+// and the id a second process would have is no node; its customers still
+// count as two workers.
+func TestGroupIDsWorkerCustomers(t *testing.T) {
+	port, err := localcluster.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shutdowns atomic.Int32
+	sched := newLib(env(port, 1, 2, "scheduler"), &shutdowns)
+	if err := sched.Start(); err != nil {
+		t.Fatal(err)
+	}
+	srv, w := newLib(env(port, 1, 2, "server"), &shutdowns), newLib(env(port, 1, 2, "worker"), &shutdowns)
+	errs := make(chan error, 3)
+	go func() { errs <- srv.Start() }()
+	go func() { errs <- w.StartCustomer(0) }()
+	// Customer 1 joins the start customer 0 began (as a second thread's
+	// Start does).
+	for {
+		w.mu.Lock()
+		st := w.state
+		w.mu.Unlock()
+		if st != idle {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	go func() { errs <- w.StartCustomer(1) }()
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, l := range []*Lib{sched, srv, w} {
+		role, _ := l.Role()
+		for _, tc := range []struct {
+			group int
+			want  []int
+		}{
+			{int(node.WorkerGroup), []int{9}},
+			{int(node.AllGroup), []int{1, 8, 9}},
+			{9, []int{9}},
+		} {
+			if got, err := l.GroupIDs(tc.group); err != nil || !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("%s: GroupIDs(%d) = %v, %v; want %v", role, tc.group, got, err, tc.want)
+			}
+		}
+		if _, err := l.GroupIDs(int(node.WorkerID(1))); CodeOf(err) != CodeArg {
+			t.Errorf("%s: GroupIDs(%d) = %v, want CodeArg: no second worker process", role, node.WorkerID(1), err)
+		}
+	}
+	if n, err := w.NumWorkers(); err != nil || n != 2 {
+		t.Errorf("NumWorkers = %d, %v; want 2 (each customer a worker)", n, err)
+	}
+	fin := make(chan error, 3)
+	for _, l := range []*Lib{sched, srv, w} {
+		go func() { fin <- l.Finalize() }()
+	}
+	for range 3 {
+		if err := <-fin; err != nil {
+			t.Error(err)
+		}
 	}
 }

@@ -4,11 +4,13 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/fptps/fpt/appmsg"
 	"github.com/fptps/fpt/customer"
 	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/internal/memcluster"
 )
 
 // testAlloc is an Allocator that counts what it made and took back.
@@ -112,5 +114,91 @@ func TestAllocator(t *testing.T) {
 	}
 	if err := c.Finish(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A message read into an Allocator's buffer that never reaches its
+// handler (its customer's queue dropped when the node fails, the customer
+// is removed or the set closed, or its customer never registered) gives
+// the buffer back: a failed request leaks none of its messages.
+func TestDroppedBuffersFreed(t *testing.T) {
+	k := customer.Key{App: 2, Customer: 2}
+	payload := appmsg.Encode(nil, &appmsg.Meta{App: 2, Flags: appmsg.Request | appmsg.Push}, [][]byte{{1, 2, 3, 4, 5, 6, 7, 8}})
+	for _, tc := range []struct {
+		name     string
+		env      map[string]string
+		register bool // else the messages wait for a customer that never comes
+		drop     func(c *memcluster.Cluster, set *customer.Set) error
+	}{
+		{name: "node fails", register: true, drop: func(c *memcluster.Cluster, _ *customer.Set) error { return c.Drop(w0) }},
+		{name: "customer removed", register: true, drop: func(_ *memcluster.Cluster, set *customer.Set) error { return set.Remove(k) }},
+		{name: "set closed", register: true, drop: func(_ *memcluster.Cluster, set *customer.Set) error { set.Close(); return nil }},
+		{name: "never registered", env: map[string]string{"FPT_START_TIMEOUT": "1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startMem(t, 1, 1, tc.env)
+			set := c.Customers(s0)
+			a := &testAlloc{}
+			set.UseAllocator(a)
+			running, release := make(chan struct{}, 1), make(chan struct{})
+			var releaseOnce sync.Once
+			free := func() { releaseOnce.Do(func() { close(release) }) }
+			t.Cleanup(free) // a failed check leaves no handler blocked
+			if tc.register {
+				// The handler holds the first message while the others queue.
+				if err := set.Add(k, func(m *appmsg.Message, err error) {
+					if err != nil {
+						return
+					}
+					running <- struct{}{}
+					<-release
+					a.Free(m.Buffer) // the handler's own
+				}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			const sent = 3
+			for range sent {
+				h := &frame.Header{Type: frame.App, Sender: uint32(w0), Recipient: uint32(s0), Length: uint64(len(payload))}
+				buf := set.PayloadBuffer(h)
+				copy(buf, payload)
+				if err := set.HandleFrame(h, buf, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want := sent
+			if tc.register {
+				<-running
+				want-- // the handler's, freed once it is released
+				done := make(chan error, 1)
+				go func() { done <- tc.drop(c, set) }()
+				waitFreed(t, a, want)
+				free()
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+				want++
+			}
+			waitFreed(t, a, want)
+			if live, _ := a.counts(); live != 0 {
+				t.Fatalf("%d buffers live after every message was dropped or handled", live)
+			}
+		})
+	}
+}
+
+// waitFreed waits until a has freed want buffers.
+func waitFreed(t *testing.T, a *testAlloc, want int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		_, freed := a.counts()
+		if freed == want {
+			return
+		}
+		if freed > want || time.Now().After(deadline) {
+			t.Fatalf("%d buffers freed, want %d", freed, want)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

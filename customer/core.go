@@ -34,10 +34,13 @@ var (
 )
 
 // item is one entry of a customer's queue: a message, or (msg nil) the
-// node's failure, which is always last.
+// node's failure, which is always last. owner made the message's Buffer
+// (nil: Go memory, or none): a message dropped before its handler ran
+// gives its Buffer back to it.
 type item struct {
-	msg *appmsg.Message
-	err error
+	msg   *appmsg.Message
+	err   error
+	owner Allocator
 }
 
 // inbox is one registered customer's queue.
@@ -56,7 +59,7 @@ type inbox struct {
 // arrival order; gen tells its expiry timer whether it is still the same
 // wait.
 type waiting struct {
-	msgs  []*appmsg.Message
+	msgs  []item
 	first node.ID // the first message's sender, for the failure's text
 	gen   uint64
 }
@@ -89,9 +92,7 @@ func (c *core) add(k Key, h Handler) (*inbox, error) {
 	}
 	in := &inbox{h: h, wake: make(chan struct{}, 1), end: make(chan struct{})}
 	if w := c.pending[k]; w != nil {
-		for _, m := range w.msgs {
-			in.q = append(in.q, item{msg: m})
-		}
+		in.q = append(in.q, w.msgs...)
 		delete(c.pending, k)
 	}
 	delete(c.removed, k)
@@ -100,16 +101,17 @@ func (c *core) add(k Key, h Handler) (*inbox, error) {
 }
 
 // remove unregisters k; its goroutine stops after the message it is
-// running, if any.
-func (c *core) remove(k Key) (*inbox, error) {
+// running, if any. It returns the messages dropped from k's queue.
+func (c *core) remove(k Key) (*inbox, []item, error) {
 	in := c.boxes[k]
 	if in == nil {
-		return nil, fmt.Errorf("%w: %s", ErrUnknown, k)
+		return nil, nil, fmt.Errorf("%w: %s", ErrUnknown, k)
 	}
 	delete(c.boxes, k)
 	c.removed[k] = true
+	dropped := in.q
 	in.stop, in.q = true, nil
-	return in, nil
+	return in, dropped, nil
 }
 
 // route is what became of a delivered message.
@@ -123,24 +125,25 @@ const (
 	routeDropped              // the node failed or closed: dropped
 )
 
-// deliver routes m, from sender, to customer k.
-func (c *core) deliver(k Key, m *appmsg.Message, sender node.ID) (route, *inbox, uint64) {
+// deliver routes m (its Buffer owner's), from sender, to customer k.
+func (c *core) deliver(k Key, m *appmsg.Message, owner Allocator, sender node.ID) (route, *inbox, uint64) {
 	if c.closed || c.err != nil {
 		return routeDropped, nil, 0
 	}
+	it := item{msg: m, owner: owner}
 	if in := c.boxes[k]; in != nil {
-		in.q = append(in.q, item{msg: m})
+		in.q = append(in.q, it)
 		return routeQueued, in, 0
 	}
 	if c.removed[k] {
 		return routeRemoved, nil, 0
 	}
 	if w := c.pending[k]; w != nil {
-		w.msgs = append(w.msgs, m)
+		w.msgs = append(w.msgs, it)
 		return routeWaiting, nil, 0
 	}
 	c.gen++
-	c.pending[k] = &waiting{msgs: []*appmsg.Message{m}, first: sender, gen: c.gen}
+	c.pending[k] = &waiting{msgs: []item{it}, first: sender, gen: c.gen}
 	return routeFirst, nil, c.gen
 }
 
@@ -157,39 +160,50 @@ func (c *core) expired(k Key, gen uint64) (w *waiting, ok bool) {
 
 // fail records the node's failure: every customer's queue is replaced by
 // the failure alone, and whatever waits for a customer is dropped. It
-// returns the inboxes to wake.
-func (c *core) fail(err error) []*inbox {
+// returns the inboxes to wake and the messages dropped.
+func (c *core) fail(err error) (wake []*inbox, dropped []item) {
 	if c.err != nil || c.closed {
-		return nil
+		return nil, nil
 	}
 	c.err = err
-	clear(c.pending)
-	var wake []*inbox
+	dropped = c.dropPending()
 	for _, in := range c.boxes {
+		dropped = append(dropped, in.q...)
 		in.q, in.done = []item{{err: err}}, true
 		wake = append(wake, in)
 	}
-	return wake
+	return wake, dropped
 }
 
-// close stops every customer; it returns the inboxes to wake. A
-// customer whose failure is queued still gets it (then stops): a program
-// waiting on it must learn of the failure.
-func (c *core) close() []*inbox {
+// dropPending drops what waits for customers not registered; it returns
+// the messages dropped.
+func (c *core) dropPending() []item {
+	var dropped []item
+	for _, w := range c.pending {
+		dropped = append(dropped, w.msgs...)
+	}
+	clear(c.pending)
+	return dropped
+}
+
+// close stops every customer; it returns the inboxes to wake and the
+// messages dropped. A customer whose failure is queued still gets it
+// (then stops): a program waiting on it must learn of the failure.
+func (c *core) close() (wake []*inbox, dropped []item) {
 	if c.closed {
-		return nil
+		return nil, nil
 	}
 	c.closed = true
-	clear(c.pending)
-	var wake []*inbox
+	dropped = c.dropPending()
 	for k, in := range c.boxes {
 		if !in.done {
+			dropped = append(dropped, in.q...)
 			in.stop, in.q = true, nil
 		}
 		delete(c.boxes, k)
 		wake = append(wake, in)
 	}
-	return wake
+	return wake, dropped
 }
 
 // next takes in's next item; ok is false when its goroutine should end

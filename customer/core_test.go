@@ -57,7 +57,7 @@ func TestCoreLifecycle(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i := range int32(3) {
-				if r, got, _ := c.deliver(k, msg(i), 9); r != routeQueued || got != in {
+				if r, got, _ := c.deliver(k, msg(i), nil, 9); r != routeQueued || got != in {
 					t.Fatalf("route %d", r)
 				}
 			}
@@ -66,8 +66,8 @@ func TestCoreLifecycle(t *testing.T) {
 			}
 		}},
 		{"waits for registration", func(t *testing.T, c *core) {
-			r1, _, gen := c.deliver(k, msg(1), 9)
-			r2, _, _ := c.deliver(k, msg(2), 11)
+			r1, _, gen := c.deliver(k, msg(1), nil, 9)
+			r2, _, _ := c.deliver(k, msg(2), nil, 11)
 			if r1 != routeFirst || r2 != routeWaiting || gen == 0 {
 				t.Fatalf("routes %d %d gen %d", r1, r2, gen)
 			}
@@ -80,7 +80,7 @@ func TestCoreLifecycle(t *testing.T) {
 			}
 		}},
 		{"expires", func(t *testing.T, c *core) {
-			_, _, gen := c.deliver(k, msg(1), 9)
+			_, _, gen := c.deliver(k, msg(1), nil, 9)
 			w, ok := c.expired(k, gen)
 			if !ok || len(w.msgs) != 1 || w.first != 9 {
 				t.Fatalf("expired %v %v", w, ok)
@@ -97,17 +97,17 @@ func TestCoreLifecycle(t *testing.T) {
 		}},
 		{"removed drops", func(t *testing.T, c *core) {
 			in, _ := c.add(k, nil)
-			c.deliver(k, msg(1), 9)
-			if _, err := c.remove(k); err != nil {
+			c.deliver(k, msg(1), nil, 9)
+			if _, _, err := c.remove(k); err != nil {
 				t.Fatal(err)
 			}
 			if _, _, ended := drain(c, in); !ended {
 				t.Fatal("removed customer's goroutine not told to end")
 			}
-			if r, _, _ := c.deliver(k, msg(2), 9); r != routeRemoved {
+			if r, _, _ := c.deliver(k, msg(2), nil, 9); r != routeRemoved {
 				t.Fatalf("route %d after remove", r)
 			}
-			if _, err := c.remove(k); !errors.Is(err, ErrUnknown) {
+			if _, _, err := c.remove(k); !errors.Is(err, ErrUnknown) {
 				t.Fatalf("second remove: %v", err)
 			}
 			if _, err := c.add(k, nil); err != nil {
@@ -116,12 +116,12 @@ func TestCoreLifecycle(t *testing.T) {
 		}},
 		{"failure replaces the queue", func(t *testing.T, c *core) {
 			in, _ := c.add(k, nil)
-			c.deliver(k, msg(1), 9)
-			c.deliver(Key{5, 5}, msg(1), 9)
-			if wake := c.fail(errors.New("boom")); len(wake) != 1 {
+			c.deliver(k, msg(1), nil, 9)
+			c.deliver(Key{5, 5}, msg(1), nil, 9)
+			if wake, _ := c.fail(errors.New("boom")); len(wake) != 1 {
 				t.Fatalf("woke %d", len(wake))
 			}
-			if r, _, _ := c.deliver(k, msg(2), 9); r != routeDropped {
+			if r, _, _ := c.deliver(k, msg(2), nil, 9); r != routeDropped {
 				t.Fatalf("route %d after failure", r)
 			}
 			if ts, errs, ended := drain(c, in); len(ts) != 0 || errs != 1 || !ended {
@@ -144,7 +144,7 @@ func TestCoreLifecycle(t *testing.T) {
 		}},
 		{"close stops", func(t *testing.T, c *core) {
 			in, _ := c.add(k, nil)
-			c.deliver(k, msg(1), 9)
+			c.deliver(k, msg(1), nil, 9)
 			c.close()
 			if ts, _, ended := drain(c, in); len(ts) != 0 || !ended {
 				t.Fatalf("took %v, ended %v", ts, ended)

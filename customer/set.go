@@ -136,10 +136,21 @@ func (s *Set) watch() {
 	}
 	err := s.n.Err()
 	s.mu.Lock()
-	wake := s.c.fail(err)
+	wake, dropped := s.c.fail(err)
 	s.stopTimers()
 	s.mu.Unlock()
 	s.wake(wake)
+	freeDropped(dropped)
+}
+
+// freeDropped gives the Buffers of messages that reach no handler back
+// to the allocators that made them.
+func freeDropped(dropped []item) {
+	for _, it := range dropped {
+		if it.owner != nil && it.msg != nil && it.msg.Buffer != nil {
+			it.owner.Free(it.msg.Buffer)
+		}
+	}
 }
 
 // Add registers h as customer k and starts its goroutine; messages that
@@ -162,6 +173,10 @@ func (s *Set) Add(k Key, h Handler) error {
 	return nil
 }
 
+// Info describes node id of the set's cluster (its node's table); ok is
+// false for an id that is no node of it.
+func (s *Set) Info(id node.ID) (node.Info, bool) { return s.n.Info(id) }
+
 // Used reports whether a customer was ever registered: ps-lite's
 // KVWorker and KVServer talk to particular servers, and cannot go on
 // without one that left.
@@ -176,13 +191,14 @@ func (s *Set) Used() bool {
 // for itself).
 func (s *Set) Remove(k Key) error {
 	s.mu.Lock()
-	in, err := s.c.remove(k)
+	in, dropped, err := s.c.remove(k)
 	if err != nil {
 		s.mu.Unlock()
 		return err
 	}
 	s.mu.Unlock()
 	s.wake([]*inbox{in})
+	freeDropped(dropped)
 	<-in.end
 	return nil
 }
@@ -295,7 +311,7 @@ func (s *Set) deliverOwned(from node.ID, priority int32, payload []byte, owner A
 	m.Meta.Sender, m.Meta.Recipient, m.Meta.Priority = uint32(from), uint32(self.ID), priority
 	k := Target(self.Role, &m.Meta)
 	s.mu.Lock()
-	r, in, gen := s.c.deliver(k, &m, from)
+	r, in, gen := s.c.deliver(k, &m, owner, from)
 	if r == routeFirst {
 		s.timers[k] = time.AfterFunc(s.n.Config().StartTimeout, func() { s.expire(k, gen) })
 	}
@@ -303,6 +319,10 @@ func (s *Set) deliverOwned(from node.ID, priority int32, payload []byte, owner A
 	switch r {
 	case routeQueued:
 		s.wake([]*inbox{in})
+	case routeDropped:
+		if owner != nil {
+			owner.Free(payload)
+		}
 	case routeRemoved:
 		if owner != nil {
 			owner.Free(payload)
@@ -323,13 +343,17 @@ func (s *Set) expire(k Key, gen uint64) {
 	if !ok {
 		return
 	}
+	freeDropped(w.msgs)
 	s.n.Fail(fmt.Errorf("customer: %d message(s) for %s (the first from %s) waited %s for that customer to be registered on %s (FPT_START_TIMEOUT): does the program create it?",
 		len(w.msgs), k, w.first, s.n.Config().StartTimeout, s.n.Self().ID))
 }
 
 // Send sends a message to m.Recipient (a server or worker of the cluster;
-// this node too), copying the segments first: they are free again when it
-// returns. It blocks while the van's send pool is full.
+// this node too). The segments are free again when it returns: to another
+// server or worker they go from where they lie, gathered behind the
+// encoded meta by the van's write, and Send waits until that write is
+// done; to this node or over the control plane they are copied first. It
+// blocks while the van's send pool is full.
 func (s *Set) Send(m *appmsg.Meta, segs [][]byte) error {
 	if err := s.n.Err(); err != nil {
 		return fmt.Errorf("%w: %w", ErrFailed, err)
@@ -345,7 +369,6 @@ func (s *Set) Send(m *appmsg.Meta, segs [][]byte) error {
 	if err := appmsg.Check(m, segs, s.n.Config().MaxFrameBytes); err != nil {
 		return err
 	}
-	payload := appmsg.Encode(make([]byte, 0, appmsg.Size(segs)), m, segs)
 	if to == self.ID {
 		s.mu.Lock()
 		closed := s.c.closed
@@ -353,28 +376,39 @@ func (s *Set) Send(m *appmsg.Meta, segs [][]byte) error {
 		if closed {
 			return ErrClosed
 		}
-		return s.deliver(self.ID, m.Priority, payload)
+		return s.deliver(self.ID, m.Priority, appmsg.Encode(make([]byte, 0, appmsg.Size(segs)), m, segs))
 	}
 	if viaControl {
-		if err := apps.SendApp(to, m.Priority, payload); err != nil {
-			if ferr := s.n.Err(); ferr != nil {
-				return fmt.Errorf("%w: %w", ErrFailed, ferr)
-			}
-			return fmt.Errorf("customer: send to %s: %w", to, err)
+		if err := apps.SendApp(to, m.Priority, appmsg.Encode(make([]byte, 0, appmsg.Size(segs)), m, segs)); err != nil {
+			return s.sendErr(to, err)
 		}
 		return nil
 	}
+	// The van holds segs until Done: the caller's memory must not be
+	// reused before the frame is written (or can no longer be).
+	written := make(chan error, 1)
 	err := s.n.Van().Send(&frame.Message{
 		Header:  frame.Header{Type: frame.App, Recipient: uint32(to), Priority: m.Priority},
-		Payload: payload,
+		Payload: appmsg.EncodeHead(make([]byte, 0, appmsg.Overhead), m, segs),
+		More:    segs,
+		Done:    func(err error) { written <- err },
 	})
+	if err == nil {
+		err = <-written
+	}
 	if err != nil {
-		if ferr := s.n.Err(); ferr != nil {
-			return fmt.Errorf("%w: %w", ErrFailed, ferr)
-		}
-		return fmt.Errorf("customer: send to %s: %w", to, err)
+		return s.sendErr(to, err)
 	}
 	return nil
+}
+
+// sendErr is Send's error for a send to to that failed with err: the
+// node's failure when there is one (which is why the send failed).
+func (s *Set) sendErr(to node.ID, err error) error {
+	if ferr := s.n.Err(); ferr != nil {
+		return fmt.Errorf("%w: %w", ErrFailed, ferr)
+	}
+	return fmt.Errorf("customer: send to %s: %w", to, err)
 }
 
 // Close stops every customer and waits for their goroutines (a handler
@@ -385,10 +419,11 @@ func (s *Set) Close() {
 		close(s.quit)
 		<-s.watched
 		s.mu.Lock()
-		wake := s.c.close()
+		wake, dropped := s.c.close()
 		s.stopTimers()
 		s.mu.Unlock()
 		s.wake(wake)
+		freeDropped(dropped)
 		for _, in := range wake {
 			<-in.end
 		}

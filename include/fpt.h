@@ -320,7 +320,9 @@ int fpt_my_id(int* id);
  * The ids of the nodes in group_or_id (a group, or a single node id >= 8),
  * ascending, into ids[0..cap); *n receives how many there are (which may
  * exceed cap: then only cap are written). An id that is no node of the
- * cluster is FPT_ERR_ARG.
+ * cluster is FPT_ERR_ARG. A worker process of several customers
+ * (fpt_start_customer) is one node, one id, in the workers' group, though
+ * each of its customers counts in fpt_num_workers.
  */
 int fpt_group_ids(int group_or_id, int* ids, size_t cap, size_t* n);
 
@@ -422,7 +424,10 @@ typedef void (*fpt_msg_keep_handler)(const fpt_msg_meta* meta, const fpt_segment
  * a receiver that reads values in place saves a copy of every message. */
 int fpt_customer_add_keep(int app_id, int customer_id, fpt_msg_keep_handler handler, void* user_data);
 
-/* Frees the block of a message an fpt_msg_keep_handler kept. */
+/* Gives back the block of a message an fpt_msg_keep_handler kept: the
+ * library keeps a bounded number of such blocks to read later messages
+ * into (memory already touched, where fresh memory would be faulted in
+ * page by page), and frees the rest, and all of them at fpt_finalize. */
 void fpt_msg_release(void* block);
 
 /* Removes a customer. When it returns, its handler is not running and will
@@ -431,8 +436,9 @@ void fpt_msg_release(void* block);
 int fpt_customer_remove(int app_id, int customer_id);
 
 /*
- * Sends a message to meta->recipient (this node itself included). The data
- * are copied before it returns (the buffers are free again). The encoded
+ * Sends a message to meta->recipient (this node itself included). When it
+ * returns the data have been written to the socket from where they lie
+ * (or, to this node itself, copied): the buffers are free again. The encoded
  * message (the data, 24 bytes of meta and 8 per segment) is at most
  * FPT_MAX_FRAME_BYTES. Asynchronous otherwise: the response, if any, comes
  * to the customer's handler. A recipient that is no node of the cluster

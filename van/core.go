@@ -28,9 +28,9 @@ const byeTimeout = time.Second
 
 // link is a connection as the sender sees it.
 type link interface {
-	// writeFrame writes hdr then payload, in one writev where the kernel
-	// allows, failing once no byte has moved for timeout.
-	writeFrame(hdr, payload []byte, timeout time.Duration) error
+	// writeFrame writes hdr then payload's parts, in one writev where the
+	// kernel allows, failing once no byte has moved for timeout.
+	writeFrame(hdr []byte, payload [][]byte, timeout time.Duration) error
 	// abort breaks the connection so that its reader sees an end soon and
 	// a write in progress fails. Safe from any goroutine, repeatedly.
 	abort()
@@ -242,8 +242,9 @@ func (c *core) onFrame(p *peer, ch int, h *frame.Header, payload []byte, inPlace
 // enqueue is Send (block) and Forward (!block).
 func (c *core) enqueue(m *frame.Message, block bool) error {
 	id := node.ID(m.Header.Recipient)
-	if uint64(len(m.Payload)) > c.cfg.MaxPayload {
-		return fmt.Errorf("van: send to node %d: payload of %d bytes exceeds the maximum of %d", id, len(m.Payload), c.cfg.MaxPayload)
+	n := m.Len()
+	if uint64(n) > c.cfg.MaxPayload {
+		return fmt.Errorf("van: send to node %d: payload of %d bytes exceeds the maximum of %d", id, n, c.cfg.MaxPayload)
 	}
 	if c.lookup(id) == nil {
 		if c.quiet.Load() {
@@ -251,7 +252,7 @@ func (c *core) enqueue(m *frame.Message, block bool) error {
 		}
 		return fmt.Errorf("van: send to node %d: %w", id, ErrNoPeer)
 	}
-	if !c.q.Put(m, &m.Header, len(m.Payload), block) {
+	if !c.q.Put(m, &m.Header, n, block) {
 		return ErrClosed
 	}
 	return nil
@@ -357,11 +358,14 @@ func (c *core) write(m *frame.Message, hdr *[frame.HeaderSize]byte) {
 		return
 	}
 	h := m.Header // m stays the caller's to read: the van writes none of it
-	h.Sender, h.Length = uint32(c.selfID()), uint64(len(m.Payload))
+	var parts [8][]byte
+	payload := m.Parts(parts[:0])
+	n := size(payload)
+	h.Sender, h.Length = uint32(c.selfID()), uint64(n)
 	h.Encode(hdr[:])
 	start := time.Now()
 	ch := channelOf(&m.Header, len(p.links))
-	err := p.links[ch].writeFrame(hdr[:], m.Payload, c.cfg.IOTimeout)
+	err := p.links[ch].writeFrame(hdr[:], payload, c.cfg.IOTimeout)
 	p.st.SentBusy.Add(int64(time.Since(start)))
 	if err != nil && p.byes[ch].Load() {
 		// The peer said Bye on this channel and it is closed: the peer is
@@ -379,7 +383,7 @@ func (c *core) write(m *frame.Message, hdr *[frame.HeaderSize]byte) {
 		}
 		return
 	}
-	p.st.SentBytes.Add(uint64(frame.HeaderSize + len(m.Payload)))
+	p.st.SentBytes.Add(uint64(frame.HeaderSize + n))
 	p.st.SentFrames.Add(1)
 	if m.Done != nil {
 		m.Done(nil)

@@ -647,24 +647,18 @@ func (c *epConn) abort() {
 	c.fdMu.RUnlock()
 }
 
-// writeFrame writes header and payload with writev, resuming after partial
-// writes and waiting in poll while the socket buffer is full.
-func (c *epConn) writeFrame(hdr, payload []byte, timeout time.Duration) error {
+// writeFrame writes header and payload's parts with writev, resuming
+// after partial writes and waiting in poll while the socket buffer is full.
+func (c *epConn) writeFrame(hdr []byte, payload [][]byte, timeout time.Duration) error {
 	c.fdMu.RLock()
 	defer c.fdMu.RUnlock()
 	if c.wfd < 0 {
 		return errConnClosed
 	}
-	var iov [2][]byte
-	for len(hdr) > 0 || len(payload) > 0 {
-		bufs := iov[:0]
-		if len(hdr) > 0 {
-			bufs = append(bufs, hdr)
-		}
-		if len(payload) > 0 {
-			bufs = append(bufs, payload[:min(len(payload), maxChunk)])
-		}
-		n, err := unix.Writev(c.wfd, bufs)
+	var all, iov [8][]byte
+	bufs := append(append(all[:0], hdr), payload...)
+	for len(bufs) > 0 {
+		n, err := unix.Writev(c.wfd, window(iov[:0], bufs, maxChunk))
 		switch {
 		case errors.Is(err, unix.EINTR):
 			continue
@@ -676,10 +670,7 @@ func (c *epConn) writeFrame(hdr, payload []byte, timeout time.Duration) error {
 		case err != nil:
 			return fmt.Errorf("writev: %w", err)
 		}
-		if k := min(n, len(hdr)); k > 0 {
-			hdr, n = hdr[k:], n-k
-		}
-		payload = payload[n:]
+		bufs = advance(bufs, n)
 	}
 	return nil
 }

@@ -259,29 +259,26 @@ func (v *netConnVan) close(drain bool) error {
 // against the reader and a writer.
 func (c *ncConn) abort() { c.tc.Close() }
 
-// writeFrame writes header and payload through net.Buffers (one writev per
-// chunk; the standard library resumes partial writes).
-func (c *ncConn) writeFrame(hdr, payload []byte, timeout time.Duration) error {
-	var iov [2][]byte
-	bufs := net.Buffers(append(iov[:0], hdr))
-	for {
-		chunk := payload[:min(len(payload), netChunk)]
-		payload = payload[len(chunk):]
-		if len(chunk) > 0 {
-			bufs = append(bufs, chunk)
-		}
+// writeFrame writes header and payload's parts through net.Buffers (one
+// writev per chunk; the standard library resumes partial writes).
+func (c *ncConn) writeFrame(hdr []byte, payload [][]byte, timeout time.Duration) error {
+	var all, iov [8][]byte
+	bufs := append(append(all[:0], hdr), payload...)
+	for len(bufs) > 0 {
+		// The header rides with the first chunk, as netChunk bounds payload.
+		chunk := window(iov[:0], bufs, len(hdr)+netChunk)
+		hdr = nil
+		bufs = advance(bufs, size(chunk))
 		if err := c.tc.SetWriteDeadline(time.Now().Add(timeout)); err != nil {
 			return err
 		}
-		if _, err := bufs.WriteTo(c.tc); err != nil {
+		nb := net.Buffers(chunk)
+		if _, err := nb.WriteTo(c.tc); err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				return fmt.Errorf("%w: no progress for %v", errStalled, timeout)
 			}
 			return err
 		}
-		if len(payload) == 0 {
-			return nil
-		}
-		bufs = net.Buffers(iov[:0])
 	}
+	return nil
 }

@@ -58,7 +58,7 @@ var lib = newLib()
 
 func newLib() *capi.Lib {
 	l := capi.New(getenv, environ, os.Stdout, os.Stderr, control.Shutdown)
-	l.SetAllocator(cAlloc{})
+	l.SetAllocator(capi.NewBlockCache(cAlloc{}))
 	return l
 }
 
@@ -478,9 +478,23 @@ func fpt_customer_add_keep(app, cust C.int, handler C.fpt_msg_keep_handler, user
 	})
 }
 
-// cAlloc is the allocator of the buffers customer messages are read into:
-// C memory (malloc), which a keeping handler frees with fpt_msg_release
-// (free) whenever it is done with it, on any thread.
+//export fpt_msg_release
+func fpt_msg_release(block unsafe.Pointer) {
+	if block == nil {
+		return
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(os.Stderr, "libfpt: fpt_msg_release: panic: %v\n%s", r, debug.Stack())
+		}
+	}()
+	lib.ReleaseBlock(unsafe.Slice((*byte)(block), 1))
+}
+
+// cAlloc is the raw memory of the blocks customer messages are read into:
+// C memory (malloc), behind the node's capi.BlockCache, to which a
+// keeping handler gives a block back with fpt_msg_release whenever it is
+// done with it, on any thread.
 type cAlloc struct{}
 
 func (cAlloc) Alloc(n int) []byte {

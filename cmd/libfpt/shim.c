@@ -51,8 +51,6 @@ void fpt_invoke_msg_keep(fpt_msg_keep_handler handler, const fpt_msg_meta* meta,
   handler(meta, segs, n, block, (void*)user);
 }
 
-/* The block of a kept message is malloc'd (libfpt's customer allocator). */
-void fpt_msg_release(void* block) { free(block); }
 
 int fpt_invoke_params(fpt_params_fn fn, uintptr_t ctx, uint64_t iteration, uint64_t key, void* dst,
                       uint64_t bytes) {

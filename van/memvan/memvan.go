@@ -473,8 +473,9 @@ func (v *Van) AwaitPeers(ctx context.Context, ids []node.ID) error {
 
 func (v *Van) enqueue(m *frame.Message, block bool) error {
 	id := node.ID(m.Header.Recipient)
-	if uint64(len(m.Payload)) > v.cfg.MaxPayload {
-		return fmt.Errorf("memvan: send to node %d: payload of %d bytes exceeds the maximum of %d", id, len(m.Payload), v.cfg.MaxPayload)
+	n := m.Len()
+	if uint64(n) > v.cfg.MaxPayload {
+		return fmt.Errorf("memvan: send to node %d: payload of %d bytes exceeds the maximum of %d", id, n, v.cfg.MaxPayload)
 	}
 	if v.lookup(id) == nil {
 		if v.quiet.Load() {
@@ -482,7 +483,7 @@ func (v *Van) enqueue(m *frame.Message, block bool) error {
 		}
 		return fmt.Errorf("memvan: send to node %d: %w", id, van.ErrNoPeer)
 	}
-	if !v.q.Put(m, &m.Header, len(m.Payload), block) {
+	if !v.q.Put(m, &m.Header, n, block) {
 		return van.ErrClosed
 	}
 	return nil
@@ -600,12 +601,14 @@ func (v *Van) write(m *frame.Message) {
 	}
 	start := time.Now()
 	h := m.Header // m stays the caller's to read: the van writes none of it
-	h.Sender, h.Length = uint32(v.selfID()), uint64(len(m.Payload))
-	a := arrival{conn: p.conn, from: v, to: p.remote, payload: slices.Clone(m.Payload)}
+	n := m.Len()
+	h.Sender, h.Length = uint32(v.selfID()), uint64(n)
+	var parts [8][]byte
+	a := arrival{conn: p.conn, from: v, to: p.remote, payload: slices.Concat(m.Parts(parts[:0])...)}
 	h.Encode(a.hdr[:])
 	v.net.transmit(a)
 	p.st.SentBusy.Add(int64(time.Since(start)))
-	p.st.SentBytes.Add(uint64(frame.HeaderSize + len(m.Payload)))
+	p.st.SentBytes.Add(uint64(frame.HeaderSize + n))
 	p.st.SentFrames.Add(1)
 	if m.Done != nil {
 		m.Done(nil)

@@ -250,6 +250,10 @@ func testRoundTrip(t *testing.T, l Listen) {
 				doneCalls.Add(1)
 			}}
 			m.Header.Length = 12345 // the van sets it
+			if i%2 == 1 {
+				// A gathered payload: the receiver sees the parts joined.
+				m.Payload, m.More = p[:n/3], [][]byte{p[n/3 : n/2], nil, p[n/2:]}
+			}
 			if err := v.Send(m); err != nil {
 				t.Error(err)
 				return
