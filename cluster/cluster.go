@@ -902,19 +902,43 @@ func (n *Member) join(ctx context.Context) error {
 	if err := n.plane.Send(n.sched, &control.Message{Command: control.Joined, Sender: n.Self().ID, Seq: 0}); err != nil {
 		return fmt.Errorf("cluster: join: %w", err)
 	}
-	var members []node.ID
-	for _, info := range n.Nodes() {
-		if info.Role != node.Scheduler && info.ID != n.Self().ID {
-			members = append(members, info.ID)
-		}
-	}
-	if err := n.van.AwaitPeers(ctx, members); err != nil {
-		return fmt.Errorf("cluster: join: waiting for %d members to connect: %w", len(members), err)
+	if err := n.awaitMembers(ctx); err != nil {
+		return fmt.Errorf("cluster: join: %w", err)
 	}
 	if err := n.plane.Send(n.sched, &control.Message{Command: control.Joined, Sender: n.Self().ID, Seq: 1}); err != nil {
 		return fmt.Errorf("cluster: join: %w", err)
 	}
 	return nil
+}
+
+// joinRecheck is how often a joining node's wait for its members reads
+// the node table again.
+const joinRecheck = 100 * time.Millisecond
+
+// awaitMembers waits until every server and worker of the node table
+// but this one is connected. It follows the table: a member lost or gone
+// meanwhile (NodeLeft; it may die between the scheduler's table and its
+// dial) is no longer waited for, as the scheduler no longer waits for it
+// to dial.
+func (n *Member) awaitMembers(ctx context.Context) error {
+	for {
+		var members []node.ID
+		for _, info := range n.Nodes() {
+			if info.Role != node.Scheduler && info.ID != n.Self().ID {
+				members = append(members, info.ID)
+			}
+		}
+		try, cancel := context.WithTimeout(ctx, joinRecheck)
+		err := n.van.AwaitPeers(try, members)
+		expired := try.Err() != nil
+		cancel()
+		if err == nil || !expired || ctx.Err() != nil {
+			if err != nil {
+				return fmt.Errorf("waiting for %d members to connect: %w", len(members), err)
+			}
+			return nil
+		}
+	}
 }
 
 // dial connects to a server or worker joining the running job (the

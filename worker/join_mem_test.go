@@ -282,6 +282,7 @@ func TestWorkerLossWait(t *testing.T) {
 			errs := make(chan error, 8)
 			var wg sync.WaitGroup
 			killed := make(chan struct{})
+			victimEnded := make(chan error, 1)
 			for i, w := range old {
 				wg.Go(func() {
 					err := trainJoinable(ctx, w, models[i], iters, hooks{before: func(w *worker.Worker, it int) error {
@@ -291,12 +292,21 @@ func TestWorkerLossWait(t *testing.T) {
 						}
 						return nil
 					}})
-					if w.Node().Self().ID != victim && err != nil {
+					switch {
+					case w.Node().Self().ID == victim:
+						victimEnded <- err
+					case err != nil:
 						errs <- fmt.Errorf("%s: %w", w.Node().Self().ID, err)
 					}
 				})
 			}
-			<-killed
+			select {
+			case <-killed:
+			case err := <-victimEnded:
+				t.Fatalf("%s's training ended before it was killed: %v", victim, err)
+			case <-ctx.Done():
+				t.Fatalf("%s never reached iteration %d", victim, killAt)
+			}
 			j, err := c.AddWorker()
 			if err != nil {
 				t.Fatal(err)
