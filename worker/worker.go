@@ -325,12 +325,10 @@ func (w *Worker) complete(r *request) {
 	cl := r.call
 	traced := w.trace.Now()
 	if r.err == nil && !cl.began.IsZero() {
-		took := time.Since(cl.began)
 		if cl.pull {
-			w.metrics.ObservePull(took)
-		}
-		if !cl.pull || cl.pushPull {
-			w.metrics.ObservePush(took)
+			w.metrics.ObservePull(time.Since(cl.began))
+		} else {
+			w.metrics.ObservePush(time.Since(cl.began))
 		}
 	}
 	if cl.cb == nil {
@@ -385,11 +383,7 @@ func (w *Worker) Notify(ts int, fn func(error)) (done bool, err error) {
 	if r == nil {
 		return true, err
 	}
-	began := w.trace.Now()
-	r.call.notify = append(r.call.notify, func(err error) {
-		w.traceRequest(trace.Wait, r, began) // up to the signal
-		fn(err)
-	})
+	r.call.notify = append(r.call.notify, fn)
 	return false, nil
 }
 
@@ -575,9 +569,7 @@ func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame
 // fptPushPull is FPTPushPull on bytes: it waits for the horizon as
 // fptPush does.
 func (w *Worker) fptPushPull(keys []uint64, data, outs []byte, byteLens []int, dtype frame.DType, priority int32, cb Callback) (int, error) {
-	cl := newCall(cb, true)
-	cl.pushPull = true
-	return w.pushing(cl, func(c *core, cl *call) (effects, error) {
+	return w.pushing(newCall(cb, true), func(c *core, cl *call) (effects, error) {
 		return c.pushPull(keys, data, outs, byteLens, dtype, priority, cl)
 	})
 }
