@@ -932,11 +932,11 @@ func (n *Member) awaitMembers(ctx context.Context) error {
 		err := n.van.AwaitPeers(try, members)
 		expired := try.Err() != nil
 		cancel()
-		if err == nil || !expired || ctx.Err() != nil {
-			if err != nil {
-				return fmt.Errorf("waiting for %d members to connect: %w", len(members), err)
-			}
+		if err == nil {
 			return nil
+		}
+		if !expired || ctx.Err() != nil {
+			return fmt.Errorf("waiting for %d members to connect: %w", len(members), err)
 		}
 	}
 }
