@@ -55,35 +55,40 @@ func round(c *memcluster.Cluster) error {
 }
 
 // A cluster that finishes, and one that is closed after losing a node,
-// leave no goroutine behind: the in-memory transports and every node stop.
+// leave no goroutine behind: the in-memory transports, every node and,
+// with the LB on, every node's agent stop.
 func TestNothingLeft(t *testing.T) {
-	before := runtime.NumGoroutine()
-	for _, drop := range []bool{false, true} {
-		c, err := memcluster.Start(context.Background(), memcluster.Options{Servers: 1, Workers: 2, Env: map[string]string{"FPT_LB": "off"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := round(c); err != nil {
-			t.Fatal(err)
-		}
-		if drop {
-			if err := c.Drop(node.WorkerID(1)); err != nil {
-				t.Fatal(err)
+	for _, lb := range []string{"off", "on"} {
+		t.Run("LB "+lb, func(t *testing.T) {
+			before := runtime.NumGoroutine()
+			for _, drop := range []bool{false, true} {
+				c, err := memcluster.Start(context.Background(), memcluster.Options{Servers: 1, Workers: 2, Env: map[string]string{"FPT_LB": lb}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := round(c); err != nil {
+					t.Fatal(err)
+				}
+				if drop {
+					if err := c.Drop(node.WorkerID(1)); err != nil {
+						t.Fatal(err)
+					}
+					c.Close()
+				} else if err := c.Finish(context.Background()); err != nil {
+					t.Fatal(err)
+				}
 			}
-			c.Close()
-		} else if err := c.Finish(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// A lost peer's grace timer (cluster.lostPeerGrace) may still be
-	// pending for a moment; everything else has returned.
-	deadline := time.Now().Add(10 * time.Second)
-	for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if g := runtime.NumGoroutine(); g > before {
-		buf := make([]byte, 1<<20)
-		t.Fatalf("%d goroutines left, %d before\n%s", g, before, buf[:runtime.Stack(buf, true)])
+			// A lost peer's grace timer (cluster.lostPeerGrace) may still be
+			// pending for a moment; everything else has returned.
+			deadline := time.Now().Add(10 * time.Second)
+			for runtime.NumGoroutine() > before && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if g := runtime.NumGoroutine(); g > before {
+				buf := make([]byte, 1<<20)
+				t.Fatalf("%d goroutines left, %d before\n%s", g, before, buf[:runtime.Stack(buf, true)])
+			}
+		})
 	}
 }
 
