@@ -19,12 +19,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"strings"
 	"time"
 
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/launch"
+	"github.com/fptps/fpt/netem"
 	"github.com/fptps/fpt/worker"
 )
 
@@ -216,6 +218,33 @@ func Main(args []string) int {
 		return scenarioMain(f)
 	}
 	return goodputMain(f)
+}
+
+// runOnHosts starts spec's processes on net's hosts, each on the host
+// hostOf gives its name, relays the progress lines of the workers to p
+// under run (only worker rank 0 writes them; which process that is is the
+// scheduler's to say), and waits, at most timeout, for every process to
+// exit. The caller kills the cluster (Kill) once it has read its output.
+func runOnHosts(ctx context.Context, net *netem.Network, spec localcluster.Spec, hostOf func(proc string) int, p *progress, run string, timeout time.Duration) (*localcluster.Cluster, error) {
+	spec.Command = func(proc string, argv []string) *exec.Cmd {
+		return net.Command(ctx, hostOf(proc), argv[0], argv[1:]...)
+	}
+	spec.Stderr = func(proc string) io.Writer {
+		if strings.HasPrefix(proc, "worker") {
+			return p.relay(run)
+		}
+		return nil
+	}
+	c, err := localcluster.Start(spec)
+	if err != nil {
+		return nil, err
+	}
+	p.printf(run, "cluster started")
+	if err := waitCluster(ctx, c, timeout); err != nil {
+		c.Kill()
+		return nil, err
+	}
+	return c, nil
 }
 
 // waitCluster waits, at most timeout, for every process of c to exit;

@@ -3,9 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"strconv"
 	"syscall"
@@ -139,27 +137,15 @@ func runChannels(ctx context.Context, net *netem.Network, o goodputOptions, rate
 	run := fmt.Sprintf("%s, %d channels", scenarioChannels, n)
 	p.printf(run, "cluster starting")
 	hostOf := map[string]int{"worker0": 0, "server0": 1, "scheduler": 2}
-	c, err := localcluster.Start(localcluster.Spec{
+	c, err := runOnHosts(ctx, net, localcluster.Spec{
 		Servers: 1, Workers: 1,
 		Scheduler: []string{self}, Server: []string{self}, Worker: args,
 		RootURI: net.Addr(2), Env: env,
-		Command: func(proc string, argv []string) *exec.Cmd {
-			return net.Command(ctx, hostOf[proc], argv[0], argv[1:]...)
-		},
-		Stderr: func(proc string) io.Writer {
-			if proc == "worker0" {
-				return p.relay(run)
-			}
-			return nil
-		},
-	})
+	}, func(proc string) int { return hostOf[proc] }, p, run, 30*time.Minute)
 	if err != nil {
 		return res, err
 	}
 	defer c.Kill()
-	if err := waitCluster(ctx, c, 30*time.Minute); err != nil {
-		return res, err
-	}
 	var rep workerReport
 	if err := decodeReport(c.Proc("worker0"), &rep); err != nil {
 		return res, err

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -263,27 +262,15 @@ func runHosts(ctx context.Context, net *netem.Network, workers []int, lo lbOptio
 	for _, n := range workers {
 		total += n
 	}
-	c, err := localcluster.Start(localcluster.Spec{
+	c, err := runOnHosts(ctx, net, localcluster.Spec{
 		Servers: len(workers), Workers: total,
 		Scheduler: []string{self}, Server: []string{self}, Worker: args,
 		RootURI: net.Addr(0), Env: env,
-		Command: func(proc string, argv []string) *exec.Cmd {
-			return net.Command(ctx, place[proc], argv[0], argv[1:]...)
-		},
-		Stderr: func(proc string) io.Writer {
-			if strings.HasPrefix(proc, "worker") {
-				return p.relay(run)
-			}
-			return nil
-		},
-	})
+	}, func(proc string) int { return place[proc] }, p, run, 30*time.Minute)
 	if err != nil {
 		return res, err
 	}
 	defer c.Kill()
-	if err := waitCluster(ctx, c, 30*time.Minute); err != nil {
-		return res, err
-	}
 	rep, err := rank0Report(c, total)
 	if err != nil {
 		return res, err

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"slices"
 	"strconv"
@@ -478,29 +477,15 @@ func runLBCluster(ctx context.Context, net *netem.Network, l lbLayout, name stri
 	}
 	run := fmt.Sprintf("%s, LB %s", name, mode)
 	p.printf(run, "cluster starting")
-	c, err := localcluster.Start(localcluster.Spec{
+	c, err := runOnHosts(ctx, net, localcluster.Spec{
 		Servers: len(l.serverHosts), Workers: len(l.workerHosts),
 		Scheduler: []string{self}, Server: []string{self}, Worker: args,
 		RootURI: net.Addr(l.schedulerHost), Env: env,
-		Command: func(proc string, argv []string) *exec.Cmd {
-			return net.Command(ctx, l.procHost[proc], argv[0], argv[1:]...)
-		},
-		// Only worker rank 0 writes progress lines; which process that is
-		// is the scheduler's to say.
-		Stderr: func(proc string) io.Writer {
-			if strings.HasPrefix(proc, "worker") {
-				return p.relay(run)
-			}
-			return nil
-		},
-	})
+	}, func(proc string) int { return l.procHost[proc] }, p, run, 30*time.Minute)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer c.Kill()
-	if err := waitCluster(ctx, c, 30*time.Minute); err != nil {
-		return nil, nil, err
-	}
 	rep, err := rank0Report(c, len(l.workerHosts))
 	if err != nil {
 		return nil, nil, err

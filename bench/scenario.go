@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"os/signal"
 	"slices"
 	"strconv"
@@ -141,7 +140,7 @@ func runScenario(o scenarioOptions, p *progress) (tableRow, error) {
 	workerArgs := []string{self, "bench", "--scenario", o.name, "--rate", o.rate,
 		"--weights", fmt.Sprintf("%g:%g", o.weights[0], o.weights[1]),
 		"--tensor-bytes", strconv.FormatInt(o.tensorBytes, 10), "--iters", strconv.Itoa(o.iters)}
-	c, err := localcluster.Start(localcluster.Spec{
+	c, err := runOnHosts(ctx, net, localcluster.Spec{
 		Servers: servers, Workers: 1,
 		Scheduler: []string{self}, Server: []string{self}, Worker: workerArgs,
 		RootURI: net.Addr(servers + 1),
@@ -151,24 +150,11 @@ func runScenario(o scenarioOptions, p *progress) (tableRow, error) {
 			"FPT_METRICS_ADDR=:" + strconv.Itoa(scenarioMetricsPort),
 			"FPT_PARTITION_BYTES=" + strconv.FormatInt(o.partitionBytes, 10),
 		},
-		Command: func(name string, argv []string) *exec.Cmd {
-			return net.Command(ctx, hostOf[name], argv[0], argv[1:]...)
-		},
-		Stderr: func(name string) io.Writer {
-			if name == "worker0" {
-				return p.relay(o.name)
-			}
-			return nil
-		},
-	})
+	}, func(proc string) int { return hostOf[proc] }, p, o.name, 10*time.Minute)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Kill()
-	p.printf(o.name, "cluster started")
-	if err := waitCluster(ctx, c, 10*time.Minute); err != nil {
-		return nil, err
-	}
 	var res tableRow
 	switch o.name {
 	case scenarioShaping:
