@@ -235,11 +235,33 @@ stop_children() {
 cleanup() {
   local code=$?
   trap - EXIT INT TERM
+  in_script || exit "$code"
   [ "${stopped:-0}" = 1 ] || stop_children
   exit "$code"
 }
+# A child forked for a node, a labeller or the monitor keeps these traps
+# until it execs or sets its own; signalled in between, it must only end,
+# not stop the script's children (it would wait 5 s for itself among
+# them, since $$ is still the script's id).
+in_script() { [ "$BASHPID" = "$$" ]; }
 trap cleanup EXIT
-trap 'echo "run_test.sh: interrupted" >&2; exit 130' INT TERM
+# A signal that comes between a child's fork and the line that records its
+# id is held until that line has run: stopped then, the script would miss
+# the child for 5 s and then SIGKILL it with its own children, which init
+# (or the script's parent) would inherit.
+holding=0 held=0
+interrupted() {
+  in_script || exit 143
+  if [ "$holding" = 1 ]; then held=1; return 0; fi
+  echo "run_test.sh: interrupted" >&2
+  exit 130
+}
+hold() { holding=1; }
+release() {
+  holding=0
+  if [ "$held" = 1 ]; then interrupted; fi
+}
+trap interrupted INT TERM
 
 start() { # label role rank-variable rank cmd...
   local label=$1 role=$2 rank_var=$3 rank=$4; shift 4
@@ -256,8 +278,10 @@ start() { # label role rank-variable rank cmd...
   # stop_children to close.)
   exec {out_fd}> >(exec sed -u "s/^/[$label] /")
   exec {err_fd}> >(exec sed -u "s/^/[$label] /" >&2)
+  hold
   env -u DMLC_TASK_ID -u DMLC_WORKER_ID -u DMLC_SERVER_ID "${env[@]}" "$@" >&"$out_fd" 2>&"$err_fd" {out_fd}>&- {err_fd}>&- &
   pids+=($!); names+=("$label")
+  release
   # The node holds the seds' pipes now: they end once it has.
   exec {out_fd}>&- {err_fd}>&-
   out_fd="" err_fd=""
@@ -288,6 +312,7 @@ done
 if [ "$monitor" = 1 ]; then
   dev="${iface:-lo}"
   [ "$DMLC_PS_ROOT_URI" != 127.0.0.1 ] && [ -z "$iface" ] && dev=$(ip route get "$DMLC_PS_ROOT_URI" 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p' | head -1)
+  hold
   (
     # SIGTERM ends the loop and its sleep together: nothing outlives the
     # script. The trap waits for every child, not only $nap: a signal
@@ -304,6 +329,7 @@ if [ "$monitor" = 1 ]; then
     done
   ) &
   mon_pid=$!
+  release
 fi
 # Job control off again: it would report every stopped group, source and all.
 set +m
