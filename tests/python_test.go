@@ -443,6 +443,20 @@ func readFloats(t *testing.T, path string) []float32 {
 	return out
 }
 
+// fptrun blames a failure on the worker whose program failed, even when
+// the scheduler saw the worker's connections close and exited first (the
+// worker's process ends after its sockets close): fpt/run.py's choice,
+// with stand-in processes.
+func TestFptrunBlamesTheWorker(t *testing.T) {
+	py := needPython(t)
+	cmd := exec.Command(py.python, "../python/tests/run_checks.py", "culprit")
+	cmd.Env = append(os.Environ(), py.env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "PASS") {
+		t.Fatalf("run_checks.py culprit: %v\n%s", err, out)
+	}
+}
+
 // A worker that raises: fptrun names it, stops the rest and exits non-zero
 // within the heartbeat timeout of the failure, leaving no process behind.
 func TestFptrunWorkerRaises(t *testing.T) {

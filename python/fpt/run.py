@@ -57,6 +57,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # The scheduler and servers leave once every worker has finalized; this
 # long after the last worker exited, they are stuck.
 SERVE_AFTER_WORKERS = 60
+# A worker whose program failed closes its connections before its process
+# is gone (its threads end after its sockets close), so the scheduler may
+# see the loss and exit first; a worker failing this long after the
+# scheduler reported a failure (exited 1) is the one to name.
+CULPRIT_GRACE = 2.0
 
 
 def _repo():
@@ -418,6 +423,8 @@ def main(argv=None):
                 lost.append("%s (status %d)" % (label["name"], code))
                 continue
             if code != 0:
+                if label["name"] == "scheduler" and code > 0:
+                    label, p, code = _culprit(label, p, code, running)
                 job.flush(p.pid)  # its last words before fptrun's
                 print("fptrun: %s exited with status %d; stopping the others" % (label["name"], code),
                       file=sys.stderr, flush=True)
@@ -435,6 +442,26 @@ def main(argv=None):
     elif status == 0:
         print("fptrun: all %d processes finished cleanly" % len(job.procs), flush=True)
     return status
+
+
+def _culprit(label, p, code, running):
+    """The process to name for a failure the scheduler reported (label is
+    the scheduler's): a worker of running that exits non-zero within
+    CULPRIT_GRACE, else the scheduler. A server's or a killed process's
+    failure is named at once: the workers failing after it fail for it."""
+    end = time.monotonic() + CULPRIT_GRACE
+    workers = [e for e in running if e[0]["name"].startswith("worker")]
+    while workers and time.monotonic() < end:
+        for entry in list(workers):
+            wcode = entry[1].poll()
+            if wcode is None:
+                continue
+            workers.remove(entry)
+            if wcode != 0:
+                running.remove(entry)
+                return entry[0], entry[1], wcode
+        time.sleep(0.02)
+    return label, p, code
 
 
 if __name__ == "__main__":
