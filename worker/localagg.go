@@ -68,6 +68,11 @@ type localAgg struct {
 	// a lost peer is dropped, and the retry its loss brings dissolves
 	// the group.
 	elastic bool
+	// survives says whether the job outlives the loss of a node
+	// (config.Survives): a host sum that cannot reach such an aggregator
+	// is left to the retry its loss brings, as any push to it is.
+	survives func(node.ID) bool
+	dropped  map[node.ID]bool // aggregators whose host sums were dropped (logged once each)
 
 	mu     sync.Mutex
 	cond   *sync.Cond
@@ -140,7 +145,7 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte), local fu
 		return nil, nil
 	}
 	l := &localAgg{log: n.Logger(), self: self, group: g, idx: slices.Index(g.Workers, self),
-		fail: n.Fail, deliver: deliver, send: n.Van().Send, local: local, metrics: n.Metrics(), elastic: cfg.WorkersMayLeave(), until: math.MaxUint64}
+		fail: n.Fail, deliver: deliver, send: n.Van().Send, local: local, metrics: n.Metrics(), elastic: cfg.WorkersMayLeave(), survives: cfg.Survives, dropped: map[node.ID]bool{}, until: math.MaxUint64}
 	l.cond = sync.NewCond(&l.mu)
 	job := n.JobStamp()
 	name := localagg.Name(job, g.Host)
@@ -448,8 +453,8 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 		delete(l.first, snd.Slot)
 		delete(l.sums, snd.Slot)
 		out = append(out, &frame.Message{Header: hh, Payload: buf, Done: func(err error) {
-			if err != nil {
-				l.fail(fmt.Errorf("worker: host sum %s: %w", &hh, err))
+			if err = l.sendError(&hh, err); err != nil {
+				l.fail(fmt.Errorf("worker: %w", err))
 				return
 			}
 			l.mu.Lock()
@@ -466,11 +471,37 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 			l.addOwn(msg)
 			continue
 		}
-		if err := l.send(msg); err != nil {
-			return fmt.Errorf("worker: host sum %s: %w", &msg.Header, err)
+		if err := l.sendError(&msg.Header, l.send(msg)); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// sendError is what a host sum h that could not be sent (err) means for
+// the group: nothing where the job outlives its aggregator's loss (a
+// worker of a balanced split, perhaps a member of this very group, under
+// FPT_ON_WORKER_LOSS=continue or wait): if the aggregator is gone, the
+// scheduler's retry for its loss has the partition pushed again, over the
+// network; if it is not, the cluster fails anyway. Otherwise the error,
+// naming the host sum.
+func (l *localAgg) sendError(h *frame.Header, err error) error {
+	if err == nil {
+		return nil
+	}
+	if to := node.ID(h.Recipient); l.survives != nil && l.survives(to) {
+		l.mu.Lock()
+		first := !l.dropped[to]
+		if first {
+			l.dropped[to] = true
+		}
+		l.mu.Unlock()
+		if first {
+			l.log.Warn("local aggregation: host sums to a lost aggregator dropped; the retry for its loss has those partitions pushed again", "aggregator", to, "err", err)
+		}
+		return nil
+	}
+	return fmt.Errorf("local aggregation: host sum %s: %w", h, err)
 }
 
 // addOwn adds the leader's host sum of a partition it aggregates itself
