@@ -31,9 +31,11 @@ var rankRe = regexp.MustCompile(`(?m)^worker (\d+): `)
 // With the LB on, the balanced split puts every partition on the host's
 // workers (the server's host has none), so the member killed aggregates a
 // third of them for its own group, and is killed while the leader holds
-// host sums for it that it sends only after its van has lost it (see
-// killAggregating): those sends fail, and are left to the retry, as any
-// push to a lost aggregator is, never the leader's failure.
+// host sums for it that it hands over only after it lost it (see
+// killAggregating): those hand-overs fail (the notices through the
+// segment, or sends over loopback where every result chunk is taken), and
+// are left to the retry, as any push to a lost aggregator is, never the
+// leader's failure.
 func TestLocalAggregationWorkerLoss(t *testing.T) {
 	args := append([]string{"-iters", strconv.Itoa(failoverIters), "-compute", "20ms"}, failoverModel...)
 	tests := []struct {
@@ -121,17 +123,17 @@ func TestLocalAggregationWorkerLoss(t *testing.T) {
 
 // killAggregating kills victim, worker1 (rank 1), while it aggregates
 // partitions whose host sums its group's leader, worker0, has yet to
-// send it, and has them sent only once the leader's van lost it (a send
-// to it then fails at once): worker2, the group's last member to push
-// (its compute pause is the longest), is stopped once it printed an
-// iteration, and so is the scheduler (whose verdict on the loss would
-// dissolve the group before the sends); victim and the leader push the
-// next iteration into the host sums and victim is killed; once the leader
-// logged the loss, worker2 resumes and pushes its share, which completes
-// the host sums, some of them victim's, which the leader drops (logged);
-// then the scheduler resumes. The
-// test passes whatever the timing; the pause below only makes it meet the
-// case it is for (a victim killed before it pushed meets no host sum).
+// hand it, and has them handed over only once the leader lost it (its
+// notice socket gone, its van's connection too): worker2, the group's
+// last member to push (its compute pause is the longest), is stopped
+// once it printed an iteration, and so is the scheduler (whose verdict on
+// the loss would dissolve the group first); victim and the leader push
+// the next iteration into the host sums and victim is killed; once the
+// leader logged the loss, worker2 resumes and pushes its share, which
+// completes the host sums, some of them victim's, which the leader drops
+// (logged); then the scheduler resumes. The test passes whatever the
+// timing; the pause below only makes it meet the case it is for (a victim
+// killed before it pushed meets no host sum).
 func killAggregating(t *testing.T, c *cluster, victim *localcluster.Proc) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -173,7 +175,7 @@ func killAggregating(t *testing.T, c *cluster, victim *localcluster.Proc) {
 	}
 	// The leader's host sums complete with worker2's push, and those to
 	// victim fail, before the scheduler's verdict on victim.
-	if _, err := waitOutput(ctx, leader, regexp.MustCompile(`host sums to a lost aggregator dropped`)); err != nil {
+	if _, err := waitOutput(ctx, leader, regexp.MustCompile(`host sums to a lost aggregator dropped|notice to a lost group member dropped`)); err != nil {
 		c.dump()
 		t.Fatal(err)
 	}

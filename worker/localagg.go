@@ -41,7 +41,8 @@ const (
 	noticeContrib             // member → leader: a contribution is in chunk
 	noticeConsumed            // leader → member: the chunk is summed, free
 	noticeResult              // leader → member: a result is in chunk
-	noticeRead                // member → leader: the result was copied out
+	noticeRead                // member → leader: the result (or host sum) was copied out
+	noticeHostSum             // leader → member: a host sum for it to aggregate is in chunk
 	noticeLen      = 1 + 2 + 4 + frame.HeaderSize
 )
 
@@ -111,6 +112,9 @@ type readers struct {
 	left int
 	slot localagg.Slot
 	init bool // an init round's result: no host sum behind it
+	// hostSum: a host sum for the member reading it to aggregate, not a
+	// result (no bookkeeping of the core's).
+	hostSum bool
 }
 
 // startLocal sets up this worker's side of its host's group, once the
@@ -445,6 +449,7 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 		}
 	}
 	var out []*frame.Message
+	var shared []sharedSum
 	for _, snd := range eff.Sends {
 		hh := l.first[snd.Slot]
 		hh.Sender = uint32(l.self)
@@ -452,6 +457,10 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 		buf := l.sums[snd.Slot]
 		delete(l.first, snd.Slot)
 		delete(l.sums, snd.Slot)
+		if sh, ok := l.shareSum(hh, buf); ok {
+			shared = append(shared, sh)
+			continue
+		}
 		out = append(out, &frame.Message{Header: hh, Payload: buf, Done: func(err error) {
 			if err = l.sendError(&hh, err); err != nil {
 				l.fail(fmt.Errorf("worker: %w", err))
@@ -465,7 +474,12 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 		}})
 	}
 	l.mu.Unlock()
-	l.metrics.LocalSummed(len(eff.Sums), len(out))
+	l.metrics.LocalSummed(len(eff.Sums), len(out)+len(shared))
+	for _, sh := range shared {
+		if err := l.handOver(sh); err != nil {
+			return err
+		}
+	}
 	for _, msg := range out {
 		if node.ID(msg.Header.Recipient) == l.self {
 			l.addOwn(msg)
@@ -476,6 +490,65 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 		}
 	}
 	return nil
+}
+
+// sharedSum is a host sum for a member of the group to aggregate, handed
+// over in a result chunk of the segment rather than over loopback TCP.
+type sharedSum struct {
+	m     int // the member's index
+	chunk int
+	h     frame.Header
+	buf   []byte
+}
+
+// shareSum takes a result chunk for the host sum h, buf, where its
+// aggregator is a member of the group and a chunk is free; ok false
+// otherwise (the leader's own partitions go to its aggregator, the
+// others' over the network; with every chunk taken, a member's goes over
+// loopback rather than waiting, since the notice loop, perhaps the caller,
+// frees them). Called with l.mu held.
+func (l *localAgg) shareSum(h frame.Header, buf []byte) (sharedSum, bool) {
+	m := slices.Index(l.group.Workers, node.ID(h.Recipient))
+	if m <= 0 || l.seg == nil || len(l.free) == 0 || len(buf) > len(l.seg.HostSum(0)) {
+		return sharedSum{}, false
+	}
+	chunk := l.free[len(l.free)-1]
+	l.free = l.free[:len(l.free)-1]
+	l.readers[chunk] = readers{left: 1, hostSum: true}
+	return sharedSum{m: m, chunk: chunk, h: h, buf: buf}, true
+}
+
+// handOver writes a shared host sum into its chunk, tells its member,
+// and keeps the buffer for the next sums.
+func (l *localAgg) handOver(sh sharedSum) error {
+	copy(l.seg.HostSum(sh.chunk), sh.buf)
+	l.mu.Lock()
+	if len(l.spare) < maxSpareSums {
+		l.spare = append(l.spare, sh.buf)
+	}
+	l.mu.Unlock()
+	return l.notify(sh.m, noticeHostSum, sh.chunk, &sh.h)
+}
+
+// addShared is a member's: the host sum h its leader wrote into chunk
+// goes to its aggregator (which copies it), on a goroutine of its own, as
+// the leader's own does (addOwn): the sum may complete there, and its
+// sends must not hold up the notice loop; then the chunk is the leader's
+// again.
+func (l *localAgg) addShared(h *frame.Header, chunk int) {
+	if !l.enter() {
+		return
+	}
+	go func() {
+		defer l.busy.Done()
+		if err := l.local(h, l.seg.HostSum(chunk)[:h.Length]); err != nil {
+			l.fail(fmt.Errorf("worker: from %s through the segment: %s: %w", node.ID(h.Sender), h, err))
+			return
+		}
+		if err := l.notify(0, noticeRead, chunk, h); err != nil {
+			l.log.Debug("local aggregation: host sum read after close", "err", err)
+		}
+	}()
 }
 
 // sendError is what a host sum h that could not be sent (err) means for
@@ -640,7 +713,7 @@ func (l *localAgg) handle(b []byte) error {
 		if !ok {
 			return fmt.Errorf("local aggregation: %s read a result not published", l.group.Workers[m])
 		}
-		if !r.init {
+		if !r.init && !r.hostSum {
 			if _, err := l.core.Read(l.group.Workers[m], r.slot); err != nil {
 				return err
 			}
@@ -665,6 +738,12 @@ func (l *localAgg) handle(b []byte) error {
 		}
 		l.deliver(h, l.seg.HostSum(chunk)[:h.Length])
 		return l.notify(0, noticeRead, chunk, h)
+	case l.idx > 0 && kind == noticeHostSum && m == 0:
+		if int(h.Length) > len(l.seg.HostSum(chunk)) || h.Type != frame.Push || h.Flags&frame.FlagHostSum == 0 || node.ID(h.Recipient) != l.self {
+			return fmt.Errorf("local aggregation: host sum %s does not fit a slot or is not this worker's", h)
+		}
+		l.addShared(h, chunk)
+		return nil
 	case kind == noticeHello:
 		return nil // a member's, after the leader stopped counting
 	}
