@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,6 +27,15 @@ var rankRe = regexp.MustCompile(`(?m)^worker (\d+): `)
 // a replacement joins on the same host): the retry dissolves the group,
 // and the workers left (and the joiner) verify every value of every
 // iteration against the workers its sums add up, and exit 0.
+//
+// With the LB on, the balanced split puts every partition on the host's
+// workers (the server's host has none), so the member killed aggregates a
+// third of them for its own group, and is killed while the leader holds
+// host sums for it that it hands over only after it lost it (see
+// killAggregating): those hand-overs fail (the notices through the
+// segment, or sends over loopback where every result chunk is taken), and
+// are left to the retry, as any push to a lost aggregator is, never the
+// leader's failure.
 func TestLocalAggregationWorkerLoss(t *testing.T) {
 	args := append([]string{"-iters", strconv.Itoa(failoverIters), "-compute", "20ms"}, failoverModel...)
 	tests := []struct {
@@ -34,15 +44,34 @@ func TestLocalAggregationWorkerLoss(t *testing.T) {
 		rank   string // the victim's
 		join   bool
 		lb     string
+		// aggregating: ranks pinned (worker<i> is rank i: the leader
+		// worker0, the victim worker1), and the victim killed while the
+		// leader holds host sums for it (killAggregating).
+		aggregating bool
 	}{
-		{"continue, leader lost", "continue", "0", false, "off"},
-		{"continue, member lost", "continue", "2", false, "off"},
-		{"wait, member lost and replaced", "wait", "1", true, "off"},
+		{"continue, leader lost", "continue", "0", false, "off", false},
+		{"continue, member lost", "continue", "2", false, "off", false},
+		{"wait, member lost and replaced", "wait", "1", true, "off", false},
+		// The probe after the join makes the joiner aggregate: it sends
+		// its sums to the members too, which push their own.
+		{"wait, member lost while it aggregates for its group, and replaced, LB on", "wait", "1", true, "on", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := hostClusterOf(t, 1, 3, []string{"a", "a", "a", "a"},
-				[]string{"FPT_LB=" + tt.lb, "FPT_LB_AHEAD=0", "FPT_LOCAL_AGGREGATION=on", "FPT_ON_WORKER_LOSS=" + tt.policy, "FPT_PARTITION_BYTES=65536"}, args)
+			var perWorker func(i int, cmd *exec.Cmd)
+			if tt.aggregating {
+				perWorker = func(i int, cmd *exec.Cmd) {
+					if i >= 3 {
+						return // the joiner takes the rank left
+					}
+					cmd.Env = append(cmd.Env, "DMLC_WORKER_ID="+strconv.Itoa(i))
+					if i == 2 {
+						cmd.Args = append(cmd.Args, "-compute", "150ms") // the last one counts
+					}
+				}
+			}
+			c := hostClusterWith(t, 1, 3, []string{"a", "a", "a", "a"},
+				[]string{"FPT_LB=" + tt.lb, "FPT_LB_AHEAD=0", "FPT_LOCAL_AGGREGATION=on", "FPT_ON_WORKER_LOSS=" + tt.policy, "FPT_PARTITION_BYTES=65536"}, args, perWorker)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			if _, err := waitOutput(ctx, c.proc("worker0"), regexp.MustCompile(fmt.Sprintf(`iteration %d/`, failoverKillAt))); err != nil {
@@ -63,7 +92,9 @@ func TestLocalAggregationWorkerLoss(t *testing.T) {
 			if victim == nil {
 				t.Fatalf("no worker printed rank %s", tt.rank)
 			}
-			if err := victim.Kill(); err != nil {
+			if tt.aggregating {
+				killAggregating(t, c, victim)
+			} else if err := victim.Kill(); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := waitOutput(ctx, c.proc("scheduler"), workerLeftRe); err != nil {
@@ -90,6 +121,66 @@ func TestLocalAggregationWorkerLoss(t *testing.T) {
 	}
 }
 
+// killAggregating kills victim, worker1 (rank 1), while it aggregates
+// partitions whose host sums its group's leader, worker0, has yet to
+// hand it, and has them handed over only once the leader lost it (its
+// notice socket gone, its van's connection too): worker2, the group's
+// last member to push (its compute pause is the longest), is stopped
+// once it printed an iteration, and so is the scheduler (whose verdict on
+// the loss would dissolve the group first); victim and the leader push
+// the next iteration into the host sums and victim is killed; once the
+// leader logged the loss, worker2 resumes and pushes its share, which
+// completes the host sums, some of them victim's, which the leader drops
+// (logged); then the scheduler resumes. The test passes whatever the
+// timing; the pause below only makes it meet the case it is for (a victim
+// killed before it pushed meets no host sum).
+func killAggregating(t *testing.T, c *cluster, victim *localcluster.Proc) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	last, sched, leader := c.proc("worker2"), c.proc("scheduler"), c.proc("worker0")
+	at := failoverKillAt + 1
+	if _, err := waitOutput(ctx, last, regexp.MustCompile(fmt.Sprintf(`iteration %d/`, at))); err != nil {
+		c.dump()
+		t.Fatal(err)
+	}
+	for _, p := range []*localcluster.Proc{last, sched} {
+		if err := syscall.Kill(p.Cmd.Process.Pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		defer syscall.Kill(p.Cmd.Process.Pid, syscall.SIGCONT)
+	}
+	// The split in force for the next iteration gives victim a share.
+	var split string
+	for _, m := range decisionRe.FindAllStringSubmatch(sched.Stderr.String(), -1) {
+		if from, _ := strconv.Atoi(m[1]); from <= at+1 {
+			split = m[2]
+		}
+	}
+	if share := regexp.MustCompile(`worker1\(11\) ([0-9.]+)%`).FindStringSubmatch(split); share == nil || share[1] == "0.0" {
+		c.dump()
+		t.Fatalf("worker1 aggregates nothing in iteration %d: split %q", at+1, split)
+	}
+	time.Sleep(500 * time.Millisecond) // victim's and the leader's pushes; see above
+	if err := victim.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-victim.Done()
+	if _, err := waitOutput(ctx, leader, regexp.MustCompile(`msg="van: peer lost" .*peer=worker1\(11\)`)); err != nil {
+		c.dump()
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(last.Cmd.Process.Pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	// The leader's host sums complete with worker2's push, and those to
+	// victim fail, before the scheduler's verdict on victim.
+	if _, err := waitOutput(ctx, leader, regexp.MustCompile(`host sums to a lost aggregator dropped|notice to a lost group member dropped`)); err != nil {
+		c.dump()
+		t.Fatal(err)
+	}
+}
+
 // hostCluster runs a cluster whose workers are placed on emulated hosts
 // (FPT_HOST_ID): hosts[i] is the host of the i-th worker process.
 func hostCluster(t *testing.T, servers int, hosts []string, env []string, appArgs []string) *cluster {
@@ -101,6 +192,13 @@ func hostCluster(t *testing.T, servers int, hosts []string, env []string, appArg
 // others are the hosts of workers added later (cluster.Add).
 func hostClusterOf(t *testing.T, servers, workers int, hosts []string, env []string, appArgs []string) *cluster {
 	t.Helper()
+	return hostClusterWith(t, servers, workers, hosts, env, appArgs, nil)
+}
+
+// hostClusterWith is hostClusterOf where perWorker, if not nil, may add to
+// the i-th worker process's command (its environment, its arguments).
+func hostClusterWith(t *testing.T, servers, workers int, hosts []string, env []string, appArgs []string, perWorker func(i int, cmd *exec.Cmd)) *cluster {
+	t.Helper()
 	lc, err := localcluster.Start(localcluster.Spec{
 		Servers: servers, Workers: workers,
 		Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
@@ -111,6 +209,9 @@ func hostClusterOf(t *testing.T, servers, workers int, hosts []string, env []str
 			var i int
 			if _, err := fmt.Sscanf(name, "worker%d", &i); err == nil && i < len(hosts) {
 				cmd.Env = []string{"FPT_HOST_ID=" + hosts[i]}
+				if perWorker != nil {
+					perWorker(i, cmd)
+				}
 			}
 			return cmd
 		},

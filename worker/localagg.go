@@ -41,7 +41,8 @@ const (
 	noticeContrib             // member → leader: a contribution is in chunk
 	noticeConsumed            // leader → member: the chunk is summed, free
 	noticeResult              // leader → member: a result is in chunk
-	noticeRead                // member → leader: the result was copied out
+	noticeRead                // member → leader: the result (or host sum) was copied out
+	noticeHostSum             // leader → member: a host sum for it to aggregate is in chunk
 	noticeLen      = 1 + 2 + 4 + frame.HeaderSize
 )
 
@@ -68,6 +69,11 @@ type localAgg struct {
 	// a lost peer is dropped, and the retry its loss brings dissolves
 	// the group.
 	elastic bool
+	// survives says whether the job outlives the loss of a node
+	// (config.Survives): a host sum that cannot reach such an aggregator
+	// is left to the retry its loss brings, as any push to it is.
+	survives func(node.ID) bool
+	dropped  map[node.ID]bool // aggregators whose host sums were dropped (logged once each)
 
 	mu     sync.Mutex
 	cond   *sync.Cond
@@ -106,6 +112,9 @@ type readers struct {
 	left int
 	slot localagg.Slot
 	init bool // an init round's result: no host sum behind it
+	// hostSum: a host sum for the member reading it to aggregate, not a
+	// result (no bookkeeping of the core's).
+	hostSum bool
 }
 
 // startLocal sets up this worker's side of its host's group, once the
@@ -140,7 +149,7 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte), local fu
 		return nil, nil
 	}
 	l := &localAgg{log: n.Logger(), self: self, group: g, idx: slices.Index(g.Workers, self),
-		fail: n.Fail, deliver: deliver, send: n.Van().Send, local: local, metrics: n.Metrics(), elastic: cfg.WorkersMayLeave(), until: math.MaxUint64}
+		fail: n.Fail, deliver: deliver, send: n.Van().Send, local: local, metrics: n.Metrics(), elastic: cfg.WorkersMayLeave(), survives: cfg.Survives, dropped: map[node.ID]bool{}, until: math.MaxUint64}
 	l.cond = sync.NewCond(&l.mu)
 	job := n.JobStamp()
 	name := localagg.Name(job, g.Host)
@@ -440,6 +449,7 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 		}
 	}
 	var out []*frame.Message
+	var shared []sharedSum
 	for _, snd := range eff.Sends {
 		hh := l.first[snd.Slot]
 		hh.Sender = uint32(l.self)
@@ -447,9 +457,13 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 		buf := l.sums[snd.Slot]
 		delete(l.first, snd.Slot)
 		delete(l.sums, snd.Slot)
+		if sh, ok := l.shareSum(hh, buf); ok {
+			shared = append(shared, sh)
+			continue
+		}
 		out = append(out, &frame.Message{Header: hh, Payload: buf, Done: func(err error) {
-			if err != nil {
-				l.fail(fmt.Errorf("worker: host sum %s: %w", &hh, err))
+			if err = l.sendError(&hh, err); err != nil {
+				l.fail(fmt.Errorf("worker: %w", err))
 				return
 			}
 			l.mu.Lock()
@@ -460,17 +474,107 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 		}})
 	}
 	l.mu.Unlock()
-	l.metrics.LocalSummed(len(eff.Sums), len(out))
+	l.metrics.LocalSummed(len(eff.Sums), len(out)+len(shared))
+	for _, sh := range shared {
+		if err := l.handOver(sh); err != nil {
+			return err
+		}
+	}
 	for _, msg := range out {
 		if node.ID(msg.Header.Recipient) == l.self {
 			l.addOwn(msg)
 			continue
 		}
-		if err := l.send(msg); err != nil {
-			return fmt.Errorf("worker: host sum %s: %w", &msg.Header, err)
+		if err := l.sendError(&msg.Header, l.send(msg)); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// sharedSum is a host sum for a member of the group to aggregate, handed
+// over in a result chunk of the segment rather than over loopback TCP.
+type sharedSum struct {
+	m     int // the member's index
+	chunk int
+	h     frame.Header
+	buf   []byte
+}
+
+// shareSum takes a result chunk for the host sum h, buf, where its
+// aggregator is a member of the group and a chunk is free; ok false
+// otherwise (the leader's own partitions go to its aggregator, the
+// others' over the network; with every chunk taken, a member's goes over
+// loopback rather than waiting, since the notice loop, perhaps the caller,
+// frees them). Called with l.mu held.
+func (l *localAgg) shareSum(h frame.Header, buf []byte) (sharedSum, bool) {
+	m := slices.Index(l.group.Workers, node.ID(h.Recipient))
+	if m <= 0 || l.seg == nil || len(l.free) == 0 || len(buf) > len(l.seg.HostSum(0)) {
+		return sharedSum{}, false
+	}
+	chunk := l.free[len(l.free)-1]
+	l.free = l.free[:len(l.free)-1]
+	l.readers[chunk] = readers{left: 1, hostSum: true}
+	return sharedSum{m: m, chunk: chunk, h: h, buf: buf}, true
+}
+
+// handOver writes a shared host sum into its chunk, tells its member,
+// and keeps the buffer for the next sums.
+func (l *localAgg) handOver(sh sharedSum) error {
+	copy(l.seg.HostSum(sh.chunk), sh.buf)
+	l.mu.Lock()
+	if len(l.spare) < maxSpareSums {
+		l.spare = append(l.spare, sh.buf)
+	}
+	l.mu.Unlock()
+	return l.notify(sh.m, noticeHostSum, sh.chunk, &sh.h)
+}
+
+// addShared is a member's: the host sum h its leader wrote into chunk
+// goes to its aggregator (which copies it), on a goroutine of its own, as
+// the leader's own does (addOwn): the sum may complete there, and its
+// sends must not hold up the notice loop; then the chunk is the leader's
+// again.
+func (l *localAgg) addShared(h *frame.Header, chunk int) {
+	if !l.enter() {
+		return
+	}
+	go func() {
+		defer l.busy.Done()
+		if err := l.local(h, l.seg.HostSum(chunk)[:h.Length]); err != nil {
+			l.fail(fmt.Errorf("worker: from %s through the segment: %s: %w", node.ID(h.Sender), h, err))
+			return
+		}
+		if err := l.notify(0, noticeRead, chunk, h); err != nil {
+			l.log.Debug("local aggregation: host sum read after close", "err", err)
+		}
+	}()
+}
+
+// sendError is what a host sum h that could not be sent (err) means for
+// the group: nothing where the job outlives its aggregator's loss (a
+// worker of a balanced split, perhaps a member of this very group, under
+// FPT_ON_WORKER_LOSS=continue or wait): if the aggregator is gone, the
+// scheduler's retry for its loss has the partition pushed again, over the
+// network; if it is not, the cluster fails anyway. Otherwise the error,
+// naming the host sum.
+func (l *localAgg) sendError(h *frame.Header, err error) error {
+	if err == nil {
+		return nil
+	}
+	if to := node.ID(h.Recipient); l.survives != nil && l.survives(to) {
+		l.mu.Lock()
+		first := !l.dropped[to]
+		if first {
+			l.dropped[to] = true
+		}
+		l.mu.Unlock()
+		if first {
+			l.log.Warn("local aggregation: host sums to a lost aggregator dropped; the retry for its loss has those partitions pushed again", "aggregator", to, "err", err)
+		}
+		return nil
+	}
+	return fmt.Errorf("local aggregation: host sum %s: %w", h, err)
 }
 
 // addOwn adds the leader's host sum of a partition it aggregates itself
@@ -609,7 +713,7 @@ func (l *localAgg) handle(b []byte) error {
 		if !ok {
 			return fmt.Errorf("local aggregation: %s read a result not published", l.group.Workers[m])
 		}
-		if !r.init {
+		if !r.init && !r.hostSum {
 			if _, err := l.core.Read(l.group.Workers[m], r.slot); err != nil {
 				return err
 			}
@@ -634,6 +738,12 @@ func (l *localAgg) handle(b []byte) error {
 		}
 		l.deliver(h, l.seg.HostSum(chunk)[:h.Length])
 		return l.notify(0, noticeRead, chunk, h)
+	case l.idx > 0 && kind == noticeHostSum && m == 0:
+		if int(h.Length) > len(l.seg.HostSum(chunk)) || h.Type != frame.Push || h.Flags&frame.FlagHostSum == 0 || node.ID(h.Recipient) != l.self {
+			return fmt.Errorf("local aggregation: host sum %s does not fit a slot or is not this worker's", h)
+		}
+		l.addShared(h, chunk)
+		return nil
 	case kind == noticeHello:
 		return nil // a member's, after the leader stopped counting
 	}

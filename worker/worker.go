@@ -397,6 +397,13 @@ func (w *Worker) DecisionVersion() uint32 {
 
 // follow applies the LB's directive (lbagent.Apply).
 func (w *Worker) follow(d lb.Directive) error {
+	if d.Retry && d.Decision != nil {
+		// Before the core takes the retry's decision: every push cut
+		// under it (the retry's, and any the program makes meanwhile)
+		// goes over the network, never into a group whose leader may
+		// not have dissolved it yet.
+		w.lagg.dissolve(d.Decision.Iteration)
+	}
 	w.mu.Lock()
 	t, moved, err := w.c.follow(d)
 	if moved {
@@ -406,10 +413,6 @@ func (w *Worker) follow(d lb.Directive) error {
 	w.mu.Unlock()
 	if err != nil {
 		return err
-	}
-	if d.Retry && d.Decision != nil {
-		// Before the retry's pushes: they go over the network.
-		w.lagg.dissolve(d.Decision.Iteration)
 	}
 	w.do(t)
 	return nil

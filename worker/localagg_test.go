@@ -1,0 +1,107 @@
+package worker
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/localagg"
+	"github.com/fptps/fpt/node"
+	"github.com/fptps/fpt/van"
+)
+
+// testLeader is the leader's side of a group of the given workers (no
+// segment or socket: arrive needs neither), whose sends go to send.
+func testLeader(t *testing.T, workers []node.ID, cfg *config.Config, send func(*frame.Message) error, fail func(error)) *localAgg {
+	t.Helper()
+	core, err := localagg.NewCore(workers, 1<<30, localagg.LossFail)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range workers {
+		if err := core.Declared(w, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := &localAgg{log: slog.New(slog.NewTextHandler(io.Discard, nil)), self: workers[0], group: localagg.Group{Host: "a", Workers: workers},
+		fail: fail, send: send, survives: cfg.Survives, dropped: map[node.ID]bool{}, until: math.MaxUint64,
+		core: core, first: map[localagg.Slot]frame.Header{}, sums: map[localagg.Slot][]byte{}, readers: map[int]readers{}}
+	l.cond = sync.NewCond(&l.mu)
+	return l
+}
+
+// TestLocalHostSumToLostAggregator: a host sum whose aggregator is lost
+// (its send fails at once, or its frame is dropped with the connection)
+// is left to the retry the loss brings where the job outlives a lost
+// worker (FPT_ON_WORKER_LOSS=continue or wait): the leader neither fails
+// nor stops sending the others; under fail it is the leader's error,
+// naming the host sum.
+func TestLocalHostSumToLostAggregator(t *testing.T) {
+	leader, member, lost := node.WorkerID(0), node.WorkerID(1), node.WorkerID(2)
+	workers := []node.ID{leader, member, lost}
+	for _, tt := range []struct {
+		name   string
+		loss   config.WorkerLoss
+		atOnce bool // the send fails at once (no connection); else its Done gets the error
+		fails  bool
+	}{
+		{"continue, send fails", config.WorkerLossContinue, true, false},
+		{"wait, send fails", config.WorkerLossWait, true, false},
+		{"wait, frame dropped", config.WorkerLossWait, false, false},
+		{"fail, send fails", config.WorkerLossFail, true, true},
+		{"fail, frame dropped", config.WorkerLossFail, false, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := &config.Config{WorkerLoss: tt.loss}
+			var sent []frame.Header
+			var failed []error
+			send := func(m *frame.Message) error {
+				if node.ID(m.Header.Recipient) != lost {
+					sent = append(sent, m.Header)
+					m.Done(nil)
+					return nil
+				}
+				err := fmt.Errorf("van: send to node %d: %w", lost, van.ErrNoPeer)
+				if tt.atOnce {
+					return err
+				}
+				m.Done(err)
+				return nil
+			}
+			l := testLeader(t, workers, cfg, send, func(err error) { failed = append(failed, err) })
+			// Partition 0 is the lost member's to aggregate, 1 the live
+			// member's; every member's contribution arrives for both.
+			var errs []error
+			for part, to := range []node.ID{lost, member} {
+				for m := range workers {
+					h := frame.Header{Type: frame.Push, DType: frame.Float32, Sender: uint32(workers[m]), Recipient: uint32(to),
+						Key: 7, Iteration: 3, Partition: uint32(part), Total: 8, Length: 8}
+					if err := l.arrive(m, &h, bytes.Repeat([]byte{0, 0, 128, 63}, 2)); err != nil { // 1.0, 1.0
+						errs = append(errs, err)
+					}
+				}
+			}
+			all := errors.Join(append(errs, failed...)...)
+			if tt.fails {
+				if all == nil || !errors.Is(all, van.ErrNoPeer) || !strings.Contains(all.Error(), "host sum") {
+					t.Fatalf("errors %v, want the host sum's, for lack of a connection", all)
+				}
+			} else if all != nil {
+				t.Fatalf("the leader failed: %v", all)
+			}
+			// The live member's host sum is sent whatever became of the
+			// lost one's.
+			if len(sent) != 1 || node.ID(sent[0].Recipient) != member || sent[0].Flags&frame.FlagHostSum == 0 {
+				t.Fatalf("sent %v, want the host sum of partition 1 to %s", sent, member)
+			}
+		})
+	}
+}
