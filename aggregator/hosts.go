@@ -2,7 +2,6 @@ package aggregator
 
 import (
 	"fmt"
-	"math"
 	"slices"
 
 	"github.com/fptps/fpt/cluster"
@@ -19,14 +18,17 @@ type hostGroups struct {
 	// follower: a member that is no leader, sent no sums.
 	follower map[node.ID]bool
 	// until is the first iteration the groups no longer sum: a retry's
-	// (a lost worker's, FPT_ON_WORKER_LOSS=continue or wait), from which
+	// (a lost worker's under FPT_ON_WORKER_LOSS=continue or wait, a lost
+	// or leaving server's under FPT_ON_SERVER_LOSS=retry), from which
 	// every worker pushes over the network and is sent its sums.
 	until uint64
 	err   error
 }
 
 func newHostGroups(n *cluster.Member) *hostGroups {
-	g := &hostGroups{members: map[node.ID][]node.ID{}, follower: map[node.ID]bool{}, until: math.MaxUint64}
+	// A node that joined after a retry is told its iteration: it never
+	// heard the retry's decision.
+	g := &hostGroups{members: map[node.ID][]node.ID{}, follower: map[node.ID]bool{}, until: n.GroupsUntil()}
 	groups, err := n.LocalGroups()
 	if err != nil {
 		g.err = err
@@ -35,7 +37,7 @@ func newHostGroups(n *cluster.Member) *hostGroups {
 	// The groups are those of the workers the job started with: a worker
 	// that joined a running job (a rank past DMLC_NUM_WORKER: joiners take
 	// the next rank no worker had) sums alone, and a node that joined
-	// finds them in its table too.
+	// forms them from the hosts its table names.
 	started := n.Config().NumWorkers
 	for i := range groups {
 		groups[i].Workers = slices.DeleteFunc(groups[i].Workers, func(w node.ID) bool { return w.Rank() >= started })
@@ -68,7 +70,7 @@ func (g *hostGroups) also(leader node.ID, iter uint64, ws []node.ID) ([]int, err
 	case g.err != nil:
 		return nil, fmt.Errorf("host sum from %s: %w", leader, g.err)
 	case iter >= g.until:
-		return nil, fmt.Errorf("host sum from %s of iteration %d, yet the groups sum no iteration from %d on (a worker was lost)", leader, iter, g.until)
+		return nil, fmt.Errorf("host sum from %s of iteration %d, yet the groups sum no iteration from %d on (a node was lost)", leader, iter, g.until)
 	case len(g.members[leader]) == 0:
 		return nil, fmt.Errorf("host sum from %s, which leads no local group of several workers", leader)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
+	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/node"
 )
 
@@ -90,6 +91,9 @@ type topology struct {
 	join bool
 	// hosts are the hosts nodes named (FPT_HOST_ID), by id (HostOf).
 	hosts map[node.ID]string
+	// joined is what the scheduler told a joining node of the local
+	// groups (nil: a node of the start, or a scheduler that told none).
+	joined *localagg.Joined
 }
 
 type barrierKey struct {
@@ -335,8 +339,12 @@ func (c *core) setTable(m *control.Message) (ready, error) {
 	c.topo = &topology{self: me, table: table, byID: byID, stamp: binary.LittleEndian.Uint64(m.Body), join: join, hosts: hosts}
 	r.topo = c.topo
 	if join {
-		if err := c.startBarriers(m.Body[8:]); err != nil {
+		rest, err := c.startBarriers(m.Body[8:])
+		if err != nil {
 			return r, err
+		}
+		if err := c.topo.joinGroups(m.Nodes, rest); err != nil {
+			return r, fmt.Errorf("cluster: %w", err)
 		}
 	} else {
 		var servers []node.ID
@@ -352,20 +360,26 @@ func (c *core) setTable(m *control.Message) (ready, error) {
 }
 
 // startBarriers takes a joining node's barrier numbers (FlagJoin's
-// Body): the running members' next ones, then the layout.
-func (c *core) startBarriers(body []byte) error {
-	if len(body) < 8*int(node.AllGroup) {
-		return fmt.Errorf("cluster: joining node table with %d bytes of barrier numbers, want %d", len(body), 8*int(node.AllGroup))
+// Body): the running members' next ones, then the layout; it returns the
+// bytes after them (the local groups, joinGroups).
+func (c *core) startBarriers(body []byte) ([]byte, error) {
+	if len(body) < 8*int(node.AllGroup)+8 {
+		return nil, fmt.Errorf("cluster: joining node table with %d bytes of barrier numbers and layout, want at least %d", len(body), 8*int(node.AllGroup)+8)
 	}
-	l, err := classic.ParseLayout(body[8*int(node.AllGroup):])
+	layout := body[8*int(node.AllGroup):]
+	// The layout's length is in its header: 8 bytes, then 4 per server.
+	if n := uint64(binary.LittleEndian.Uint32(layout[4:])); 8+4*n < uint64(len(layout)) {
+		layout = layout[:8+4*n]
+	}
+	l, err := classic.ParseLayout(layout)
 	if err != nil {
-		return fmt.Errorf("cluster: joining node table: %w", err)
+		return nil, fmt.Errorf("cluster: joining node table: %w", err)
 	}
 	c.layout, c.tableLayout = l, l
 	for g := node.Group(1); g <= node.AllGroup; g++ {
 		c.barrierSeq[g] = binary.LittleEndian.Uint64(body[8*(g-1):])
 	}
-	return nil
+	return body[8*int(node.AllGroup)+len(layout):], nil
 }
 
 // tick is the heartbeat timer's, at now; progress is what this worker
@@ -551,7 +565,7 @@ func (c *core) welcome(m *control.Message) ready {
 		r.note(slog.LevelWarn, "NodeJoined for a member ignored", "node", info)
 		return r
 	}
-	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: t.left, stamp: t.stamp, join: t.join, hosts: t.hosts}
+	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: t.left, stamp: t.stamp, join: t.join, hosts: t.hosts, joined: t.joined}
 	nt.byID[info.ID] = info
 	nt.table = append(slices.Clone(t.table), info)
 	slices.SortFunc(nt.table, func(a, b node.Info) int { return cmp.Compare(a.ID, b.ID) })
@@ -580,7 +594,7 @@ func (c *core) leave(id node.ID, why string, graceful bool) ready {
 		r.note(slog.LevelWarn, "NodeLeft for a node that is not another server or worker of the table ignored", "node", id)
 		return r
 	}
-	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: maps.Clone(t.left), stamp: t.stamp, join: t.join, hosts: t.hosts}
+	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: maps.Clone(t.left), stamp: t.stamp, join: t.join, hosts: t.hosts, joined: t.joined}
 	if nt.left == nil {
 		nt.left = make(map[node.ID]node.Info)
 	}

@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"math"
+
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/node"
@@ -14,13 +16,34 @@ func readHosts(nodes []node.Info, b []byte) (map[node.ID]string, []byte, error) 
 	if err != nil {
 		return nil, nil, err
 	}
+	return hostsByID(nodes, hosts), rest, nil
+}
+
+// hostsByID maps the hosts named, in the order of nodes, to their ids.
+func hostsByID(nodes []node.Info, hosts []string) map[node.ID]string {
 	named := make(map[node.ID]string, len(nodes))
 	for i, info := range nodes {
 		if hosts[i] != "" {
 			named[info.ID] = hosts[i]
 		}
 	}
-	return named, rest, nil
+	return named
+}
+
+// joinGroups takes what the scheduler tells a joining node of the local
+// groups, b after its table's layout (localagg.AppendJoined; none from a
+// scheduler that tells none), into t: the hosts the nodes named, from
+// which it forms the groups every member formed, whether they sum, and
+// from which iteration a retry before the join ended their sums.
+func (t *topology) joinGroups(nodes []node.Info, b []byte) error {
+	j, told, err := localagg.ParseJoined(b, len(nodes), config.MaxHostIDLen)
+	if err != nil || !told {
+		return err
+	}
+	t.hosts = hostsByID(nodes, j.Hosts)
+	j.Hosts = nil
+	t.joined = &j
+	return nil
 }
 
 // HostOf is the host node id runs on, for its local group: the one it
@@ -54,12 +77,27 @@ func (n *Member) LocalGroups() ([]localagg.Group, error) {
 // of several workers), from the groups of the node table, so that every
 // node decides alike.
 func (n *Member) SumsLocally() bool {
+	if t := n.topo.Load(); t != nil && t.joined != nil {
+		// Joined a running job: as the members decided it at the start.
+		return t.joined.Sums
+	}
 	groups, err := n.LocalGroups()
 	if err != nil {
 		groups = nil // on still sums, and fails naming the error
 	}
 	cfg := n.Config()
 	return cfg.SumsLocally(localagg.Sizes(groups))
+}
+
+// GroupsUntil is the first iteration the local groups no longer sum as
+// this node's table says: that of a retry (a lost node's) before this
+// node joined the running job; math.MaxUint64 for a node of the start,
+// which follows the retries itself.
+func (n *Member) GroupsUntil() uint64 {
+	if t := n.topo.Load(); t != nil && t.joined != nil {
+		return t.joined.Until
+	}
+	return math.MaxUint64
 }
 
 // hostNamed is the host a registering node names (FPT_HOST_ID; empty:

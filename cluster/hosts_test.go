@@ -1,9 +1,12 @@
 package cluster
 
 import (
+	"math"
+	"reflect"
 	"testing"
 
 	"github.com/fptps/fpt/classic"
+	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/node"
 )
@@ -39,5 +42,80 @@ func TestTableHosts(t *testing.T) {
 	bad.Body = localagg.AppendHosts(bad.Body, []string{"too", "few"})
 	if r := newC().step(bad, t0); r.startErr == nil {
 		t.Error("a table naming the hosts of too few nodes was taken")
+	}
+}
+
+// TestJoinTableGroups: a node joining a running job takes what its table
+// tells of the local groups (after the layout): the hosts the nodes
+// named, whether the workers sum (as the members decided it at the
+// start, not from the joiner's table) and the iteration a retry ended the
+// groups' sums at. A table that tells none leaves the joiner to its
+// table's addresses; a garbled one is refused.
+func TestJoinTableGroups(t *testing.T) {
+	w := node.WorkerID
+	l := classic.Layout{Version: 2, Servers: []node.ID{node.ServerID(0)}}
+	tests := []struct {
+		name      string
+		told      *localagg.Joined // nil: no section
+		garble    bool
+		sums      bool
+		until     uint64
+		groupSize map[string]int
+	}{
+		{"told: groups sum", &localagg.Joined{Sums: true, Until: math.MaxUint64}, false, true, math.MaxUint64, map[string]int{"a": 2, "b": 1}},
+		{"told: a retry ended them", &localagg.Joined{Sums: true, Until: 17}, false, true, 17, map[string]int{"a": 2, "b": 1}},
+		{"told: they do not sum", &localagg.Joined{Sums: false, Until: math.MaxUint64}, false, false, math.MaxUint64, map[string]int{"a": 2, "b": 1}},
+		// The addresses (one for all, in this table) form the groups, and
+		// the joiner decides from them.
+		{"told nothing", nil, false, true, math.MaxUint64, map[string]int{"10.0.0.1": 3}},
+		{"garbled", &localagg.Joined{Sums: true, Until: 3}, true, false, 0, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.LocalAggregation = config.LocalAggregationAuto
+			m := nodeTable(me, 1, 3, true, 5, l)
+			if tt.told != nil {
+				j := *tt.told
+				for _, info := range m.Nodes {
+					j.Hosts = append(j.Hosts, map[node.ID]string{w(0): "a", w(1): "a", w(2): "b"}[info.ID])
+				}
+				m.Body = localagg.AppendJoined(m.Body, j)
+				if tt.garble {
+					m.Body = m.Body[:len(m.Body)-1]
+				}
+			}
+			c := newCore(cfg)
+			c.bound(node.Info{Role: node.Worker, Host: "10.0.0.1", ControlPort: infoOf(me).ControlPort, DataPort: infoOf(me).DataPort})
+			r := c.step(m, t0)
+			if tt.garble {
+				if r.startErr == nil {
+					t.Fatal("a garbled table was taken")
+				}
+				return
+			}
+			if !r.table || r.startErr != nil {
+				t.Fatalf("node table not taken: %v", r.startErr)
+			}
+			n := New(cfg, nil, Planes{})
+			n.topo.Store(c.topo)
+			if got := n.SumsLocally(); got != tt.sums {
+				t.Errorf("SumsLocally %v, want %v", got, tt.sums)
+			}
+			if got := n.GroupsUntil(); got != tt.until {
+				t.Errorf("GroupsUntil %d, want %d", got, tt.until)
+			}
+			groups, err := n.LocalGroups()
+			if err != nil {
+				t.Fatal(err)
+			}
+			sizes := map[string]int{}
+			for _, g := range groups {
+				sizes[g.Host] = len(g.Workers)
+			}
+			if !reflect.DeepEqual(sizes, tt.groupSize) {
+				t.Errorf("groups %v, want sizes %v", groups, tt.groupSize)
+			}
+		})
 	}
 }

@@ -22,7 +22,7 @@ const (
 	// network (the default).
 	LocalAggregationOff LocalAggregation = iota
 	// LocalAggregationAuto sums on the host where that pays: when a host
-	// runs several workers and FPT_ON_SERVER_LOSS=fail (SumsLocally).
+	// runs several workers (SumsLocally).
 	LocalAggregationAuto
 	// LocalAggregationOn sums each host's contributions on the host.
 	LocalAggregationOn
@@ -59,27 +59,16 @@ func (c *Config) SegmentDir() string {
 	return c.LocalAggregationDir
 }
 
-// localAggregationRefused says why FPT_LOCAL_AGGREGATION=on cannot run
-// with the rest of c ("" if it can): the combinations local aggregation
-// does not handle yet are refused at start-up rather than run wrong.
-func (c *Config) localAggregationRefused() string {
-	if c.RetryServerLoss {
-		return "needs FPT_ON_SERVER_LOSS=fail (a joining server would not know the groups whose sums it is sent)"
-	}
-	return ""
-}
-
 // SumsLocally says whether the workers sum on their hosts, given the
 // number of workers on each host (every node knows them from the node
 // table, so every node decides alike): always with on; with auto, when a
-// host runs several workers (one alone saves nothing) and the rest of c
-// allows it.
+// host runs several workers (one alone saves nothing).
 func (c *Config) SumsLocally(workersPerHost []int) bool {
 	switch c.LocalAggregation {
 	case LocalAggregationOn:
 		return true
 	case LocalAggregationAuto:
-		return c.localAggregationRefused() == "" && slices.ContainsFunc(workersPerHost, func(n int) bool { return n >= 2 })
+		return slices.ContainsFunc(workersPerHost, func(n int) bool { return n >= 2 })
 	}
 	return false
 }

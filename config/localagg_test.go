@@ -19,7 +19,7 @@ func TestLocalAggregation(t *testing.T) {
 		{"host id names the host", map[string]string{"FPT_HOST_ID": "rack1-a"}, LocalAggregationOff, "rack1-a", nil},
 		{"on", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off"}, LocalAggregationOn, "198.18.0.2", nil},
 		{"on with the LB", map[string]string{"FPT_LOCAL_AGGREGATION": "on"}, LocalAggregationOn, "198.18.0.2", nil},
-		{"on with server retry", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_SERVER_LOSS": "retry"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "FPT_ON_SERVER_LOSS=fail"}},
+		{"on with server retry", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_SERVER_LOSS": "retry"}, LocalAggregationOn, "198.18.0.2", nil},
 		{"on with continue", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}, LocalAggregationOn, "198.18.0.2", nil},
 		{"on with wait", map[string]string{"FPT_LOCAL_AGGREGATION": "on", "FPT_LB": "off", "FPT_ON_WORKER_LOSS": "wait"}, LocalAggregationOn, "198.18.0.2", nil},
 		{"word", map[string]string{"FPT_LOCAL_AGGREGATION": "yes"}, 0, "", []string{"FPT_LOCAL_AGGREGATION", "off, auto or on"}},
@@ -67,7 +67,8 @@ func TestSumsLocally(t *testing.T) {
 		{"auto, a host of several", LocalAggregationAuto, false, []int{4, 3, 1}, true},
 		{"auto, every worker alone", LocalAggregationAuto, false, []int{1, 1, 1}, false},
 		{"auto, no worker", LocalAggregationAuto, false, nil, false},
-		{"auto with server retry", LocalAggregationAuto, true, []int{4, 4}, false},
+		{"auto with server retry", LocalAggregationAuto, true, []int{4, 4}, true},
+		{"auto with server retry, every worker alone", LocalAggregationAuto, true, []int{1, 1}, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -212,16 +212,13 @@ func Known() []Var {
 			}},
 
 		// Security.
-		{Name: "FPT_LOCAL_AGGREGATION", Meaning: "sum the contributions of a host's workers (one FPT_HOST_ID or address) on the host, in shared memory, and send one sum per host: off, auto (on where a host runs several workers and FPT_ON_SERVER_LOSS=fail, else off) or on (needs FPT_ON_SERVER_LOSS=fail; the LB then balances by host; a worker lost under FPT_ON_WORKER_LOSS=continue or wait ends local aggregation for the job from its retry's iteration, and a joining worker sums alone); see docs/local-aggregation.md", Default: "off", Use: NodeVar,
+		{Name: "FPT_LOCAL_AGGREGATION", Meaning: "sum the contributions of a host's workers (one FPT_HOST_ID or address) on the host, in shared memory, and send one sum per host: off, auto (on where a host runs several workers, else off) or on (the LB then balances by host; a worker lost under FPT_ON_WORKER_LOSS=continue or wait, or a server under FPT_ON_SERVER_LOSS=retry, ends local aggregation for the job from its retry's iteration, and a joining worker sums alone); see docs/local-aggregation.md", Default: "off", Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {
 				switch p.choice(name, "off", "auto", "on") {
 				case "auto":
 					c.LocalAggregation = LocalAggregationAuto
 				case "on":
 					c.LocalAggregation = LocalAggregationOn
-					if reason := c.localAggregationRefused(); reason != "" {
-						p.fail(name, "on", reason)
-					}
 				}
 			}},
 		{Name: "FPT_LOCAL_AGGREGATION_DIR", Meaning: "where a host's group makes its shared-memory segment; a worker that cannot make one there (missing, not writable, full) sums alone, over the network, and logs why", Default: DefaultLocalAggregationDir, Use: NodeVar,

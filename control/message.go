@@ -95,8 +95,9 @@ const (
 	FlagFinal uint8 = 1 << iota
 	// FlagJoin marks a NodeTable sent to a server joining a running job:
 	// it skips the start barriers, and Body holds, after the stamp, the
-	// next barrier number of each group 1..7 (7 little-endian uint64s)
-	// and the classic layout.
+	// next barrier number of each group 1..7 (7 little-endian uint64s),
+	// the classic layout and the workers' local groups
+	// (localagg.AppendJoined).
 	FlagJoin
 	// FlagGraceful marks a NodeLeft for a server that left in order: every
 	// frame it sent arrives before its connections end.

@@ -3,12 +3,14 @@ package scheduler
 import (
 	"io"
 	"log/slog"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
+	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/status"
@@ -98,5 +100,84 @@ func TestLocalGroups(t *testing.T) {
 	h = c.lbHosts()
 	if h.Of[w] != srv || !h.Alone[w] || len(h.Alone) != 1 {
 		t.Errorf("LB hosts %+v: want %s on host a (%d), alone", h, w, srv)
+	}
+}
+
+// TestJoinedGroups: a node joining the running job is told, after its
+// table's layout, what every member knows of the local groups: the hosts
+// the table's nodes named, that the workers sum, and, once a retry ended
+// the groups' sums, from which iteration (the earliest retry's).
+func TestJoinedGroups(t *testing.T) {
+	cfg := config.Config{NumServers: 2, NumWorkers: 3, HeartbeatInterval: 1e9, HeartbeatTimeout: 10e9, StartTimeout: 60e9,
+		LB: false, RetryServerLoss: true, LocalAggregation: config.LocalAggregationOn}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c := newCore(cfg, log, node.Info{Host: "10.0.0.1", ControlPort: 9000}, control.NewRejecter(log, nil), observer{rec: status.NewRecorder(false, cfg.HeartbeatTimeout, 0)}, t0)
+	regs := []struct {
+		role node.Role
+		id   string
+	}{{node.Server, ""}, {node.Worker, "a"}, {node.Worker, "a"}, {node.Worker, "b"}, {node.Server, ""}, {node.Server, "c"}, {node.Server, ""}}
+	add := func(i int) ready {
+		info := node.Info{Role: regs[i].role, Host: "10.0.0.2", ControlPort: 9100 + 2*i, DataPort: 9101 + 2*i}
+		return c.step(&control.Message{Command: control.AddNode, Nodes: []node.Info{info}, Origin: "conn" + string(rune('0'+i)), Text: regs[i].id}, t0)
+	}
+	for i := range 5 {
+		add(i)
+	}
+	if c.registering || c.lb == nil {
+		t.Fatalf("not started with the LB's grants (registering %v)", c.registering)
+	}
+	// joined has the next registration join, and returns what its table
+	// tells of the groups, with the hosts by id.
+	joined := func(i int) (localagg.Joined, map[node.ID]string) {
+		t.Helper()
+		for _, s := range add(i).sends {
+			m := s.m
+			if m.Command != control.NodeTable || m.Flags&control.FlagJoin == 0 {
+				continue
+			}
+			rest := m.Body[8+8*int(node.AllGroup)+len(tableLayout(t, m).AppendBinary(nil)):]
+			j, ok, err := localagg.ParseJoined(rest, len(m.Nodes), config.MaxHostIDLen)
+			if err != nil || !ok {
+				t.Fatalf("joining table's groups: %v, told %v", err, ok)
+			}
+			hosts := map[node.ID]string{}
+			for k, info := range m.Nodes {
+				hosts[info.ID] = j.Hosts[k]
+			}
+			return j, hosts
+		}
+		t.Fatal("no joining table sent")
+		return localagg.Joined{}, nil
+	}
+	w := node.WorkerID
+	j, hosts := joined(5)
+	wantHosts := map[node.ID]string{w(0): "a", w(1): "a", w(2): "b"}
+	for id, h := range wantHosts {
+		if hosts[id] != h {
+			t.Errorf("joining table names %q as %s's host, want %q (all: %v)", hosts[id], id, h, hosts)
+		}
+	}
+	if !j.Sums || j.Until != math.MaxUint64 {
+		t.Errorf("joining table tells Sums %v, Until %d; want true, none", j.Sums, j.Until)
+	}
+	// A lost server's retry ends the groups' sums, from its iteration on.
+	c.running = true
+	if handled, _ := c.lose(node.ServerID(1), "test"); !handled {
+		t.Fatal("server 1's loss not survived")
+	}
+	from := c.groupsUntil
+	if j, _ := joined(6); !j.Sums || !c.groupsEnded || j.Until != from {
+		t.Errorf("after a retry from %d (ended %v), the joining table tells Sums %v, Until %d; want true, %d", from, c.groupsEnded, j.Sums, j.Until, from)
+	}
+	// A later retry does not move it; a decision that is no retry does
+	// not end them.
+	c.endGroups(lb.Directive{Retry: true, Decision: &lb.Decision{Iteration: from + 3}})
+	if c.groupsUntil != from {
+		t.Errorf("a later retry moved the groups' end to %d, want %d", c.groupsUntil, from)
+	}
+	c2 := &core{}
+	c2.endGroups(lb.Directive{Decision: &lb.Decision{Iteration: 5}})
+	if c2.groupsEnded {
+		t.Error("a decision that is no retry ended the groups' sums")
 	}
 }

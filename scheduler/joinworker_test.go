@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"encoding/binary"
 	"io"
 	"log/slog"
 	"slices"
@@ -90,7 +91,11 @@ func tableLayout(t *testing.T, tbl *control.Message) classic.Layout {
 	if len(tbl.Body) < 8+8*int(node.AllGroup) {
 		t.Fatalf("joining table with %d bytes of body", len(tbl.Body))
 	}
-	l, err := classic.ParseLayout(tbl.Body[8+8*int(node.AllGroup):]) // after the stamp and barrier numbers
+	b := tbl.Body[8+8*int(node.AllGroup):] // after the stamp and barrier numbers
+	if len(b) >= 8 {
+		b = b[:min(len(b), 8+4*int(binary.LittleEndian.Uint32(b[4:])))] // before the local groups
+	}
+	l, err := classic.ParseLayout(b)
 	if err != nil {
 		t.Fatalf("joining table: %v", err)
 	}

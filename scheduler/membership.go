@@ -14,6 +14,7 @@ import (
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/node"
 )
 
@@ -86,6 +87,7 @@ func (c *core) lose(id node.ID, why string) (handled bool, final []node.ID) {
 // directive d made for info's departure, and sends d.
 func (c *core) changed(info node.Info, d lb.Directive, why string) {
 	c.membership++
+	c.endGroups(d)
 	msg := msgServerLeft
 	if info.Role == node.Worker {
 		msg = msgWorkerLeft
@@ -335,6 +337,7 @@ func (c *core) admit(m *control.Message) {
 		body = binary.LittleEndian.AppendUint64(body, n)
 	}
 	body = c.layout.AppendBinary(body)
+	body = localagg.AppendJoined(body, c.joinedGroups())
 	c.log.Info(info.Role.String()+" joining the running job", "node", info)
 	c.send(info.ID, &control.Message{Command: control.NodeTable, Flags: control.FlagJoin, Recipient: info.ID, Nodes: c.table, Body: body})
 }

@@ -302,16 +302,6 @@ func TestLocalAggregationNoSharedMemory(t *testing.T) {
 	}
 }
 
-// TestLocalAggregationRefused: the combinations local aggregation does
-// not handle yet fail at start-up, naming the variable.
-func TestLocalAggregationRefused(t *testing.T) {
-	c := hostCluster(t, 1, []string{"a", "a"}, []string{"FPT_LOCAL_AGGREGATION=on", "FPT_ON_SERVER_LOSS=retry"}, []string{"-iters", "1"})
-	if err := c.Wait(time.Minute); err == nil {
-		t.Fatal("a job with FPT_LOCAL_AGGREGATION=on and FPT_ON_SERVER_LOSS=retry ran")
-	}
-	mustContain(t, "worker0 stderr", c.proc("worker0").Stderr.String(), "FPT_LOCAL_AGGREGATION", "FPT_ON_SERVER_LOSS=fail")
-}
-
 // probeWithWorkerRe is a decision line of a probe that makes workers
 // aggregate (every node takes an equal share).
 var probeWithWorkerRe = regexp.MustCompile(`(?m)^.*lb decision v\d+ from iteration \d+: .*worker\d+\(\d+\) [0-9.]+%.*; probe`)
