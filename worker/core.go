@@ -184,9 +184,13 @@ type tensor struct {
 	inCall  uint64 // the latest split call that named the key (core.calls)
 }
 
-// sumsTallied reports whether t's sums count in core.sums: a key pushed, or
-// started at a later iteration (a joining worker's), and not broadcast.
-func (t *tensor) sumsTallied() bool { return !t.once && (t.pushed > 0 || t.sumsIn > 0) }
+// sumsTallied reports whether t's sums count in core.sums: a key pushed
+// (a joining worker's start counts as pushed) and not broadcast. A sum
+// that lands before the key's push (worker 0's init values reach the
+// other workers before they call Init) waits for the push to count, so
+// that the report never claims an iteration while another key's sum of
+// it is still to come.
+func (t *tensor) sumsTallied() bool { return !t.once && t.pushed > 0 }
 
 // untally takes t out of the core's counts of pushes and sums before its
 // counters or its once flag change; tally puts it back after. Broadcast
