@@ -111,6 +111,13 @@ type core struct {
 	// sums are staged and copied in once every worker has them, since a
 	// retry would push the buffer again.
 	deferred []deferredPull
+	// gated are in-place FPTPushPulls' pulls waiting for their keys'
+	// frames to be written, by key and iteration.
+	gated map[resultKey]*gatedPull
+	// restaged counts the result bytes copied from staging into a pull's
+	// buffer: partitions that arrived before their FPTPull, each read
+	// once into staging and once more into the caller's buffer.
+	restaged uint64
 }
 
 // newCore returns a worker core. With the LB on nothing may be pushed
@@ -123,6 +130,7 @@ func newCore(partBytes uint64, lbOn bool) *core {
 		results:        make(map[resultKey]*result),
 		readingInPlace: make(map[inPlaceKey]landing),
 		heldAt:         make(map[resultKey][]heldValues),
+		gated:          make(map[resultKey]*gatedPull),
 		requests:       make(map[int]*request),
 		errs:           make(map[int]error),
 	}

@@ -22,3 +22,11 @@ func (w *Worker) ScheduleLen() int {
 	defer w.mu.Unlock()
 	return w.c.schedule.Len()
 }
+
+// Restaged is how many result bytes the worker copied from staging into a
+// pull's buffer.
+func (w *Worker) Restaged() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.c.restaged
+}

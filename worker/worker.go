@@ -237,7 +237,7 @@ func (w *Worker) hand(req *request, locals, sends []frame.Message, counted bool)
 				if err != nil {
 					err = w.sendError(to, err)
 				}
-				w.update(func(c *core) effects { return c.sent(req, err) })
+				w.update(func(c *core) effects { return c.sentFrame(req, h, err) })
 			}
 		}
 	}
@@ -253,7 +253,7 @@ func (w *Worker) hand(req *request, locals, sends []frame.Message, counted bool)
 			to := node.ID(m.Header.Recipient)
 			rerr := w.sendError(to, serr)
 			if rerr == nil && counted {
-				w.update(func(c *core) effects { return c.sent(req, nil) })
+				w.update(func(c *core) effects { return c.sentFrame(req, &m.Header, nil) })
 				continue
 			}
 			if rerr == nil {
@@ -532,11 +532,26 @@ func (w *Worker) declare(key uint64, dtype frame.DType, bytes uint64, priority i
 // It waits while an iteration it pushes lies beyond the LB's horizon: the
 // decision for it may still be on its way.
 func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame.DType, priority int32, cb Callback) (int, error) {
-	cl := newCall(cb, false)
+	return w.pushing(newCall(cb, false), func(c *core, cl *call) (effects, error) {
+		return c.push(keys, data, byteLens, dtype, priority, cl)
+	})
+}
+
+// fptPushPull is FPTPushPull on bytes: it waits for the horizon as
+// fptPush does.
+func (w *Worker) fptPushPull(keys []uint64, data, outs []byte, byteLens []int, dtype frame.DType, priority int32, cb Callback) (int, error) {
+	return w.pushing(newCall(cb, true), func(c *core, cl *call) (effects, error) {
+		return c.pushPull(keys, data, outs, byteLens, dtype, priority, cl)
+	})
+}
+
+// pushing makes a request that pushes (push, under the lock), waiting
+// while an iteration it pushes lies beyond the LB's horizon.
+func (w *Worker) pushing(cl *call, push func(*core, *call) (effects, error)) (int, error) {
 	began := w.trace.Now()
 	for {
 		w.mu.Lock()
-		t, err := w.c.push(keys, data, byteLens, dtype, priority, cl)
+		t, err := push(w.c, cl)
 		moved := w.moved
 		pushed := w.c.iterationsPushed()
 		w.mu.Unlock()
