@@ -611,6 +611,7 @@ func (c *core) fail(err error) effects {
 	for tn := range c.allTensors() {
 		t.unmap = append(t.unmap, tn.forgetInitial()...)
 	}
+	t.unmap = append(t.unmap, c.paramsBufs()...)
 	// The order callbacks run in is the order requests were made.
 	slices.SortFunc(t.finished, func(a, b *request) int { return a.ts - b.ts })
 	return t

@@ -30,3 +30,15 @@ func (w *Worker) Restaged() uint64 {
 	defer w.mu.Unlock()
 	return w.c.restaged
 }
+
+// JoinCopies is what a joining worker did with its parameters: bytes
+// copied out of the van's buffer, and bytes kept as Init's values where
+// they were read.
+func (w *Worker) JoinCopies() (cloned, kept uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.c.join == nil {
+		return 0, 0
+	}
+	return w.c.join.cloned, w.c.join.kept
+}

@@ -602,7 +602,7 @@ func (w *Worker) HandleFrame(h *frame.Header, payload []byte, inPlace bool) {
 	case frame.App:
 		err = w.base.Customers.HandleFrame(h, payload, inPlace)
 	case frame.Params:
-		err = w.handleParams(h, payload)
+		err = w.handleParams(h, payload, inPlace)
 	default:
 		err = fmt.Errorf("unexpected %s frame", h.Type)
 	}
@@ -623,7 +623,8 @@ func (w *Worker) Customers() *customer.Set { return w.base.Customers }
 
 // PayloadBuffer implements van.Sink: a result partition is read straight
 // into the FPTPull's buffer (or the staging buffer), a pushed partition
-// into the aggregator's buffer, a customer's message into its own, not
+// into the aggregator's buffer, a customer's message into its own, a
+// joining worker's parameters into their key's receive buffer, not
 // copied there.
 func (w *Worker) PayloadBuffer(h *frame.Header) []byte {
 	switch h.Type {
@@ -631,6 +632,8 @@ func (w *Worker) PayloadBuffer(h *frame.Header) []byte {
 		return w.base.Agg.PayloadBuffer(h)
 	case frame.App:
 		return w.base.Customers.PayloadBuffer(h)
+	case frame.Params:
+		return w.paramsBuffer(h)
 	case frame.Result:
 		w.trace.Begin(trace.Pull, h)
 		w.mu.Lock()
