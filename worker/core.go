@@ -263,6 +263,9 @@ type call struct {
 	done  chan struct{} // closed once the request settled and cb returned
 	pull  bool          // for the latency metric: values come back
 	began time.Time
+	// notify are the Notify waiters, run by the goroutine that releases
+	// the request (under the worker's lock to add, run after it).
+	notify []func(error)
 }
 
 // effects is what the shell does after a core call, once unlocked, in this

@@ -354,8 +354,37 @@ func (w *Worker) traceRequest(p trace.Phase, r *request, start int64) {
 func (w *Worker) release(r *request) {
 	w.mu.Lock()
 	w.c.release(r)
+	notify := r.call.notify
+	var err error
+	if len(notify) > 0 {
+		err = w.c.collect(r.ts) // the first waiter's, as Wait's
+	}
 	w.mu.Unlock()
 	close(r.call.done)
+	for i, fn := range notify {
+		if i > 0 {
+			err = nil
+		}
+		fn(err)
+	}
+}
+
+// Notify is Wait without blocking a goroutine: fn runs with the request's
+// error (as Wait would return it) once request ts has settled and its
+// callback returned, on the goroutine that released it, which fn must not
+// hold up. A request settled already runs no fn: Notify returns done and
+// its outcome (ErrNoRequest for a timestamp no call returned). The C
+// library's fpt_wait blocks its thread in C on what fn signals, so the
+// thread wakes without waiting for the Go scheduler.
+func (w *Worker) Notify(ts int, fn func(error)) (done bool, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r, err := w.c.lookup(ts)
+	if r == nil {
+		return true, err
+	}
+	r.call.notify = append(r.call.notify, fn)
+	return false, nil
 }
 
 // Wait blocks until the request with timestamp ts has completed and its
