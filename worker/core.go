@@ -259,10 +259,12 @@ type request struct {
 
 // call is the shell's half of a request, which the core only carries.
 type call struct {
-	cb    Callback
-	done  chan struct{} // closed once the request settled and cb returned
-	pull  bool          // for the latency metric: values come back
-	began time.Time
+	cb   Callback
+	done chan struct{} // closed once the request settled and cb returned
+	pull bool          // for the latency metric: values come back
+	// pushPull: an FPTPushPull, which counts as a push and a pull.
+	pushPull bool
+	began    time.Time
 	// notify are the Notify waiters, run by the goroutine that releases
 	// the request (under the worker's lock to add, run after it).
 	notify []func(error)

@@ -325,10 +325,12 @@ func (w *Worker) complete(r *request) {
 	cl := r.call
 	traced := w.trace.Now()
 	if r.err == nil && !cl.began.IsZero() {
+		took := time.Since(cl.began)
 		if cl.pull {
-			w.metrics.ObservePull(time.Since(cl.began))
-		} else {
-			w.metrics.ObservePush(time.Since(cl.began))
+			w.metrics.ObservePull(took)
+		}
+		if !cl.pull || cl.pushPull {
+			w.metrics.ObservePush(took)
 		}
 	}
 	if cl.cb == nil {
@@ -383,7 +385,11 @@ func (w *Worker) Notify(ts int, fn func(error)) (done bool, err error) {
 	if r == nil {
 		return true, err
 	}
-	r.call.notify = append(r.call.notify, fn)
+	began := w.trace.Now()
+	r.call.notify = append(r.call.notify, func(err error) {
+		w.traceRequest(trace.Wait, r, began) // up to the signal
+		fn(err)
+	})
 	return false, nil
 }
 
@@ -569,7 +575,9 @@ func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame
 // fptPushPull is FPTPushPull on bytes: it waits for the horizon as
 // fptPush does.
 func (w *Worker) fptPushPull(keys []uint64, data, outs []byte, byteLens []int, dtype frame.DType, priority int32, cb Callback) (int, error) {
-	return w.pushing(newCall(cb, true), func(c *core, cl *call) (effects, error) {
+	cl := newCall(cb, true)
+	cl.pushPull = true
+	return w.pushing(cl, func(c *core, cl *call) (effects, error) {
 		return c.pushPull(keys, data, outs, byteLens, dtype, priority, cl)
 	})
 }
