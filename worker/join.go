@@ -212,6 +212,12 @@ func (w *Worker) initJoined(ctx context.Context, keys []uint64, data []byte, byt
 	// values after Init; the others are copied to be kept.
 	inBuf := make(map[uint64]bool, len(kept))
 	for _, k := range kept {
+		if !k.keep {
+			if err := unmapKept(k.mem); err != nil {
+				w.node.Logger().Warn("unmapping a parameters buffer", "err", err)
+			}
+			continue
+		}
 		inBuf[k.key] = true
 		w.update(func(c *core) effects { return c.keepInitial([]uint64{k.key}, k.mem, []int{len(k.mem)}) })
 	}

@@ -38,10 +38,13 @@ type joinState struct {
 	cloned, kept uint64
 }
 
-// paramsKept is a key's receive buffer, to keep as its value after Init.
+// paramsKept is a key's receive buffer once Init took the key: kept as
+// its value after Init (keep: every value was read into it), else handed
+// back (unmapped) once Init's copies are made.
 type paramsKept struct {
-	key uint64
-	mem []byte
+	key  uint64
+	mem  []byte
+	keep bool
 }
 
 // paramsWait is an Init call waiting for the parameters of its keys.
@@ -308,8 +311,10 @@ func (c *core) paramsSettle() effects {
 
 // paramsTake hands the parameters to the joining worker's Init, once its
 // request completed: spans of data to copy them into, by key, and the
-// keys whose values all lie in their receive buffer, which the shell
-// keeps as their values after Init (keepInitial) once it copied them.
+// keys' receive buffers, which are the shell's now: once it copied them,
+// it keeps those that hold all their key's values as the values after
+// Init (keepInitial) and unmaps the others (some frame of the key was
+// copied out of the van's buffer instead).
 func (c *core) paramsTake(keys []uint64, data []byte, byteLens []int) ([]initialCopy, []paramsKept, error) {
 	j := c.join
 	var out []initialCopy
@@ -327,8 +332,11 @@ func (c *core) paramsTake(keys []uint64, data []byte, byteLens []int) ([]initial
 			out = append(out, initialCopy{dst: dst[p.off : p.off+uint64(len(p.data))], src: p.data})
 			inBuf = inBuf && overlaps(p.data, buf)
 		}
+		if buf != nil {
+			kept = append(kept, paramsKept{k, buf, inBuf})
+			delete(j.bufs, k)
+		}
 		if inBuf {
-			kept = append(kept, paramsKept{k, buf})
 			j.kept += uint64(len(buf))
 		}
 		delete(j.parts, k)
@@ -346,9 +354,7 @@ func (c *core) paramsBufs() [][]byte {
 	}
 	var out [][]byte
 	for k, b := range c.join.bufs {
-		if !c.join.took[k] {
-			out = append(out, b)
-		}
+		out = append(out, b)
 		delete(c.join.bufs, k)
 	}
 	return out

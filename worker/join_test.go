@@ -319,7 +319,7 @@ func TestCoreJoinerReadsParamsInPlace(t *testing.T) {
 	if !bytes.Equal(data, want) {
 		t.Fatalf("parameters %v, want %v", data, want)
 	}
-	if len(kept) != 1 || kept[0].key != 5 || !overlaps(kept[0].mem, buf) {
+	if len(kept) != 1 || kept[0].key != 5 || !overlaps(kept[0].mem, buf) || !kept[0].keep {
 		t.Fatalf("kept %v, want key 5's receive buffer", kept)
 	}
 	c.keepInitial([]uint64{5}, kept[0].mem, []int{64})
@@ -331,5 +331,53 @@ func TestCoreJoinerReadsParamsInPlace(t *testing.T) {
 	}
 	if span, need := c.paramsSink(&hs[0]); span != nil || need != 0 {
 		t.Error("a frame after Init took the key was given a span")
+	}
+}
+
+// A key whose values are not all in its receive buffer (a frame came
+// before the buffer, copied out of the van's) is copied into Init's
+// buffer from where each frame lies, and its receive buffer is handed
+// back to be unmapped rather than kept, or left mapped.
+func TestCoreJoinerHandsBackPartialBuffer(t *testing.T) {
+	c := joinerCore(t)
+	want := pattern(64, 3)
+	hs := paramsFrames(3, want)
+	if _, err := c.params(&hs[0], bytes.Clone(want[hs[0].Offset:hs[0].Offset+hs[0].Length]), true); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	for n, h := range hs[1:] {
+		span, need := c.paramsSink(&h)
+		if n == 0 {
+			if span, _ = c.paramsBuffer(&h, buf); need != 64 || span == nil {
+				t.Fatalf("the receive buffer: need %d, span %d bytes", need, len(span))
+			}
+		}
+		copy(span, want[h.Offset:h.Offset+h.Length])
+		if _, err := c.params(&h, span, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	init, err := c.awaitParams([]uint64{5}, &call{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handOver(c, init)
+	data := make([]byte, 64)
+	copies, kept, err := c.paramsTake([]uint64{5}, data, []int{64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cp := range copies {
+		copy(cp.dst, cp.src)
+	}
+	if !bytes.Equal(data, want) {
+		t.Fatalf("parameters %v, want %v", data, want)
+	}
+	if len(kept) != 1 || !overlaps(kept[0].mem, buf) || kept[0].keep {
+		t.Fatalf("receive buffers handed over %+v, want key 5's, not to keep", kept)
+	}
+	if left := c.paramsBufs(); len(left) != 0 {
+		t.Errorf("%d receive buffers still the core's after Init took their keys", len(left))
 	}
 }
