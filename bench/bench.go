@@ -162,6 +162,7 @@ func newFlags(output io.Writer) *flags {
 	fs.Int64Var(&o.tensorBytes, "tensor-bytes", 64<<20, "size of the one float32 tensor pushed and pulled; shaping and priority: of each\ntensor (default 16 MiB there)")
 	fs.IntVar(&o.iters, "iters", 50, "timed iterations (after init and two warm-up iterations); LB and failover\nscenarios: training iterations per run (default 20 there, 60 in failover, 30 in server-loss, 40 in server-join); shaping: tensors queued at once\n(default 6); priority: rounds (default 3)")
 	fs.Int64Var(&o.partitionBytes, "partition-bytes", 0, "FPT_PARTITION_BYTES for the cluster (0: the default, 256 KiB in shaping and\npriority)")
+	fs.StringVar(&o.step, "step", "pushpull", "a worker's exchange each iteration: pushpull (one FPTPushPull: the sums land once, in\nplace) or separate (FPTPush, then FPTPull: partitions that come in between are\nstaged and copied)")
 	fs.BoolVar(&o.jsonOut, "json", false, "one JSON object per line (else a table)")
 	fs.BoolVar(&o.authCompare, "auth-compare", false, "run each goodput row four times, without a cluster secret\n(FPT_CLUSTER_SECRET), with one twice, and without again, and give the\nsecret-on rows' mean goodput and CPU per GB relative to the secret-off rows'")
 	fs.StringVar(&f.scen.name, "scenario", "", "run a scenario in an emulated network instead (needs root): shaping, priority,\nor one or more of slow-server, equal, slow-worker (comma-separated), or server-loss,\nserver-join, worker-wait, hosts or channels; or failover or classic, on loopback (no root)")

@@ -35,11 +35,20 @@ type goodputOptions struct {
 	iters            int
 	partitionBytes   int64
 	jsonOut          bool
+	// step is how a worker exchanges its tensor each iteration:
+	// "pushpull" (one FPTPushPull) or "separate" (FPTPush, then FPTPull).
+	step string
 	// authCompare runs every row four times, the cluster without a
 	// secret, with one (FPT_CLUSTER_SECRET) twice, and without again, to
 	// show what authentication costs.
 	authCompare bool
 }
+
+// The --step choices.
+const (
+	stepPushPull = "pushpull"
+	stepSeparate = "separate"
+)
 
 // shape is one cluster configuration of the goodput bench.
 type shape struct {
@@ -88,6 +97,7 @@ type goodputResult struct {
 	LB          string `json:"lb"`
 	TensorBytes int64  `json:"tensor_bytes"`
 	Iters       int    `json:"iters"`
+	Step        string `json:"step"` // --step
 	// GoodputGbps is what worker rank 0 pushed plus pulled per second in
 	// the timed iterations; RawTCPGbps two sockets moving the same bytes
 	// both ways at once (the mean of one measurement before the cluster
@@ -187,6 +197,9 @@ func goodputMain(f *flags) int {
 	if o.workers < 1 || o.servers < 1 || o.iters < 1 || o.tensorBytes < 4 || o.tensorBytes%4 != 0 {
 		return usageError("workers, servers and iters must be positive, tensor-bytes a positive multiple of 4")
 	}
+	if o.step != stepPushPull && o.step != stepSeparate {
+		return usageError("--step %q: %s or %s", o.step, stepPushPull, stepSeparate)
+	}
 	if isChild() {
 		return runWorker(func(ctx context.Context, w *worker.Worker) error {
 			return goodputWorker(ctx, w, o, os.Stdout, os.Stderr)
@@ -248,7 +261,7 @@ func goodputMain(f *flags) int {
 // the machine's load during the run does not favour either side.
 func goodputRun(van string, s shape, o goodputOptions, p *progress, run string, secret bool) (goodputResult, error) {
 	res := goodputResult{Van: van, Secret: onOff(secret), Workers: s.workers, Servers: s.servers, LB: s.lbMode(),
-		TensorBytes: o.tensorBytes, Iters: o.iters,
+		TensorBytes: o.tensorBytes, Iters: o.iters, Step: o.step,
 		TensorTrafficBytes: int64(s.workers) * 2 * o.tensorBytes * int64(o.iters)}
 	volume := o.tensorBytes * int64(o.iters)
 	p.printf(run, "raw TCP, %d MB each way", volume/1e6)
@@ -298,7 +311,7 @@ func goodputCluster(van string, s shape, o goodputOptions, p *progress, run stri
 		return clusterRun{}, err
 	}
 	args := []string{self, "bench",
-		"-tensor-bytes", strconv.FormatInt(o.tensorBytes, 10), "-iters", strconv.Itoa(o.iters)}
+		"-tensor-bytes", strconv.FormatInt(o.tensorBytes, 10), "-iters", strconv.Itoa(o.iters), "-step", o.step}
 	env := []string{"FPT_VAN=" + van, childEnv + "=1", "FPT_LB=" + s.lbMode()}
 	if o.partitionBytes > 0 {
 		env = append(env, "FPT_PARTITION_BYTES="+strconv.FormatInt(o.partitionBytes, 10))
@@ -421,6 +434,13 @@ func goodputWorker(ctx context.Context, w *worker.Worker, o goodputOptions, out,
 		return err
 	}
 	step := func() error {
+		if o.step == stepPushPull {
+			ts, err := kv.FPTPushPull(keys, grads, sums, lens, 0, nil)
+			if err != nil {
+				return err
+			}
+			return kv.Wait(ts)
+		}
 		push, err := kv.FPTPush(keys, grads, lens, 0, nil)
 		if err != nil {
 			return err

@@ -519,6 +519,29 @@ func (l *Lib) Wait(ts int) error {
 	return requestErr(ts, err)
 }
 
+// Notify is Wait without blocking a goroutine (the worker's Notify): fn
+// runs with the error Wait would return once request ts has settled, on
+// the goroutine that released it, unless it settled already: then Notify
+// returns done and that error.
+func (l *Lib) Notify(ts int, fn func(error)) (done bool, err error) {
+	const op = "fpt_wait"
+	w, err := l.requestWorker(op)
+	if err != nil {
+		return true, err
+	}
+	err = worker.ErrNoRequest // a server or the scheduler made none
+	if w != nil {
+		done, err = w.Notify(ts, func(err error) { fn(requestErr(ts, err)) })
+		if !done {
+			return false, nil
+		}
+	}
+	if errors.Is(err, worker.ErrNoRequest) {
+		return true, fail(CodeArg, op, "no request %d", ts)
+	}
+	return true, requestErr(ts, err)
+}
+
 // requestWorker is the worker whose requests op asks about (nil on a
 // server or the scheduler), or op's state error before fpt_start or
 // after fpt_finalize.

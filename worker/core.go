@@ -111,6 +111,13 @@ type core struct {
 	// sums are staged and copied in once every worker has them, since a
 	// retry would push the buffer again.
 	deferred []deferredPull
+	// gated are in-place FPTPushPulls' pulls waiting for their keys'
+	// frames to be written, by key and iteration.
+	gated map[resultKey]*gatedPull
+	// restaged counts the result bytes copied from staging into a pull's
+	// buffer: partitions that arrived before their FPTPull, each read
+	// once into staging and once more into the caller's buffer.
+	restaged uint64
 }
 
 // newCore returns a worker core. With the LB on nothing may be pushed
@@ -123,6 +130,7 @@ func newCore(partBytes uint64, lbOn bool) *core {
 		results:        make(map[resultKey]*result),
 		readingInPlace: make(map[inPlaceKey]landing),
 		heldAt:         make(map[resultKey][]heldValues),
+		gated:          make(map[resultKey]*gatedPull),
 		requests:       make(map[int]*request),
 		errs:           make(map[int]error),
 	}
@@ -184,9 +192,13 @@ type tensor struct {
 	inCall  uint64 // the latest split call that named the key (core.calls)
 }
 
-// sumsTallied reports whether t's sums count in core.sums: a key pushed, or
-// started at a later iteration (a joining worker's), and not broadcast.
-func (t *tensor) sumsTallied() bool { return !t.once && (t.pushed > 0 || t.sumsIn > 0) }
+// sumsTallied reports whether t's sums count in core.sums: a key pushed
+// (a joining worker's start counts as pushed) and not broadcast. A sum
+// that lands before the key's push (worker 0's init values reach the
+// other workers before they call Init) waits for the push to count, so
+// that the report never claims an iteration while another key's sum of
+// it is still to come.
+func (t *tensor) sumsTallied() bool { return !t.once && t.pushed > 0 }
 
 // untally takes t out of the core's counts of pushes and sums before its
 // counters or its once flag change; tally puts it back after. Broadcast
@@ -247,10 +259,15 @@ type request struct {
 
 // call is the shell's half of a request, which the core only carries.
 type call struct {
-	cb    Callback
-	done  chan struct{} // closed once the request settled and cb returned
-	pull  bool          // for the latency metric: values come back
-	began time.Time
+	cb   Callback
+	done chan struct{} // closed once the request settled and cb returned
+	pull bool          // for the latency metric: values come back
+	// pushPull: an FPTPushPull, which counts as a push and a pull.
+	pushPull bool
+	began    time.Time
+	// notify are the Notify waiters, run by the goroutine that releases
+	// the request (under the worker's lock to add, run after it).
+	notify []func(error)
 }
 
 // effects is what the shell does after a core call, once unlocked, in this
@@ -599,6 +616,7 @@ func (c *core) fail(err error) effects {
 	for tn := range c.allTensors() {
 		t.unmap = append(t.unmap, tn.forgetInitial()...)
 	}
+	t.unmap = append(t.unmap, c.paramsBufs()...)
 	// The order callbacks run in is the order requests were made.
 	slices.SortFunc(t.finished, func(a, b *request) int { return a.ts - b.ts })
 	return t

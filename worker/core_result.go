@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"unsafe"
 
 	"github.com/fptps/fpt/frame"
 	"github.com/fptps/fpt/lb"
@@ -95,7 +96,7 @@ func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	if slices.ContainsFunc(ts, func(t *tensor) bool { return t.pulled >= t.pushed }) {
 		return c.pullInitial(ts, parts, cl)
 	}
-	req, err := c.newRequest(cl, len(ts))
+	req, err := c.newRequest(cl, 0) // await adds the keys
 	if err != nil {
 		return effects{}, err
 	}
@@ -104,22 +105,115 @@ func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 		req.key, req.iter = ts[0].key, ts[0].pulled
 	}
 	out := effects{req: req}
+	out.merge(c.await(ts, parts, req))
+	return out, nil
+}
+
+// pushPull is FPTPushPull on bytes: push's data, then pull's outs, as one
+// request made in one step, so that every key's result has its waiter
+// before any frame of the push can leave: none of its partitions is
+// staged and copied again. outs is data itself (in place) or apart from
+// it. In place, a key's result waits in outs only once the key's frames
+// are written (sentFrame): until then the sender still reads those
+// bytes, and the partitions that come first are staged.
+func (c *core) pushPull(keys []uint64, data, outs []byte, byteLens []int, dtype frame.DType, priority int32, cl *call) (effects, error) {
+	if len(outs) != len(data) {
+		return effects{}, fmt.Errorf("worker: FPTPushPull: %d bytes for the sums, %d of values: %w", len(outs), len(data), ErrSizeMismatch)
+	}
+	inPlace := len(data) > 0 && unsafe.SliceData(outs) == unsafe.SliceData(data)
+	if !inPlace && overlaps(outs, data) {
+		return effects{}, errors.New("worker: FPTPushPull: the sums' buffer overlaps the values' without being the same buffer")
+	}
+	out, err := c.push(keys, data, byteLens, dtype, priority, cl)
+	if err != nil {
+		return effects{}, err
+	}
+	// The keys and lengths passed push's checks, and outs is data's size.
+	ts, parts, err := c.split(keys, outs, byteLens, dtype)
+	if err != nil {
+		return effects{}, err
+	}
+	if !inPlace {
+		out.merge(c.await(ts, parts, out.req))
+		return out, nil
+	}
+	unsent := make(map[uint64]int)
+	for i := range out.sends {
+		unsent[out.sends[i].Header.Key]++
+	}
+	req := out.req
+	req.left += len(ts)
 	for i, t := range ts {
 		iter := t.pulled
 		t.pulled++
 		r := c.resultFor(t, iter)
-		if iter >= c.done && c.aliasesHeld(t, iter, parts[i]) {
-			c.deferred = append(c.deferred, deferredPull{r, &pullWait{req: req, dst: parts[i]}})
-			continue
-		}
-		if d, ok := r.wait(&pullWait{req: req, dst: parts[i]}); ok {
-			out.copies = append(out.copies, d)
-		} else if r.complete {
-			// Nothing to copy: complete now.
-			out.merge(c.finish(r, r.waiter))
+		pw := &pullWait{req: req, dst: parts[i]}
+		switch {
+		case iter >= c.done && c.aliasesHeld(t, iter, parts[i]):
+			c.deferred = append(c.deferred, deferredPull{r, pw})
+		case unsent[t.key] > 0 && iter == t.pushed-1:
+			c.gated[resultKey{t.key, iter}] = &gatedPull{r: r, pw: pw, unsent: unsent[t.key]}
+		default:
+			out.merge(c.waitFor(r, pw))
 		}
 	}
 	return out, nil
+}
+
+// gatedPull is the pull half of an in-place FPTPushPull: its result
+// waits in the pull's buffer once the push's unsent frames of the key are
+// written (sentFrame).
+type gatedPull struct {
+	r      *result
+	pw     *pullWait
+	unsent int
+}
+
+// sentFrame is sent for a frame h of r: the last of an in-place
+// FPTPushPull's frames of a key opens its pull's wait.
+func (c *core) sentFrame(r *request, h *frame.Header, err error) effects {
+	var out effects
+	k := resultKey{h.Key, h.Iteration}
+	if g := c.gated[k]; g != nil && g.pw.req == r && h.Type == frame.Push {
+		if g.unsent--; g.unsent == 0 {
+			delete(c.gated, k)
+			out.merge(c.waitFor(g.r, g.pw))
+		}
+	}
+	out.merge(c.sent(r, err))
+	return out
+}
+
+// await claims each tensor's next iteration's result for req, into its
+// slice of parts: each adds an item to req, settled once the sum is there.
+// Results already complete come back as copies to make.
+func (c *core) await(ts []*tensor, parts [][]byte, req *request) effects {
+	var out effects
+	req.left += len(ts)
+	for i, t := range ts {
+		iter := t.pulled
+		t.pulled++
+		r := c.resultFor(t, iter)
+		pw := &pullWait{req: req, dst: parts[i]}
+		if iter >= c.done && c.aliasesHeld(t, iter, parts[i]) {
+			c.deferred = append(c.deferred, deferredPull{r, pw})
+			continue
+		}
+		out.merge(c.waitFor(r, pw))
+	}
+	return out
+}
+
+// waitFor makes pw r's waiter: the partitions staged are copies to make,
+// and a result complete with none completes the pull now.
+func (c *core) waitFor(r *result, pw *pullWait) effects {
+	var out effects
+	if d, ok := r.wait(pw); ok {
+		out.copies = append(out.copies, d)
+	} else if r.complete {
+		out.merge(c.finish(r, r.waiter))
+	}
+	return out
 }
 
 // resultFor finds or creates the result of t's iteration.
@@ -168,6 +262,9 @@ func (r *result) wait(pw *pullWait) (d delivery, ok bool) {
 // result completes now if its last partition has already landed.
 func (c *core) copied(d delivery) effects {
 	d.pw.copying = false
+	for _, p := range d.parts {
+		c.restaged += p.Length
+	}
 	r := d.r
 	if r.restage {
 		// A retry re-cut r during the copy: what landed since was staged
@@ -307,6 +404,7 @@ func (c *core) land(l landing, part uint32) effects {
 			// The pull came while this partition was being staged.
 			p := r.parts[part]
 			copy(r.waiter.dst[p.Offset:p.Offset+p.Length], l.span)
+			c.restaged += p.Length
 		} else {
 			r.staged[part] = true
 		}

@@ -100,10 +100,13 @@ func (c *core) releaseHeld() effects {
 		if dp.r.iter >= c.done {
 			return false
 		}
-		// done passed the iteration: its sum is complete here too.
+		// The pull's buffer is free: what is staged is copied there, and
+		// the partitions still to come land there. Done passing the
+		// iteration does not mean this worker has all of its sum: a key
+		// initialised apart counts in the report only once pushed.
 		if d, ok := dp.r.wait(dp.pw); ok {
 			out.copies = append(out.copies, d)
-		} else {
+		} else if dp.r.complete {
 			out.merge(c.finish(dp.r, dp.pw))
 		}
 		return true

@@ -640,3 +640,85 @@ func TestCoreBroadcastKeys(t *testing.T) {
 		t.Errorf("a push of the broadcast key: %v, want refused", err)
 	}
 }
+
+// A pull into its own push's buffer under retry (Init's) is deferred
+// until the LB's Done passes its iteration (the buffer holds the values a
+// retry pushes again), but Done passing it does not mean every partition
+// is here: a worker reports an iteration complete over the keys it
+// pushed, so with keys initialised apart Done passes the init round while
+// another key's sum is still on its way. The pull completes with its
+// last partition, which lands in its buffer, not refused as a result of
+// an iteration pulled already.
+func TestCoreDeferredPullWaitsForItsSum(t *testing.T) {
+	c := retryCore(t, 1) // key 5 declared
+	mustDeclare(t, c, 6, 64)
+	keyed := func(key, iter uint64) []frame.Header {
+		hs := results(c, key, iter)
+		for i := range hs {
+			hs[i].Aux = c.schedule.At(iter).Version
+		}
+		return hs
+	}
+	buf := make([]byte, 128)
+	keys, lens := []uint64{5, 6}, []int{64, 64}
+	push, err := c.push(keys, buf, lens, frame.Float32, 0, &call{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handOver(c, push)
+	pp, err := c.pull(keys, buf, lens, frame.Float32, &call{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fin := handOver(c, pp); len(fin) != 0 {
+		t.Fatalf("Init's pull finished when handed over: %v", fin)
+	}
+	deliver(t, c, keyed(5, 0), pattern(64, 0))
+	out, _, err := c.follow(lb.Directive{Horizon: 100, Done: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range out.copies {
+		out.merge(copyStaged(c, d))
+	}
+	if slices.Contains(finishedTS(out), pp.req.ts) {
+		t.Fatal("Init's pull finished on Done 1 without key 6's sum")
+	}
+	landed := deliver(t, c, keyed(6, 0), pattern(64, 3))
+	if !slices.Contains(finishedTS(landed), pp.req.ts) {
+		t.Fatalf("Init's pull not finished with key 6's last partition: finished %v", finishedTS(landed))
+	}
+	if want := append(pattern(64, 0), pattern(64, 3)...); !bytes.Equal(buf, want) {
+		t.Errorf("Init's buffer %v, want %v", buf, want)
+	}
+}
+
+// A sum that lands before this worker pushed its key (worker 0's init
+// values, before this worker's Init) counts in the report to the LB once
+// the key is pushed: counted at once, it would make the init round look
+// complete while key 6's sum is still to come, and Done would pass it.
+func TestCoreSumBeforePushNotReported(t *testing.T) {
+	c := retryCore(t, 1) // key 5 declared
+	mustDeclare(t, c, 6, 64)
+	keyed := func(key uint64) []frame.Header {
+		hs := results(c, key, 0)
+		for i := range hs {
+			hs[i].Aux = c.schedule.At(0).Version
+		}
+		return hs
+	}
+	if early := deliver(t, c, keyed(5), pattern(64, 0)); early.began != nil {
+		t.Fatalf("key 5's sum before this worker's Init reported iteration %d complete", early.began.iter)
+	}
+	pp, err := c.push([]uint64{5, 6}, make([]byte, 128), []int{64, 64}, frame.Float32, 0, &call{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pp.began != nil {
+		t.Fatalf("Init's push reported iteration %d complete without key 6's sum", pp.began.iter)
+	}
+	handOver(c, pp)
+	if last := deliver(t, c, keyed(6), pattern(64, 3)); last.began == nil || last.began.iter != 1 {
+		t.Errorf("key 6's sum reported %+v, want the init round complete (began 1)", last.began)
+	}
+}

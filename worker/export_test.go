@@ -22,3 +22,23 @@ func (w *Worker) ScheduleLen() int {
 	defer w.mu.Unlock()
 	return w.c.schedule.Len()
 }
+
+// Restaged is how many result bytes the worker copied from staging into a
+// pull's buffer.
+func (w *Worker) Restaged() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.c.restaged
+}
+
+// JoinCopies is what a joining worker did with its parameters: bytes
+// copied out of the van's buffer, and bytes kept as Init's values where
+// they were read.
+func (w *Worker) JoinCopies() (cloned, kept uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.c.join == nil {
+		return 0, 0
+	}
+	return w.c.join.cloned, w.c.join.kept
+}

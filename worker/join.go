@@ -123,14 +123,43 @@ func (w *Worker) paramsFrames(src ParamsSource, d *paramsDuty) ([]frame.Message,
 	return msgs, nil
 }
 
-// handleParams takes a Params frame on a joining worker.
-func (w *Worker) handleParams(h *frame.Header, payload []byte) error {
-	data := slices.Clone(payload) // the van's buffer is reused after the call
+// paramsBuffer is PayloadBuffer for a Params frame: the span of its key's
+// receive buffer, mapped on its first frame, or nil.
+func (w *Worker) paramsBuffer(h *frame.Header) []byte {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.node.Joined() {
+		w.c.joining() // the frame may come a moment before Start marks the core
+	}
+	span, need := w.c.paramsSink(h)
+	if need == 0 {
+		return span
+	}
+	mem, err := mapKept(int(need))
+	if err != nil {
+		w.node.Logger().Warn("no buffer to read a joining worker's parameters into; copying them", "key", h.Key, "err", err)
+		return nil
+	}
+	span, unwanted := w.c.paramsBuffer(h, mem)
+	if err := unmapKept(unwanted); err != nil {
+		w.node.Logger().Warn("unmapping a parameters buffer", "err", err)
+	}
+	return span
+}
+
+// handleParams takes a Params frame on a joining worker: read in place
+// into its key's receive buffer, or still in the van's, which is reused
+// after the call.
+func (w *Worker) handleParams(h *frame.Header, payload []byte, inPlace bool) error {
+	data := payload
+	if !inPlace {
+		data = slices.Clone(payload)
+	}
 	w.mu.Lock()
 	if w.node.Joined() {
 		w.c.joining() // the frame may come a moment before Start marks the core
 	}
-	t, err := w.c.params(h, data)
+	t, err := w.c.params(h, data, !inPlace)
 	w.mu.Unlock()
 	if err != nil {
 		return err
@@ -171,7 +200,7 @@ func (w *Worker) initJoined(ctx context.Context, keys []uint64, data []byte, byt
 		return fmt.Errorf("worker: Init: waiting for the parameters of a joining worker: %w", err)
 	}
 	w.mu.Lock()
-	copies, err := w.c.paramsTake(keys, data, byteLens)
+	copies, kept, err := w.c.paramsTake(keys, data, byteLens)
 	w.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("worker: Init: %w", err)
@@ -179,5 +208,29 @@ func (w *Worker) initJoined(ctx context.Context, keys []uint64, data []byte, byt
 	for _, c := range copies {
 		copyPreemptible(c.dst, c.src)
 	}
-	return w.keepInit(keys, data, byteLens)
+	// The values read into receive buffers stay there as the keys'
+	// values after Init; the others are copied to be kept.
+	inBuf := make(map[uint64]bool, len(kept))
+	for _, k := range kept {
+		if !k.keep {
+			if err := unmapKept(k.mem); err != nil {
+				w.node.Logger().Warn("unmapping a parameters buffer", "err", err)
+			}
+			continue
+		}
+		inBuf[k.key] = true
+		w.update(func(c *core) effects { return c.keepInitial([]uint64{k.key}, k.mem, []int{len(k.mem)}) })
+	}
+	off := 0
+	for i, k := range keys {
+		span := data[off : off+byteLens[i]]
+		off += byteLens[i]
+		if inBuf[k] {
+			continue
+		}
+		if err := w.keepInit([]uint64{k}, span, byteLens[i:i+1]); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -27,6 +27,24 @@ type joinState struct {
 	// initialises one key per call); took the keys an Init took.
 	waits []paramsWait
 	took  map[uint64]bool
+	// bufs are the keys' receive buffers (the shell maps them): Params
+	// frames are read into them in place (paramsSink), and Init keeps
+	// them as the keys' values after it (paramsTake) rather than copying
+	// them again.
+	bufs map[uint64][]byte
+	// cloned counts the Params bytes copied out of the van's buffer (a
+	// frame that had no receive buffer); kept those Init kept where they
+	// were read.
+	cloned, kept uint64
+}
+
+// paramsKept is a key's receive buffer once Init took the key: kept as
+// its value after Init (keep: every value was read into it), else handed
+// back (unmapped) once Init's copies are made.
+type paramsKept struct {
+	key  uint64
+	mem  []byte
+	keep bool
 }
 
 // paramsWait is an Init call waiting for the parameters of its keys.
@@ -57,7 +75,7 @@ type paramsDuty struct {
 // joining marks the core as a worker that joined a running job.
 func (c *core) joining() {
 	if c.join == nil {
-		c.join = &joinState{parts: make(map[uint64][]paramsPart), got: make(map[uint64]uint64), took: make(map[uint64]bool)}
+		c.join = &joinState{parts: make(map[uint64][]paramsPart), got: make(map[uint64]uint64), took: make(map[uint64]bool), bufs: make(map[uint64][]byte)}
 	}
 }
 
@@ -129,9 +147,42 @@ func (c *core) duty(iter uint64, priority int32) *paramsDuty {
 	return &paramsDuty{iter: iter, to: to, priority: priority, keys: keys}
 }
 
-// params takes a Params frame (its payload copied already): values this
-// joining worker starts from.
-func (c *core) params(h *frame.Header, data []byte) (effects, error) {
+// paramsSink is the van.Sink half for Params frames: the span of the
+// key's receive buffer the frame's values are read into, or nil (need 0)
+// for a frame params will refuse or a key not declared yet (its values
+// are copied out of the van's buffer). need > 0 asks the shell for the
+// key's buffer first (paramsBuffer).
+func (c *core) paramsSink(h *frame.Header) (span []byte, need uint64) {
+	j := c.join
+	if j == nil || h.Flags&frame.FlagRefused != 0 || j.took[h.Key] {
+		return nil, 0
+	}
+	t := c.tensors[h.Key]
+	if t == nil || h.DType != t.dtype || h.Total != t.bytes || h.Offset+h.Length > t.bytes {
+		return nil, 0
+	}
+	buf := j.bufs[h.Key]
+	if buf == nil {
+		return nil, t.bytes
+	}
+	return buf[h.Offset : h.Offset+h.Length], 0
+}
+
+// paramsBuffer gives a key its receive buffer (paramsSink's need), then
+// answers as paramsSink. mem is the core's until paramsTake or fail hands
+// it back.
+func (c *core) paramsBuffer(h *frame.Header, mem []byte) (span []byte, unmap []byte) {
+	if _, need := c.paramsSink(h); need != uint64(len(mem)) {
+		return nil, mem // the key changed meanwhile: not wanted
+	}
+	c.join.bufs[h.Key] = mem
+	span, _ = c.paramsSink(h)
+	return span, nil
+}
+
+// params takes a Params frame, its values data: read in place into the
+// key's receive buffer, or (cloned) copied out of the van's.
+func (c *core) params(h *frame.Header, data []byte, cloned bool) (effects, error) {
 	j := c.join
 	switch {
 	case j == nil:
@@ -151,6 +202,9 @@ func (c *core) params(h *frame.Header, data []byte) (effects, error) {
 	}
 	j.parts[h.Key] = append(j.parts[h.Key], paramsPart{sender: node.ID(h.Sender), iter: h.Iteration, dtype: h.DType, total: h.Total, off: h.Offset, data: data})
 	j.got[h.Key] += h.Length
+	if cloned {
+		j.cloned += h.Length
+	}
 	if err := c.checkParams(h.Key); err != nil {
 		return effects{}, err
 	}
@@ -256,23 +310,52 @@ func (c *core) paramsSettle() effects {
 }
 
 // paramsTake hands the parameters to the joining worker's Init, once its
-// request completed: spans of data to copy them into, by key.
-func (c *core) paramsTake(keys []uint64, data []byte, byteLens []int) ([]initialCopy, error) {
+// request completed: spans of data to copy them into, by key, and the
+// keys' receive buffers, which are the shell's now: once it copied them,
+// it keeps those that hold all their key's values as the values after
+// Init (keepInitial) and unmaps the others (some frame of the key was
+// copied out of the van's buffer instead).
+func (c *core) paramsTake(keys []uint64, data []byte, byteLens []int) ([]initialCopy, []paramsKept, error) {
 	j := c.join
 	var out []initialCopy
+	var kept []paramsKept
 	off := 0
 	for i, k := range keys {
 		dst := data[off : off+byteLens[i]]
 		off += byteLens[i]
 		if j.got[k] != uint64(len(dst)) {
-			return nil, fmt.Errorf("key %d: %d bytes of parameters, want %d", k, j.got[k], len(dst))
+			return nil, nil, fmt.Errorf("key %d: %d bytes of parameters, want %d", k, j.got[k], len(dst))
 		}
+		buf := j.bufs[k]
+		inBuf := buf != nil
 		for _, p := range j.parts[k] {
 			out = append(out, initialCopy{dst: dst[p.off : p.off+uint64(len(p.data))], src: p.data})
+			inBuf = inBuf && overlaps(p.data, buf)
+		}
+		if buf != nil {
+			kept = append(kept, paramsKept{k, buf, inBuf})
+			delete(j.bufs, k)
+		}
+		if inBuf {
+			j.kept += uint64(len(buf))
 		}
 		delete(j.parts, k)
 		delete(j.got, k)
 		j.took[k] = true
 	}
-	return out, nil
+	return out, kept, nil
+}
+
+// paramsBufs hands back the receive buffers of keys Init did not take
+// (the node failed): nothing reads into them any more.
+func (c *core) paramsBufs() [][]byte {
+	if c.join == nil {
+		return nil
+	}
+	var out [][]byte
+	for k, b := range c.join.bufs {
+		out = append(out, b)
+		delete(c.join.bufs, k)
+	}
+	return out
 }

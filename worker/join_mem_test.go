@@ -193,6 +193,8 @@ func TestWorkerJoins(t *testing.T) {
 			if t.Failed() {
 				return
 			}
+			cloned, kept := j.JoinCopies()
+			t.Logf("the joiner's parameters: %d bytes kept where they were read, %d copied out of the van's buffer", kept, cloned)
 			first := j.StartIteration()
 			if first <= joinAt || first > iters {
 				t.Fatalf("the joiner started at iteration %d, want within (%d, %d]", first, joinAt, iters)

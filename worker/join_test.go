@@ -122,7 +122,7 @@ func TestCoreJoiner(t *testing.T) {
 	hs := paramsFrames(3, want)
 	// Half before Init, half after, out of order.
 	for _, i := range []int{2, 0} {
-		if _, err := c.params(&hs[i], bytes.Clone(want[hs[i].Offset:hs[i].Offset+hs[i].Length])); err != nil {
+		if _, err := c.params(&hs[i], bytes.Clone(want[hs[i].Offset:hs[i].Offset+hs[i].Length]), true); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -136,7 +136,7 @@ func TestCoreJoiner(t *testing.T) {
 	handOver(c, init)
 	var last effects
 	for _, i := range []int{3, 1} {
-		if last, err = c.params(&hs[i], bytes.Clone(want[hs[i].Offset:hs[i].Offset+hs[i].Length])); err != nil {
+		if last, err = c.params(&hs[i], bytes.Clone(want[hs[i].Offset:hs[i].Offset+hs[i].Length]), true); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -144,7 +144,7 @@ func TestCoreJoiner(t *testing.T) {
 		t.Fatalf("the last partition finished %v, want Init's %d", finishedTS(last), init.req.ts)
 	}
 	data := make([]byte, 64)
-	copies, err := c.paramsTake([]uint64{5}, data, []int{64})
+	copies, _, err := c.paramsTake([]uint64{5}, data, []int{64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,9 +184,9 @@ func TestCoreJoinerRefusesBadParams(t *testing.T) {
 			c := joinerCore(t)
 			h := good
 			tt.mutate(&h)
-			_, err := c.params(&h, make([]byte, h.Length))
+			_, err := c.params(&h, make([]byte, h.Length), true)
 			if tt.twice && err == nil {
-				_, err = c.params(&h, make([]byte, h.Length))
+				_, err = c.params(&h, make([]byte, h.Length), true)
 			}
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("got %v, want an error with %q", err, tt.want)
@@ -200,7 +200,7 @@ func TestCoreParamsNotJoining(t *testing.T) {
 	c := startedCore(t, 1, 1, true)
 	mustDeclare(t, c, 5, 64)
 	h := paramsFrames(3, make([]byte, 64))[0]
-	if _, err := c.params(&h, make([]byte, h.Length)); err == nil {
+	if _, err := c.params(&h, make([]byte, h.Length), true); err == nil {
 		t.Fatal("parameters accepted by a worker that did not join")
 	}
 }
@@ -212,7 +212,7 @@ func TestCoreJoinerInitPerKey(t *testing.T) {
 	c := joinerCore(t)
 	mustDeclare(t, c, 6, 32)
 	for _, h := range paramsFrames(3, pattern(64, 3)) {
-		if _, err := c.params(&h, make([]byte, h.Length)); err != nil {
+		if _, err := c.params(&h, make([]byte, h.Length), true); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -223,7 +223,7 @@ func TestCoreJoinerInitPerKey(t *testing.T) {
 	if fin := handOver(c, first); !slices.Contains(fin, first.req.ts) {
 		t.Fatalf("Init of key 5, whose parameters are all here, finished %v", fin)
 	}
-	if _, err := c.paramsTake([]uint64{5}, make([]byte, 64), []int{64}); err != nil {
+	if _, _, err := c.paramsTake([]uint64{5}, make([]byte, 64), []int{64}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.push([]uint64{5}, make([]byte, 64), []int{64}, frame.Float32, 0, &call{}); err != nil {
@@ -260,5 +260,124 @@ func TestCoreJoinerInitCancelled(t *testing.T) {
 	}
 	if _, err := c.awaitParams([]uint64{5}, &call{}); err != nil {
 		t.Fatalf("Init again after a cancelled one: %v", err)
+	}
+}
+
+// A joining worker reads its parameters in place, into a receive buffer
+// per key that it asks the shell for on the key's first frame, and keeps
+// that buffer as the key's value after Init: its values are copied once,
+// into Init's buffer, never out of the van's buffer and never again to be
+// kept. A frame for a key not declared yet has no buffer (copied instead).
+func TestCoreJoinerReadsParamsInPlace(t *testing.T) {
+	c := joinerCore(t)
+	want := pattern(64, 3)
+	hs := paramsFrames(3, want)
+	var buf []byte
+	for n, i := range []int{1, 3, 0, 2} {
+		h := &hs[i]
+		span, need := c.paramsSink(h)
+		if n == 0 {
+			if span != nil || need != 64 {
+				t.Fatalf("first frame: a span of %d bytes, need %d; want none yet, need 64", len(span), need)
+			}
+			buf = make([]byte, need)
+			var unwanted []byte
+			if span, unwanted = c.paramsBuffer(h, buf); unwanted != nil {
+				t.Fatal("the receive buffer was refused")
+			}
+		} else if need != 0 {
+			t.Fatalf("frame %d: need %d after the buffer was given", i, need)
+		}
+		if !overlaps(span, buf) || uint64(len(span)) != h.Length {
+			t.Fatalf("frame %d: a span of %d bytes outside the receive buffer", i, len(span))
+		}
+		copy(span, want[h.Offset:h.Offset+h.Length]) // the van's read
+		if _, err := c.params(h, span, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	undeclared := hs[0]
+	undeclared.Key = 6
+	if span, need := c.paramsSink(&undeclared); span != nil || need != 0 {
+		t.Errorf("a frame of an undeclared key: a span of %d bytes, need %d; want neither", len(span), need)
+	}
+	init, err := c.awaitParams([]uint64{5}, &call{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fin := handOver(c, init); !slices.Contains(fin, init.req.ts) {
+		t.Fatalf("Init did not finish with every partition in: %v", fin)
+	}
+	data := make([]byte, 64)
+	copies, kept, err := c.paramsTake([]uint64{5}, data, []int{64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cp := range copies {
+		copy(cp.dst, cp.src)
+	}
+	if !bytes.Equal(data, want) {
+		t.Fatalf("parameters %v, want %v", data, want)
+	}
+	if len(kept) != 1 || kept[0].key != 5 || !overlaps(kept[0].mem, buf) || !kept[0].keep {
+		t.Fatalf("kept %v, want key 5's receive buffer", kept)
+	}
+	c.keepInitial([]uint64{5}, kept[0].mem, []int{64})
+	if tn := c.tensors[5]; !overlaps(tn.initial, buf) || !bytes.Equal(tn.initial, want) {
+		t.Fatal("the value kept after Init is not the receive buffer's")
+	}
+	if c.join.cloned != 0 || c.join.kept != 64 {
+		t.Errorf("cloned %d, kept %d bytes; want 0 and 64", c.join.cloned, c.join.kept)
+	}
+	if span, need := c.paramsSink(&hs[0]); span != nil || need != 0 {
+		t.Error("a frame after Init took the key was given a span")
+	}
+}
+
+// A key whose values are not all in its receive buffer (a frame came
+// before the buffer, copied out of the van's) is copied into Init's
+// buffer from where each frame lies, and its receive buffer is handed
+// back to be unmapped rather than kept, or left mapped.
+func TestCoreJoinerHandsBackPartialBuffer(t *testing.T) {
+	c := joinerCore(t)
+	want := pattern(64, 3)
+	hs := paramsFrames(3, want)
+	if _, err := c.params(&hs[0], bytes.Clone(want[hs[0].Offset:hs[0].Offset+hs[0].Length]), true); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	for n, h := range hs[1:] {
+		span, need := c.paramsSink(&h)
+		if n == 0 {
+			if span, _ = c.paramsBuffer(&h, buf); need != 64 || span == nil {
+				t.Fatalf("the receive buffer: need %d, span %d bytes", need, len(span))
+			}
+		}
+		copy(span, want[h.Offset:h.Offset+h.Length])
+		if _, err := c.params(&h, span, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	init, err := c.awaitParams([]uint64{5}, &call{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handOver(c, init)
+	data := make([]byte, 64)
+	copies, kept, err := c.paramsTake([]uint64{5}, data, []int{64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cp := range copies {
+		copy(cp.dst, cp.src)
+	}
+	if !bytes.Equal(data, want) {
+		t.Fatalf("parameters %v, want %v", data, want)
+	}
+	if len(kept) != 1 || !overlaps(kept[0].mem, buf) || kept[0].keep {
+		t.Fatalf("receive buffers handed over %+v, want key 5's, not to keep", kept)
+	}
+	if left := c.paramsBufs(); len(left) != 0 {
+		t.Errorf("%d receive buffers still the core's after Init took their keys", len(left))
 	}
 }

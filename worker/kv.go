@@ -71,6 +71,24 @@ func (kv *KV[T]) FPTPull(keys []uint64, vals []T, lens []int, cb Callback) (int,
 	return kv.w.fptPull(keys, AsBytes(vals), byteLens, kv.dtype, cb)
 }
 
+// FPTPushPull is FPTPush of vals followed by FPTPull into outs (vals'
+// size; it may be vals itself, as in an in-place all-reduce), as one
+// request: cb runs, and Wait returns, once vals is free again and outs
+// holds the sums. Made in one step, the pull waits before any of the
+// push's frames leave, so every partition of the sums is read once,
+// straight into outs; an FPTPull made after its FPTPush returned finds
+// the partitions that arrived in between staged, and copies them.
+func (kv *KV[T]) FPTPushPull(keys []uint64, vals, outs []T, lens []int, priority int32, cb Callback) (int, error) {
+	byteLens, err := kv.byteLens(keys, vals, lens)
+	if err != nil {
+		return 0, err
+	}
+	if len(outs) != len(vals) {
+		return 0, fmt.Errorf("worker: FPTPushPull: %d outputs for %d values: %w", len(outs), len(vals), ErrSizeMismatch)
+	}
+	return kv.w.fptPushPull(keys, AsBytes(vals), AsBytes(outs), byteLens, kv.dtype, priority, cb)
+}
+
 // Broadcast is Init for keys that no iteration pushes again: a model's
 // buffers, an optimizer's state, parameters a program updates itself.
 // Every worker gets worker 0's vals; the iterations after it complete

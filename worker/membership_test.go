@@ -288,10 +288,12 @@ func TestWorkerLossContinue(t *testing.T) {
 				held = []struct{ from, to node.ID }{{node.ServerID(0), node.WorkerID(1)}, {node.ServerID(1), node.WorkerID(1)}}
 			}
 			killed := make(chan error, 1)
+			reached := make(chan struct{}) // closed once the victim reaches killAt
 			survive(t, c, iters, hooks{before: func(w *worker.Worker, it int) error {
 				if w.Node().Self().ID != victim || it != killAt {
 					return nil
 				}
+				close(reached)
 				for _, h := range held {
 					c.Data.Hold(h.from, h.to)
 				}
@@ -313,6 +315,13 @@ func TestWorkerLossContinue(t *testing.T) {
 				}()
 				return nil
 			}}, func(id node.ID) bool { return id == victim }, time.Minute)
+			select {
+			case <-reached:
+			default:
+				// Its error is the loss survive expects of it: the
+				// others finished without it, and nothing would kill it.
+				t.Fatalf("%s's training ended before iteration %d, where it was to be killed", victim, killAt)
+			}
 			if err := <-killed; err != nil {
 				t.Fatal(err)
 			}

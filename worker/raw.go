@@ -42,6 +42,12 @@ func (w *Worker) FPTPullBytes(keys []uint64, data []byte, byteLens []int, cb Cal
 	return w.fptPull(keys, data, byteLens, w.dtypeOf(keys), cb)
 }
 
+// FPTPushPullBytes is FPTPushPull on raw memory: data is pushed, and the
+// sums land in outs (data's size; it may be data itself).
+func (w *Worker) FPTPushPullBytes(keys []uint64, data, outs []byte, byteLens []int, priority int32, cb Callback) (int, error) {
+	return w.fptPushPull(keys, data, outs, byteLens, w.dtypeOf(keys), priority, cb)
+}
+
 // InitBytes is KV.Init on raw memory: collective, worker 0's values win and
 // land in data on every worker.
 func (w *Worker) InitBytes(ctx context.Context, keys []uint64, data []byte, byteLens []int) error {
@@ -88,14 +94,10 @@ func (w *Worker) initBytes(ctx context.Context, keys []uint64, data []byte, byte
 	if err != nil {
 		return err
 	}
-	ts, err := w.fptPush(keys, data, byteLens, dtype, 0, nil)
+	// One request: the pull waits before worker 0's values leave, so
+	// they land once, in data, never staged and copied.
+	ts, err := w.fptPushPull(keys, data, data, byteLens, dtype, 0, nil)
 	if err != nil {
-		return err
-	}
-	if err := w.Wait(ts); err != nil {
-		return err
-	}
-	if ts, err = w.fptPull(keys, data, byteLens, dtype, nil); err != nil {
 		return err
 	}
 	if err := w.Wait(ts); err != nil {

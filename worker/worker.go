@@ -237,7 +237,7 @@ func (w *Worker) hand(req *request, locals, sends []frame.Message, counted bool)
 				if err != nil {
 					err = w.sendError(to, err)
 				}
-				w.update(func(c *core) effects { return c.sent(req, err) })
+				w.update(func(c *core) effects { return c.sentFrame(req, h, err) })
 			}
 		}
 	}
@@ -253,7 +253,7 @@ func (w *Worker) hand(req *request, locals, sends []frame.Message, counted bool)
 			to := node.ID(m.Header.Recipient)
 			rerr := w.sendError(to, serr)
 			if rerr == nil && counted {
-				w.update(func(c *core) effects { return c.sent(req, nil) })
+				w.update(func(c *core) effects { return c.sentFrame(req, &m.Header, nil) })
 				continue
 			}
 			if rerr == nil {
@@ -325,10 +325,12 @@ func (w *Worker) complete(r *request) {
 	cl := r.call
 	traced := w.trace.Now()
 	if r.err == nil && !cl.began.IsZero() {
+		took := time.Since(cl.began)
 		if cl.pull {
-			w.metrics.ObservePull(time.Since(cl.began))
-		} else {
-			w.metrics.ObservePush(time.Since(cl.began))
+			w.metrics.ObservePull(took)
+		}
+		if !cl.pull || cl.pushPull {
+			w.metrics.ObservePush(took)
 		}
 	}
 	if cl.cb == nil {
@@ -354,8 +356,41 @@ func (w *Worker) traceRequest(p trace.Phase, r *request, start int64) {
 func (w *Worker) release(r *request) {
 	w.mu.Lock()
 	w.c.release(r)
+	notify := r.call.notify
+	var err error
+	if len(notify) > 0 {
+		err = w.c.collect(r.ts) // the first waiter's, as Wait's
+	}
 	w.mu.Unlock()
 	close(r.call.done)
+	for i, fn := range notify {
+		if i > 0 {
+			err = nil
+		}
+		fn(err)
+	}
+}
+
+// Notify is Wait without blocking a goroutine: fn runs with the request's
+// error (as Wait would return it) once request ts has settled and its
+// callback returned, on the goroutine that released it, which fn must not
+// hold up. A request settled already runs no fn: Notify returns done and
+// its outcome (ErrNoRequest for a timestamp no call returned). The C
+// library's fpt_wait blocks its thread in C on what fn signals, so the
+// thread wakes without waiting for the Go scheduler.
+func (w *Worker) Notify(ts int, fn func(error)) (done bool, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	r, err := w.c.lookup(ts)
+	if r == nil {
+		return true, err
+	}
+	began := w.trace.Now()
+	r.call.notify = append(r.call.notify, func(err error) {
+		w.traceRequest(trace.Wait, r, began) // up to the signal
+		fn(err)
+	})
+	return false, nil
 }
 
 // Wait blocks until the request with timestamp ts has completed and its
@@ -535,11 +570,28 @@ func (w *Worker) declare(key uint64, dtype frame.DType, bytes uint64, priority i
 // It waits while an iteration it pushes lies beyond the LB's horizon: the
 // decision for it may still be on its way.
 func (w *Worker) fptPush(keys []uint64, data []byte, byteLens []int, dtype frame.DType, priority int32, cb Callback) (int, error) {
-	cl := newCall(cb, false)
+	return w.pushing(newCall(cb, false), func(c *core, cl *call) (effects, error) {
+		return c.push(keys, data, byteLens, dtype, priority, cl)
+	})
+}
+
+// fptPushPull is FPTPushPull on bytes: it waits for the horizon as
+// fptPush does.
+func (w *Worker) fptPushPull(keys []uint64, data, outs []byte, byteLens []int, dtype frame.DType, priority int32, cb Callback) (int, error) {
+	cl := newCall(cb, true)
+	cl.pushPull = true
+	return w.pushing(cl, func(c *core, cl *call) (effects, error) {
+		return c.pushPull(keys, data, outs, byteLens, dtype, priority, cl)
+	})
+}
+
+// pushing makes a request that pushes (push, under the lock), waiting
+// while an iteration it pushes lies beyond the LB's horizon.
+func (w *Worker) pushing(cl *call, push func(*core, *call) (effects, error)) (int, error) {
 	began := w.trace.Now()
 	for {
 		w.mu.Lock()
-		t, err := w.c.push(keys, data, byteLens, dtype, priority, cl)
+		t, err := push(w.c, cl)
 		moved := w.moved
 		pushed := w.c.iterationsPushed()
 		w.mu.Unlock()
@@ -590,7 +642,7 @@ func (w *Worker) HandleFrame(h *frame.Header, payload []byte, inPlace bool) {
 	case frame.App:
 		err = w.base.Customers.HandleFrame(h, payload, inPlace)
 	case frame.Params:
-		err = w.handleParams(h, payload)
+		err = w.handleParams(h, payload, inPlace)
 	default:
 		err = fmt.Errorf("unexpected %s frame", h.Type)
 	}
@@ -611,7 +663,8 @@ func (w *Worker) Customers() *customer.Set { return w.base.Customers }
 
 // PayloadBuffer implements van.Sink: a result partition is read straight
 // into the FPTPull's buffer (or the staging buffer), a pushed partition
-// into the aggregator's buffer, a customer's message into its own, not
+// into the aggregator's buffer, a customer's message into its own, a
+// joining worker's parameters into their key's receive buffer, not
 // copied there.
 func (w *Worker) PayloadBuffer(h *frame.Header) []byte {
 	switch h.Type {
@@ -619,6 +672,8 @@ func (w *Worker) PayloadBuffer(h *frame.Header) []byte {
 		return w.base.Agg.PayloadBuffer(h)
 	case frame.App:
 		return w.base.Customers.PayloadBuffer(h)
+	case frame.Params:
+		return w.paramsBuffer(h)
 	case frame.Result:
 		w.trace.Begin(trace.Pull, h)
 		w.mu.Lock()

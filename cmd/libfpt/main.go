@@ -338,9 +338,28 @@ func pull(keys *C.fpt_const_u64, n C.size_t, vals unsafe.Pointer, lens *C.fpt_co
 	})
 }
 
-//export fpt_wait
-func fpt_wait(ts C.int64_t) C.int {
-	return guard("fpt_wait", func() error { return lib.Wait(int(ts)) })
+// fpt_go_wait is fpt_wait's Go half (shim.c): the request's status, or
+// FPT_WAIT_PENDING with w to be signalled by the goroutine that releases
+// it (Lib.Notify), so that the waiting thread blocks and wakes in C.
+//
+//export fpt_go_wait
+func fpt_go_wait(ts C.int64_t, w *C.fpt_waiter) C.int {
+	pending := false
+	status := guard("fpt_wait", func() error {
+		done, err := lib.Notify(int(ts), func(err error) {
+			msg := ""
+			if err != nil {
+				msg = err.Error()
+			}
+			C.fpt_waiter_done(w, C.int(capi.CodeOf(err)), cstr(msg), C.size_t(len(msg)))
+		})
+		pending = !done
+		return err
+	})
+	if pending {
+		return C.FPT_WAIT_PENDING
+	}
+	return status
 }
 
 //export fpt_test

@@ -56,3 +56,49 @@ int fpt_invoke_params(fpt_params_fn fn, uintptr_t ctx, uint64_t iteration, uint6
                       uint64_t bytes) {
   return fn((void*)ctx, iteration, key, dst, bytes);
 }
+
+/* Go's half of fpt_wait (main.go): the request's status at once, or
+ * FPT_WAIT_PENDING once w is registered to be signalled. */
+extern int fpt_go_wait(int64_t ts, fpt_waiter* w);
+
+int fpt_wait(int64_t ts) {
+  fpt_waiter w;
+  memset(&w, 0, sizeof w);
+  pthread_mutex_init(&w.mu, NULL);
+  pthread_cond_init(&w.cv, NULL);
+  int status = fpt_go_wait(ts, &w);
+  if (status == FPT_WAIT_PENDING) {
+    pthread_mutex_lock(&w.mu);
+    while (!w.done) {
+      pthread_cond_wait(&w.cv, &w.mu);
+    }
+    pthread_mutex_unlock(&w.mu);
+    status = w.status;
+    fpt_set_last_error(w.msg, w.n);
+    free(w.msg);
+  }
+  pthread_cond_destroy(&w.cv);
+  pthread_mutex_destroy(&w.mu);
+  return status;
+}
+
+void fpt_waiter_done(fpt_waiter* w, int status, const char* msg, size_t n) {
+  char* m = NULL;
+  if (n > 0) {
+    m = malloc(n);
+    if (m != NULL) {
+      memcpy(m, msg, n);
+    } else {
+      n = 0;
+    }
+  }
+  /* Signalled under the lock: fpt_wait destroys w once it sees done, which
+   * it can only after this unlock. */
+  pthread_mutex_lock(&w->mu);
+  w->status = status;
+  w->msg = m;
+  w->n = n;
+  w->done = 1;
+  pthread_cond_signal(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+}

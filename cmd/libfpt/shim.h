@@ -4,6 +4,7 @@
 #ifndef FPT_SHIM_H
 #define FPT_SHIM_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,5 +33,24 @@ __attribute__((visibility("hidden"))) void fpt_invoke_msg_keep(fpt_msg_keep_hand
 
 __attribute__((visibility("hidden"))) int fpt_invoke_params(fpt_params_fn fn, uintptr_t ctx, uint64_t iteration,
                                                             uint64_t key, void* dst, uint64_t bytes);
+
+/* A thread blocked in fpt_wait: the goroutine that releases the request
+ * fills in its status and message and signals it (fpt_waiter_done), so
+ * the thread wakes in C, never waiting for the Go scheduler to hand it
+ * back its goroutine. It lives on fpt_wait's stack. */
+typedef struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int done;
+  int status;
+  char* msg; /* malloc'd, or NULL */
+  size_t n;
+} fpt_waiter;
+
+/* fpt_wait's answer from Go while the request is outstanding: w will be
+ * signalled. Not a status fpt.h names. */
+#define FPT_WAIT_PENDING (-1)
+
+__attribute__((visibility("hidden"))) void fpt_waiter_done(fpt_waiter* w, int status, const char* msg, size_t n);
 
 #endif
