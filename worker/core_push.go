@@ -74,6 +74,10 @@ func (c *core) push(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 	}
 	if !c.retryMode {
 		out.began = &iterationBegan{iter: began, modelBytes: c.modelBytes, version: c.retryVersion()}
+	} else {
+		// A sum that landed before its key's push counts from the push:
+		// where it was the last one out, no later sum would report it.
+		out.merge(c.reportSums())
 	}
 	return out, nil
 }

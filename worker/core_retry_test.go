@@ -722,3 +722,25 @@ func TestCoreSumBeforePushNotReported(t *testing.T) {
 		t.Errorf("key 6's sum reported %+v, want the init round complete (began 1)", last.began)
 	}
 }
+
+// With one key, a sum that landed before the key's push (worker 0's init
+// values reach this worker before its Init) completes the init round at
+// the push: nothing else will land to report it, and the LB's Done would
+// never pass the round.
+func TestCoreSumBeforePushReportedAtPush(t *testing.T) {
+	c := retryCore(t, 1) // key 5 declared
+	hs := results(c, 5, 0)
+	for i := range hs {
+		hs[i].Aux = c.schedule.At(0).Version
+	}
+	if early := deliver(t, c, hs, pattern(64, 0)); early.began != nil {
+		t.Fatalf("key 5's sum before this worker's Init reported iteration %d complete", early.began.iter)
+	}
+	pp, err := c.push([]uint64{5}, make([]byte, 64), []int{64}, frame.Float32, 0, &call{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pp.began == nil || pp.began.iter != 1 {
+		t.Errorf("Init's push after its only key's sum reported %+v, want the init round complete (began 1)", pp.began)
+	}
+}
