@@ -285,7 +285,10 @@ func TestPythonTrainingMatchesSingleProcess(t *testing.T) {
 	const steps = 30
 	train := []string{"../examples/pytorch/train.py", "--samples", "1024", "--batch", "128", "--epochs", "4",
 		"--steps", strconv.Itoa(steps), "--hash"}
-	r := startFptrun(t, py, []string{"FPT_LB=on", "FPT_LB_PROBE_EVERY=3", "FPT_PARTITION_BYTES=4096", "PS_VERBOSE=1"},
+	// FPT_LB_AHEAD=0: decisions take effect 2 iterations after they are
+	// made, whatever the pace; fast steps would otherwise be granted up
+	// to 64 iterations ahead, past the run's end.
+	r := startFptrun(t, py, []string{"FPT_LB=on", "FPT_LB_PROBE_EVERY=3", "FPT_LB_AHEAD=0", "FPT_PARTITION_BYTES=4096", "PS_VERBOSE=1"},
 		append(append([]string{"-np", "2", "--servers", "2", "python"}, train...), "--save", filepath.Join(dir, "w{rank}.bin"))...)
 	if code := r.wait(t, 4*time.Minute); code != 0 {
 		t.Fatalf("fptrun exited %d:\n%s", code, tail(r.out.String()))
