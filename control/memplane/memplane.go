@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -138,6 +139,23 @@ func (n *Network) Hold(from, to int) {
 	if _, ok := n.held[r]; !ok {
 		n.held[r] = nil
 	}
+}
+
+// Held decodes what Hold is keeping from port from to port to, in the
+// order sent (nil when the route is not held).
+func (n *Network) Held(from, to int) ([]*control.Message, error) {
+	n.mu.Lock()
+	parcels := slices.Clone(n.held[route{from, to}])
+	n.mu.Unlock()
+	var out []*control.Message
+	for _, b := range parcels {
+		m, err := control.Unmarshal(b.b)
+		if err != nil {
+			return nil, fmt.Errorf("memplane: held message: %w", err)
+		}
+		out = append(out, m)
+	}
+	return out, nil
 }
 
 // Release delivers, in order, the messages held from port from to port
