@@ -433,6 +433,54 @@ func (l *Lib) Push(t Tensors, priority int, cb Callback) (int, error) {
 	return ts, nil
 }
 
+// PushPull is FPTPushPull: t.Data is pushed at priority and the keys' sums
+// of that iteration land in outs (t.Data's size; it may be t.Data itself),
+// in one request: every key's result has its waiter before the first
+// frame leaves, so it is read once, straight into outs. Asynchronous,
+// like Push: t.Data must stay untouched, and outs unread, until the
+// request settles.
+func (l *Lib) PushPull(t Tensors, outs []byte, priority int, cb Callback) (int, error) {
+	const op = "fpt_push_pull"
+	l.submit.RLock()
+	defer l.submit.RUnlock()
+	w, err := l.worker(op)
+	if err != nil {
+		return 0, err
+	}
+	if priority < math.MinInt32 || priority > math.MaxInt32 {
+		return 0, fail(CodeArg, op, "priority %d out of range", priority)
+	}
+	if len(outs) != len(t.Data) {
+		return 0, fail(CodeSize, op, "the output buffer has %d bytes, the values %d", len(outs), len(t.Data))
+	}
+	if err := l.alive(w, op); err != nil {
+		return 0, err
+	}
+	wc, err := l.wireOf(op, t)
+	if err != nil {
+		return 0, err
+	}
+	if wc != nil {
+		// The wire buffer takes the narrowed values and then, in place,
+		// the sums, which widen into outs.
+		wc.narrow()
+		wc.user.Data = outs
+		t = wc.wire
+		outs = wc.wire.Data
+		cb = wc.then(cb, true)
+	}
+	wcb, known := callback(cb)
+	ts, err := w.FPTPushPullBytes(t.Keys, t.Data, outs, t.Lens, int32(priority), wcb)
+	if err != nil {
+		if wc != nil {
+			wc.release() // a refused call never runs its callback
+		}
+		return 0, wrap(op, w, err)
+	}
+	known(ts)
+	return ts, nil
+}
+
 // Pull is FPTPull into t.Data: the sums of the keys' next unpulled
 // iteration, once they arrived. Asynchronous, like Push.
 func (l *Lib) Pull(t Tensors, cb Callback) (int, error) {

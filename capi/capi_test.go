@@ -387,6 +387,45 @@ func TestLibCluster(t *testing.T) {
 				return err
 			}
 		}
+		all := Tensors{Keys: keys, Lens: lens, Data: grads}
+		if _, err := l.PushPull(all, sums[:4], 0, nil); CodeOf(err) != CodeSize {
+			return fmt.Errorf("rank %d: PushPull into a short buffer: %v, want CodeSize", rank, err)
+		}
+		// PushPull: one request an iteration, the sums into sums, then in
+		// place into the pushed values.
+		for it := iters + 1; it <= iters+2; it++ {
+			for j := range f32s(grads) {
+				f32s(grads)[j] = float32(rank + it + j%7)
+			}
+			out := sums
+			if it == iters+2 {
+				out = grads
+			}
+			called := make(chan error, 1)
+			ts, err := l.PushPull(all, out, 0, func(_ int, err error) { called <- err })
+			if err != nil {
+				return fmt.Errorf("rank %d: PushPull: %w", rank, err)
+			}
+			if err := l.Wait(ts); err != nil {
+				return err
+			}
+			select {
+			case err := <-called:
+				if err != nil {
+					return fmt.Errorf("rank %d: PushPull's callback: %w", rank, err)
+				}
+			default:
+				return fmt.Errorf("rank %d: Wait of a PushPull returned before its callback ran", rank)
+			}
+			for j, f := range f32s(out) {
+				if want := float32(0 + it + j%7 + 1 + it + j%7); f != want {
+					return fmt.Errorf("rank %d, PushPull iteration %d: element %d = %v, want %v", rank, it, j, f, want)
+				}
+			}
+			if err := l.Barrier(); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
 	if err != nil {

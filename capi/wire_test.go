@@ -1,6 +1,7 @@
 package capi
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"testing"
@@ -73,6 +74,19 @@ func TestLibWire(t *testing.T) {
 				if idle != 2 {
 					return fmt.Errorf("%s wire, round %d: %d idle wire buffers of %d bytes, want 2", wd, round, idle, 2*n)
 				}
+			}
+			// PushPull narrows the values, and widens the sums into its
+			// output: the same sums as a push and a pull.
+			pp := make([]byte, 4*n)
+			ts, err := l.PushPull(one(grads), pp, 0, nil)
+			if err != nil {
+				return err
+			}
+			if err := l.Wait(ts); err != nil {
+				return err
+			}
+			if !bytes.Equal(pp, sums) {
+				return fmt.Errorf("%s wire, worker %d: PushPull's sums differ from a push and a pull's", wd, rank)
 			}
 			round, widen := reduce.Float32ToBFloat16, reduce.BFloat16ToFloat32
 			if wd == frame.Float16 {

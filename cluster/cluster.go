@@ -53,7 +53,9 @@ type Member struct {
 	handler Handler
 	planes  Planes
 
-	plane   control.Transport
+	// plane is an Outbox over the node's control transport: every control
+	// message the member sends leaves through its one queue, in order.
+	plane   *control.Outbox
 	van     van.Transport
 	metrics *metrics.Node   // nil: none
 	tracer  *trace.Recorder // nil: none
@@ -400,7 +402,7 @@ func (n *Member) bind(host, listen string) error {
 			OnReject:       func(reason string) { n.metrics.Rejected("data", reason) },
 		})
 		if err == nil {
-			n.plane, n.van = plane, tr
+			n.plane, n.van = control.NewOutbox(plane, n.log), tr
 			n.metrics.Watch(tr)
 			n.run(func(c *core) ready {
 				return c.bound(node.Info{Role: n.cfg.Role, Host: host, ControlPort: port, DataPort: port + 1})
@@ -554,6 +556,16 @@ func (n *Member) connectPeers(ctx context.Context) error {
 func (n *Member) SendScheduler(m *control.Message) error {
 	m.Sender = n.Self().ID
 	return n.plane.Send(n.sched, m)
+}
+
+// PostScheduler is SendScheduler without waiting for the control plane:
+// m is queued behind the node's earlier control messages and ahead of its
+// later ones, and sent from the plane's outbox (control.Outbox.Post). The
+// LB's per-iteration reports use it, from inside a worker's push. m must
+// not change after the call.
+func (n *Member) PostScheduler(m *control.Message) error {
+	m.Sender = n.Self().ID
+	return n.plane.Post(n.sched, m)
 }
 
 // SendApp sends an app message (package appmsg's encoding) to the
@@ -744,8 +756,8 @@ func (n *Member) shutdown() {
 			n.mu.Lock()
 			forsake := n.core.forsakeScheduler()
 			n.mu.Unlock()
-			if f, ok := n.plane.(interface{ Forsake(string) }); ok && forsake {
-				f.Forsake(n.sched)
+			if forsake {
+				n.plane.Forsake(n.sched)
 			}
 			if err := n.plane.Close(); err != nil {
 				n.log.Warn("closing the control plane", "err", err)

@@ -285,6 +285,17 @@ int fpt_pull(const uint64_t* keys, size_t num_keys, void* vals, const uint64_t* 
              fpt_callback cb, void* user_data, int64_t* ts);
 
 /*
+ * fpt_push of vals and fpt_pull of the same iteration's sums into outs, in
+ * one request: outs (vals' size; it may be vals itself) holds the sums
+ * over the workers when cb runs or fpt_wait(ts) returns. Every key's sum
+ * has its place before the first value leaves, so it is read once, into
+ * outs, where a pull made after its push may find it arrived and copy it.
+ * vals must stay unmodified, and outs unread, until then.
+ */
+int fpt_push_pull(const uint64_t* keys, size_t num_keys, const void* vals, void* outs,
+                  const uint64_t* lens, int priority, fpt_callback cb, void* user_data, int64_t* ts);
+
+/*
  * Blocks until request ts has completed and its callback returned, and
  * returns its status. A failed request's status goes to the first
  * fpt_wait that asks; later waits on it return FPT_OK.

@@ -129,7 +129,11 @@ func (a *Agent) IterationBegan(iter, modelBytes uint64, version uint32) {
 	a.mu.Unlock()
 	body, err := s.MarshalBinary()
 	if err == nil {
-		err = a.node.SendScheduler(&control.Message{Command: control.Report, Body: body})
+		// Posted, not sent: the caller is a worker's push (or a server's
+		// first frame of the iteration), which should not wait for the
+		// control plane; the outbox keeps the report in order with the
+		// node's other control messages.
+		err = a.node.PostScheduler(&control.Message{Command: control.Report, Body: body})
 	}
 	if err != nil {
 		a.node.Logger().Warn("lb: report not sent", "iteration", s.Iteration, "err", err)

@@ -95,7 +95,7 @@ func startPyChecks(t *testing.T, py pyEnv, servers int, mode string) *cluster {
 }
 
 // Every binding's error path, round trips of NumPy arrays, PyTorch tensors
-// (float32, float64, float16) and raw bytes, buffers kept alive while a
+// (float32, float64, float16) and raw bytes (push and pull, and push_pull), buffers kept alive while a
 // request uses them, and nothing left after finalize: fpt_checks.py
 // asserts each and prints what it checked.
 func TestPythonBindings(t *testing.T) {
@@ -108,7 +108,10 @@ func TestPythonBindings(t *testing.T) {
 			"push of an undeclared key raises UnknownKeyError", "push of the wrong size raises SizeError",
 			"push after finalize raises StateError", "mid-push was sent intact",
 			"joined before start raises StateError", "params source: numpy bytes copied",
-			"params source: an exception is a non-zero status")
+			"params source: an exception is a non-zero status", "push_pull in place",
+			"numpy float32 push_pull into another buffer", "push_pull of two keys end to end",
+			"push_pull into an output of the wrong size raises SizeError",
+			"push, pull and push_pull pass the library no callback")
 		if n := strings.Count(out, "ok   "); n < 35 {
 			t.Errorf("%s: only %d checks passed:\n%s", w, n, out)
 		}

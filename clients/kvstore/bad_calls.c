@@ -79,6 +79,7 @@ static void every_worker_call(int want, const char* want_msg) {
   EXPECT(fpt_broadcast(&key, 1, &v, &len), want, want_msg);
   EXPECT(fpt_push(&key, 1, &v, &len, 0, NULL, NULL, &ts), want, want_msg);
   EXPECT(fpt_pull(&key, 1, &v, &len, NULL, NULL, &ts), want, want_msg);
+  EXPECT(fpt_push_pull(&key, 1, &v, &v, &len, 0, NULL, NULL, &ts), want, want_msg);
   EXPECT(fpt_wait(1), want, want_msg);
   EXPECT(fpt_barrier(), want, want_msg);
 }
@@ -364,6 +365,10 @@ int main(void) {
   EXPECT(fpt_push(&k1, 1, a, NULL, 0, NULL, NULL, &ts), FPT_ERR_ARG, "lens is NULL");
   EXPECT(fpt_push(&k1, 1, NULL, &l1, 0, NULL, NULL, &ts), FPT_ERR_ARG, "vals is NULL");
   EXPECT(fpt_pull(&k1, 1, NULL, &l1, NULL, NULL, &ts), FPT_ERR_ARG, "vals is NULL");
+  EXPECT(fpt_push_pull(&k1, 1, NULL, a_sum, &l1, 0, NULL, NULL, &ts), FPT_ERR_ARG, "vals is NULL");
+  EXPECT(fpt_push_pull(&k1, 1, a, NULL, &l1, 0, NULL, NULL, &ts), FPT_ERR_ARG, "outs is NULL");
+  EXPECT(fpt_push_pull(&k99, 1, a, a_sum, &l1, 0, NULL, NULL, &ts), FPT_ERR_KEY, "key 99");
+  EXPECT(fpt_push_pull(&k1, 1, b, b, &l2, 0, NULL, NULL, &ts), FPT_ERR_SIZE, "declared as 4000 bytes");
   EXPECT(fpt_init(&k1, 1, NULL, &l1), FPT_ERR_ARG, "vals is NULL");
   EXPECT(fpt_push(&k1, SIZE_MAX, a, &l1, 0, NULL, NULL, &ts), FPT_ERR_ARG, "keys in one call");
   EXPECT(fpt_push(&k99, 1, a, &l1, 0, NULL, NULL, &ts), FPT_ERR_KEY, "key 99");

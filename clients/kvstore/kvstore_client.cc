@@ -10,7 +10,8 @@
 //     initialises the weights: worker 0's values win on every worker;
 //   - each iteration, the backward pass pushes every layer's gradient, last
 //     layer first, asynchronously with a completion callback, and the
-//     forward pass pulls every sum into its own buffer; the worker waits
+//     forward pass pulls every sum into its own buffer (every second
+//     iteration, one fpt_push_pull per layer does both); the worker waits
 //     for all of them and checks every element exactly.
 //
 // Values are small integers, exact in float32 whatever the order of
@@ -229,29 +230,42 @@ int train(const Options& o) {
     std::vector<int64_t> requests;
     // Only the communication is timed, as in the Go trainer.
     auto t0 = std::chrono::steady_clock::now();
-    // Backward pass: gradients appear last layer first; each is pushed as
-    // soon as it is ready (kvstore_dist's PushImpl, one ZPush per key).
-    for (int i = o.tensors - 1; i >= 0; i--) {
-      const Tensor& t = model[i];
-      int64_t ts = 0;
-      check(fpt_push(&t.key, 1, t.grad, &t.bytes, t.priority, on_push, &done, &ts), "fpt_push");
-      requests.push_back(ts);
-    }
-    // Forward pass of the next iteration: pull every sum into its own
-    // buffer (PullImpl, one ZPull per key), first layer first.
-    for (const Tensor& t : model) {
-      int64_t ts = 0;
-      check(fpt_pull(&t.key, 1, t.sum, &t.bytes, on_pull, &done, &ts), "fpt_pull");
-      requests.push_back(ts);
+    // Even iterations push and pull each key in one request (fpt_push_pull,
+    // its callback counted as a pull's), odd ones as MXNet's kvstore does.
+    const bool one_request = it % 2 == 0;
+    if (one_request) {
+      for (int i = o.tensors - 1; i >= 0; i--) {
+        const Tensor& t = model[i];
+        int64_t ts = 0;
+        check(fpt_push_pull(&t.key, 1, t.grad, t.sum, &t.bytes, t.priority, on_pull, &done, &ts), "fpt_push_pull");
+        requests.push_back(ts);
+      }
+    } else {
+      // Backward pass: gradients appear last layer first; each is pushed
+      // as soon as it is ready (kvstore_dist's PushImpl, one ZPush per key).
+      for (int i = o.tensors - 1; i >= 0; i--) {
+        const Tensor& t = model[i];
+        int64_t ts = 0;
+        check(fpt_push(&t.key, 1, t.grad, &t.bytes, t.priority, on_push, &done, &ts), "fpt_push");
+        requests.push_back(ts);
+      }
+      // Forward pass of the next iteration: pull every sum into its own
+      // buffer (PullImpl, one ZPull per key), first layer first.
+      for (const Tensor& t : model) {
+        int64_t ts = 0;
+        check(fpt_pull(&t.key, 1, t.sum, &t.bytes, on_pull, &done, &ts), "fpt_pull");
+        requests.push_back(ts);
+      }
     }
     for (int64_t ts : requests) check(fpt_wait(ts), "fpt_wait");
     double d = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     seconds += d;
     // fpt_wait returns after the request's callback: every one has run.
-    if (done.pushes != o.tensors || done.pulls != o.tensors || done.failures != 0) {
+    const int want_pushes = one_request ? 0 : o.tensors;
+    if (done.pushes != want_pushes || done.pulls != o.tensors || done.failures != 0) {
       die("iteration " + std::to_string(it) + ": callbacks: " + std::to_string(done.pushes.load()) + " pushes, " +
           std::to_string(done.pulls.load()) + " pulls, " + std::to_string(done.failures.load()) + " failed; want " +
-          std::to_string(o.tensors) + " each");
+          std::to_string(want_pushes) + " and " + std::to_string(o.tensors));
     }
     checked += verify(model, workers, it, ("iteration " + std::to_string(it)).c_str());
     check(fpt_barrier(), "fpt_barrier");

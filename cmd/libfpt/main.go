@@ -315,6 +315,40 @@ func push(keys *C.fpt_const_u64, n C.size_t, vals *C.fpt_const_void, lens *C.fpt
 	})
 }
 
+//export fpt_push_pull
+//go:nosplit
+func fpt_push_pull(keys *C.fpt_const_u64, n C.size_t, vals *C.fpt_const_void, outs unsafe.Pointer,
+	lens *C.fpt_const_u64, priority C.int, cb C.fpt_callback, user unsafe.Pointer, ts *C.int64_t) C.int {
+	return pushPull(keys, n, vals, outs, lens, priority, cb, userData(user), ts)
+}
+
+func pushPull(keys *C.fpt_const_u64, n C.size_t, vals *C.fpt_const_void, outs unsafe.Pointer,
+	lens *C.fpt_const_u64, priority C.int, cb C.fpt_callback, u C.uintptr_t, ts *C.int64_t) C.int {
+	const op = "fpt_push_pull"
+	return guard(op, func() error {
+		t, err := capi.View(op, unsafe.Pointer(keys), uint64(n), unsafe.Pointer(vals), unsafe.Pointer(lens))
+		if err != nil {
+			return err
+		}
+		o := t.Data
+		if outs == nil && len(t.Data) > 0 {
+			return nullArg(op, "outs")
+		}
+		if outs != unsafe.Pointer(vals) {
+			ot, err := capi.View(op, unsafe.Pointer(keys), uint64(n), outs, unsafe.Pointer(lens))
+			if err != nil {
+				return err
+			}
+			o = ot.Data
+		}
+		id, err := lib.PushPull(t, o, int(priority), callback(cb, u))
+		if err == nil && ts != nil {
+			*ts = C.int64_t(id)
+		}
+		return err
+	})
+}
+
 //export fpt_pull
 //go:nosplit
 func fpt_pull(keys *C.fpt_const_u64, n C.size_t, vals unsafe.Pointer, lens *C.fpt_const_u64,

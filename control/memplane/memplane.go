@@ -4,9 +4,9 @@
 //
 // Planes reach each other through a shared Network, by port: the network
 // is one host, and an endpoint's host part is checked for form only. As
-// over ZeroMQ, Send never blocks, messages are encoded and decoded as on the
-// wire (the receiver never shares the sender's Message), delivery is in
-// order per sender and recipient, and a message to a port nobody listens on
+// over ZeroMQ, Send never blocks (unless a test Stalls it), messages are
+// encoded and decoded as on the wire (the receiver never shares the
+// sender's Message), delivery is in order per sender and recipient, and a message to a port nobody listens on
 // yet waits for its listener.
 //
 // A test can hold the messages from one port to another and release them
@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,6 +37,7 @@ type Network struct {
 	waiting  map[int][]parcel // sent to a port before anyone listened on it
 	held     map[route][]parcel
 	dropped  map[int]bool
+	stalls   map[int]chan struct{} // Stall's ports: closed by Unstall
 	nextPort int
 }
 
@@ -59,6 +61,7 @@ func NewNetwork() *Network {
 		waiting:  make(map[int][]parcel),
 		held:     make(map[route][]parcel),
 		dropped:  make(map[int]bool),
+		stalls:   make(map[int]chan struct{}),
 		nextPort: firstPort,
 	}
 }
@@ -100,6 +103,34 @@ func (n *Network) Listen(port int, log *slog.Logger) (*Plane, error) {
 	return p, nil
 }
 
+// Stall makes every Send from port block until Unstall, as a transport
+// whose send waits (on a lock, on its I/O thread) would: a test of what a
+// node does while it cannot hand a control message over. Unstall before
+// closing the network's planes.
+func (n *Network) Stall(port int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.stalls[port] == nil {
+		n.stalls[port] = make(chan struct{})
+	}
+}
+
+// Unstall lets port's blocked and later Sends go on.
+func (n *Network) Unstall(port int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if ch := n.stalls[port]; ch != nil {
+		close(ch)
+		delete(n.stalls, port)
+	}
+}
+
+func (n *Network) stalled(port int) <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.stalls[port]
+}
+
 // Hold keeps the messages from port from to port to until Release.
 func (n *Network) Hold(from, to int) {
 	n.mu.Lock()
@@ -108,6 +139,23 @@ func (n *Network) Hold(from, to int) {
 	if _, ok := n.held[r]; !ok {
 		n.held[r] = nil
 	}
+}
+
+// Held decodes what Hold is keeping from port from to port to, in the
+// order sent (nil when the route is not held).
+func (n *Network) Held(from, to int) ([]*control.Message, error) {
+	n.mu.Lock()
+	parcels := slices.Clone(n.held[route{from, to}])
+	n.mu.Unlock()
+	var out []*control.Message
+	for _, b := range parcels {
+		m, err := control.Unmarshal(b.b)
+		if err != nil {
+			return nil, fmt.Errorf("memplane: held message: %w", err)
+		}
+		out = append(out, m)
+	}
+	return out, nil
 }
 
 // Release delivers, in order, the messages held from port from to port
@@ -201,6 +249,9 @@ func (p *Plane) Send(endpoint string, m *control.Message) error {
 	port, err := endpointPort(endpoint)
 	if err != nil {
 		return err
+	}
+	if ch := p.net.stalled(p.port); ch != nil {
+		<-ch
 	}
 	b, err := m.MarshalBinary()
 	if err != nil {

@@ -1,7 +1,7 @@
 """One data-parallel step's gradient exchange, fpt against gloo: W workers
 on this machine each hold a step's gradients of a given size, cut into
-DDP's 25 MB buckets, and exchange them (fpt: fptrun with W servers,
-FPTPush and FPTPull of every bucket, then a wait; gloo: an asynchronous
+DDP's 25 MB buckets, and exchange them (fpt: fptrun with W servers, one
+fpt.push_pull of every bucket, then a wait; gloo: an asynchronous
 torch.distributed.all_reduce per bucket, then a wait). Every value a worker
 gets back is checked exactly. For each size and worker count, one run of
 each system, alternated, prints the median and 90th percentile of a step's
@@ -85,9 +85,7 @@ def worker(a):
             for g in grads:
                 g.fill_(rank + 1 + step)
             wall, t = time.time_ns() // 1000, time.perf_counter()
-            reqs = [fpt.push(k, g, priority=-k) for k, g in zip(keys, grads)]
-            reqs += [fpt.pull(k, s) for k, s in zip(keys, sums)]
-            fpt.wait_all(reqs)
+            fpt.wait_all([fpt.push_pull(k, g, s, priority=-k) for k, g, s in zip(keys, grads, sums)])
             if step >= a.warmup:
                 times.append(time.perf_counter() - t)
                 spans.append((step + 1, wall, round(1e6 * times[-1])))  # iteration 0 is the init round

@@ -36,7 +36,7 @@ __all__ = [
     "ClusterError", "InternalError", "Request", "FLOAT32", "FLOAT64", "FLOAT16", "BFLOAT16",
     "start", "finalize", "role", "rank", "num_workers", "num_workers_at", "rank_at", "num_servers", "set_tensors_per_iteration",
     "set_params_source", "start_iteration", "joined",
-    "declare", "declared", "init", "broadcast", "push", "pull", "wait_all", "allreduce", "barrier", "my_id", "group_ids",
+    "declare", "declared", "init", "broadcast", "push", "pull", "push_pull", "wait_all", "allreduce", "barrier", "my_id", "group_ids",
     "barrier_group", "GROUP_SCHEDULER", "GROUP_SERVERS", "GROUP_WORKERS",
 ]
 
@@ -498,6 +498,34 @@ def pull(keys, buf):
     keys, ck, cl, v = _tensors("fpt_pull", keys, buf, True)
     return _node.submit("pull", keys, v.obj,
                         lambda cb, ud, ts: _node.lib.fpt_pull(ck, len(keys), v.ptr, cl, cb, ud, ts))
+
+
+def push_pull(keys, buf, out, priority=0):
+    """FPTPushPull: pushes the keys' values in buf and gets the sums over
+    the workers of that iteration into out (buf's size and type; it may be
+    buf itself), in one request: returns a Request, done once out holds
+    them. buf must not change, and out not be read, until then. One call
+    and one wait where push then pull take two; the sums land in out once,
+    never staged and copied."""
+    keys, ck, cl, v = _tensors("fpt_push_pull", keys, buf, out is buf)
+    fresh = [k for k in keys if k in _node.declared and k not in _node.initialized]
+    if fresh and _node.started:
+        raise StateError(_lib.ERR_STATE, "fpt_push_pull: keys %s were never given starting values with fpt.init "
+                         "(a key's first push would be its init round)" % fresh)
+    if out is buf:
+        o = v
+    else:
+        _, _, _, o = _tensors("fpt_push_pull", keys, out, True)
+        if o.nbytes != v.nbytes:
+            raise SizeError(_lib.ERR_SIZE, "fpt_push_pull: out has %d bytes, buf %d" % (o.nbytes, v.nbytes))
+        if o.dtype is not None and v.dtype is not None and o.dtype != v.dtype:
+            raise ArgumentError(_lib.ERR_ARG, "fpt_push_pull: out holds %s, buf %s"
+                                % (_buffers.DTYPE_NAMES[o.dtype], _buffers.DTYPE_NAMES[v.dtype]))
+    req = _node.submit("push_pull", keys, (v.obj, o.obj),
+                       lambda cb, ud, ts: _node.lib.fpt_push_pull(ck, len(keys), v.ptr, o.ptr, cl, priority, cb, ud,
+                                                                  ts))
+    _node.pushed = True
+    return req
 
 
 def _is_key_list(keys):

@@ -134,9 +134,7 @@ def allreduce(t, step=None, name=None, op="sum"):
             z = torch.zeros(t.numel(), dtype=t.dtype)
             fpt.init(e.key, z)
         _to_host(h, t)
-        push = fpt.push(e.key, h)
-        pull = fpt.pull(e.key, h)
-        fpt.wait_all([push, pull])
+        fpt.push_pull(e.key, h, h).wait()
         e.pushes += 1
         if step is not None:
             e.step = step

@@ -43,6 +43,8 @@ _PROTOS = {
                                 CALLBACK, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]),
     "fpt_pull": (ctypes.c_int, [_u64p, ctypes.c_size_t, ctypes.c_void_p, _u64p,
                                 CALLBACK, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]),
+    "fpt_push_pull": (ctypes.c_int, [_u64p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p, _u64p, ctypes.c_int,
+                                     CALLBACK, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]),
     "fpt_wait": (ctypes.c_int, [ctypes.c_int64]),
     "fpt_test": (ctypes.c_int, [ctypes.c_int64, _intp]),
     "fpt_barrier": (ctypes.c_int, []),

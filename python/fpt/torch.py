@@ -303,7 +303,7 @@ class _Mover:
             b, host_grads, host_sums, dev_sums, wire = job
             try:
                 b.copied.synchronize()  # this thread waits, not a stream
-                fpt.wait_all([fpt.push(b.keys, host_grads, b.priority), fpt.pull(b.keys, host_sums)])
+                fpt.push_pull(b.keys, host_grads, host_sums, b.priority).wait()
                 with self.ops.on(self.stream):
                     if wire is not None:  # the 16-bit sums widened on the device
                         wire.copy_(host_sums, non_blocking=True)
@@ -482,7 +482,7 @@ class _Distributed:
     def _fpt_send(self, b):
         grads, sums = self._fpt_grads[b.dtype][b.lo:b.hi], self._fpt_sums[b.dtype][b.lo:b.hi]
         if not self._fpt_cuda:
-            self._fpt_handles.append((fpt.push(b.keys, grads, b.priority), fpt.pull(b.keys, sums)))
+            self._fpt_handles.append((fpt.push_pull(b.keys, grads, sums, b.priority),))
             return
         # The copy to pinned memory goes on the side stream once the stream
         # that made the gradient is done with it (a stream waiting for a
@@ -637,7 +637,7 @@ class CommHookState:
             try:
                 if copied is not None:
                     copied.synchronize()  # this thread waits for the copy, not a stream
-                fpt.wait_all([fpt.push(keys, grads), fpt.pull(keys, sums)])
+                fpt.push_pull(keys, grads, sums).wait()
                 workers = fpt.num_workers_at(it)
                 if stream is None:
                     out = sums.div_(workers)

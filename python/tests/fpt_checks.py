@@ -134,6 +134,22 @@ def basic():
     bo = bytearray(64)
     fpt.wait_all([fpt.push(1, ba), fpt.pull(1, bo)])
     check((np.frombuffer(bo, np.float32) == 3).all(), "bytearray push/pull (raw bytes)")
+    # push_pull: one request, the sums into another buffer or in place.
+    po = np.zeros(16, np.float32)
+    fpt.push_pull(1, x, po).wait()
+    check((po == 3).all() and (x == r + 1).all(), "numpy float32 push_pull into another buffer")
+    y = np.full(16, r + 1, np.float32)
+    fpt.push_pull(1, y, y).wait()
+    check((y == 3).all(), "push_pull in place")
+    tp = torch.zeros(16, dtype=torch.float64)
+    fpt.push_pull(2, tt, tp).wait()
+    check(bool((tp == 3).all()), "torch float64 push_pull")
+    mp = np.zeros(8, np.float32)
+    fpt.push_pull([5, 6], mk, mp).wait()
+    check((mp[:4] == 3).all() and (mp[4:] == 30).all(), "push_pull of two keys end to end")
+    raises(fpt.SizeError, "push_pull into an output of the wrong size", fpt.push_pull, 1, x, np.zeros(8, np.float32))
+    raises(fpt.ArgumentError, "push_pull into a read-only output", fpt.push_pull, 1, x, ro)
+    raises(fpt.ArgumentError, "push_pull of float64 into float32", fpt.push_pull, 1, x, np.zeros(8, np.float64))
 
     # Requests take no callback: their completion wakes fpt_wait itself,
     # not a goroutine that calls into Python to set an Event.
@@ -142,7 +158,7 @@ def basic():
     class Spy:
         def __getattr__(self, name):
             fn = getattr(real, name)
-            if name in ("fpt_push", "fpt_pull"):
+            if name in ("fpt_push", "fpt_pull", "fpt_push_pull"):
                 return lambda *a: (given.append(a[-3]), fn(*a))[1]
             return fn
 
@@ -151,10 +167,13 @@ def basic():
         hp = fpt.push(1, ba)
         sp = fpt.pull(1, bo)
         fpt.wait_all([hp, sp])
+        pp = fpt.push_pull(1, ba, bo)
+        pp.wait()
     finally:
         fpt._node._lib = real
-    check(len(given) == 2 and not any(given), "push and pull pass the library no callback")
-    check(hp.done() and sp.done() and not fpt._node.pending, "waited requests are done and held no more")
+    check(len(given) == 3 and not any(given), "push, pull and push_pull pass the library no callback")
+    check(hp.done() and sp.done() and pp.done() and not fpt._node.pending,
+          "waited requests are done and held no more")
     # A push never waited for lets go of its tensor once a sweep sees it done.
     tmp = np.full(16, r + 1, np.float32)
     ref, unwaited = weakref.ref(tmp), fpt.push(1, tmp)
