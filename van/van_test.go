@@ -276,9 +276,14 @@ func TestEpollGoroutinesConstant(t *testing.T) {
 	if s := v.Stats(); len(s) != 8 {
 		t.Fatalf("%d peers, want 8", len(s))
 	}
-	if eight := settledGoroutines(); eight > one {
-		t.Fatalf("%d goroutines with 8 peers, %d with 1", eight, one)
-	}
+	// A connection's transient goroutines may outlive a 10 ms settle on a
+	// loaded machine; one per peer would stay.
+	vantest.Eventually(t, func() error {
+		if eight := runtime.NumGoroutine(); eight > one {
+			return fmt.Errorf("%d goroutines with 8 peers, %d with 1", eight, one)
+		}
+		return nil
+	})
 }
 
 // settledGoroutines is the goroutine count once transient ones are gone.
