@@ -399,38 +399,7 @@ type Callback func(ts int, err error)
 // untouched until the request settles. cb, if not nil, runs once, on a
 // goroutine of its own, when it does, successful or not.
 func (l *Lib) Push(t Tensors, priority int, cb Callback) (int, error) {
-	const op = "fpt_push"
-	l.submit.RLock()
-	defer l.submit.RUnlock()
-	w, err := l.worker(op)
-	if err != nil {
-		return 0, err
-	}
-	if priority < math.MinInt32 || priority > math.MaxInt32 {
-		return 0, fail(CodeArg, op, "priority %d out of range", priority)
-	}
-	if err := l.alive(w, op); err != nil {
-		return 0, err
-	}
-	wc, err := l.wireOf(op, t)
-	if err != nil {
-		return 0, err
-	}
-	if wc != nil {
-		wc.narrow()
-		t = wc.wire
-		cb = wc.then(cb, false)
-	}
-	wcb, known := callback(cb)
-	ts, err := w.FPTPushBytes(t.Keys, t.Data, t.Lens, int32(priority), wcb)
-	if err != nil {
-		if wc != nil {
-			wc.release() // a refused call never runs its callback
-		}
-		return 0, wrap(op, w, err)
-	}
-	known(ts)
-	return ts, nil
+	return l.push("fpt_push", t, nil, false, priority, cb)
 }
 
 // PushPull is FPTPushPull: t.Data is pushed at priority and the keys' sums
@@ -440,7 +409,11 @@ func (l *Lib) Push(t Tensors, priority int, cb Callback) (int, error) {
 // like Push: t.Data must stay untouched, and outs unread, until the
 // request settles.
 func (l *Lib) PushPull(t Tensors, outs []byte, priority int, cb Callback) (int, error) {
-	const op = "fpt_push_pull"
+	return l.push("fpt_push_pull", t, outs, true, priority, cb)
+}
+
+// push is Push, or with pull PushPull into outs.
+func (l *Lib) push(op string, t Tensors, outs []byte, pull bool, priority int, cb Callback) (int, error) {
 	l.submit.RLock()
 	defer l.submit.RUnlock()
 	w, err := l.worker(op)
@@ -450,7 +423,7 @@ func (l *Lib) PushPull(t Tensors, outs []byte, priority int, cb Callback) (int, 
 	if priority < math.MinInt32 || priority > math.MaxInt32 {
 		return 0, fail(CodeArg, op, "priority %d out of range", priority)
 	}
-	if len(outs) != len(t.Data) {
+	if pull && len(outs) != len(t.Data) {
 		return 0, fail(CodeSize, op, "the output buffer has %d bytes, the values %d", len(outs), len(t.Data))
 	}
 	if err := l.alive(w, op); err != nil {
@@ -461,16 +434,23 @@ func (l *Lib) PushPull(t Tensors, outs []byte, priority int, cb Callback) (int, 
 		return 0, err
 	}
 	if wc != nil {
-		// The wire buffer takes the narrowed values and then, in place,
-		// the sums, which widen into outs.
 		wc.narrow()
-		wc.user.Data = outs
+		if pull {
+			// The wire buffer takes the narrowed values and then, in
+			// place, the sums, which widen into outs.
+			wc.user.Data = outs
+			outs = wc.wire.Data
+		}
 		t = wc.wire
-		outs = wc.wire.Data
-		cb = wc.then(cb, true)
+		cb = wc.then(cb, pull)
 	}
 	wcb, known := callback(cb)
-	ts, err := w.FPTPushPullBytes(t.Keys, t.Data, outs, t.Lens, int32(priority), wcb)
+	var ts int
+	if pull {
+		ts, err = w.FPTPushPullBytes(t.Keys, t.Data, outs, t.Lens, int32(priority), wcb)
+	} else {
+		ts, err = w.FPTPushBytes(t.Keys, t.Data, t.Lens, int32(priority), wcb)
+	}
 	if err != nil {
 		if wc != nil {
 			wc.release() // a refused call never runs its callback
