@@ -143,17 +143,7 @@ func TestCoreJoiner(t *testing.T) {
 	if !slices.Contains(finishedTS(last), init.req.ts) {
 		t.Fatalf("the last partition finished %v, want Init's %d", finishedTS(last), init.req.ts)
 	}
-	data := make([]byte, 64)
-	copies, _, err := c.paramsTake([]uint64{5}, data, []int{64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, cp := range copies {
-		copy(cp.dst, cp.src)
-	}
-	if !bytes.Equal(data, want) {
-		t.Fatalf("parameters %v, want %v", data, want)
-	}
+	takeParams(t, c, want)
 	push, err := c.push([]uint64{5}, make([]byte, 64), []int{64}, frame.Float32, 0, &call{})
 	if err != nil {
 		t.Fatal(err)
@@ -308,17 +298,7 @@ func TestCoreJoinerReadsParamsInPlace(t *testing.T) {
 	if fin := handOver(c, init); !slices.Contains(fin, init.req.ts) {
 		t.Fatalf("Init did not finish with every partition in: %v", fin)
 	}
-	data := make([]byte, 64)
-	copies, kept, err := c.paramsTake([]uint64{5}, data, []int{64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, cp := range copies {
-		copy(cp.dst, cp.src)
-	}
-	if !bytes.Equal(data, want) {
-		t.Fatalf("parameters %v, want %v", data, want)
-	}
+	kept := takeParams(t, c, want)
 	if len(kept) != 1 || kept[0].key != 5 || !overlaps(kept[0].mem, buf) || !kept[0].keep {
 		t.Fatalf("kept %v, want key 5's receive buffer", kept)
 	}
@@ -363,6 +343,20 @@ func TestCoreJoinerHandsBackPartialBuffer(t *testing.T) {
 		t.Fatal(err)
 	}
 	handOver(c, init)
+	kept := takeParams(t, c, want)
+	if len(kept) != 1 || !overlaps(kept[0].mem, buf) || kept[0].keep {
+		t.Fatalf("receive buffers handed over %+v, want key 5's, not to keep", kept)
+	}
+	if left := c.paramsBufs(); len(left) != 0 {
+		t.Errorf("%d receive buffers still the core's after Init took their keys", len(left))
+	}
+}
+
+// takeParams takes key 5's 64 bytes of parameters as Init hands them to
+// the caller (its copies made), checks them against want, and returns the
+// receive buffers handed over.
+func takeParams(t *testing.T, c *core, want []byte) []paramsKept {
+	t.Helper()
 	data := make([]byte, 64)
 	copies, kept, err := c.paramsTake([]uint64{5}, data, []int{64})
 	if err != nil {
@@ -374,10 +368,5 @@ func TestCoreJoinerHandsBackPartialBuffer(t *testing.T) {
 	if !bytes.Equal(data, want) {
 		t.Fatalf("parameters %v, want %v", data, want)
 	}
-	if len(kept) != 1 || !overlaps(kept[0].mem, buf) || kept[0].keep {
-		t.Fatalf("receive buffers handed over %+v, want key 5's, not to keep", kept)
-	}
-	if left := c.paramsBufs(); len(left) != 0 {
-		t.Errorf("%d receive buffers still the core's after Init took their keys", len(left))
-	}
+	return kept
 }
