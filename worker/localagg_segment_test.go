@@ -81,15 +81,7 @@ func newShellGroup(t *testing.T, n int, partBytes uint64) *shellGroup {
 			if l.seg, _, err = localagg.Create(dir, name, job, 0, layout); err != nil {
 				t.Fatal(err)
 			}
-			core, err := localagg.NewCore(workers, 1<<30, localagg.LossFail)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, w := range workers {
-				if err := core.Declared(w, 0); err != nil {
-					t.Fatal(err)
-				}
-			}
+			core := declaredCore(t, workers)
 			l.core, l.first, l.sums, l.readers = core, map[localagg.Slot]frame.Header{}, map[localagg.Slot][]byte{}, map[int]readers{}
 		} else if l.seg, err = localagg.Open(dir, name, job, 0, layout); err != nil {
 			t.Fatal(err)

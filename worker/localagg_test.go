@@ -22,15 +22,7 @@ import (
 // segment or socket: arrive needs neither), whose sends go to send.
 func testLeader(t *testing.T, workers []node.ID, cfg *config.Config, send func(*frame.Message) error, fail func(error)) *localAgg {
 	t.Helper()
-	core, err := localagg.NewCore(workers, 1<<30, localagg.LossFail)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, w := range workers {
-		if err := core.Declared(w, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
+	core := declaredCore(t, workers)
 	l := &localAgg{log: slog.New(slog.NewTextHandler(io.Discard, nil)), self: workers[0], group: localagg.Group{Host: "a", Workers: workers},
 		fail: fail, send: send, survives: cfg.Survives, dropped: map[node.ID]bool{}, until: math.MaxUint64,
 		core: core, first: map[localagg.Slot]frame.Header{}, sums: map[localagg.Slot][]byte{}, readers: map[int]readers{}}
@@ -104,4 +96,19 @@ func TestLocalHostSumToLostAggregator(t *testing.T) {
 			}
 		})
 	}
+}
+
+// declaredCore is a group core of workers, each having declared key 0.
+func declaredCore(t *testing.T, workers []node.ID) *localagg.Core {
+	t.Helper()
+	core, err := localagg.NewCore(workers, 1<<30, localagg.LossFail)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range workers {
+		if err := core.Declared(w, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return core
 }
