@@ -22,10 +22,11 @@ const maxChunk = 1 << 30
 // stream into validated frames. It is pure (the caller does the reads) so
 // that both vans share it and it can be fuzzed without sockets.
 //
-// The caller reads into next() and reports the count to advance. Reading
-// straight into the header array and then into the payload buffer costs no
-// copy; the payload buffer is reused across frames and only grows. With a
-// sink, the payload goes where the sink says instead (see Sink).
+// The caller reads into next() (or, with a scattering read, nextv()) and
+// reports the count to advance. Reading straight into the header array and
+// then into the payload buffer costs no copy; the payload buffer is reused
+// across frames and only grows. With a sink, the payload goes where the
+// sink says instead (see Sink).
 //
 // Until the peer is known (an accepted connection), the first frame must be
 // a Hello addressed to self with an empty payload; it names the peer. After
@@ -56,7 +57,8 @@ func newCutter(self, peer node.ID, known bool, maxPayload uint64, sink func(*fra
 	return cutter{self: self, peer: peer, known: known, maxPayload: maxPayload, sink: sink}
 }
 
-// next is the buffer the next read should fill; never empty.
+// next is the buffer the next read should fill; empty only when a header
+// read ahead by nextv is complete (ready), which advance(0) then decodes.
 func (c *cutter) next() []byte {
 	if !c.inPayload {
 		return c.hdr[c.hn:]
@@ -70,6 +72,31 @@ func (c *cutter) next() []byte {
 	}
 	return c.cur[c.pn:end]
 }
+
+// nextv appends to dst the buffers a scattering read (readv) should fill,
+// at most limit bytes in all: next(), and, when that ends the current
+// frame's payload, the header array for the next frame. A stream of frames
+// queued up then costs one read per frame, not one for the header and one
+// for the payload, and no byte is copied: the next header is read where
+// it would be read anyway. (The payload cannot be read with its header:
+// where it goes depends on the header, the sink's answer.)
+func (c *cutter) nextv(dst [][]byte, limit int) [][]byte {
+	b := c.next()
+	if len(b) > limit {
+		return append(dst, b[:limit])
+	}
+	dst = append(dst, b)
+	if c.inPayload && c.pn+uint64(len(b)) == c.h.Length && limit > len(b) {
+		dst = append(dst, c.hdr[:min(frame.HeaderSize, limit-len(b))])
+	}
+	return dst
+}
+
+// ready reports whether a complete header is waiting for advance(0): read
+// ahead by nextv together with the end of the frame before it, and not
+// decoded then, so that the sink is asked for a frame's buffer only once
+// the frame before it was handled.
+func (c *cutter) ready() bool { return !c.inPayload && c.hn == frame.HeaderSize }
 
 // growStart is the first size of the cutter's own payload buffer.
 const growStart = 64 << 10
@@ -93,9 +120,11 @@ func (c *cutter) grow() {
 // midFrame reports whether a frame has been partly received.
 func (c *cutter) midFrame() bool { return c.hn > 0 || c.inPayload }
 
-// advance records that n bytes were read into next(). When a frame is
-// complete it returns its header and payload, valid until the next call of
-// next or advance. An error is final: the connection must be closed.
+// advance records that n bytes were read into next() or nextv(). When a
+// frame is complete it returns its header and payload, valid until the
+// next call of next, nextv or advance; bytes nextv read past it are the
+// next frame's header, decoded by a later advance. An error is final: the
+// connection must be closed.
 func (c *cutter) advance(n int) (h *frame.Header, payload []byte, err error) {
 	if !c.inPayload {
 		c.hn += n
@@ -130,6 +159,9 @@ func (c *cutter) advance(n int) (h *frame.Header, payload []byte, err error) {
 	if c.pn < c.h.Length {
 		return nil, nil, nil
 	}
+	// Past the payload: the next header's first bytes, read into hdr.
+	c.hn = int(c.pn - c.h.Length)
+	c.pn = c.h.Length
 	c.inPayload = false
 	return &c.h, c.cur, nil
 }

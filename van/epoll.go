@@ -544,23 +544,27 @@ func sockaddrString(sa unix.Sockaddr) string {
 // The byte budget is the peer's share under receive shaping (recvShaper).
 func (v *epollVan) serve(c *epConn) {
 	budget, frames := v.recv.budget(c.peer.id), frameBudget
+	var iov [2][]byte
 	for {
-		buf := c.cut.next()
-		if len(buf) > budget {
-			buf = buf[:budget]
-		}
-		n, err := unix.Read(c.fd, buf)
-		switch {
-		case errors.Is(err, unix.EINTR):
-			continue
-		case errors.Is(err, unix.EAGAIN):
-			return
-		case err != nil:
-			v.drop(c, fmt.Errorf("read: %w", err))
-			return
-		case n == 0:
-			v.drop(c, io.ErrUnexpectedEOF)
-			return
+		// A header that the read ending the frame before it brought in
+		// full is decoded without a read.
+		n := 0
+		if !c.cut.ready() {
+			var err error
+			n, err = readv(c.fd, c.cut.nextv(iov[:0], budget))
+			switch {
+			case errors.Is(err, unix.EINTR):
+				continue
+			case errors.Is(err, unix.EAGAIN):
+				return
+			case err != nil:
+				v.drop(c, fmt.Errorf("read: %w", err))
+				return
+			case n == 0:
+				v.drop(c, io.ErrUnexpectedEOF)
+				return
+			}
+			c.peer.st.ReadCalls.Add(1)
 		}
 		h, payload, err := c.cut.advance(n)
 		if err != nil {
@@ -571,14 +575,24 @@ func (v *epollVan) serve(c *epConn) {
 		c.clock.read(c.peer.st, c.cut.midFrame())
 		if h != nil {
 			v.onFrame(c.peer, c.ch, h, payload, c.cut.inPlace())
-			if frames--; frames == 0 {
-				return
-			}
+			frames--
 		}
-		if budget -= n; budget <= 0 {
+		budget -= n
+		// A complete header read ahead is decoded even past the budgets:
+		// its bytes are out of the socket, which may never be reported
+		// readable again (a frame with no payload, the last one sent).
+		if (frames <= 0 || budget <= 0) && !c.cut.ready() {
 			return
 		}
 	}
+}
+
+// readv is read for one buffer, and a scattering read for more.
+func readv(fd int, bufs [][]byte) (int, error) {
+	if len(bufs) == 1 {
+		return unix.Read(fd, bufs[0])
+	}
+	return unix.Readv(fd, bufs)
 }
 
 // writable disarms EPOLLOUT (the set is level-triggered: it would fire

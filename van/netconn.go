@@ -219,6 +219,7 @@ func (v *netConnVan) readLoop(c *ncConn) error {
 				return perr
 			}
 			c.peer.st.ReceivedBytes.Add(uint64(n))
+			c.peer.st.ReadCalls.Add(1)
 			c.clock.read(c.peer.st, c.cut.midFrame())
 			if h != nil {
 				v.onFrame(c.peer, c.ch, h, payload, c.cut.inPlace())

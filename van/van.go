@@ -154,8 +154,13 @@ type PeerStats struct {
 	ReceivedFrames       uint64
 	ReceivedInPlaceBytes uint64 // payload bytes read into a Sink's buffer
 	ReceivedCopiedBytes  uint64 // payload bytes read into the van's buffer
-	SentBusy             time.Duration
-	ReceivedBusy         time.Duration
+	// ReadCalls is the read system calls that moved bytes from the peer's
+	// connections (0 from a van without connections): the epoll van reads
+	// a frame's payload and the next frame's header in one when both are
+	// there, so a backlog costs about one read per frame.
+	ReadCalls    uint64
+	SentBusy     time.Duration
+	ReceivedBusy time.Duration
 	// Channels is the connections (Config.Channels) the peer has, or had
 	// when it was last connected; 0 from a van without connections
 	// (van/memvan).

@@ -14,6 +14,7 @@ import (
 type Counters struct {
 	SentBytes, ReceivedBytes, SentFrames, ReceivedFrames atomic.Uint64
 	ReceivedInPlace, ReceivedCopied                      atomic.Uint64 // payload bytes
+	ReadCalls                                            atomic.Uint64 // reads that moved bytes
 	SentBusy, ReceivedBusy                               atomic.Int64  // nanoseconds
 	Channels                                             atomic.Int32  // connections of the latest
 }
@@ -28,6 +29,7 @@ type Snapshot struct {
 	ReceivedFrames       uint64
 	ReceivedInPlaceBytes uint64
 	ReceivedCopiedBytes  uint64
+	ReadCalls            uint64
 	SentBusy             time.Duration
 	ReceivedBusy         time.Duration
 	Channels             int
@@ -60,6 +62,7 @@ func (t Table) Snapshots() []Snapshot {
 			ReceivedFrames:       c.ReceivedFrames.Load(),
 			ReceivedInPlaceBytes: c.ReceivedInPlace.Load(),
 			ReceivedCopiedBytes:  c.ReceivedCopied.Load(),
+			ReadCalls:            c.ReadCalls.Load(),
 			SentBusy:             time.Duration(c.SentBusy.Load()),
 			ReceivedBusy:         time.Duration(c.ReceivedBusy.Load()),
 			Channels:             int(c.Channels.Load()),
