@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -116,10 +117,14 @@ type goodputResult struct {
 	// CPUSeconds is user+sys of every process of the cluster over its
 	// whole life; CPUPerGB is that per GB (1e9 bytes) every worker pushed
 	// and pulled over the run (init, warm-up and timed iterations).
-	// RawTCPCPUPerGB is raw TCP's, per GB moved.
-	CPUSeconds     float64 `json:"cpu_s"`
-	CPUPerGB       float64 `json:"cpu_s_per_gb"`
-	RawTCPCPUPerGB float64 `json:"raw_tcp_cpu_s_per_gb"`
+	// RawTCPCPUPerGB is raw TCP's, per GB moved, through 4 MiB buffers
+	// that stay in the CPU's cache; RawTCPTensorCPUPerGB the same
+	// transfer through buffers of the tensor's size, which a tensor larger
+	// than the cache has to come from and go to as the cluster's do.
+	CPUSeconds           float64 `json:"cpu_s"`
+	CPUPerGB             float64 `json:"cpu_s_per_gb"`
+	RawTCPCPUPerGB       float64 `json:"raw_tcp_cpu_s_per_gb"`
+	RawTCPTensorCPUPerGB float64 `json:"raw_tcp_tensor_cpu_s_per_gb"`
 	// WorkersCPUPerGB, ServersCPUPerGB and SchedulerCPUPerGB split
 	// CPUPerGB by role, to tell where the CPU above raw TCP's goes.
 	// TimedCPUPerGB is every process's CPU over the timed iterations
@@ -142,7 +147,7 @@ type goodputResult struct {
 // goodputHeader and row are the table "fpt bench" prints without --json.
 var goodputHeader = []string{"van", "workers", "servers", "lb", "tensor", "iters",
 	"goodput Gbit/s", "raw TCP Gbit/s", "ratio", "all workers Gbit/s", "TCP/tensor bytes", "CPU s/GB", "raw TCP CPU s/GB",
-	"timed CPU s/GB", "CPU s/GB workers/servers/scheduler",
+	"raw TCP CPU s/GB, tensor buffers", "timed CPU s/GB", "CPU s/GB workers/servers/scheduler",
 	"secret", "vs secret off (goodput, CPU/GB)"}
 
 func (r goodputResult) row() []string {
@@ -161,7 +166,7 @@ func (r goodputResult) row() []string {
 		sizeText(r.TensorBytes), strconv.Itoa(r.Iters),
 		fmt.Sprintf("%.2f", r.GoodputGbps), fmt.Sprintf("%.2f", r.RawTCPGbps), fmt.Sprintf("%.2f", r.Ratio),
 		fmt.Sprintf("%.2f", r.ClusterGoodputGbps), tcpShare, fmt.Sprintf("%.3f", r.CPUPerGB), fmt.Sprintf("%.3f", r.RawTCPCPUPerGB),
-		fmt.Sprintf("%.3f", r.TimedCPUPerGB), fmt.Sprintf("%.3f/%.3f/%.3f", r.WorkersCPUPerGB, r.ServersCPUPerGB, r.SchedulerCPUPerGB),
+		fmt.Sprintf("%.3f", r.RawTCPTensorCPUPerGB), fmt.Sprintf("%.3f", r.TimedCPUPerGB), fmt.Sprintf("%.3f/%.3f/%.3f", r.WorkersCPUPerGB, r.ServersCPUPerGB, r.SchedulerCPUPerGB),
 		secret, vsOff}
 }
 
@@ -234,8 +239,8 @@ func goodputMain(f *flags) int {
 				if err != nil {
 					return failed(run, err)
 				}
-				p.printf(run, "goodput %.2f Gbit/s (raw TCP %.2f), %.3f CPU s/GB (raw TCP %.3f)",
-					res.GoodputGbps, res.RawTCPGbps, res.CPUPerGB, res.RawTCPCPUPerGB)
+				p.printf(run, "goodput %.2f Gbit/s (raw TCP %.2f), %.3f CPU s/GB, timed %.3f (raw TCP %.3f, through tensor-sized buffers %.3f)",
+					res.GoodputGbps, res.RawTCPGbps, res.CPUPerGB, res.TimedCPUPerGB, res.RawTCPCPUPerGB, res.RawTCPTensorCPUPerGB)
 				rows = append(rows, res)
 			}
 			if o.authCompare {
@@ -269,6 +274,10 @@ func goodputRun(van string, s shape, o goodputOptions, p *progress, run string, 
 	if err != nil {
 		return res, err
 	}
+	_, tensorBefore, err := rawTCPBuffers(volume, tensorBuffer(o.tensorBytes))
+	if err != nil {
+		return res, err
+	}
 	p.printf(run, "cluster starting")
 	c, err := goodputCluster(van, s, o, p, run, secret)
 	if err != nil {
@@ -279,8 +288,13 @@ func goodputRun(van string, s shape, o goodputOptions, p *progress, run string, 
 	if err != nil {
 		return res, err
 	}
+	_, tensorAfter, err := rawTCPBuffers(volume, tensorBuffer(o.tensorBytes))
+	if err != nil {
+		return res, err
+	}
 	res.RawTCPGbps = (before + after) / 2
 	res.RawTCPCPUPerGB = cpuPerGB(cpuBefore+cpuAfter, float64(2*2*volume))
+	res.RawTCPTensorCPUPerGB = cpuPerGB(tensorBefore+tensorAfter, float64(2*2*volume))
 	res.GoodputGbps = gbps(float64(2*volume), c.timed)
 	res.Ratio = res.GoodputGbps / res.RawTCPGbps
 	res.ClusterGoodputGbps = gbps(float64(res.TensorTrafficBytes), c.timed)
@@ -508,6 +522,25 @@ func goodputWorker(ctx context.Context, w *worker.Worker, o goodputOptions, out,
 // way) overlapped with a pull (the other way) could reach, and the CPU
 // time this process spent meanwhile (both ends' user+sys).
 func rawTCP(volume int64) (float64, time.Duration, error) {
+	return rawTCPBuffers(volume, pumpCall)
+}
+
+// pumpCall is the bytes of one read or write of raw TCP.
+const pumpCall = 4 << 20
+
+// maxTensorBuffer bounds each of the four buffers of raw TCP through
+// tensor-sized buffers: far past any CPU cache, as the cluster's tensors.
+const maxTensorBuffer = 256 << 20
+
+// tensorBuffer is the size of the buffers of raw TCP through tensor-sized
+// buffers: the tensor's, within [pumpCall, maxTensorBuffer].
+func tensorBuffer(tensorBytes int64) int {
+	return int(min(max(tensorBytes, pumpCall), maxTensorBuffer))
+}
+
+// rawTCPBuffers is rawTCP with each of its four pumps cycling through a
+// buffer of bufBytes, touched before the clock starts.
+func rawTCPBuffers(volume int64, bufBytes int) (float64, time.Duration, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, 0, err
@@ -534,17 +567,23 @@ func rawTCP(volume int64) (float64, time.Duration, error) {
 	defer b.Close()
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
+	var bufs [4][]byte
+	for i := range bufs {
+		// Written, so that no page fault falls in the measurement.
+		bufs[i] = bytes.Repeat([]byte{byte(i + 1)}, bufBytes)
+	}
 	cpu0, err := selfCPU()
 	if err != nil {
 		return 0, 0, err
 	}
 	start := time.Now()
-	for _, c := range []net.Conn{a, b} {
-		// Large buffers both ways, as the vans use: io.Copy's small ones
+	for i, c := range []net.Conn{a, b} {
+		// Large calls both ways, as the vans make: io.Copy's small ones
 		// would understate the baseline.
-		for _, op := range []func([]byte) (int, error){c.Write, c.Read} {
+		for j, op := range []func([]byte) (int, error){c.Write, c.Read} {
+			buf := bufs[2*i+j]
 			wg.Go(func() {
-				if err := pump(volume, op); err != nil {
+				if err := pump(volume, buf, op); err != nil {
 					errs <- err
 				}
 			})
@@ -572,15 +611,20 @@ func selfCPU() (time.Duration, error) {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
 }
 
-// pump moves volume bytes through op (a Write or a Read) in 4 MiB calls.
-func pump(volume int64, op func([]byte) (int, error)) error {
-	buf := make([]byte, 4<<20)
+// pump moves volume bytes through op (a Write or a Read) in calls of at
+// most pumpCall bytes, going round buf.
+func pump(volume int64, buf []byte, op func([]byte) (int, error)) error {
+	off := 0
 	for left := volume; left > 0; {
-		n, err := op(buf[:min(int64(len(buf)), left)])
+		end := min(off+pumpCall, len(buf))
+		n, err := op(buf[off:min(end, off+int(min(left, int64(pumpCall))))])
 		if err != nil {
 			return err
 		}
 		left -= int64(n)
+		if off += n; off == len(buf) {
+			off = 0
+		}
 	}
 	return nil
 }

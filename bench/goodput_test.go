@@ -120,7 +120,7 @@ func TestGoodputTable(t *testing.T) {
 	rows := [][]string{
 		goodputResult{Van: "epoll", Workers: 1, Servers: 1, LB: "off", TensorBytes: 64 << 20, Iters: 50,
 			GoodputGbps: 12.345, RawTCPGbps: 20, Ratio: 0.617, ClusterGoodputGbps: 12.345, TensorTrafficBytes: 1000, TCPBytes: 1002,
-			CPUPerGB: 0.81234, RawTCPCPUPerGB: 0.4, TimedCPUPerGB: 0.45678, WorkersCPUPerGB: 0.5, ServersCPUPerGB: 0.3, SchedulerCPUPerGB: 0.01234}.row(),
+			CPUPerGB: 0.81234, RawTCPCPUPerGB: 0.4, RawTCPTensorCPUPerGB: 0.6, TimedCPUPerGB: 0.45678, WorkersCPUPerGB: 0.5, ServersCPUPerGB: 0.3, SchedulerCPUPerGB: 0.01234}.row(),
 		goodputResult{Van: "netconn", Workers: 2, Servers: 2, LB: "on", TensorBytes: 1 << 20, Iters: 5}.row(),
 		goodputResult{Van: "epoll", Workers: 1, Servers: 1, LB: "off", TensorBytes: 1 << 20, Iters: 5, Secret: "on",
 			GoodputVsOff: 0.98765, CPUPerGBVsOff: 1.0123}.row(),
@@ -131,9 +131,9 @@ func TestGoodputTable(t *testing.T) {
 	}
 	checkTable(t, sb.String(), [][]string{
 		goodputHeader,
-		{"epoll", "1", "1", "off", "64 MiB", "50", "12.35", "20.00", "0.62", "12.35", "1.002", "0.812", "0.400", "0.457", "0.500/0.300/0.012", "off", "-"},
-		{"netconn", "2", "2", "on", "1 MiB", "5", "0.00", "0.00", "0.00", "0.00", "-", "0.000", "0.000", "0.000", "0.000/0.000/0.000", "off", "-"},
-		{"epoll", "1", "1", "off", "1 MiB", "5", "0.00", "0.00", "0.00", "0.00", "-", "0.000", "0.000", "0.000", "0.000/0.000/0.000", "on", "x0.988, x1.012"},
+		{"epoll", "1", "1", "off", "64 MiB", "50", "12.35", "20.00", "0.62", "12.35", "1.002", "0.812", "0.400", "0.600", "0.457", "0.500/0.300/0.012", "off", "-"},
+		{"netconn", "2", "2", "on", "1 MiB", "5", "0.00", "0.00", "0.00", "0.00", "-", "0.000", "0.000", "0.000", "0.000", "0.000/0.000/0.000", "off", "-"},
+		{"epoll", "1", "1", "off", "1 MiB", "5", "0.00", "0.00", "0.00", "0.00", "-", "0.000", "0.000", "0.000", "0.000", "0.000/0.000/0.000", "on", "x0.988, x1.012"},
 	})
 }
 
@@ -216,5 +216,59 @@ func TestClusterSecretEnv(t *testing.T) {
 	v, ok := strings.CutPrefix(a[0], "FPT_CLUSTER_SECRET=")
 	if !ok || len(v) < config.MinSecretBytes || a[0] == b[0] {
 		t.Errorf("on: %q then %q: want a fresh secret of at least %d bytes", a, b, config.MinSecretBytes)
+	}
+}
+
+// TestPump: raw TCP's pumps go round their buffer in calls of at most
+// pumpCall bytes, ending at the buffer's end, until volume bytes moved,
+// however few each call takes.
+func TestPump(t *testing.T) {
+	tests := []struct {
+		name          string
+		buf           int
+		volume        int64
+		take          int // the most bytes one call moves
+		wantCalls     int
+		wantLastRound int // bytes written in the last pass over buf
+	}{
+		{"round a small buffer", 10, 25, 100, 3, 5},
+		{"short calls", 10, 25, 4, 8, 5},
+		{"calls bounded", 3 * pumpCall, pumpCall + 1, 3 * pumpCall, 2, pumpCall + 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			buf := make([]byte, tt.buf)
+			calls, moved := 0, byte(0)
+			op := func(b []byte) (int, error) {
+				calls++
+				if len(b) == 0 || len(b) > pumpCall {
+					t.Fatalf("call %d of %d bytes", calls, len(b))
+				}
+				n := min(len(b), tt.take)
+				for i := range n {
+					moved++
+					b[i] = moved
+				}
+				return n, nil
+			}
+			if err := pump(tt.volume, buf, op); err != nil {
+				t.Fatal(err)
+			}
+			if calls != tt.wantCalls {
+				t.Errorf("%d calls, want %d", calls, tt.wantCalls)
+			}
+			// The last pass wrote bytes (volume-wantLastRound, volume] in
+			// order from the buffer's start.
+			for i := range tt.wantLastRound {
+				if want := byte(tt.volume - int64(tt.wantLastRound) + int64(i) + 1); buf[i] != want {
+					t.Fatalf("buf[%d] = %d, want %d: not written round the buffer", i, buf[i], want)
+				}
+			}
+		})
+	}
+	for _, c := range []struct{ tensor, want int64 }{{4, pumpCall}, {64 << 20, 64 << 20}, {1 << 40, maxTensorBuffer}} {
+		if got := tensorBuffer(c.tensor); int64(got) != c.want {
+			t.Errorf("tensorBuffer(%d) = %d, want %d", c.tensor, got, c.want)
+		}
 	}
 }
