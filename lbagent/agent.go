@@ -1,6 +1,7 @@
 // Package lbagent is the load balancer's hand on every server and worker
 // (docs/design.md). It measures the node's send and receive rates from the
-// van's counters, reports them to the LB scheduler once per iteration, and
+// van's counters, reports them to the LB scheduler once per iteration (or
+// per ReportEvery, for shorter iterations: Pace), and
 // applies the directives that come back: shaping off while probing, pool
 // weights that follow the decision, and (through the worker) new decisions
 // and the horizon of iterations the workers may push.
