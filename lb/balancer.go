@@ -88,6 +88,21 @@ type Config struct {
 	// Hosts, if set, balances by host (Input.Hosts): the scheduler sets
 	// it with local aggregation on, when the nodes' hosts are known.
 	Hosts *Hosts
+	// MinIteration: no probe starts while one of the latest iterations
+	// took less than this (default 20 ms, or with AheadFor negative 0;
+	// negative: any). An
+	// iteration that short is bound by per-message latency, not by a
+	// link's bandwidth, so a split has little to gain; a probe can
+	// measure nothing in it (a rate takes lbagent.Window, hundreds of
+	// such iterations); and the probe's split (every node aggregating,
+	// shaping off) stays in force for the whole lookahead past its
+	// window, costing a small step more hops and more frames. The job
+	// keeps the even split over the servers, as with the LB off, and
+	// probes once its iterations are long enough. With the lookahead
+	// fixed (AheadFor negative) a probe's split leaves Lookahead
+	// iterations after its window, and its default lets short
+	// iterations probe.
+	MinIteration time.Duration
 }
 
 const (
@@ -99,6 +114,7 @@ const (
 	defaultRetryAfter      = 10
 	defaultJoinSettle      = 500 * time.Millisecond
 	defaultAheadFor        = 20 * time.Millisecond
+	defaultMinIteration    = 20 * time.Millisecond
 	// maxTimedLookahead bounds the lookahead AheadFor asks for.
 	maxTimedLookahead = 64
 	// Sanity bounds: beyond these a setting is a mistake, not a choice.
@@ -108,6 +124,10 @@ const (
 	// baselineIterations is how many iteration times the drift baseline
 	// is the median of.
 	baselineIterations = 3
+	// recentIterations is how many of the latest iteration times
+	// MinIteration compares with (the shortest: a job's first
+	// iterations, slow with its start, must not pass for long ones).
+	recentIterations = 5
 )
 
 // Balancer is the LB scheduler's state machine. It is fed every node's
@@ -163,6 +183,10 @@ type Balancer struct {
 
 	enteredAt      uint64 // the step that entered Balanced
 	lastDecisionAt uint64 // the step that issued the latest decision
+
+	// recent holds the latest iteration times (up to recentIterations,
+	// oldest first), for MinIteration.
+	recent []time.Duration
 
 	// Drift: iteration times from driftFrom on.
 	driftFrom uint64
@@ -241,6 +265,9 @@ func (c *Config) fill() error {
 	}
 	if c.AheadFor == 0 {
 		c.AheadFor = defaultAheadFor
+	}
+	if c.MinIteration == 0 && c.AheadFor > 0 {
+		c.MinIteration = defaultMinIteration
 	}
 	if c.Tolerance == 0 {
 		c.Tolerance = DefaultTolerance
@@ -350,6 +377,23 @@ func (b *Balancer) Observe(s Sample, now time.Time) []Directive {
 	return out
 }
 
+// Coalesce returns the directives of ds that nodes need, in order: those
+// with a decision, those that turn shaping on or off (from the one before
+// in ds), and the last. The others only raise the horizon and Done, which
+// the last raises as far (both only grow): when one report completes
+// several iterations (reports of iterations shorter than
+// lbagent.ReportEvery come together), the scheduler sends one grant
+// instead of one per iteration.
+func Coalesce(ds []Directive) []Directive {
+	out := make([]Directive, 0, min(len(ds), 2))
+	for i, d := range ds {
+		if d.Decision != nil || i == len(ds)-1 || i > 0 && d.Shaping != ds[i-1].Shaping {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 // lookahead is how many iterations past the last one done to grant, for
 // iterations that take wall each (0: unknown, the latest lookahead holds).
 func (b *Balancer) lookahead(wall time.Duration) uint64 {
@@ -374,6 +418,12 @@ func usableRate(r float64) bool { return r >= 0 && r <= MaxCapacity } // false f
 func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
 	prev := b.horizon
 	b.ahead = b.lookahead(wall)
+	if wall > 0 {
+		if len(b.recent) == recentIterations {
+			b.recent = slices.Delete(b.recent, 0, 1)
+		}
+		b.recent = append(b.recent, wall)
+	}
 	if !b.held {
 		b.horizon = max(prev, i+1+b.ahead)
 	}
@@ -381,7 +431,11 @@ func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
 	switch b.state {
 	case Default:
 		if i >= b.probeAt && !now.Before(b.probeAfter) {
-			d = b.startProbe(i, prev, b.probeWhy, true)
+			if b.short() {
+				d = b.evenWhileShort(i, prev)
+			} else {
+				d = b.startProbe(i, prev, b.probeWhy, true)
+			}
 		}
 	case Probe:
 		// Wait one iteration at most for the servers' reports of the
@@ -396,6 +450,32 @@ func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
 	d.Shaping = b.state != Probe
 	d.Done = i + 1
 	return d
+}
+
+// short reports whether one of the latest iterations took less than
+// MinIteration, so that no probe should start. With no iteration timed
+// yet it reports false: nothing shows them short.
+func (b *Balancer) short() bool {
+	return b.cfg.MinIteration > 0 && len(b.recent) > 0 && slices.Min(b.recent) < b.cfg.MinIteration
+}
+
+// evenWhileShort is a step in Default that would probe but for short
+// iterations: the probe waits for longer ones. A server left out of the
+// split (it joined, and the LB on gives it its share through a probe)
+// gets its share at once: the even split over every server, as with the
+// LB off; otherwise the split stays as it is.
+func (b *Balancer) evenWhileShort(i, prev uint64) Directive {
+	for _, id := range b.cfg.Servers {
+		if j := slices.Index(b.current.Aggregators, id); j < 0 || !(b.current.Shares[j] > 0) {
+			dec, err := b.issue(i, prev, b.cfg.Servers, Even(0, 0, b.cfg.Servers).Shares)
+			if err != nil { // cannot happen: the servers are valid aggregators
+				return Directive{}
+			}
+			b.good = *dec
+			return Directive{Decision: dec, Reason: clip(fmt.Sprintf("even split over %d servers: iterations of %s are too short to probe (%s)", len(b.cfg.Servers), ms(slices.Min(b.recent)), b.probeWhy))}
+		}
+	}
+	return Directive{}
 }
 
 // Servers returns the servers the Balancer counts on, in order.
@@ -662,14 +742,14 @@ func (b *Balancer) balanced(i, prev uint64, wall time.Duration) Directive {
 		} else if base := median(b.baseline); float64(wall) > float64(base)*b.cfg.DriftFactor {
 			b.run++
 			b.runSum += wall
-			if b.run >= b.cfg.DriftIterations {
+			if b.run >= b.cfg.DriftIterations && !b.short() {
 				return b.startProbe(i, prev, fmt.Sprintf("iteration time rose from %s to %s", ms(base), ms(b.runSum/time.Duration(b.run))), false)
 			}
 		} else {
 			b.run, b.runSum = 0, 0
 		}
 	}
-	if b.cfg.ProbeEvery > 0 && i-b.enteredAt >= b.cfg.ProbeEvery {
+	if b.cfg.ProbeEvery > 0 && i-b.enteredAt >= b.cfg.ProbeEvery && !b.short() {
 		return b.startProbe(i, prev, fmt.Sprintf("periodic, every %d iterations", b.cfg.ProbeEvery), false)
 	}
 	if i-b.lastDecisionAt < b.ahead+2 {

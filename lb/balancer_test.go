@@ -623,7 +623,7 @@ func TestNewBalancer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Config{Servers: servers, Workers: workers, Lookahead: 2, Warmup: 2, ProbeIterations: 2, Tolerance: DefaultTolerance, DriftFactor: 1.5, DriftIterations: 3, RetryAfter: 10, JoinSettle: 500 * time.Millisecond, AheadFor: 20 * time.Millisecond}
+	want := Config{Servers: servers, Workers: workers, Lookahead: 2, Warmup: 2, ProbeIterations: 2, Tolerance: DefaultTolerance, DriftFactor: 1.5, DriftIterations: 3, RetryAfter: 10, JoinSettle: 500 * time.Millisecond, AheadFor: 20 * time.Millisecond, MinIteration: 20 * time.Millisecond}
 	if !reflect.DeepEqual(b.cfg, want) {
 		t.Fatalf("defaults %+v", b.cfg)
 	}
@@ -851,6 +851,117 @@ func TestBalancerAheadFor(t *testing.T) {
 			}
 			if got := last.Horizon - 5; got != tt.want {
 				t.Errorf("horizon %d after 5 iterations done: %d ahead, want %d", last.Horizon, got, tt.want)
+			}
+		})
+	}
+}
+
+// Short iterations start no probe: their time is per-message latency, not
+// bandwidth, and a probe's split would stay in force for the whole
+// lookahead (tens of iterations of a millisecond). The job keeps the even
+// split over the servers until its iterations are long enough, and a
+// balanced job whose iterations are short probes neither periodically nor
+// on drift. A server that joins while iterations are short gets its share
+// at once: the even split over every server.
+func TestBalancerShortIterations(t *testing.T) {
+	const joiner = node.ID(12) // server 2
+	long, short := 50*time.Millisecond, time.Millisecond
+	tests := []struct {
+		name     string
+		cfg      func(*Config)
+		iterTime func(it uint64) time.Duration
+		joinAt   uint64 // 0: no join
+		probes   int
+		firstAt  uint64 // the step of the first probe
+		even     bool   // a decision of the even split over every server, not a probe
+		state    State
+	}{
+		{"1 ms iterations: no probe", nil, func(uint64) time.Duration { return short }, 0, 0, 0, false, Default},
+		{"19 ms iterations: no probe", nil, func(uint64) time.Duration { return 19 * time.Millisecond }, 0, 0, 0, false, Default},
+		{"50 ms iterations: the probe after the warm-up", nil, func(uint64) time.Duration { return long }, 0, 1, 2, false, Balanced},
+		{"short, then long from iteration 100: the probe waits for them", nil,
+			func(it uint64) time.Duration { return map[bool]time.Duration{true: short, false: long}[it < 100] }, 0, 1, 104, false, Balanced},
+		{"a slow start, then short: no probe", nil,
+			func(it uint64) time.Duration { return map[bool]time.Duration{true: long, false: short}[it < 2] }, 0, 0, 0, false, Default},
+		{"one slow iteration among short ones: no probe", nil,
+			func(it uint64) time.Duration { return map[bool]time.Duration{true: long, false: short}[it == 50] }, 0, 0, 0, false, Default},
+		{"MinIteration off: 1 ms iterations probe", func(c *Config) { c.MinIteration = -1 }, func(uint64) time.Duration { return short }, 0, 1, 2, false, Balanced},
+		{"lookahead fixed (AheadFor off): 1 ms iterations probe", func(c *Config) { c.AheadFor = -1 }, func(uint64) time.Duration { return short }, 0, 1, 2, false, Balanced},
+		{"balanced, then short: no periodic probe", func(c *Config) { c.ProbeEvery = 10 },
+			func(it uint64) time.Duration { return map[bool]time.Duration{true: long, false: short}[it < 10] }, 0, 1, 2, false, Balanced},
+		{"a server joins while iterations are short: even split over every server", nil,
+			func(uint64) time.Duration { return short }, 20, 0, 0, true, Default},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			servers, workers := ids(2, 2)
+			cfg := Config{Servers: servers, Workers: workers}
+			if tt.cfg != nil {
+				tt.cfg(&cfg)
+			}
+			s := newSim(t, cfg)
+			s.iterTime = tt.iterTime
+			if tt.joinAt > 0 {
+				s.run(tt.joinAt - 1)
+				if _, _, err := s.b.Join(joiner, s.now); err != nil {
+					t.Fatal(err)
+				}
+				s.servers = append(s.servers, joiner)
+			}
+			s.run(1199) // past JoinSettle at 1 ms
+			probes, first, even := 0, uint64(0), false
+			for _, st := range s.decisions() {
+				switch {
+				case st.d.Probe:
+					if probes == 0 {
+						first = st.it
+					}
+					probes++
+				case reflect.DeepEqual(st.d.Decision.Aggregators, s.servers) && slices.Equal(st.d.Decision.Shares, Even(0, 0, s.servers).Shares):
+					even = even || len(s.servers) == 3
+				}
+			}
+			if probes != tt.probes || first != tt.firstAt {
+				t.Errorf("%d probes, the first at step %d; want %d at %d: %v", probes, first, tt.probes, tt.firstAt, s.decisions())
+			}
+			if even != tt.even {
+				t.Errorf("even split over the 3 servers issued: %v, want %v: %v", even, tt.even, s.decisions())
+			}
+			if s.b.State() != tt.state {
+				t.Errorf("state %v, want %v", s.b.State(), tt.state)
+			}
+		})
+	}
+}
+
+// Coalesce keeps the directives that carry a decision or turn shaping on
+// or off, and the last: one report completing several iterations sends
+// one grant, not one per iteration.
+func TestCoalesce(t *testing.T) {
+	dec := &Decision{Version: 1, Iteration: 9, Aggregators: []node.ID{8}, Shares: []float64{1}}
+	grant := func(done uint64, shaping bool) Directive {
+		return Directive{Horizon: done + 2, Done: done, Shaping: shaping}
+	}
+	withDec := func(d Directive) Directive { d.Decision = dec; return d }
+	tests := []struct {
+		name string
+		in   []Directive
+		want []uint64 // the Done of each kept
+	}{
+		{"none", nil, nil},
+		{"one", []Directive{grant(1, true)}, []uint64{1}},
+		{"grants only: the last", []Directive{grant(1, true), grant(2, true), grant(3, true)}, []uint64{3}},
+		{"a decision in the middle", []Directive{grant(1, true), withDec(grant(2, true)), grant(3, true)}, []uint64{2, 3}},
+		{"shaping turned off, then on", []Directive{grant(1, true), grant(2, false), grant(3, false), grant(4, true), grant(5, true)}, []uint64{2, 4, 5}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var got []uint64
+			for _, d := range Coalesce(tt.in) {
+				got = append(got, d.Done)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("kept the directives of Done %v, want %v", got, tt.want)
 			}
 		})
 	}

@@ -1,6 +1,7 @@
 // Package lbagent is the load balancer's hand on every server and worker
 // (docs/design.md). It measures the node's send and receive rates from the
-// van's counters, reports them to the LB scheduler once per iteration, and
+// van's counters, reports them to the LB scheduler once per iteration (or
+// per ReportEvery, for shorter iterations: Pace), and
 // applies the directives that come back: shaping off while probing, pool
 // weights that follow the decision, and (through the worker) new decisions
 // and the horizon of iterations the workers may push.
@@ -42,12 +43,13 @@ type Agent struct {
 
 	mu    sync.Mutex
 	meter *Meter
-	// reported is the last iteration begun that was reported (its
-	// predecessor's sample sent). Atomic: a server calls IterationBegan
-	// for every pushed frame, and all but one per iteration stop here.
-	reported atomic.Uint64
+	// considered is the last iteration begun whose report was sent or
+	// skipped (pace). Atomic: a server calls IterationBegan for every
+	// pushed frame, and all but one per iteration stop here.
+	considered atomic.Uint64
 	// version is the latest retry version reported under.
 	version  atomic.Uint32
+	pace     *Pace
 	shaping  bool
 	quit     chan struct{}
 	stopOnce sync.Once
@@ -57,7 +59,7 @@ type Agent struct {
 // New makes n's agent and installs its control handler; call it before
 // n.Start. apply is the worker's (nil on a server).
 func New(n *cluster.Member, apply Apply) *Agent {
-	a := &Agent{node: n, apply: apply, meter: NewMeter(Window), shaping: true, quit: make(chan struct{})}
+	a := &Agent{node: n, apply: apply, meter: NewMeter(Window), pace: NewPace(ReportEvery), shaping: true, quit: make(chan struct{})}
 	n.OnControl(a.handleControl)
 	return a
 }
@@ -108,24 +110,35 @@ func (a *Agent) sample(byHost bool) {
 // IterationBegan tells the agent that the node saw iteration iter begin (a
 // worker pushed it, an aggregator received a push of it; under a retry
 // policy, a worker has every sum of iteration iter−1); the first time, it
-// reports what the node measured during iteration iter−1. modelBytes is
+// reports what the node measured during iteration iter−1, unless the
+// pace skips that report (Pace: iterations shorter than ReportEvery are
+// reported together). modelBytes is
 // the bytes one iteration pushes (0 on servers). version is the latest
 // retry decision the worker applied: a newer one reports again from iter
 // (after a lost worker, sums of iterations already reported change).
 // Safe from any goroutine.
 func (a *Agent) IterationBegan(iter, modelBytes uint64, version uint32) {
-	if iter == 0 || iter <= a.reported.Load() && version <= a.version.Load() {
+	a.began(iter, modelBytes, version, true)
+}
+
+// began is IterationBegan on a worker or a server.
+func (a *Agent) began(iter, modelBytes uint64, version uint32, worker bool) {
+	if iter == 0 || iter <= a.considered.Load() && version <= a.version.Load() {
 		return
 	}
 	a.mu.Lock()
-	if iter <= a.reported.Load() && version <= a.version.Load() {
+	if iter <= a.considered.Load() && version <= a.version.Load() {
+		a.mu.Unlock()
+		return
+	}
+	a.considered.Store(max(iter, a.considered.Load()))
+	if !a.pace.Due(iter, version, worker, time.Now()) {
 		a.mu.Unlock()
 		return
 	}
 	a.version.Store(max(version, a.version.Load()))
 	s := lb.Sample{Node: a.node.Self().ID, Iteration: iter - 1, ModelBytes: modelBytes, Version: version}
 	s.UpRate, s.DownRate, s.SentBytes, s.ReceivedBytes = a.meter.Take()
-	a.reported.Store(iter)
 	a.mu.Unlock()
 	body, err := s.MarshalBinary()
 	if err == nil {
@@ -142,7 +155,7 @@ func (a *Agent) IterationBegan(iter, modelBytes uint64, version uint32) {
 
 // ServerIterationBegan is IterationBegan for a server, which pushes no
 // model of its own.
-func (a *Agent) ServerIterationBegan(iter uint64) { a.IterationBegan(iter, 0, 0) }
+func (a *Agent) ServerIterationBegan(iter uint64) { a.began(iter, 0, 0, false) }
 
 func (a *Agent) handleControl(m *control.Message) {
 	if m.Command != control.Decision {
@@ -171,6 +184,7 @@ func (a *Agent) follow(d lb.Directive) {
 	a.mu.Lock()
 	changed := a.shaping != d.Shaping
 	a.shaping = d.Shaping
+	a.pace.Follow(d)
 	a.mu.Unlock()
 	if changed {
 		v.SetShaping(d.Shaping)

@@ -46,7 +46,7 @@ func (c *core) report(m *control.Message) {
 		return
 	}
 	ds := c.lb.Observe(sample, c.now)
-	for _, d := range ds {
+	for _, d := range lb.Coalesce(ds) {
 		c.direct(d)
 	}
 	c.directed(ds)

@@ -244,8 +244,9 @@ func TestStressManyIterations(t *testing.T) {
 	}{
 		{"even split", 2, 2, map[string]string{"FPT_LB": "off", "FPT_PARTITION_BYTES": "4096"}, 0},
 		// Warm-up 2, probe 2, then a probe every 2 balanced iterations:
-		// a switch every 4 to 8 iterations.
-		{"lb switching", 2, 3, map[string]string{"FPT_LB_PROBE_EVERY": "2", "FPT_PARTITION_BYTES": "8192"}, uint32(iters / 10)},
+		// a switch every 4 to 8 iterations. Grants two iterations ahead
+		// (FPT_LB_AHEAD=0): iterations of a millisecond probe then.
+		{"lb switching", 2, 3, map[string]string{"FPT_LB_PROBE_EVERY": "2", "FPT_LB_AHEAD": "0", "FPT_PARTITION_BYTES": "8192"}, uint32(iters / 10)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

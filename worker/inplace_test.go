@@ -91,8 +91,9 @@ func TestFPTPayloadReadInPlace(t *testing.T) {
 		lb := tt.lb
 		t.Run("lb-"+lb+"-"+tt.van, func(t *testing.T) {
 			// With the LB on, probing every 2 balanced iterations moves
-			// some aggregation onto the workers.
-			c := mustStart(t, servers, workers, map[string]string{"FPT_LB": lb, "FPT_VAN": tt.van, "FPT_LB_PROBE_EVERY": "2", "FPT_PARTITION_BYTES": "65536"})
+			// some aggregation onto the workers (grants two iterations
+			// ahead: short iterations probe then).
+			c := mustStart(t, servers, workers, map[string]string{"FPT_LB": lb, "FPT_VAN": tt.van, "FPT_LB_PROBE_EVERY": "2", "FPT_LB_AHEAD": "0", "FPT_PARTITION_BYTES": "65536"})
 			c.train(t, o) // FPT only (no classic rounds), every value checked
 			var total payload
 			var last string
