@@ -144,6 +144,14 @@ func runProbe(t *testing.T, p probe) {
 			t.Fatal(err)
 		}
 	}
+	// A server prints its addresses before the scheduler has taken them,
+	// perhaps before the scheduler listens: the attacks start once it
+	// holds both servers, so that its port answers and what it holds
+	// (descriptors, memory) is what it holds for the rest of the wait.
+	if _, err := waitOutput(ctx, a.proc("scheduler"), bothServersRe); err != nil {
+		a.dump()
+		t.Fatal(err)
+	}
 	start := time.Now()
 	p.attack(t, a)
 	a.release()
@@ -718,6 +726,9 @@ func probeDowngrade(t *testing.T, a *advCluster) {
 	a.awaitRejected("scheduler", "protocol", 1)
 	a.refusalLogged("scheduler", "")
 }
+
+// bothServersRe is the scheduler's line for the second server it registers.
+var bothServersRe = regexp.MustCompile(`msg="node registered" .*servers=2 `)
 
 // partialGreeting is a ZMTP 3 signature and version, the rest withheld.
 var partialGreeting = []byte{0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 3}
