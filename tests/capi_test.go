@@ -79,64 +79,81 @@ func startProcs(t testing.TB, s localcluster.Spec) *localcluster.Cluster {
 
 // The C++ client drives libfpt as MXNet's kvstore_dist does, as the
 // workers of a real cluster next to Go servers and a Go scheduler (and, in
-// one case, as every role), under both levels of cgo pointer checks:
-// worker 0's init values win everywhere and every pulled sum is exact.
+// one case, as every role), with cgo's default pointer checks (and
+// GODEBUG=cgocheck=1 said explicitly): worker 0's init values win
+// everywhere and every pulled sum is exact. TestCAPICgocheck2 runs it
+// under GOEXPERIMENT=cgocheck2.
 func TestCAPIKVStoreClient(t *testing.T) {
 	tests := []struct {
-		name    string
-		variant string
-		env     []string
-		allCpp  bool // scheduler and servers run the C++ client too
+		name   string
+		env    []string
+		allCpp bool // scheduler and servers run the C++ client too
 	}{
-		{"go-servers-cgocheck1", "default", []string{"GODEBUG=cgocheck=1"}, false},
-		{"go-servers-cgocheck2", "cgocheck2", nil, false},
-		{"every-role-in-cpp", "default", nil, true},
+		{"go-servers-cgocheck1", []string{"GODEBUG=cgocheck=1"}, false},
+		{"every-role-in-cpp", nil, true},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			dir := libPrograms(t, tt.variant)
-			// Six tensors from 4 KiB to about 2.9 MiB: the larger ones span
-			// several 1 MiB partitions, none a whole number of them.
-			client := []string{filepath.Join(dir, "kvstore_client"), "-iters", "4", "-tensors", "6", "-max-bytes", "3000000"}
-			s := localcluster.Spec{Servers: 2, Workers: 2, Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
-				Worker: client, Env: tt.env}
-			if tt.allCpp {
-				s.Scheduler, s.Server = client, client
-			}
-			c := &cluster{Cluster: startProcs(t, s), t: t}
-			c.waitAll(2 * time.Minute)
-			for _, w := range []string{"worker0", "worker1"} {
-				mustContain(t, w+" stdout", c.proc(w).Stdout.String(),
-					"every value is worker 0's", "iteration 4/4 verified", "PASS: 4 iterations x 6 tensors")
-			}
-			// fpt's scheduler and libfpt's start the same way: the LB's
-			// decisions (a probe after the warm-up) are on stdout.
-			mustContain(t, "scheduler stdout", c.proc("scheduler").Stdout.String(), "lb decision v1 ")
-			if tt.allCpp {
-				mustContain(t, "scheduler stdout", c.proc("scheduler").Stdout.String(), "scheduler: done")
-				mustContain(t, "server0 stdout", c.proc("server0").Stdout.String(), "server: done")
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { runKVStoreClient(t, libPrograms(t, "default"), tt.env, tt.allCpp) })
+	}
+}
+
+// runKVStoreClient runs TestCAPIKVStoreClient's cluster with the programs
+// in dir.
+func runKVStoreClient(t *testing.T, dir string, env []string, allCpp bool) {
+	// Six tensors from 4 KiB to about 2.9 MiB: the larger ones span
+	// several 1 MiB partitions, none a whole number of them.
+	client := []string{filepath.Join(dir, "kvstore_client"), "-iters", "4", "-tensors", "6", "-max-bytes", "3000000"}
+	s := localcluster.Spec{Servers: 2, Workers: 2, Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
+		Worker: client, Env: env}
+	if allCpp {
+		s.Scheduler, s.Server = client, client
+	}
+	c := &cluster{Cluster: startProcs(t, s), t: t}
+	c.waitAll(2 * time.Minute)
+	for _, w := range []string{"worker0", "worker1"} {
+		mustContain(t, w+" stdout", c.proc(w).Stdout.String(),
+			"every value is worker 0's", "iteration 4/4 verified", "PASS: 4 iterations x 6 tensors")
+	}
+	// fpt's scheduler and libfpt's start the same way: the LB's
+	// decisions (a probe after the warm-up) are on stdout.
+	mustContain(t, "scheduler stdout", c.proc("scheduler").Stdout.String(), "lb decision v1 ")
+	if allCpp {
+		mustContain(t, "scheduler stdout", c.proc("scheduler").Stdout.String(), "scheduler: done")
+		mustContain(t, "server0 stdout", c.proc("server0").Stdout.String(), "server: done")
 	}
 }
 
 // Every entry point called wrongly (before fpt_start, with NULL pointers,
 // unknown keys, wrong sizes, out of order, after fpt_finalize) returns its
-// status and a message, and the process neither crashes nor hangs.
-func TestCAPIBadCalls(t *testing.T) {
-	for _, variant := range []string{"default", "cgocheck2"} {
-		t.Run(variant, func(t *testing.T) {
-			dir := libPrograms(t, variant)
-			c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: 1, Workers: 1,
-				Scheduler: []string{bin.fpt}, Server: []string{bin.fpt}, Worker: []string{filepath.Join(dir, "fpt_bad_calls")}}), t: t}
-			c.waitAll(time.Minute)
-			out := c.proc("worker0").Stdout.String()
-			mustContain(t, "fpt_bad_calls stdout", out, "BAD CALLS PASS")
-			if n := strings.Count(out, "ok   line"); n < 60 {
-				t.Errorf("only %d checks passed:\n%s", n, out)
-			}
-		})
+// status and a message, and the process neither crashes nor hangs
+// (TestCAPICgocheck2 under GOEXPERIMENT=cgocheck2).
+func TestCAPIBadCalls(t *testing.T) { runBadCalls(t, libPrograms(t, "default")) }
+
+// runBadCalls runs fpt_bad_calls from dir as the worker of a cluster.
+func runBadCalls(t *testing.T, dir string) {
+	c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: 1, Workers: 1,
+		Scheduler: []string{bin.fpt}, Server: []string{bin.fpt}, Worker: []string{filepath.Join(dir, "fpt_bad_calls")}}), t: t}
+	c.waitAll(time.Minute)
+	out := c.proc("worker0").Stdout.String()
+	mustContain(t, "fpt_bad_calls stdout", out, "BAD CALLS PASS")
+	if n := strings.Count(out, "ok   line"); n < 60 {
+		t.Errorf("only %d checks passed:\n%s", n, out)
 	}
+}
+
+// The C library built with GOEXPERIMENT=cgocheck2, which checks every
+// pointer the Go side writes: the C++ client beside Go servers, every
+// entry point called wrongly, and a ps-lite program as every role, as
+// their default-build tests run them. This test is parallel only so that
+// it runs after the package's other tests: its library's build (TestMain
+// starts it in the background) takes minutes on a small machine, and none
+// of them waits for it.
+func TestCAPICgocheck2(t *testing.T) {
+	t.Parallel()
+	dir := libPrograms(t, "cgocheck2")
+	t.Run("kvstore-client", func(t *testing.T) { runKVStoreClient(t, dir, nil, false) })
+	t.Run("bad-calls", func(t *testing.T) { runBadCalls(t, dir) })
+	t.Run("pslite-kv-app", func(t *testing.T) { runPSLite(t, dir, psliteKVAppCgocheck2) })
 }
 
 // kill -9 of a server while C++ workers train: each worker's pending call

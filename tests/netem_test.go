@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -104,12 +105,18 @@ func (r *netemRun) checkGone(t *testing.T) {
 // value and nothing is left afterwards.
 func TestNetemCluster(t *testing.T) {
 	needRoot(t)
-	r := startNetem(t, "--hosts", "1gbit,200mbit,1gbit", "--cluster", "--script", "../scripts/run_test.sh",
+	script, builds := netemTree(t)
+	r := startNetem(t, "--hosts", "1gbit,200mbit,1gbit", "--cluster", "--script", script,
 		"--", "--iters", "5", "--max-bytes", "4194304")
 	code := r.wait(t, 3*time.Minute)
 	out := r.out.String()
 	if code != 0 {
 		t.Fatalf("fpt netem exited %d:\n%s", code, tail(out))
+	}
+	// fpt netem builds once, before the hosts start (their run_test.sh
+	// finds the binaries fresh).
+	if b, err := os.ReadFile(builds); err != nil || string(b) != "built\n" {
+		t.Errorf("build.sh ran %d times (err %v), want once", strings.Count(string(b), "built"), err)
 	}
 	passed := map[string]bool{}
 	// Host i runs worker rank i (run_test.sh --first-worker).
@@ -123,6 +130,39 @@ func TestNetemCluster(t *testing.T) {
 		"iteration 5/5 verified", "[h0] run_test.sh: all 3 processes finished cleanly",
 		"[h2] run_test.sh: all 2 processes finished cleanly", "network of 3 hosts removed")
 	r.checkGone(t)
+}
+
+// netemTree lays out a repository for fpt netem --cluster: the real
+// scripts/run_test.sh, the package's binaries in bin/, and a
+// scripts/build.sh that only records each call in the file builds. The
+// binaries are this run's already; the real build.sh would build the C
+// library and its programs too, minutes of a small machine's time that
+// this test has no use for.
+func netemTree(t *testing.T) (script, builds string) {
+	t.Helper()
+	root := t.TempDir()
+	builds = filepath.Join(root, "builds")
+	for _, d := range []string{"scripts", "bin"} {
+		if err := os.Mkdir(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	real, err := filepath.Abs("../scripts/run_test.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script = filepath.Join(root, "scripts", "run_test.sh")
+	for link, target := range map[string]string{script: real,
+		filepath.Join(root, "bin", "fpt"): bin.fpt, filepath.Join(root, "bin", "test_kv_app"): bin.app} {
+		if err := os.Symlink(target, link); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stub := fmt.Sprintf("#!/bin/sh\necho built >>%q\n", builds)
+	if err := os.WriteFile(filepath.Join(root, "scripts", "build.sh"), []byte(stub), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return script, builds
 }
 
 // One host's command fails: fpt netem exits with its status at once,

@@ -20,79 +20,85 @@ import (
 // build-lib.sh through pkg-config, run as every role of a real cluster:
 // the scheduler is the program too, as ps-lite's own tests run.
 func TestPSLitePrograms(t *testing.T) {
-	tests := []struct {
-		name             string
-		prog             string
-		args             []string
-		servers, workers int
-		variant          string
-		env              []string
-		worker, server   []string // lines each worker / server prints
-		scheduler        []string
-	}{
+	tests := []psliteCase{
 		{name: "kv-app", prog: "pslite_kv_app", args: []string{"-keys", "100", "-repeat", "10"},
-			servers: 2, workers: 2, variant: "default",
+			servers: 2, workers: 2,
 			worker: []string{"PASS: 100 keys pushed 10 times by 2 workers, pulled exactly", "PASS: PushPull and ZPull exact",
 				"PASS: FPTPush/FPTPull: init round and sum exact", "worker: done"},
 			server: []string{"server: done"}},
-		{name: "kv-app-cgocheck2", prog: "pslite_kv_app", args: []string{"-keys", "20", "-repeat", "3"},
-			servers: 1, workers: 2, variant: "cgocheck2",
-			worker: []string{"pulled exactly", "PASS: PushPull and ZPull exact", "init round and sum exact"}},
 		// As in ps-lite, each worker customer counts as one of
 		// DMLC_NUM_WORKER workers: two processes of two are four.
 		{name: "multi-workers", prog: "pslite_multi_workers", args: []string{"-customers", "2", "-keys", "1000", "-repeat", "20"},
-			servers: 2, workers: 2, variant: "default", env: []string{"DMLC_NUM_WORKER=4"},
+			servers: 2, workers: 2, env: []string{"DMLC_NUM_WORKER=4"},
 			worker: []string{"customer 0: PASS", "customer 1: PASS", "from 2 worker processes", "worker: done"}, server: []string{"server: done"}},
 		{name: "multi-workers-one-process", prog: "pslite_multi_workers", args: []string{"-customers", "2", "-keys", "1000", "-repeat", "5"},
-			servers: 2, workers: 1, variant: "default", env: []string{"DMLC_NUM_WORKER=2"},
+			servers: 2, workers: 1, env: []string{"DMLC_NUM_WORKER=2"},
 			worker: []string{"worker 0 customer 0: PASS", "worker 0 customer 1: PASS", "from 1 worker processes", "worker: done"}, server: []string{"server: done"}},
 		{name: "simple-app", prog: "pslite_simple_app", args: []string{"-n", "100"},
-			servers: 2, workers: 3, variant: "default",
+			servers: 2, workers: 3,
 			worker: []string{"PASS: 100 requests to 2 nodes answered, 200 requests handled"},
 			server: []string{"PASS: 100 requests to 3 nodes answered, 300 requests handled"}},
 		{name: "scheduler-app", prog: "pslite_scheduler_app", args: []string{"-n", "50"},
-			servers: 2, workers: 2, variant: "default",
+			servers: 2, workers: 2,
 			worker:    []string{"PASS: 50 requests to 5 nodes answered, 50 from each handled"},
 			server:    []string{"PASS: 50 requests to 5 nodes answered, 50 from each handled"},
 			scheduler: []string{"node 1: PASS: 50 requests to 5 nodes answered, 50 from each handled"}},
 		{name: "benchmark", prog: "pslite_benchmark", args: []string{"-bytes", "4194304", "-keys", "16", "-iters", "5"},
-			servers: 2, workers: 2, variant: "default",
+			servers: 2, workers: 2,
 			worker: []string{"PASS: 5 iterations of 4.0 MiB over 16 keys pushed and pulled, exact; goodput"}},
 		{name: "benchmark-fpt", prog: "pslite_benchmark", args: []string{"-bytes", "4194304", "-keys", "16", "-iters", "5", "-mode", "fpt"},
-			servers: 2, workers: 2, variant: "default",
+			servers: 2, workers: 2,
 			worker: []string{"PASS: FPTPush/FPTPull: 5 iterations of 4.0 MiB over 16 keys, exact; goodput"}},
 		{name: "mxnet", prog: "pslite_mxnet_client", args: []string{"-iters", "5", "-bound", "1000"},
-			servers: 2, workers: 2, variant: "default",
+			servers: 2, workers: 2,
 			worker: []string{"init: 7 keys pulled, every weight exact", "iteration 5/5: every weight exact",
 				"PASS: 5 iterations x 7 keys, sync SGD on the servers, every weight exact"},
 			server: []string{"server: done"}},
 		{name: "mxnet-fpt", prog: "pslite_mxnet_client", args: []string{"-iters", "5", "-fpt", "1"},
-			servers: 2, workers: 2, variant: "default",
+			servers: 2, workers: 2,
 			worker: []string{"init: 7 keys through FPTPush/FPTPull, worker 0's weights everywhere", "iteration 5/5: every sum exact",
 				"PASS: 5 iterations x 7 keys, FPTPush/FPTPull, SGD on the workers, every value exact"},
 			server: []string{"server: done"}},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			dir := libPrograms(t, tt.variant)
-			argv := append([]string{filepath.Join(dir, tt.prog)}, tt.args...)
-			c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: tt.servers, Workers: tt.workers,
-				Scheduler: argv, Server: argv, Worker: argv, Env: tt.env}), t: t}
-			c.waitAll(2 * time.Minute)
-			for i := range tt.workers {
-				name := fmt.Sprintf("worker%d", i)
-				mustContain(t, name+" stdout", c.proc(name).Stdout.String(), tt.worker...)
-			}
-			for i := range tt.servers {
-				name := fmt.Sprintf("server%d", i)
-				mustContain(t, name+" stdout", c.proc(name).Stdout.String(), tt.server...)
-			}
-			mustContain(t, "scheduler stdout", c.proc("scheduler").Stdout.String(), tt.scheduler...)
-			if tt.prog == "pslite_benchmark" {
-				// A figure for the log only: timing is not asserted.
-				t.Logf("mean goodput %.3f Gbit/s", meanGoodput(t, c.Cluster, tt.workers))
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { runPSLite(t, libPrograms(t, "default"), tt) })
+	}
+}
+
+// psliteCase is one run of a ps-lite program as every role.
+type psliteCase struct {
+	name             string
+	prog             string
+	args             []string
+	servers, workers int
+	env              []string
+	worker, server   []string // lines each worker / server prints
+	scheduler        []string
+}
+
+// psliteKVAppCgocheck2 is TestCAPICgocheck2's ps-lite run.
+var psliteKVAppCgocheck2 = psliteCase{name: "kv-app", prog: "pslite_kv_app", args: []string{"-keys", "20", "-repeat", "3"},
+	servers: 1, workers: 2,
+	worker: []string{"pulled exactly", "PASS: PushPull and ZPull exact", "init round and sum exact"}}
+
+// runPSLite runs tt's program from dir as every role of a cluster.
+func runPSLite(t *testing.T, dir string, tt psliteCase) {
+	argv := append([]string{filepath.Join(dir, tt.prog)}, tt.args...)
+	c := &cluster{Cluster: startProcs(t, localcluster.Spec{Servers: tt.servers, Workers: tt.workers,
+		Scheduler: argv, Server: argv, Worker: argv, Env: tt.env}), t: t}
+	c.waitAll(2 * time.Minute)
+	for i := range tt.workers {
+		name := fmt.Sprintf("worker%d", i)
+		mustContain(t, name+" stdout", c.proc(name).Stdout.String(), tt.worker...)
+	}
+	for i := range tt.servers {
+		name := fmt.Sprintf("server%d", i)
+		mustContain(t, name+" stdout", c.proc(name).Stdout.String(), tt.server...)
+	}
+	mustContain(t, "scheduler stdout", c.proc("scheduler").Stdout.String(), tt.scheduler...)
+	if tt.prog == "pslite_benchmark" {
+		// A figure for the log only: timing is not asserted.
+		t.Logf("mean goodput %.3f Gbit/s", meanGoodput(t, c.Cluster, tt.workers))
 	}
 }
 
