@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/localagg"
@@ -48,8 +49,12 @@ type Agent struct {
 	// pushed frame, and all but one per iteration stop here.
 	considered atomic.Uint64
 	// version is the latest retry version reported under.
-	version  atomic.Uint32
-	pace     *Pace
+	version atomic.Uint32
+	pace    *Pace
+	// skipped is the report the pace skipped last, sent by flush when
+	// it falls due unless a later report goes first (nil then).
+	skipped  *report
+	flush    *time.Timer
 	shaping  bool
 	quit     chan struct{}
 	stopOnce sync.Once
@@ -59,9 +64,26 @@ type Agent struct {
 // New makes n's agent and installs its control handler; call it before
 // n.Start. apply is the worker's (nil on a server).
 func New(n *cluster.Member, apply Apply) *Agent {
-	a := &Agent{node: n, apply: apply, meter: NewMeter(Window), pace: NewPace(ReportEvery), shaping: true, quit: make(chan struct{})}
+	a := &Agent{node: n, apply: apply, meter: NewMeter(Window), pace: NewPace(reportEvery(n.Config())), shaping: true, quit: make(chan struct{})}
 	n.OnControl(a.handleControl)
 	return a
+}
+
+// reportEvery is the pace of a node's reports under cfg: ReportEvery, or
+// every iteration under a retry policy, where a worker's pull of an
+// iteration may wait for the LB's Done past it, which needs every
+// worker's report of it at once.
+func reportEvery(cfg config.Config) time.Duration {
+	if cfg.Retries() {
+		return 0
+	}
+	return ReportEvery
+}
+
+// report is one report's iteration begun and what goes with it.
+type report struct {
+	iter, modelBytes uint64
+	version          uint32
 }
 
 // Start begins measuring; call it once the node has started.
@@ -72,7 +94,14 @@ func (a *Agent) Start() {
 
 // Close stops measuring. It is idempotent.
 func (a *Agent) Close() {
-	a.stopOnce.Do(func() { close(a.quit) })
+	a.stopOnce.Do(func() {
+		close(a.quit)
+		a.mu.Lock()
+		if a.flush != nil {
+			a.flush.Stop()
+		}
+		a.mu.Unlock()
+	})
 	a.wg.Wait()
 }
 
@@ -89,6 +118,10 @@ func (a *Agent) sample(byHost bool) {
 		case <-a.quit:
 			return
 		case <-a.node.Done():
+			return
+		case <-a.node.Closed():
+			// Left the cluster: whichever path closed the member, its
+			// agent has nothing more to measure.
 			return
 		case now := <-t.C:
 			var sent, recv uint64
@@ -132,12 +165,56 @@ func (a *Agent) began(iter, modelBytes uint64, version uint32, worker bool) {
 		return
 	}
 	a.considered.Store(max(iter, a.considered.Load()))
+	r := report{iter: iter, modelBytes: modelBytes, version: version}
 	if !a.pace.Due(iter, version, worker, time.Now()) {
+		a.skipped = &r
+		a.armFlush()
 		a.mu.Unlock()
 		return
 	}
-	a.version.Store(max(version, a.version.Load()))
-	s := lb.Sample{Node: a.node.Self().ID, Iteration: iter - 1, ModelBytes: modelBytes, Version: version}
+	a.send(r)
+}
+
+// armFlush starts the timer that sends the skipped report when it falls
+// due, unless it runs already. a.mu is held.
+func (a *Agent) armFlush() {
+	at, ok := a.pace.Pending()
+	if !ok || a.flush != nil {
+		return
+	}
+	select {
+	case <-a.quit:
+		return
+	default:
+	}
+	a.flush = time.AfterFunc(time.Until(at), a.flushSkipped)
+}
+
+// flushSkipped sends the report the pace skipped last, where no later one
+// went meanwhile.
+func (a *Agent) flushSkipped() {
+	a.mu.Lock()
+	a.flush = nil
+	select {
+	case <-a.quit:
+		a.mu.Unlock()
+		return
+	default:
+	}
+	if a.skipped == nil || !a.pace.Flush(time.Now()) {
+		a.armFlush() // early, by the clock: again when due
+		a.mu.Unlock()
+		return
+	}
+	a.send(*a.skipped)
+}
+
+// send reports r: what the node measured during the iteration before
+// r.iter. a.mu is held, and send releases it.
+func (a *Agent) send(r report) {
+	a.skipped = nil
+	a.version.Store(max(r.version, a.version.Load()))
+	s := lb.Sample{Node: a.node.Self().ID, Iteration: r.iter - 1, ModelBytes: r.modelBytes, Version: r.version}
 	s.UpRate, s.DownRate, s.SentBytes, s.ReceivedBytes = a.meter.Take()
 	a.mu.Unlock()
 	body, err := s.MarshalBinary()

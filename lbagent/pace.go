@@ -30,8 +30,12 @@ const ReportEvery = 10 * time.Millisecond
 //
 // A skipped report is not lost: the next one reports a later iteration,
 // which tells the LB of every one before it (lb.Balancer.Observe), with
-// the peak rates of the windows since the last report (Meter.Take). Pace
-// is pure: the caller passes the clock. It is not safe for concurrent use.
+// the peak rates of the windows since the last report (Meter.Take); and
+// where no next one comes in time (the node waits, or its job ends), the
+// skipped one is sent once it falls due (Pending, Flush): the LB's Done
+// and the status page must not stop at an iteration the node finished.
+// Pace is pure: the caller passes the clock. It is not safe for
+// concurrent use.
 type Pace struct {
 	every    time.Duration
 	last     time.Time // the latest report
@@ -43,6 +47,8 @@ type Pace struct {
 	// (lb.Directive.ForServers), so its grant is out of date.
 	done, horizon uint64
 	probing       bool
+	// skipped: a report was skipped since the latest one sent.
+	skipped bool
 }
 
 // NewPace returns a Pace that reports at most once per every outside
@@ -57,10 +63,29 @@ func (p *Pace) Due(iter uint64, version uint32, worker bool, now time.Time) bool
 		now.Sub(p.last) >= p.every || now.Before(p.last) ||
 		worker && iter >= p.done+(p.horizon-p.done)/2
 	if due {
-		p.last, p.reported = now, true
+		p.last, p.reported, p.skipped = now, true, false
 		p.version = max(p.version, version)
+	} else {
+		p.skipped = true
 	}
 	return due
+}
+
+// Pending reports whether a report was skipped since the latest one sent,
+// and when it falls due.
+func (p *Pace) Pending() (at time.Time, ok bool) {
+	return p.last.Add(p.every), p.skipped
+}
+
+// Flush reports whether the report skipped last should be sent at now (it
+// is pending and due); if so the Pace counts it as sent.
+func (p *Pace) Flush(now time.Time) bool {
+	at, ok := p.Pending()
+	if !ok || now.Before(at) {
+		return false
+	}
+	p.last, p.skipped = now, false
+	return true
 }
 
 // Follow takes a directive the node received: its grant, and whether a

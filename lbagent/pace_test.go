@@ -75,3 +75,44 @@ func TestPace(t *testing.T) {
 		})
 	}
 }
+
+// A report the pace skipped falls due ReportEvery after the latest one
+// sent, and is sent then unless a later report went first: a node that
+// stops beginning iterations (it waits, or its job ends) still reports
+// the last one it finished.
+func TestPaceFlush(t *testing.T) {
+	const every = 10 * time.Millisecond
+	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	ms := func(n int) time.Time { return t0.Add(time.Duration(n) * time.Millisecond) }
+	tests := []struct {
+		name    string
+		begins  []int // iteration i+1 begins at begins[i] ms
+		flushAt int   // ms
+		pending bool  // after the begins
+		due     int   // ms, when pending
+		flushed bool
+	}{
+		{"nothing skipped", []int{0}, 50, false, 0, false},
+		{"skipped, flushed when due", []int{0, 1, 2}, 10, true, 10, true},
+		{"skipped, not yet due", []int{0, 1, 2}, 9, true, 10, false},
+		{"a later report went first", []int{0, 1, 12}, 30, false, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := NewPace(every)
+			for i, at := range tt.begins {
+				p.Due(uint64(i+1), 0, false, ms(at))
+			}
+			at, ok := p.Pending()
+			if ok != tt.pending || ok && !at.Equal(ms(tt.due)) {
+				t.Fatalf("Pending() = %v, %v; want %v at %d ms", at.Sub(t0), ok, tt.pending, tt.due)
+			}
+			if got := p.Flush(ms(tt.flushAt)); got != tt.flushed {
+				t.Fatalf("Flush at %d ms = %v; want %v", tt.flushAt, got, tt.flushed)
+			}
+			if _, ok := p.Pending(); tt.flushed && ok {
+				t.Fatal("still pending after the flush")
+			}
+		})
+	}
+}
