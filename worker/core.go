@@ -111,8 +111,8 @@ type core struct {
 	// sums are staged and copied in once every worker has them, since a
 	// retry would push the buffer again.
 	deferred []deferredPull
-	// gated are in-place FPTPushPulls' pulls waiting for their keys'
-	// frames to be written, by key and iteration.
+	// gated are in-place FPTPushPulls' pulls whose keys' frames are not
+	// all written yet, by key and iteration.
 	gated map[resultKey]*gatedPull
 	// restaged counts the result bytes copied from staging into a pull's
 	// buffer: partitions that arrived before their FPTPull, each read

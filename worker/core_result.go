@@ -57,15 +57,18 @@ type result struct {
 	// held: complete, but its pull waits until every worker has the sum
 	// (sumsAgainOnWorkerLoss); the pull stays its waiter.
 	held bool
+	// gate: the waiter's buffer holds an in-place FPTPushPull's values
+	// that the sender still reads; the partitions it closes are staged.
+	gate *gatedPull
 }
 
 type pullWait struct {
 	req *request
 	dst []byte
-	// copying: the shell is copying the partitions staged before the pull
+	// copying counts the deliveries the shell is copying from staging
 	// into dst, outside the lock (a tensor's staging can be gigabytes); the
-	// result completes only once that copy is reported (copied).
-	copying bool
+	// result completes only once every one is reported (copied).
+	copying int
 }
 
 // landing is where a claimed result partition's bytes go.
@@ -113,9 +116,11 @@ func (c *core) pull(keys []uint64, data []byte, byteLens []int, dtype frame.DTyp
 // request made in one step, so that every key's result has its waiter
 // before any frame of the push can leave: none of its partitions is
 // staged and copied again. outs is data itself (in place) or apart from
-// it. In place, a key's result waits in outs only once the key's frames
-// are written (sentFrame): until then the sender still reads those
-// bytes, and the partitions that come first are staged.
+// it. In place, a result partition lands in outs only once the push frame
+// of the same bytes is written (sentFrame): until then the sender still
+// reads them, and a partition that comes first is staged and copied when
+// its frame is written. Where the push's frames are not the result's
+// partitions, the key's last frame written opens them all.
 func (c *core) pushPull(keys []uint64, data, outs []byte, byteLens []int, dtype frame.DType, priority int32, cl *call) (effects, error) {
 	if len(outs) != len(data) {
 		return effects{}, fmt.Errorf("worker: FPTPushPull: %d bytes for the sums, %d of values: %w", len(outs), len(data), ErrSizeMismatch)
@@ -152,7 +157,10 @@ func (c *core) pushPull(keys []uint64, data, outs []byte, byteLens []int, dtype 
 		case iter >= c.done && c.aliasesHeld(t, iter, parts[i]):
 			c.deferred = append(c.deferred, deferredPull{r, pw})
 		case unsent[t.key] > 0 && iter == t.pushed-1:
-			c.gated[resultKey{t.key, iter}] = &gatedPull{r: r, pw: pw, unsent: unsent[t.key]}
+			g := &gatedPull{r: r, req: req, unsent: unsent[t.key], closed: framedParts(r, out.sends, t.key)}
+			c.gated[resultKey{t.key, iter}] = g
+			r.gate = g
+			out.merge(c.waitFor(r, pw))
 		default:
 			out.merge(c.waitFor(r, pw))
 		}
@@ -160,28 +168,82 @@ func (c *core) pushPull(keys []uint64, data, outs []byte, byteLens []int, dtype 
 	return out, nil
 }
 
-// gatedPull is the pull half of an in-place FPTPushPull: its result
-// waits in the pull's buffer once the push's unsent frames of the key are
-// written (sentFrame).
+// gatedPull is the pull half of an in-place FPTPushPull whose push has
+// frames of the key not yet written: their bytes are still the sender's.
 type gatedPull struct {
 	r      *result
-	pw     *pullWait
-	unsent int
+	req    *request
+	unsent int // the push's frames of the key not yet written
+	// closed marks the result's partitions whose push frame is not yet
+	// written; nil: every partition, until the key's last frame is.
+	closed []bool
 }
 
-// sentFrame is sent for a frame h of r: the last of an in-place
-// FPTPushPull's frames of a key opens its pull's wait.
+// framedParts marks the partitions of r that the key's frames among
+// sends carry, or returns nil unless each frame is exactly one of them
+// (then the pull waits for the key's last frame).
+func framedParts(r *result, sends []frame.Message, key uint64) []bool {
+	closed := make([]bool, len(r.parts))
+	for i := range sends {
+		h := &sends[i].Header
+		if h.Key != key {
+			continue
+		}
+		if int(h.Partition) >= len(r.parts) || r.iter != h.Iteration {
+			return nil
+		}
+		p := r.parts[h.Partition]
+		if p.Offset != h.Offset || p.Length != h.Length || closed[h.Partition] {
+			return nil
+		}
+		closed[h.Partition] = true
+	}
+	return closed
+}
+
+// closed reports whether partition part's bytes in the waiter's buffer
+// are still an in-place push's values being sent.
+func (r *result) closed(part uint32) bool {
+	g := r.gate
+	return g != nil && (g.closed == nil || int(part) >= len(g.closed) || g.closed[part])
+}
+
+// sentFrame is sent for a frame h of r: an in-place FPTPushPull's frame
+// written opens its partition (or, the last of the key's, every one) to
+// the pull, and what was staged there is copied over.
 func (c *core) sentFrame(r *request, h *frame.Header, err error) effects {
 	var out effects
 	k := resultKey{h.Key, h.Iteration}
-	if g := c.gated[k]; g != nil && g.pw.req == r && h.Type == frame.Push {
-		if g.unsent--; g.unsent == 0 {
-			delete(c.gated, k)
-			out.merge(c.waitFor(g.r, g.pw))
-		}
+	if g := c.gated[k]; g != nil && g.req == r && h.Type == frame.Push {
+		out.merge(c.open(k, g, h.Partition))
 	}
 	out.merge(c.sent(r, err))
 	return out
+}
+
+// open records that g's push frame of partition part is written.
+func (c *core) open(k resultKey, g *gatedPull, part uint32) effects {
+	r := g.r
+	g.unsent--
+	switch {
+	case g.unsent == 0:
+		delete(c.gated, k)
+		r.gate = nil
+	case g.closed != nil && int(part) < len(g.closed):
+		g.closed[part] = false
+	default:
+		return effects{}
+	}
+	if r.waiter == nil || r.restage {
+		return effects{} // unstage copies what is staged
+	}
+	if d, ok := r.wait(r.waiter); ok {
+		return effects{copies: []delivery{d}}
+	}
+	if r.complete && r.gate == nil && r.waiter.copying == 0 {
+		return c.finish(r, r.waiter)
+	}
+	return effects{}
 }
 
 // await claims each tensor's next iteration's result for req, into its
@@ -210,7 +272,7 @@ func (c *core) waitFor(r *result, pw *pullWait) effects {
 	var out effects
 	if d, ok := r.wait(pw); ok {
 		out.copies = append(out.copies, d)
-	} else if r.complete {
+	} else if r.complete && r.gate == nil {
 		out.merge(c.finish(r, r.waiter))
 	}
 	return out
@@ -242,11 +304,12 @@ func (r *result) stage() []byte {
 }
 
 // wait makes an FPTPull's buffer the destination of r's partitions still
-// to come, and hands the shell those already staged to copy over (ok).
+// to come, and hands the shell those already staged to copy over (ok),
+// but those an in-place push still sends from.
 func (r *result) wait(pw *pullWait) (d delivery, ok bool) {
 	r.waiter = pw
 	for i, staged := range r.staged {
-		if staged {
+		if staged && !r.closed(uint32(i)) {
 			d.parts = append(d.parts, r.parts[i])
 			r.staged[i] = false
 		}
@@ -254,14 +317,15 @@ func (r *result) wait(pw *pullWait) (d delivery, ok bool) {
 	if len(d.parts) == 0 {
 		return delivery{}, false
 	}
-	pw.copying = true
+	pw.copying++
 	return delivery{r: r, pw: pw, buf: r.buf, parts: d.parts}, true
 }
 
 // copied reports that the shell has copied d's staged partitions: the
-// result completes now if its last partition has already landed.
+// result completes now if its last partition has already landed and
+// nothing else is to be copied.
 func (c *core) copied(d delivery) effects {
-	d.pw.copying = false
+	d.pw.copying--
 	for _, p := range d.parts {
 		c.restaged += p.Length
 	}
@@ -271,8 +335,8 @@ func (c *core) copied(d delivery) effects {
 		// apart, and is copied now (or once stale landings end).
 		return c.unstage(r)
 	}
-	if !r.complete {
-		return effects{} // land completes it with its last partition
+	if !r.complete || d.pw.copying > 0 || r.gate != nil {
+		return effects{} // land, the last copy or open completes it
 	}
 	return c.finish(r, d.pw)
 }
@@ -377,7 +441,7 @@ func (c *core) claim(h *frame.Header) (landing, error) {
 	}
 	r.seen[h.Partition] = true
 	r.writing++
-	l := landing{r: r, gen: r.gen, staging: r.waiter == nil || r.restage}
+	l := landing{r: r, gen: r.gen, staging: r.waiter == nil || r.restage || r.closed(h.Partition)}
 	var into []byte
 	if l.staging {
 		into = r.stage()
@@ -400,8 +464,9 @@ func (c *core) land(l landing, part uint32) effects {
 	}
 	r.writing--
 	if l.staging {
-		if r.waiter != nil && !r.restage {
-			// The pull came while this partition was being staged.
+		if r.waiter != nil && !r.restage && !r.closed(part) {
+			// The pull came, or its push frame was written, while this
+			// partition was being staged.
 			p := r.parts[part]
 			copy(r.waiter.dst[p.Offset:p.Offset+p.Length], l.span)
 			c.restaged += p.Length
@@ -416,8 +481,8 @@ func (c *core) land(l landing, part uint32) effects {
 	r.complete = true
 	out := c.sumIn(r.t, r.iter)
 	wait := r.waiter
-	if wait == nil || wait.copying || r.restage {
-		return out // its pull, copied or unstage completes it
+	if wait == nil || wait.copying > 0 || r.restage || r.gate != nil {
+		return out // its pull, copied, unstage or open completes it
 	}
 	out.merge(c.finish(r, wait))
 	return out

@@ -197,8 +197,11 @@ func (c *core) recut(r *result, workersChanged bool) {
 	if r.stale > 0 {
 		r.buf = nil // stale landings may still write into the old one
 	}
-	if r.waiter != nil && (r.waiter.copying || r.stale > 0) {
+	if r.waiter != nil && (r.waiter.copying > 0 || r.stale > 0) {
 		r.restage, r.buf = true, nil
+	}
+	if r.gate != nil {
+		r.gate.closed = nil // the new cut's partitions are not the frames'
 	}
 }
 
@@ -206,15 +209,15 @@ func (c *core) recut(r *result, workersChanged bool) {
 // buffer any more: the partitions staged apart meanwhile are copied over,
 // or the pull completes if they are all in.
 func (c *core) unstage(r *result) effects {
-	if !r.restage || r.stale > 0 || r.waiter == nil || r.waiter.copying {
+	if !r.restage || r.stale > 0 || r.waiter == nil || r.waiter.copying > 0 {
 		return effects{}
 	}
 	r.restage = false
 	if d, ok := r.wait(r.waiter); ok {
 		return effects{copies: []delivery{d}}
 	}
-	if !r.complete {
-		return effects{} // land completes it with its last partition
+	if !r.complete || r.gate != nil {
+		return effects{} // land or open completes it
 	}
 	return c.finish(r, r.waiter)
 }
