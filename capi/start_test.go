@@ -138,6 +138,9 @@ func value(t *testing.T, f metricstest.Families, name string, labels map[string]
 func TestLibDecisionsOnStdout(t *testing.T) {
 	var stdout, stderr localcluster.Buffer // the node's goroutines write them
 	c := startLibsWith(t, 1, 2, func(role string, vars map[string]string, l *Lib) {
+		// Iterations this short probe only with the lookahead fixed
+		// (lb.Config.MinIteration).
+		vars["FPT_LB_AHEAD"] = "0"
 		if role == "scheduler" {
 			vars["PS_VERBOSE"] = "1" // the decisions are logged too
 			l.stdout, l.stderr = &stdout, &stderr
