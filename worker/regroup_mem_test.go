@@ -40,10 +40,14 @@ var closedRe = regexp.MustCompile(`msg="local aggregation: group closed" .*group
 // TestLocalRegroupAfterRetry: three workers on one host sum locally (a
 // real segment in a test directory, real notice sockets, the in-memory
 // network); a worker lost under FPT_ON_WORKER_LOSS=continue (the leader,
-// or a member) costs a retry, after which the workers left sum on their host again, in a group
+// or a member), or a server under FPT_ON_SERVER_LOSS=retry, costs a
+// retry, after which the workers left sum on their host again, in a group
 // re-formed from the retry's iteration on: its leader pushes host sums,
 // every value of every iteration stays exact (fptWorker checks them
-// against the workers of each iteration) and the job ends cleanly.
+// against the workers of each iteration) and the job ends cleanly. After
+// a server's loss the leader often has a sum of the retry's iteration
+// that a member has not read yet: the re-pushed host sum's result must
+// still reach that member, or the job stalls.
 func TestLocalRegroupAfterRetry(t *testing.T) {
 	const iters, killAt = 12, 5
 	for _, tt := range []struct {
@@ -55,6 +59,7 @@ func TestLocalRegroupAfterRetry(t *testing.T) {
 	}{
 		{"leader lost", 1, map[string]string{"FPT_ON_WORKER_LOSS": "continue"}, node.WorkerID(0), "worker1(11) worker2(13)"},
 		{"member lost", 1, map[string]string{"FPT_ON_WORKER_LOSS": "continue"}, node.WorkerID(1), "worker0(9) worker2(13)"},
+		{"server lost", 2, map[string]string{"FPT_ON_SERVER_LOSS": "retry"}, node.ServerID(1), "worker0(9) worker1(11) worker2(13)"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			logs := &syncBuffer{}

@@ -689,7 +689,10 @@ func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
 	l, inPlace, err := w.c.received(h)
 	w.mu.Unlock()
 	if errors.Is(err, errStale) {
-		return nil
+		// Stale here, not to the group: a leader that had the whole sum
+		// before a retry is sent it again for the members that did not,
+		// whose group's host sums the retry re-pushed.
+		return w.lagg.Load().publish(h, payload)
 	}
 	if err != nil {
 		return err
@@ -712,6 +715,10 @@ func (w *Worker) deliverLocal(h *frame.Header, data []byte) {
 	l, err := w.c.claim(h)
 	w.mu.Unlock()
 	if errors.Is(err, errStale) {
+		// The group's all the same, as in handleResult.
+		if err := w.lagg.Load().publish(h, data); err != nil {
+			w.node.Fail(fmt.Errorf("worker: own sum %s: %w", h, err))
+		}
 		return
 	}
 	if err != nil {
