@@ -848,6 +848,14 @@ func (l *localAgg) handle(b []byte) error {
 	return fmt.Errorf("local aggregation: notice %d from member %d unexpected here", kind, m)
 }
 
+// stop marks the side closed and wakes its waits (close does the rest).
+func (l *localAgg) stop() {
+	l.mu.Lock()
+	l.closed = true
+	l.cond.Broadcast()
+	l.mu.Unlock()
+}
+
 // close ends this worker's side: its socket, its mapping (the leader's
 // removes the segment's name if still there).
 func (l *localAgg) close() {

@@ -189,6 +189,20 @@ func (g *localGroups) publish(h *frame.Header, data []byte) error {
 	return l.publish(h, data)
 }
 
+// stop wakes every wait on a group's chunks, and has later calls use
+// none, without waiting for the calls under way (close does).
+func (g *localGroups) stop() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	aggs := g.aggs
+	g.mu.Unlock()
+	for _, l := range aggs {
+		l.stop()
+	}
+}
+
 // close closes every group's side.
 func (g *localGroups) close() {
 	if g == nil {

@@ -142,6 +142,10 @@ func (w *Worker) watch() {
 			return
 		}
 	}
+	// A result the van's receiver hands a group may wait for a chunk
+	// that members gone (a lost leader's) never free: woken first, or
+	// closing the van waits for it for ever.
+	w.lagg.Load().stop()
 	if err := w.node.CloseVan(); err != nil {
 		w.node.Logger().Warn("closing the data plane after the node failed", "err", err)
 	}
