@@ -772,7 +772,12 @@ func (l *localAgg) loop() {
 			return
 		}
 		if err := l.handle(buf[:n]); err != nil {
-			l.fail(fmt.Errorf("worker: %w", err))
+			l.mu.Lock()
+			closed := l.closed
+			l.mu.Unlock()
+			if !closed { // closing: a notice it can no longer answer is no failure
+				l.fail(fmt.Errorf("worker: %w", err))
+			}
 			return
 		}
 	}
