@@ -122,7 +122,7 @@ func (a *Aggregator) initSets() {
 	slices.Sort(ids)
 	a.sets = []workerSet{{0, ids}}
 	if a.node.SumsLocally() {
-		a.groups = newHostGroups(a.node)
+		a.groups = newHostGroups(a.node, ids)
 	}
 }
 
@@ -212,12 +212,10 @@ func (a *Aggregator) follow(d lb.Directive) []earlyPush {
 			keep--
 		}
 		a.sets = append(a.sets[:keep], workerSet{from, slices.Clone(ws)})
+		a.groups.regroup(from, ws)
 		a.node.Logger().Info("workers of the sums changed", "from_iteration", from, "workers", ws, "version", d.Decision.Version)
 	}
 	if d.Retry {
-		// Workers push the iterations it re-cuts over the network, each
-		// its own (worker/localagg.go's dissolve).
-		a.groups.dissolve(from)
 		a.retries = append(a.retries, retry{d.Decision.Version, from})
 		for pid := range a.covered {
 			if pid.Iteration >= from && pid.Version < d.Decision.Version {

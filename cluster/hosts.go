@@ -1,8 +1,6 @@
 package cluster
 
 import (
-	"math"
-
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/node"
@@ -33,8 +31,7 @@ func hostsByID(nodes []node.Info, hosts []string) map[node.ID]string {
 // joinGroups takes what the scheduler tells a joining node of the local
 // groups, b after its table's layout (localagg.AppendJoined; none from a
 // scheduler that tells none), into t: the hosts the nodes named, from
-// which it forms the groups every member formed, whether they sum, and
-// from which iteration a retry before the join ended their sums.
+// which it forms the groups every member formed, and whether they sum.
 func (t *topology) joinGroups(nodes []node.Info, b []byte) error {
 	j, told, err := localagg.ParseJoined(b, len(nodes), config.MaxHostIDLen)
 	if err != nil || !told {
@@ -87,17 +84,6 @@ func (n *Member) SumsLocally() bool {
 	}
 	cfg := n.Config()
 	return cfg.SumsLocally(localagg.Sizes(groups))
-}
-
-// GroupsUntil is the first iteration the local groups no longer sum as
-// this node's table says: that of a retry (a lost node's) before this
-// node joined the running job; math.MaxUint64 for a node of the start,
-// which follows the retries itself.
-func (n *Member) GroupsUntil() uint64 {
-	if t := n.topo.Load(); t != nil && t.joined != nil {
-		return t.joined.Until
-	}
-	return math.MaxUint64
 }
 
 // hostNamed is the host a registering node names (FPT_HOST_ID; empty:

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"math"
 	"reflect"
 	"testing"
 
@@ -59,16 +58,14 @@ func TestJoinTableGroups(t *testing.T) {
 		told      *localagg.Joined // nil: no section
 		garble    bool
 		sums      bool
-		until     uint64
 		groupSize map[string]int
 	}{
-		{"told: groups sum", &localagg.Joined{Sums: true, Until: math.MaxUint64}, false, true, math.MaxUint64, map[string]int{"a": 2, "b": 1}},
-		{"told: a retry ended them", &localagg.Joined{Sums: true, Until: 17}, false, true, 17, map[string]int{"a": 2, "b": 1}},
-		{"told: they do not sum", &localagg.Joined{Sums: false, Until: math.MaxUint64}, false, false, math.MaxUint64, map[string]int{"a": 2, "b": 1}},
+		{"told: groups sum", &localagg.Joined{Sums: true}, false, true, map[string]int{"a": 2, "b": 1}},
+		{"told: they do not sum", &localagg.Joined{Sums: false}, false, false, map[string]int{"a": 2, "b": 1}},
 		// The addresses (one for all, in this table) form the groups, and
 		// the joiner decides from them.
-		{"told nothing", nil, false, true, math.MaxUint64, map[string]int{"10.0.0.1": 3}},
-		{"garbled", &localagg.Joined{Sums: true, Until: 3}, true, false, 0, nil},
+		{"told nothing", nil, false, true, map[string]int{"10.0.0.1": 3}},
+		{"garbled", &localagg.Joined{Sums: true}, true, false, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -101,9 +98,6 @@ func TestJoinTableGroups(t *testing.T) {
 			n.topo.Store(c.topo)
 			if got := n.SumsLocally(); got != tt.sums {
 				t.Errorf("SumsLocally %v, want %v", got, tt.sums)
-			}
-			if got := n.GroupsUntil(); got != tt.until {
-				t.Errorf("GroupsUntil %d, want %d", got, tt.until)
 			}
 			groups, err := n.LocalGroups()
 			if err != nil {

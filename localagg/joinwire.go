@@ -1,10 +1,6 @@
 package localagg
 
-import (
-	"encoding/binary"
-	"fmt"
-	"math"
-)
+import "fmt"
 
 // Joined is what a node joining a running job is told of the workers'
 // local groups, at the end of its node table: every member decided
@@ -13,18 +9,13 @@ type Joined struct {
 	// Sums: the workers sum on their hosts (config.Config.SumsLocally, as
 	// the scheduler and every member decided it at the start).
 	Sums bool
-	// Until is the first iteration the groups no longer sum: a retry's
-	// before the join (a lost node's), from which every worker pushes over
-	// the network; math.MaxUint64 while they sum.
-	Until uint64
 	// Hosts are the hosts the table's nodes named (FPT_HOST_ID; "" for
 	// none), in the table's order, as AppendHosts encodes them.
 	Hosts []string
 }
 
-// AppendJoined encodes j: Until, a byte for Sums, then the hosts.
+// AppendJoined encodes j: a byte for Sums, then the hosts.
 func AppendJoined(b []byte, j Joined) []byte {
-	b = binary.LittleEndian.AppendUint64(b, j.Until)
 	sums := byte(0)
 	if j.Sums {
 		sums = 1
@@ -37,13 +28,13 @@ func AppendJoined(b []byte, j Joined) []byte {
 // joiner decides from its table alone.
 func ParseJoined(b []byte, n int, maxLen int) (j Joined, ok bool, err error) {
 	if len(b) == 0 {
-		return Joined{Until: math.MaxUint64}, false, nil
+		return Joined{}, false, nil
 	}
-	if len(b) < 9 || b[8] > 1 {
+	if b[0] > 1 {
 		return Joined{}, false, fmt.Errorf("localagg: joining node table: local groups malformed (%d bytes)", len(b))
 	}
-	j.Until, j.Sums = binary.LittleEndian.Uint64(b), b[8] == 1
-	hosts, rest, err := ParseHosts(b[9:], n, maxLen)
+	j.Sums = b[0] == 1
+	hosts, rest, err := ParseHosts(b[1:], n, maxLen)
 	if err != nil {
 		return Joined{}, false, err
 	}

@@ -1,33 +1,31 @@
 package localagg
 
 import (
-	"math"
 	"reflect"
 	"testing"
 )
 
 func TestJoinedWire(t *testing.T) {
 	for _, j := range []Joined{
-		{Sums: true, Until: math.MaxUint64, Hosts: []string{"", "a", "a", "b"}},
-		{Sums: true, Until: 17, Hosts: []string{"", "a", "a", "b"}},
-		{Sums: false, Until: math.MaxUint64, Hosts: []string{"", "", ""}},
+		{Sums: true, Hosts: []string{"", "a", "a", "b"}},
+		{Sums: false, Hosts: []string{"", "", ""}},
 	} {
 		got, ok, err := ParseJoined(AppendJoined(nil, j), len(j.Hosts), 255)
 		if err != nil || !ok || !reflect.DeepEqual(got, j) {
 			t.Errorf("ParseJoined(AppendJoined(%+v)) = %+v, %v, %v", j, got, ok, err)
 		}
 	}
-	if got, ok, err := ParseJoined(nil, 3, 255); err != nil || ok || got.Until != math.MaxUint64 {
-		t.Errorf("none sent: %+v, %v, %v; want not ok, Until max", got, ok, err)
+	if got, ok, err := ParseJoined(nil, 3, 255); err != nil || ok || got.Sums {
+		t.Errorf("none sent: %+v, %v, %v; want not ok", got, ok, err)
 	}
-	enc := AppendJoined(nil, Joined{Sums: true, Until: 3, Hosts: []string{"a", "b"}})
+	enc := AppendJoined(nil, Joined{Sums: true, Hosts: []string{"a", "b"}})
 	for _, tt := range []struct {
 		name string
 		b    []byte
 		n    int
 	}{
-		{"short", enc[:5], 2},
-		{"sums neither 0 nor 1", append(append([]byte(nil), enc[:8]...), append([]byte{2}, enc[9:]...)...), 2},
+		{"hosts count only", enc[:2], 2},
+		{"sums neither 0 nor 1", append([]byte{2}, enc[1:]...), 2},
 		{"hosts cut", enc[:len(enc)-1], 2},
 		{"hosts of another table", enc, 3},
 		{"bytes after", append(append([]byte(nil), enc...), 0), 2},
@@ -39,7 +37,7 @@ func TestJoinedWire(t *testing.T) {
 }
 
 func FuzzParseJoined(f *testing.F) {
-	f.Add(AppendJoined(nil, Joined{Sums: true, Until: 9, Hosts: []string{"a", ""}}), 2)
+	f.Add(AppendJoined(nil, Joined{Sums: true, Hosts: []string{"a", ""}}), 2)
 	f.Fuzz(func(t *testing.T, b []byte, n int) {
 		if n < 0 || n > 1000 {
 			return

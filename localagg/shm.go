@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -89,11 +90,12 @@ func GroupLayout(members int, partitionBytes uint64) Layout {
 }
 
 // Check reports whether dir can hold a segment of layout l: it makes one
-// under a name of its own (with this process's pid), reserving its memory,
+// under a name of its own (this process's pid and a random number: the
+// workers of one process, in tests, check at once), reserving its memory,
 // and removes it. A worker whose check fails sums alone, over the network
 // (NoSharedMemory), rather than failing the job at its group's start.
 func Check(dir string, l Layout) error {
-	seg, _, err := Create(dir, Prefix+"check-"+strconv.Itoa(os.Getpid()), 0, 0, l)
+	seg, _, err := Create(dir, Prefix+"check-"+strconv.Itoa(os.Getpid())+"-"+strconv.FormatUint(rand.Uint64(), 16), 0, 0, l)
 	if err != nil {
 		return err
 	}

@@ -85,14 +85,11 @@ type core struct {
 	// hostIDs are the hosts registering nodes named (FPT_HOST_ID), by
 	// connection; groups the workers' local groups, formed at the table;
 	// hostOf every node's host (named, else its address); lbHostIndex the
-	// LB's index of each host, when it balances by host; groupsEnded is
-	// set once a retry ended the groups' sums, from groupsUntil on.
+	// LB's index of each host, when it balances by host.
 	hostIDs     map[string]string
 	groups      []localagg.Group
 	hostOf      map[node.ID]string
 	lbHostIndex map[string]int
-	groupsEnded bool
-	groupsUntil uint64
 	// finalSeq is the final barrier's number, once a member reached it.
 	finalSeq  uint64
 	finalSeen bool

@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 
@@ -134,28 +133,12 @@ func (c *core) placeJoiner(info node.Info) {
 	c.lb.PlaceOnHost(info.ID, i)
 }
 
-// endGroups notes that the retry decision d (a lost node's, or a
-// server's leave) ends the groups' sums from its iteration on: every
-// worker and aggregator dissolves them there (worker/localagg.go,
-// aggregator/hosts.go), and a node joining later is told so.
-func (c *core) endGroups(d lb.Directive) {
-	if !d.Retry || d.Decision == nil {
-		return
-	}
-	if !c.groupsEnded || d.Decision.Iteration < c.groupsUntil {
-		c.groupsEnded, c.groupsUntil = true, d.Decision.Iteration
-	}
-}
-
 // joinedGroups is what a node joining the running job is told of the
 // local groups: whether the workers sum on their hosts, as every member
-// decided it from the table the job started with; the iteration a retry
-// ended their sums at, if one did; and the hosts the nodes of the table
-// it gets named, from which it forms the groups the members formed.
+// decided it from the table the job started with, and the hosts the
+// nodes of the table it gets named, from which it forms the groups the
+// members formed (a retry re-forms them from its decision's workers, as
+// the members do).
 func (c *core) joinedGroups() localagg.Joined {
-	until := uint64(math.MaxUint64)
-	if c.groupsEnded {
-		until = c.groupsUntil
-	}
-	return localagg.Joined{Sums: c.sumsLocally(), Until: until, Hosts: c.namedHosts()}
+	return localagg.Joined{Sums: c.sumsLocally(), Hosts: c.namedHosts()}
 }

@@ -3,14 +3,12 @@ package scheduler
 import (
 	"io"
 	"log/slog"
-	"math"
 	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/control"
-	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/status"
@@ -157,27 +155,16 @@ func TestJoinedGroups(t *testing.T) {
 			t.Errorf("joining table names %q as %s's host, want %q (all: %v)", hosts[id], id, h, hosts)
 		}
 	}
-	if !j.Sums || j.Until != math.MaxUint64 {
-		t.Errorf("joining table tells Sums %v, Until %d; want true, none", j.Sums, j.Until)
+	if !j.Sums {
+		t.Error("joining table tells Sums false; want true")
 	}
-	// A lost server's retry ends the groups' sums, from its iteration on.
+	// After a lost server's retry the workers still sum on their hosts
+	// (every node re-forms the groups from the retry's decision).
 	c.running = true
 	if handled, _ := c.lose(node.ServerID(1), "test"); !handled {
 		t.Fatal("server 1's loss not survived")
 	}
-	from := c.groupsUntil
-	if j, _ := joined(6); !j.Sums || !c.groupsEnded || j.Until != from {
-		t.Errorf("after a retry from %d (ended %v), the joining table tells Sums %v, Until %d; want true, %d", from, c.groupsEnded, j.Sums, j.Until, from)
-	}
-	// A later retry does not move it; a decision that is no retry does
-	// not end them.
-	c.endGroups(lb.Directive{Retry: true, Decision: &lb.Decision{Iteration: from + 3}})
-	if c.groupsUntil != from {
-		t.Errorf("a later retry moved the groups' end to %d, want %d", c.groupsUntil, from)
-	}
-	c2 := &core{}
-	c2.endGroups(lb.Directive{Decision: &lb.Decision{Iteration: 5}})
-	if c2.groupsEnded {
-		t.Error("a decision that is no retry ended the groups' sums")
+	if j, _ := joined(6); !j.Sums {
+		t.Error("after a retry, the joining table tells Sums false; want true")
 	}
 }

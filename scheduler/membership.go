@@ -87,7 +87,6 @@ func (c *core) lose(id node.ID, why string) (handled bool, final []node.ID) {
 // directive d made for info's departure, and sends d.
 func (c *core) changed(info node.Info, d lb.Directive, why string) {
 	c.membership++
-	c.endGroups(d)
 	msg := msgServerLeft
 	if info.Role == node.Worker {
 		msg = msgWorkerLeft

@@ -14,7 +14,8 @@ import (
 // TestLocalAggregationServerLoss: local aggregation under
 // FPT_ON_SERVER_LOSS=retry, workers 0 and 1 a group on host a, worker 2
 // alone on host b, two servers. Server 1 killed (kill -9) or sent
-// SIGTERM (it leaves in order) mid-run: the retry dissolves the group,
+// SIGTERM (it leaves in order) mid-run: the retry re-forms the group in
+// a segment of its own, which sums again from the retry's iteration on,
 // and a new server joins the job after. Or a server joins while the group
 // sums, none lost: the even split sends it host sums, which it counts for
 // the group the scheduler formed (a joining node's table names the
@@ -70,8 +71,9 @@ func TestLocalAggregationServerLoss(t *testing.T) {
 			}
 			if victim != nil {
 				for _, w := range []string{"worker0", "worker1"} {
-					mustContain(t, w+" stderr", c.proc(w).Stderr.String(), "group dissolved after a retry")
+					mustContain(t, w+" stderr", c.proc(w).Stderr.String(), "local aggregation: group dissolved", "local aggregation: group re-formed")
 				}
+				regrouped(t, c, []string{"worker0", "worker1"})
 			}
 		})
 	}

@@ -24,9 +24,11 @@ var rankRe = regexp.MustCompile(`(?m)^worker (\d+): `)
 // TestLocalAggregationWorkerLoss: kill -9 of a worker of a group of three
 // on one host mid-run, under FPT_ON_WORKER_LOSS=continue (the group's
 // leader, rank 0 as the lowest id, or a member) and wait (a member, then
-// a replacement joins on the same host): the retry dissolves the group,
-// and the workers left (and the joiner) verify every value of every
-// iteration against the workers its sums add up, and exit 0.
+// a replacement joins on the same host): the retry re-forms the group
+// over the workers left, which sum on their host again from its
+// iteration on (its new leader logs its host sums), and the workers left
+// (and the joiner) verify every value of every iteration against the
+// workers its sums add up, and exit 0.
 //
 // With the LB on, the balanced split puts every partition on the host's
 // workers (the server's host has none), so the member killed aggregates a
@@ -115,10 +117,40 @@ func TestLocalAggregationWorkerLoss(t *testing.T) {
 			for _, name := range left {
 				p := c.proc(name)
 				mustContain(t, name+" stdout", p.Stdout.String(), fmt.Sprintf("iteration %d/%d verified", failoverIters, failoverIters), "PASS")
-				mustContain(t, name+" stderr", p.Stderr.String(), "group dissolved after a retry")
+				mustContain(t, name+" stderr", p.Stderr.String(), "local aggregation: group dissolved", "local aggregation: group re-formed")
 			}
+			regrouped(t, c, left)
 		})
 	}
+}
+
+// reformedRe is a group's leader closing a group re-formed mid-run: the
+// iteration it summed from, and its host sums.
+var reformedRe = regexp.MustCompile(`msg="local aggregation: group closed" .*group="\[(.*)\]" from_iteration=([1-9]\d*) host_sums=(\d+)`)
+
+// regrouped checks that the workers left, the processes named, summed
+// on their host again after the retry: one of them led the re-formed
+// group of them all and pushed host sums from the retry's iteration on.
+func regrouped(t *testing.T, c *cluster, left []string) {
+	t.Helper()
+	var ids []string
+	for _, name := range left {
+		m := regexp.MustCompile(`msg=started role=worker id=(\S+)`).FindStringSubmatch(c.proc(name).Stderr.String())
+		if m == nil {
+			t.Fatalf("%s logged no id", name)
+		}
+		ids = append(ids, m[1])
+	}
+	slices.Sort(ids)
+	for _, name := range left {
+		for _, m := range reformedRe.FindAllStringSubmatch(c.proc(name).Stderr.String(), -1) {
+			if sums, _ := strconv.Atoi(m[3]); m[1] == strings.Join(ids, " ") && sums > 0 {
+				return
+			}
+		}
+	}
+	c.dump()
+	t.Errorf("no leader of the workers left %v logged host sums of their group re-formed after the retry", ids)
 }
 
 // killAggregating kills victim, worker1 (rank 1), while it aggregates

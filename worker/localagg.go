@@ -48,12 +48,22 @@ const (
 
 // localAgg is one worker's side of its host's group.
 type localAgg struct {
-	log     *slog.Logger
-	self    node.ID
-	group   localagg.Group
-	idx     int // self's index in group.Workers
-	seg     *localagg.Segment
-	dir     string // where the segment lives (FPT_LOCAL_AGGREGATION_DIR)
+	log    *slog.Logger
+	self   node.ID
+	group  localagg.Group
+	idx    int // self's index in group.Workers
+	seg    *localagg.Segment
+	dir    string // where the segment lives (FPT_LOCAL_AGGREGATION_DIR)
+	name   string // the segment's, and its notice sockets' prefix
+	job    uint64
+	layout localagg.Layout
+	// from is the first iteration the group sums: 0 for the group the job
+	// started with, a decision's Iteration for one it re-formed; version
+	// is that decision's (0: the start's). Pushes of its iterations cut
+	// under an older decision (before a retry) are not its: they go over
+	// the network, where the aggregators drop them as a retry's stale.
+	from    uint64
+	version uint32
 	conn    *net.UnixConn
 	addrs   []*net.UnixAddr // by member index
 	fail    func(error)
@@ -75,8 +85,18 @@ type localAgg struct {
 	survives func(node.ID) bool
 	dropped  map[node.ID]bool // aggregators whose host sums were dropped (logged once each)
 
-	mu     sync.Mutex
-	cond   *sync.Cond
+	mu   sync.Mutex
+	cond *sync.Cond
+	// forming: the group is not formed yet (a re-formed one, formed on a
+	// goroutine of its own so that no directive waits for it); its pushes
+	// wait in pending, their Done not run, until it is.
+	forming bool
+	pending []frame.Message
+	// hostSums counts the leader's host sums (logged at close).
+	hostSums int
+	// early are the notices the leader read while it waited for its
+	// members' hellos, for the loop.
+	early  [][]byte
 	free   []int // member: its contribution chunks free; leader: result chunks free
 	closed bool
 	// until is the first iteration the group no longer sums (a retry's,
@@ -117,69 +137,69 @@ type readers struct {
 	hostSum bool
 }
 
-// startLocal sets up this worker's side of its host's group, once the
-// cluster started; nil when it sums nothing locally (off, or alone on its
-// host). The leader makes the segment and waits for every member to map
-// it, then removes its name: a job killed later leaves nothing behind.
-func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte), local func(*frame.Header, []byte) error) (*localAgg, error) {
+// newLocalAgg is this worker's side of group g, which sums the
+// iterations from from on in the segment name, made for the decision of
+// the given version (0: the job's start): not formed yet (form).
+func newLocalAgg(n *cluster.Member, g localagg.Group, name string, from uint64, version uint32, deliver func(*frame.Header, []byte), local func(*frame.Header, []byte) error) *localAgg {
 	cfg := n.Config()
-	if !n.SumsLocally() {
-		return nil, nil
-	}
-	if n.Joined() {
-		// The running workers formed their groups without it: it sums
-		// alone, as a worker alone on its host does, and every sum stays
-		// exact (the aggregators count and answer it as such).
-		n.Logger().Info("local aggregation: joined a running job, so this worker sums alone, over the network", "host", cfg.Host())
-		return nil, nil
-	}
-	groups, err := n.LocalGroups()
-	if err != nil {
-		return nil, fmt.Errorf("worker: local aggregation: %w", err)
-	}
 	self := n.Self().ID
-	var g localagg.Group
-	for _, gr := range groups {
-		if slices.Contains(gr.Workers, self) {
-			g = gr
-		}
-	}
-	if len(g.Workers) < 2 {
-		n.Logger().Info("local aggregation: alone on this host", "host", g.Host)
-		return nil, nil
-	}
-	l := &localAgg{log: n.Logger(), self: self, group: g, idx: slices.Index(g.Workers, self),
-		fail: n.Fail, deliver: deliver, send: n.Van().Send, local: local, metrics: n.Metrics(), elastic: cfg.WorkersMayLeave(), survives: cfg.Survives, dropped: map[node.ID]bool{}, until: math.MaxUint64}
+	l := &localAgg{log: n.Logger(), self: self, group: g, idx: slices.Index(g.Workers, self), name: name, from: from, version: version,
+		fail: n.Fail, deliver: deliver, send: n.Van().Send, local: local, metrics: n.Metrics(), elastic: cfg.WorkersMayLeave(), survives: cfg.Survives, dropped: map[node.ID]bool{}, until: math.MaxUint64,
+		dir: cfg.SegmentDir(), job: n.JobStamp(), layout: localagg.GroupLayout(len(g.Workers), cfg.PartitionBytes)}
 	l.cond = sync.NewCond(&l.mu)
-	job := n.JobStamp()
-	name := localagg.Name(job, g.Host)
 	for _, w := range g.Workers {
 		l.addrs = append(l.addrs, &net.UnixAddr{Name: "@" + name + "-" + w.String(), Net: "unixgram"})
 	}
-	if l.conn, err = net.ListenUnixgram("unixgram", l.addrs[l.idx]); err != nil {
-		return nil, fmt.Errorf("worker: local aggregation: notice socket: %w", err)
+	return l
+}
+
+// form sets the group up: the leader makes the segment and waits for
+// every member to map it, then removes its name (a job killed later
+// leaves nothing behind); a member maps it and says hello. It gives up
+// at deadline, or once the group is dissolved from its first iteration
+// (a later retry, perhaps for a member lost meanwhile, which closes it).
+func (l *localAgg) form(deadline time.Time) error {
+	if !l.enter() {
+		return errors.New("local aggregation: closed")
 	}
-	l.enter()
+	defer l.busy.Done()
+	conn, err := net.ListenUnixgram("unixgram", l.addrs[l.idx])
+	if err != nil {
+		return fmt.Errorf("notice socket: %w", err)
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		conn.Close()
+		return errors.New("local aggregation: closed")
+	}
+	l.conn = conn
+	l.busy.Add(1)
+	l.mu.Unlock()
 	go l.writer()
-	layout := localagg.GroupLayout(len(g.Workers), cfg.PartitionBytes)
-	l.dir = cfg.SegmentDir()
-	deadline := time.Now().Add(cfg.StartTimeout)
 	if l.idx == 0 {
-		err = l.lead(name, job, layout, deadline)
+		err = l.lead(l.name, l.job, l.layout, deadline)
 	} else {
-		err = l.join(name, job, layout, deadline)
+		err = l.join(l.name, l.job, l.layout, deadline)
 	}
 	if err != nil {
-		l.close()
-		return nil, fmt.Errorf("worker: local aggregation on host %q (FPT_LOCAL_AGGREGATION=on; off sends every worker's push over the network): %w", g.Host, err)
+		return err
 	}
+	l.mu.Lock()
 	for i := range localChunks {
 		l.free = append(l.free, i)
 	}
+	l.mu.Unlock()
+	early := l.early
+	l.early = nil
+	for _, b := range early {
+		if err := l.handle(b); err != nil {
+			return err
+		}
+	}
 	l.enter()
 	go l.loop()
-	l.log.Info("local aggregation", "host", g.Host, "group", g.Workers, "leader", g.Leader(), "segment_bytes_per_slot", layout.SlotBytes)
-	return l, nil
+	return nil
 }
 
 // lead makes the segment and waits for every member's hello.
@@ -204,7 +224,9 @@ func (l *localAgg) lead(name string, job uint64, layout localagg.Layout, deadlin
 			return err
 		}
 	}
+	l.mu.Lock()
 	l.core, l.first, l.sums, l.readers = core, map[localagg.Slot]frame.Header{}, map[localagg.Slot][]byte{}, map[int]readers{}
+	l.mu.Unlock()
 	hello := make([]bool, len(l.group.Workers))
 	hello[0] = true
 	buf := make([]byte, noticeLen)
@@ -220,7 +242,11 @@ func (l *localAgg) lead(name string, job uint64, layout localagg.Layout, deadlin
 			if m := int(binary.LittleEndian.Uint16(buf[1:])); m > 0 && m < len(hello) {
 				hello[m] = true
 			}
+			continue
 		}
+		// A member that mapped the segment may contribute before the
+		// others did: its notices wait for the loop.
+		l.early = append(l.early, slices.Clone(buf[:n]))
 	}
 	if err := l.conn.SetReadDeadline(time.Time{}); err != nil {
 		return err
@@ -245,6 +271,9 @@ func (l *localAgg) join(name string, job uint64, layout localagg.Layout, deadlin
 		// wrong, and is reported at the deadline.
 		if errors.Is(err, localagg.ErrDisagree) || time.Now().After(deadline) {
 			return err
+		}
+		if l.abandoned() {
+			return errors.New("local aggregation: group dissolved before it formed")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -336,6 +365,12 @@ func (l *localAgg) dissolve(from uint64) {
 		return
 	}
 	l.until = from
+	if l.forming && from <= l.from {
+		// It would sum nothing: stop waiting for its members (one may
+		// be the worker this retry is for).
+		go l.close()
+		return
+	}
 	for s := range l.first {
 		if s.Iter >= from {
 			delete(l.first, s)
@@ -345,19 +380,52 @@ func (l *localAgg) dissolve(from uint64) {
 	// A member waiting for a chunk its lost leader would never free
 	// drops its push (the retry sends it again).
 	l.cond.Broadcast()
-	l.log.Info("local aggregation: group dissolved after a retry: from its iteration on every worker pushes over the network", "host", l.group.Host, "from_iteration", from)
+	l.log.Info("local aggregation: group dissolved", "host", l.group.Host, "group", l.group.Workers, "from_iteration", from)
 }
 
-// summed reports whether the group still sums iteration iter.
-func (l *localAgg) summed(iter uint64) bool {
+// abandoned reports whether the group was closed, or dissolved from its
+// first iteration, before it formed.
+func (l *localAgg) abandoned() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return iter < l.until
+	return l.closed || l.until <= l.from
+}
+
+// formed takes the pushes that waited while the group formed, then any
+// that come, as they come.
+func (l *localAgg) formed() error {
+	if !l.enter() {
+		return nil
+	}
+	defer l.busy.Done()
+	for {
+		l.mu.Lock()
+		batch := l.pending
+		l.pending = nil
+		if len(batch) == 0 {
+			l.forming = false
+			l.mu.Unlock()
+			return nil
+		}
+		l.mu.Unlock()
+		rest, err := l.take(batch)
+		if err != nil {
+			return err
+		}
+		// Of an iteration the group was dissolved from meanwhile: the
+		// retry that dissolved it sends them again.
+		for i := range rest {
+			if rest[i].Done != nil {
+				rest[i].Done(nil)
+			}
+		}
+	}
 }
 
 // intercept takes the pushes of sends (not an init round's) into the
 // group's sums and returns the frames left to send. A push taken is done
 // (its Done runs) once its bytes are in the segment or the host's sum.
+// While the group forms, its pushes wait (formed takes them).
 func (l *localAgg) intercept(sends []frame.Message) ([]frame.Message, error) {
 	if l == nil {
 		return sends, nil
@@ -366,10 +434,39 @@ func (l *localAgg) intercept(sends []frame.Message) ([]frame.Message, error) {
 		return nil, errors.New("local aggregation: closed")
 	}
 	defer l.busy.Done()
+	l.mu.Lock()
+	if l.forming {
+		rest := sends[:0:0]
+		for i := range sends {
+			if l.ours(&sends[i].Header) {
+				l.pending = append(l.pending, sends[i])
+			} else {
+				rest = append(rest, sends[i])
+			}
+		}
+		l.mu.Unlock()
+		return rest, nil
+	}
+	l.mu.Unlock()
+	return l.take(sends)
+}
+
+// ours reports whether h is a push the group sums: not an init round's,
+// of an iteration it sums, cut under its decision or a later one. Called
+// with l.mu held.
+func (l *localAgg) ours(h *frame.Header) bool {
+	return h.Type == frame.Push && h.Flags&frame.FlagInit == 0 && h.Iteration >= l.from && h.Iteration < l.until && h.Aux >= l.version
+}
+
+// take is intercept once the group formed.
+func (l *localAgg) take(sends []frame.Message) ([]frame.Message, error) {
 	rest := sends[:0:0]
 	for i := range sends {
 		m := &sends[i]
-		if m.Header.Type != frame.Push || m.Header.Flags&frame.FlagInit != 0 || !l.summed(m.Header.Iteration) {
+		l.mu.Lock()
+		ours := l.ours(&m.Header)
+		l.mu.Unlock()
+		if !ours {
 			rest = append(rest, *m)
 			continue
 		}
@@ -473,6 +570,7 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 			l.mu.Unlock()
 		}})
 	}
+	l.hostSums += len(out) + len(shared)
 	l.mu.Unlock()
 	l.metrics.LocalSummed(len(eff.Sums), len(out)+len(shared))
 	for _, sh := range shared {
@@ -674,7 +772,12 @@ func (l *localAgg) loop() {
 			return
 		}
 		if err := l.handle(buf[:n]); err != nil {
-			l.fail(fmt.Errorf("worker: %w", err))
+			l.mu.Lock()
+			closed := l.closed
+			l.mu.Unlock()
+			if !closed { // closing: a notice it can no longer answer is no failure
+				l.fail(fmt.Errorf("worker: %w", err))
+			}
 			return
 		}
 	}
@@ -750,6 +853,14 @@ func (l *localAgg) handle(b []byte) error {
 	return fmt.Errorf("local aggregation: notice %d from member %d unexpected here", kind, m)
 }
 
+// stop marks the side closed and wakes its waits (close does the rest).
+func (l *localAgg) stop() {
+	l.mu.Lock()
+	l.closed = true
+	l.cond.Broadcast()
+	l.mu.Unlock()
+}
+
 // close ends this worker's side: its socket, its mapping (the leader's
 // removes the segment's name if still there).
 func (l *localAgg) close() {
@@ -763,13 +874,25 @@ func (l *localAgg) closeNow() {
 	l.mu.Lock()
 	l.closed = true
 	l.cond.Broadcast()
+	conn, pending := l.conn, l.pending
+	l.pending = nil
 	l.mu.Unlock()
-	if l.conn != nil {
-		l.conn.Close()
+	if conn != nil {
+		conn.Close()
+	}
+	// Pushes that waited for a group never formed: dropped, as those of
+	// a dissolved group are (the retry that ended it sends them again).
+	for i := range pending {
+		if pending[i].Done != nil {
+			pending[i].Done(nil)
+		}
 	}
 	// No one touches the segment once they are out (a pending socket
 	// call ends with the socket, a wait for a chunk with closed).
 	l.busy.Wait()
+	if l.idx == 0 && l.core != nil {
+		l.log.Info("local aggregation: group closed", "host", l.group.Host, "group", l.group.Workers, "from_iteration", l.from, "host_sums", l.hostSums)
+	}
 	if l.seg != nil {
 		if err := l.seg.Close(); err != nil {
 			l.log.Warn("local aggregation: closing the segment", "err", err)

@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fptps/fpt/classic"
@@ -66,9 +67,10 @@ type Worker struct {
 	// failed is closed by watch once the node failed and every request
 	// outstanding was settled with its error (Failed).
 	failed chan struct{}
-	// lagg is this worker's side of its host's group (localagg.go); nil
-	// when it sums nothing locally.
-	lagg *localAgg
+	// lagg is this worker's side of its host's groups
+	// (localagg_groups.go); nil when it sums nothing locally. Set once
+	// the worker started, while directives may already come.
+	lagg atomic.Pointer[localGroups]
 }
 
 var _ van.Sink = (*Worker)(nil)
@@ -110,11 +112,13 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 		n.Close()
 		return nil, err
 	}
-	if w.lagg, err = startLocal(n, w.deliverLocal, w.base.Agg.AddLocal); err != nil {
+	lagg, err := startLocal(n, w.deliverLocal, w.base.Agg.AddLocal)
+	if err != nil {
 		w.base.Close()
 		n.Close()
 		return nil, err
 	}
+	w.lagg.Store(lagg)
 	w.do(t)
 	go w.watch()
 	return w, nil
@@ -138,6 +142,10 @@ func (w *Worker) watch() {
 			return
 		}
 	}
+	// A result the van's receiver hands a group may wait for a chunk
+	// that members gone (a lost leader's) never free: woken first, or
+	// closing the van waits for it for ever.
+	w.lagg.Load().stop()
 	if err := w.node.CloseVan(); err != nil {
 		w.node.Logger().Warn("closing the data plane after the node failed", "err", err)
 	}
@@ -147,7 +155,7 @@ func (w *Worker) watch() {
 		err = fmt.Errorf("worker: the node left the cluster: %w", cluster.ErrTerminated)
 	}
 	w.update(func(c *core) effects { return c.fail(err) })
-	w.lagg.close()
+	w.lagg.Load().close()
 	if failed {
 		close(w.failed)
 	}
@@ -213,7 +221,7 @@ func (w *Worker) hand(req *request, locals, sends []frame.Message, counted bool)
 	// A worker of a group adds its own contribution to a partition it
 	// aggregates into its host's sum too: the host sum then counts for
 	// every worker of the group, this one included.
-	locals, lerr := w.lagg.intercept(locals)
+	locals, lerr := w.lagg.Load().intercept(locals)
 	if lerr != nil {
 		w.node.Fail(lerr)
 		return lerr
@@ -242,7 +250,7 @@ func (w *Worker) hand(req *request, locals, sends []frame.Message, counted bool)
 		}
 	}
 	// Pushes summed on the host do not go to the van.
-	sends, lerr = w.lagg.intercept(sends)
+	sends, lerr = w.lagg.Load().intercept(sends)
 	if lerr != nil {
 		w.node.Fail(lerr)
 		return lerr
@@ -432,13 +440,10 @@ func (w *Worker) DecisionVersion() uint32 {
 
 // follow applies the LB's directive (lbagent.Apply).
 func (w *Worker) follow(d lb.Directive) error {
-	if d.Retry && d.Decision != nil {
-		// Before the core takes the retry's decision: every push cut
-		// under it (the retry's, and any the program makes meanwhile)
-		// goes over the network, never into a group whose leader may
-		// not have dissolved it yet.
-		w.lagg.dissolve(d.Decision.Iteration)
-	}
+	// Before the core takes the decision: every push cut under it (a
+	// retry's, and any the program makes meanwhile) goes to the group it
+	// forms, never into one whose leader may not have dissolved it yet.
+	w.lagg.Load().regroup(d, w.WorkersAt)
 	w.mu.Lock()
 	t, moved, err := w.c.follow(d)
 	if moved {
@@ -515,7 +520,7 @@ const finalizeWait = 30 * time.Second
 func (w *Worker) Finalize(ctx context.Context) error {
 	// Last: the group's leader hands results over until every worker
 	// passed the final barrier.
-	defer w.lagg.close()
+	defer w.lagg.Load().close()
 	defer w.base.Close()
 	defer w.quitOnce.Do(func() { close(w.quit) })
 	w.mu.Lock()
@@ -688,7 +693,10 @@ func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
 	l, inPlace, err := w.c.received(h)
 	w.mu.Unlock()
 	if errors.Is(err, errStale) {
-		return nil
+		// Stale here, not to the group: a leader that had the whole sum
+		// before a retry is sent it again for the members that did not,
+		// whose group's host sums the retry re-pushed.
+		return w.lagg.Load().publish(h, payload)
 	}
 	if err != nil {
 		return err
@@ -696,7 +704,7 @@ func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
 	if !inPlace {
 		copy(l.span, payload)
 	}
-	if err := w.lagg.publish(h, l.span); err != nil {
+	if err := w.lagg.Load().publish(h, l.span); err != nil {
 		return err
 	}
 	w.update(func(c *core) effects { return c.land(l, h.Partition) })
@@ -711,6 +719,10 @@ func (w *Worker) deliverLocal(h *frame.Header, data []byte) {
 	l, err := w.c.claim(h)
 	w.mu.Unlock()
 	if errors.Is(err, errStale) {
+		// The group's all the same, as in handleResult.
+		if err := w.lagg.Load().publish(h, data); err != nil {
+			w.node.Fail(fmt.Errorf("worker: own sum %s: %w", h, err))
+		}
 		return
 	}
 	if err != nil {
@@ -721,7 +733,7 @@ func (w *Worker) deliverLocal(h *frame.Header, data []byte) {
 	copy(l.span, data)
 	// A group's leader that aggregated the partition hands the sum to
 	// its group, as it does a sum it received.
-	if err := w.lagg.publish(h, l.span); err != nil {
+	if err := w.lagg.Load().publish(h, l.span); err != nil {
 		w.node.Fail(fmt.Errorf("worker: own sum %s: %w", h, err))
 		return
 	}

@@ -1,0 +1,217 @@
+package worker
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/fptps/fpt/cluster"
+	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/lb"
+	"github.com/fptps/fpt/localagg"
+	"github.com/fptps/fpt/node"
+)
+
+// localGroups is a worker's side of its host's groups over the job: the
+// group the job started with, and one re-formed, in a segment of its
+// own, at each decision that changes the iterations' workers (a retry
+// for a lost worker or server, a join; localagg.Regroup). Each sums the
+// iterations from its decision's to the next's; every node forms the
+// same groups from the same decision (localagg.GroupsOver), the
+// aggregators included, so the host sums count for the right workers.
+type localGroups struct {
+	n       *cluster.Member
+	deliver func(*frame.Header, []byte)
+	local   func(*frame.Header, []byte) error
+
+	mu sync.Mutex
+	// group is this worker's group from the latest decision on (one
+	// worker, or none: it sums alone).
+	group localagg.Group
+	// aggs are the groups it summed in, oldest first, each from its
+	// first iteration until it was dissolved. Each stays open until the
+	// worker closes: a dissolved one may still hand a sum of its earlier
+	// iterations to its members (an init round's).
+	aggs []*localAgg
+}
+
+// startLocal sets up this worker's side of its host's groups, once the
+// cluster started; nil when it sums nothing locally (off). The group it
+// starts in, if of several workers, is formed before it returns.
+func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte), local func(*frame.Header, []byte) error) (*localGroups, error) {
+	if !n.SumsLocally() {
+		return nil, nil
+	}
+	cfg := n.Config()
+	self := n.Self().ID
+	groups, err := localagg.GroupsOver(n.Workers(), n.HostOf, cfg.NumWorkers)
+	if err != nil {
+		return nil, fmt.Errorf("worker: local aggregation: %w", err)
+	}
+	g := &localGroups{n: n, deliver: deliver, local: local, group: localagg.GroupOf(groups, self)}
+	if n.Joined() && self.Rank() >= cfg.NumWorkers {
+		// The running workers' groups count it alone: it sums over the
+		// network, as a worker alone on its host does.
+		n.Logger().Info("local aggregation: joined a running job, so this worker sums alone, over the network", "host", cfg.Host())
+		return g, nil
+	}
+	if len(g.group.Workers) < 2 {
+		n.Logger().Info("local aggregation: alone on this host", "host", g.group.Host)
+		return g, nil
+	}
+	l := newLocalAgg(n, g.group, localagg.Name(n.JobStamp(), g.group.Host), 0, 0, deliver, local)
+	if err := l.form(time.Now().Add(cfg.StartTimeout)); err != nil {
+		l.close()
+		return nil, fmt.Errorf("worker: local aggregation on host %q (FPT_LOCAL_AGGREGATION=on; off sends every worker's push over the network): %w", g.group.Host, err)
+	}
+	g.aggs = append(g.aggs, l)
+	l.log.Info("local aggregation", "host", g.group.Host, "group", g.group.Workers, "leader", g.group.Leader(), "segment_bytes_per_slot", l.layout.SlotBytes)
+	return g, nil
+}
+
+// regroup follows the LB's directive d before the worker's core takes
+// it: a decision that changes this worker's group (localagg.Regroup) ends
+// the group it sums in from the decision's iteration, and forms the new
+// one, which sums from there: every push cut under d goes to the new
+// group, none to one its leader may have left. workersAt is the workers
+// of an iteration before d (d's Workers, when it names none).
+func (g *localGroups) regroup(d lb.Directive, workersAt func(uint64) []node.ID) {
+	if g == nil || d.Decision == nil {
+		return
+	}
+	from, ws := d.Decision.Iteration, d.Decision.Workers
+	if ws == nil {
+		if !d.Retry {
+			return
+		}
+		ws = workersAt(from)
+	}
+	cfg := g.n.Config()
+	groups, err := localagg.GroupsOver(ws, g.n.HostOf, cfg.NumWorkers)
+	if err != nil {
+		g.n.Fail(fmt.Errorf("worker: local aggregation: groups of %v from iteration %d: %w", ws, from, err))
+		return
+	}
+	self := g.n.Self().ID
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ch := localagg.Regroup(g.group, localagg.GroupOf(groups, self), d.Retry)
+	if !ch.Dissolve && !ch.Form && !d.Retry {
+		return
+	}
+	g.group = ch.New
+	for _, l := range g.aggs {
+		l.dissolve(from)
+	}
+	if !ch.Form {
+		if len(ch.New.Workers) > 0 {
+			g.n.Logger().Info("local aggregation: alone on this host from the decision's iteration on", "host", ch.New.Host, "from_iteration", from)
+		}
+		return
+	}
+	name := localagg.Name(g.n.JobStamp(), ch.New.Host) + "-v" + strconv.FormatUint(uint64(d.Decision.Version), 10)
+	l := newLocalAgg(g.n, ch.New, name, from, d.Decision.Version, g.deliver, g.local)
+	l.forming = true
+	g.aggs = append(g.aggs, l)
+	l.log.Info("local aggregation: group re-formed", "host", ch.New.Host, "group", ch.New.Workers, "leader", ch.New.Leader(), "from_iteration", from, "version", d.Decision.Version)
+	deadline := time.Now().Add(cfg.StartTimeout)
+	go func() {
+		err := l.form(deadline)
+		if err == nil {
+			err = l.formed()
+		}
+		if err == nil {
+			return
+		}
+		abandoned := l.abandoned()
+		l.close()
+		if !abandoned {
+			l.fail(fmt.Errorf("worker: local aggregation: re-forming the group %v of host %q from iteration %d: %w", ch.New.Workers, ch.New.Host, from, err))
+		}
+	}()
+}
+
+// at is the group that sums iteration iter; nil where this worker sums
+// it alone.
+func (g *localGroups) at(iter uint64) *localAgg {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for i := len(g.aggs) - 1; i >= 0; i-- {
+		if l := g.aggs[i]; l.from <= iter {
+			l.mu.Lock()
+			sums := iter < l.until
+			l.mu.Unlock()
+			if sums {
+				return l
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+// intercept takes the pushes of sends that a group sums (localAgg's
+// intercept) and returns the frames left to send.
+func (g *localGroups) intercept(sends []frame.Message) ([]frame.Message, error) {
+	if g == nil {
+		return sends, nil
+	}
+	rest := sends[:0:0]
+	for i := range sends {
+		l := g.at(sends[i].Header.Iteration)
+		if l == nil {
+			rest = append(rest, sends[i])
+			continue
+		}
+		r, err := l.intercept(sends[i : i+1])
+		if err != nil {
+			return nil, err
+		}
+		rest = append(rest, r...)
+	}
+	return rest, nil
+}
+
+// publish hands the result h, data, to the group of its iteration, where
+// this worker leads one.
+func (g *localGroups) publish(h *frame.Header, data []byte) error {
+	if g == nil {
+		return nil
+	}
+	l := g.at(h.Iteration)
+	if l == nil || h.Aux < l.version {
+		// Of a cut before the group's decision: a sum of a group this
+		// worker was a member of, handed to it, or one the retry that
+		// formed the group re-sums.
+		return nil
+	}
+	return l.publish(h, data)
+}
+
+// stop wakes every wait on a group's chunks, and has later calls use
+// none, without waiting for the calls under way (close does).
+func (g *localGroups) stop() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	aggs := g.aggs
+	g.mu.Unlock()
+	for _, l := range aggs {
+		l.stop()
+	}
+}
+
+// close closes every group's side.
+func (g *localGroups) close() {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	aggs := g.aggs
+	g.mu.Unlock()
+	for _, l := range aggs {
+		l.close()
+	}
+}
