@@ -591,12 +591,6 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 	delete(b.isWorker, id)
 	delete(b.seen, id)
 	delete(b.joinAt, id)
-	if b.cfg.Hosts != nil && b.cfg.Hosts.Local {
-		// The workers' groups stop summing at a retry (each worker
-		// pushes over the network from its iteration on): the hosts'
-		// links carry one contribution per worker again.
-		b.cfg.Hosts = &Hosts{Of: b.cfg.Hosts.Of, Alone: b.cfg.Hosts.Alone}
-	}
 	if worker {
 		b.recutVersion, b.recutFrom = dec.Version, dec.Iteration
 		clear(b.joined)

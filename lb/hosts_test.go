@@ -165,9 +165,9 @@ func TestBalancerByHost(t *testing.T) {
 	}
 }
 
-// TestBalancerByHostAfterRetry: a lost worker's retry ends the groups'
-// host sums, so the Balancer models the hosts without local aggregation
-// from then on, still by host.
+// TestBalancerByHostAfterRetry: after a lost worker's retry the groups
+// re-form over the workers left, so the Balancer still models one host
+// sum per host.
 func TestBalancerByHostAfterRetry(t *testing.T) {
 	hostOf, servers := hosts(2, 2)
 	workers := []node.ID{node.WorkerID(0), node.WorkerID(1), node.WorkerID(2), node.WorkerID(3)}
@@ -181,8 +181,11 @@ func TestBalancerByHostAfterRetry(t *testing.T) {
 	if _, err := b.Lose(node.WorkerID(3), "test"); err != nil {
 		t.Fatal(err)
 	}
-	if h := b.input().Hosts; h == nil || h.Local || len(h.Of) != len(hostOf) {
-		t.Fatalf("after a worker's retry: hosts %+v, want by host, not local", h)
+	// The workers left on each host sum again from the retry's
+	// iteration (the groups re-form): each host's link still carries
+	// one contribution.
+	if h := b.input().Hosts; h == nil || !h.Local || len(h.Of) != len(hostOf) {
+		t.Fatalf("after a worker's retry: hosts %+v, want by host, local", h)
 	}
 }
 
