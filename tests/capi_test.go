@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -104,7 +105,9 @@ func runKVStoreClient(t *testing.T, dir string, env []string, allCpp bool) {
 	// several 1 MiB partitions, none a whole number of them.
 	client := []string{filepath.Join(dir, "kvstore_client"), "-iters", "4", "-tensors", "6", "-max-bytes", "3000000"}
 	s := localcluster.Spec{Servers: 2, Workers: 2, Scheduler: []string{bin.fpt}, Server: []string{bin.fpt},
-		Worker: client, Env: env}
+		// FPT_LB_AHEAD=0: the LB probes however short the iterations
+		// (lb.Config.MinIteration), so that a decision is on stdout.
+		Worker: client, Env: slices.Concat(env, []string{"FPT_LB_AHEAD=0"})}
 	if allCpp {
 		s.Scheduler, s.Server = client, client
 	}

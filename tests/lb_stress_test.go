@@ -67,7 +67,9 @@ func checkLBRun(t *testing.T, c *cluster, workers, iters, minDecisions int) []st
 func TestLBSwitchingStress(t *testing.T) {
 	const servers, workers, iters = 2, 3, 200
 	c := startCluster(t, spec{servers: servers, workers: workers,
-		env:     []string{"FPT_LB=on", "FPT_LB_PROBE_EVERY=3", "FPT_PARTITION_BYTES=65536"},
+		// FPT_LB_AHEAD=0: iterations this short probe only with the
+		// lookahead fixed (lb.Config.MinIteration).
+		env:     []string{"FPT_LB=on", "FPT_LB_PROBE_EVERY=3", "FPT_LB_AHEAD=0", "FPT_PARTITION_BYTES=65536"},
 		appArgs: append([]string{"-iters", strconv.Itoa(iters), "-quiet"}, lbStressModel...)})
 	c.waitAll(5 * time.Minute)
 	checkLBRun(t, c, workers, iters, 20)

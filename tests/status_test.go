@@ -39,7 +39,9 @@ var (
 // address.
 func statusRun(t *testing.T, iters int) (c *cluster, url, metricsAddr string) {
 	c = startCluster(t, spec{servers: 2, workers: 2,
-		env:     []string{"FPT_LB=on", "FPT_PARTITION_BYTES=65536", "FPT_STATUS_ADDR=127.0.0.1:0", "FPT_METRICS_ADDR=127.0.0.1:0"},
+		// FPT_LB_AHEAD=0: the page shows a probe and decisions however
+		// short the iterations (lb.Config.MinIteration).
+		env:     []string{"FPT_LB=on", "FPT_LB_AHEAD=0", "FPT_PARTITION_BYTES=65536", "FPT_STATUS_ADDR=127.0.0.1:0", "FPT_METRICS_ADDR=127.0.0.1:0"},
 		appArgs: append([]string{"-iters", strconv.Itoa(iters), "-compute", "250ms", "-quiet"}, lbStressModel...)})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
