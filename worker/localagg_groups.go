@@ -192,19 +192,14 @@ func (g *localGroups) publish(h *frame.Header, data []byte) error {
 // stop wakes every wait on a group's chunks, and has later calls use
 // none, without waiting for the calls under way (close does).
 func (g *localGroups) stop() {
-	if g == nil {
-		return
-	}
-	g.mu.Lock()
-	aggs := g.aggs
-	g.mu.Unlock()
-	for _, l := range aggs {
-		l.stop()
-	}
+	g.each((*localAgg).stop)
 }
 
 // close closes every group's side.
-func (g *localGroups) close() {
+func (g *localGroups) close() { g.each((*localAgg).close) }
+
+// each calls f on every group's side, outside the lock.
+func (g *localGroups) each(f func(*localAgg)) {
 	if g == nil {
 		return
 	}
@@ -212,6 +207,6 @@ func (g *localGroups) close() {
 	aggs := g.aggs
 	g.mu.Unlock()
 	for _, l := range aggs {
-		l.close()
+		f(l)
 	}
 }

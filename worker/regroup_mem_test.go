@@ -1,7 +1,6 @@
 package worker_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"regexp"
@@ -10,28 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fptps/fpt/internal/localcluster"
 	"github.com/fptps/fpt/internal/memcluster"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/worker"
 )
-
-// syncBuffer is a log sink the nodes' goroutines share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // closedRe is a group's leader closing its group: its workers, the first
 // iteration it summed and its host sums.
@@ -62,7 +44,7 @@ func TestLocalRegroupAfterRetry(t *testing.T) {
 		{"server lost", 2, map[string]string{"FPT_ON_SERVER_LOSS": "retry"}, node.ServerID(1), "worker0(9) worker1(11) worker2(13)"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			logs := &syncBuffer{}
+			logs := &localcluster.Buffer{} // the nodes' goroutines share it
 			env := map[string]string{
 				"FPT_PARTITION_BYTES": memPartitionBytes, "FPT_LB": "off",
 				"FPT_LOCAL_AGGREGATION": "on", "FPT_HOST_ID": "a", "FPT_LOCAL_AGGREGATION_DIR": t.TempDir(),
