@@ -19,17 +19,22 @@ type rx struct {
 	p []byte
 }
 
-func TestCutterStream(t *testing.T) {
-	const self, peer = 8, 9
-	sizes := []int{0, 4, 100, 65536, 4}
-	var stream []byte
-	stream = append(stream, wiretest.Encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: self}, nil)...)
+// pushStream is a connection's bytes from peer to self: a Hello, a push
+// of each size (key i, filled by wiretest.Fill) and a Bye.
+func pushStream(self, peer node.ID, sizes []int) []byte {
+	stream := wiretest.Encode(frame.Header{Type: frame.Hello, Sender: uint32(peer), Recipient: uint32(self)}, nil)
 	for i, n := range sizes {
 		p := make([]byte, n)
 		wiretest.Fill(p, uint64(i))
 		stream = append(stream, wiretest.Encode(wiretest.PushHeader(peer, self, uint64(i), n), p)...)
 	}
-	stream = append(stream, wiretest.Encode(frame.Header{Type: frame.Bye, Sender: peer, Recipient: self}, nil)...)
+	return append(stream, wiretest.Encode(frame.Header{Type: frame.Bye, Sender: uint32(peer), Recipient: uint32(self)}, nil)...)
+}
+
+func TestCutterStream(t *testing.T) {
+	const self, peer = 8, 9
+	sizes := []int{0, 4, 100, 65536, 4}
+	stream := pushStream(self, peer, sizes)
 
 	r := rand.New(rand.NewPCG(5, 6))
 	for trial := 0; trial < 50; trial++ {

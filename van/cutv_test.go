@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/fptps/fpt/frame"
-	"github.com/fptps/fpt/van/internal/wiretest"
 )
 
 // readvStream cuts stream as the epoll van reads it, with scattering reads
@@ -65,14 +64,7 @@ func readvStream(t *testing.T, stream []byte, limit func() int, sink, plain bool
 func TestCutterReadv(t *testing.T) {
 	const self, peer = 8, 9
 	sizes := []int{4, 0, 100, 65536, 0, 0, 4, 70000, 8}
-	var stream []byte
-	stream = append(stream, wiretest.Encode(frame.Header{Type: frame.Hello, Sender: peer, Recipient: self}, nil)...)
-	for i, n := range sizes {
-		p := make([]byte, n)
-		wiretest.Fill(p, uint64(i))
-		stream = append(stream, wiretest.Encode(wiretest.PushHeader(peer, self, uint64(i), n), p)...)
-	}
-	stream = append(stream, wiretest.Encode(frame.Header{Type: frame.Bye, Sender: peer, Recipient: self}, nil)...)
+	stream := pushStream(self, peer, sizes)
 
 	var want []rx
 	c := newCutter(self, 0, false, 1<<20, nil)
