@@ -1,6 +1,9 @@
 package control
 
-import "time"
+import (
+	"syscall"
+	"time"
+)
 
 // monitorEvents are the ROUTER events the loop follows (raw.go's names).
 const monitorEvents = evAccepted | evDisconnected | evHandshakeSucceeded |
@@ -79,7 +82,13 @@ func (g *gate) event(ev int, value uint32, now time.Time) (cut bool, reason stri
 			g.cutting--
 			return false, ""
 		}
-		return false, "handshake" // closed or timed out half-way
+		if hungUp(value) {
+			// The peer closed before its handshake ended: a port probe
+			// (a starting member's, a health check's, a scanner's)
+			// holds nothing and forges nothing, so it is no refusal.
+			return false, ""
+		}
+		return false, "handshake" // timed out half-way
 	case evDisconnected:
 		fd := int(value)
 		a, ok := g.open[fd]
@@ -98,3 +107,11 @@ func (g *gate) event(ev int, value uint32, now time.Time) (cut bool, reason stri
 
 // Cut records that the connection event said to cut was cut.
 func (g *gate) Cut() { g.cutting++ }
+
+// hungUp reports whether errno, a failed handshake's, says that the peer
+// closed its end (with or without bytes unread), rather than that the
+// handshake interval ran out (libzmq then reports the errno of its last
+// read, EAGAIN).
+func hungUp(errno uint32) bool {
+	return errno == uint32(syscall.EPIPE) || errno == uint32(syscall.ECONNRESET)
+}

@@ -931,7 +931,7 @@ func rejectDetail(reason string) string {
 	case "protocol":
 		return "a peer that does not speak the job's ZeroMQ protocol and security"
 	}
-	return fmt.Sprintf("a connection closed or silent before its handshake completed (limit %s)", handshakeIvl)
+	return fmt.Sprintf("a connection that did not complete its handshake within %s", handshakeIvl)
 }
 
 // dealerEvents are the DEALER events watchDealers follows.
