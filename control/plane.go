@@ -7,6 +7,7 @@ package control
 import "C"
 
 import (
+	"context"
 	crand "crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
@@ -414,9 +415,8 @@ type dealer struct {
 	// mon follows the DEALER's handshakes until the first succeeds, so
 	// that a peer refusing this node's credentials is reported here, by
 	// the node refused; nil after that (or if it could not be made).
-	mon     *rawSock
-	refused int       // handshakes failed since the last log line
-	lastLog time.Time // of the last line about them
+	mon    *rawSock
+	shakes shakeLog // what its handshakes' outcomes log
 }
 
 func (p *Plane) run(host string, port int, ready chan<- error) {
@@ -977,9 +977,8 @@ func (l *loop) unwatchDealer(d *dealer) {
 	d.mon = nil
 }
 
-// watchDealers reads the DEALERs' handshake events: a refused handshake is
-// logged (once per dealerLogEvery per peer, with how many), the first
-// success ends the watch.
+// watchDealers reads the DEALERs' handshake events: the failures are
+// logged as each DEALER's shakeLog says, the first success ends the watch.
 func (l *loop) watchDealers() {
 	for _, d := range l.dealers {
 		for d.mon != nil {
@@ -995,30 +994,28 @@ func (l *loop) watchDealers() {
 			}
 			ev := int(binary.LittleEndian.Uint16(head))
 			value := binary.LittleEndian.Uint32(head[2:])
+			now := time.Now()
 			if ev == evHandshakeSucceeded {
 				l.unwatchDealer(d)
 				if l.p.onHandshake != nil {
 					l.p.onHandshake(d.endpoint, nil)
 				}
+				l.logShake(d.shakes.succeeded(d.endpoint, now))
 				continue // the watch is over: d.mon is nil
 			}
 			why := handshakeFailure(ev, value, l.keys != nil)
 			if l.p.onHandshake != nil {
 				l.p.onHandshake(d.endpoint, errors.New(why))
 			}
-			d.refused++
-			now := time.Now()
-			if now.Sub(d.lastLog) < rejectLogEvery {
-				continue
-			}
-			hint := "is an fpt node listening there?"
-			if l.keys != nil {
-				hint = "is FPT_CLUSTER_SECRET (or FPT_CLUSTER_SECRET_FILE) the same on every node?"
-			}
-			l.p.log.Error("control: the handshake with a peer failed; "+hint,
-				"peer", d.endpoint, "why", why, "failed_handshakes", d.refused)
-			d.lastLog, d.refused = now, 0
+			l.logShake(d.shakes.failed(d.endpoint, ev, value, why, l.keys != nil, now))
 		}
+	}
+}
+
+// logShake writes line, if any.
+func (l *loop) logShake(line shakeLine) {
+	if line.msg != "" {
+		l.p.log.Log(context.Background(), line.level, line.msg, line.args...)
 	}
 }
 
