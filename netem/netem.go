@@ -51,9 +51,9 @@ type Network struct {
 	closeErr  error
 }
 
-// runner runs one command and returns its standard output; the error
-// carries its standard error.
-type runner func(ctx context.Context, args []string) (string, error)
+// runner runs one command, stdin on its standard input, and returns its
+// standard output; the error carries its standard error.
+type runner func(ctx context.Context, args []string, stdin string) (string, error)
 
 // cmdError is a failed command with what it printed on standard error.
 type cmdError struct {
@@ -101,9 +101,10 @@ func gone(err error) bool {
 	return stderrHas(err, "Cannot find device", "No such device", "No such file or directory", "does not exist")
 }
 
-func execRunner(ctx context.Context, args []string) (string, error) {
+func execRunner(ctx context.Context, args []string, stdin string) (string, error) {
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
+	cmd.Stdin = strings.NewReader(stdin)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		return "", &cmdError{args: args, err: err, stderr: strings.TrimSpace(stderr.String())}
@@ -166,13 +167,13 @@ func create(ctx context.Context, run runner, pid int, alive func(int) bool, host
 		}
 		// The bridge is the claim: if it exists, another network of this
 		// process (or of an earlier one with the same pid) has the slot.
-		if _, err := run(ctx, plan[0].args); exists(err) {
+		if _, err := run(ctx, plan[0].args, plan[0].stdin); exists(err) {
 			continue
 		} else if err != nil {
 			return nil, fmt.Errorf("netem: %s: %w", plan[0].what, err)
 		}
 		for _, s := range plan[1:] {
-			if _, err := run(ctx, s.args); err != nil {
+			if _, err := run(ctx, s.args, s.stdin); err != nil {
 				err = fmt.Errorf("netem: %s: %w", s.what, err)
 				if cerr := n.Close(); cerr != nil {
 					err = errors.Join(err, fmt.Errorf("netem: tearing down after the failure: %w", cerr))
@@ -188,7 +189,7 @@ func create(ctx context.Context, run runner, pid int, alive func(int) bool, host
 // sweep removes the namespaces and links that processes now dead left
 // behind, killing whatever still runs in those namespaces.
 func sweep(ctx context.Context, run runner, alive func(int) bool) error {
-	out, err := run(ctx, []string{"ip", "netns", "list"})
+	out, err := run(ctx, []string{"ip", "netns", "list"}, "")
 	if err != nil {
 		return fmt.Errorf("netem: list namespaces: %w", err)
 	}
@@ -197,16 +198,16 @@ func sweep(ctx context.Context, run runner, alive func(int) bool) error {
 		if err := killIn(ctx, run, ns); err != nil {
 			errs = append(errs, err)
 		}
-		if _, err := run(ctx, []string{"ip", "netns", "del", ns}); err != nil && !gone(err) {
+		if _, err := run(ctx, []string{"ip", "netns", "del", ns}, ""); err != nil && !gone(err) {
 			errs = append(errs, fmt.Errorf("netem: delete leftover namespace %s: %w", ns, err))
 		}
 	}
-	out, err = run(ctx, []string{"ip", "-o", "link", "show"})
+	out, err = run(ctx, []string{"ip", "-o", "link", "show"}, "")
 	if err != nil {
 		return errors.Join(append(errs, fmt.Errorf("netem: list links: %w", err))...)
 	}
 	for _, link := range leftovers(parseLinkList(out), alive) {
-		if _, err := run(ctx, []string{"ip", "link", "del", link}); err != nil && !gone(err) {
+		if _, err := run(ctx, []string{"ip", "link", "del", link}, ""); err != nil && !gone(err) {
 			errs = append(errs, fmt.Errorf("netem: delete leftover link %s: %w", link, err))
 		}
 	}
@@ -216,7 +217,7 @@ func sweep(ctx context.Context, run runner, alive func(int) bool) error {
 // killIn kills every process in namespace ns: a namespace outlives its
 // name while any process is in it, and so would its veth pair.
 func killIn(ctx context.Context, run runner, ns string) error {
-	out, err := run(ctx, []string{"ip", "netns", "pids", ns})
+	out, err := run(ctx, []string{"ip", "netns", "pids", ns}, "")
 	if gone(err) {
 		return nil
 	} else if err != nil {
@@ -270,7 +271,7 @@ func (n *Network) SetRate(ctx context.Context, i int, h HostSpec) error {
 	defer n.mu.Unlock()
 	for _, s := range plan {
 		// Deleting a qdisc that is not there: the side was unlimited.
-		if _, err := n.run(ctx, s.args); err != nil && !(slices.Contains(s.args, "del") && noQdisc(err)) {
+		if _, err := n.run(ctx, s.args, s.stdin); err != nil && !(slices.Contains(s.args, "del") && noQdisc(err)) {
 			return fmt.Errorf("netem: %s: %w", s.what, err)
 		}
 	}
@@ -301,7 +302,7 @@ func (n *Network) Close() error {
 			}
 		}
 		for _, s := range teardownPlan(n.names, len(n.hosts)) {
-			if _, err := n.run(ctx, s.args); err != nil && !gone(err) {
+			if _, err := n.run(ctx, s.args, s.stdin); err != nil && !gone(err) {
 				errs = append(errs, fmt.Errorf("netem: %s: %w", s.what, err))
 			}
 		}

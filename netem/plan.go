@@ -59,11 +59,13 @@ func ownerPid(name string) (int, bool) {
 	return pid, err == nil && pid > 0
 }
 
-// step is one command of a plan: what it does, in words for errors, and
-// its argument vector (args[0] is "ip" or "tc").
+// step is one command of a plan: what it does, in words for errors, its
+// argument vector (args[0] is "ip" or "tc"), and what it reads on its
+// standard input (tc -batch's commands; "" for none).
 type step struct {
-	what string
-	args []string
+	what  string
+	args  []string
+	stdin string
 }
 
 // setupPlan lists the commands that build a network of len(hosts) hosts.
@@ -80,8 +82,8 @@ func setupPlan(n names, hosts []HostSpec) ([]step, error) {
 	}
 	br := n.bridge()
 	plan := []step{
-		{"add bridge " + br, []string{"ip", "link", "add", br, "type", "bridge"}},
-		{"bring up bridge " + br, []string{"ip", "link", "set", br, "up"}},
+		{what: "add bridge " + br, args: []string{"ip", "link", "add", br, "type", "bridge"}},
+		{what: "bring up bridge " + br, args: []string{"ip", "link", "set", br, "up"}},
 	}
 	for i, h := range hosts {
 		up, down, flowCap, err := hostRates(h)
@@ -90,18 +92,18 @@ func setupPlan(n names, hosts []HostSpec) ([]step, error) {
 		}
 		ns, veth := n.namespace(i), n.veth(i)
 		plan = append(plan,
-			step{"add namespace " + ns, []string{"ip", "netns", "add", ns}},
-			step{"add veth pair " + veth + " to " + ns, []string{"ip", "link", "add", veth, "type", "veth", "peer", "name", iface, "netns", ns}},
-			step{"attach " + veth + " to " + br, []string{"ip", "link", "set", veth, "master", br}},
-			step{"bring up " + veth, []string{"ip", "link", "set", veth, "up"}},
-			step{"address " + iface + " in " + ns, []string{"ip", "-n", ns, "addr", "add", addr(i) + "/" + strconv.Itoa(prefixLen), "dev", iface}},
-			step{"bring up " + iface + " in " + ns, []string{"ip", "-n", ns, "link", "set", iface, "up"}},
-			step{"bring up lo in " + ns, []string{"ip", "-n", ns, "link", "set", "lo", "up"}},
+			step{what: "add namespace " + ns, args: []string{"ip", "netns", "add", ns}},
+			step{what: "add veth pair " + veth + " to " + ns, args: []string{"ip", "link", "add", veth, "type", "veth", "peer", "name", iface, "netns", ns}},
+			step{what: "attach " + veth + " to " + br, args: []string{"ip", "link", "set", veth, "master", br}},
+			step{what: "bring up " + veth, args: []string{"ip", "link", "set", veth, "up"}},
+			step{what: "address " + iface + " in " + ns, args: []string{"ip", "-n", ns, "addr", "add", addr(i) + "/" + strconv.Itoa(prefixLen), "dev", iface}},
+			step{what: "bring up " + iface + " in " + ns, args: []string{"ip", "-n", ns, "link", "set", iface, "up"}},
+			step{what: "bring up lo in " + ns, args: []string{"ip", "-n", ns, "link", "set", "lo", "up"}},
 		)
 		plan = append(plan, uploadPlan(ns, h, up, flowCap)...)
 		if down > 0 {
-			plan = append(plan, step{"shape download of " + ns + " to " + h.Down,
-				append([]string{"tc", "qdisc", "add", "dev", veth, "root"}, tbfArgs(down)...)})
+			plan = append(plan, step{what: "shape download of " + ns + " to " + h.Down,
+				args: append([]string{"tc", "qdisc", "add", "dev", veth, "root"}, tbfArgs(down)...)})
 		}
 	}
 	return plan, nil
@@ -114,10 +116,10 @@ func uploadPlan(ns string, h HostSpec, up, flowCap uint64) []step {
 	case up == 0:
 		return nil
 	case flowCap > 0:
-		return flowCapPlan([]string{"tc", "-n", ns}, iface, "shape upload of "+ns+" to "+h.Up+", "+h.FlowCap+" a flow", up, flowCap)
+		return []step{flowCapPlan([]string{"tc", "-n", ns}, iface, "shape upload of "+ns+" to "+h.Up+", "+h.FlowCap+" a flow", up, flowCap)}
 	}
-	return []step{{"shape upload of " + ns + " to " + h.Up,
-		append([]string{"tc", "-n", ns, "qdisc", "add", "dev", iface, "root"}, tbfArgs(up)...)}}
+	return []step{{what: "shape upload of " + ns + " to " + h.Up,
+		args: append([]string{"tc", "-n", ns, "qdisc", "add", "dev", iface, "root"}, tbfArgs(up)...)}}
 }
 
 // ratePlan lists the commands that reshape host i of a network to h, on
@@ -134,12 +136,12 @@ func ratePlan(n names, i int, h HostSpec) ([]step, error) {
 		return nil, fmt.Errorf("netem: host %d: %w", i, err)
 	}
 	ns, veth := n.namespace(i), n.veth(i)
-	plan := []step{{"unshape upload of " + ns, []string{"tc", "-n", ns, "qdisc", "del", "dev", iface, "root"}}}
+	plan := []step{{what: "unshape upload of " + ns, args: []string{"tc", "-n", ns, "qdisc", "del", "dev", iface, "root"}}}
 	plan = append(plan, uploadPlan(ns, h, up, flowCap)...)
-	plan = append(plan, step{"unshape download of " + ns, []string{"tc", "qdisc", "del", "dev", veth, "root"}})
+	plan = append(plan, step{what: "unshape download of " + ns, args: []string{"tc", "qdisc", "del", "dev", veth, "root"}})
 	if down > 0 {
-		plan = append(plan, step{"shape download of " + ns + " to " + h.Down,
-			append([]string{"tc", "qdisc", "add", "dev", veth, "root"}, tbfArgs(down)...)})
+		plan = append(plan, step{what: "shape download of " + ns + " to " + h.Down,
+			args: append([]string{"tc", "qdisc", "add", "dev", veth, "root"}, tbfArgs(down)...)})
 	}
 	return plan, nil
 }
@@ -175,12 +177,12 @@ func hostRates(h HostSpec) (up, down, flowCap uint64, err error) {
 func teardownPlan(n names, k int) []step {
 	var plan []step
 	for i := range k {
-		plan = append(plan, step{"delete namespace " + n.namespace(i), []string{"ip", "netns", "del", n.namespace(i)}})
+		plan = append(plan, step{what: "delete namespace " + n.namespace(i), args: []string{"ip", "netns", "del", n.namespace(i)}})
 	}
 	for i := range k {
-		plan = append(plan, step{"delete veth " + n.veth(i), []string{"ip", "link", "del", n.veth(i)}})
+		plan = append(plan, step{what: "delete veth " + n.veth(i), args: []string{"ip", "link", "del", n.veth(i)}})
 	}
-	return append(plan, step{"delete bridge " + n.bridge(), []string{"ip", "link", "del", n.bridge()}})
+	return append(plan, step{what: "delete bridge " + n.bridge(), args: []string{"ip", "link", "del", n.bridge()}})
 }
 
 // parseNetnsList returns the names in "ip netns list" output, whose lines

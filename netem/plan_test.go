@@ -238,7 +238,7 @@ type fakeIP struct {
 	out  map[string]string // command line -> stdout
 }
 
-func (f *fakeIP) run(_ context.Context, args []string) (string, error) {
+func (f *fakeIP) run(_ context.Context, args []string, _ string) (string, error) {
 	line := strings.Join(args, " ")
 	f.ran = append(f.ran, line)
 	for prefix, stderr := range f.fail {
@@ -455,5 +455,43 @@ func TestParseRateExported(t *testing.T) {
 		if _, err := ParseRate(bad); err == nil {
 			t.Errorf("ParseRate(%q): no error", bad)
 		}
+	}
+}
+
+// TestFlowCapPlan: a per-flow cap is one tc process, in the host's
+// namespace, reading every qdisc, class and filter from its standard
+// input: the root HTB, the link's and the default class, the two hash
+// tables, a class and two bucket filters per flow bucket, the two hashing
+// filters.
+func TestFlowCapPlan(t *testing.T) {
+	plan, err := setupPlan(namesFor(42, 0), []HostSpec{{Up: "1gbit", FlowCap: "200mbit"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tcs []step
+	for _, s := range plan {
+		if s.args[0] == "tc" {
+			tcs = append(tcs, s)
+		}
+	}
+	if len(tcs) != 1 || strings.Join(tcs[0].args, " ") != "tc -n fpt42ah0 -batch -" {
+		t.Fatalf("tc steps %v, want one: tc -n fpt42ah0 -batch -", tcs)
+	}
+	lines := strings.Split(strings.TrimSuffix(tcs[0].stdin, "\n"), "\n")
+	if want := 5 + 3*flowBuckets + 2; len(lines) != want {
+		t.Fatalf("%d batch commands, want %d:\n%s", len(lines), want, tcs[0].stdin)
+	}
+	for _, want := range []string{
+		"qdisc add dev eth0 root handle 1: htb default 2",
+		"class add dev eth0 parent 1: classid 1:1 htb rate 1000000000bit ceil 1000000000bit",
+		"class add dev eth0 parent 1:1 classid 1:13f htb rate 2000000bit ceil 200000000bit",
+		"filter add dev eth0 parent 1: prio 1 protocol ip u32 ht 3:3f: match u8 0 0 flowid 1:13f",
+	} {
+		if !slices.Contains(lines, want) {
+			t.Errorf("no batch command %q in:\n%s", want, tcs[0].stdin)
+		}
+	}
+	if last := lines[len(lines)-1]; !strings.HasSuffix(last, "link 3:") {
+		t.Errorf("last batch command %q, want the destination port's hashing filter", last)
 	}
 }
