@@ -63,8 +63,11 @@ func TestRunTestScript(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The job lasts at least 2 s however fast the machine (40 pauses
+	// of 50 ms), past the rate monitor's first line at 1 s, without
+	// 300 iterations' CPU.
 	cmd := exec.Command("../scripts/run_test.sh", "--scheduler", "--root", fmt.Sprintf("127.0.0.1:%d", port),
-		"--status-port", strconv.Itoa(statusPort), "--", "-iters", "300", "-max-bytes", "1048576", "-quiet")
+		"--status-port", strconv.Itoa(statusPort), "--", "-iters", "40", "-compute", "50ms", "-max-bytes", "1048576", "-quiet")
 	cmd.Env = append(os.Environ(), "PS_VERBOSE=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
