@@ -537,30 +537,44 @@ func TestFptrunHosts(t *testing.T) {
 	}
 }
 
-// buildWheel builds fpt's wheel into dir with the backend in
+// buildWheel returns the path of fpt's wheel, built with the backend in
 // python/_build (standard library only, so offline), carrying bin/fpt and
-// libfpt.so, and returns its path.
-func buildWheel(t *testing.T, dir string) string {
+// libfpt.so.
+func buildWheel(t *testing.T) string {
 	t.Helper()
+	wheel, err := theWheel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return wheel
+}
+
+// theWheel is built once for the package, into the binaries' directory:
+// the tests only read it.
+var theWheel = sync.OnceValues(func() (string, error) {
+	lib, err := libDefault()
+	if err != nil {
+		return "", err
+	}
 	python := "python3"
 	if _, err := exec.LookPath(python); err != nil {
 		python = "/usr/bin/python3"
 	}
-	build := exec.Command(python, "-c", "import sys, backend; print(backend.build_wheel(sys.argv[1]))", dir)
+	build := exec.Command(python, "-c", "import sys, backend; print(backend.build_wheel(sys.argv[1]))", bin.dir)
 	build.Dir = "../python/_build"
-	build.Env = append(environWithout("FPT_"), "FPT_BIN="+bin.fpt, "FPT_LIB="+filepath.Join(libPrograms(t, "default"), "..", "lib", "libfpt.so"))
+	build.Env = append(environWithout("FPT_"), "FPT_BIN="+bin.fpt, "FPT_LIB="+filepath.Join(lib, "..", "lib", "libfpt.so"))
 	out, err := build.CombinedOutput()
 	if err != nil {
-		t.Fatalf("build_wheel: %v\n%s", err, out)
+		return "", fmt.Errorf("build_wheel: %w\n%s", err, out)
 	}
-	return filepath.Join(dir, strings.TrimSpace(string(out)))
-}
+	return filepath.Join(bin.dir, strings.TrimSpace(string(out))), nil
+})
 
 // The wheel: the package, the fptrun and fpt commands, the native files
 // (executable where they run), tagged for this platform, and no path of
 // the tree it was built in (an installed package must find nothing there).
 func TestPythonWheel(t *testing.T) {
-	wheel := buildWheel(t, t.TempDir())
+	wheel := buildWheel(t)
 	if !regexp.MustCompile(`/fpt-[0-9.]+-py3-none-linux_[a-z0-9_]+\.whl$`).MatchString(wheel) {
 		t.Errorf("wheel %s: not tagged for this platform", wheel)
 	}
@@ -618,7 +632,7 @@ func TestPythonWheel(t *testing.T) {
 func TestWheelInstallsAnywhere(t *testing.T) {
 	needPython(t)
 	dir := t.TempDir()
-	wheel := buildWheel(t, dir)
+	wheel := buildWheel(t)
 	venv := filepath.Join(dir, "venv")
 	run := func(what string, argv ...string) string {
 		t.Helper()
