@@ -108,13 +108,6 @@ type localAgg struct {
 	// on each other's full socket queue would wait for ever; a network
 	// namespace's queue holds 10 datagrams).
 	outbox []outNotice
-	// writing counts the notices writer took from outbox and has yet to
-	// send.
-	writing int
-	// retired: every worker has the sums of every iteration the group
-	// summed (it was dissolved before the LB's Done): its peers may have
-	// unmapped it, and a notice that cannot reach one is no failure.
-	retired bool
 	// busy counts the calls and goroutines using the segment or the
 	// socket: close unmaps the segment only once they are out.
 	busy      sync.WaitGroup
@@ -331,21 +324,14 @@ func (l *localAgg) writer() {
 		}
 		out := l.outbox
 		l.outbox = nil
-		l.writing = len(out)
 		l.mu.Unlock()
 		for _, n := range out {
-			_, err := l.conn.WriteToUnix(n.b[:], l.addrs[n.to])
-			l.mu.Lock()
-			l.writing--
-			closed, retired := l.closed, l.retired
-			l.mu.Unlock()
-			if err != nil {
+			if _, err := l.conn.WriteToUnix(n.b[:], l.addrs[n.to]); err != nil {
+				l.mu.Lock()
+				closed := l.closed
+				l.mu.Unlock()
 				if closed {
 					return
-				}
-				if retired {
-					l.log.Debug("local aggregation: notice to a retired group's member dropped", "member", l.group.Workers[n.to], "err", err)
-					continue
 				}
 				if l.elastic {
 					// The peer's socket is gone with its process: the
@@ -395,26 +381,6 @@ func (l *localAgg) dissolve(from uint64) {
 	// drops its push (the retry sends it again).
 	l.cond.Broadcast()
 	l.log.Info("local aggregation: group dissolved", "host", l.group.Host, "group", l.group.Workers, "from_iteration", from)
-}
-
-// idle reports whether this side of a dissolved group may be unmapped:
-// every worker has the sums of every iteration it summed (done, the LB's
-// Done, is past them), so no push nor result of them comes again (a retry
-// re-cuts from an iteration some worker lacks), and this side has nothing
-// under way: its chunks all free (a member's contributions consumed, a
-// leader's results and host sums read) and its notices sent. A side
-// closed already (a group abandoned before it formed) is idle too.
-func (l *localAgg) idle(done uint64) (idle, closed bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return true, true
-	}
-	if l.until == math.MaxUint64 || done < l.until || l.forming {
-		return false, false
-	}
-	l.retired = true
-	return len(l.free) == localChunks && len(l.outbox) == 0 && l.writing == 0, false
 }
 
 // abandoned reports whether the group was closed, or dissolved from its

@@ -2,7 +2,6 @@ package worker
 
 import (
 	"fmt"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -32,13 +31,10 @@ type localGroups struct {
 	// worker, or none: it sums alone).
 	group localagg.Group
 	// aggs are the groups it summed in, oldest first, each from its
-	// first iteration until it was dissolved. A dissolved one stays open
-	// until every worker has the sums of its iterations and its side is
-	// idle (it may still hand a sum of its earlier iterations to its
-	// members): then retire unmaps it and moves it to retired, which
-	// close waits for.
-	aggs    []*localAgg
-	retired []*localAgg
+	// first iteration until it was dissolved. Each stays open until the
+	// worker closes: a dissolved one may still hand a sum of its earlier
+	// iterations to its members (an init round's).
+	aggs []*localAgg
 }
 
 // startLocal sets up this worker's side of its host's groups, once the
@@ -164,9 +160,7 @@ func (s *localStart) follow(p *atomic.Pointer[localGroups], d lb.Directive, work
 		return
 	}
 	s.mu.Unlock()
-	g := p.Load()
-	g.regroup(d, workersAt)
-	g.retire(d.Done)
+	p.Load().regroup(d, workersAt)
 }
 
 // started sets p to g (nil: no local aggregation) and has g follow the
@@ -177,36 +171,8 @@ func (s *localStart) started(p *atomic.Pointer[localGroups], g *localGroups, wor
 	p.Store(g)
 	for _, d := range s.early {
 		g.regroup(d, workersAt)
-		g.retire(d.Done)
 	}
 	s.early, s.set = nil, true
-}
-
-// retire unmaps the groups dissolved before done (the LB's Done: every
-// worker has the sums of the iterations before it) whose side is idle
-// (localAgg.idle), so that a worker holds one segment per retry or join
-// only while it may use it. A group not idle yet is retired at a later
-// directive, or at the worker's close.
-func (g *localGroups) retire(done uint64) {
-	if g == nil || done == 0 {
-		return
-	}
-	g.mu.Lock()
-	var idle []*localAgg
-	g.aggs = slices.DeleteFunc(g.aggs, func(l *localAgg) bool {
-		ok, closed := l.idle(done)
-		if ok && !closed {
-			idle = append(idle, l)
-		}
-		return ok
-	})
-	g.retired = append(g.retired, idle...)
-	g.mu.Unlock()
-	for _, l := range idle {
-		l.log.Info("local aggregation: group's segment unmapped", "host", l.group.Host, "group", l.group.Workers, "from_iteration", l.from, "until_iteration", l.until)
-		// Off this goroutine: close waits for the side's calls under way.
-		go l.close()
-	}
 }
 
 // at is the group that sums iteration iter; nil where this worker sums
@@ -281,7 +247,7 @@ func (g *localGroups) each(f func(*localAgg)) {
 		return
 	}
 	g.mu.Lock()
-	aggs := slices.Concat(g.aggs, g.retired)
+	aggs := g.aggs
 	g.mu.Unlock()
 	for _, l := range aggs {
 		f(l)
