@@ -14,13 +14,13 @@ import (
 // whom a leader's host sum stands for, and who is sent the sums, from
 // each iteration on. The groups of an iteration are those of its workers
 // (localagg.GroupsOver): a decision that changes the workers (a retry
-// for a lost worker, a join) re-forms them from its iteration on, as
-// every worker does from the same decision (worker/localagg_groups.go).
+// for a lost worker, a join, whose worker joins its host's group)
+// re-forms them from its iteration on, as every worker does from the
+// same decision (worker/localagg_groups.go).
 type hostGroups struct {
-	hostOf  func(node.ID) string
-	started int // DMLC_NUM_WORKER: a worker that joined sums alone
-	sets    []groupSet
-	err     error
+	hostOf func(node.ID) string
+	sets   []groupSet
+	err    error
 }
 
 // groupSet is the groups of the iterations from from on.
@@ -35,7 +35,7 @@ type groupSet struct {
 // newHostGroups forms the groups of ws, the workers of the iterations
 // from 0 on.
 func newHostGroups(n *cluster.Member, ws []node.ID) *hostGroups {
-	g := &hostGroups{hostOf: n.HostOf, started: n.Config().NumWorkers}
+	g := &hostGroups{hostOf: n.HostOf}
 	g.regroup(0, ws)
 	return g
 }
@@ -46,7 +46,7 @@ func (g *hostGroups) regroup(from uint64, ws []node.ID) {
 	if g == nil || g.err != nil {
 		return
 	}
-	groups, err := localagg.GroupsOver(ws, g.hostOf, g.started)
+	groups, err := localagg.GroupsOver(ws, g.hostOf)
 	if err != nil {
 		g.err = err
 		return

@@ -565,7 +565,7 @@ func (c *core) welcome(m *control.Message) ready {
 		r.note(slog.LevelWarn, "NodeJoined for a member ignored", "node", info)
 		return r
 	}
-	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: t.left, stamp: t.stamp, join: t.join, hosts: t.hosts, joined: t.joined}
+	nt := &topology{self: t.self, byID: maps.Clone(t.byID), left: t.left, stamp: t.stamp, join: t.join, hosts: joinerHost(t.hosts, info.ID, m.Text), joined: t.joined}
 	nt.byID[info.ID] = info
 	nt.table = append(slices.Clone(t.table), info)
 	slices.SortFunc(nt.table, func(a, b node.Info) int { return cmp.Compare(a.ID, b.ID) })

@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"maps"
+
 	"github.com/fptps/fpt/config"
 	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/node"
@@ -41,6 +43,20 @@ func (t *topology) joinGroups(nodes []node.Info, b []byte) error {
 	j.Hosts = nil
 	t.joined = &j
 	return nil
+}
+
+// joinerHost is hosts with the host a node joining the running job named
+// (FPT_HOST_ID, in the scheduler's NodeJoined; "" for none: its address
+// names it), for its local group: a copy where it adds one. An oversized
+// name is ignored, as the scheduler ignores it.
+func joinerHost(hosts map[node.ID]string, id node.ID, named string) map[node.ID]string {
+	if named == "" || len(named) > config.MaxHostIDLen {
+		return hosts
+	}
+	out := make(map[node.ID]string, len(hosts)+1)
+	maps.Copy(out, hosts)
+	out[id] = named
+	return out
 }
 
 // HostOf is the host node id runs on, for its local group: the one it

@@ -2,10 +2,12 @@ package cluster
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/node"
 )
@@ -109,6 +111,59 @@ func TestJoinTableGroups(t *testing.T) {
 			}
 			if !reflect.DeepEqual(sizes, tt.groupSize) {
 				t.Errorf("groups %v, want sizes %v", groups, tt.groupSize)
+			}
+		})
+	}
+}
+
+// TestJoinerHost: a member learns the host a joining worker named from
+// the scheduler's NodeJoined, so that it forms the joiner's host's group
+// with it (localagg.GroupsOver); one that named none is on its address's,
+// and an oversized name is ignored.
+func TestJoinerHost(t *testing.T) {
+	w := node.WorkerID
+	for _, tt := range []struct {
+		name, named, want string
+		group             []node.ID // the joiner's group over the table's workers
+	}{
+		{"named", "gpu-box-1", "gpu-box-1", []node.ID{w(1), w(2)}},
+		{"named another host", "gpu-box-2", "gpu-box-2", []node.ID{w(2)}},
+		{"none: its address", "", "10.0.0.1", []node.ID{w(0), w(2)}},
+		{"oversized: its address", strings.Repeat("x", config.MaxHostIDLen+1), "10.0.0.1", []node.ID{w(0), w(2)}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCore(testConfig())
+			c.bound(node.Info{Role: node.Worker, Host: "10.0.0.1", ControlPort: infoOf(me).ControlPort, DataPort: infoOf(me).DataPort})
+			m := nodeTable(me, 2, 2, false, 0, classic.Layout{})
+			hosts := make([]string, len(m.Nodes))
+			for i, info := range m.Nodes {
+				if info.ID == w(1) {
+					hosts[i] = "gpu-box-1"
+				}
+			}
+			m.Body = localagg.AppendHosts(m.Body, hosts)
+			if r := c.step(m, t0); !r.table || r.startErr != nil {
+				t.Fatalf("node table not taken: %v", r.startErr)
+			}
+			before := c.topo.hosts
+			joiner := infoOf(w(2))
+			if r := c.step(sched(control.Message{Command: control.NodeJoined, Nodes: []node.Info{joiner}, Text: tt.named}), t0); r.dial == nil {
+				t.Fatal("the joiner is not dialled")
+			}
+			n := New(testConfig(), nil, Planes{})
+			n.topo.Store(c.topo)
+			if got := n.HostOf(w(2)); got != tt.want {
+				t.Errorf("the joiner's host %q, want %q", got, tt.want)
+			}
+			groups, err := localagg.GroupsOver(n.Workers(), n.HostOf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := localagg.GroupOf(groups, w(2)).Workers; !reflect.DeepEqual(got, tt.group) {
+				t.Errorf("the joiner's group %v, want %v", got, tt.group)
+			}
+			if _, ok := before[w(2)]; ok {
+				t.Error("the earlier topology's hosts changed")
 			}
 		})
 	}

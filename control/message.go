@@ -61,6 +61,8 @@ const (
 	NodeLeft
 	// NodeJoined, from the scheduler, announces a server that joins the
 	// running job (Nodes[0]): members add it to their table and dial it.
+	// Text is the host it named (FPT_HOST_ID; empty for none), for the
+	// local groups.
 	NodeJoined
 	// Joined follows a server joining a running job. From the joining
 	// server: Seq 0, it has its table (the members may dial it); Seq 1,

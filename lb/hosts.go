@@ -38,8 +38,8 @@ type HostInput struct {
 	// Local: the workers of a host sum locally, one sum per host.
 	Local bool
 	// Alone are workers that sum alone though their host's group sums
-	// (one that joined, or had no shared memory): each puts its own
-	// contribution on its host's link beside the host's sum.
+	// (one that had no shared memory): each puts its own contribution on
+	// its host's link beside the host's sum.
 	Alone map[node.ID]bool
 }
 
@@ -388,14 +388,24 @@ func (in Input) evenOver() ([]node.ID, []float64) {
 }
 
 // PlaceOnHost puts node id on host index h of the model by host (a worker
-// that joined, whose host the scheduler knows from its registration); a
-// node the Balancer does not place sits alone on a host of its own. It
-// does nothing when the Balancer balances by node.
-func (b *Balancer) PlaceOnHost(id node.ID, h int) {
+// that joined, whose host the scheduler knows from its registration): it
+// sums in its host's group, or, alone (no shared memory), puts its own
+// contribution beside the host's sum. A node the Balancer does not place
+// sits alone on a host of its own. It does nothing when the Balancer
+// balances by node.
+func (b *Balancer) PlaceOnHost(id node.ID, h int, alone bool) {
 	if b.cfg.Hosts == nil || h < 0 || h >= MaxAggregators {
 		return
 	}
 	of := maps.Clone(b.cfg.Hosts.Of)
 	of[id] = h
-	b.cfg.Hosts = &Hosts{Of: of, Local: b.cfg.Hosts.Local, Alone: b.cfg.Hosts.Alone}
+	lone := b.cfg.Hosts.Alone
+	if alone {
+		lone = maps.Clone(lone)
+		if lone == nil {
+			lone = map[node.ID]bool{}
+		}
+		lone[id] = true
+	}
+	b.cfg.Hosts = &Hosts{Of: of, Local: b.cfg.Hosts.Local, Alone: lone}
 }

@@ -222,50 +222,52 @@ func TestBalancerByHostUnmeasuredMember(t *testing.T) {
 }
 
 // TestBalancerPlaceOnHost: a joining worker placed on its host adds its
-// capacity to that host's link; unplaced, it is a host of its own.
+// capacity to that host's link and sums in its group (one sum per host),
+// or, without shared memory, beside it; unplaced, it is a host of its
+// own.
 func TestBalancerPlaceOnHost(t *testing.T) {
 	hostOf, servers := hosts(1, 1)
 	workers := []node.ID{node.WorkerID(0), node.WorkerID(1)}
 	joiner := node.WorkerID(2)
-	for _, place := range []bool{false, true} {
-		b, err := NewBalancer(Config{Servers: servers, Workers: workers, Hosts: &Hosts{Of: hostOf, Local: true}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := b.JoinWorker(joiner, time.Time{}); err != nil {
-			t.Fatal(err)
-		}
-		if place {
-			b.PlaceOnHost(joiner, 1)
-		}
-		in := b.input()
-		for _, id := range slices.Concat(servers, b.Workers()) {
-			in.Capacity[id] = 1
-		}
-		hi, err := in.hostInput()
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := []float64{2, 2, 1} // host 0, host 1, the joiner alone
-		if place {
-			want = []float64{2, 3}
-		}
-		if !slices.Equal(hi.Capacity, want) {
-			t.Errorf("placed %v: host capacities %v, want %v", place, hi.Capacity, want)
-		}
-		// The joiner sums alone: its contribution crosses its host's link
-		// beside the host's sum.
-		c, err := hi.perHost()
-		if err != nil {
-			t.Fatal(err)
-		}
-		wantC := []float64{1, 1, 1}
-		if place {
-			wantC = []float64{1, 2}
-		}
-		if !slices.Equal(c, wantC) {
-			t.Errorf("placed %v: contributions per host %v, want %v", place, c, wantC)
-		}
+	for _, tt := range []struct {
+		name          string
+		place, alone  bool
+		capacity, per []float64 // by host: capacity, contributions
+	}{
+		{"unplaced", false, false, []float64{2, 2, 1}, []float64{1, 1, 1}}, // host 0, host 1, the joiner alone
+		{"in its host's group", true, false, []float64{2, 3}, []float64{1, 1}},
+		{"no shared memory", true, true, []float64{2, 3}, []float64{1, 2}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := NewBalancer(Config{Servers: servers, Workers: workers, Hosts: &Hosts{Of: hostOf, Local: true}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.JoinWorker(joiner, time.Time{}); err != nil {
+				t.Fatal(err)
+			}
+			if tt.place {
+				b.PlaceOnHost(joiner, 1, tt.alone)
+			}
+			in := b.input()
+			for _, id := range slices.Concat(servers, b.Workers()) {
+				in.Capacity[id] = 1
+			}
+			hi, err := in.hostInput()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(hi.Capacity, tt.capacity) {
+				t.Errorf("host capacities %v, want %v", hi.Capacity, tt.capacity)
+			}
+			c, err := hi.perHost()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(c, tt.per) {
+				t.Errorf("contributions per host %v, want %v", c, tt.per)
+			}
+		})
 	}
 	if _, ok := hostOf[joiner]; ok || len(hostOf) != 4 {
 		t.Errorf("the caller's map changed: %v", hostOf)

@@ -2,7 +2,6 @@ package lb
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"time"
 
@@ -56,15 +55,6 @@ func (b *Balancer) JoinWorker(id node.ID, now time.Time) (Directive, error) {
 		b.joinAt = make(map[node.ID]uint64)
 	}
 	b.joinAt[id] = j
-	if h := b.cfg.Hosts; h != nil {
-		// It sums alone: the groups were formed without it.
-		alone := maps.Clone(h.Alone)
-		if alone == nil {
-			alone = map[node.ID]bool{}
-		}
-		alone[id] = true
-		b.cfg.Hosts = &Hosts{Of: h.Of, Local: h.Local, Alone: alone}
-	}
 	reason := fmt.Sprintf("%s joined: sums count it from iteration %d", id, j)
 	if b.held {
 		reason += "; hold over (" + b.holdWhy + ")"

@@ -2,7 +2,6 @@ package localagg
 
 import (
 	"slices"
-	"strings"
 
 	"github.com/fptps/fpt/node"
 )
@@ -10,18 +9,15 @@ import (
 // GroupsOver forms the local groups of the workers ws, each on the host
 // hostOf names: the groups that sum the iterations whose sums add up ws
 // (the workers of the job's start, or those a retry or a join left). A
-// worker of rank started or above (one that joined the running job)
-// sums alone. Every node forms the same groups from the same ws: the
-// workers from an LB decision's Workers, the aggregators from the same
-// decision.
-func GroupsOver(ws []node.ID, hostOf func(node.ID) string, started int) ([]Group, error) {
+// worker that joined the running job is in its host's group like any
+// other: every node knows the host it named (the node table, the
+// scheduler's NodeJoined). Every node forms the same groups from the
+// same ws: the workers from an LB decision's Workers, the aggregators
+// from the same decision.
+func GroupsOver(ws []node.ID, hostOf func(node.ID) string) ([]Group, error) {
 	ms := make([]Member, 0, len(ws))
 	for _, w := range ws {
-		host := hostOf(w)
-		if w.Rank() >= started && host != "" && !strings.HasSuffix(host, NoSharedMemory) {
-			host += NoSharedMemory // alone, as Groups makes such a worker
-		}
-		ms = append(ms, Member{ID: w, Host: host})
+		ms = append(ms, Member{ID: w, Host: hostOf(w)})
 	}
 	return Groups(ms)
 }

@@ -9,7 +9,7 @@ import (
 
 func TestGroupsOver(t *testing.T) {
 	w := node.WorkerID
-	hosts := map[node.ID]string{w(0): "a", w(1): "b", w(2): "a", w(3): "a", w(4): "a", w(5): "b" + NoSharedMemory}
+	hosts := map[node.ID]string{w(0): "a", w(1): "b", w(2): "a", w(3): "a", w(4): "a", w(5): "b" + NoSharedMemory, w(6): "b"}
 	hostOf := func(id node.ID) string { return hosts[id] }
 	for _, tt := range []struct {
 		name string
@@ -19,18 +19,21 @@ func TestGroupsOver(t *testing.T) {
 		{"the start", []node.ID{w(0), w(1), w(2), w(3)}, []Group{{"a", []node.ID{w(0), w(2), w(3)}}, {"b", []node.ID{w(1)}}}},
 		{"the leader lost", []node.ID{w(1), w(2), w(3)}, []Group{{"b", []node.ID{w(1)}}, {"a", []node.ID{w(2), w(3)}}}},
 		{"a member lost", []node.ID{w(0), w(1), w(3)}, []Group{{"a", []node.ID{w(0), w(3)}}, {"b", []node.ID{w(1)}}}},
-		{"a joiner sums alone", []node.ID{w(0), w(2), w(4)}, []Group{{"a", []node.ID{w(0), w(2)}}, {"a" + NoSharedMemory, []node.ID{w(4)}}}},
+		{"a joiner joins its host's group", []node.ID{w(0), w(1), w(2), w(4)}, []Group{{"a", []node.ID{w(0), w(2), w(4)}}, {"b", []node.ID{w(1)}}}},
+		{"a joiner after the leader's loss", []node.ID{w(1), w(2), w(3), w(4)}, []Group{{"b", []node.ID{w(1)}}, {"a", []node.ID{w(2), w(3), w(4)}}}},
+		{"a joiner on a host of one", []node.ID{w(0), w(1), w(6)}, []Group{{"a", []node.ID{w(0)}}, {"b", []node.ID{w(1), w(6)}}}},
+		{"a joiner without shared memory", []node.ID{w(0), w(1), w(5)}, []Group{{"a", []node.ID{w(0)}}, {"b", []node.ID{w(1)}}, {"b" + NoSharedMemory, []node.ID{w(5)}}}},
 		{"one left on a host", []node.ID{w(1), w(3)}, []Group{{"b", []node.ID{w(1)}}, {"a", []node.ID{w(3)}}}},
 		{"no shared memory", []node.ID{w(1), w(5)}, []Group{{"b", []node.ID{w(1)}}, {"b" + NoSharedMemory, []node.ID{w(5)}}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := GroupsOver(tt.ws, hostOf, 4)
+			got, err := GroupsOver(tt.ws, hostOf)
 			if err != nil || !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("GroupsOver(%v) = %v, %v; want %v", tt.ws, got, err, tt.want)
 			}
 		})
 	}
-	if _, err := GroupsOver([]node.ID{w(0), w(9)}, hostOf, 4); err == nil {
+	if _, err := GroupsOver([]node.ID{w(0), w(9)}, hostOf); err == nil {
 		t.Error("a worker with no host was grouped")
 	}
 }

@@ -85,8 +85,10 @@ type core struct {
 	// hostIDs are the hosts registering nodes named (FPT_HOST_ID), by
 	// connection; groups the workers' local groups, formed at the table;
 	// hostOf every node's host (named, else its address); lbHostIndex the
-	// LB's index of each host, when it balances by host.
+	// LB's index of each host, when it balances by host; joinerHosts the
+	// hosts the nodes that joined the running job named, by id.
 	hostIDs     map[string]string
+	joinerHosts map[node.ID]string
 	groups      []localagg.Group
 	hostOf      map[node.ID]string
 	lbHostIndex map[string]int

@@ -168,3 +168,78 @@ func TestJoinedGroups(t *testing.T) {
 		t.Error("after a retry, the joining table tells Sums false; want true")
 	}
 }
+
+// TestJoinerHost: a worker joining the running job names its host
+// (FPT_HOST_ID) in its registration as at the start: the members hear it
+// in NodeJoined, a node joining later finds it in its table, and once it
+// is admitted the status page shows it in its host's group.
+func TestJoinerHost(t *testing.T) {
+	cfg := config.Config{NumServers: 1, NumWorkers: 3, HeartbeatInterval: 1e9, HeartbeatTimeout: 10e9, StartTimeout: 60e9,
+		LB: false, WorkerLoss: config.WorkerLossContinue, LocalAggregation: config.LocalAggregationOn}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c := newCore(cfg, log, node.Info{Host: "10.0.0.1", ControlPort: 9000}, control.NewRejecter(log, nil), observer{rec: status.NewRecorder(false, cfg.HeartbeatTimeout, 0)}, t0)
+	regs := []struct {
+		role node.Role
+		id   string
+	}{{node.Server, ""}, {node.Worker, "a"}, {node.Worker, "a"}, {node.Worker, "b"}, {node.Worker, "a"}, {node.Server, "c"}}
+	add := func(i int) ready {
+		info := node.Info{Role: regs[i].role, Host: "10.0.0.2", ControlPort: 9100 + 2*i, DataPort: 9101 + 2*i}
+		return c.step(&control.Message{Command: control.AddNode, Nodes: []node.Info{info}, Origin: "conn" + string(rune('0'+i)), Text: regs[i].id}, t0)
+	}
+	for i := range 4 {
+		add(i)
+	}
+	if c.registering || c.lb == nil {
+		t.Fatalf("not started with the LB's grants (registering %v)", c.registering)
+	}
+	members := []node.ID{node.ServerID(0), node.WorkerID(0), node.WorkerID(1), node.WorkerID(2)}
+	joiner := node.WorkerID(3)
+	add(4)
+	// Its table: the members dial it once they heard of it, with its host.
+	heard := 0
+	for _, s := range c.step(&control.Message{Command: control.Joined, Sender: joiner, Seq: 0, Origin: "conn4"}, t0).sends {
+		if s.m.Command == control.NodeJoined {
+			heard++
+			if s.m.Text != "a" || len(s.m.Nodes) != 1 || s.m.Nodes[0].ID != joiner {
+				t.Errorf("NodeJoined to %s: %v naming host %q, want %s on host a", s.to.ID, s.m.Nodes, s.m.Text, joiner)
+			}
+		}
+	}
+	if heard != len(members) {
+		t.Errorf("%d members heard of the joiner, want %d", heard, len(members))
+	}
+	// A node joining later finds its host in its table.
+	for _, s := range add(5).sends {
+		m := s.m
+		if m.Command != control.NodeTable || m.Flags&control.FlagJoin == 0 {
+			continue
+		}
+		rest := m.Body[8+8*int(node.AllGroup)+len(tableLayout(t, m).AppendBinary(nil)):]
+		j, _, err := localagg.ParseJoined(rest, len(m.Nodes), config.MaxHostIDLen)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, info := range m.Nodes {
+			if info.ID == joiner && j.Hosts[k] != "a" {
+				t.Errorf("a later joiner's table names %q as %s's host, want a", j.Hosts[k], joiner)
+			}
+		}
+	}
+	// Admitted: the status page shows it in host a's group.
+	c.step(&control.Message{Command: control.Joined, Sender: joiner, Seq: 1, Origin: "conn4"}, t0)
+	for i, m := range members {
+		c.step(&control.Message{Command: control.Joined, Sender: m, Target: joiner, Seq: 2, Origin: "conn" + string(rune('0'+i))}, t0)
+	}
+	if got := c.lb.Workers(); len(got) != 4 {
+		t.Fatalf("the LB counts workers %v, want the joiner among 4", got)
+	}
+	shown := map[string]int{}
+	for _, m := range c.obs.rec.Snapshot(t0, nil).Members {
+		if m.Role == "worker" {
+			shown[m.Group]++
+		}
+	}
+	if want := map[string]int{"a (3 workers)": 3, "b (alone)": 1}; !reflect.DeepEqual(shown, want) {
+		t.Errorf("status page groups %v, want %v", shown, want)
+	}
+}

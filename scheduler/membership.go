@@ -326,6 +326,7 @@ func (c *core) admit(m *control.Message) {
 	c.byID[info.ID] = info
 	c.lastSeen[info.ID] = c.now
 	c.byOrigin[m.Origin] = info.ID
+	c.noteJoiner(info, m)
 	if c.joining == nil {
 		c.joining = make(map[node.ID]*joining)
 	}
@@ -369,7 +370,7 @@ func (c *core) joined(m *control.Message) {
 		info := c.byID[id]
 		for _, n := range c.table[1:] {
 			if n.ID != id {
-				c.send(n.ID, &control.Message{Command: control.NodeJoined, Sender: node.SchedulerID, Nodes: []node.Info{info}})
+				c.send(n.ID, &control.Message{Command: control.NodeJoined, Sender: node.SchedulerID, Nodes: []node.Info{info}, Text: c.joinerHosts[id]})
 			}
 		}
 	case 1:
@@ -442,6 +443,7 @@ func (c *core) admitWorker(info node.Info) {
 		return
 	}
 	c.placeJoiner(info)
+	c.joinerGrouped(info)
 	c.membership++
 	c.log.Warn(msgWorkerJoined, "node", info, "membership_version", c.membership,
 		"workers", len(c.lb.Workers()), "from_iteration", d.Decision.Iteration)

@@ -26,9 +26,12 @@ var rankRe = regexp.MustCompile(`(?m)^worker (\d+): `)
 // leader, rank 0 as the lowest id, or a member) and wait (a member, then
 // a replacement joins on the same host): the retry re-forms the group
 // over the workers left, which sum on their host again from its
-// iteration on (its new leader logs its host sums), and the workers left
-// (and the joiner) verify every value of every iteration against the
-// workers its sums add up, and exit 0.
+// iteration on (its new leader logs its host sums); the joiner joins
+// their group from its first iteration on (its log shows the group
+// re-formed with it, and the group's leader logs host sums of it); the
+// workers left and the joiner verify every value of every iteration
+// against the workers its sums add up, and exit 0, leaving no segment in
+// /dev/shm.
 //
 // With the LB on, the balanced split puts every partition on the host's
 // workers (the server's host has none), so the member killed aggregates a
@@ -58,6 +61,7 @@ func TestLocalAggregationWorkerLoss(t *testing.T) {
 		// its sums to the members too, which push their own.
 		{"wait, member lost while it aggregates for its group, and replaced, LB on", "wait", "1", true, "on", true},
 	}
+	before := len(segments(t))
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var perWorker func(i int, cmd *exec.Cmd)
@@ -109,7 +113,19 @@ func TestLocalAggregationWorkerLoss(t *testing.T) {
 					t.Fatal(err)
 				}
 				c.joined(joiner, victim, left)
-				mustContain(t, "joiner stderr", joiner.Stderr.String(), "this worker sums alone")
+				// The joiner is in its host's group from its first
+				// iteration: its log shows the group re-formed with it,
+				// and the group's leader pushed host sums holding it.
+				id := workerIDRe.FindStringSubmatch(joiner.Stderr.String())
+				if id == nil {
+					t.Fatal("the joiner logged no id")
+				}
+				in := regexp.MustCompile(`msg="local aggregation: group re-formed" .*group="\[[^]]*` + regexp.QuoteMeta(id[1]) + `[^]]*\]"`)
+				if !in.MatchString(joiner.Stderr.String()) {
+					c.dump()
+					t.Errorf("the joiner's log shows no group re-formed with it (%s)", id[1])
+				}
+				regrouped(t, c, append(slices.Clone(left), joiner.Name))
 			} else if err := c.WaitExcept(2*time.Minute, victim); err != nil {
 				c.dump()
 				t.Fatal(err)
@@ -120,6 +136,13 @@ func TestLocalAggregationWorkerLoss(t *testing.T) {
 				mustContain(t, name+" stderr", p.Stderr.String(), "local aggregation: group dissolved", "local aggregation: group re-formed")
 			}
 			regrouped(t, c, left)
+			if err := c.WaitExcept(time.Minute, victim); err != nil {
+				c.dump()
+				t.Fatal(err)
+			}
+			if left := segments(t); len(left) > before {
+				t.Errorf("segments left in %s: %v", localagg.DefaultDir, left)
+			}
 		})
 	}
 }
@@ -128,14 +151,18 @@ func TestLocalAggregationWorkerLoss(t *testing.T) {
 // iteration it summed from, and its host sums.
 var reformedRe = regexp.MustCompile(`msg="local aggregation: group closed" .*group="\[(.*)\]" from_iteration=([1-9]\d*) host_sums=(\d+)`)
 
+// workerIDRe is a worker's id in its log: at its start, or when it joined
+// the running job.
+var workerIDRe = regexp.MustCompile(`msg=(?:started|"joined the running job") role=worker id=(\S+)`)
+
 // regrouped checks that the workers left, the processes named, summed
-// on their host again after the retry: one of them led the re-formed
-// group of them all and pushed host sums from the retry's iteration on.
+// on their host again after the retry (or a join): one of them led the
+// re-formed group of them all and pushed host sums from its iteration on.
 func regrouped(t *testing.T, c *cluster, left []string) {
 	t.Helper()
 	var ids []string
 	for _, name := range left {
-		m := regexp.MustCompile(`msg=started role=worker id=(\S+)`).FindStringSubmatch(c.proc(name).Stderr.String())
+		m := workerIDRe.FindStringSubmatch(c.proc(name).Stderr.String())
 		if m == nil {
 			t.Fatalf("%s logged no id", name)
 		}

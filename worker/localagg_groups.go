@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fptps/fpt/cluster"
@@ -45,17 +46,18 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte), local fu
 	}
 	cfg := n.Config()
 	self := n.Self().ID
-	groups, err := localagg.GroupsOver(n.Workers(), n.HostOf, cfg.NumWorkers)
+	if n.Joined() {
+		// The decision that admits it, its first directive, places it in
+		// its host's group from its first iteration (regroup), as every
+		// node of the job does.
+		n.Logger().Info("local aggregation: joined a running job; the decision that admits it places it in its host's group", "host", n.HostOf(self))
+		return &localGroups{n: n, deliver: deliver, local: local}, nil
+	}
+	groups, err := localagg.GroupsOver(n.Workers(), n.HostOf)
 	if err != nil {
 		return nil, fmt.Errorf("worker: local aggregation: %w", err)
 	}
 	g := &localGroups{n: n, deliver: deliver, local: local, group: localagg.GroupOf(groups, self)}
-	if n.Joined() && self.Rank() >= cfg.NumWorkers {
-		// The running workers' groups count it alone: it sums over the
-		// network, as a worker alone on its host does.
-		n.Logger().Info("local aggregation: joined a running job, so this worker sums alone, over the network", "host", cfg.Host())
-		return g, nil
-	}
 	if len(g.group.Workers) < 2 {
 		n.Logger().Info("local aggregation: alone on this host", "host", g.group.Host)
 		return g, nil
@@ -88,7 +90,7 @@ func (g *localGroups) regroup(d lb.Directive, workersAt func(uint64) []node.ID) 
 		ws = workersAt(from)
 	}
 	cfg := g.n.Config()
-	groups, err := localagg.GroupsOver(ws, g.n.HostOf, cfg.NumWorkers)
+	groups, err := localagg.GroupsOver(ws, g.n.HostOf)
 	if err != nil {
 		g.n.Fail(fmt.Errorf("worker: local aggregation: groups of %v from iteration %d: %w", ws, from, err))
 		return
@@ -98,6 +100,11 @@ func (g *localGroups) regroup(d lb.Directive, workersAt func(uint64) []node.ID) 
 	defer g.mu.Unlock()
 	ch := localagg.Regroup(g.group, localagg.GroupOf(groups, self), d.Retry)
 	if !ch.Dissolve && !ch.Form && !d.Retry {
+		if len(g.group.Workers) == 0 && len(ch.New.Workers) == 1 {
+			// A joiner, with no other worker on its host.
+			g.group = ch.New
+			g.n.Logger().Info("local aggregation: alone on this host", "host", ch.New.Host, "from_iteration", from)
+		}
 		return
 	}
 	g.group = ch.New
@@ -130,6 +137,42 @@ func (g *localGroups) regroup(d lb.Directive, workersAt func(uint64) []node.ID) 
 			l.fail(fmt.Errorf("worker: local aggregation: re-forming the group %v of host %q from iteration %d: %w", ch.New.Workers, ch.New.Host, from, err))
 		}
 	}()
+}
+
+// localStart holds the LB's directives that come before the worker's
+// side of its host's groups is set up (startLocal), for it to follow them
+// then, in order: directives may come as soon as the node started, and a
+// joiner's first one, the decision that admits it, is the one that places
+// it in its host's group. No push is intercepted before: the program has
+// no Worker yet.
+type localStart struct {
+	mu    sync.Mutex
+	set   bool
+	early []lb.Directive
+}
+
+// follow has p's groups follow d (regroup), or keeps d until they are set.
+func (s *localStart) follow(p *atomic.Pointer[localGroups], d lb.Directive, workersAt func(uint64) []node.ID) {
+	s.mu.Lock()
+	if !s.set {
+		s.early = append(s.early, d)
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	p.Load().regroup(d, workersAt)
+}
+
+// started sets p to g (nil: no local aggregation) and has g follow the
+// directives kept meanwhile.
+func (s *localStart) started(p *atomic.Pointer[localGroups], g *localGroups, workersAt func(uint64) []node.ID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p.Store(g)
+	for _, d := range s.early {
+		g.regroup(d, workersAt)
+	}
+	s.early, s.set = nil, true
 }
 
 // at is the group that sums iteration iter; nil where this worker sums

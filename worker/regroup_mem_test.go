@@ -2,8 +2,11 @@ package worker_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -94,6 +97,120 @@ func TestLocalRegroupAfterRetry(t *testing.T) {
 			}
 			if !regrouped {
 				t.Errorf("no group of %s summed on the host after the retry; groups closed: %q", tt.left, closedRe.FindAllString(logs.String(), -1))
+			}
+		})
+	}
+}
+
+// TestLocalJoinerInGroup: two workers sum on their host (a real segment,
+// real notice sockets, the in-memory network) when a third joins on the
+// same host: from its first iteration on it is in its host's group, a
+// group of three re-formed in a segment of its own, whose leader pushes
+// host sums holding the joiner's contributions; every value of every
+// iteration stays exact (trainJoinable checks each sum against the
+// workers WorkersAt names, the joiner's pushes included), all end with
+// the same parameters, and the job ends cleanly. Under the LB's grants
+// alone and under FPT_ON_WORKER_LOSS=continue with the LB off.
+func TestLocalJoinerInGroup(t *testing.T) {
+	const iters, joinAt = 14, 4
+	for _, tt := range []struct {
+		name string
+		env  map[string]string
+	}{
+		{"LB on", map[string]string{"FPT_LB": "on"}},
+		{"LB off, continue", map[string]string{"FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			logs := &localcluster.Buffer{} // the nodes' goroutines share it
+			dir := t.TempDir()
+			env := map[string]string{
+				"FPT_PARTITION_BYTES":   memPartitionBytes,
+				"FPT_LOCAL_AGGREGATION": "on", "FPT_HOST_ID": "a", "FPT_LOCAL_AGGREGATION_DIR": dir,
+			}
+			for k, v := range tt.env {
+				env[k] = v
+			}
+			c, err := memcluster.Start(context.Background(), memcluster.Options{Servers: 1, Workers: 2,
+				Logger: slog.New(slog.NewTextHandler(logs, nil)), Env: env})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(c.Close)
+			t.Cleanup(func() {
+				if t.Failed() {
+					t.Log(logs.String())
+				}
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			models := []*model{newModel(), newModel(), newModel()}
+			errs := make(chan error, 8)
+			var wg sync.WaitGroup
+			joined := make(chan *worker.Worker, 1)
+			old := slices.Clone(c.Workers)
+			for i, w := range old {
+				wg.Go(func() {
+					errs <- trainJoinable(ctx, w, models[i], iters, hooks{before: func(w *worker.Worker, it int) error {
+						if w.Rank() == 0 && it == joinAt {
+							go func() {
+								j, err := c.AddWorker()
+								if err != nil {
+									errs <- fmt.Errorf("joining: %w", err)
+									cancel()
+									close(joined)
+									return
+								}
+								joined <- j
+							}()
+						}
+						return nil
+					}})
+				})
+			}
+			j, ok := <-joined
+			if !ok {
+				report(t, &wg, errs)
+				t.FailNow()
+			}
+			wg.Go(func() {
+				if err := trainJoinable(ctx, j, models[2], iters, hooks{}); err != nil {
+					errs <- fmt.Errorf("joiner: %w", err)
+				}
+			})
+			report(t, &wg, errs)
+			if t.Failed() {
+				return
+			}
+			first := j.StartIteration()
+			if first <= joinAt || first > iters {
+				t.Fatalf("the joiner started at iteration %d, want within (%d, %d]", first, joinAt, iters)
+			}
+			for i, m := range models[1:] {
+				if !slices.Equal(m.params, models[0].params) {
+					t.Errorf("worker %d's parameters differ from worker 0's at the end", i+1)
+				}
+			}
+			if err := c.Finish(ctx); err != nil {
+				t.Fatalf("the job did not end cleanly: %v", err)
+			}
+			// The first group summed until the join, the group with the
+			// joiner from its first iteration on.
+			want := map[string]bool{"worker0(9) worker1(11) from 0": false, fmt.Sprintf("worker0(9) worker1(11) worker2(13) from %d", first): false}
+			for _, m := range closedRe.FindAllStringSubmatch(logs.String(), -1) {
+				if sums, _ := strconv.Atoi(m[3]); sums > 0 {
+					if _, ok := want[m[1]+" from "+m[2]]; ok {
+						want[m[1]+" from "+m[2]] = true
+					}
+				}
+			}
+			for g, seen := range want {
+				if !seen {
+					t.Errorf("no host sums of the group %s; groups closed: %q", g, closedRe.FindAllString(logs.String(), -1))
+				}
+			}
+			t.Logf("groups closed: %q", closedRe.FindAllString(logs.String(), -1))
+			if left, err := os.ReadDir(dir); err != nil || len(left) != 0 {
+				t.Errorf("left in the segments' directory: %v (%v)", left, err)
 			}
 		})
 	}

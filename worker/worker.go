@@ -69,8 +69,10 @@ type Worker struct {
 	failed chan struct{}
 	// lagg is this worker's side of its host's groups
 	// (localagg_groups.go); nil when it sums nothing locally. Set once
-	// the worker started, while directives may already come.
-	lagg atomic.Pointer[localGroups]
+	// the worker started; the directives that come before wait in
+	// laggStart.
+	lagg      atomic.Pointer[localGroups]
+	laggStart localStart
 }
 
 var _ van.Sink = (*Worker)(nil)
@@ -118,7 +120,7 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 		n.Close()
 		return nil, err
 	}
-	w.lagg.Store(lagg)
+	w.laggStart.started(&w.lagg, lagg, w.WorkersAt)
 	w.do(t)
 	go w.watch()
 	return w, nil
@@ -443,7 +445,7 @@ func (w *Worker) follow(d lb.Directive) error {
 	// Before the core takes the decision: every push cut under it (a
 	// retry's, and any the program makes meanwhile) goes to the group it
 	// forms, never into one whose leader may not have dissolved it yet.
-	w.lagg.Load().regroup(d, w.WorkersAt)
+	w.laggStart.follow(&w.lagg, d, w.WorkersAt)
 	w.mu.Lock()
 	t, moved, err := w.c.follow(d)
 	if moved {
