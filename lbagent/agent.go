@@ -22,6 +22,7 @@ import (
 	"github.com/fptps/fpt/control"
 	"github.com/fptps/fpt/lb"
 	"github.com/fptps/fpt/localagg"
+	"github.com/fptps/fpt/node"
 )
 
 // Timing of the measurements.
@@ -69,13 +70,16 @@ func New(n *cluster.Member, apply Apply) *Agent {
 	return a
 }
 
-// reportEvery is the pace of a node's reports under cfg: ReportEvery, or
-// every iteration under a retry policy, where a worker's pull of an
-// iteration may wait for the LB's Done past it, which needs every
-// worker's report of it at once.
+// reportEvery is the pace of a node's reports under cfg: ReportEvery on a
+// worker, ServerReportEvery on a server, or every iteration under a retry
+// policy, where a worker's pull of an iteration may wait for the LB's Done
+// past it, which needs every worker's report of it at once.
 func reportEvery(cfg config.Config) time.Duration {
-	if cfg.Retries() {
+	switch {
+	case cfg.Retries():
 		return 0
+	case cfg.Role == node.Server:
+		return ServerReportEvery
 	}
 	return ReportEvery
 }

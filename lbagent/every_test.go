@@ -5,22 +5,27 @@ import (
 	"time"
 
 	"github.com/fptps/fpt/config"
+	"github.com/fptps/fpt/node"
 )
 
 // Under a retry policy every iteration is reported at once: a worker's
 // pull may wait for the LB's Done past its iteration, which the pace
 // would hold back by up to ReportEvery per step (and for ever, for the
-// last step before the wait).
+// last step before the wait). Otherwise a server reports once per
+// ServerReportEvery, a worker once per ReportEvery (outside a probe).
 func TestReportEvery(t *testing.T) {
 	tests := []struct {
 		name string
 		cfg  config.Config
 		want time.Duration
 	}{
-		{"fail", config.Config{LB: true}, ReportEvery},
-		{"workers continue", config.Config{LB: true, WorkerLoss: config.WorkerLossContinue}, 0},
-		{"workers wait", config.Config{WorkerLoss: config.WorkerLossWait}, 0},
-		{"servers retry", config.Config{LB: true, RetryServerLoss: true}, 0},
+		{"fail", config.Config{LB: true, Role: node.Worker}, ReportEvery},
+		{"fail, a server", config.Config{LB: true, Role: node.Server}, ServerReportEvery},
+		{"workers continue", config.Config{LB: true, Role: node.Worker, WorkerLoss: config.WorkerLossContinue}, 0},
+		{"workers continue, a server", config.Config{LB: true, Role: node.Server, WorkerLoss: config.WorkerLossContinue}, 0},
+		{"workers wait", config.Config{Role: node.Worker, WorkerLoss: config.WorkerLossWait}, 0},
+		{"servers retry", config.Config{LB: true, Role: node.Worker, RetryServerLoss: true}, 0},
+		{"servers retry, a server", config.Config{LB: true, Role: node.Server, RetryServerLoss: true}, 0},
 	}
 	for _, tt := range tests {
 		if got := reportEvery(tt.cfg); got != tt.want {

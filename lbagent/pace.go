@@ -15,6 +15,16 @@ import (
 // beside every step's frames.
 const ReportEvery = 10 * time.Millisecond
 
+// ServerReportEvery is ReportEvery for a server. The LB needs a server's
+// reports only in a probe (its rates in the measuring window, and its
+// progress to end the window), when every iteration is reported anyway:
+// the workers' reports alone mark iterations done and earn the grants.
+// Outside a probe a server's report carries rates the LB does not use and
+// costs a control message on every node it crosses, beside the step's
+// frames; once per meter Window keeps the scheduler's view of its rates
+// and progress as fresh as the rates themselves.
+const ServerReportEvery = Window
+
 // Pace decides which iterations a node reports to the LB. A node reports
 // iteration i−1 as it begins iteration i (Agent.IterationBegan); Pace
 // skips that report while the node reported less than ReportEvery ago,
