@@ -39,7 +39,9 @@
 package pool
 
 import (
+	"maps"
 	"math"
+	"slices"
 )
 
 // BaseQuantum is the credit, in bytes, a flow of weight 1 receives per turn.
@@ -188,7 +190,17 @@ func (p *Pool[T]) quantum(f *flow[T]) int64 {
 // Pop removes and returns the next entry per the schedule. It reports false
 // when nothing is eligible: the pool is empty, or every non-empty flow is
 // paused.
-func (p *Pool[T]) Pop() (Entry[T], bool) {
+func (p *Pool[T]) Pop() (Entry[T], bool) { return p.PopIf(nil) }
+
+// PopIf is Pop when take (nil: always) accepts the entry Pop would return;
+// otherwise the entry stays queued, still the next, and PopIf reports
+// false. A sender uses it to gather the entries that follow one another
+// in the schedule and share a destination into one write, without
+// changing their order.
+func (p *Pool[T]) PopIf(take func(*Entry[T]) bool) (Entry[T], bool) {
+	// The turns passed and the credit granted on the way to the next
+	// entry are what the next Pop would do anyway: done here, the next
+	// call finds the same flow's granted turn and the same head.
 	passes := 0 // turns in a row in which nothing was sent
 	for len(p.ring) > 0 {
 		f := p.ring[p.cur]
@@ -197,6 +209,9 @@ func (p *Pool[T]) Pop() (Entry[T], bool) {
 			f.deficit = addSat(f.deficit, p.quantum(f))
 		}
 		if head := f.heap[0].e.Bytes; head <= f.deficit {
+			if take != nil && !take(&f.heap[0].e) {
+				return Entry[T]{}, false
+			}
 			e := f.pop()
 			f.deficit -= max(e.Bytes, 0)
 			p.bytes -= e.Bytes
@@ -276,8 +291,10 @@ func (p *Pool[T]) SetShaping(on bool) {
 		return
 	}
 	p.unshaped = !on
-	for _, f := range p.flows {
-		p.reconsider(f)
+	// In id order, not the map's: the flows joining the round do so in
+	// the same order every time.
+	for _, id := range slices.Sorted(maps.Keys(p.flows)) {
+		p.reconsider(p.flows[id])
 	}
 }
 

@@ -473,3 +473,72 @@ func BenchmarkPushPop(b *testing.B) {
 		})
 	}
 }
+
+// TestPopIfKeepsOrder: a pool popped through PopIf, whose take refuses at
+// random, pops the same entries in the same order as one popped with Pop,
+// pushes, weight changes and shaping interleaved alike; a refused entry is
+// the one the next call offers.
+func TestPopIfKeepsOrder(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for trial := range 100 {
+		a, b := New[int](1<<30), New[int](1<<30)
+		var got, want []int
+		next := 0
+		for step := range 400 {
+			switch op := r.IntN(10); {
+			case op < 4:
+				e := Entry[int]{Flow: uint32(r.IntN(4)), Priority: int32(r.IntN(3)), Bytes: int64(1 + r.IntN(3*BaseQuantum)), Value: next}
+				next++
+				a.Push(e)
+				b.Push(e)
+			case op == 4:
+				f, w := uint32(r.IntN(4)), float64(r.IntN(4))/2
+				a.SetWeight(f, w)
+				b.SetWeight(f, w)
+			case op == 5:
+				on := r.IntN(2) == 0
+				a.SetShaping(on)
+				b.SetShaping(on)
+			default:
+				e, ok := a.Pop()
+				if ok {
+					want = append(want, e.Value)
+				}
+				var offered []int
+				for {
+					f, took := b.PopIf(func(e *Entry[int]) bool {
+						offered = append(offered, e.Value)
+						return r.IntN(3) == 0
+					})
+					if took {
+						got = append(got, f.Value)
+						break
+					}
+					if len(offered) == 0 {
+						break // nothing eligible
+					}
+					if o := offered[len(offered)-1]; len(offered) > 1 && o != offered[len(offered)-2] {
+						t.Fatalf("trial %d step %d: refused entry %d, then offered %d", trial, step, offered[len(offered)-2], o)
+					}
+				}
+				if len(got) != len(want) || len(got) > 0 && got[len(got)-1] != want[len(want)-1] {
+					t.Fatalf("trial %d step %d: PopIf popped %v, Pop %v", trial, step, got, want)
+				}
+				if ok != (len(offered) > 0) {
+					t.Fatalf("trial %d step %d: Pop found an entry: %v, PopIf offered %v", trial, step, ok, offered)
+				}
+			}
+		}
+		if len(got) != len(want) {
+			t.Fatalf("trial %d: PopIf popped %d entries, Pop %d", trial, len(got), len(want))
+		}
+		for i := range got {
+			if got[i] != want[i] {
+				t.Fatalf("trial %d: pop %d is entry %d through PopIf, %d through Pop", trial, i, got[i], want[i])
+			}
+		}
+		if a.Len() != b.Len() || a.Bytes() != b.Bytes() {
+			t.Fatalf("trial %d: left %d entries (%d bytes) against %d (%d)", trial, b.Len(), b.Bytes(), a.Len(), a.Bytes())
+		}
+	}
+}

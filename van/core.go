@@ -28,9 +28,12 @@ const byeTimeout = time.Second
 
 // link is a connection as the sender sees it.
 type link interface {
-	// writeFrame writes hdr then payload's parts, in one writev where the
-	// kernel allows, failing once no byte has moved for timeout.
-	writeFrame(hdr []byte, payload [][]byte, timeout time.Duration) error
+	// writev writes bufs in order (one frame's header and payload, or
+	// several frames'), in one writev where the kernel allows, resuming
+	// after partial writes, failing once no byte has moved for timeout.
+	// It reports the bytes written (all of them unless err), and the
+	// system calls that moved bytes. It may change bufs' slices.
+	writev(bufs [][]byte, timeout time.Duration) (n, calls int, err error)
 	// abort breaks the connection so that its reader sees an end soon and
 	// a write in progress fails. Safe from any goroutine, repeatedly.
 	abort()
@@ -317,21 +320,81 @@ func (c *core) AwaitPeers(ctx context.Context, peers []node.ID) error {
 	}
 }
 
+// A job of the sender gathers the frames that follow one another in the
+// pool's order to one connection, within these bounds, and writes them
+// with one writev: small frames cost a system call each otherwise. The
+// bytes bound how long a frame queued meanwhile, however urgent, waits
+// behind the job (the pool decides what leaves next only between jobs),
+// so a frame as large as it goes alone.
+const (
+	batchBytes  = 256 << 10
+	batchFrames = 64
+	// iovMax is Linux's IOV_MAX: the buffers one writev takes.
+	iovMax = 1024
+)
+
+// sender is the sender goroutine's state: the job being gathered and the
+// scratch its writes reuse.
+type sender struct {
+	channels int                        // the peers' channels (Config.Channels)
+	frames   int                        // gathered in the job so far
+	bytes    int64                      // ... their bytes
+	iovs     int                        // ... and buffers
+	msgs     []*frame.Message           // the job
+	hdrs     [][frame.HeaderSize]byte   // its frames' headers, encoded
+	bufs     [][]byte                   // what one writev writes
+	lens     []int                      // each frame's bytes, header included
+	join     sendq.Join[*frame.Message] // s.gather
+}
+
+func newSender(channels int) *sender {
+	s := &sender{channels: channels, hdrs: make([][frame.HeaderSize]byte, batchFrames)}
+	s.join = s.gather
+	return s
+}
+
+// parts is the buffers m takes in a writev at most: its header, Payload
+// and More.
+func parts(m *frame.Message) int { return 2 + len(m.More) }
+
+// start begins gathering a job (before Next).
+func (s *sender) start() { s.frames = 0 }
+
+// gather is the job's sendq.Join: next joins first's job if it goes to the
+// same peer and channel and the job stays within the bounds.
+func (s *sender) gather(first, next *sendq.Entry[*frame.Message]) bool {
+	if s.frames == 0 { // the first call of a job
+		s.frames, s.bytes, s.iovs = 1, first.Bytes, parts(first.Value)
+	}
+	if next.Flow != first.Flow ||
+		channelOf(&next.Value.Header, s.channels) != channelOf(&first.Value.Header, s.channels) ||
+		s.frames >= batchFrames || s.bytes+next.Bytes > batchBytes || s.iovs+parts(next.Value) > iovMax {
+		return false
+	}
+	s.frames++
+	s.bytes += next.Bytes
+	s.iovs += parts(next.Value)
+	return true
+}
+
 // runSender is the one sender goroutine.
 func (c *core) runSender() {
 	defer close(c.senderDone)
-	var hdr [frame.HeaderSize]byte
+	s := newSender(c.cfg.Channels)
 	for {
-		j := c.q.Next()
+		s.start()
+		j := c.q.Next(s.msgs, s.join)
 		if j.Stop {
 			if j.SayBye {
-				c.sayBye(&hdr)
+				c.sayBye(s)
 			}
 			failAll(j.Failed, ErrClosed)
 			return
 		}
-		if j.Msg != nil {
-			c.write(j.Msg, &hdr)
+		if len(j.Msgs) > 0 {
+			c.write(s, j.Msgs)
+			s.msgs = j.Msgs
+			clear(s.msgs) // the messages are their callers' again
 		} else {
 			failAll(j.Failed, ErrNoPeer)
 		}
@@ -348,61 +411,92 @@ func failAll(es []sendq.Entry[*frame.Message], err error) {
 	}
 }
 
-func (c *core) write(m *frame.Message, hdr *[frame.HeaderSize]byte) {
-	id := node.ID(m.Header.Recipient)
+// write writes a job: frames to one peer, in order, the consecutive
+// frames of one channel with one writev.
+func (c *core) write(s *sender, msgs []*frame.Message) {
+	id := node.ID(msgs[0].Header.Recipient)
 	p := c.lookup(id)
 	if p == nil {
-		if m.Done != nil {
-			m.Done(fmt.Errorf("van: frame for node %d not sent: %w", id, ErrNoPeer))
+		for _, m := range msgs {
+			if m.Done != nil {
+				m.Done(fmt.Errorf("van: frame for node %d not sent: %w", id, ErrNoPeer))
+			}
 		}
 		return
 	}
-	h := m.Header // m stays the caller's to read: the van writes none of it
-	var parts [8][]byte
-	payload := m.Parts(parts[:0])
-	n := size(payload)
-	h.Sender, h.Length = uint32(c.selfID()), uint64(n)
-	h.Encode(hdr[:])
-	start := time.Now()
-	ch := channelOf(&m.Header, len(p.links))
-	err := p.links[ch].writeFrame(hdr[:], payload, c.cfg.IOTimeout)
-	p.st.SentBusy.Add(int64(time.Since(start)))
-	if err != nil && p.byes[ch].Load() {
-		// The peer said Bye on this channel and it is closed: the peer is
-		// leaving in order (its other channels end soon), not lost.
-		if m.Done != nil {
-			m.Done(fmt.Errorf("van: frame for node %d not sent: %w", id, ErrNoPeer))
+	for len(msgs) > 0 {
+		ch := channelOf(&msgs[0].Header, len(p.links))
+		run := 1
+		for run < len(msgs) && run < len(s.hdrs) && channelOf(&msgs[run].Header, len(p.links)) == ch {
+			run++
 		}
-		return
-	}
-	if err != nil {
-		err = fmt.Errorf("van: write to node %d: %w", id, err)
-		p.fail(err)
-		if m.Done != nil {
-			m.Done(err)
-		}
-		return
-	}
-	p.st.SentBytes.Add(uint64(frame.HeaderSize + n))
-	p.st.SentFrames.Add(1)
-	if m.Done != nil {
-		m.Done(nil)
+		c.writeRun(s, p, ch, msgs[:run])
+		msgs = msgs[run:]
 	}
 }
 
-func (c *core) sayBye(hdr *[frame.HeaderSize]byte) {
+// writeRun writes frames to channel ch of p with one writev (more where
+// the socket takes part of them), then calls their Done callbacks: nil for
+// each frame written whole, the error for the rest.
+func (c *core) writeRun(s *sender, p *peer, ch int, msgs []*frame.Message) {
+	s.bufs, s.lens = s.bufs[:0], s.lens[:0]
+	for i, m := range msgs {
+		h := m.Header // m stays the caller's to read: the van writes none of it
+		n0 := len(s.bufs)
+		s.bufs = m.Parts(append(s.bufs, s.hdrs[i][:]))
+		n := size(s.bufs[n0+1:])
+		h.Sender, h.Length = uint32(c.selfID()), uint64(n)
+		h.Encode(s.hdrs[i][:])
+		s.lens = append(s.lens, frame.HeaderSize+n)
+	}
+	start := time.Now()
+	written, calls, err := p.links[ch].writev(s.bufs, c.cfg.IOTimeout)
+	clear(s.bufs) // the payloads are their callers' again
+	p.st.SentBusy.Add(int64(time.Since(start)))
+	p.st.WriteCalls.Add(uint64(calls))
+	if err != nil {
+		if p.byes[ch].Load() {
+			// The peer said Bye on this channel and it is closed: the
+			// peer is leaving in order (its other channels end soon),
+			// not lost.
+			err = fmt.Errorf("van: frame for node %d not sent: %w", p.id, ErrNoPeer)
+		} else {
+			err = fmt.Errorf("van: write to node %d: %w", p.id, err)
+			p.fail(err)
+		}
+	}
+	for i, m := range msgs {
+		ferr := err
+		if written >= s.lens[i] {
+			written -= s.lens[i]
+			ferr = nil
+			p.st.SentBytes.Add(uint64(s.lens[i]))
+			p.st.SentFrames.Add(1)
+		} else {
+			written = 0
+		}
+		if m.Done != nil {
+			m.Done(ferr)
+		}
+	}
+}
+
+func (c *core) sayBye(s *sender) {
 	c.mu.Lock()
 	peers := make([]*peer, 0, len(c.peers))
 	for _, p := range c.peers {
 		peers = append(peers, p)
 	}
 	c.mu.Unlock()
+	hdr := s.hdrs[0][:]
 	for _, p := range peers {
 		h := frame.Header{Type: frame.Bye, Sender: uint32(c.selfID()), Recipient: uint32(p.id)}
-		h.Encode(hdr[:])
+		h.Encode(hdr)
 		// Each channel's Bye follows its last frame.
 		for ch, l := range p.links {
-			if err := l.writeFrame(hdr[:], nil, min(byeTimeout, c.cfg.IOTimeout)); err != nil {
+			_, calls, err := l.writev(append(s.bufs[:0], hdr), min(byeTimeout, c.cfg.IOTimeout))
+			p.st.WriteCalls.Add(uint64(calls))
+			if err != nil {
 				c.log.Debug("van: bye not sent", "peer", p.id, "channel", ch, "err", err)
 				continue
 			}

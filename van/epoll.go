@@ -89,6 +89,8 @@ type epConn struct {
 	writable  chan struct{}
 	aborted   chan struct{}
 	abortOnce sync.Once
+
+	iov [][]byte // the sender's: what one writev call writes
 }
 
 func newEpConn(fd, epfd int, remote string, cut cutter) *epConn {
@@ -661,32 +663,35 @@ func (c *epConn) abort() {
 	c.fdMu.RUnlock()
 }
 
-// writeFrame writes header and payload's parts with writev, resuming
-// after partial writes and waiting in poll while the socket buffer is full.
-func (c *epConn) writeFrame(hdr []byte, payload [][]byte, timeout time.Duration) error {
+// writev implements link: unix.Writev of up to iovMax buffers and
+// maxChunk bytes per call, waiting for room (awaitWritable) while the
+// socket is full.
+func (c *epConn) writev(bufs [][]byte, timeout time.Duration) (n, calls int, err error) {
 	c.fdMu.RLock()
 	defer c.fdMu.RUnlock()
 	if c.wfd < 0 {
-		return errConnClosed
+		return 0, 0, errConnClosed
 	}
-	var all, iov [8][]byte
-	bufs := append(append(all[:0], hdr), payload...)
 	for len(bufs) > 0 {
-		n, err := unix.Writev(c.wfd, window(iov[:0], bufs, maxChunk))
+		c.iov = window(c.iov[:0], bufs[:min(len(bufs), iovMax)], maxChunk)
+		m, err := unix.Writev(c.wfd, c.iov)
 		switch {
 		case errors.Is(err, unix.EINTR):
 			continue
 		case errors.Is(err, unix.EAGAIN):
 			if err := c.awaitWritable(timeout); err != nil {
-				return err
+				return n, calls, err
 			}
 			continue
 		case err != nil:
-			return fmt.Errorf("writev: %w", err)
+			return n, calls, fmt.Errorf("writev: %w", err)
 		}
-		bufs = advance(bufs, n)
+		n += m
+		calls++
+		bufs = advance(bufs, m)
 	}
-	return nil
+	clear(c.iov)
+	return n, calls, nil
 }
 
 // awaitWritable parks the writer until the receiver loop sees the socket

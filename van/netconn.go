@@ -42,7 +42,8 @@ type ncConn struct {
 	cut    cutter
 	clock  recvClock
 	peer   *peer
-	ch     int // which of the peer's channels
+	ch     int      // which of the peer's channels
+	iov    [][]byte // the sender's: what one write writes
 }
 
 func newNetConn(cfg Config) (Transport, error) {
@@ -260,26 +261,29 @@ func (v *netConnVan) close(drain bool) error {
 // against the reader and a writer.
 func (c *ncConn) abort() { c.tc.Close() }
 
-// writeFrame writes header and payload's parts through net.Buffers (one
-// writev per chunk; the standard library resumes partial writes).
-func (c *ncConn) writeFrame(hdr []byte, payload [][]byte, timeout time.Duration) error {
-	var all, iov [8][]byte
-	bufs := append(append(all[:0], hdr), payload...)
+// writev implements link through net.Buffers (one writev per chunk; the
+// standard library resumes partial writes), each chunk of at most netChunk
+// bytes under a write deadline of its own.
+func (c *ncConn) writev(bufs [][]byte, timeout time.Duration) (n, calls int, err error) {
 	for len(bufs) > 0 {
-		// The header rides with the first chunk, as netChunk bounds payload.
-		chunk := window(iov[:0], bufs, len(hdr)+netChunk)
-		hdr = nil
+		chunk := net.Buffers(window(c.iov[:0], bufs, netChunk))
+		c.iov = chunk
 		bufs = advance(bufs, size(chunk))
 		if err := c.tc.SetWriteDeadline(time.Now().Add(timeout)); err != nil {
-			return err
+			return n, calls, err
 		}
-		nb := net.Buffers(chunk)
-		if _, err := nb.WriteTo(c.tc); err != nil {
+		m, err := chunk.WriteTo(c.tc)
+		n += int(m)
+		if m > 0 {
+			calls++ // at least one; the standard library does not say more
+		}
+		if err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
-				return fmt.Errorf("%w: no progress for %v", errStalled, timeout)
+				return n, calls, fmt.Errorf("%w: no progress for %v", errStalled, timeout)
 			}
-			return err
+			return n, calls, err
 		}
 	}
-	return nil
+	clear(c.iov)
+	return n, calls, nil
 }

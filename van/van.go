@@ -5,7 +5,9 @@
 // Two implementations sit behind Transport. The epoll van (the default) runs
 // one receiver goroutine, locked to its OS thread, over a level-triggered
 // epoll set of every peer connection, and one sender goroutine that drains
-// the node's send pool and writes header and payload with a single writev.
+// the node's send pool and writes header and payload with a single writev,
+// the frames that follow one another in the pool to one connection
+// together (up to batchBytes).
 // Its goroutine count does not grow with the number of peers. The netconn
 // van uses the standard library (a reader goroutine per connection, writes
 // through net.Buffers); it is the honest baseline the epoll van is measured
@@ -158,7 +160,14 @@ type PeerStats struct {
 	// connections (0 from a van without connections): the epoll van reads
 	// a frame's payload and the next frame's header in one when both are
 	// there, so a backlog costs about one read per frame.
-	ReadCalls    uint64
+	ReadCalls uint64
+	// WriteCalls is the write system calls that moved bytes to the peer's
+	// connections (0 from a van without connections; the netconn van
+	// counts each chunk it hands the standard library as one): the
+	// sender writes the frames that follow one another in its pool to
+	// one connection with one writev, so a backlog of small frames costs
+	// fewer writes than frames.
+	WriteCalls   uint64
 	SentBusy     time.Duration
 	ReceivedBusy time.Duration
 	// Channels is the connections (Config.Channels) the peer has, or had

@@ -562,8 +562,9 @@ func (v *Van) close(drain bool) error {
 // runSender is the one sender goroutine.
 func (v *Van) runSender() {
 	defer close(v.senderDone)
+	var msgs []*frame.Message
 	for {
-		j := v.q.Next()
+		j := v.q.Next(msgs, nil)
 		if j.Stop {
 			if j.SayBye {
 				v.sayBye()
@@ -571,8 +572,12 @@ func (v *Van) runSender() {
 			failAll(j.Failed, van.ErrClosed)
 			return
 		}
-		if j.Msg != nil {
-			v.write(j.Msg)
+		if len(j.Msgs) > 0 {
+			for _, m := range j.Msgs {
+				v.write(m)
+			}
+			msgs = j.Msgs
+			clear(msgs)
 		} else {
 			failAll(j.Failed, van.ErrNoPeer)
 		}

@@ -309,6 +309,11 @@ func testRoundTrip(t *testing.T, l Listen) {
 				return fmt.Errorf("%d reads for %d bytes: %+v", st.ReadCalls, st.ReceivedBytes, *st)
 			}
 			st.ReadCalls = 0
+			// Writes gather frames: at most one per frame.
+			if st.WriteCalls > st.SentFrames {
+				return fmt.Errorf("%d writes for %d frames: %+v", st.WriteCalls, st.SentFrames, *st)
+			}
+			st.WriteCalls = 0
 		}
 		// One connection, or none on a van without them.
 		for _, st := range []*van.PeerStats{&sa[0], &sb[0]} {

@@ -14,7 +14,7 @@ import (
 type Counters struct {
 	SentBytes, ReceivedBytes, SentFrames, ReceivedFrames atomic.Uint64
 	ReceivedInPlace, ReceivedCopied                      atomic.Uint64 // payload bytes
-	ReadCalls                                            atomic.Uint64 // reads that moved bytes
+	ReadCalls, WriteCalls                                atomic.Uint64 // system calls that moved bytes
 	SentBusy, ReceivedBusy                               atomic.Int64  // nanoseconds
 	Channels                                             atomic.Int32  // connections of the latest
 }
@@ -30,6 +30,7 @@ type Snapshot struct {
 	ReceivedInPlaceBytes uint64
 	ReceivedCopiedBytes  uint64
 	ReadCalls            uint64
+	WriteCalls           uint64
 	SentBusy             time.Duration
 	ReceivedBusy         time.Duration
 	Channels             int
@@ -63,6 +64,7 @@ func (t Table) Snapshots() []Snapshot {
 			ReceivedInPlaceBytes: c.ReceivedInPlace.Load(),
 			ReceivedCopiedBytes:  c.ReceivedCopied.Load(),
 			ReadCalls:            c.ReadCalls.Load(),
+			WriteCalls:           c.WriteCalls.Load(),
 			SentBusy:             time.Duration(c.SentBusy.Load()),
 			ReceivedBusy:         time.Duration(c.ReceivedBusy.Load()),
 			Channels:             int(c.Channels.Load()),

@@ -35,13 +35,19 @@ type Entry[T any] = pool.Entry[T]
 
 // Job is what the sender is given to do next: stop (after saying Bye to
 // every peer if SayBye, failing Failed), fail Failed (a lost peer's
-// entries), or else write Msg.
+// entries), or else write Msgs, in order.
 type Job[T any] struct {
-	Msg    T
+	Msgs   []T
 	Failed []Entry[T]
 	Stop   bool
 	SayBye bool
 }
+
+// Join decides which entries join a job's first message: asked about each
+// entry that follows first in the pool's schedule, in order, it reports
+// whether the entry joins; the first it refuses stays queued, the next to
+// leave, and ends the job.
+type Join[T any] func(first, next *Entry[T]) bool
 
 // New returns an empty queue that holds up to limit bytes (headers
 // included) before Put with block waits.
@@ -101,9 +107,11 @@ func (q *Queue[T]) PurgeFlow(flow node.ID) {
 	q.mu.Unlock()
 }
 
-// Next blocks until the sender has something to do. Every job but Stop
-// must be followed by Done.
-func (q *Queue[T]) Next() Job[T] {
+// Next blocks until the sender has something to do. A job to write has
+// the next message, and after it those that join takes (nil: none), in
+// the pool's order, appended to msgs[:0]. Every job but Stop must be
+// followed by Done.
+func (q *Queue[T]) Next(msgs []T, join Join[T]) Job[T] {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for {
@@ -121,9 +129,17 @@ func (q *Queue[T]) Next() Job[T] {
 			continue
 		}
 		if e, ok := q.p.Pop(); ok {
+			msgs = append(msgs[:0], e.Value)
+			for join != nil {
+				next, ok := q.p.PopIf(func(n *Entry[T]) bool { return join(&e, n) })
+				if !ok {
+					break
+				}
+				msgs = append(msgs, next.Value)
+			}
 			q.busy = true
 			q.space.Broadcast()
-			return Job[T]{Msg: e.Value}
+			return Job[T]{Msgs: msgs}
 		}
 		q.idle.Broadcast()
 		q.work.Wait()
