@@ -51,7 +51,8 @@ type Config struct {
 	// maxTimedLookahead of them; default 20 ms). A grant is a round trip
 	// through the scheduler: two iterations of a millisecond ahead, a
 	// worker would wait for it every step, while decisions would land no
-	// later than AheadFor. Negative: Lookahead only.
+	// later than AheadFor. Negative: Lookahead only. While a probe is on
+	// the lookahead is Lookahead (see MinIteration).
 	AheadFor time.Duration
 	// Warmup is how many iterations finish on the initial decision before
 	// the first probe (default 2).
