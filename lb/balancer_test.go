@@ -857,8 +857,8 @@ func TestBalancerAheadFor(t *testing.T) {
 }
 
 // Short iterations start no probe: their time is per-message latency, not
-// bandwidth, and a probe's split would stay in force for the whole
-// lookahead (tens of iterations of a millisecond). The job keeps the even
+// bandwidth, and a probe's split would land only past the whole lookahead
+// granted (tens of iterations of a millisecond). The job keeps the even
 // split over the servers until its iterations are long enough, and a
 // balanced job whose iterations are short probes neither periodically nor
 // on drift. A server that joins while iterations are short gets its share
