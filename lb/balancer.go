@@ -51,7 +51,8 @@ type Config struct {
 	// maxTimedLookahead of them; default 20 ms). A grant is a round trip
 	// through the scheduler: two iterations of a millisecond ahead, a
 	// worker would wait for it every step, while decisions would land no
-	// later than AheadFor. Negative: Lookahead only.
+	// later than AheadFor. Negative: Lookahead only. While a probe is on
+	// the lookahead is Lookahead (see MinIteration).
 	AheadFor time.Duration
 	// Warmup is how many iterations finish on the initial decision before
 	// the first probe (default 2).
@@ -90,17 +91,20 @@ type Config struct {
 	Hosts *Hosts
 	// MinIteration: no probe starts while one of the latest iterations
 	// took less than this (default 20 ms, or with AheadFor negative 0;
-	// negative: any). An
-	// iteration that short is bound by per-message latency, not by a
-	// link's bandwidth, so a split has little to gain; a probe can
-	// measure nothing in it (a rate takes lbagent.Window, hundreds of
-	// such iterations); and the probe's split (every node aggregating,
-	// shaping off) stays in force for the whole lookahead past its
-	// window, costing a small step more hops and more frames. The job
-	// keeps the even split over the servers, as with the LB off, and
-	// probes once its iterations are long enough. With the lookahead
-	// fixed (AheadFor negative) a probe's split leaves Lookahead
-	// iterations after its window, and its default lets short
+	// negative: any). An iteration that short is bound by per-message
+	// latency, not by a link's bandwidth, so a split has little to gain;
+	// a probe can measure nothing in it (a rate takes lbagent.Window,
+	// hundreds of such iterations); and the probe's split (every node
+	// aggregating, shaping off) costs a small step more hops and more
+	// frames. The job keeps the even split over the servers, as with the
+	// LB off, and probes once its iterations are long enough. A job's
+	// first iterations are slow with its start, so a probe may start on
+	// them: it is abandoned (the split before it issued again, without
+	// waiting for its window) once abandonShort iterations in a row take
+	// less than this, and starts again once recentIterations in a row
+	// take this or more. While a probe is on, the lookahead is Lookahead,
+	// so that the decision ending it lands within a few iterations. With
+	// the lookahead fixed (AheadFor negative) its default lets short
 	// iterations probe.
 	MinIteration time.Duration
 }
@@ -128,6 +132,10 @@ const (
 	// MinIteration compares with (the shortest: a job's first
 	// iterations, slow with its start, must not pass for long ones).
 	recentIterations = 5
+	// abandonShort is how many iterations in a row shorter than
+	// MinIteration abandon a probe: one alone can be the second of two
+	// reports handled together after the scheduler stalled.
+	abandonShort = 2
 )
 
 // Balancer is the LB scheduler's state machine. It is fed every node's
@@ -418,6 +426,12 @@ func usableRate(r float64) bool { return r >= 0 && r <= MaxCapacity } // false f
 func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
 	prev := b.horizon
 	b.ahead = b.lookahead(wall)
+	if b.state == Probe {
+		// The decision that ends the probe lands after the horizon: a
+		// timed lookahead of short iterations would keep the probe's
+		// split in force for tens of them.
+		b.ahead = min(b.ahead, b.cfg.Lookahead)
+	}
 	if wall > 0 {
 		if len(b.recent) == recentIterations {
 			b.recent = slices.Delete(b.recent, 0, 1)
@@ -440,7 +454,9 @@ func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
 	case Probe:
 		// Wait one iteration at most for the servers' reports of the
 		// window's last iteration, sent as the next one begins.
-		if last := b.to; i > last || i == last && b.allReported(last) {
+		if b.shortRun() {
+			d = b.abandon(i, prev)
+		} else if last := b.to; i > last || i == last && b.allReported(last) {
 			d = b.finishProbe(i, prev)
 		}
 	case Balanced:
@@ -457,6 +473,15 @@ func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
 // yet it reports false: nothing shows them short.
 func (b *Balancer) short() bool {
 	return b.cfg.MinIteration > 0 && len(b.recent) > 0 && slices.Min(b.recent) < b.cfg.MinIteration
+}
+
+// shortRun reports whether the latest abandonShort iterations each took
+// less than MinIteration: a probe then measures nothing (see
+// Config.MinIteration) and is abandoned. A probe starts only when none of
+// the latest iterations is that short, so these are the probe's own.
+func (b *Balancer) shortRun() bool {
+	n := len(b.recent)
+	return b.cfg.MinIteration > 0 && n >= abandonShort && slices.Max(b.recent[n-abandonShort:]) < b.cfg.MinIteration
 }
 
 // evenWhileShort is a step in Default that would probe but for short
@@ -645,6 +670,7 @@ func (b *Balancer) startProbe(i, prev uint64, why string, keep bool) Directive {
 		return Directive{Reason: "probe not started: " + err.Error()}
 	}
 	b.state = Probe
+	b.probeWhy = why // what an abandoned probe's next try gives as its reason
 	if !keep || b.up == nil {
 		b.up, b.down = make(map[node.ID]float64, len(b.all)), make(map[node.ID]float64, len(b.all))
 		b.from = dec.Iteration
@@ -692,6 +718,33 @@ func (b *Balancer) finishProbe(i, prev uint64) Directive {
 // schedules the next try.
 func (b *Balancer) fallBack(i, prev uint64, cause error) Directive {
 	was := b.good.Version
+	dec := b.reissueGood(i, prev)
+	b.probeAt = satAdd(i, b.cfg.RetryAfter)
+	b.probeWhy = "retrying after a failed probe"
+	return Directive{
+		Decision: dec,
+		Reason:   clip(fmt.Sprintf("probe failed: %v; back to the split of v%d, next probe after iteration %d", cause, was, b.probeAt)),
+	}
+}
+
+// abandon issues the last good decision again when a probe's iterations
+// turn out short (shortRun), without waiting for its window. The next
+// probe, for the same reason, waits for long iterations again (short).
+func (b *Balancer) abandon(i, prev uint64) Directive {
+	was := b.good.Version
+	latest := slices.Max(b.recent[len(b.recent)-abandonShort:])
+	dec := b.reissueGood(i, prev)
+	b.probeAt = satAdd(i, 1)
+	return Directive{
+		Decision: dec,
+		Reason: clip(fmt.Sprintf("probe abandoned: iterations of %s are too short to probe; back to the split of v%d until %d in a row take %s or more",
+			ms(latest), was, recentIterations, ms(b.cfg.MinIteration))),
+	}
+}
+
+// reissueGood issues the last good decision again and returns to Default,
+// measuring afresh from the next iteration, on the split fallen back to.
+func (b *Balancer) reissueGood(i, prev uint64) *Decision {
 	dec, err := b.issue(i, prev, b.good.Aggregators, b.good.Shares)
 	if err != nil { // cannot happen: good was valid when issued
 		dec = nil
@@ -699,15 +752,9 @@ func (b *Balancer) fallBack(i, prev uint64, cause error) Directive {
 		b.good = *dec
 	}
 	b.state = Default
-	b.probeAt = satAdd(i, b.cfg.RetryAfter)
-	b.probeWhy = "retrying after a failed probe"
-	// Measure again from the next iteration, on the split fallen back to.
 	b.up, b.down = make(map[node.ID]float64, len(b.all)), make(map[node.ID]float64, len(b.all))
 	b.from, b.to = i+1, math.MaxUint64
-	return Directive{
-		Decision: dec,
-		Reason:   clip(fmt.Sprintf("probe failed: %v; back to the split of v%d, next probe after iteration %d", cause, was, b.probeAt)),
-	}
+	return dec
 }
 
 // enterBalanced switches to Balanced at step i for a decision taking

@@ -857,8 +857,8 @@ func TestBalancerAheadFor(t *testing.T) {
 }
 
 // Short iterations start no probe: their time is per-message latency, not
-// bandwidth, and a probe's split would stay in force for the whole
-// lookahead (tens of iterations of a millisecond). The job keeps the even
+// bandwidth, and a probe's split would land only past the whole lookahead
+// granted (tens of iterations of a millisecond). The job keeps the even
 // split over the servers until its iterations are long enough, and a
 // balanced job whose iterations are short probes neither periodically nor
 // on drift. A server that joins while iterations are short gets its share
@@ -926,6 +926,79 @@ func TestBalancerShortIterations(t *testing.T) {
 			}
 			if even != tt.even {
 				t.Errorf("even split over the 3 servers issued: %v, want %v: %v", even, tt.even, s.decisions())
+			}
+			if s.b.State() != tt.state {
+				t.Errorf("state %v, want %v", s.b.State(), tt.state)
+			}
+		})
+	}
+}
+
+// A probe that starts on a job's first, slow iterations is abandoned once
+// its iterations turn out short: its split (every node aggregating,
+// shaping off) is in force for a few iterations after they turn short,
+// not for the lookahead of short iterations past its window, and it is not
+// tried again until iterations are long again. A slow job still probes
+// and balances.
+func TestBalancerAbandonsShortProbe(t *testing.T) {
+	long, short := 50*time.Millisecond, time.Millisecond
+	// slowUntil: iterations before n long, then short (until back, if
+	// set, and long again from it).
+	slowUntil := func(n, back uint64) func(uint64) time.Duration {
+		return func(it uint64) time.Duration {
+			if it < n || back > 0 && it >= back {
+				return long
+			}
+			return short
+		}
+	}
+	tests := []struct {
+		name     string
+		cfg      func(*Config)
+		iterTime func(it uint64) time.Duration
+		endBy    uint64 // the last iteration the first probe's split may be in force at
+		probes   int
+		abandons int
+		state    State
+	}{
+		{"slow start, short from iteration 3: abandoned", nil, slowUntil(3, 0), 3 + 3, 1, 1, Default},
+		{"slow start into the probe, short from 5: abandoned", nil, slowUntil(5, 0), 5 + 3, 1, 1, Default},
+		{"a long window, short from 10: abandoned within it", func(c *Config) { c.ProbeIterations = 50 }, slowUntil(10, 0), 10 + 3, 1, 1, Default},
+		{"slow start, short, long from 100: probes again then", nil, slowUntil(3, 100), 3 + 3, 2, 1, Balanced},
+		{"50 ms iterations: probes and balances", nil, slowUntil(math.MaxUint64, 0), 8, 1, 0, Balanced},
+		{"MinIteration off: not abandoned, its split ends after its window", func(c *Config) { c.MinIteration = -1 }, slowUntil(3, 0), 8, 1, 0, Balanced},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			servers, workers := ids(2, 2)
+			cfg := Config{Servers: servers, Workers: workers}
+			if tt.cfg != nil {
+				tt.cfg(&cfg)
+			}
+			s := newSim(t, cfg)
+			s.iterTime = tt.iterTime
+			s.run(299)
+			decs := s.decisions()
+			probes, abandons, end := 0, 0, uint64(0)
+			for j, st := range decs {
+				if st.d.Probe {
+					if probes == 0 {
+						end = math.MaxUint64 // in force for good unless a decision follows
+						if j+1 < len(decs) {
+							end = decs[j+1].d.Decision.Iteration - 1
+						}
+					}
+					probes++
+				}
+				if strings.Contains(st.d.Reason, "abandoned") {
+					abandons++
+				}
+			}
+			if probes == 0 || end > tt.endBy {
+				t.Errorf("the first probe's split in force through iteration %d, want through %d at most: %v", end, tt.endBy, decs)
+			}
+			if probes != tt.probes || abandons != tt.abandons {
+				t.Errorf("%d probes, %d abandoned; want %d, %d: %v", probes, abandons, tt.probes, tt.abandons, decs)
 			}
 			if s.b.State() != tt.state {
 				t.Errorf("state %v, want %v", s.b.State(), tt.state)
