@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -34,9 +35,10 @@ func TestLocalRetiredGroupUnmapped(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			logs := &localcluster.Buffer{} // the nodes' goroutines share it
+			dir := t.TempDir()
 			env := map[string]string{
 				"FPT_PARTITION_BYTES": memPartitionBytes, "FPT_LB": "off",
-				"FPT_LOCAL_AGGREGATION": "on", "FPT_HOST_ID": "a", "FPT_LOCAL_AGGREGATION_DIR": t.TempDir(),
+				"FPT_LOCAL_AGGREGATION": "on", "FPT_HOST_ID": "a", "FPT_LOCAL_AGGREGATION_DIR": dir,
 			}
 			for k, v := range tt.env {
 				env[k] = v
@@ -91,6 +93,9 @@ func TestLocalRetiredGroupUnmapped(t *testing.T) {
 				if n := w.MappedSegments(); n != 0 {
 					t.Errorf("%s has %d segments mapped after the job ended", w.Node().Self().ID, n)
 				}
+			}
+			if left, err := os.ReadDir(dir); err != nil || len(left) != 0 {
+				t.Errorf("left in the segments' directory: %v (%v)", left, err)
 			}
 		})
 	}
