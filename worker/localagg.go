@@ -429,11 +429,12 @@ func (l *localAgg) unmap() {
 		return
 	}
 	l.retired = true
+	until := l.until
 	l.cond.Broadcast()
 	l.mu.Unlock()
 	l.busy.Wait()
 	if l.unmapSegment() {
-		l.log.Info("local aggregation: group's segment unmapped", "host", l.group.Host, "group", l.group.Workers, "from_iteration", l.from, "until_iteration", l.until)
+		l.log.Info("local aggregation: group's segment unmapped", "host", l.group.Host, "group", l.group.Workers, "from_iteration", l.from, "until_iteration", until)
 	}
 }
 
