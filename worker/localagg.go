@@ -108,9 +108,21 @@ type localAgg struct {
 	// on each other's full socket queue would wait for ever; a network
 	// namespace's queue holds 10 datagrams).
 	outbox []outNotice
-	// busy counts the calls and goroutines using the segment or the
-	// socket: close unmaps the segment only once they are out.
-	busy      sync.WaitGroup
+	// retired: every worker has the sums of every iteration the group
+	// summed (the LB's Done passed them), so nothing of it is needed
+	// again; its segment is unmapped (or being) and no call touches it.
+	// Its notice socket stays open until the worker closes: a peer that
+	// has not followed the retry yet may still send to it, and what
+	// comes is dropped.
+	retired bool
+	// retiredDrops counts the notices dropped since (logged at close).
+	retiredDrops int
+	// busy counts the calls using the segment: close and unmap unmap it
+	// only once they are out.
+	busy sync.WaitGroup
+	// socks counts the notice socket's goroutines (loop, writer), which
+	// close waits for.
+	socks     sync.WaitGroup
 	closeOnce sync.Once
 	// The leader's.
 	core  *localagg.Core
@@ -174,7 +186,7 @@ func (l *localAgg) form(deadline time.Time) error {
 		return errors.New("local aggregation: closed")
 	}
 	l.conn = conn
-	l.busy.Add(1)
+	l.socks.Add(1)
 	l.mu.Unlock()
 	go l.writer()
 	if l.idx == 0 {
@@ -197,7 +209,7 @@ func (l *localAgg) form(deadline time.Time) error {
 			return err
 		}
 	}
-	l.enter()
+	l.socks.Add(1)
 	go l.loop()
 	return nil
 }
@@ -299,20 +311,26 @@ func (l *localAgg) notify(m int, kind byte, chunk int, h *frame.Header) error {
 	return nil
 }
 
-// enter counts a user of the segment and the socket in, unless closed.
+// enter counts a user of the segment in, unless closed or retired.
 func (l *localAgg) enter() bool {
+	ok, _ := l.enterRetired()
+	return ok
+}
+
+// enterRetired is enter, also saying whether the side was retired.
+func (l *localAgg) enterRetired() (ok, retired bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.closed {
-		return false
+	if l.closed || l.retired {
+		return false, l.retired
 	}
 	l.busy.Add(1)
-	return true
+	return true, false
 }
 
 // writer sends the queued notices until close.
 func (l *localAgg) writer() {
-	defer l.busy.Done()
+	defer l.socks.Done()
 	for {
 		l.mu.Lock()
 		for len(l.outbox) == 0 && !l.closed {
@@ -328,10 +346,15 @@ func (l *localAgg) writer() {
 		for _, n := range out {
 			if _, err := l.conn.WriteToUnix(n.b[:], l.addrs[n.to]); err != nil {
 				l.mu.Lock()
-				closed := l.closed
+				closed, retired := l.closed, l.retired
 				l.mu.Unlock()
 				if closed {
 					return
+				}
+				if retired {
+					// Nothing of the group is needed any more.
+					l.log.Debug("local aggregation: notice of a retired group dropped", "member", l.group.Workers[n.to], "err", err)
+					continue
 				}
 				if l.elastic {
 					// The peer's socket is gone with its process: the
@@ -383,6 +406,60 @@ func (l *localAgg) dissolve(from uint64) {
 	l.log.Info("local aggregation: group dissolved", "host", l.group.Host, "group", l.group.Workers, "from_iteration", from)
 }
 
+// due reports whether this side may be retired at done, the LB's Done:
+// the group was dissolved before done (every worker has the sums of every
+// iteration it summed, and no retry re-cuts them: a retry starts at an
+// iteration some worker lacks) and is not retired, closed or forming.
+func (l *localAgg) due(done uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.closed && !l.retired && !l.forming && l.until != math.MaxUint64 && l.until <= done
+}
+
+// unmap retires this side: no call enters it from now on (a notice that
+// comes is dropped, a push or result of its iterations is not its), and
+// once the calls under way are out its segment is unmapped. Its notice
+// socket stays open until close, so that a peer still sending to the
+// group meets a socket that drops what comes, never a refusal that
+// would fail the job.
+func (l *localAgg) unmap() {
+	l.mu.Lock()
+	if l.closed || l.retired {
+		l.mu.Unlock()
+		return
+	}
+	l.retired = true
+	until := l.until
+	l.cond.Broadcast()
+	l.mu.Unlock()
+	l.busy.Wait()
+	if l.unmapSegment() {
+		l.log.Info("local aggregation: group's segment unmapped", "host", l.group.Host, "group", l.group.Workers, "from_iteration", l.from, "until_iteration", until)
+	}
+}
+
+// unmapSegment unmaps the segment once, if mapped; no call may use it.
+func (l *localAgg) unmapSegment() bool {
+	l.mu.Lock()
+	seg := l.seg
+	l.seg = nil
+	l.mu.Unlock()
+	if seg == nil {
+		return false
+	}
+	if err := seg.Close(); err != nil {
+		l.log.Warn("local aggregation: closing the segment", "err", err)
+	}
+	return true
+}
+
+// mapped reports whether this side has its segment mapped.
+func (l *localAgg) mapped() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.seg != nil
+}
+
 // abandoned reports whether the group was closed, or dissolved from its
 // first iteration, before it formed.
 func (l *localAgg) abandoned() bool {
@@ -430,7 +507,9 @@ func (l *localAgg) intercept(sends []frame.Message) ([]frame.Message, error) {
 	if l == nil {
 		return sends, nil
 	}
-	if !l.enter() {
+	if ok, retired := l.enterRetired(); retired {
+		return sends, nil // not its: every worker has its iterations' sums
+	} else if !ok {
 		return nil, errors.New("local aggregation: closed")
 	}
 	defer l.busy.Done()
@@ -495,14 +574,14 @@ func (l *localAgg) contribute(m *frame.Message) error {
 		return fmt.Errorf("local aggregation: a %d-byte partition does not fit the segment's %d-byte slots", len(m.Payload), len(l.seg.Contribution(l.idx, 0)))
 	}
 	l.mu.Lock()
-	for len(l.free) == 0 && !l.closed && m.Header.Iteration < l.until {
+	for len(l.free) == 0 && !l.closed && !l.retired && m.Header.Iteration < l.until {
 		l.cond.Wait()
 	}
 	if l.closed {
 		l.mu.Unlock()
 		return errors.New("local aggregation: closed")
 	}
-	if m.Header.Iteration >= l.until {
+	if m.Header.Iteration >= l.until || l.retired {
 		l.mu.Unlock()
 		return nil
 	}
@@ -731,10 +810,10 @@ func (l *localAgg) publish(h *frame.Header, data []byte) error {
 	// A lost member never reads its results: the retry its loss brings
 	// dissolves the group, and a result waiting for their chunks is
 	// every worker's own from then on.
-	for len(l.free) == 0 && !l.closed && (init || h.Iteration < l.until) {
+	for len(l.free) == 0 && !l.closed && !l.retired && (init || h.Iteration < l.until) {
 		l.cond.Wait()
 	}
-	if l.closed || !init && h.Iteration >= l.until {
+	if l.closed || l.retired || !init && h.Iteration >= l.until {
 		l.mu.Unlock()
 		return nil
 	}
@@ -756,9 +835,10 @@ func (l *localAgg) publish(h *frame.Header, data []byte) error {
 	return nil
 }
 
-// loop takes the group's notices until the socket closes.
+// loop takes the group's notices until the socket closes; once the side
+// is retired it drops them.
 func (l *localAgg) loop() {
-	defer l.busy.Done()
+	defer l.socks.Done()
 	buf := make([]byte, noticeLen)
 	for {
 		n, err := l.conn.Read(buf)
@@ -771,7 +851,22 @@ func (l *localAgg) loop() {
 			}
 			return
 		}
-		if err := l.handle(buf[:n]); err != nil {
+		ok, retired := l.enterRetired()
+		if retired {
+			// A peer's that had not followed the retry yet: it has
+			// the group's sums all the same (the LB's Done says so).
+			l.mu.Lock()
+			l.retiredDrops++
+			l.mu.Unlock()
+			l.log.Debug("local aggregation: notice for a retired group dropped", "host", l.group.Host, "group", l.group.Workers, "kind", buf[0])
+			continue
+		}
+		if !ok {
+			return // closing
+		}
+		err = l.handle(buf[:n])
+		l.busy.Done()
+		if err != nil {
 			l.mu.Lock()
 			closed := l.closed
 			l.mu.Unlock()
@@ -890,12 +985,9 @@ func (l *localAgg) closeNow() {
 	// No one touches the segment once they are out (a pending socket
 	// call ends with the socket, a wait for a chunk with closed).
 	l.busy.Wait()
+	l.socks.Wait()
 	if l.idx == 0 && l.core != nil {
-		l.log.Info("local aggregation: group closed", "host", l.group.Host, "group", l.group.Workers, "from_iteration", l.from, "host_sums", l.hostSums)
+		l.log.Info("local aggregation: group closed", "host", l.group.Host, "group", l.group.Workers, "from_iteration", l.from, "host_sums", l.hostSums, "notices_dropped_retired", l.retiredDrops)
 	}
-	if l.seg != nil {
-		if err := l.seg.Close(); err != nil {
-			l.log.Warn("local aggregation: closing the segment", "err", err)
-		}
-	}
+	l.unmapSegment()
 }

@@ -31,9 +31,9 @@ type localGroups struct {
 	// worker, or none: it sums alone).
 	group localagg.Group
 	// aggs are the groups it summed in, oldest first, each from its
-	// first iteration until it was dissolved. Each stays open until the
-	// worker closes: a dissolved one may still hand a sum of its earlier
-	// iterations to its members (an init round's).
+	// first iteration until it was dissolved. A dissolved one keeps its
+	// segment mapped until the LB's Done passes its iterations (retire),
+	// and its notice socket until the worker closes.
 	aggs []*localAgg
 }
 
@@ -160,7 +160,9 @@ func (s *localStart) follow(p *atomic.Pointer[localGroups], d lb.Directive, work
 		return
 	}
 	s.mu.Unlock()
-	p.Load().regroup(d, workersAt)
+	g := p.Load()
+	g.regroup(d, workersAt)
+	g.retire(d.Done)
 }
 
 // started sets p to g (nil: no local aggregation) and has g follow the
@@ -171,8 +173,44 @@ func (s *localStart) started(p *atomic.Pointer[localGroups], g *localGroups, wor
 	p.Store(g)
 	for _, d := range s.early {
 		g.regroup(d, workersAt)
+		g.retire(d.Done)
 	}
 	s.early, s.set = nil, true
+}
+
+// retire unmaps the segments of the groups dissolved before done, the
+// LB's Done (localAgg.due): every worker has the sums of their
+// iterations, so a worker that lived through many retries or joins holds
+// only the segments it may still use. Each is unmapped on a goroutine of
+// its own once the calls using it are out (localAgg.unmap); a retry
+// never touches them again, since it re-cuts from an iteration some
+// worker lacks.
+func (g *localGroups) retire(done uint64) {
+	if g == nil || done == 0 {
+		return
+	}
+	g.mu.Lock()
+	var due []*localAgg
+	for _, l := range g.aggs {
+		if l.due(done) {
+			due = append(due, l)
+		}
+	}
+	g.mu.Unlock()
+	for _, l := range due {
+		go l.unmap()
+	}
+}
+
+// mapped counts the groups' segments this worker has mapped.
+func (g *localGroups) mapped() int {
+	n := 0
+	g.each(func(l *localAgg) {
+		if l.mapped() {
+			n++
+		}
+	})
+	return n
 }
 
 // at is the group that sums iteration iter; nil where this worker sums

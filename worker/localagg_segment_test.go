@@ -89,9 +89,8 @@ func newShellGroup(t *testing.T, n int, partBytes uint64) *shellGroup {
 		for c := range localChunks {
 			l.free = append(l.free, c)
 		}
-		l.enter()
+		l.socks.Add(2)
 		go l.writer()
-		l.enter()
 		go l.loop()
 		g.l = append(g.l, l)
 	}
