@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fptps/fpt/internal/memcluster"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/worker"
 )
@@ -153,45 +154,13 @@ func TestWorkerJoins(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			models := []*model{newModel(), newModel(), newModel()}
-			errs := make(chan error, 8)
-			var wg sync.WaitGroup
-			joined := make(chan *worker.Worker, 1)
 			old := slices.Clone(c.Workers)
-			for i, w := range old {
-				wg.Go(func() {
-					errs <- trainJoinable(ctx, w, models[i], iters, hooks{before: func(w *worker.Worker, it int) error {
-						if w.Rank() == 0 && it == joinAt {
-							go func() {
-								j, err := c.AddWorker()
-								if err != nil {
-									errs <- fmt.Errorf("joining: %w", err)
-									cancel()
-									close(joined)
-									return
-								}
-								joined <- j
-							}()
-						}
-						return nil
-					}})
-				})
-			}
-			j, ok := <-joined
-			if !ok {
-				report(t, &wg, errs)
-				t.FailNow()
+			j := trainWithJoiner(t, ctx, cancel, c, models, iters, joinAt)
+			if t.Failed() {
+				return
 			}
 			if id := j.Node().Self().ID; id != node.WorkerID(2) || !j.Joined() {
 				t.Errorf("the joiner is %s (joined %v), want %s", id, j.Joined(), node.WorkerID(2))
-			}
-			wg.Go(func() {
-				if err := trainJoinable(ctx, j, models[2], iters, hooks{}); err != nil {
-					errs <- fmt.Errorf("joiner: %w", err)
-				}
-			})
-			report(t, &wg, errs)
-			if t.Failed() {
-				return
 			}
 			cloned, kept := j.JoinCopies()
 			t.Logf("the joiner's parameters: %d bytes kept where they were read, %d copied out of the van's buffer", kept, cloned)
@@ -471,6 +440,49 @@ func TestMembershipStressJoins(t *testing.T) {
 			}
 		})
 	}
+}
+
+// trainWithJoiner trains c's workers for iters iterations (trainJoinable,
+// worker i into models[i]) while a worker joins once worker 0 begins
+// iteration joinAt; the joiner trains into the model after theirs. It
+// returns the joiner once all are done, errors reported on t (nil, the
+// test failed, where none joined); cancel ends the others' training where
+// the join fails.
+func trainWithJoiner(t *testing.T, ctx context.Context, cancel context.CancelFunc, c *memcluster.Cluster, models []*model, iters, joinAt int) *worker.Worker {
+	t.Helper()
+	errs := make(chan error, 8)
+	var wg sync.WaitGroup
+	joined := make(chan *worker.Worker, 1)
+	old := slices.Clone(c.Workers)
+	for i, w := range old {
+		wg.Go(func() {
+			errs <- trainJoinable(ctx, w, models[i], iters, hooks{before: func(w *worker.Worker, it int) error {
+				if w.Rank() == 0 && it == joinAt {
+					go func() {
+						j, err := c.AddWorker()
+						if err != nil {
+							errs <- fmt.Errorf("joining: %w", err)
+							cancel()
+							close(joined)
+							return
+						}
+						joined <- j
+					}()
+				}
+				return nil
+			}})
+		})
+	}
+	j, ok := <-joined
+	if ok {
+		wg.Go(func() {
+			if err := trainJoinable(ctx, j, models[len(old)], iters, hooks{}); err != nil {
+				errs <- fmt.Errorf("joiner: %w", err)
+			}
+		})
+	}
+	report(t, &wg, errs)
+	return j
 }
 
 // report fails t with every error sent on errs, once wg's goroutines are

@@ -2,15 +2,12 @@ package worker_test
 
 import (
 	"context"
-	"log/slog"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/fptps/fpt/internal/localcluster"
-	"github.com/fptps/fpt/internal/memcluster"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/worker"
 )
@@ -30,30 +27,11 @@ func TestLocalRetiredGroupUnmapped(t *testing.T) {
 		env     map[string]string
 		victim  node.ID
 	}{
-		{"server lost", 2, map[string]string{"FPT_ON_SERVER_LOSS": "retry"}, node.ServerID(1)},
-		{"member lost", 1, map[string]string{"FPT_ON_WORKER_LOSS": "continue"}, node.WorkerID(2)},
+		{"server lost", 2, map[string]string{"FPT_LB": "off", "FPT_ON_SERVER_LOSS": "retry"}, node.ServerID(1)},
+		{"member lost", 1, map[string]string{"FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}, node.WorkerID(2)},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			logs := &localcluster.Buffer{} // the nodes' goroutines share it
-			dir := t.TempDir()
-			env := map[string]string{
-				"FPT_PARTITION_BYTES": memPartitionBytes, "FPT_LB": "off",
-				"FPT_LOCAL_AGGREGATION": "on", "FPT_HOST_ID": "a", "FPT_LOCAL_AGGREGATION_DIR": dir,
-			}
-			for k, v := range tt.env {
-				env[k] = v
-			}
-			c, err := memcluster.Start(context.Background(), memcluster.Options{Servers: tt.servers, Workers: 3,
-				Logger: slog.New(slog.NewTextHandler(logs, nil)), Env: env})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(c.Close)
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Log(logs.String())
-				}
-			})
+			c, logs, dir := startLocalMem(t, tt.servers, 3, tt.env)
 			killed := make(chan error, 1)
 			var once sync.Once
 			survive(t, c, iters, hooks{before: func(w *worker.Worker, it int) error {

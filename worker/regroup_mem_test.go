@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -21,6 +22,33 @@ import (
 // closedRe is a group's leader closing its group: its workers, the first
 // iteration it summed and its host sums.
 var closedRe = regexp.MustCompile(`msg="local aggregation: group closed" .*group="\[(.*)\]" from_iteration=(\d+) host_sums=(\d+)`)
+
+// startLocalMem starts an in-memory job of servers and workers whose
+// workers all run on one host and sum there (a real segment in a
+// directory of the test's own, dir; real notice sockets), with env on
+// top; the nodes' log is shown where the test fails.
+func startLocalMem(t *testing.T, servers, workers int, env map[string]string) (c *memcluster.Cluster, logs *localcluster.Buffer, dir string) {
+	t.Helper()
+	logs = &localcluster.Buffer{} // the nodes' goroutines share it
+	dir = t.TempDir()
+	all := map[string]string{
+		"FPT_PARTITION_BYTES":   memPartitionBytes,
+		"FPT_LOCAL_AGGREGATION": "on", "FPT_HOST_ID": "a", "FPT_LOCAL_AGGREGATION_DIR": dir,
+	}
+	maps.Copy(all, env)
+	c, err := memcluster.Start(context.Background(), memcluster.Options{Servers: servers, Workers: workers,
+		Logger: slog.New(slog.NewTextHandler(logs, nil)), Env: all})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(logs.String())
+		}
+	})
+	return c, logs, dir
+}
 
 // TestLocalRegroupAfterRetry: three workers on one host sum locally (a
 // real segment in a test directory, real notice sockets, the in-memory
@@ -42,30 +70,12 @@ func TestLocalRegroupAfterRetry(t *testing.T) {
 		victim  node.ID
 		left    string // the re-formed group, as logged
 	}{
-		{"leader lost", 1, map[string]string{"FPT_ON_WORKER_LOSS": "continue"}, node.WorkerID(0), "worker1(11) worker2(13)"},
-		{"member lost", 1, map[string]string{"FPT_ON_WORKER_LOSS": "continue"}, node.WorkerID(1), "worker0(9) worker2(13)"},
-		{"server lost", 2, map[string]string{"FPT_ON_SERVER_LOSS": "retry"}, node.ServerID(1), "worker0(9) worker1(11) worker2(13)"},
+		{"leader lost", 1, map[string]string{"FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}, node.WorkerID(0), "worker1(11) worker2(13)"},
+		{"member lost", 1, map[string]string{"FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}, node.WorkerID(1), "worker0(9) worker2(13)"},
+		{"server lost", 2, map[string]string{"FPT_LB": "off", "FPT_ON_SERVER_LOSS": "retry"}, node.ServerID(1), "worker0(9) worker1(11) worker2(13)"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			logs := &localcluster.Buffer{} // the nodes' goroutines share it
-			env := map[string]string{
-				"FPT_PARTITION_BYTES": memPartitionBytes, "FPT_LB": "off",
-				"FPT_LOCAL_AGGREGATION": "on", "FPT_HOST_ID": "a", "FPT_LOCAL_AGGREGATION_DIR": t.TempDir(),
-			}
-			for k, v := range tt.env {
-				env[k] = v
-			}
-			c, err := memcluster.Start(context.Background(), memcluster.Options{Servers: tt.servers, Workers: 3,
-				Logger: slog.New(slog.NewTextHandler(logs, nil)), Env: env})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(c.Close)
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Log(logs.String())
-				}
-			})
+			c, logs, _ := startLocalMem(t, tt.servers, 3, tt.env)
 			killed := make(chan error, 1)
 			var once sync.Once
 			survive(t, c, iters, hooks{before: func(w *worker.Worker, it int) error {
@@ -121,63 +131,11 @@ func TestLocalJoinerInGroup(t *testing.T) {
 		{"LB off, continue", map[string]string{"FPT_LB": "off", "FPT_ON_WORKER_LOSS": "continue"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			logs := &localcluster.Buffer{} // the nodes' goroutines share it
-			dir := t.TempDir()
-			env := map[string]string{
-				"FPT_PARTITION_BYTES":   memPartitionBytes,
-				"FPT_LOCAL_AGGREGATION": "on", "FPT_HOST_ID": "a", "FPT_LOCAL_AGGREGATION_DIR": dir,
-			}
-			for k, v := range tt.env {
-				env[k] = v
-			}
-			c, err := memcluster.Start(context.Background(), memcluster.Options{Servers: 1, Workers: 2,
-				Logger: slog.New(slog.NewTextHandler(logs, nil)), Env: env})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(c.Close)
-			t.Cleanup(func() {
-				if t.Failed() {
-					t.Log(logs.String())
-				}
-			})
+			c, logs, dir := startLocalMem(t, 1, 2, tt.env)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
 			models := []*model{newModel(), newModel(), newModel()}
-			errs := make(chan error, 8)
-			var wg sync.WaitGroup
-			joined := make(chan *worker.Worker, 1)
-			old := slices.Clone(c.Workers)
-			for i, w := range old {
-				wg.Go(func() {
-					errs <- trainJoinable(ctx, w, models[i], iters, hooks{before: func(w *worker.Worker, it int) error {
-						if w.Rank() == 0 && it == joinAt {
-							go func() {
-								j, err := c.AddWorker()
-								if err != nil {
-									errs <- fmt.Errorf("joining: %w", err)
-									cancel()
-									close(joined)
-									return
-								}
-								joined <- j
-							}()
-						}
-						return nil
-					}})
-				})
-			}
-			j, ok := <-joined
-			if !ok {
-				report(t, &wg, errs)
-				t.FailNow()
-			}
-			wg.Go(func() {
-				if err := trainJoinable(ctx, j, models[2], iters, hooks{}); err != nil {
-					errs <- fmt.Errorf("joiner: %w", err)
-				}
-			})
-			report(t, &wg, errs)
+			j := trainWithJoiner(t, ctx, cancel, c, models, iters, joinAt)
 			if t.Failed() {
 				return
 			}
