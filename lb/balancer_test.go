@@ -120,6 +120,20 @@ func newSim(t *testing.T, cfg Config) *sim {
 	return s
 }
 
+// newTimedSim is a sim of 2 servers and 2 workers, its Config changed by
+// cfg (nil: none), iteration it taking iterTime(it).
+func newTimedSim(t *testing.T, cfg func(*Config), iterTime func(uint64) time.Duration) *sim {
+	t.Helper()
+	servers, workers := ids(2, 2)
+	c := Config{Servers: servers, Workers: workers}
+	if cfg != nil {
+		cfg(&c)
+	}
+	s := newSim(t, c)
+	s.iterTime = iterTime
+	return s
+}
+
 // run reports iterations until it has reported through last.
 func (s *sim) run(last uint64) {
 	s.t.Helper()
@@ -894,13 +908,7 @@ func TestBalancerShortIterations(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			servers, workers := ids(2, 2)
-			cfg := Config{Servers: servers, Workers: workers}
-			if tt.cfg != nil {
-				tt.cfg(&cfg)
-			}
-			s := newSim(t, cfg)
-			s.iterTime = tt.iterTime
+			s := newTimedSim(t, tt.cfg, tt.iterTime)
 			if tt.joinAt > 0 {
 				s.run(tt.joinAt - 1)
 				if _, _, err := s.b.Join(joiner, s.now); err != nil {
@@ -970,13 +978,7 @@ func TestBalancerAbandonsShortProbe(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			servers, workers := ids(2, 2)
-			cfg := Config{Servers: servers, Workers: workers}
-			if tt.cfg != nil {
-				tt.cfg(&cfg)
-			}
-			s := newSim(t, cfg)
-			s.iterTime = tt.iterTime
+			s := newTimedSim(t, tt.cfg, tt.iterTime)
 			s.run(299)
 			decs := s.decisions()
 			probes, abandons, end := 0, 0, uint64(0)

@@ -14,17 +14,34 @@ import (
 	"github.com/fptps/fpt/status"
 )
 
+// newHostsCore is a scheduler core of cfg started at t0, logging nowhere.
+func newHostsCore(cfg config.Config) *core {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	return newCore(cfg, log, node.Info{Host: "10.0.0.1", ControlPort: 9000}, control.NewRejecter(log, nil), observer{rec: status.NewRecorder(false, cfg.HeartbeatTimeout, 0)}, t0)
+}
+
+// hostReg is a node registering in a hosts test: its role, its address
+// and the host it names (FPT_HOST_ID).
+type hostReg struct {
+	role     node.Role
+	addr, id string
+}
+
+// register steps c with the registration of regs[i] (its ports and
+// connection by i) at t0.
+func register(c *core, regs []hostReg, i int) ready {
+	r := regs[i]
+	info := node.Info{Role: r.role, Host: r.addr, ControlPort: 9100 + 2*i, DataPort: 9101 + 2*i}
+	return c.step(&control.Message{Command: control.AddNode, Nodes: []node.Info{info}, Origin: "conn" + string(rune('0'+i)), Text: r.id}, t0)
+}
+
 // TestLocalGroups: the workers' local groups form from the hosts they
 // named at registration (FPT_HOST_ID), else their addresses; servers
 // belong to none, and an oversized name is ignored.
 func TestLocalGroups(t *testing.T) {
 	cfg := config.Config{NumServers: 1, NumWorkers: 5, HeartbeatInterval: 1e9, HeartbeatTimeout: 10e9, StartTimeout: 60e9, LB: false}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	c := newCore(cfg, log, node.Info{Host: "10.0.0.1", ControlPort: 9000}, control.NewRejecter(log, nil), observer{rec: status.NewRecorder(false, cfg.HeartbeatTimeout, 0)}, t0)
-	regs := []struct {
-		role     node.Role
-		addr, id string
-	}{
+	c := newHostsCore(cfg)
+	regs := []hostReg{
 		{node.Server, "10.0.0.2", "a"},
 		{node.Worker, "10.0.0.2", "a"},
 		{node.Worker, "10.0.0.3", "a"}, // another address, the same named host
@@ -32,9 +49,8 @@ func TestLocalGroups(t *testing.T) {
 		{node.Worker, "10.0.0.4", ""},
 		{node.Worker, "10.0.0.5", strings.Repeat("x", config.MaxHostIDLen+1)},
 	}
-	for i, r := range regs {
-		info := node.Info{Role: r.role, Host: r.addr, ControlPort: 9100 + 2*i, DataPort: 9101 + 2*i}
-		c.step(&control.Message{Command: control.AddNode, Nodes: []node.Info{info}, Origin: "conn" + string(rune('0'+i)), Text: r.id}, t0)
+	for i := range regs {
+		register(c, regs, i)
 	}
 	if c.registering {
 		t.Fatal("still registering")
@@ -108,16 +124,9 @@ func TestLocalGroups(t *testing.T) {
 func TestJoinedGroups(t *testing.T) {
 	cfg := config.Config{NumServers: 2, NumWorkers: 3, HeartbeatInterval: 1e9, HeartbeatTimeout: 10e9, StartTimeout: 60e9,
 		LB: false, RetryServerLoss: true, LocalAggregation: config.LocalAggregationOn}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	c := newCore(cfg, log, node.Info{Host: "10.0.0.1", ControlPort: 9000}, control.NewRejecter(log, nil), observer{rec: status.NewRecorder(false, cfg.HeartbeatTimeout, 0)}, t0)
-	regs := []struct {
-		role node.Role
-		id   string
-	}{{node.Server, ""}, {node.Worker, "a"}, {node.Worker, "a"}, {node.Worker, "b"}, {node.Server, ""}, {node.Server, "c"}, {node.Server, ""}}
-	add := func(i int) ready {
-		info := node.Info{Role: regs[i].role, Host: "10.0.0.2", ControlPort: 9100 + 2*i, DataPort: 9101 + 2*i}
-		return c.step(&control.Message{Command: control.AddNode, Nodes: []node.Info{info}, Origin: "conn" + string(rune('0'+i)), Text: regs[i].id}, t0)
-	}
+	c := newHostsCore(cfg)
+	regs := []hostReg{{node.Server, "10.0.0.2", ""}, {node.Worker, "10.0.0.2", "a"}, {node.Worker, "10.0.0.2", "a"}, {node.Worker, "10.0.0.2", "b"}, {node.Server, "10.0.0.2", ""}, {node.Server, "10.0.0.2", "c"}, {node.Server, "10.0.0.2", ""}}
+	add := func(i int) ready { return register(c, regs, i) }
 	for i := range 5 {
 		add(i)
 	}
@@ -176,16 +185,9 @@ func TestJoinedGroups(t *testing.T) {
 func TestJoinerHost(t *testing.T) {
 	cfg := config.Config{NumServers: 1, NumWorkers: 3, HeartbeatInterval: 1e9, HeartbeatTimeout: 10e9, StartTimeout: 60e9,
 		LB: false, WorkerLoss: config.WorkerLossContinue, LocalAggregation: config.LocalAggregationOn}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	c := newCore(cfg, log, node.Info{Host: "10.0.0.1", ControlPort: 9000}, control.NewRejecter(log, nil), observer{rec: status.NewRecorder(false, cfg.HeartbeatTimeout, 0)}, t0)
-	regs := []struct {
-		role node.Role
-		id   string
-	}{{node.Server, ""}, {node.Worker, "a"}, {node.Worker, "a"}, {node.Worker, "b"}, {node.Worker, "a"}, {node.Server, "c"}}
-	add := func(i int) ready {
-		info := node.Info{Role: regs[i].role, Host: "10.0.0.2", ControlPort: 9100 + 2*i, DataPort: 9101 + 2*i}
-		return c.step(&control.Message{Command: control.AddNode, Nodes: []node.Info{info}, Origin: "conn" + string(rune('0'+i)), Text: regs[i].id}, t0)
-	}
+	c := newHostsCore(cfg)
+	regs := []hostReg{{node.Server, "10.0.0.2", ""}, {node.Worker, "10.0.0.2", "a"}, {node.Worker, "10.0.0.2", "a"}, {node.Worker, "10.0.0.2", "b"}, {node.Worker, "10.0.0.2", "a"}, {node.Server, "10.0.0.2", "c"}}
+	add := func(i int) ready { return register(c, regs, i) }
 	for i := range 4 {
 		add(i)
 	}
