@@ -160,9 +160,7 @@ func (s *localStart) follow(p *atomic.Pointer[localGroups], d lb.Directive, work
 		return
 	}
 	s.mu.Unlock()
-	g := p.Load()
-	g.regroup(d, workersAt)
-	g.retire(d.Done)
+	p.Load().follow(d, workersAt)
 }
 
 // started sets p to g (nil: no local aggregation) and has g follow the
@@ -172,10 +170,16 @@ func (s *localStart) started(p *atomic.Pointer[localGroups], g *localGroups, wor
 	defer s.mu.Unlock()
 	p.Store(g)
 	for _, d := range s.early {
-		g.regroup(d, workersAt)
-		g.retire(d.Done)
+		g.follow(d, workersAt)
 	}
 	s.early, s.set = nil, true
+}
+
+// follow has the groups follow LB decision d: re-formed where it changes
+// them, and those it leaves behind retired once its Done passed them.
+func (g *localGroups) follow(d lb.Directive, workersAt func(uint64) []node.ID) {
+	g.regroup(d, workersAt)
+	g.retire(d.Done)
 }
 
 // retire unmaps the segments of the groups dissolved before done, the
