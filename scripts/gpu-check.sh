@@ -20,8 +20,9 @@ Checks fpt's GPU training with the prebuilt bin/fpt and build/lib/libfpt.so
      16-bit wires and fpt.allreduce (of a CUDA tensor too) are exact or
      within one rounding (gpu_checks.py collective);
   2. a table of ms per step for an MLP of --params parameters (default 21 M)
-     at 2 and 4 workers: fpt, fpt over a bf16 wire, DDP over gloo with CUDA
-     tensors, and one process without communication (python/tests/gpu_bench.py);
+     at 2 and 4 workers: fpt (as many servers as workers), fpt over a bf16
+     wire, DDP over gloo with CUDA tensors, and one process without
+     communication (python/tests/gpu_bench.py);
   3. the pinned copies' share of fpt's step: every gradient copied to pinned
      host memory and back, timed alone, over the step time.
 
@@ -102,8 +103,10 @@ echo "== 2. ms per step, a $params-parameter MLP on $DEVICE"
 bench() { grep -h '^\(\[worker0\] \)\?RESULT\|^\(\[worker0\] \)\?PINNED' "$@" | sed 's/^\[worker0\] //'; }
 "$py" python/tests/gpu_bench.py none --params "$params" >"$log/none" 2>&1 || tail -5 "$log/none"
 for w in 2 4; do
-	fptrun 60 -np "$w" --servers 1 "$py" python/tests/gpu_bench.py fpt --params "$params" >"$log/fpt$w" 2>&1 || tail -5 "$log/fpt$w"
-	fptrun 60 -np "$w" --servers 1 "$py" python/tests/gpu_bench.py fpt --compression bf16 --params "$params" \
+	# One server per worker, as a job on one machine would run: a single
+	# server carries every worker's bytes both ways.
+	fptrun 60 -np "$w" --servers "$w" "$py" python/tests/gpu_bench.py fpt --params "$params" >"$log/fpt$w" 2>&1 || tail -5 "$log/fpt$w"
+	fptrun 60 -np "$w" --servers "$w" "$py" python/tests/gpu_bench.py fpt --compression bf16 --params "$params" \
 		>"$log/bf$w" 2>&1 || tail -5 "$log/bf$w"
 	timeout 60 "$py" python/tests/gpu_bench.py ddp --workers "$w" --params "$params" >"$log/ddp$w" 2>&1 ||
 		tail -5 "$log/ddp$w"
