@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strconv"
 	"sync"
@@ -59,6 +60,12 @@ type cpuWindow struct {
 	total time.Duration
 	state int // 0 before the start mark, 1 within, 2 after the end mark
 	err   error
+	// gone are the processes whose /proc entry had vanished at the end
+	// mark: the line carrying the mark is read from a pipe, and another
+	// process may leave the job and be reaped before it is. Their CPU
+	// comes from their exit status (result's final), which counts their
+	// few milliseconds of shutting down too.
+	gone []int
 }
 
 // setPids gives the processes to watch (once they run).
@@ -94,6 +101,10 @@ func (w *cpuWindow) mark(state int) {
 	var sum time.Duration
 	for _, pid := range w.pids {
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if state == 1 && errors.Is(err, fs.ErrNotExist) {
+			w.gone = append(w.gone, pid)
+			continue
+		}
 		if err != nil {
 			w.err = fmt.Errorf("bench: CPU of process %d: %w", pid, err)
 			return
@@ -113,12 +124,18 @@ func (w *cpuWindow) mark(state int) {
 	w.state++
 }
 
-// result is the CPU between the marks, or why there is none.
-func (w *cpuWindow) result() (time.Duration, error) {
+// result is the CPU between the marks, or why there is none. final gives
+// the whole CPU of a process that has exited (its rusage), for those gone
+// at the end mark; call it once every process has been waited for.
+func (w *cpuWindow) result(final func(pid int) time.Duration) (time.Duration, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.err == nil && w.state != 2 {
 		return 0, errors.New("bench: worker rank 0 did not mark its timed iterations")
 	}
-	return w.total, w.err
+	total := w.total
+	for _, pid := range w.gone {
+		total += final(pid)
+	}
+	return total, w.err
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -33,7 +34,7 @@ func TestStatCPU(t *testing.T) {
 // burns some between them.
 func TestCPUWindow(t *testing.T) {
 	var w cpuWindow
-	if _, err := w.result(); err == nil {
+	if _, err := w.result(nil); err == nil {
 		t.Fatal("a window without marks has a result")
 	}
 	w.setPids([]int{selfPid()})
@@ -42,15 +43,47 @@ func TestCPUWindow(t *testing.T) {
 	for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); {
 	}
 	out.Write([]byte("progress: " + markTimedEnd + "\n"))
-	got, err := w.result()
+	got, err := w.result(nil)
 	if err != nil || got <= 0 || got > time.Minute {
 		t.Fatalf("window %v, %v; want the CPU of a busy loop", got, err)
 	}
 	var late cpuWindow
 	late.setPids([]int{selfPid()})
 	late.writer().Write([]byte(markTimedEnd + "\n"))
-	if _, err := late.result(); err == nil || !strings.Contains(err.Error(), "out of order") {
+	if _, err := late.result(nil); err == nil || !strings.Contains(err.Error(), "out of order") {
 		t.Fatalf("an end without a start: %v", err)
+	}
+}
+
+// A process of the job that exits, and is reaped, before the end mark's
+// line is read has its CPU from its exit status instead of losing the run's
+// figure.
+func TestCPUWindowProcessGone(t *testing.T) {
+	child := exec.Command("sleep", "60")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var w cpuWindow
+	w.setPids([]int{selfPid(), child.Process.Pid})
+	out := w.writer()
+	out.Write([]byte(markTimedStart + "\n"))
+	child.Process.Kill()
+	child.Wait() // reaped: its /proc entry is gone
+	out.Write([]byte(markTimedEnd + "\n"))
+	const exitCPU = 7 * time.Second
+	got, err := w.result(func(pid int) time.Duration {
+		if pid != child.Process.Pid {
+			t.Errorf("final CPU asked of process %d, not the one gone (%d)", pid, child.Process.Pid)
+		}
+		return exitCPU
+	})
+	if err != nil {
+		t.Fatalf("a process reaped before the end mark: %v", err)
+	}
+	// This process's few ms within the window, plus the child's exit CPU
+	// less the CPU it had at the start mark (a sleep: none).
+	if got < exitCPU-time.Second || got > exitCPU+5*time.Second {
+		t.Fatalf("window %v; want about the %v the exited process reported", got, exitCPU)
 	}
 }
 

@@ -376,7 +376,14 @@ func goodputCluster(van string, s shape, o goodputOptions, p *progress, run stri
 	}
 	r.cpu = c.CPU()
 	r.roleCPU = roleCPU(c)
-	r.timedCPU, err = window.result()
+	r.timedCPU, err = window.result(func(pid int) time.Duration {
+		for _, proc := range c.Procs {
+			if proc.Cmd.Process.Pid == pid {
+				return proc.CPU()
+			}
+		}
+		return 0
+	})
 	return r, err
 }
 
