@@ -49,6 +49,8 @@ type cutter struct {
 	pn        uint64 // payload bytes filled
 
 	sink func(h *frame.Header) []byte // nil: always buf
+
+	growMax uint64 // see grow; 0: growBound (tests set less)
 }
 
 // newCutter returns a cutter for a connection to peer (known after a Dial),
@@ -101,13 +103,29 @@ func (c *cutter) ready() bool { return !c.inPayload && c.hn == frame.HeaderSize 
 // growStart is the first size of the cutter's own payload buffer.
 const growStart = 64 << 10
 
-// grow doubles the cutter's own buffer (up to the frame's length), keeping
-// what was read. The buffer grows as bytes arrive rather than to the
-// announced length at once, so that memory follows what a peer sent, not
-// what it claimed it would send; it is reused across frames, so a
-// connection's steady state allocates nothing.
+// growBound is the most payload the cutter's own buffer takes by doubling;
+// past it the buffer grows once to the frame's length. It bounds every
+// copy grow makes: one copy of a gigabyte is a memmove the runtime cannot
+// preempt, so a stop-the-world waits on it (and on the faults of its fresh
+// pages) and every goroutine of the process stalls.
+const growBound = 64 << 20
+
+// grow enlarges the cutter's own buffer, keeping what was read: it doubles
+// up to the bound (growBound), then grows to the frame's length. It grows as bytes
+// arrive rather than to the announced length at once, so that memory
+// follows what a peer sent, not what it claimed it would send, until the
+// peer has sent the bound's worth of the frame; then the rest is read in
+// place with no further copy, and no copy is larger than the bound. The rest of
+// the new buffer is not touched here: the runtime zeroes a large
+// allocation only where its memory was used before, and then in
+// preemptible chunks, and the reads fault fresh pages in inside the
+// kernel, where they hold up no stop-the-world. The buffer is reused
+// across frames, so a connection's steady state allocates nothing.
 func (c *cutter) grow() {
-	n := min(c.h.Length, max(2*uint64(len(c.cur)), growStart))
+	n := c.h.Length
+	if l, b := uint64(len(c.cur)), c.bound(); l < b {
+		n = min(n, b, max(2*l, growStart))
+	}
 	if uint64(cap(c.buf)) >= n {
 		c.cur = c.buf[:n]
 		return
@@ -115,6 +133,14 @@ func (c *cutter) grow() {
 	b := make([]byte, n)
 	copy(b, c.cur[:c.pn])
 	c.buf, c.cur = b, b
+}
+
+// bound is growMax, or growBound where it is not set.
+func (c *cutter) bound() uint64 {
+	if c.growMax == 0 {
+		return growBound
+	}
+	return c.growMax
 }
 
 // midFrame reports whether a frame has been partly received.
@@ -149,8 +175,14 @@ func (c *cutter) advance(n int) (h *frame.Header, payload []byte, err error) {
 		}
 		if c.cur == nil {
 			// What the buffer already holds, up to the frame's length;
-			// next grows it as bytes arrive.
-			c.cur = c.buf[:min(c.h.Length, uint64(cap(c.buf)))]
+			// next grows it as bytes arrive. Where it must grow, at
+			// most the bound of it is filled first: that is what grow
+			// copies.
+			n := min(c.h.Length, uint64(cap(c.buf)))
+			if n < c.h.Length {
+				n = min(n, c.bound())
+			}
+			c.cur = c.buf[:n]
 		}
 		c.inPayload, c.pn = true, 0
 		return nil, nil, nil

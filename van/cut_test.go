@@ -4,9 +4,12 @@ import (
 	"github.com/fptps/fpt/node"
 
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/fptps/fpt/frame"
@@ -119,7 +122,8 @@ func TestCutterReusesBuffer(t *testing.T) {
 }
 
 // FuzzReceive feeds arbitrary bytes, in arbitrary pieces, to the receive
-// state machine of an accepted and of a dialled connection: it must never
+// state machine of an accepted and of a dialled connection (the latter with
+// a growth bound below a frame's size): it must never
 // panic, and what it emits must be consistent.
 func FuzzReceive(f *testing.F) {
 	const self, peer = 8, 9
@@ -133,6 +137,9 @@ func FuzzReceive(f *testing.F) {
 	f.Fuzz(func(t *testing.T, step uint8, in []byte) {
 		for _, known := range []bool{false, true} {
 			c := newCutter(self, peer, known, 1<<16, nil)
+			if known {
+				c.growMax = 1 << 12 // past it, one growth to the length
+			}
 			chunk := int(step) + 1
 			for data := in; len(data) > 0; {
 				k := min(chunk, len(data))
@@ -213,4 +220,132 @@ func TestLengthBound(t *testing.T) {
 			t.Errorf("lengthBound(%s, %d) = %d, want %d", tt.typ, part, got, tt.want)
 		}
 	}
+}
+
+// TestCutterGrowth: the cutter's own buffer doubles from growStart up to
+// its bound, then grows once to the frame's length, so that no growth
+// copies more than the bound; a buffer left larger by a frame before is
+// filled only up to the bound before it grows. Every allocation is
+// recorded (its size and the bytes it copied) and every payload checked.
+func TestCutterGrowth(t *testing.T) {
+	const k, m = 1 << 10, 1 << 20
+	doubling := func(from, to int) []int { // from, 2from, ... up to to
+		var s []int
+		for n := from; n <= to; n *= 2 {
+			s = append(s, n)
+		}
+		return s
+	}
+	tests := []struct {
+		name   string
+		bound  uint64 // 0: growBound
+		frames []int  // payload lengths, in order
+		allocs []int  // the buffer sizes allocated, in order
+	}{
+		{"1 KiB", 0, []int{k}, []int{k}},
+		{"1 MiB", 0, []int{m}, doubling(64*k, m)},
+		{"100 MiB", 0, []int{100 * m}, append(doubling(64*k, 64*m), 100*m)},
+		// A 3 GiB frame under the 64 MiB bound, scaled down 64 times.
+		{"48 MiB, bound 1 MiB", m, []int{48 * m}, append(doubling(64*k, m), 48*m)},
+		{"at the bound", m, []int{m}, doubling(64*k, m)},
+		{"steady state", m, []int{10 * m, 10 * m, 4 * k}, append(doubling(64*k, m), 10*m)},
+		// The 3 MiB buffer holds only 1 MiB of the next frame before it
+		// grows: what is copied stays within the bound.
+		{"larger buffer before", m, []int{3 * m, 10 * m}, append(doubling(64*k, m), 3*m, 10*m)},
+		// Doubling from a size left by a smaller frame stops at the
+		// bound, not past it.
+		{"odd buffer before", m, []int{48 * k, 3 * m}, []int{48 * k, 96 * k, 192 * k, 384 * k, 768 * k, m, 3 * m}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			const self, peer = 8, 9
+			bound := tt.bound
+			if bound == 0 {
+				bound = growBound
+			}
+			c := newCutter(self, peer, true, 1<<40, nil)
+			c.growMax = tt.bound
+			var allocs []int
+			var copied uint64
+			for i, n := range tt.frames {
+				hdr := make([]byte, frame.HeaderSize)
+				h := wiretest.PushHeader(peer, self, uint64(i), n)
+				h.Encode(hdr)
+				src := blockSource{n: n, f: i}
+				var got []byte
+				for at := 0; at < len(hdr)+n; {
+					pn, was := c.pn, cap(c.buf)
+					b := c.next()
+					if cap(c.buf) != was {
+						allocs = append(allocs, cap(c.buf))
+						copied = max(copied, pn)
+					}
+					b = b[:min(len(b), 256*k, len(hdr)+n-at)]
+					if at < len(hdr) {
+						copy(b, hdr[at:])
+					} else {
+						src.read(b, at-len(hdr))
+					}
+					at += len(b)
+					h, p, err := c.advance(len(b))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if h != nil {
+						got = p
+					}
+				}
+				if err := src.check(got); err != "" {
+					t.Fatalf("frame %d (%d bytes): %s", i, n, err)
+				}
+			}
+			if copied > bound {
+				t.Errorf("a growth copied %d bytes, more than the bound %d", copied, bound)
+			}
+			if !slices.Equal(allocs, tt.allocs) {
+				t.Errorf("allocated %v, want %v", allocs, tt.allocs)
+			}
+		})
+	}
+}
+
+// blockSource is the payload of n bytes of frame f, made on demand so
+// that a large one costs no memory of its own: block j of it starts with
+// f and j, and goes on with the same filler.
+type blockSource struct {
+	n, f int
+	blk  []byte // one block, f in place and j set by read
+}
+
+const blockSize = 64 << 10
+
+// read fills p with the payload's bytes from offset off.
+func (s *blockSource) read(p []byte, off int) {
+	if s.blk == nil {
+		s.blk = make([]byte, blockSize)
+		wiretest.Fill(s.blk, 1)
+		binary.LittleEndian.PutUint32(s.blk, uint32(s.f))
+	}
+	for len(p) > 0 {
+		j := off / blockSize
+		binary.LittleEndian.PutUint32(s.blk[4:], uint32(j))
+		k := copy(p, s.blk[off%blockSize:min(blockSize, s.n-j*blockSize)])
+		p, off = p[k:], off+k
+	}
+}
+
+// check says where p differs from the payload, or "".
+func (s *blockSource) check(p []byte) string {
+	if len(p) != s.n {
+		return fmt.Sprintf("%d bytes, want %d", len(p), s.n)
+	}
+	want := make([]byte, blockSize)
+	for off := 0; off < s.n; off += blockSize {
+		b := p[off:min(s.n, off+blockSize)]
+		s.read(want[:len(b)], off)
+		if !bytes.Equal(b, want[:len(b)]) {
+			return fmt.Sprintf("block %d differs", off/blockSize)
+		}
+	}
+	return ""
 }

@@ -23,8 +23,9 @@
 // Anything else is closed, counted (Config.OnReject) and logged at a
 // bounded rate; the handler never hears of it. Past the handshake, a
 // frame's length is checked against its type before any buffer exists,
-// the van's own payload buffer grows as bytes arrive, and a peer that
-// stops mid-frame for IOTimeout is closed. The data plane authenticates
+// the van's own payload buffer grows as bytes arrive (doubling up to
+// 64 MiB, then once to the frame's length), and a peer that stops
+// mid-frame for IOTimeout is closed. The data plane authenticates
 // peers; it does not encrypt.
 //
 // Every outgoing frame goes through the pool (package pool): within a
