@@ -1132,7 +1132,7 @@ func TestBalancerGuard(t *testing.T) {
 				}
 			}
 			if !slices.Equal(guards, tt.guards) {
-				t.Errorf("the guard after iterations %v, want %v: %v", guards, tt.guards, s.decisions())
+				t.Fatalf("the guard after iterations %v, want %v: %v", guards, tt.guards, s.decisions())
 			}
 			if got := s.b.Guards(); got != uint64(len(guards)) {
 				t.Errorf("Guards() = %d, %d guards issued", got, len(guards))
