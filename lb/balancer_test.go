@@ -1152,3 +1152,40 @@ func TestBalancerGuard(t *testing.T) {
 		})
 	}
 }
+
+// A join drops the even split's times: the split after the joiner's
+// probe is not compared with an even split measured over other nodes.
+func TestBalancerGuardForgetsOnJoin(t *testing.T) {
+	const joiner, joinAt = node.ID(12), 30 // server 2
+	var s *sim
+	s = newTimedSim(t, nil, func(it uint64) time.Duration {
+		switch dec := s.sched.At(it); {
+		case dec.SplitWithin(Even(0, 0, s.servers), ShareTolerance):
+			return 100 * time.Millisecond
+		case it >= joinAt:
+			return 120 * time.Millisecond // 20 % above the even split's time before the join
+		}
+		return 40 * time.Millisecond
+	})
+	s.rate = func(id node.ID, _ uint64) (float64, float64) {
+		if s.b.isWorker[id] {
+			return 1e9, 1e9
+		}
+		return 1e8, 1e8
+	}
+	s.run(joinAt - 1)
+	if _, _, err := s.b.Join(joiner, s.now); err != nil {
+		t.Fatal(err)
+	}
+	s.servers = append(s.servers, joiner)
+	s.run(199)
+	probes := 0
+	for _, st := range s.decisions() {
+		if st.d.Probe {
+			probes++
+		}
+	}
+	if probes != 2 || s.b.Guards() != 0 || s.b.State() != Balanced {
+		t.Fatalf("%d probes, %d guards, state %v; want 2, 0, balanced: %v", probes, s.b.Guards(), s.b.State(), s.decisions())
+	}
+}
