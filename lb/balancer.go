@@ -136,6 +136,20 @@ const (
 	// MinIteration abandon a probe: one alone can be the second of two
 	// reports handled together after the scheduler stalled.
 	abandonShort = 2
+	// evenIterations is how many of the even split's latest iteration
+	// times the guard keeps (their median is the even split's time).
+	evenIterations = 5
+	// guardMargin: a balanced split whose median iteration time is more
+	// than this fraction above the even split's goes back to the even
+	// split. Measured times are noisier than the predictions Tolerance
+	// compares, and on the even split the job is never worse than with
+	// the LB off.
+	guardMargin = 0.15
+	// minBackoff and maxBackoff bound how many iterations the job stays
+	// on the even split, without a probe, after the guard sent it back:
+	// the back-off doubles each time, from max(RetryAfter, minBackoff).
+	minBackoff = 50
+	maxBackoff = 1 << 12
 )
 
 // Balancer is the LB scheduler's state machine. It is fed every node's
@@ -201,6 +215,32 @@ type Balancer struct {
 	baseline  []time.Duration
 	run       int // iterations in a row above the baseline times DriftFactor
 	runSum    time.Duration
+
+	// The guard: the LB's model can predict a split faster that measures
+	// slower than the even split over the servers, which it then undoes.
+	// landing holds the decisions issued and not in force yet, in order;
+	// inForce is the one in force at the latest step.
+	landing []landing
+	inForce landing
+	// even holds the latest iteration times of the even split over the
+	// servers (up to evenIterations, oldest first), all under the
+	// current set of nodes and conditions: a join, a loss or drift
+	// clears it.
+	even []time.Duration
+	// backingOff: Default after the guard, until the next probe, which
+	// drift on the even split brings forward; evenRun holds the times of
+	// the iterations in a row above the even split's times DriftFactor.
+	backingOff bool
+	evenRun    []time.Duration
+	backoff    uint64 // the next back-off, in iterations (0: the first)
+	guards     uint64 // how many times the guard went back to the even split
+}
+
+// landing is a decision's first iteration, and whether it is the even
+// split over the servers.
+type landing struct {
+	from uint64
+	even bool
 }
 
 // NewBalancer checks cfg, fills in its defaults and returns a Balancer in
@@ -226,6 +266,8 @@ func NewBalancer(cfg Config) (*Balancer, error) {
 		down: make(map[node.ID]float64, len(cfg.Servers)+len(cfg.Workers)),
 		from: 1,
 		to:   math.MaxUint64,
+		// The initial decision; its first iteration's time is unknown.
+		inForce: landing{from: 0, even: true},
 	}
 	b.good = b.current
 	if cfg.Fixed {
@@ -441,10 +483,17 @@ func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
 	if !b.held {
 		b.horizon = max(prev, i+1+b.ahead)
 	}
+	b.land(i)
+	drift := b.timeEven(i, wall)
 	var d Directive
 	switch b.state {
 	case Default:
-		if i >= b.probeAt && !now.Before(b.probeAfter) {
+		if drift != "" && !b.short() {
+			// The times that drifted are the even split's now: what the
+			// split after this probe is measured against.
+			b.even = slices.Clone(b.evenRun[max(0, len(b.evenRun)-evenIterations):])
+			d = b.startProbe(i, prev, drift, false)
+		} else if i >= b.probeAt && !now.Before(b.probeAfter) {
 			if b.short() {
 				d = b.evenWhileShort(i, prev)
 			} else {
@@ -467,6 +516,121 @@ func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
 	d.Done = i + 1
 	return d
 }
+
+// land puts the decisions that take effect by iteration i in force.
+func (b *Balancer) land(i uint64) {
+	n := 0
+	for n < len(b.landing) && b.landing[n].from <= i {
+		b.inForce = b.landing[n]
+		n++
+	}
+	b.landing = slices.Delete(b.landing, 0, n)
+}
+
+// schedule notes that decision d takes effect at its iteration; it
+// replaces any decision issued before it for that iteration or later
+// (a retry re-cuts iterations already granted).
+func (b *Balancer) schedule(d Decision) {
+	n := 0
+	for n < len(b.landing) && b.landing[n].from < d.Iteration {
+		n++
+	}
+	b.landing = append(b.landing[:n], landing{from: d.Iteration, even: b.isEven(d)})
+}
+
+// isEven reports whether d is the even split over the servers.
+func (b *Balancer) isEven(d Decision) bool {
+	return d.SplitWithin(Even(0, 0, b.cfg.Servers), ShareTolerance)
+}
+
+// timeEven records iteration i's time, wall (0: unknown), when the even
+// split over the servers is in force, from its second iteration on: the
+// first may have begun under the split before. While the guard backs off
+// it returns why to probe when the even split's time drifts up (a link
+// slowed since: the balanced split may then win), and keeps the times
+// that drifted out of the even split's.
+func (b *Balancer) timeEven(i uint64, wall time.Duration) string {
+	if wall <= 0 || !b.inForce.even || i <= b.inForce.from {
+		return ""
+	}
+	if b.backingOff && len(b.even) >= baselineIterations {
+		if base := median(b.even); float64(wall) > float64(base)*b.cfg.DriftFactor {
+			b.evenRun = appendLatest(b.evenRun, wall, max(b.cfg.DriftIterations, evenIterations))
+			if len(b.evenRun) < b.cfg.DriftIterations {
+				return ""
+			}
+			var sum time.Duration
+			for _, t := range b.evenRun {
+				sum += t
+			}
+			return fmt.Sprintf("iteration time on the even split rose from %s to %s", ms(base), ms(sum/time.Duration(len(b.evenRun))))
+		}
+		b.evenRun = b.evenRun[:0]
+	}
+	b.even = appendLatest(b.even, wall, evenIterations)
+	return ""
+}
+
+// appendLatest appends d to ds, keeping the latest n.
+func appendLatest(ds []time.Duration, d time.Duration, n int) []time.Duration {
+	if len(ds) >= n {
+		ds = slices.Delete(ds, 0, len(ds)-n+1)
+	}
+	return append(ds, d)
+}
+
+// forgetEven drops the even split's times and the guard's back-off: the
+// set of nodes changed, and neither says anything of the new one.
+func (b *Balancer) forgetEven() {
+	b.even, b.evenRun = nil, nil
+	b.inForce.even = false
+	for k := range b.landing {
+		b.landing[k].even = false
+	}
+	b.backingOff, b.backoff = false, 0
+}
+
+// guard is the check, at step i, of a balanced split that has been in
+// force for baselineIterations timed iterations (the drift baseline):
+// when its median time is more than guardMargin above the even split's,
+// the LB's model was wrong for this job, and it goes back to the even
+// split at once, for a back-off that doubles each time, so that it does
+// not oscillate. ok is false when the guard does not act.
+func (b *Balancer) guard(i, prev uint64) (d Directive, ok bool) {
+	if len(b.even) < baselineIterations || b.isEven(b.current) {
+		return Directive{}, false
+	}
+	bal, even := median(b.baseline), median(b.even)
+	if !(float64(bal) > float64(even)*(1+guardMargin)) {
+		return Directive{}, false
+	}
+	dec, err := b.issue(i, prev, b.cfg.Servers, Even(0, 0, b.cfg.Servers).Shares)
+	if err != nil { // cannot happen: the servers are valid aggregators
+		return Directive{}, false
+	}
+	b.good = *dec
+	b.state = Default
+	b.up, b.down = make(map[node.ID]float64, len(b.all)), make(map[node.ID]float64, len(b.all))
+	b.from, b.to = i+1, math.MaxUint64
+	wait := max(b.cfg.RetryAfter, minBackoff)
+	if b.backoff > 0 {
+		wait = max(min(2*b.backoff, maxBackoff), b.cfg.RetryAfter)
+	}
+	b.backoff = wait
+	b.probeAt = satAdd(i, wait)
+	b.probeWhy = fmt.Sprintf("retrying a balanced split after %d iterations on the even split", wait)
+	b.backingOff, b.evenRun = true, nil
+	b.guards++
+	return Directive{
+		Decision: dec,
+		Reason: clip(fmt.Sprintf("balanced split measured %s, slower than the even split's %s; back to the even split, next probe after iteration %d",
+			ms(bal), ms(even), b.probeAt)),
+	}, true
+}
+
+// Guards returns how many times a balanced split measured slower than
+// the even split over the servers sent the job back to it.
+func (b *Balancer) Guards() uint64 { return b.guards }
 
 // short reports whether one of the latest iterations took less than
 // MinIteration, so that no probe should start. With no iteration timed
@@ -528,6 +692,7 @@ func (b *Balancer) Join(id node.ID, now time.Time) (d Directive, ok bool, err er
 	if len(b.all) >= MaxAggregators {
 		return Directive{}, false, fmt.Errorf("lb: join %s: the job has %d nodes, as many as a decision can name", id, len(b.all))
 	}
+	b.forgetEven()
 	b.cfg.Servers = append(slices.Clone(b.cfg.Servers), id)
 	b.all = slices.Concat(b.cfg.Servers, b.cfg.Workers)
 	b.isWorker[id] = false
@@ -548,6 +713,7 @@ func (b *Balancer) Join(id node.ID, now time.Time) (d Directive, ok bool, err er
 func (b *Balancer) adopt(dec Decision, reason string) Directive {
 	b.current, b.good = dec, dec
 	b.lastDecisionAt = b.next
+	b.schedule(dec)
 	out := clone(dec)
 	return Directive{
 		Horizon:  b.horizon,
@@ -611,6 +777,7 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 	if err := dec.Validate(); err != nil {
 		return Directive{}, fmt.Errorf("lb: lose %s: %w", id, err)
 	}
+	b.forgetEven()
 	*members = left
 	b.all = slices.Concat(b.cfg.Servers, b.cfg.Workers)
 	delete(b.isWorker, id)
@@ -656,6 +823,7 @@ func (b *Balancer) issue(i, prev uint64, aggs []node.ID, shares []float64) (*Dec
 	}
 	b.current = d
 	b.lastDecisionAt = i
+	b.schedule(d)
 	out := clone(d)
 	return &out, nil
 }
@@ -670,6 +838,7 @@ func (b *Balancer) startProbe(i, prev uint64, why string, keep bool) Directive {
 		return Directive{Reason: "probe not started: " + err.Error()}
 	}
 	b.state = Probe
+	b.backingOff, b.evenRun = false, nil
 	b.probeWhy = why // what an abandoned probe's next try gives as its reason
 	if !keep || b.up == nil {
 		b.up, b.down = make(map[node.ID]float64, len(b.all)), make(map[node.ID]float64, len(b.all))
@@ -780,10 +949,18 @@ func (b *Balancer) balanced(i, prev uint64, wall time.Duration) Directive {
 	if i >= b.driftFrom && wall > 0 {
 		if len(b.baseline) < baselineIterations {
 			b.baseline = append(b.baseline, wall)
+			if len(b.baseline) == baselineIterations {
+				if d, ok := b.guard(i, prev); ok {
+					return d
+				}
+			}
 		} else if base := median(b.baseline); float64(wall) > float64(base)*b.cfg.DriftFactor {
 			b.run++
 			b.runSum += wall
 			if b.run >= b.cfg.DriftIterations && !b.short() {
+				// Conditions changed: the even split's times are out of
+				// date, and the split after this probe goes unguarded.
+				b.even = nil
 				return b.startProbe(i, prev, fmt.Sprintf("iteration time rose from %s to %s", ms(base), ms(b.runSum/time.Duration(b.run))), false)
 			}
 		} else {

@@ -1041,3 +1041,151 @@ func TestCoalesce(t *testing.T) {
 		})
 	}
 }
+
+// The guard: a balanced split that measures slower than the even split
+// over the servers goes back to it, and the next probe waits for a
+// back-off that doubles each time; drift on the even split probes at
+// once; a balanced split that is faster, or slower only within the
+// margin, stays. The servers' links are slow and the workers' fast, so
+// the LB moves the aggregation onto the workers; each case says how long
+// an iteration takes on the even split, on that balanced split, and from
+// iteration `from` on (a link slowing, say) each times `slower`.
+func TestBalancerGuard(t *testing.T) {
+	ms := func(n float64) time.Duration { return time.Duration(n * float64(time.Millisecond)) }
+	tests := []struct {
+		name          string
+		even, bal     time.Duration
+		from          uint64  // 0: no change
+		slowerEven    float64 // the even split's time times this from `from`
+		slowerBal     float64 // the balanced split's
+		guards        []uint64
+		backoffs      []uint64 // between each guard and the next probe
+		driftProbe    string   // a probe's reason, after the first guard
+		state         State
+		firstGuardMsg string
+	}{
+		{
+			name: "balanced twice as slow: back to even, back-off doubling",
+			even: ms(25), bal: ms(50),
+			guards:        []uint64{12, 72, 182, 392},
+			backoffs:      []uint64{50, 100, 200},
+			state:         Default,
+			firstGuardMsg: "balanced split measured 50.0 ms, slower than the even split's 25.0 ms; back to the even split, next probe after iteration 62",
+		},
+		{name: "balanced faster (a slow server): stays", even: ms(100), bal: ms(40), state: Balanced},
+		{name: "balanced slower within the margin: stays", even: ms(100), bal: ms(110), state: Balanced},
+		{
+			name: "the even split slows while backing off: probes at once, then balanced",
+			even: ms(25), bal: ms(50), from: 30, slowerEven: 3, slowerBal: 1,
+			guards:     []uint64{12},
+			driftProbe: "probe: iteration time on the even split rose from 25.0 ms to 75.0 ms",
+			state:      Balanced,
+		},
+		{
+			// The even split's times from before the drift are out of
+			// date: the split after the drift's probe is not compared
+			// with them.
+			name: "drift while balanced: the even split's old times are dropped",
+			even: ms(100), bal: ms(40), from: 30, slowerEven: 3, slowerBal: 3,
+			state: Balanced,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var s *sim
+			s = newTimedSim(t, nil, func(it uint64) time.Duration {
+				d, slower := tt.bal, tt.slowerBal
+				switch dec := s.sched.At(it); {
+				case dec.SplitWithin(Even(0, 0, s.servers), ShareTolerance):
+					d, slower = tt.even, tt.slowerEven
+				case len(dec.Aggregators) == len(s.servers)+len(s.workers):
+					d = (tt.even + tt.bal) / 2 // the probe's
+					slower = max(tt.slowerEven, tt.slowerBal)
+				}
+				if tt.from > 0 && it >= tt.from {
+					d = time.Duration(float64(d) * slower)
+				}
+				return d
+			})
+			s.rate = func(id node.ID, _ uint64) (float64, float64) {
+				if slices.Contains(s.servers, id) {
+					return 1e8, 1e8
+				}
+				return 1e9, 1e9
+			}
+			s.run(399)
+			var guards, probes []uint64
+			drift := false
+			for _, st := range s.decisions() {
+				switch {
+				case st.d.Probe:
+					probes = append(probes, st.it)
+					drift = drift || tt.driftProbe != "" && strings.HasPrefix(st.d.Reason, tt.driftProbe)
+				case strings.HasPrefix(st.d.Reason, "balanced split measured"):
+					guards = append(guards, st.it)
+					if !st.d.Decision.SplitWithin(Even(0, 0, s.servers), ShareTolerance) {
+						t.Errorf("the guard's decision is not the even split: %v", st.d)
+					}
+					if len(guards) == 1 && tt.firstGuardMsg != "" && st.d.Reason != tt.firstGuardMsg {
+						t.Errorf("reason %q, want %q", st.d.Reason, tt.firstGuardMsg)
+					}
+				}
+			}
+			if !slices.Equal(guards, tt.guards) {
+				t.Fatalf("the guard after iterations %v, want %v: %v", guards, tt.guards, s.decisions())
+			}
+			if got := s.b.Guards(); got != uint64(len(guards)) {
+				t.Errorf("Guards() = %d, %d guards issued", got, len(guards))
+			}
+			for j, g := range tt.backoffs {
+				k := slices.IndexFunc(probes, func(p uint64) bool { return p > guards[j] })
+				if k < 0 || probes[k]-guards[j] != g {
+					t.Errorf("after the guard at %d, probes at %v: want one %d iterations later", guards[j], probes, g)
+				}
+			}
+			if tt.driftProbe != "" && !drift {
+				t.Errorf("no probe %q: %v", tt.driftProbe, s.decisions())
+			}
+			if s.b.State() != tt.state {
+				t.Errorf("state %v, want %v: %v", s.b.State(), tt.state, s.decisions())
+			}
+		})
+	}
+}
+
+// A join drops the even split's times: the split after the joiner's
+// probe is not compared with an even split measured over other nodes.
+func TestBalancerGuardForgetsOnJoin(t *testing.T) {
+	const joiner, joinAt = node.ID(12), 30 // server 2
+	var s *sim
+	s = newTimedSim(t, nil, func(it uint64) time.Duration {
+		switch dec := s.sched.At(it); {
+		case dec.SplitWithin(Even(0, 0, s.servers), ShareTolerance):
+			return 100 * time.Millisecond
+		case it >= joinAt:
+			return 120 * time.Millisecond // 20 % above the even split's time before the join
+		}
+		return 40 * time.Millisecond
+	})
+	s.rate = func(id node.ID, _ uint64) (float64, float64) {
+		if s.b.isWorker[id] {
+			return 1e9, 1e9
+		}
+		return 1e8, 1e8
+	}
+	s.run(joinAt - 1)
+	if _, _, err := s.b.Join(joiner, s.now); err != nil {
+		t.Fatal(err)
+	}
+	s.servers = append(s.servers, joiner)
+	s.run(199)
+	probes := 0
+	for _, st := range s.decisions() {
+		if st.d.Probe {
+			probes++
+		}
+	}
+	if probes != 2 || s.b.Guards() != 0 || s.b.State() != Balanced {
+		t.Fatalf("%d probes, %d guards, state %v; want 2, 0, balanced: %v", probes, s.b.Guards(), s.b.State(), s.decisions())
+	}
+}

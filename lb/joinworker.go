@@ -43,6 +43,7 @@ func (b *Balancer) JoinWorker(id node.ID, now time.Time) (Directive, error) {
 	if err := dec.Validate(); err != nil {
 		return Directive{}, fmt.Errorf("lb: join worker %s: %w", id, err)
 	}
+	b.forgetEven()
 	b.cfg.Workers = workers
 	b.all = slices.Concat(b.cfg.Servers, b.cfg.Workers)
 	b.isWorker[id] = true

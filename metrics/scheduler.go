@@ -23,6 +23,8 @@ type Scheduler struct {
 	iteration  prometheus.Gauge
 	iterations prometheus.Histogram
 	probes     prometheus.Counter
+	guards     prometheus.Counter
+	guardsSeen uint64 // the Balancer's count guards was last brought to
 	members    *prometheus.GaugeVec
 	membership prometheus.Gauge
 	groups     *prometheus.GaugeVec
@@ -57,6 +59,10 @@ func NewScheduler(reg prometheus.Registerer) (*Scheduler, error) {
 			Name: "fpt_lb_probes_total",
 			Help: "Probes the LB started (every node aggregating, shaping off, capacities measured).",
 		}),
+		guards: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fpt_lb_guards_total",
+			Help: "Times the LB went back to the even split over the servers because a balanced split measured slower than it.",
+		}),
 		members: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "fpt_members",
 			Help: "Nodes in the cluster, by role, once every one registered; then as servers and workers join or leave a running job.",
@@ -67,7 +73,7 @@ func NewScheduler(reg prometheus.Registerer) (*Scheduler, error) {
 		}),
 		groups: newLocalGroups(),
 	}
-	for _, c := range []prometheus.Collector{m.version, m.share, m.capacity, m.iteration, m.iterations, m.probes, m.members, m.membership, m.groups} {
+	for _, c := range []prometheus.Collector{m.version, m.share, m.capacity, m.iteration, m.iterations, m.probes, m.guards, m.members, m.membership, m.groups} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("metrics: register: %w", err)
 		}
@@ -114,6 +120,16 @@ func (m *Scheduler) Decision(d lb.Decision, probe bool) {
 	if probe {
 		m.probes.Inc()
 	}
+}
+
+// Guards records the LB's count of its guard's fall-backs to the even
+// split (lb.Balancer.Guards).
+func (m *Scheduler) Guards(total uint64) {
+	if m == nil || total <= m.guardsSeen {
+		return
+	}
+	m.guards.Add(float64(total - m.guardsSeen))
+	m.guardsSeen = total
 }
 
 // Capacities records the LB's measured rates, in bytes per second.

@@ -24,6 +24,9 @@ func TestScheduler(t *testing.T) {
 	m.Decision(lb.Even(1, 4, all), true)
 	// The next decision leaves server 0 out: its series must go.
 	m.Decision(lb.Decision{Version: 2, Iteration: 8, Aggregators: all[1:], Shares: []float64{0.75, 0.25}}, false)
+	m.Guards(1)
+	m.Guards(1) // the same count again: no new fall-back
+	m.Guards(3)
 	m.Capacities(map[node.ID]float64{node.ServerID(0): 1e6}, map[node.ID]float64{node.ServerID(0): 2e6})
 	m.Iteration(7, 1500*time.Millisecond)
 	// After three membership changes the table has two servers.
@@ -39,6 +42,9 @@ fpt_lb_share{node="worker 1"} 0.25
 # HELP fpt_lb_probes_total Probes the LB started (every node aggregating, shaping off, capacities measured).
 # TYPE fpt_lb_probes_total counter
 fpt_lb_probes_total 1
+# HELP fpt_lb_guards_total Times the LB went back to the even split over the servers because a balanced split measured slower than it.
+# TYPE fpt_lb_guards_total counter
+fpt_lb_guards_total 3
 # HELP fpt_lb_capacity_bits_per_second Highest rate the LB measured on the node's send or receive side in its current window.
 # TYPE fpt_lb_capacity_bits_per_second gauge
 fpt_lb_capacity_bits_per_second{direction="receive",node="server 0"} 1.6e+07
@@ -55,7 +61,7 @@ fpt_members{role="worker"} 2
 # TYPE fpt_membership_version gauge
 fpt_membership_version 3
 `
-	names := []string{"fpt_lb_decision_version", "fpt_lb_share", "fpt_lb_probes_total", "fpt_lb_capacity_bits_per_second", "fpt_iteration", "fpt_members", "fpt_membership_version"}
+	names := []string{"fpt_lb_decision_version", "fpt_lb_share", "fpt_lb_probes_total", "fpt_lb_guards_total", "fpt_lb_capacity_bits_per_second", "fpt_iteration", "fpt_members", "fpt_membership_version"}
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
 		t.Error(err)
 	}
@@ -67,6 +73,7 @@ fpt_membership_version 3
 	none.Members(nil)
 	none.Membership(nil, 1)
 	none.Decision(lb.Even(1, 0, all), true)
+	none.Guards(1)
 	none.Capacities(nil, nil)
 	none.Iteration(1, time.Second)
 }

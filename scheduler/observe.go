@@ -54,6 +54,7 @@ func (c *core) directed(ds []lb.Directive) {
 			c.obs.Metrics.Decision(*d.Decision, d.Probe)
 		}
 	}
+	c.obs.Metrics.Guards(c.lb.Guards())
 	up, down := c.lb.Measured()
 	bound, err := c.lb.Bound()
 	if err != nil {
