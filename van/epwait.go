@@ -50,6 +50,11 @@ func (w *epollWaiter) wait(events []unix.EpollEvent, ms int) (int, error) {
 	if n > 0 || ms == 0 || (err != nil && !errors.Is(err, unix.EINTR)) {
 		return max(n, 0), err
 	}
+	return w.park(events, ms)
+}
+
+// park is wait's slow half: the receiver parks until the set has an event.
+func (w *epollWaiter) park(events []unix.EpollEvent, ms int) (int, error) {
 	var deadline time.Time
 	if ms > 0 {
 		deadline = time.Now().Add(time.Duration(ms) * time.Millisecond)
@@ -57,6 +62,8 @@ func (w *epollWaiter) wait(events []unix.EpollEvent, ms int) (int, error) {
 	if err := w.f.SetReadDeadline(deadline); err != nil {
 		return 0, fmt.Errorf("epoll deadline: %w", err)
 	}
+	var n int
+	var err error
 	rerr := w.rc.Read(func(uintptr) bool {
 		n, err = epollNow(w.epfd, events)
 		return n > 0 || (err != nil && !errors.Is(err, unix.EINTR))

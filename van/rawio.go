@@ -12,9 +12,9 @@ import (
 // wait: each is the kernel copying bytes, CPU work like a copy in Go. They
 // are made as raw system calls, without the runtime's entersyscall and
 // exitsyscall. An ordinary call from a process whose processors are all
-// idle wakes the runtime's sysmon from its long sleep, and each wake from a
+// idle wakes the runtime's sysmon from its long sleep, and each wake by a
 // system call starts it polling every 20 µs again for a millisecond or
-// more: a node that goes idle between iterations paid that on every
+// more, which a node that goes idle between iterations would pay on every
 // return to work. A raw call keeps its P for the length of the copy, as a
 // copy in Go would. (Built with -race, the ordinary calls are used: they
 // tell the race detector what the kernel read and wrote.)
