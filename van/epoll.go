@@ -10,7 +10,6 @@ import (
 	"math"
 	"net"
 	"os"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -91,6 +90,8 @@ type epConn struct {
 	abortOnce sync.Once
 
 	iov [][]byte // the sender's: what one writev call writes
+	// kiov is the sender's iovec array for that call.
+	kiov []unix.Iovec
 }
 
 func newEpConn(fd, epfd int, remote string, cut cutter) *epConn {
@@ -270,16 +271,20 @@ func (v *epollVan) close(drain bool) error {
 }
 
 // receive is the receiver goroutine: one epoll loop over the listening
-// socket, the eventfd and every connection. It is locked to its OS thread
-// since it spends its life in epoll_wait and read, and moving between
-// threads would only cost cache.
+// socket, the eventfd and every connection, waiting for the set on the
+// runtime's poller (epollWaiter).
 func (v *epollVan) receive() {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	defer close(v.recvDone)
+	w, err := newEpollWaiter(v.epfd)
+	if err != nil {
+		v.log.Error("van: receiver cannot wait for its epoll set, it stops", "err", err)
+		v.shutdown()
+		return
+	}
+	defer w.close()
 	events := make([]unix.EpollEvent, 128)
 	for {
-		n, err := unix.EpollWait(v.epfd, events, v.waitMillis())
+		n, err := w.wait(events, v.waitMillis())
 		if err != nil && !errors.Is(err, unix.EINTR) {
 			// Cannot happen with valid arguments; stop serving rather
 			// than spin.
@@ -547,13 +552,14 @@ func sockaddrString(sa unix.Sockaddr) string {
 func (v *epollVan) serve(c *epConn) {
 	budget, frames := v.recv.budget(c.peer.id), frameBudget
 	var iov [2][]byte
+	var kiov [2]unix.Iovec
 	for {
 		// A header that the read ending the frame before it brought in
 		// full is decoded without a read.
 		n := 0
 		if !c.cut.ready() {
 			var err error
-			n, err = readv(c.fd, c.cut.nextv(iov[:0], budget))
+			n, _, err = ioReadv(c.fd, c.cut.nextv(iov[:0], budget), kiov[:0])
 			switch {
 			case errors.Is(err, unix.EINTR):
 				continue
@@ -587,14 +593,6 @@ func (v *epollVan) serve(c *epConn) {
 			return
 		}
 	}
-}
-
-// readv is read for one buffer, and a scattering read for more.
-func readv(fd int, bufs [][]byte) (int, error) {
-	if len(bufs) == 1 {
-		return unix.Read(fd, bufs[0])
-	}
-	return unix.Readv(fd, bufs)
 }
 
 // writable disarms EPOLLOUT (the set is level-triggered: it would fire
@@ -674,7 +672,8 @@ func (c *epConn) writev(bufs [][]byte, timeout time.Duration) (n, calls int, err
 	}
 	for len(bufs) > 0 {
 		c.iov = window(c.iov[:0], bufs[:min(len(bufs), iovMax)], maxChunk)
-		m, err := unix.Writev(c.wfd, c.iov)
+		var m int
+		m, c.kiov, err = ioWritev(c.wfd, c.iov, c.kiov)
 		switch {
 		case errors.Is(err, unix.EINTR):
 			continue
@@ -691,6 +690,7 @@ func (c *epConn) writev(bufs [][]byte, timeout time.Duration) (n, calls int, err
 		bufs = advance(bufs, m)
 	}
 	clear(c.iov)
+	clear(c.kiov)
 	return n, calls, nil
 }
 
