@@ -70,15 +70,6 @@ func (s *rawSock) connect(endpoint string) error {
 	return nil
 }
 
-// writable reports whether a send would not block.
-func (s *rawSock) writable() bool {
-	var v C.int
-	if C.fpt_get_int(s.h, C.ZMQ_EVENTS, &v) != 0 {
-		return false
-	}
-	return v&C.ZMQ_POLLOUT != 0
-}
-
 // send sends one frame without blocking; the caller reads errno on failure.
 func (s *rawSock) send(data []byte, more bool) bool {
 	flags := C.int(C.ZMQ_DONTWAIT)
@@ -143,17 +134,19 @@ func handle(s *goczmq.Sock) unsafe.Pointer {
 	return C.zsock_resolve(z)
 }
 
-// pollItem is one socket zmqPoll watches for input.
-type pollItem = C.zmq_pollitem_t
+// fd is the descriptor libzmq signals when the socket has commands to
+// process (ZMQ_FD). It is edge-like: it turns readable when something
+// arrives for a socket that has been read until EAGAIN, so a loop that
+// drains a socket whenever it polls readable never misses input.
+func (s *rawSock) fd() (int, error) { return handleFD(s.h) }
 
-func pollIn(h unsafe.Pointer) pollItem {
-	return pollItem{socket: h, events: C.ZMQ_POLLIN}
-}
-
-// zmqPoll waits up to timeout ms for input on items; EINTR and timeouts
-// are both just a return.
-func zmqPoll(items []pollItem, timeoutMS int) {
-	C.zmq_poll(&items[0], C.int(len(items)), C.long(timeoutMS))
+// handleFD is ZMQ_FD of a libzmq socket.
+func handleFD(h unsafe.Pointer) (int, error) {
+	var v C.int
+	if C.fpt_get_int(h, C.ZMQ_FD, &v) != 0 {
+		return -1, fmt.Errorf("control: ZMQ_FD: %w", zmqError(zmqErrno()))
+	}
+	return int(v), nil
 }
 
 // cutConnection ends an accepted TCP connection libzmq owns, by shutting
