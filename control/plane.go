@@ -410,8 +410,10 @@ type loop struct {
 
 	monitoring bool // the ROUTER's monitor is on
 
-	partial  [][]byte // first frames of a ROUTER message not fully read yet
-	partialN int      // frames of that message read so far
+	routerRx   *frameReader
+	partial    [][]byte // first frames of a ROUTER message not fully read yet
+	partialN   int      // frames of that message read so far
+	partialEnd int      // where in routerRx's buffer the next frame goes
 }
 
 type dealer struct {
@@ -483,6 +485,7 @@ func (p *Plane) open(host string, port int) (_ *loop, err error) {
 	if l.router, err = newSock(goczmq.Router); err != nil {
 		return nil, err
 	}
+	l.routerRx = newFrameReader(handle(l.router))
 	l.router.SetLinger(0) // the ROUTER never sends
 	l.router.SetRcvhwm(hwm)
 	l.router.SetRcvtimeo(0) // reads never block: the poller says when to read
@@ -676,27 +679,31 @@ func (l *loop) receive() (delivered, ok bool) {
 }
 
 // recvMessage reads one complete message from the ROUTER without blocking
-// and returns its first two frames and its frame count. A message
-// interrupted part-way (EINTR) is kept and resumed next time.
+// and returns its first two frames (valid until the next call) and its
+// frame count. A message interrupted part-way (EINTR) is kept and resumed
+// next time.
 func (l *loop) recvMessage() (frames [][]byte, count int, ok bool) {
 	for {
 		l.stats.routerReads++
-		f, more, err := l.router.RecvFrame()
-		if err != nil {
-			if zmqErrno() == syscall.EINTR {
-				continue
-			}
+		f, more, errno := l.routerRx.recv(l.partialEnd)
+		if errno == syscall.EINTR {
+			continue
+		}
+		if errno != 0 {
 			return nil, 0, false // EAGAIN: nothing (more) to read now
 		}
 		// A well-formed message is [identity, payload]; keep no more than
 		// that of a longer one, which is dropped anyway.
 		if len(l.partial) < 2 {
 			l.partial = append(l.partial, f)
+			l.partialEnd += len(f)
 		}
 		l.partialN++
-		if more == 0 {
+		if !more {
+			// The frames stay valid until the next call, by which time
+			// the caller has decoded (copied) them.
 			frames, count = l.partial, l.partialN
-			l.partial, l.partialN = nil, 0
+			l.partial, l.partialN, l.partialEnd = l.partial[:0], 0, 0
 			return frames, count, true
 		}
 	}
@@ -929,6 +936,7 @@ func (l *loop) destroy() {
 	if l.router != nil {
 		l.router.Destroy()
 	}
+	l.routerRx.free()
 	if l.wakeFD >= 0 {
 		unix.Close(l.wakeFD)
 	}
