@@ -107,10 +107,10 @@ type Config struct {
 // address whose decoded messages come out of Incoming, and one DEALER per
 // peer endpoint that Send has been asked to reach.
 //
-// All sockets belong to a single goroutine locked to its OS thread, which
-// creates, uses and destroys them; other goroutines only append to a queue
-// under mu and poke the loop through an eventfd, which costs them one
-// system call and no ZeroMQ at all.
+// All sockets belong to a single goroutine, which creates, uses and
+// destroys them, locked to its OS thread while it does (see run); other
+// goroutines only append to a queue under mu and poke the loop through an
+// eventfd, which costs them one system call and no ZeroMQ at all.
 //
 // With Config.Secret every socket speaks CURVE and a ZAP handler (zap.go)
 // admits only peers holding the job's client key. Every connection has
@@ -447,24 +447,31 @@ type loopStats struct {
 }
 
 func (p *Plane) run(host string, port int, ready chan<- error) {
-	// Every socket is created, used and destroyed on this one thread.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	defer close(p.done)
 	defer close(p.in)
 
+	// Every socket is used by this goroutine only, locked to its thread
+	// while it makes libzmq calls (errno is per thread). Between rounds it
+	// may move to another thread: libzmq allows a socket to change threads
+	// after a full memory barrier, which Go's scheduler has when it moves
+	// a goroutine. Unlocked, the consumer a round wakes runs on this
+	// thread at the round's end instead of on another woken for it.
+	runtime.LockOSThread()
 	if !enterRound() {
 		ready <- errors.New("control: the process is exiting")
 		parkForExit()
 	}
 	l, err := p.open(host, port)
 	leaveRound()
+	runtime.UnlockOSThread()
 	if err != nil {
 		ready <- err
 		return
 	}
 	ready <- nil
 	l.serve()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	if !enterRound() {
 		parkForExit()
 	}
@@ -596,10 +603,16 @@ func (l *loop) serve() {
 		if !enterRound() {
 			parkForExit()
 		}
-		done := l.round(wait)
+		delivered, done := l.round(wait)
 		leaveRound()
 		if done {
 			return
+		}
+		if delivered {
+			// Let the consumer just woken run now, on this thread, before
+			// the next round's poll blocks it and holds the P in a system
+			// call until sysmon retakes it (tens of µs to ms).
+			runtime.Gosched()
 		}
 		wait = idleWait
 		if l.waiting > 0 {
@@ -608,9 +621,10 @@ func (l *loop) serve() {
 	}
 }
 
-// round polls up to wait and services the sockets once; true once Close
-// has been called.
-func (l *loop) round(wait time.Duration) (closed bool) {
+// round polls up to wait and services the sockets once. It reports
+// whether it delivered any message, and closed once Close has been
+// called.
+func (l *loop) round(wait time.Duration) (delivered, closed bool) {
 	// One poll(2) over the sockets' ZMQ_FDs and the eventfd, rather than
 	// zmq_poll, which polls twice per wait and asks every socket for its
 	// events before and after (each a getpid and a poll of its own). A
@@ -625,6 +639,8 @@ func (l *loop) round(wait time.Duration) (closed bool) {
 		l.items[i].Revents = 0
 	}
 	_, _ = unix.Poll(l.items, int(wait/time.Millisecond))
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	l.stats.rounds++
 	if sweep || l.readable(itemMon) {
 		l.watch()
@@ -632,25 +648,18 @@ func (l *loop) round(wait time.Duration) (closed bool) {
 	l.watchDealers(sweep)
 	// Every round services both directions, so a busy ROUTER cannot
 	// starve Send.
-	delivered, ok := false, true
+	ok := true
 	if sweep || l.readable(itemRouter) {
 		delivered, ok = l.receive()
 	}
 	if !ok {
-		return true
-	}
-	if delivered {
-		// The consumer we just woke sits in this P's run queue, and the
-		// blocking poll of the next round would keep the P in a system
-		// call until sysmon retakes it (tens of µs to ms). Yielding lets
-		// it run now; it halved ping-pong latency on a 2-core box.
-		runtime.Gosched()
+		return delivered, true
 	}
 	if l.sendQueued(sweep || l.readable(itemWake)) {
-		return true
+		return delivered, true
 	}
 	l.retryBacklogs()
-	return false
+	return delivered, false
 }
 
 func (l *loop) readable(item int) bool { return l.items[item].Revents != 0 }
