@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"os"
 	"reflect"
 	"runtime"
 	"slices"
@@ -396,9 +397,14 @@ type loop struct {
 	gate      gate
 	// items are what a round polls: itemRouter's, itemWake's and itemMon's
 	// descriptors, then each watched DEALER's monitor's.
-	items   []unix.PollFd
-	dealers map[string]*dealer
-	waiting int // dealers with a backlog
+	items []unix.PollFd
+	// ep holds items' descriptors in an epoll set, which Go's netpoller
+	// watches: the loop waits parked, holding no P and no thread.
+	ep       *os.File
+	epRaw    syscall.RawConn
+	epEvents []unix.EpollEvent
+	dealers  map[string]*dealer
+	waiting  int // dealers with a backlog
 	// sweep makes the next round service every socket, readable or not:
 	// a socket is only known to be drained once it has been read until
 	// EAGAIN, after which its descriptor signals anything new.
@@ -563,10 +569,24 @@ func (p *Plane) open(host string, port int) (_ *loop, err error) {
 	if err != nil {
 		return nil, err
 	}
-	l.items = make([]unix.PollFd, fixedItems)
-	l.items[itemRouter] = unix.PollFd{Fd: int32(routerFD), Events: unix.POLLIN}
-	l.items[itemWake] = unix.PollFd{Fd: int32(l.wakeFD), Events: unix.POLLIN}
-	l.items[itemMon] = unix.PollFd{Fd: int32(monFD), Events: unix.POLLIN}
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("control: epoll: %w", err)
+	}
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		unix.Close(epfd)
+		return nil, fmt.Errorf("control: epoll: %w", err)
+	}
+	l.ep = os.NewFile(uintptr(epfd), "control-epoll")
+	if l.epRaw, err = l.ep.SyscallConn(); err != nil {
+		return nil, fmt.Errorf("control: epoll: %w", err)
+	}
+	l.epEvents = make([]unix.EpollEvent, 16)
+	for _, fd := range []int{routerFD, l.wakeFD, monFD} {
+		if err := l.addItem(fd); err != nil {
+			return nil, err
+		}
+	}
 	// Published under mu: Send reaches wakeFD only through the lock.
 	p.mu.Lock()
 	p.wakeFD = l.wakeFD
@@ -609,9 +629,8 @@ func (l *loop) serve() {
 			return
 		}
 		if delivered {
-			// Let the consumer just woken run now, on this thread, before
-			// the next round's poll blocks it and holds the P in a system
-			// call until sysmon retakes it (tens of µs to ms).
+			// Let the consumer just woken run now, on this thread,
+			// rather than after the next round should that find more.
 			runtime.Gosched()
 		}
 		wait = idleWait
@@ -625,20 +644,17 @@ func (l *loop) serve() {
 // whether it delivered any message, and closed once Close has been
 // called.
 func (l *loop) round(wait time.Duration) (delivered, closed bool) {
-	// One poll(2) over the sockets' ZMQ_FDs and the eventfd, rather than
-	// zmq_poll, which polls twice per wait and asks every socket for its
-	// events before and after (each a getpid and a poll of its own). A
-	// failed poll (EINTR) leaves every revents at zero: the next round
-	// simply polls again.
+	// One wait on an epoll set of the sockets' ZMQ_FDs and the eventfd,
+	// parked in Go's netpoller, rather than zmq_poll, which polls twice
+	// per wait and asks every socket for its events before and after
+	// (each a getpid and a poll of its own), and which holds the P in a
+	// system call for sysmon to retake.
 	sweep := l.sweep
 	l.sweep = false
 	if sweep {
 		wait = 0
 	}
-	for i := range l.items {
-		l.items[i].Revents = 0
-	}
-	_, _ = unix.Poll(l.items, int(wait/time.Millisecond))
+	l.wait(wait)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	l.stats.rounds++
@@ -663,6 +679,60 @@ func (l *loop) round(wait time.Duration) (delivered, closed bool) {
 }
 
 func (l *loop) readable(item int) bool { return l.items[item].Revents != 0 }
+
+// addItem polls fd from the next round on.
+func (l *loop) addItem(fd int) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+	var err error
+	if cerr := l.epRaw.Control(func(ep uintptr) {
+		err = unix.EpollCtl(int(ep), unix.EPOLL_CTL_ADD, fd, &ev)
+	}); cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("control: epoll: %w", err)
+	}
+	l.items = append(l.items, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+	return nil
+}
+
+// removeItem stops polling fd.
+func (l *loop) removeItem(fd int) {
+	_ = l.epRaw.Control(func(ep uintptr) {
+		_ = unix.EpollCtl(int(ep), unix.EPOLL_CTL_DEL, fd, nil)
+	})
+	l.items = slices.DeleteFunc(l.items, func(it unix.PollFd) bool { return int(it.Fd) == fd })
+}
+
+// wait waits up to d for any item to turn readable and sets the items'
+// Revents. An interrupted or failed wait leaves them at zero: the next
+// round simply waits again.
+func (l *loop) wait(d time.Duration) {
+	for i := range l.items {
+		l.items[i].Revents = 0
+	}
+	n := 0
+	ready := func(ep uintptr) bool {
+		k, err := unix.EpollWait(int(ep), l.epEvents, 0)
+		if k > 0 {
+			n = k
+		}
+		return k != 0 || err != nil && err != unix.EINTR
+	}
+	if d > 0 {
+		_ = l.ep.SetReadDeadline(time.Now().Add(d))
+		_ = l.epRaw.Read(ready)
+	} else {
+		_ = l.epRaw.Control(func(ep uintptr) { ready(ep) })
+	}
+	for _, ev := range l.epEvents[:n] {
+		for i := range l.items {
+			if l.items[i].Fd == ev.Fd {
+				l.items[i].Revents = int16(ev.Events)
+			}
+		}
+	}
+}
 
 // receive reads up to recvBatch messages from the ROUTER and delivers them.
 // It reports whether it delivered any, and ok false once Close has been
@@ -949,6 +1019,9 @@ func (l *loop) destroy() {
 	if l.wakeFD >= 0 {
 		unix.Close(l.wakeFD)
 	}
+	if l.ep != nil {
+		l.ep.Close()
+	}
 }
 
 // Compile-time check that the codec satisfies the standard interfaces.
@@ -1032,8 +1105,12 @@ func (l *loop) watchDealer(d *dealer) {
 		_ = monitor(d.sock.h, "", 0)
 		return
 	}
+	if err := l.addItem(fd); err != nil {
+		mon.close()
+		_ = monitor(d.sock.h, "", 0)
+		return
+	}
 	d.mon, d.monFD = mon, fd
-	l.items = append(l.items, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
 	// Its events may have been queued before its descriptor is polled.
 	l.sweep = true
 }
@@ -1044,7 +1121,7 @@ func (l *loop) unwatchDealer(d *dealer) {
 		return
 	}
 	_ = monitor(d.sock.h, "", 0)
-	l.items = slices.DeleteFunc(l.items, func(it unix.PollFd) bool { return int(it.Fd) == d.monFD })
+	l.removeItem(d.monFD)
 	d.mon.close()
 	d.mon = nil
 }
