@@ -53,7 +53,7 @@ import (
 // create a socket (no file descriptor left, ZMQ_MAX_SOCKETS reached);
 // zsys_socket, beneath it, returns NULL. Every socket made after Listen, while strangers may be
 // holding connections open, is therefore raw: a failure to create one is
-// an error, never an abort. Like every socket it belongs to one thread.
+// an error, never an abort. Like every socket it belongs to one goroutine.
 type rawSock struct{ h unsafe.Pointer }
 
 func newRawSock(kind int) (*rawSock, error) {
