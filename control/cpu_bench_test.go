@@ -112,6 +112,8 @@ func rawPair(b *testing.B) (router, dealer *goczmq.Sock, payload []byte) {
 	}
 	b.Cleanup(dealer.Destroy)
 	payload = mustMarshal(b, &Message{Command: Heartbeat, Sender: node.WorkerID(0)})
+	runtime.LockOSThread() // errno is per thread
+	defer runtime.UnlockOSThread()
 	rawSend(b, dealer, nil, payload)
 	rawRecv(b, router, 2)
 	return router, dealer, payload
