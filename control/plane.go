@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"os"
 	"reflect"
 	"runtime"
 	"slices"
@@ -26,6 +27,7 @@ import (
 	"time"
 
 	"github.com/zeromq/goczmq"
+	"golang.org/x/sys/unix"
 
 	"github.com/fptps/fpt/auth"
 )
@@ -106,11 +108,10 @@ type Config struct {
 // address whose decoded messages come out of Incoming, and one DEALER per
 // peer endpoint that Send has been asked to reach.
 //
-// All sockets belong to a single goroutine locked to its OS thread, which
-// creates, uses and destroys them; other goroutines only append to a queue
-// under mu and poke the loop through an inproc PAIR (the only socket used
-// off the loop's thread, always under mu, which is the full memory barrier
-// libzmq asks for when a socket changes threads).
+// All sockets belong to a single goroutine, which creates, uses and
+// destroys them, locked to its OS thread while it does (see run); other
+// goroutines only append to a queue under mu and poke the loop through an
+// eventfd, which costs them one system call and no ZeroMQ at all.
 //
 // With Config.Secret every socket speaks CURVE and a ZAP handler (zap.go)
 // admits only peers holding the job's client key. Every connection has
@@ -151,8 +152,8 @@ type Plane struct {
 	queue       []outgoing
 	closed      bool
 	forsaken    map[string]bool // Forsake's endpoints
-	wakePending bool            // a wake-up frame is in flight to the loop
-	wakeTx      *goczmq.Sock    // owned by the loop; used by others under mu
+	wakePending bool            // the wake-up eventfd has been written
+	wakeFD      int             // the loop's eventfd; written by others under mu
 }
 
 type outgoing struct {
@@ -196,6 +197,7 @@ func Listen(cfg Config) (*Plane, error) {
 		in:          make(chan *Message, incomingBuffer),
 		stop:        make(chan struct{}),
 		done:        make(chan struct{}),
+		wakeFD:      -1,
 	}
 	ready := make(chan error, 1)
 	go p.run(host, cfg.Port, ready)
@@ -307,20 +309,19 @@ func (p *Plane) Forsake(endpoint string) {
 
 // wakeLocked pokes the loop. It runs under mu, on the caller's goroutine.
 func (p *Plane) wakeLocked() {
-	// errno is per thread: stay on this one between the call and the check.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
+	var one [8]byte
+	binary.NativeEndian.PutUint64(one[:], 1)
 	for {
-		err := p.wakeTx.SendFrame(nil, goczmq.FlagDontWait)
-		if err == nil {
-			return
-		}
-		if zmqErrno() == syscall.EINTR {
+		_, err := unix.Write(p.wakeFD, one[:])
+		if err == unix.EINTR {
 			continue
 		}
-		// Cannot fill up (one frame at most is in flight); should it fail
-		// anyway, the loop's idle poll timeout still picks the queue up.
-		p.log.Error("control: waking the control loop failed", "err", zmqErrno())
+		if err != nil {
+			// Cannot fill up (the loop reads it before clearing
+			// wakePending); should it fail anyway, the loop's idle poll
+			// timeout still picks the queue up.
+			p.log.Error("control: waking the control loop failed", "err", err)
+		}
 		return
 	}
 }
@@ -391,20 +392,34 @@ type loop struct {
 	keys      *auth.CurveKeys // nil without a secret
 	zapDomain string          // "" without a secret
 	router    *goczmq.Sock
-	wakeRx    *goczmq.Sock
-	wakeTx    *goczmq.Sock
+	wakeFD    int      // eventfd written by Send and Close; -1 before open
 	mon       *rawSock // the ROUTER's monitor: connections and handshakes
 	gate      gate
-	items     []pollItem // router, wakeRx, mon
-	dealers   map[string]*dealer
-	waiting   int // dealers with a backlog
+	// items are what a round polls: itemRouter's, itemWake's and itemMon's
+	// descriptors, then each watched DEALER's monitor's.
+	items []unix.PollFd
+	// ep holds items' descriptors in an epoll set, which Go's netpoller
+	// watches: the loop waits parked, holding no P and no thread.
+	ep       *os.File
+	epRaw    syscall.RawConn
+	epEvents []unix.EpollEvent
+	dealers  map[string]*dealer
+	waiting  int // dealers with a backlog
+	// sweep makes the next round service every socket, readable or not:
+	// a socket is only known to be drained once it has been read until
+	// EAGAIN, after which its descriptor signals anything new.
+	sweep bool
+	// stats counts what the loop does, for tests.
+	stats loopStats
 
 	spare []outgoing // recycled queue buffer
 
 	monitoring bool // the ROUTER's monitor is on
 
-	partial  [][]byte // first frames of a ROUTER message not fully read yet
-	partialN int      // frames of that message read so far
+	routerRx   *frameReader
+	partial    [][]byte // first frames of a ROUTER message not fully read yet
+	partialN   int      // frames of that message read so far
+	partialEnd int      // where in routerRx's buffer the next frame goes
 }
 
 type dealer struct {
@@ -416,28 +431,53 @@ type dealer struct {
 	// that a peer refusing this node's credentials is reported here, by
 	// the node refused; nil after that (or if it could not be made).
 	mon    *rawSock
+	monFD  int      // mon's ZMQ_FD
 	shakes shakeLog // what its handshakes' outcomes log
 }
 
+// Indices of the loop's fixed poll items.
+const (
+	itemRouter = iota
+	itemWake
+	itemMon
+	fixedItems
+)
+
+// loopStats counts the loop's socket reads, which are each a few cgo and
+// system calls: a round reads only the sockets its poll found readable.
+type loopStats struct {
+	rounds      int
+	routerReads int // ROUTER receive attempts, the final EAGAIN included
+	monReads    int // monitor receive attempts (ROUTER's and DEALERs')
+	wakeReads   int // eventfd reads
+}
+
 func (p *Plane) run(host string, port int, ready chan<- error) {
-	// Every socket is created, used and destroyed on this one thread.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
 	defer close(p.done)
 	defer close(p.in)
 
+	// Every socket is used by this goroutine only, locked to its thread
+	// while it makes libzmq calls (errno is per thread). Between rounds it
+	// may move to another thread: libzmq allows a socket to change threads
+	// after a full memory barrier, which Go's scheduler has when it moves
+	// a goroutine. Unlocked, the consumer a round wakes runs on this
+	// thread at the round's end instead of on another woken for it.
+	runtime.LockOSThread()
 	if !enterRound() {
 		ready <- errors.New("control: the process is exiting")
 		parkForExit()
 	}
 	l, err := p.open(host, port)
 	leaveRound()
+	runtime.UnlockOSThread()
 	if err != nil {
 		ready <- err
 		return
 	}
 	ready <- nil
 	l.serve()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	if !enterRound() {
 		parkForExit()
 	}
@@ -445,10 +485,10 @@ func (p *Plane) run(host string, port int, ready chan<- error) {
 	leaveRound()
 }
 
-// open creates the ROUTER, the wake-up pair and the poller.
+// open creates the ROUTER, its monitor and the wake-up eventfd.
 func (p *Plane) open(host string, port int) (_ *loop, err error) {
 	zsysInit.Do(zsysInitC)
-	l := &loop{p: p, dealers: make(map[string]*dealer)}
+	l := &loop{p: p, dealers: make(map[string]*dealer), wakeFD: -1, sweep: true}
 	defer func() {
 		if err != nil {
 			l.destroy()
@@ -458,6 +498,7 @@ func (p *Plane) open(host string, port int) (_ *loop, err error) {
 	if l.router, err = newSock(goczmq.Router); err != nil {
 		return nil, err
 	}
+	l.routerRx = newFrameReader(handle(l.router))
 	l.router.SetLinger(0) // the ROUTER never sends
 	l.router.SetRcvhwm(hwm)
 	l.router.SetRcvtimeo(0) // reads never block: the poller says when to read
@@ -501,23 +542,8 @@ func (p *Plane) open(host string, port int) (_ *loop, err error) {
 		return nil, fmt.Errorf("control: bind %s: cannot read the bound port from %q", endpoint, last)
 	}
 
-	// The wake-up channel: an inproc PAIR. inproc names are global to the
-	// (shared) context, hence the random suffix.
-	wake := fmt.Sprintf("inproc://fpt-control-wake-%016x", rand.Uint64())
-	if l.wakeRx, err = newSock(goczmq.Pair); err != nil {
-		return nil, err
-	}
-	l.wakeRx.SetLinger(0)
-	l.wakeRx.SetRcvtimeo(0)
-	if err := retryEINTR(func() error { _, err := l.wakeRx.Bind(wake); return err }); err != nil {
-		return nil, fmt.Errorf("control: bind %s: %w", wake, err)
-	}
-	if l.wakeTx, err = newSock(goczmq.Pair); err != nil {
-		return nil, err
-	}
-	l.wakeTx.SetLinger(0)
-	if err := retryEINTR(func() error { return l.wakeTx.Connect(wake) }); err != nil {
-		return nil, fmt.Errorf("control: connect %s: %w", wake, err)
+	if l.wakeFD, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC); err != nil {
+		return nil, fmt.Errorf("control: wake-up eventfd: %w", err)
 	}
 	// The monitor reports every accepted connection and its handshake's
 	// outcome, which bounds and counts the ones never authenticated. Its
@@ -535,10 +561,35 @@ func (p *Plane) open(host string, port int) (_ *loop, err error) {
 		return nil, fmt.Errorf("control: connect %s: %w", mon, err)
 	}
 	l.gate = newGate(maxUnauthenticated, handshakeIvl)
-	l.items = []pollItem{pollIn(handle(l.router)), pollIn(handle(l.wakeRx)), pollIn(l.mon.h)}
-	// Published under mu: Send reaches wakeTx only through the lock.
+	routerFD, err := handleFD(handle(l.router))
+	if err != nil {
+		return nil, err
+	}
+	monFD, err := l.mon.fd()
+	if err != nil {
+		return nil, err
+	}
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("control: epoll: %w", err)
+	}
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		unix.Close(epfd)
+		return nil, fmt.Errorf("control: epoll: %w", err)
+	}
+	l.ep = os.NewFile(uintptr(epfd), "control-epoll")
+	if l.epRaw, err = l.ep.SyscallConn(); err != nil {
+		return nil, fmt.Errorf("control: epoll: %w", err)
+	}
+	l.epEvents = make([]unix.EpollEvent, 16)
+	for _, fd := range []int{routerFD, l.wakeFD, monFD} {
+		if err := l.addItem(fd); err != nil {
+			return nil, err
+		}
+	}
+	// Published under mu: Send reaches wakeFD only through the lock.
 	p.mu.Lock()
-	p.wakeTx = l.wakeTx
+	p.wakeFD = l.wakeFD
 	p.mu.Unlock()
 	return l, nil
 }
@@ -572,10 +623,15 @@ func (l *loop) serve() {
 		if !enterRound() {
 			parkForExit()
 		}
-		done := l.round(wait)
+		delivered, done := l.round(wait)
 		leaveRound()
 		if done {
 			return
+		}
+		if delivered {
+			// Let the consumer just woken run now, on this thread,
+			// rather than after the next round should that find more.
+			runtime.Gosched()
 		}
 		wait = idleWait
 		if l.waiting > 0 {
@@ -584,37 +640,104 @@ func (l *loop) serve() {
 	}
 }
 
-// round polls up to wait and services the sockets once; true once Close
-// has been called.
-func (l *loop) round(wait time.Duration) (closed bool) {
-	// Which socket woke us does not matter: every round services both, so
-	// a busy ROUTER cannot starve Send (zpoller reports only the first
-	// ready socket). A nil result is a timeout or EINTR; either way the
-	// next round simply polls again.
-	zmqPoll(l.items, int(wait/time.Millisecond))
-	l.watch()
-	l.watchDealers()
-	delivered, ok := l.receive()
+// round polls up to wait and services the sockets once. It reports
+// whether it delivered any message, and closed once Close has been
+// called.
+func (l *loop) round(wait time.Duration) (delivered, closed bool) {
+	// One wait on an epoll set of the sockets' ZMQ_FDs and the eventfd,
+	// parked in Go's netpoller, rather than zmq_poll, which polls twice
+	// per wait and asks every socket for its events before and after
+	// (each a getpid and a poll of its own), and which holds the P in a
+	// system call for sysmon to retake.
+	sweep := l.sweep
+	l.sweep = false
+	if sweep {
+		wait = 0
+	}
+	l.wait(wait)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	l.stats.rounds++
+	if sweep || l.readable(itemMon) {
+		l.watch()
+	}
+	l.watchDealers(sweep)
+	// Every round services both directions, so a busy ROUTER cannot
+	// starve Send.
+	ok := true
+	if sweep || l.readable(itemRouter) {
+		delivered, ok = l.receive()
+	}
 	if !ok {
-		return true
+		return delivered, true
 	}
-	if delivered {
-		// The consumer we just woke sits in this P's run queue, and the
-		// blocking poll of the next round would keep the P in a cgo call
-		// until sysmon retakes it (tens of µs to ms). Yielding lets it
-		// run now; it halved ping-pong latency on a 2-core box.
-		runtime.Gosched()
-	}
-	if l.sendQueued() {
-		return true
+	if l.sendQueued(sweep || l.readable(itemWake)) {
+		return delivered, true
 	}
 	l.retryBacklogs()
-	return false
+	return delivered, false
+}
+
+func (l *loop) readable(item int) bool { return l.items[item].Revents != 0 }
+
+// addItem polls fd from the next round on.
+func (l *loop) addItem(fd int) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
+	var err error
+	if cerr := l.epRaw.Control(func(ep uintptr) {
+		err = unix.EpollCtl(int(ep), unix.EPOLL_CTL_ADD, fd, &ev)
+	}); cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("control: epoll: %w", err)
+	}
+	l.items = append(l.items, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+	return nil
+}
+
+// removeItem stops polling fd.
+func (l *loop) removeItem(fd int) {
+	_ = l.epRaw.Control(func(ep uintptr) {
+		_ = unix.EpollCtl(int(ep), unix.EPOLL_CTL_DEL, fd, nil)
+	})
+	l.items = slices.DeleteFunc(l.items, func(it unix.PollFd) bool { return int(it.Fd) == fd })
+}
+
+// wait waits up to d for any item to turn readable and sets the items'
+// Revents. An interrupted or failed wait leaves them at zero: the next
+// round simply waits again.
+func (l *loop) wait(d time.Duration) {
+	for i := range l.items {
+		l.items[i].Revents = 0
+	}
+	n := 0
+	ready := func(ep uintptr) bool {
+		k, err := unix.EpollWait(int(ep), l.epEvents, 0)
+		if k > 0 {
+			n = k
+		}
+		return k != 0 || err != nil && err != unix.EINTR
+	}
+	if d > 0 {
+		_ = l.ep.SetReadDeadline(time.Now().Add(d))
+		_ = l.epRaw.Read(ready)
+	} else {
+		_ = l.epRaw.Control(func(ep uintptr) { ready(ep) })
+	}
+	for _, ev := range l.epEvents[:n] {
+		for i := range l.items {
+			if l.items[i].Fd == ev.Fd {
+				l.items[i].Revents = int16(ev.Events)
+			}
+		}
+	}
 }
 
 // receive reads up to recvBatch messages from the ROUTER and delivers them.
 // It reports whether it delivered any, and ok false once Close has been
-// called while it waited on Incoming.
+// called while it waited on Incoming. A batch that ends before EAGAIN
+// leaves the ROUTER to the next round's sweep.
 func (l *loop) receive() (delivered, ok bool) {
 	for range recvBatch {
 		frames, count, ok := l.recvMessage()
@@ -630,30 +753,36 @@ func (l *loop) receive() (delivered, ok bool) {
 			}
 		}
 	}
+	l.sweep = true
 	return delivered, true
 }
 
 // recvMessage reads one complete message from the ROUTER without blocking
-// and returns its first two frames and its frame count. A message
-// interrupted part-way (EINTR) is kept and resumed next time.
+// and returns its first two frames (valid until the next call) and its
+// frame count. A message interrupted part-way (EINTR) is kept and resumed
+// next time.
 func (l *loop) recvMessage() (frames [][]byte, count int, ok bool) {
 	for {
-		f, more, err := l.router.RecvFrame()
-		if err != nil {
-			if zmqErrno() == syscall.EINTR {
-				continue
-			}
+		l.stats.routerReads++
+		f, more, errno := l.routerRx.recv(l.partialEnd)
+		if errno == syscall.EINTR {
+			continue
+		}
+		if errno != 0 {
 			return nil, 0, false // EAGAIN: nothing (more) to read now
 		}
 		// A well-formed message is [identity, payload]; keep no more than
 		// that of a longer one, which is dropped anyway.
 		if len(l.partial) < 2 {
 			l.partial = append(l.partial, f)
+			l.partialEnd += len(f)
 		}
 		l.partialN++
-		if more == 0 {
+		if !more {
+			// The frames stay valid until the next call, by which time
+			// the caller has decoded (copied) them.
 			frames, count = l.partial, l.partialN
-			l.partial, l.partialN = nil, 0
+			l.partial, l.partialN, l.partialEnd = l.partial[:0], 0, 0
 			return frames, count, true
 		}
 	}
@@ -677,12 +806,19 @@ func (l *loop) decode(frames [][]byte, count int) *Message {
 	return m
 }
 
-// sendQueued takes everything Send queued and hands it to the DEALERs. It
+// sendQueued takes everything Send queued and hands it to the DEALERs,
+// after clearing the wake-up eventfd if woken says it was written. It
 // reports whether Close has been called.
-func (l *loop) sendQueued() (closed bool) {
-	for {
-		if _, _, err := l.wakeRx.RecvFrame(); err != nil && zmqErrno() != syscall.EINTR {
-			break
+func (l *loop) sendQueued(woken bool) (closed bool) {
+	if woken {
+		// Read before wakePending is cleared below: a Send after that
+		// writes it again, and the next poll sees it.
+		var b [8]byte
+		for {
+			l.stats.wakeReads++
+			if _, err := unix.Read(l.wakeFD, b[:]); err != unix.EINTR {
+				break
+			}
 		}
 	}
 	p := l.p
@@ -728,9 +864,6 @@ func (l *loop) send(o outgoing) {
 // other reason is logged and counts as consumed.
 func (l *loop) trySend(d *dealer, data []byte) bool {
 	for {
-		if !d.sock.writable() {
-			return false
-		}
 		if d.sock.send(data, false) {
 			return true
 		}
@@ -826,7 +959,7 @@ func (l *loop) dealer(endpoint string) *dealer {
 func (l *loop) shutdown() error {
 	// Messages queued before Close but not taken yet (the loop may have
 	// stopped while blocked on Incoming).
-	l.sendQueued()
+	l.sendQueued(true)
 	// A forsaken peer's backlog is waited for by nobody.
 	l.p.mu.Lock()
 	forsaken := l.p.forsaken
@@ -879,10 +1012,15 @@ func (l *loop) destroy() {
 		d.sock.close()
 	}
 	clear(l.dealers)
-	for _, s := range []*goczmq.Sock{l.router, l.wakeRx, l.wakeTx} {
-		if s != nil {
-			s.Destroy()
-		}
+	if l.router != nil {
+		l.router.Destroy()
+	}
+	l.routerRx.free()
+	if l.wakeFD >= 0 {
+		unix.Close(l.wakeFD)
+	}
+	if l.ep != nil {
+		l.ep.Close()
 	}
 }
 
@@ -897,6 +1035,7 @@ var _ interface {
 // gate says to cut, and counts and logs (at a bounded rate) the refusals.
 func (l *loop) watch() {
 	for {
+		l.stats.monReads++
 		head, more, ok := l.mon.recv()
 		if !ok {
 			return
@@ -952,9 +1091,13 @@ func (l *loop) watchDealer(d *dealer) {
 		return
 	}
 	mon, err := newRawSock(zmqPair)
+	fd := -1
 	if err == nil {
 		mon.setInt(zmqRcvhwm, 0)
-		if err = mon.connect(ep); err != nil {
+		if err = mon.connect(ep); err == nil {
+			fd, err = mon.fd()
+		}
+		if err != nil {
 			mon.close()
 		}
 	}
@@ -962,8 +1105,14 @@ func (l *loop) watchDealer(d *dealer) {
 		_ = monitor(d.sock.h, "", 0)
 		return
 	}
-	d.mon = mon
-	l.items = append(l.items, pollIn(mon.h))
+	if err := l.addItem(fd); err != nil {
+		mon.close()
+		_ = monitor(d.sock.h, "", 0)
+		return
+	}
+	d.mon, d.monFD = mon, fd
+	// Its events may have been queued before its descriptor is polled.
+	l.sweep = true
 }
 
 // unwatchDealer stops following d's handshakes.
@@ -972,16 +1121,24 @@ func (l *loop) unwatchDealer(d *dealer) {
 		return
 	}
 	_ = monitor(d.sock.h, "", 0)
-	l.items = slices.DeleteFunc(l.items, func(it pollItem) bool { return it.socket == d.mon.h })
+	l.removeItem(d.monFD)
 	d.mon.close()
 	d.mon = nil
 }
 
-// watchDealers reads the DEALERs' handshake events: the failures are
+// watchDealers reads the DEALERs' handshake events, from the monitors the
+// round's poll found readable (every one with sweep): the failures are
 // logged as each DEALER's shakeLog says, the first success ends the watch.
-func (l *loop) watchDealers() {
+func (l *loop) watchDealers(sweep bool) {
+	if len(l.items) == fixedItems {
+		return // no DEALER is watched
+	}
 	for _, d := range l.dealers {
+		if d.mon == nil || !sweep && !l.readableFD(d.monFD) {
+			continue
+		}
 		for d.mon != nil {
+			l.stats.monReads++
 			head, more, ok := d.mon.recv()
 			if !ok {
 				break
@@ -1010,6 +1167,17 @@ func (l *loop) watchDealers() {
 			l.logShake(d.shakes.failed(d.endpoint, ev, value, why, l.keys != nil, now))
 		}
 	}
+}
+
+// readableFD reports whether the round's poll found the watched DEALER
+// monitor descriptor fd readable.
+func (l *loop) readableFD(fd int) bool {
+	for _, it := range l.items[fixedItems:] {
+		if int(it.Fd) == fd {
+			return it.Revents != 0
+		}
+	}
+	return false
 }
 
 // logShake writes line, if any.

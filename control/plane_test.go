@@ -560,3 +560,55 @@ func BenchmarkLatencyRawZMQ(b *testing.B) {
 		}
 	}
 }
+
+// TestRoundReadsOnlyReadableSockets drives a loop by hand: once a peer's
+// connection is up, a round that delivers one of its messages reads the
+// ROUTER (two frames and the EAGAIN that ends the drain) and neither the
+// monitor nor the wake-up eventfd, which its poll found idle; a Send
+// costs the next round one eventfd read.
+func TestRoundReadsOnlyReadableSockets(t *testing.T) {
+	runtime.LockOSThread() // the loop's sockets belong to this thread
+	defer runtime.UnlockOSThread()
+	p := &Plane{
+		log: quietLogger(), reject: NewRejecter(quietLogger(), nil),
+		in: make(chan *Message, incomingBuffer), stop: make(chan struct{}), done: make(chan struct{}),
+		wakeFD: -1,
+	}
+	l, err := p.open("127.0.0.1", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.destroy()
+	src := listen(t, 0, nil)
+	to := "tcp://127.0.0.1:" + strconv.Itoa(p.port)
+	deliver := func() {
+		t.Helper()
+		if err := src.Send(to, &Message{Command: Heartbeat}); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(waitTime); len(p.in) == 0; {
+			if time.Now().After(deadline) {
+				t.Fatal("no message arrived")
+			}
+			l.round(100 * time.Millisecond)
+		}
+		<-p.in
+	}
+	deliver() // connects; the monitor reports the connection
+	l.sweep = true
+	l.round(0) // drains what the monitor still holds
+	l.stats = loopStats{}
+	deliver()
+	if got := l.stats; got.monReads != 0 || got.wakeReads != 0 || got.routerReads < 3 {
+		t.Errorf("delivering one message: %+v, want 0 monitor and 0 eventfd reads, 3+ ROUTER reads", got)
+	}
+	l.stats = loopStats{}
+	if err := p.Send(endpoint(src), &Message{Command: HeartbeatAck}); err != nil {
+		t.Fatal(err)
+	}
+	l.round(waitTime)
+	if got := l.stats; got.wakeReads != 1 || got.monReads != 0 {
+		t.Errorf("a round after Send: %+v, want 1 eventfd read and 0 monitor reads", got)
+	}
+	recv(t, src)
+}

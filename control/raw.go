@@ -13,6 +13,28 @@ static int fpt_get_int(void *s, int opt, int *v) { size_t n = sizeof *v; return 
 // zmq_ctx_term, and so the process's exit, for ever).
 static void *fpt_socket(int type) { return zsys_socket(type, "control/raw.go", 0); }
 static void fpt_close(void *h) { zsys_close(h, "control/raw.go", 0); }
+
+// fpt_recv_frame receives one frame without blocking, in one cgo call:
+// its size, or -1 with *err set to errno. A frame of at most n bytes is
+// copied to buf and m closed; a longer one is left in m for the caller.
+#include <string.h>
+static int fpt_recv_frame(void *s, zmq_msg_t *m, void *buf, size_t n, int *more, int *err) {
+	zmq_msg_init(m);
+	if (zmq_msg_recv(m, s, ZMQ_DONTWAIT) < 0) {
+		*err = zmq_errno();
+		zmq_msg_close(m);
+		return -1;
+	}
+	size_t size = zmq_msg_size(m);
+	*more = zmq_msg_more(m);
+	if (size <= n) {
+		memcpy(buf, zmq_msg_data(m), size);
+		zmq_msg_close(m);
+	}
+	return (int)size;
+}
+#cgo noescape fpt_recv_frame
+#cgo nocallback fpt_recv_frame
 */
 import "C"
 
@@ -31,7 +53,7 @@ import (
 // create a socket (no file descriptor left, ZMQ_MAX_SOCKETS reached);
 // zsys_socket, beneath it, returns NULL. Every socket made after Listen, while strangers may be
 // holding connections open, is therefore raw: a failure to create one is
-// an error, never an abort. Like every socket it belongs to one thread.
+// an error, never an abort. Like every socket it belongs to one goroutine.
 type rawSock struct{ h unsafe.Pointer }
 
 func newRawSock(kind int) (*rawSock, error) {
@@ -70,15 +92,6 @@ func (s *rawSock) connect(endpoint string) error {
 	return nil
 }
 
-// writable reports whether a send would not block.
-func (s *rawSock) writable() bool {
-	var v C.int
-	if C.fpt_get_int(s.h, C.ZMQ_EVENTS, &v) != 0 {
-		return false
-	}
-	return v&C.ZMQ_POLLOUT != 0
-}
-
 // send sends one frame without blocking; the caller reads errno on failure.
 func (s *rawSock) send(data []byte, more bool) bool {
 	flags := C.int(C.ZMQ_DONTWAIT)
@@ -105,6 +118,56 @@ func (s *rawSock) recv() (frame []byte, more, ok bool) {
 	}
 	frame = C.GoBytes(C.zmq_msg_data(&msg), C.int(C.zmq_msg_size(&msg)))
 	return frame, C.zmq_msg_more(&msg) != 0, true
+}
+
+// frameReader receives frames from one socket into a reused buffer, one
+// cgo call each (goczmq's RecvFrame makes five, and a sixth for errno).
+type frameReader struct {
+	h   unsafe.Pointer
+	msg *C.zmq_msg_t // C memory: libzmq may point into it between calls
+	buf []byte
+}
+
+// frameBuffer holds any ordinary control message's frames; a larger frame
+// gets a slice of its own.
+const frameBuffer = 64 << 10
+
+func newFrameReader(h unsafe.Pointer) *frameReader {
+	return &frameReader{
+		h:   h,
+		msg: (*C.zmq_msg_t)(C.malloc(C.sizeof_zmq_msg_t)),
+		buf: make([]byte, frameBuffer),
+	}
+}
+
+// recv receives one frame without blocking, into the buffer from offset
+// off when it fits there: the frame is then valid until a later recv
+// writes over it. errno is non-zero when there was none (EAGAIN) or the
+// call failed.
+func (r *frameReader) recv(off int) (frame []byte, more bool, errno syscall.Errno) {
+	var m, e C.int
+	room := r.buf[off:]
+	var p unsafe.Pointer
+	if len(room) > 0 {
+		p = unsafe.Pointer(&room[0])
+	}
+	n := C.fpt_recv_frame(r.h, r.msg, p, C.size_t(len(room)), &m, &e)
+	if n < 0 {
+		return nil, false, syscall.Errno(e)
+	}
+	if int(n) <= len(room) {
+		return room[:n:n], m != 0, 0
+	}
+	frame = C.GoBytes(C.zmq_msg_data(r.msg), n)
+	C.zmq_msg_close(r.msg)
+	return frame, m != 0, 0
+}
+
+func (r *frameReader) free() {
+	if r != nil && r.msg != nil {
+		C.free(unsafe.Pointer(r.msg))
+		r.msg = nil
+	}
 }
 
 func (s *rawSock) close() {
@@ -143,17 +206,19 @@ func handle(s *goczmq.Sock) unsafe.Pointer {
 	return C.zsock_resolve(z)
 }
 
-// pollItem is one socket zmqPoll watches for input.
-type pollItem = C.zmq_pollitem_t
+// fd is the descriptor libzmq signals when the socket has commands to
+// process (ZMQ_FD). It is edge-like: it turns readable when something
+// arrives for a socket that has been read until EAGAIN, so a loop that
+// drains a socket whenever it polls readable never misses input.
+func (s *rawSock) fd() (int, error) { return handleFD(s.h) }
 
-func pollIn(h unsafe.Pointer) pollItem {
-	return pollItem{socket: h, events: C.ZMQ_POLLIN}
-}
-
-// zmqPoll waits up to timeout ms for input on items; EINTR and timeouts
-// are both just a return.
-func zmqPoll(items []pollItem, timeoutMS int) {
-	C.zmq_poll(&items[0], C.int(len(items)), C.long(timeoutMS))
+// handleFD is ZMQ_FD of a libzmq socket.
+func handleFD(h unsafe.Pointer) (int, error) {
+	var v C.int
+	if C.fpt_get_int(h, C.ZMQ_FD, &v) != 0 {
+		return -1, fmt.Errorf("control: ZMQ_FD: %w", zmqError(zmqErrno()))
+	}
+	return int(v), nil
 }
 
 // cutConnection ends an accepted TCP connection libzmq owns, by shutting
