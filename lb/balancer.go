@@ -609,9 +609,7 @@ func (b *Balancer) guard(i, prev uint64) (d Directive, ok bool) {
 		return Directive{}, false
 	}
 	b.good = *dec
-	b.state = Default
-	b.up, b.down = make(map[node.ID]float64, len(b.all)), make(map[node.ID]float64, len(b.all))
-	b.from, b.to = i+1, math.MaxUint64
+	b.measureAfresh(i + 1)
 	wait := max(b.cfg.RetryAfter, minBackoff)
 	if b.backoff > 0 {
 		wait = max(min(2*b.backoff, maxBackoff), b.cfg.RetryAfter)
@@ -792,9 +790,7 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 			b.seen[w] = min(b.seen[w], b.next)
 		}
 	}
-	b.state = Default
-	b.up, b.down = make(map[node.ID]float64, len(b.all)), make(map[node.ID]float64, len(b.all))
-	b.from, b.to = b.next+1, math.MaxUint64
+	b.measureAfresh(b.next + 1)
 	b.probeAt = math.MaxUint64
 	if !b.cfg.Fixed {
 		b.probeAt = satAdd(b.horizon, b.cfg.Warmup)
@@ -920,10 +916,16 @@ func (b *Balancer) reissueGood(i, prev uint64) *Decision {
 	} else {
 		b.good = *dec
 	}
+	b.measureAfresh(i + 1)
+	return dec
+}
+
+// measureAfresh returns to Default, measuring every node's rates anew from
+// iteration from on.
+func (b *Balancer) measureAfresh(from uint64) {
 	b.state = Default
 	b.up, b.down = make(map[node.ID]float64, len(b.all)), make(map[node.ID]float64, len(b.all))
-	b.from, b.to = i+1, math.MaxUint64
-	return dec
+	b.from, b.to = from, math.MaxUint64
 }
 
 // enterBalanced switches to Balanced at step i for a decision taking
