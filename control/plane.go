@@ -16,7 +16,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"os"
 	"reflect"
 	"runtime"
 	"slices"
@@ -30,6 +29,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fptps/fpt/auth"
+	"github.com/fptps/fpt/internal/epollwait"
 )
 
 // Tuning of the sockets and the loop.
@@ -398,10 +398,10 @@ type loop struct {
 	// items are what a round polls: itemRouter's, itemWake's and itemMon's
 	// descriptors, then each watched DEALER's monitor's.
 	items []unix.PollFd
-	// ep holds items' descriptors in an epoll set, which Go's netpoller
-	// watches: the loop waits parked, holding no P and no thread.
-	ep       *os.File
-	epRaw    syscall.RawConn
+	// epfd holds items' descriptors in an epoll set, which ep waits for
+	// on Go's netpoller: the loop waits parked, holding no P and no thread.
+	epfd     int // -1 before open
+	ep       *epollwait.Waiter
 	epEvents []unix.EpollEvent
 	dealers  map[string]*dealer
 	waiting  int // dealers with a backlog
@@ -488,7 +488,7 @@ func (p *Plane) run(host string, port int, ready chan<- error) {
 // open creates the ROUTER, its monitor and the wake-up eventfd.
 func (p *Plane) open(host string, port int) (_ *loop, err error) {
 	zsysInit.Do(zsysInitC)
-	l := &loop{p: p, dealers: make(map[string]*dealer), wakeFD: -1, sweep: true}
+	l := &loop{p: p, dealers: make(map[string]*dealer), wakeFD: -1, epfd: -1, sweep: true}
 	defer func() {
 		if err != nil {
 			l.destroy()
@@ -569,17 +569,11 @@ func (p *Plane) open(host string, port int) (_ *loop, err error) {
 	if err != nil {
 		return nil, err
 	}
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err != nil {
+	if l.epfd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); err != nil {
 		return nil, fmt.Errorf("control: epoll: %w", err)
 	}
-	if err := unix.SetNonblock(epfd, true); err != nil {
-		unix.Close(epfd)
-		return nil, fmt.Errorf("control: epoll: %w", err)
-	}
-	l.ep = os.NewFile(uintptr(epfd), "control-epoll")
-	if l.epRaw, err = l.ep.SyscallConn(); err != nil {
-		return nil, fmt.Errorf("control: epoll: %w", err)
+	if l.ep, err = epollwait.New(l.epfd); err != nil {
+		return nil, fmt.Errorf("control: %w", err)
 	}
 	l.epEvents = make([]unix.EpollEvent, 16)
 	for _, fd := range []int{routerFD, l.wakeFD, monFD} {
@@ -683,13 +677,7 @@ func (l *loop) readable(item int) bool { return l.items[item].Revents != 0 }
 // addItem polls fd from the next round on.
 func (l *loop) addItem(fd int) error {
 	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)}
-	var err error
-	if cerr := l.epRaw.Control(func(ep uintptr) {
-		err = unix.EpollCtl(int(ep), unix.EPOLL_CTL_ADD, fd, &ev)
-	}); cerr != nil {
-		err = cerr
-	}
-	if err != nil {
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return fmt.Errorf("control: epoll: %w", err)
 	}
 	l.items = append(l.items, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
@@ -698,9 +686,7 @@ func (l *loop) addItem(fd int) error {
 
 // removeItem stops polling fd.
 func (l *loop) removeItem(fd int) {
-	_ = l.epRaw.Control(func(ep uintptr) {
-		_ = unix.EpollCtl(int(ep), unix.EPOLL_CTL_DEL, fd, nil)
-	})
+	_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, fd, nil)
 	l.items = slices.DeleteFunc(l.items, func(it unix.PollFd) bool { return int(it.Fd) == fd })
 }
 
@@ -711,20 +697,7 @@ func (l *loop) wait(d time.Duration) {
 	for i := range l.items {
 		l.items[i].Revents = 0
 	}
-	n := 0
-	ready := func(ep uintptr) bool {
-		k, err := unix.EpollWait(int(ep), l.epEvents, 0)
-		if k > 0 {
-			n = k
-		}
-		return k != 0 || err != nil && err != unix.EINTR
-	}
-	if d > 0 {
-		_ = l.ep.SetReadDeadline(time.Now().Add(d))
-		_ = l.epRaw.Read(ready)
-	} else {
-		_ = l.epRaw.Control(func(ep uintptr) { ready(ep) })
-	}
+	n, _ := l.ep.Wait(l.epEvents, int((d+time.Millisecond-1)/time.Millisecond))
 	for _, ev := range l.epEvents[:n] {
 		for i := range l.items {
 			if l.items[i].Fd == ev.Fd {
@@ -1021,6 +994,9 @@ func (l *loop) destroy() {
 	}
 	if l.ep != nil {
 		l.ep.Close()
+	}
+	if l.epfd >= 0 {
+		unix.Close(l.epfd)
 	}
 }
 

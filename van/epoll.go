@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fptps/fpt/frame"
+	"github.com/fptps/fpt/internal/epollwait"
 )
 
 // readBudget bounds the bytes read from one connection per readiness event,
@@ -272,19 +273,19 @@ func (v *epollVan) close(drain bool) error {
 
 // receive is the receiver goroutine: one epoll loop over the listening
 // socket, the eventfd and every connection, waiting for the set on the
-// runtime's poller (epollWaiter).
+// runtime's poller (package epollwait).
 func (v *epollVan) receive() {
 	defer close(v.recvDone)
-	w, err := newEpollWaiter(v.epfd)
+	w, err := epollwait.New(v.epfd)
 	if err != nil {
 		v.log.Error("van: receiver cannot wait for its epoll set, it stops", "err", err)
 		v.shutdown()
 		return
 	}
-	defer w.close()
+	defer w.Close()
 	events := make([]unix.EpollEvent, 128)
 	for {
-		n, err := w.wait(events, v.waitMillis())
+		n, err := w.Wait(events, v.waitMillis())
 		if err != nil && !errors.Is(err, unix.EINTR) {
 			// Cannot happen with valid arguments; stop serving rather
 			// than spin.

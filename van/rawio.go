@@ -58,12 +58,3 @@ func toIovec(dst []unix.Iovec, bufs [][]byte) []unix.Iovec {
 	}
 	return dst
 }
-
-// epollNow is epoll_wait on epfd without waiting.
-func epollNow(epfd int, events []unix.EpollEvent) (int, error) {
-	n, _, e := unix.RawSyscall6(unix.SYS_EPOLL_PWAIT, uintptr(epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
-	if e != 0 {
-		return 0, e
-	}
-	return int(n), nil
-}

@@ -20,7 +20,3 @@ func ioReadv(fd int, bufs [][]byte, iov []unix.Iovec) (int, []unix.Iovec, error)
 	n, err := unix.Readv(fd, bufs)
 	return n, iov, err
 }
-
-func epollNow(epfd int, events []unix.EpollEvent) (int, error) {
-	return unix.EpollWait(epfd, events, 0)
-}
