@@ -488,7 +488,9 @@ func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
 	var d Directive
 	switch b.state {
 	case Default:
-		if drift != "" && !b.short() {
+		if lead, one := b.hostLeader(); one {
+			d = b.defaultOnHost(i, prev, lead, drift, now)
+		} else if drift != "" && !b.short() {
 			// The times that drifted are the even split's now: what the
 			// split after this probe is measured against.
 			b.even = slices.Clone(b.evenRun[max(0, len(b.evenRun)-evenIterations):])
@@ -619,10 +621,14 @@ func (b *Balancer) guard(i, prev uint64) (d Directive, ok bool) {
 	b.probeWhy = fmt.Sprintf("retrying a balanced split after %d iterations on the even split", wait)
 	b.backingOff, b.evenRun = true, nil
 	b.guards++
+	next := "probe"
+	if _, one := b.hostLeader(); one {
+		next = "try of the leader's split"
+	}
 	return Directive{
 		Decision: dec,
-		Reason: clip(fmt.Sprintf("balanced split measured %s, slower than the even split's %s; back to the even split, next probe after iteration %d",
-			ms(bal), ms(even), b.probeAt)),
+		Reason: clip(fmt.Sprintf("balanced split measured %s, slower than the even split's %s; back to the even split, next %s after iteration %d",
+			ms(bal), ms(even), next, b.probeAt)),
 	}, true
 }
 
@@ -948,6 +954,9 @@ func (b *Balancer) resetDrift(it uint64) {
 // balanced is a step in Balanced: drift and periodic probes first, then
 // refinements from the rates measured since.
 func (b *Balancer) balanced(i, prev uint64, wall time.Duration) Directive {
+	if _, one := b.hostLeader(); one {
+		return b.balancedOnHost(i, prev, wall)
+	}
 	if i >= b.driftFrom && wall > 0 {
 		if len(b.baseline) < baselineIterations {
 			b.baseline = append(b.baseline, wall)

@@ -380,12 +380,19 @@ func TestLocalAggregationLB(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
 		hosts []string
+		// oneHost: the servers (and the scheduler) on the workers' host
+		// too: no probe, every partition on the group's leader.
+		oneHost bool
 	}{
-		{"a group of 2", []string{"a", "a"}},
-		{"uneven 3,1", []string{"a", "b", "a", "a"}},
+		{"a group of 2", []string{"a", "a"}, false},
+		{"uneven 3,1", []string{"a", "b", "a", "a"}, false},
+		{"one host", []string{"a", "a", "a"}, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			env := []string{"FPT_LB=on", "FPT_LB_AHEAD=0", "FPT_LOCAL_AGGREGATION=on", "FPT_PARTITION_BYTES=131072"}
+			if tt.oneHost {
+				env = append(env, "FPT_HOST_ID=a")
+			}
 			c := hostCluster(t, 2, tt.hosts, env, args)
 			c.waitAll(2 * time.Minute)
 			for i := range tt.hosts {
@@ -393,7 +400,11 @@ func TestLocalAggregationLB(t *testing.T) {
 				mustContain(t, p.Name+" stdout", p.Stdout.String(), fmt.Sprintf("iteration %d/%d verified", iters, iters), "PASS")
 			}
 			mustContain(t, "worker0 stderr", c.proc("worker0").Stderr.String(), `msg="local aggregation"`)
-			if sched := c.proc("scheduler").Stdout.String(); !probeWithWorkerRe.MatchString(sched) {
+			sched := c.proc("scheduler").Stdout.String()
+			switch {
+			case tt.oneHost && (!strings.Contains(sched, "one host: every partition on its group's leader worker0(9)") || strings.Contains(sched, "probe:")):
+				t.Errorf("not every partition on the leader, or a probe:\n%s", tail(sched))
+			case !tt.oneHost && !probeWithWorkerRe.MatchString(sched):
 				t.Errorf("no probe made workers aggregate:\n%s", tail(sched))
 			}
 		})

@@ -8,6 +8,13 @@ each system, alternated, prints the median and 90th percentile of a step's
 exchange time on worker 0:
 
     python examples/pytorch/exchange.py [--sizes 4K,1M,25M,100M] [--workers 2,4] [--steps 30] [--json]
+                                        [--local-aggregation]
+
+With --local-aggregation, fpt's workers sum on their host
+(FPT_LOCAL_AGGREGATION=auto), as a job with several workers per host
+would run: on this one host the LB then sums every partition on the
+group's leader, in shared memory, while that measures no slower than
+the even split over the servers (docs/local-aggregation.md).
 
 With --breakdown, fpt runs alone, traced (FPT_TRACE_FILE, and worker 0's
 own step spans), and each size prints where worker 0's steps spent their
@@ -127,11 +134,11 @@ def write_steps(path, node_id, spans):
         json.dump(evs, f)
 
 
-def breakdown(me, workers, flags, warmup, as_json):
+def breakdown(me, workers, flags, warmup, as_json, fpt_env):
     """One traced fpt run; prints fpt trace breakdown of worker 0's steps."""
     d = tempfile.mkdtemp(prefix="fpt-breakdown-")
     try:
-        env = {"FPT_TRACE_FILE": os.path.join(d, "trace-{role}{rank}.json"), "FPT_TRACE_ITERS": "%d-" % (warmup + 1)}
+        env = dict(fpt_env, FPT_TRACE_FILE=os.path.join(d, "trace-{role}{rank}.json"), FPT_TRACE_ITERS="%d-" % (warmup + 1))
         run(me, "fpt", workers, flags + ["--trace-dir", d], env)
         files = sorted(glob.glob(os.path.join(d, "*.json")))
         args = [os.path.join(REPO, "bin", "fpt"), "trace", "breakdown"] + (["-json"] if as_json else []) + files
@@ -181,6 +188,8 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--json", action="store_true", help="one JSON object per row instead of a table")
+    p.add_argument("--local-aggregation", action="store_true",
+                   help="fpt's workers sum on their host (FPT_LOCAL_AGGREGATION=auto)")
     p.add_argument("--breakdown", action="store_true",
                    help="fpt only, traced: where worker 0's step time goes (fpt trace breakdown)")
     p.add_argument("--system", choices=["fpt", "gloo"], help=argparse.SUPPRESS)
@@ -195,11 +204,12 @@ def main():
     me = os.path.abspath(__file__)
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     counts = [int(w) for w in a.workers.split(",")]
+    fpt_env = {"FPT_LOCAL_AGGREGATION": "auto"} if a.local_aggregation else {}
     if a.breakdown:
         for workers in counts:
             for nbytes in sizes:
                 flags = ["--bytes", str(nbytes), "--steps", str(a.steps), "--warmup", str(a.warmup)]
-                out = breakdown(me, workers, flags, a.warmup, a.json)
+                out = breakdown(me, workers, flags, a.warmup, a.json, fpt_env)
                 if a.json:
                     print(json.dumps(dict(json.loads(out), workers=workers, bytes=nbytes)), flush=True)
                 else:
@@ -215,8 +225,8 @@ def main():
         for nbytes in sizes:
             flags = ["--bytes", str(nbytes), "--steps", str(a.steps), "--warmup", str(a.warmup)]
             gloo = run(me, "gloo", workers, flags)
-            fpt = run(me, "fpt", workers, flags)
-            row = {"workers": workers, "bytes": nbytes,
+            fpt = run(me, "fpt", workers, flags, fpt_env)
+            row = {"workers": workers, "bytes": nbytes, "local_aggregation": a.local_aggregation,
                    "fpt_median_ms": round(statistics.median(fpt), 3), "fpt_p90_ms": round(p90(fpt), 3),
                    "gloo_median_ms": round(statistics.median(gloo), 3), "gloo_p90_ms": round(p90(gloo), 3)}
             row["fpt_over_gloo"] = round(row["fpt_median_ms"] / row["gloo_median_ms"], 3)

@@ -1,0 +1,171 @@
+package lb
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/node"
+)
+
+// oneHost places every node of cfg on host 0, its workers summing there.
+func oneHost(c *Config) {
+	c.Hosts = &Hosts{Of: map[node.ID]int{}, Local: true}
+	for _, id := range slices.Concat(c.Servers, c.Workers) {
+		c.Hosts.Of[id] = 0
+	}
+}
+
+func TestBalancerOneHost(t *testing.T) {
+	ms := func(n float64) time.Duration { return time.Duration(n * float64(time.Millisecond)) }
+	leaderOf := func(workers []node.ID) Decision {
+		return Decision{Aggregators: []node.ID{slices.Min(workers)}, Shares: []float64{1}}
+	}
+	tests := []struct {
+		name      string
+		place     func(*Config) // nil: oneHost
+		even, ldr time.Duration
+		from      uint64  // 0: no change
+		slower    float64 // the leader's time times this from `from`
+		// onLeader and guards: the steps (the iterations whose completion
+		// issued them) of the leader's splits and of the guard's
+		// decisions; backoffs: from each guard to the next leader's split.
+		onLeader []uint64
+		guards   []uint64
+		backoffs []uint64
+		probes   int
+		reason   string // the first leader's decision's
+		guardMsg string // the first guard's
+		state    State
+	}{
+		{
+			name: "the leader faster: on it once the even split is timed, for good",
+			even: ms(30), ldr: ms(10), onLeader: []uint64{5}, state: Balanced,
+			reason: "one host: every partition on its group's leader worker0(9) (the even split over the servers took 30.0 ms; warm-up done (2 iterations on the even split))",
+		},
+		{
+			// No rate is measured, so short iterations do not keep it
+			// from the leader, as they keep a probe from starting.
+			name: "short iterations: on the leader all the same",
+			even: ms(2), ldr: ms(1), onLeader: []uint64{5}, state: Balanced,
+		},
+		{
+			name: "the leader twice as slow: the guard, back-off doubling",
+			even: ms(25), ldr: ms(50), onLeader: []uint64{5, 61, 167, 373}, guards: []uint64{11, 67, 173, 379},
+			backoffs: []uint64{50, 100, 200}, state: Default,
+			guardMsg: "balanced split measured 50.0 ms, slower than the even split's 25.0 ms; back to the even split, next try of the leader's split after iteration 61",
+		},
+		{
+			name: "the leader slows: back to the even split, timed afresh, then the leader again",
+			even: ms(30), ldr: ms(10), from: 100, slower: 2,
+			onLeader: []uint64{5, 110}, state: Balanced,
+		},
+		{
+			name:  "a server on another host: the probe, as by host",
+			place: func(c *Config) { oneHost(c); c.Hosts.Of[c.Servers[1]] = 1 },
+			even:  ms(30), ldr: ms(10), probes: 1, state: Balanced,
+		},
+		{
+			name:  "a worker without shared memory: the probe",
+			place: func(c *Config) { oneHost(c); c.Hosts.Alone = map[node.ID]bool{c.Workers[1]: true} },
+			even:  ms(30), ldr: ms(10), probes: 1, state: Balanced,
+		},
+		{
+			name:  "workers not summing on the host: the probe",
+			place: func(c *Config) { oneHost(c); c.Hosts.Local = false },
+			even:  ms(30), ldr: ms(10), probes: 1, state: Balanced,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			place := tt.place
+			if place == nil {
+				place = oneHost
+			}
+			var s *sim
+			s = newTimedSim(t, place, func(it uint64) time.Duration {
+				d := tt.ldr
+				switch dec := s.sched.At(it); {
+				case dec.SplitWithin(Even(0, 0, s.servers), ShareTolerance):
+					d = tt.even
+				case !dec.SplitWithin(leaderOf(s.workers), ShareTolerance):
+					d = (tt.even + tt.ldr) / 2 // a probe's or a balanced split's
+				case tt.from > 0 && it >= tt.from:
+					d = time.Duration(float64(d) * tt.slower)
+				}
+				return d
+			})
+			s.run(399)
+			var on, guards []uint64
+			probes := 0
+			for _, st := range s.decisions() {
+				switch dec := st.d.Decision; {
+				case st.d.Probe:
+					probes++
+				case dec.SplitWithin(leaderOf(s.workers), ShareTolerance):
+					on = append(on, st.it)
+					if len(on) == 1 && tt.reason != "" && st.d.Reason != tt.reason {
+						t.Errorf("reason %q, want %q", st.d.Reason, tt.reason)
+					}
+				case strings.HasPrefix(st.d.Reason, "balanced split measured"):
+					guards = append(guards, st.it)
+					if len(guards) == 1 && st.d.Reason != tt.guardMsg {
+						t.Errorf("guard's reason %q, want %q", st.d.Reason, tt.guardMsg)
+					}
+				}
+			}
+			if !slices.Equal(on, tt.onLeader) || !slices.Equal(guards, tt.guards) || probes != tt.probes {
+				t.Fatalf("on the leader from iterations %v, guards at %v, %d probes; want %v, %v, %d: %v",
+					on, guards, probes, tt.onLeader, tt.guards, tt.probes, s.decisions())
+			}
+			for j, g := range tt.backoffs {
+				if on[j+1]-guards[j] != g {
+					t.Errorf("the leader again at %d after the guard at %d: want a back-off of %d", on[j+1], guards[j], g)
+				}
+			}
+			if s.b.State() != tt.state {
+				t.Errorf("state %v, want %v", s.b.State(), tt.state)
+			}
+		})
+	}
+}
+
+// A lost leader: the retry's even split, then the next worker leads.
+func TestBalancerOneHostLoseLeader(t *testing.T) {
+	servers, workers := ids(2, 3)
+	cfg := Config{Servers: servers, Workers: workers}
+	oneHost(&cfg)
+	b, err := NewBalancer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	var decs []Decision
+	report := func(from, to uint64, nodes []node.ID, version uint32) {
+		for it := from; it <= to; it++ {
+			now = now.Add(10 * time.Millisecond)
+			for _, id := range nodes {
+				for _, d := range b.Observe(Sample{Node: id, Iteration: it, ModelBytes: 1 << 20, Version: version}, now) {
+					if d.Decision != nil {
+						decs = append(decs, *d.Decision)
+					}
+				}
+			}
+		}
+	}
+	b.Start()
+	report(0, 20, slices.Concat(servers, workers), 0)
+	if len(decs) == 0 || !slices.Equal(decs[len(decs)-1].Aggregators, []node.ID{workers[0]}) {
+		t.Fatalf("not on the leader %s: %v", workers[0], decs)
+	}
+	d, err := b.Lose(workers[0], "test")
+	if err != nil || !d.Retry || !slices.Equal(d.Decision.Aggregators, servers) {
+		t.Fatalf("Lose(leader) = %v, %v", d, err)
+	}
+	decs = nil
+	report(b.Done(), 60, slices.Concat(servers, workers[1:]), d.Decision.Version)
+	if len(decs) == 0 || !slices.Equal(decs[len(decs)-1].Aggregators, []node.ID{workers[1]}) {
+		t.Fatalf("not on the next leader %s: %v", workers[1], decs)
+	}
+}
