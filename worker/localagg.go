@@ -18,6 +18,7 @@ import (
 	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/reduce"
+	"golang.org/x/sys/unix"
 )
 
 // The shell of local aggregation (FPT_LOCAL_AGGREGATION=on): the workers
@@ -71,6 +72,14 @@ type localAgg struct {
 	from    uint64
 	version uint32
 	conn    *net.UnixConn
+	// peers are writer's sockets, each connected to a member's (by
+	// index), dialled on first use: a notice sent to an address from the
+	// unconnected conn finds the member's queue full often (it holds 10
+	// datagrams) and gets EAGAIN, and since the kernel only wakes a
+	// connected sender when that queue drains, the writer would retry
+	// at every wake-up of its own socket (most of its sends failed so).
+	// Guarded by mu; closed at close.
+	peers   map[int]*net.UnixConn
 	addrs   []*net.UnixAddr // by member index
 	fail    func(error)
 	deliver func(h *frame.Header, data []byte)
@@ -103,6 +112,9 @@ type localAgg struct {
 	// datagrams counts the datagrams writer sent (logged at close: the
 	// notices they carried are packed, several to one where they queued).
 	datagrams int
+	// sendFull counts the sends that found a member's queue full and
+	// were tried again once it had room (logged at close).
+	sendFull int
 	// early are the notices the leader read while it waited for its
 	// members' hellos, for the loop.
 	early  [][]byte
@@ -359,7 +371,11 @@ func (l *localAgg) writer() {
 		l.outbox = nil
 		l.mu.Unlock()
 		for _, n := range packNotices(out) {
-			if _, err := l.conn.WriteToUnix(n.b, l.addrs[n.to]); err != nil {
+			c, err := l.peer(n.to)
+			if err == nil {
+				err = l.write(c, n.b)
+			}
+			if err != nil {
 				l.mu.Lock()
 				closed, retired := l.closed, l.retired
 				l.mu.Unlock()
@@ -387,6 +403,54 @@ func (l *localAgg) writer() {
 			l.mu.Unlock()
 		}
 	}
+}
+
+// peer is writer's socket connected to member m, dialled on first use.
+func (l *localAgg) peer(m int) (*net.UnixConn, error) {
+	l.mu.Lock()
+	c := l.peers[m]
+	l.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	c, err := net.DialUnix("unixgram", nil, l.addrs[m])
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		c.Close()
+		return nil, errors.New("local aggregation: closed")
+	}
+	if l.peers == nil {
+		l.peers = map[int]*net.UnixConn{}
+	}
+	l.peers[m] = c
+	return c, nil
+}
+
+// write sends datagram b over c, waiting while the member's queue is
+// full, and counts the sends that found it full (sendFull).
+func (l *localAgg) write(c *net.UnixConn, b []byte) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var werr error
+	if err := rc.Write(func(fd uintptr) bool {
+		_, werr = unix.Write(int(fd), b)
+		if werr == unix.EAGAIN {
+			l.mu.Lock()
+			l.sendFull++
+			l.mu.Unlock()
+			return false // wait until the member's queue has room
+		}
+		return true
+	}); err != nil {
+		return err
+	}
+	return werr
 }
 
 // datagram is notices to one member, packed back to back.
@@ -1037,11 +1101,15 @@ func (l *localAgg) closeNow() {
 	l.mu.Lock()
 	l.closed = true
 	l.cond.Broadcast()
-	conn, pending := l.conn, l.pending
-	l.pending = nil
+	conn, pending, peers := l.conn, l.pending, l.peers
+	l.pending, l.peers = nil, nil
 	l.mu.Unlock()
 	if conn != nil {
 		conn.Close()
+	}
+	// A write blocked on a member's full queue ends with its socket.
+	for _, c := range peers {
+		c.Close()
 	}
 	// Pushes that waited for a group never formed: dropped, as those of
 	// a dissolved group are (the retry that ended it sends them again).
@@ -1055,7 +1123,7 @@ func (l *localAgg) closeNow() {
 	l.busy.Wait()
 	l.socks.Wait()
 	if l.idx == 0 && l.core != nil {
-		l.log.Info("local aggregation: group closed", "host", l.group.Host, "group", l.group.Workers, "from_iteration", l.from, "host_sums", l.hostSums, "notice_datagrams", l.datagrams, "notices_dropped_retired", l.retiredDrops)
+		l.log.Info("local aggregation: group closed", "host", l.group.Host, "group", l.group.Workers, "from_iteration", l.from, "host_sums", l.hostSums, "notice_datagrams", l.datagrams, "notice_sends_full", l.sendFull, "notices_dropped_retired", l.retiredDrops)
 	}
 	l.unmapSegment()
 }

@@ -133,3 +133,96 @@ func TestLocalNoticesPacked(t *testing.T) {
 		t.Errorf("the writer counted %d datagrams, want 1", l.datagrams)
 	}
 }
+
+// TestLocalWriterWaitsForAFullMember: the writer sends over a socket
+// connected to each member, so while a member that reads nothing has its
+// queue full the writer waits for room there and is not woken to try
+// again each time another member reads (from one unconnected socket it
+// was, and most of its sends on a busy host failed so); close still ends
+// that wait.
+func TestLocalWriterWaitsForAFullMember(t *testing.T) {
+	const early = 5 // datagrams member 2 reads once member 1 is full
+	workers := []node.ID{node.WorkerID(0), node.WorkerID(1), node.WorkerID(2)}
+	var addrs []*net.UnixAddr
+	for _, w := range workers {
+		addrs = append(addrs, &net.UnixAddr{Name: fmt.Sprintf("@fpt-lagg-test-full-%d-%d-%s", os.Getpid(), time.Now().UnixNano(), w), Net: "unixgram"})
+	}
+	var members []*net.UnixConn
+	for _, a := range addrs[1:] {
+		c, err := net.ListenUnixgram("unixgram", a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		members = append(members, c)
+	}
+	l := &localAgg{log: slog.New(slog.NewTextHandler(io.Discard, nil)), self: workers[0], group: localagg.Group{Host: "a", Workers: workers},
+		addrs: addrs, fail: func(err error) { t.Errorf("failed: %v", err) }}
+	l.cond = sync.NewCond(&l.mu)
+	var err error
+	if l.conn, err = net.ListenUnixgram("unixgram", addrs[0]); err != nil {
+		t.Fatal(err)
+	}
+	l.socks.Add(1)
+	go l.writer()
+	// sendOne queues a notice to member m and reports whether the writer
+	// sent it (it did not within a while: it waits for room).
+	sendOne := func(m int) bool {
+		l.mu.Lock()
+		before := l.datagrams
+		l.mu.Unlock()
+		if err := l.notify(m, noticeConsumed, 0, nil); err != nil {
+			t.Fatal(err)
+		}
+		for range 200 {
+			l.mu.Lock()
+			sent := l.datagrams
+			l.mu.Unlock()
+			if sent > before {
+				return true
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return false
+	}
+	for range early {
+		if !sendOne(2) {
+			t.Fatal("a notice to member 2 was not sent")
+		}
+	}
+	filled := false
+	for range 1000 {
+		if !sendOne(1) {
+			filled = true
+			break
+		}
+	}
+	if !filled {
+		t.Fatal("member 1's queue never filled")
+	}
+	buf := make([]byte, noticeLen*noticesPerDatagram)
+	for range early {
+		if _, err := members[1].Read(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Woken by member 2's reads, an unconnected writer tries member 1
+	// again (and finds it full) soon after.
+	time.Sleep(200 * time.Millisecond)
+	l.mu.Lock()
+	full := l.sendFull
+	l.mu.Unlock()
+	if full != 1 {
+		t.Errorf("%d sends found member 1's queue full, want 1 (the one waiting for room)", full)
+	}
+	closed := make(chan struct{})
+	go func() {
+		l.close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("close did not end the writer waiting on a full member's queue")
+	}
+}
