@@ -18,6 +18,7 @@ import (
 	"github.com/fptps/fpt/metrics"
 	"github.com/fptps/fpt/node"
 	"github.com/fptps/fpt/reduce"
+	"golang.org/x/sys/unix"
 )
 
 // The shell of local aggregation (FPT_LOCAL_AGGREGATION=on): the workers
@@ -44,6 +45,12 @@ const (
 	noticeRead                // member → leader: the result (or host sum) was copied out
 	noticeHostSum             // leader → member: a host sum for it to aggregate is in chunk
 	noticeLen      = 1 + 2 + 4 + frame.HeaderSize
+	// noticesPerDatagram bounds the notices to one peer that the writer
+	// packs into one datagram: every datagram costs a send, a receive
+	// and a wake-up on both sides, and a peer's socket queues only a few
+	// (10 in a network namespace), so the notices that queue up while
+	// the writer sends go out together.
+	noticesPerDatagram = 64
 )
 
 // localAgg is one worker's side of its host's group.
@@ -65,6 +72,14 @@ type localAgg struct {
 	from    uint64
 	version uint32
 	conn    *net.UnixConn
+	// peers are writer's sockets, each connected to a member's (by
+	// index), dialled on first use: a notice sent to an address from the
+	// unconnected conn finds the member's queue full often (it holds 10
+	// datagrams) and gets EAGAIN, and since the kernel only wakes a
+	// connected sender when that queue drains, the writer would retry
+	// at every wake-up of its own socket (most of its sends failed so).
+	// Guarded by mu; closed at close.
+	peers   map[int]*net.UnixConn
 	addrs   []*net.UnixAddr // by member index
 	fail    func(error)
 	deliver func(h *frame.Header, data []byte)
@@ -94,6 +109,12 @@ type localAgg struct {
 	pending []frame.Message
 	// hostSums counts the leader's host sums (logged at close).
 	hostSums int
+	// datagrams counts the datagrams writer sent (logged at close: the
+	// notices they carried are packed, several to one where they queued).
+	datagrams int
+	// sendFull counts the sends that found a member's queue full and
+	// were tried again once it had room (logged at close).
+	sendFull int
 	// early are the notices the leader read while it waited for its
 	// members' hellos, for the loop.
 	early  [][]byte
@@ -241,7 +262,7 @@ func (l *localAgg) lead(name string, job uint64, layout localagg.Layout, deadlin
 	l.mu.Unlock()
 	hello := make([]bool, len(l.group.Workers))
 	hello[0] = true
-	buf := make([]byte, noticeLen)
+	buf := make([]byte, noticeLen*noticesPerDatagram)
 	for slices.Contains(hello, false) {
 		if err := l.conn.SetReadDeadline(deadline); err != nil {
 			return err
@@ -250,15 +271,21 @@ func (l *localAgg) lead(name string, job uint64, layout localagg.Layout, deadlin
 		if err != nil {
 			return fmt.Errorf("waiting for the group's workers to map the segment: %w", err)
 		}
-		if n == noticeLen && buf[0] == noticeHello {
-			if m := int(binary.LittleEndian.Uint16(buf[1:])); m > 0 && m < len(hello) {
-				hello[m] = true
-			}
-			continue
+		ns, err := splitNotices(buf[:n])
+		if err != nil {
+			return err
 		}
-		// A member that mapped the segment may contribute before the
-		// others did: its notices wait for the loop.
-		l.early = append(l.early, slices.Clone(buf[:n]))
+		for _, b := range ns {
+			if b[0] == noticeHello {
+				if m := int(binary.LittleEndian.Uint16(b[1:])); m > 0 && m < len(hello) {
+					hello[m] = true
+				}
+				continue
+			}
+			// A member that mapped the segment may contribute before
+			// the others did: its notices wait for the loop.
+			l.early = append(l.early, slices.Clone(b))
+		}
 	}
 	if err := l.conn.SetReadDeadline(time.Time{}); err != nil {
 		return err
@@ -343,8 +370,12 @@ func (l *localAgg) writer() {
 		out := l.outbox
 		l.outbox = nil
 		l.mu.Unlock()
-		for _, n := range out {
-			if _, err := l.conn.WriteToUnix(n.b[:], l.addrs[n.to]); err != nil {
+		for _, n := range packNotices(out) {
+			c, err := l.peer(n.to)
+			if err == nil {
+				err = l.write(c, n.b)
+			}
+			if err != nil {
 				l.mu.Lock()
 				closed, retired := l.closed, l.retired
 				l.mu.Unlock()
@@ -367,8 +398,95 @@ func (l *localAgg) writer() {
 				l.fail(fmt.Errorf("worker: local aggregation: notice to %s: %w", l.group.Workers[n.to], err))
 				return
 			}
+			l.mu.Lock()
+			l.datagrams++
+			l.mu.Unlock()
 		}
 	}
+}
+
+// peer is writer's socket connected to member m, dialled on first use.
+func (l *localAgg) peer(m int) (*net.UnixConn, error) {
+	l.mu.Lock()
+	c := l.peers[m]
+	l.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	c, err := net.DialUnix("unixgram", nil, l.addrs[m])
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		c.Close()
+		return nil, errors.New("local aggregation: closed")
+	}
+	if l.peers == nil {
+		l.peers = map[int]*net.UnixConn{}
+	}
+	l.peers[m] = c
+	return c, nil
+}
+
+// write sends datagram b over c, waiting while the member's queue is
+// full, and counts the sends that found it full (sendFull).
+func (l *localAgg) write(c *net.UnixConn, b []byte) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var werr error
+	if err := rc.Write(func(fd uintptr) bool {
+		_, werr = unix.Write(int(fd), b)
+		if werr == unix.EAGAIN {
+			l.mu.Lock()
+			l.sendFull++
+			l.mu.Unlock()
+			return false // wait until the member's queue has room
+		}
+		return true
+	}); err != nil {
+		return err
+	}
+	return werr
+}
+
+// datagram is notices to one member, packed back to back.
+type datagram struct {
+	to int
+	b  []byte
+}
+
+// packNotices packs out into datagrams: each member's notices in the
+// order queued (a member reads them in that order), at most
+// noticesPerDatagram to a datagram.
+func packNotices(out []outNotice) []datagram {
+	var ds []datagram
+	last := map[int]int{} // member → its datagram being filled
+	for _, n := range out {
+		i, ok := last[n.to]
+		if !ok || len(ds[i].b) == noticeLen*noticesPerDatagram {
+			i = len(ds)
+			last[n.to] = i
+			ds = append(ds, datagram{to: n.to, b: make([]byte, 0, noticeLen*min(noticesPerDatagram, len(out)))})
+		}
+		ds[i].b = append(ds[i].b, n.b[:]...)
+	}
+	return ds
+}
+
+// splitNotices is a datagram's notices.
+func splitNotices(b []byte) ([][]byte, error) {
+	if len(b) == 0 || len(b)%noticeLen != 0 {
+		return nil, fmt.Errorf("local aggregation: a %d-byte datagram of notices", len(b))
+	}
+	ns := make([][]byte, 0, len(b)/noticeLen)
+	for ; len(b) > 0; b = b[noticeLen:] {
+		ns = append(ns, b[:noticeLen:noticeLen])
+	}
+	return ns, nil
 }
 
 // dissolve ends the group's sums from iteration from on: a retry decision
@@ -839,7 +957,7 @@ func (l *localAgg) publish(h *frame.Header, data []byte) error {
 // is retired it drops them.
 func (l *localAgg) loop() {
 	defer l.socks.Done()
-	buf := make([]byte, noticeLen)
+	buf := make([]byte, noticeLen*noticesPerDatagram)
 	for {
 		n, err := l.conn.Read(buf)
 		if err != nil {
@@ -856,15 +974,15 @@ func (l *localAgg) loop() {
 			// A peer's that had not followed the retry yet: it has
 			// the group's sums all the same (the LB's Done says so).
 			l.mu.Lock()
-			l.retiredDrops++
+			l.retiredDrops += max(1, n/noticeLen)
 			l.mu.Unlock()
-			l.log.Debug("local aggregation: notice for a retired group dropped", "host", l.group.Host, "group", l.group.Workers, "kind", buf[0])
+			l.log.Debug("local aggregation: notices for a retired group dropped", "host", l.group.Host, "group", l.group.Workers, "kind", buf[0], "notices", n/noticeLen)
 			continue
 		}
 		if !ok {
 			return // closing
 		}
-		err = l.handle(buf[:n])
+		err = l.handleAll(buf[:n])
 		l.busy.Done()
 		if err != nil {
 			l.mu.Lock()
@@ -876,6 +994,20 @@ func (l *localAgg) loop() {
 			return
 		}
 	}
+}
+
+// handleAll takes a datagram's notices, in order.
+func (l *localAgg) handleAll(b []byte) error {
+	ns, err := splitNotices(b)
+	if err != nil {
+		return err
+	}
+	for _, n := range ns {
+		if err := l.handle(n); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // handle takes one notice.
@@ -969,11 +1101,15 @@ func (l *localAgg) closeNow() {
 	l.mu.Lock()
 	l.closed = true
 	l.cond.Broadcast()
-	conn, pending := l.conn, l.pending
-	l.pending = nil
+	conn, pending, peers := l.conn, l.pending, l.peers
+	l.pending, l.peers = nil, nil
 	l.mu.Unlock()
 	if conn != nil {
 		conn.Close()
+	}
+	// A write blocked on a member's full queue ends with its socket.
+	for _, c := range peers {
+		c.Close()
 	}
 	// Pushes that waited for a group never formed: dropped, as those of
 	// a dissolved group are (the retry that ended it sends them again).
@@ -987,7 +1123,7 @@ func (l *localAgg) closeNow() {
 	l.busy.Wait()
 	l.socks.Wait()
 	if l.idx == 0 && l.core != nil {
-		l.log.Info("local aggregation: group closed", "host", l.group.Host, "group", l.group.Workers, "from_iteration", l.from, "host_sums", l.hostSums, "notices_dropped_retired", l.retiredDrops)
+		l.log.Info("local aggregation: group closed", "host", l.group.Host, "group", l.group.Workers, "from_iteration", l.from, "host_sums", l.hostSums, "notice_datagrams", l.datagrams, "notice_sends_full", l.sendFull, "notices_dropped_retired", l.retiredDrops)
 	}
 	l.unmapSegment()
 }

@@ -1,0 +1,228 @@
+package worker
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fptps/fpt/localagg"
+	"github.com/fptps/fpt/node"
+)
+
+// notice is a notice of kind to member to, about chunk.
+func notice(to int, kind byte, chunk int) outNotice {
+	n := outNotice{to: to}
+	n.b[0], n.b[3] = kind, byte(chunk)
+	return n
+}
+
+func TestPackNotices(t *testing.T) {
+	many := make([]outNotice, noticesPerDatagram+2)
+	for i := range many {
+		many[i] = notice(1, noticeContrib, i%localChunks)
+	}
+	for _, tt := range []struct {
+		name string
+		out  []outNotice
+		// want lists each datagram's member and notices (by index in out).
+		want [][]int
+	}{
+		{"none", nil, nil},
+		{"one", []outNotice{notice(1, noticeResult, 0)}, [][]int{{1, 0}}},
+		{"one member's, in one datagram", []outNotice{notice(2, noticeConsumed, 3), notice(2, noticeResult, 4), notice(2, noticeConsumed, 5)},
+			[][]int{{2, 0, 1, 2}}},
+		{"each member's in order", []outNotice{notice(1, noticeResult, 0), notice(2, noticeResult, 0), notice(1, noticeConsumed, 7), notice(3, noticeResult, 0), notice(2, noticeConsumed, 1)},
+			[][]int{{1, 0, 2}, {2, 1, 4}, {3, 3}}},
+		{"at most noticesPerDatagram to a datagram", many, func() [][]int {
+			full := []int{1}
+			for i := range noticesPerDatagram {
+				full = append(full, i)
+			}
+			return [][]int{full, {1, noticesPerDatagram, noticesPerDatagram + 1}}
+		}()},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got := packNotices(tt.out)
+			if len(got) != len(tt.want) {
+				t.Fatalf("%d datagrams, want %d", len(got), len(tt.want))
+			}
+			for i, w := range tt.want {
+				var b []byte
+				for _, j := range w[1:] {
+					b = append(b, tt.out[j].b[:]...)
+				}
+				if got[i].to != w[0] || !bytes.Equal(got[i].b, b) {
+					t.Errorf("datagram %d: to %d, %d bytes; want to %d, notices %v", i, got[i].to, len(got[i].b), w[0], w[1:])
+				}
+				ns, err := splitNotices(got[i].b)
+				if err != nil || len(ns) != len(w)-1 {
+					t.Errorf("datagram %d splits into %d notices, %v; want %d", i, len(ns), err, len(w)-1)
+				}
+			}
+		})
+	}
+}
+
+func TestSplitNoticesRefusesTornDatagrams(t *testing.T) {
+	for _, n := range []int{0, 1, noticeLen - 1, noticeLen + 1, 3*noticeLen - 7} {
+		if _, err := splitNotices(make([]byte, n)); err == nil {
+			t.Errorf("a %d-byte datagram split without an error", n)
+		}
+	}
+}
+
+// TestLocalNoticesPacked: the notices to a member that queue up while the
+// writer is busy reach it in one datagram, not one each (every datagram
+// costs both sides a system call and a wake-up, and a member's socket
+// queues only a few), in the order queued.
+func TestLocalNoticesPacked(t *testing.T) {
+	const queued = 5
+	workers := []node.ID{node.WorkerID(0), node.WorkerID(1)}
+	var addrs []*net.UnixAddr
+	for _, w := range workers {
+		addrs = append(addrs, &net.UnixAddr{Name: fmt.Sprintf("@fpt-lagg-test-packed-%d-%d-%s", os.Getpid(), time.Now().UnixNano(), w), Net: "unixgram"})
+	}
+	member, err := net.ListenUnixgram("unixgram", addrs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer member.Close()
+	l := &localAgg{log: slog.New(slog.NewTextHandler(io.Discard, nil)), self: workers[0], group: localagg.Group{Host: "a", Workers: workers},
+		addrs: addrs, fail: func(err error) { t.Errorf("failed: %v", err) }}
+	l.cond = sync.NewCond(&l.mu)
+	if l.conn, err = net.ListenUnixgram("unixgram", addrs[0]); err != nil {
+		t.Fatal(err)
+	}
+	// Queued before the writer runs, as while it sends earlier ones.
+	for c := range queued {
+		if err := l.notify(1, noticeConsumed, c, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.socks.Add(1)
+	go l.writer()
+
+	if err := member.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, noticeLen*noticesPerDatagram)
+	n, err := member.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := splitNotices(buf[:n])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ns) != queued {
+		t.Fatalf("the first datagram carried %d notices, want all %d queued", len(ns), queued)
+	}
+	for c, b := range ns {
+		if b[0] != noticeConsumed || int(b[3]) != c {
+			t.Errorf("notice %d: kind %d chunk %d, want kind %d chunk %d", c, b[0], b[3], noticeConsumed, c)
+		}
+	}
+	l.close() // the writer is out: its count is final
+	if l.datagrams != 1 {
+		t.Errorf("the writer counted %d datagrams, want 1", l.datagrams)
+	}
+}
+
+// TestLocalWriterWaitsForAFullMember: the writer sends over a socket
+// connected to each member, so while a member that reads nothing has its
+// queue full the writer waits for room there and is not woken to try
+// again each time another member reads (from one unconnected socket it
+// was, and most of its sends on a busy host failed so); close still ends
+// that wait.
+func TestLocalWriterWaitsForAFullMember(t *testing.T) {
+	const early = 5 // datagrams member 2 reads once member 1 is full
+	workers := []node.ID{node.WorkerID(0), node.WorkerID(1), node.WorkerID(2)}
+	var addrs []*net.UnixAddr
+	for _, w := range workers {
+		addrs = append(addrs, &net.UnixAddr{Name: fmt.Sprintf("@fpt-lagg-test-full-%d-%d-%s", os.Getpid(), time.Now().UnixNano(), w), Net: "unixgram"})
+	}
+	var members []*net.UnixConn
+	for _, a := range addrs[1:] {
+		c, err := net.ListenUnixgram("unixgram", a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		members = append(members, c)
+	}
+	l := &localAgg{log: slog.New(slog.NewTextHandler(io.Discard, nil)), self: workers[0], group: localagg.Group{Host: "a", Workers: workers},
+		addrs: addrs, fail: func(err error) { t.Errorf("failed: %v", err) }}
+	l.cond = sync.NewCond(&l.mu)
+	var err error
+	if l.conn, err = net.ListenUnixgram("unixgram", addrs[0]); err != nil {
+		t.Fatal(err)
+	}
+	l.socks.Add(1)
+	go l.writer()
+	// sendOne queues a notice to member m and reports whether the writer
+	// sent it (it did not within a while: it waits for room).
+	sendOne := func(m int) bool {
+		l.mu.Lock()
+		before := l.datagrams
+		l.mu.Unlock()
+		if err := l.notify(m, noticeConsumed, 0, nil); err != nil {
+			t.Fatal(err)
+		}
+		for range 200 {
+			l.mu.Lock()
+			sent := l.datagrams
+			l.mu.Unlock()
+			if sent > before {
+				return true
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return false
+	}
+	for range early {
+		if !sendOne(2) {
+			t.Fatal("a notice to member 2 was not sent")
+		}
+	}
+	filled := false
+	for range 1000 {
+		if !sendOne(1) {
+			filled = true
+			break
+		}
+	}
+	if !filled {
+		t.Fatal("member 1's queue never filled")
+	}
+	buf := make([]byte, noticeLen*noticesPerDatagram)
+	for range early {
+		if _, err := members[1].Read(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Woken by member 2's reads, an unconnected writer tries member 1
+	// again (and finds it full) soon after.
+	time.Sleep(200 * time.Millisecond)
+	l.mu.Lock()
+	full := l.sendFull
+	l.mu.Unlock()
+	if full != 1 {
+		t.Errorf("%d sends found member 1's queue full, want 1 (the one waiting for room)", full)
+	}
+	closed := make(chan struct{})
+	go func() {
+		l.close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("close did not end the writer waiting on a full member's queue")
+	}
+}
