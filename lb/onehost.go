@@ -20,11 +20,12 @@ import (
 // tensors on few cores can make the slower of the two).
 
 // hostLeader returns the leader of the job's one local group: every
-// server and worker placed on one host, whose two or more workers sum
-// there (none alone, without shared memory). ok is false otherwise.
+// server and worker placed on one host, whose workers sum there (none
+// alone, without shared memory; a single worker leads itself, summing
+// its own pushes). ok is false otherwise.
 func (b *Balancer) hostLeader() (lead node.ID, ok bool) {
 	h := b.cfg.Hosts
-	if h == nil || !h.Local || len(b.cfg.Workers) < 2 {
+	if h == nil || !h.Local {
 		return 0, false
 	}
 	host := -1

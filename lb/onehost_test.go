@@ -62,6 +62,13 @@ func TestBalancerOneHost(t *testing.T) {
 			onLeader: []uint64{5, 110}, state: Balanced,
 		},
 		{
+			// FPT_LOCAL_AGGREGATION=on with one worker: no group, and no
+			// link to measure either (a probe failed every time).
+			name:  "a lone worker: on it",
+			place: func(c *Config) { c.Workers = c.Workers[:1]; oneHost(c) },
+			even:  ms(30), ldr: ms(10), onLeader: []uint64{5}, state: Balanced,
+		},
+		{
 			name:  "a server on another host: the probe, as by host",
 			place: func(c *Config) { oneHost(c); c.Hosts.Of[c.Servers[1]] = 1 },
 			even:  ms(30), ldr: ms(10), probes: 1, state: Balanced,
