@@ -182,15 +182,7 @@ func benchPlanePingPongCPU(b *testing.B) {
 	toX, toY := endpoint(x), endpoint(y)
 	ping := &Message{Command: Heartbeat}
 	pong := &Message{Command: HeartbeatAck}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for range y.Incoming() {
-			if y.Send(toX, pong) != nil {
-				return
-			}
-		}
-	}()
+	done := answer(y, toX, pong)
 	if err := x.Send(toY, ping); err != nil { // connects both ways
 		b.Fatal(err)
 	}

@@ -480,15 +480,7 @@ func benchPingPong(b *testing.B, secret string) {
 	toX, toY := endpoint(x), endpoint(y)
 	ping := &Message{Command: Heartbeat}
 	pong := &Message{Command: HeartbeatAck}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for range y.Incoming() {
-			if y.Send(toX, pong) != nil {
-				return
-			}
-		}
-	}()
+	done := answer(y, toX, pong)
 	for b.Loop() {
 		if err := x.Send(toY, ping); err != nil {
 			b.Fatal(err)
@@ -497,6 +489,21 @@ func benchPingPong(b *testing.B, secret string) {
 	}
 	y.Close()
 	<-done
+}
+
+// answer has p send reply to to for every message it receives, until its
+// Incoming closes or a send fails; the channel closes then.
+func answer(p *Plane, to string, reply *Message) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range p.Incoming() {
+			if p.Send(to, reply) != nil {
+				return
+			}
+		}
+	}()
+	return done
 }
 
 // BenchmarkConnect measures start-up: two planes listen and exchange a

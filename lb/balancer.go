@@ -954,9 +954,7 @@ func (b *Balancer) resetDrift(it uint64) {
 // balanced is a step in Balanced: drift and periodic probes first, then
 // refinements from the rates measured since.
 func (b *Balancer) balanced(i, prev uint64, wall time.Duration) Directive {
-	if _, one := b.hostLeader(); one {
-		return b.balancedOnHost(i, prev, wall)
-	}
+	_, oneHost := b.hostLeader()
 	if i >= b.driftFrom && wall > 0 {
 		if len(b.baseline) < baselineIterations {
 			b.baseline = append(b.baseline, wall)
@@ -968,15 +966,22 @@ func (b *Balancer) balanced(i, prev uint64, wall time.Duration) Directive {
 		} else if base := median(b.baseline); float64(wall) > float64(base)*b.cfg.DriftFactor {
 			b.run++
 			b.runSum += wall
-			if b.run >= b.cfg.DriftIterations && !b.short() {
+			if b.run >= b.cfg.DriftIterations && (oneHost || !b.short()) {
+				rose := fmt.Sprintf("from %s to %s", ms(base), ms(b.runSum/time.Duration(b.run)))
+				if oneHost {
+					return b.timeAfresh(i, prev, "iteration time on the leader rose "+rose)
+				}
 				// Conditions changed: the even split's times are out of
 				// date, and the split after this probe goes unguarded.
 				b.even = nil
-				return b.startProbe(i, prev, fmt.Sprintf("iteration time rose from %s to %s", ms(base), ms(b.runSum/time.Duration(b.run))), false)
+				return b.startProbe(i, prev, "iteration time rose "+rose, false)
 			}
 		} else {
 			b.run, b.runSum = 0, 0
 		}
+	}
+	if oneHost {
+		return Directive{} // no link to probe or refine a split by
 	}
 	if b.cfg.ProbeEvery > 0 && i-b.enteredAt >= b.cfg.ProbeEvery && !b.short() {
 		return b.startProbe(i, prev, fmt.Sprintf("periodic, every %d iterations", b.cfg.ProbeEvery), false)

@@ -78,43 +78,21 @@ func (b *Balancer) onLeader(d Decision, lead node.ID) bool {
 	return d.SplitWithin(Decision{Aggregators: []node.ID{lead}, Shares: []float64{1}}, ShareTolerance)
 }
 
-// balancedOnHost is a step in Balanced on one host: the guard once the
-// split has its baseline, and drift sends the job back to the even split
-// to time both again (a probe would measure links there are none of).
-func (b *Balancer) balancedOnHost(i, prev uint64, wall time.Duration) Directive {
-	if i < b.driftFrom || wall <= 0 {
-		return Directive{}
-	}
-	if len(b.baseline) < baselineIterations {
-		b.baseline = append(b.baseline, wall)
-		if len(b.baseline) == baselineIterations {
-			if d, ok := b.guard(i, prev); ok {
-				return d
-			}
-		}
-		return Directive{}
-	}
-	base := median(b.baseline)
-	if !(float64(wall) > float64(base)*b.cfg.DriftFactor) {
-		b.run, b.runSum = 0, 0
-		return Directive{}
-	}
-	b.run++
-	b.runSum += wall
-	if b.run < b.cfg.DriftIterations {
-		return Directive{}
-	}
+// timeAfresh is drift on the leader's split, on one host: back to the
+// even split over the servers, timed afresh, and the leader again once it
+// is (a probe would measure links there are none of).
+func (b *Balancer) timeAfresh(i, prev uint64, why string) Directive {
 	dec, err := b.issue(i, prev, b.cfg.Servers, Even(0, 0, b.cfg.Servers).Shares)
 	if err != nil { // cannot happen: the servers are valid aggregators
 		return Directive{}
 	}
 	b.good = *dec
 	b.measureAfresh(i + 1)
-	b.even, b.evenRun, b.backingOff = nil, nil, false // conditions changed: time the even split afresh
+	b.even, b.evenRun, b.backingOff = nil, nil, false // conditions changed
 	b.probeAt = i + 1
-	b.probeWhy = fmt.Sprintf("iteration time on the leader rose from %s to %s", ms(base), ms(b.runSum/time.Duration(b.run)))
+	b.probeWhy = why
 	return Directive{
 		Decision: dec,
-		Reason:   clip(b.probeWhy + "; the even split over the servers again, to time both afresh"),
+		Reason:   clip(why + "; the even split over the servers again, to time both afresh"),
 	}
 }
