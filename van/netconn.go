@@ -257,9 +257,14 @@ func (v *netConnVan) close(drain bool) error {
 	return nil
 }
 
-// abort closes the connection; the standard library makes that safe
-// against the reader and a writer.
-func (c *ncConn) abort() { c.tc.Close() }
+// abort shuts the connection down both ways, as the epoll van does: a
+// write in progress fails, and the reader still reads what has arrived
+// (a Bye behind the frames the handler holds) before its end. The reader
+// closes the socket.
+func (c *ncConn) abort() {
+	c.tc.CloseRead()
+	c.tc.CloseWrite()
+}
 
 // writev implements link through net.Buffers (one writev per chunk; the
 // standard library resumes partial writes), each chunk of at most netChunk

@@ -42,6 +42,7 @@ func Run(t *testing.T, network func() Listen) {
 		{"Mesh", testMesh},
 		{"Sink", testSink},
 		{"GracefulClose", testGracefulClose},
+		{"ByeBehindAFailedWrite", testByeBehindAFailedWrite},
 		{"Abort", testAbort},
 		{"SendErrors", testSendErrors},
 		{"BackPressure", testBackPressure},
@@ -527,6 +528,82 @@ func leftSayingBye(t *testing.T, b van.Transport, ca, cb *Collector, how string)
 	if l := ca.LostPeers(); len(l) != 0 {
 		t.Fatalf("PeerLost at the node that left by %s: %v", how, l)
 	}
+}
+
+// gatedHandler holds the reader of every frame but the first in
+// HandleFrame until open is closed.
+type gatedHandler struct {
+	*Collector
+	held atomic.Bool
+	open chan struct{}
+}
+
+func (g *gatedHandler) HandleFrame(h *frame.Header, p []byte, inPlace bool) {
+	if g.held.Swap(true) {
+		<-g.open
+	}
+	g.Collector.HandleFrame(h, p, inPlace)
+}
+
+// testByeBehindAFailedWrite: node 9 writes to node 8 after 8 closed, so
+// the write fails (the peer's socket is gone), while 8's Bye still waits
+// unread behind a frame that 9's handler holds. The Bye, once read, says
+// 8 left in order: no PeerLost.
+func testByeBehindAFailedWrite(t *testing.T, l Listen) {
+	gate := &gatedHandler{Collector: NewCollector(), open: make(chan struct{})}
+	opened := false
+	openGate := func() {
+		if !opened {
+			opened = true
+			close(gate.open)
+		}
+	}
+	defer openGate()
+	a, ca := NewVan(t, l, 8, nil)
+	b, _ := NewVan(t, l, 9, func(c *van.Config) { c.Handler = gate })
+	Connect(t, a, 8, b, 9)
+	for i := range 2 { // the first passes, the second holds 9's reader
+		if err := a.Send(&frame.Message{Header: wiretest.PushHeader(8, 9, uint64(i), 0)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gate.WaitFrames(t, 1)
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close() }()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close waited for the peer's handler")
+	}
+	// Write to the closed node until a write fails or the van knows it
+	// left; the held reader cannot have read the Bye yet.
+	failed := make(chan error, 1)
+	Eventually(t, func() error {
+		err := b.Send(&frame.Message{Header: wiretest.PushHeader(9, 8, 1, 1<<10), Payload: make([]byte, 1<<10), Done: func(err error) {
+			if err != nil {
+				select {
+				case failed <- err:
+				default:
+				}
+			}
+		}})
+		if err != nil {
+			return nil
+		}
+		select {
+		case err := <-failed:
+			t.Logf("a write to the closed node failed: %v", err)
+			return nil
+		default:
+			return errors.New("no write to the closed node failed")
+		}
+	})
+	openGate()
+	gate.WaitFrames(t, 2)
+	leftSayingBye(t, b, ca, gate.Collector, "Close")
 }
 
 // testAbort: what Close would deliver (a paused flow's frames), Abort
