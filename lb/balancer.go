@@ -966,7 +966,11 @@ func (b *Balancer) balanced(i, prev uint64, wall time.Duration) Directive {
 		} else if base := median(b.baseline); float64(wall) > float64(base)*b.cfg.DriftFactor {
 			b.run++
 			b.runSum += wall
-			if b.run >= b.cfg.DriftIterations && (oneHost || !b.short()) {
+			need := b.cfg.DriftIterations
+			if oneHost && b.short() {
+				need *= shortDriftRun
+			}
+			if b.run >= need && (oneHost || !b.short()) {
 				rose := fmt.Sprintf("from %s to %s", ms(base), ms(b.runSum/time.Duration(b.run)))
 				if oneHost {
 					return b.timeAfresh(i, prev, "iteration time on the leader rose "+rose)

@@ -19,6 +19,13 @@ import (
 // alone sums every member's contribution, which many members and large
 // tensors on few cores can make the slower of the two).
 
+// shortDriftRun: on one host, iterations shorter than MinIteration count
+// as drifted only after this many times DriftIterations in a row. Three
+// millisecond iterations in a row take 1.5 times the baseline from the
+// scheduling of shared cores alone, and each false drift costs the even
+// split's retiming, iterations slower than the leader's.
+const shortDriftRun = 4
+
 // hostLeader returns the leader of the job's one local group: every
 // server and worker placed on one host, whose workers sum there (none
 // alone, without shared memory; a single worker leads itself, summing

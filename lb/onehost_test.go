@@ -28,6 +28,7 @@ func TestBalancerOneHost(t *testing.T) {
 		even, ldr time.Duration
 		from      uint64  // 0: no change
 		slower    float64 // the leader's time times this from `from`
+		burst     uint64  // for this many iterations (0: to the end)
 		// onLeader and guards: the steps (the iterations whose completion
 		// issued them) of the leader's splits and of the guard's
 		// decisions; backoffs: from each guard to the next leader's split.
@@ -59,7 +60,19 @@ func TestBalancerOneHost(t *testing.T) {
 		{
 			name: "the leader slows: back to the even split, timed afresh, then the leader again",
 			even: ms(30), ldr: ms(10), from: 100, slower: 2,
-			onLeader: []uint64{5, 110}, state: Balanced,
+			onLeader: []uint64{5, 112}, state: Balanced, // 10 ms is short until the slowed ones fill the recent times
+
+		},
+		{
+			// Scheduling noise: three iterations in a row twice as slow.
+			name: "short iterations, three slow in a row: still on the leader",
+			even: ms(2), ldr: ms(1), from: 100, slower: 2, burst: 3,
+			onLeader: []uint64{5}, state: Balanced,
+		},
+		{
+			name: "short iterations, a lasting slowdown: the even split after 12 iterations (at 111), then the leader again",
+			even: ms(2), ldr: ms(1), from: 100, slower: 2,
+			onLeader: []uint64{5, 127}, state: Balanced,
 		},
 		{
 			// FPT_LOCAL_AGGREGATION=on with one worker: no group, and no
@@ -98,7 +111,7 @@ func TestBalancerOneHost(t *testing.T) {
 					d = tt.even
 				case !dec.SplitWithin(leaderOf(s.workers), ShareTolerance):
 					d = (tt.even + tt.ldr) / 2 // a probe's or a balanced split's
-				case tt.from > 0 && it >= tt.from:
+				case tt.from > 0 && it >= tt.from && (tt.burst == 0 || it < tt.from+tt.burst):
 					d = time.Duration(float64(d) * tt.slower)
 				}
 				return d
