@@ -212,7 +212,7 @@ func Known() []Var {
 			}},
 
 		// Security.
-		{Name: "FPT_LOCAL_AGGREGATION", Meaning: "sum the contributions of a host's workers (one FPT_HOST_ID or address) on the host, in shared memory, and send one sum per host: off, auto (on where a host runs several workers, else off) or on (the LB then balances by host; a worker lost under FPT_ON_WORKER_LOSS=continue or wait, or a server under FPT_ON_SERVER_LOSS=retry, re-forms the groups over the workers left from its retry's iteration, and a joining worker joins its host's group from its first iteration); see docs/local-aggregation.md", Default: "off", Use: NodeVar,
+		{Name: "FPT_LOCAL_AGGREGATION", Meaning: "sum the contributions of a host's workers (one FPT_HOST_ID or address) on the host, in shared memory, and send one sum per host: off, auto (on where a host runs several workers, else off) or on (the LB then balances by host; a worker lost under FPT_ON_WORKER_LOSS=continue or wait, or a server under FPT_ON_SERVER_LOSS=retry, re-forms the groups over the workers left from its retry's iteration, and a joining worker joins its host's group from its first iteration); fptrun sets auto for a job it starts whole on one machine; see docs/local-aggregation.md", Default: "off", Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {
 				switch p.choice(name, "off", "auto", "on") {
 				case "auto":

@@ -291,7 +291,10 @@ func TestPythonTrainingMatchesSingleProcess(t *testing.T) {
 	// FPT_LB_AHEAD=0: decisions take effect 2 iterations after they are
 	// made, whatever the pace; fast steps would otherwise be granted up
 	// to 64 iterations ahead, past the run's end.
-	r := startFptrun(t, py, []string{"FPT_LB=on", "FPT_LB_PROBE_EVERY=3", "FPT_LB_AHEAD=0", "FPT_PARTITION_BYTES=4096", "PS_VERBOSE=1"},
+	// FPT_LOCAL_AGGREGATION=off: the pushes go to the servers, so the LB
+	// has links to measure and splits to make.
+	r := startFptrun(t, py, []string{"FPT_LB=on", "FPT_LB_PROBE_EVERY=3", "FPT_LB_AHEAD=0", "FPT_PARTITION_BYTES=4096", "PS_VERBOSE=1",
+		"FPT_LOCAL_AGGREGATION=off"},
 		append(append([]string{"-np", "2", "--servers", "2", "python"}, train...), "--save", filepath.Join(dir, "w{rank}.bin"))...)
 	if code := r.wait(t, 4*time.Minute); code != 0 {
 		t.Fatalf("fptrun exited %d:\n%s", code, tail(r.out.String()))
@@ -354,8 +357,9 @@ func TestPythonTrainingMatchesSingleProcess(t *testing.T) {
 
 // examples/pytorch/exchange.py runs fpt and gloo on the same exchange and
 // prints one JSON row per size, every value checked by the workers (a
-// wrong sum exits non-zero). (--local-aggregation, which only sets fpt's
-// FPT_LOCAL_AGGREGATION, is not run: each run costs a minute here.)
+// wrong sum exits non-zero). fpt's workers sum on their host, as fptrun
+// runs a job on one machine; --network, which only sets fpt's
+// FPT_LOCAL_AGGREGATION=off, is not run: each run costs a minute here.
 func TestPythonExchangeAgainstGloo(t *testing.T) {
 	py := needPython(t)
 	cmd := exec.Command(py.python, "../examples/pytorch/exchange.py", "--sizes", "4K,100K", "--workers", "2",
@@ -381,8 +385,8 @@ func TestPythonExchangeAgainstGloo(t *testing.T) {
 				t.Errorf("row %v: %s is not positive", r, f)
 			}
 		}
-		if r["local_aggregation"] != false {
-			t.Errorf("row %v: local_aggregation is not false", r)
+		if r["local_aggregation"] != "auto" {
+			t.Errorf("row %v: local_aggregation is not auto", r)
 		}
 	}
 	t.Logf("%s", out)
@@ -518,6 +522,33 @@ func TestFptrunInterrupted(t *testing.T) {
 		} else {
 			l.Close()
 		}
+	}
+}
+
+// A job fptrun starts whole on one machine sums on the host by default
+// (FPT_LOCAL_AGGREGATION=auto); the variable, when set, is the user's.
+func TestFptrunSumsOnTheHost(t *testing.T) {
+	py := needPython(t)
+	for _, tt := range []struct {
+		name string
+		env  []string
+		want []string
+	}{
+		{"default", nil, []string{"FPT_LOCAL_AGGREGATION=auto", "sums_locally=true", `msg="local aggregation"`,
+			"one host: every partition on its group's leader"}},
+		{"off", []string{"FPT_LOCAL_AGGREGATION=off"}, []string{"FPT_LOCAL_AGGREGATION=off", "sums_locally=false"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			// 60 steps of 4 KiB, every sum checked: long enough for the
+			// LB's one-host split (a decision some iterations ahead).
+			r := startFptrun(t, py, append([]string{"PS_VERBOSE=1", "FPT_LB_AHEAD=0"}, tt.env...), "-np", "2", "--servers", "1",
+				"python", "../examples/pytorch/exchange.py", "--system", "fpt", "--workers", "2", "--bytes", "4096",
+				"--steps", "60", "--warmup", "1")
+			if code := r.wait(t, 2*time.Minute); code != 0 {
+				t.Fatalf("fptrun exited %d:\n%s", code, tail(r.out.String()))
+			}
+			mustContain(t, "fptrun output", r.out.String(), tt.want...)
+		})
 	}
 }
 

@@ -7,14 +7,15 @@ gets back is checked exactly. For each size and worker count, one run of
 each system, alternated, prints the median and 90th percentile of a step's
 exchange time on worker 0:
 
-    python examples/pytorch/exchange.py [--sizes 4K,1M,25M,100M] [--workers 2,4] [--steps 30] [--json]
-                                        [--local-aggregation]
+    python examples/pytorch/exchange.py [--sizes 4K,1M,25M,100M] [--workers 2,4] [--steps 30] [--warmup 20] [--json]
+                                        [--network]
 
-With --local-aggregation, fpt's workers sum on their host
-(FPT_LOCAL_AGGREGATION=auto), as a job with several workers per host
-would run: on this one host the LB then sums every partition on the
-group's leader, in shared memory, while that measures no slower than
-the even split over the servers (docs/local-aggregation.md).
+fpt runs as fptrun runs a job on one machine: its workers sum on their
+host (FPT_LOCAL_AGGREGATION=auto), and the LB sums every partition on the
+group's leader, in shared memory, while that measures no slower than the
+even split over the servers (docs/local-aggregation.md, "One host").
+With --network every worker's push goes over loopback to the servers
+instead (FPT_LOCAL_AGGREGATION=off), as between machines.
 
 With --breakdown, fpt runs alone, traced (FPT_TRACE_FILE, and worker 0's
 own step spans), and each size prints where worker 0's steps spent their
@@ -186,10 +187,12 @@ def main():
     p.add_argument("--sizes", default="4K,1M,25M,100M", help="a step's gradient bytes, comma-separated")
     p.add_argument("--workers", default="2,4", help="worker counts, comma-separated")
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=20,
+                   help="untimed steps first (default 20: the LB's first split takes effect within them)")
     p.add_argument("--json", action="store_true", help="one JSON object per row instead of a table")
-    p.add_argument("--local-aggregation", action="store_true",
-                   help="fpt's workers sum on their host (FPT_LOCAL_AGGREGATION=auto)")
+    p.add_argument("--network", action="store_true",
+                   help="fpt's workers push over loopback to the servers (FPT_LOCAL_AGGREGATION=off) "
+                        "instead of summing on their host")
     p.add_argument("--breakdown", action="store_true",
                    help="fpt only, traced: where worker 0's step time goes (fpt trace breakdown)")
     p.add_argument("--system", choices=["fpt", "gloo"], help=argparse.SUPPRESS)
@@ -204,7 +207,7 @@ def main():
     me = os.path.abspath(__file__)
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     counts = [int(w) for w in a.workers.split(",")]
-    fpt_env = {"FPT_LOCAL_AGGREGATION": "auto"} if a.local_aggregation else {}
+    fpt_env = {"FPT_LOCAL_AGGREGATION": "off" if a.network else "auto"}
     if a.breakdown:
         for workers in counts:
             for nbytes in sizes:
@@ -226,7 +229,7 @@ def main():
             flags = ["--bytes", str(nbytes), "--steps", str(a.steps), "--warmup", str(a.warmup)]
             gloo = run(me, "gloo", workers, flags)
             fpt = run(me, "fpt", workers, flags, fpt_env)
-            row = {"workers": workers, "bytes": nbytes, "local_aggregation": a.local_aggregation,
+            row = {"workers": workers, "bytes": nbytes, "local_aggregation": fpt_env["FPT_LOCAL_AGGREGATION"],
                    "fpt_median_ms": round(statistics.median(fpt), 3), "fpt_p90_ms": round(p90(fpt), 3),
                    "gloo_median_ms": round(statistics.median(gloo), 3), "gloo_p90_ms": round(p90(gloo), 3)}
             row["fpt_over_gloo"] = round(row["fpt_median_ms"] / row["gloo_median_ms"], 3)

@@ -174,6 +174,10 @@ _ENV_HELP = """environment read:
                         the wheel's, else the source tree's build/lib)
   FPT_CLUSTER_SECRET, FPT_CLUSTER_SECRET_FILE
                         the job's secret (default: a new one per job)
+  FPT_LOCAL_AGGREGATION a job started whole on this machine (no --root, no
+                        cluster engine) defaults to auto: its workers sum on
+                        the host, in shared memory; off sends every worker's
+                        push over loopback to the servers
   every other DMLC_*, PS_* and FPT_* variable reaches every node unchanged:
   bin/fpt -h lists them"""
 
@@ -360,6 +364,10 @@ def main(argv=None):
         run_sched, here_s, here_w = True, a.servers, a.workers
 
     env = dict(os.environ)
+    if not share:
+        # Every process of the job is on this machine: its workers sum here
+        # (docs/local-aggregation.md, "One host"), unless told otherwise.
+        env.setdefault("FPT_LOCAL_AGGREGATION", "auto")
     env.update(DMLC_PS_ROOT_URI=host, DMLC_PS_ROOT_PORT=port, DMLC_NUM_SERVER=str(a.servers),
                DMLC_NUM_WORKER=str(a.workers), FPT_CLUSTER_SECRET=secret or secrets.token_hex(16),
                PYTHONUNBUFFERED="1")
@@ -375,8 +383,10 @@ def main(argv=None):
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    print("fptrun: %d servers and %d workers, scheduler at %s:%s; here:%s %d servers, %d workers"
-          % (a.servers, a.workers, host, port, " scheduler," if run_sched else "", here_s, here_w), flush=True)
+    print("fptrun: %d servers and %d workers, scheduler at %s:%s; here:%s %d servers, %d workers; "
+          "FPT_LOCAL_AGGREGATION=%s"
+          % (a.servers, a.workers, host, port, " scheduler," if run_sched else "", here_s, here_w,
+             env.get("FPT_LOCAL_AGGREGATION", "off")), flush=True)
     try:
         if run_sched:
             job.start("scheduler", [fpt_bin], dict(env, DMLC_ROLE="scheduler"))
