@@ -102,21 +102,33 @@ func (n *Member) SumsLocally() bool {
 	return cfg.SumsLocally(localagg.Sizes(groups))
 }
 
+// maxCheckMembers bounds the group a worker's shared-memory check
+// reserves for: every worker of a large job cannot share one host, and
+// each worker's check reserves (and zeroes) its segment at once.
+const maxCheckMembers = 16
+
+// checkMembers is the group a worker of a job of workers workers checks
+// its shared memory for: all of them, at least two, at most
+// maxCheckMembers.
+func checkMembers(workers int) int { return min(max(workers, 2), maxCheckMembers) }
+
 // hostNamed is the host a registering node names (FPT_HOST_ID; empty:
 // its address names it). A worker that may sum locally and cannot make a
 // group's segment where they live (a missing, unwritable or full
 // FPT_LOCAL_AGGREGATION_DIR) names its host with localagg.NoSharedMemory:
 // it is then alone in its group, on the network path, and the others of
-// its host sum without it. The check reserves a group of two's segment,
-// the least a group needs; one that fails at a larger group's start is
-// still an error there.
+// its host sum without it. The check reserves the segment of the largest
+// group the host may form (checkMembers): one that held a group of two
+// but not the host's own group (a container's 64 MB /dev/shm and four
+// workers) failed the job at the group's start. Memory another process
+// takes after the check is still an error there.
 func (n *Member) hostNamed(self node.Info) string {
 	cfg := n.cfg
 	if cfg.Role != node.Worker || cfg.LocalAggregation == config.LocalAggregationOff {
 		return cfg.HostID
 	}
 	dir := cfg.SegmentDir()
-	err := localagg.Check(dir, localagg.GroupLayout(2, cfg.PartitionBytes))
+	err := localagg.Check(dir, localagg.GroupLayout(checkMembers(cfg.NumWorkers), cfg.PartitionBytes))
 	if err == nil {
 		return cfg.HostID
 	}

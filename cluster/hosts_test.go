@@ -1,9 +1,13 @@
 package cluster
 
 import (
+	"log/slog"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/fptps/fpt/classic"
 	"github.com/fptps/fpt/config"
@@ -166,5 +170,43 @@ func TestJoinerHost(t *testing.T) {
 				t.Error("the earlier topology's hosts changed")
 			}
 		})
+	}
+}
+
+// TestHostNamedChecksTheHostsGroup: a worker checks its shared memory for
+// the largest group its host may form (every worker of the job, at most
+// maxCheckMembers), so that a directory holding a group of two's segment
+// but not the host's own group names the host without shared memory: its
+// workers then sum alone rather than fail the job at the group's start.
+// A tmpfs of 4 MiB holds a group of two's segment of 64 KiB partitions
+// (3 MiB and a header), not a group of four's (5 MiB).
+func TestHostNamedChecksTheHostsGroup(t *testing.T) {
+	if os.Geteuid() != 0 || os.Getenv("FPT_SKIP_ROOT_TESTS") != "" {
+		t.Skip("mounting a tmpfs needs root (FPT_SKIP_ROOT_TESTS unset)")
+	}
+	dir := t.TempDir()
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=4m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, 0) })
+	for _, tt := range []struct {
+		workers int
+		want    string
+	}{
+		{1, "gpu-box"},
+		{2, "gpu-box"},
+		{4, "gpu-box" + localagg.NoSharedMemory},
+		{64, "gpu-box" + localagg.NoSharedMemory}, // checked for 16
+	} {
+		cfg := testConfig()
+		cfg.NumWorkers, cfg.HostID, cfg.PartitionBytes = tt.workers, "gpu-box", 64<<10
+		cfg.LocalAggregation, cfg.LocalAggregationDir = config.LocalAggregationAuto, dir
+		n := &Member{cfg: cfg, log: slog.New(slog.DiscardHandler)}
+		if got := n.hostNamed(infoOf(node.WorkerID(0))); got != tt.want {
+			t.Errorf("%d workers: host named %q, want %q", tt.workers, got, tt.want)
+		}
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Errorf("the checks left %d files", len(left))
 	}
 }
