@@ -65,7 +65,7 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte), local fu
 	l := newLocalAgg(n, g.group, localagg.Name(n.JobStamp(), g.group.Host), 0, 0, deliver, local)
 	if err := l.form(time.Now().Add(cfg.StartTimeout)); err != nil {
 		l.close()
-		return nil, fmt.Errorf("worker: local aggregation on host %q (FPT_LOCAL_AGGREGATION=on; off sends every worker's push over the network): %w", g.group.Host, err)
+		return nil, fmt.Errorf("worker: local aggregation on host %q (FPT_LOCAL_AGGREGATION=%s; off sends every worker's push over the network): %w", g.group.Host, cfg.LocalAggregation, err)
 	}
 	g.aggs = append(g.aggs, l)
 	l.log.Info("local aggregation", "host", g.group.Host, "group", g.group.Workers, "leader", g.group.Leader(), "segment_bytes_per_slot", l.layout.SlotBytes)
