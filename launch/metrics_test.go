@@ -51,13 +51,14 @@ func TestMetricsMatchTraining(t *testing.T) {
 		summaries  = map[int]trainer.Summary{}
 		serversIn  = map[string]metricstest.Families{}
 		workersOut = map[int]metricstest.Families{}
+		failed     []error // the nodes that ended with an error, as they end
 	)
+	// Each node serves its metrics on a port of the kernel's choosing
+	// (a port picked ahead could be taken by another test's node before
+	// this one binds it): launch.Start, then the address, then what
+	// launch.Run does after its Start.
 	start := func(role, name string, train launch.Train) <-chan error {
-		p, err := localcluster.FreePort()
-		if err != nil {
-			t.Fatal(err)
-		}
-		e := map[string]string{"DMLC_ROLE": role, "FPT_METRICS_ADDR": fmt.Sprintf("127.0.0.1:%d", p)}
+		e := map[string]string{"DMLC_ROLE": role, "FPT_METRICS_ADDR": "127.0.0.1:0"}
 		for k, v := range env {
 			e[k] = v
 		}
@@ -65,11 +66,32 @@ func TestMetricsMatchTraining(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		mu.Lock()
-		addrs[name] = cfg.MetricsAddr
-		mu.Unlock()
+		run := func() error {
+			n, err := launch.Start(ctx, cfg, launch.Deps{Log: log, Decisions: io.Discard})
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			addrs[name] = n.MetricsAddr()
+			mu.Unlock()
+			if w := n.Worker(); w != nil {
+				if err := train(ctx, w); err != nil {
+					n.Fail(err)
+					return err
+				}
+			}
+			return n.Finalize(ctx)
+		}
 		done := make(chan error, 1)
-		go func() { done <- launch.Run(ctx, cfg, launch.Deps{Log: log, Decisions: io.Discard}, train) }()
+		go func() {
+			err := run()
+			if err != nil {
+				mu.Lock()
+				failed = append(failed, fmt.Errorf("%s: %w", name, err))
+				mu.Unlock()
+			}
+			done <- err
+		}()
 		return done
 	}
 	var ends []<-chan error
@@ -109,7 +131,17 @@ func TestMetricsMatchTraining(t *testing.T) {
 			return nil
 		}))
 	}
-	trained.Wait()
+	// A node that fails before its worker trains never counts down:
+	// wait for the training or the test's deadline, not forever.
+	allTrained := make(chan struct{})
+	go func() { trained.Wait(); close(allTrained) }()
+	select {
+	case <-allTrained:
+	case <-ctx.Done():
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("the workers did not train within the test's deadline; nodes failed: %v", failed)
+	}
 	for i := range servers {
 		mfs, err := metricstest.Scrape(ctx, addrs[fmt.Sprintf("server %d", i)])
 		if err != nil {
