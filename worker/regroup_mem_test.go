@@ -77,6 +77,7 @@ func TestLocalRegroupAfterRetry(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c, logs, _ := startLocalMem(t, tt.servers, 3, tt.env)
 			killed := make(chan error, 1)
+			gone := make(chan struct{})
 			var once sync.Once
 			survive(t, c, iters, hooks{before: func(w *worker.Worker, it int) error {
 				if it == killAt {
@@ -84,8 +85,15 @@ func TestLocalRegroupAfterRetry(t *testing.T) {
 						go func() {
 							time.Sleep(20 * time.Millisecond) // pushes of killAt on their way
 							killed <- c.Kill(tt.victim)
+							close(gone)
 						}()
 					})
+				}
+				if it == killAt+1 {
+					// Without the race detector the iterations left take
+					// less than the sleep: the job would end before the
+					// loss, with no retry to re-form the group after.
+					<-gone
 				}
 				return nil
 			}}, func(id node.ID) bool { return id == tt.victim }, time.Minute)
