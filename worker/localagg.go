@@ -355,9 +355,13 @@ func (l *localAgg) enterRetired() (ok, retired bool) {
 	return true, false
 }
 
-// writer sends the queued notices until close.
+// writer sends the queued notices until close. Its buffers are reused
+// from batch to batch: the outbox it took last (notify fills the other)
+// and the datagrams (the kernel copies each as it is sent).
 func (l *localAgg) writer() {
 	defer l.socks.Done()
+	var spare []outNotice
+	var ds []datagram
 	for {
 		l.mu.Lock()
 		for len(l.outbox) == 0 && !l.closed {
@@ -368,9 +372,11 @@ func (l *localAgg) writer() {
 			return
 		}
 		out := l.outbox
-		l.outbox = nil
+		l.outbox = spare[:0]
 		l.mu.Unlock()
-		for _, n := range packNotices(out) {
+		ds = packNotices(ds, out)
+		spare = out
+		for _, n := range ds {
 			c, err := l.peer(n.to)
 			if err == nil {
 				err = l.write(c, n.b)
@@ -459,18 +465,24 @@ type datagram struct {
 	b  []byte
 }
 
-// packNotices packs out into datagrams: each member's notices in the
-// order queued (a member reads them in that order), at most
-// noticesPerDatagram to a datagram.
-func packNotices(out []outNotice) []datagram {
-	var ds []datagram
-	last := map[int]int{} // member → its datagram being filled
+// packNotices packs out into datagrams, ds's storage reused: each
+// member's notices in the order queued (a member reads them in that
+// order), at most noticesPerDatagram to a datagram.
+func packNotices(ds []datagram, out []outNotice) []datagram {
+	ds = ds[:0]
 	for _, n := range out {
-		i, ok := last[n.to]
-		if !ok || len(ds[i].b) == noticeLen*noticesPerDatagram {
+		i := len(ds) - 1 // the member's latest datagram: a group has few
+		for i >= 0 && ds[i].to != n.to {
+			i--
+		}
+		if i < 0 || len(ds[i].b) == noticeLen*noticesPerDatagram {
 			i = len(ds)
-			last[n.to] = i
-			ds = append(ds, datagram{to: n.to, b: make([]byte, 0, noticeLen*min(noticesPerDatagram, len(out)))})
+			if i < cap(ds) {
+				ds = ds[:i+1]
+				ds[i].to, ds[i].b = n.to, ds[i].b[:0]
+			} else {
+				ds = append(ds, datagram{to: n.to, b: make([]byte, 0, noticeLen*noticesPerDatagram)})
+			}
 		}
 		ds[i].b = append(ds[i].b, n.b[:]...)
 	}

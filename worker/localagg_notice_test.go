@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -48,24 +49,42 @@ func TestPackNotices(t *testing.T) {
 		}()},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			got := packNotices(tt.out)
-			if len(got) != len(tt.want) {
-				t.Fatalf("%d datagrams, want %d", len(got), len(tt.want))
-			}
-			for i, w := range tt.want {
-				var b []byte
-				for _, j := range w[1:] {
-					b = append(b, tt.out[j].b[:]...)
+			// Packed afresh, and into the storage of an earlier batch's
+			// datagrams (the writer's), which must not show through.
+			for _, into := range []string{"fresh", "reused"} {
+				var ds []datagram
+				if into == "reused" {
+					ds = packNotices(nil, slices.Concat(many, []outNotice{notice(2, noticeHostSum, 1), notice(3, noticeRead, 2)}))
 				}
-				if got[i].to != w[0] || !bytes.Equal(got[i].b, b) {
-					t.Errorf("datagram %d: to %d, %d bytes; want to %d, notices %v", i, got[i].to, len(got[i].b), w[0], w[1:])
+				got := packNotices(ds, tt.out)
+				if len(got) != len(tt.want) {
+					t.Fatalf("%s: %d datagrams, want %d", into, len(got), len(tt.want))
 				}
-				ns, err := splitNotices(got[i].b)
-				if err != nil || len(ns) != len(w)-1 {
-					t.Errorf("datagram %d splits into %d notices, %v; want %d", i, len(ns), err, len(w)-1)
+				for i, w := range tt.want {
+					var b []byte
+					for _, j := range w[1:] {
+						b = append(b, tt.out[j].b[:]...)
+					}
+					if got[i].to != w[0] || !bytes.Equal(got[i].b, b) {
+						t.Errorf("%s: datagram %d: to %d, %d bytes; want to %d, notices %v", into, i, got[i].to, len(got[i].b), w[0], w[1:])
+					}
+					ns, err := splitNotices(got[i].b)
+					if err != nil || len(ns) != len(w)-1 {
+						t.Errorf("%s: datagram %d splits into %d notices, %v; want %d", into, i, len(ns), err, len(w)-1)
+					}
 				}
 			}
 		})
+	}
+}
+
+// The writer packs every batch into the storage of the one before: once
+// that holds as many datagrams, packing allocates nothing.
+func TestPackNoticesAllocatesNothingOnceWarm(t *testing.T) {
+	out := []outNotice{notice(1, noticeResult, 0), notice(2, noticeResult, 0), notice(1, noticeConsumed, 7), notice(3, noticeHostSum, 2)}
+	ds := packNotices(nil, out)
+	if n := testing.AllocsPerRun(100, func() { ds = packNotices(ds, out) }); n != 0 {
+		t.Errorf("%v allocations per batch, want 0", n)
 	}
 }
 
