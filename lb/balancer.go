@@ -966,11 +966,13 @@ func (b *Balancer) balanced(i, prev uint64, wall time.Duration) Directive {
 		} else if base := median(b.baseline); float64(wall) > float64(base)*b.cfg.DriftFactor {
 			b.run++
 			b.runSum += wall
-			need := b.cfg.DriftIterations
-			if oneHost && b.short() {
+			// Short iterations start no probe; on one host they drift
+			// only after a longer run (shortDriftRun).
+			need, short := b.cfg.DriftIterations, b.short()
+			if short && oneHost {
 				need *= shortDriftRun
 			}
-			if b.run >= need && (oneHost || !b.short()) {
+			if b.run >= need && (oneHost || !short) {
 				rose := fmt.Sprintf("from %s to %s", ms(base), ms(b.runSum/time.Duration(b.run)))
 				if oneHost {
 					return b.timeAfresh(i, prev, "iteration time on the leader rose "+rose)

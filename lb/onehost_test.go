@@ -61,7 +61,6 @@ func TestBalancerOneHost(t *testing.T) {
 			name: "the leader slows: back to the even split, timed afresh, then the leader again",
 			even: ms(30), ldr: ms(10), from: 100, slower: 2,
 			onLeader: []uint64{5, 112}, state: Balanced, // 10 ms is short until the slowed ones fill the recent times
-
 		},
 		{
 			// Scheduling noise: three iterations in a row twice as slow.

@@ -551,13 +551,7 @@ func (g *gatedHandler) HandleFrame(h *frame.Header, p []byte, inPlace bool) {
 // 8 left in order: no PeerLost.
 func testByeBehindAFailedWrite(t *testing.T, l Listen) {
 	gate := &gatedHandler{Collector: NewCollector(), open: make(chan struct{})}
-	opened := false
-	openGate := func() {
-		if !opened {
-			opened = true
-			close(gate.open)
-		}
-	}
+	openGate := sync.OnceFunc(func() { close(gate.open) })
 	defer openGate()
 	a, ca := NewVan(t, l, 8, nil)
 	b, _ := NewVan(t, l, 9, func(c *van.Config) { c.Handler = gate })
