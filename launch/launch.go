@@ -101,18 +101,30 @@ func Main(name string, lookup func(string) (string, bool), stderr io.Writer, tra
 	return ExitOK
 }
 
+var errNoTrain = errors.New("launch: a worker needs a training program")
+
 // Run runs one node of the given configuration until it leaves the cluster:
-// Start, then for a worker the training program, then Finalize. Main
-// passes stdout for the scheduler's LB decisions.
+// Start, then n.Run. Main passes stdout for the scheduler's LB decisions.
 func Run(ctx context.Context, cfg config.Config, deps Deps, train Train) error {
 	if cfg.Role == node.Worker && train == nil {
-		return errors.New("launch: a worker needs a training program")
+		return errNoTrain
 	}
 	n, err := Start(ctx, cfg, deps)
 	if err != nil {
 		return err
 	}
+	return n.Run(ctx, train)
+}
+
+// Run runs a started node until it leaves the cluster: for a worker the
+// training program, then Finalize. A worker's program that fails or
+// panics fails the node first, so that the cluster names it.
+func (n *Node) Run(ctx context.Context, train Train) error {
 	if w := n.Worker(); w != nil {
+		if train == nil {
+			n.Fail(errNoTrain)
+			return errNoTrain
+		}
 		defer func() {
 			if p := recover(); p != nil {
 				// Tell the cluster before the process goes, so that

@@ -55,8 +55,7 @@ func TestMetricsMatchTraining(t *testing.T) {
 	)
 	// Each node serves its metrics on a port of the kernel's choosing
 	// (a port picked ahead could be taken by another test's node before
-	// this one binds it): launch.Start, then the address, then what
-	// launch.Run does after its Start.
+	// this one binds it): launch.Start, then the address, then Node.Run.
 	start := func(role, name string, train launch.Train) <-chan error {
 		e := map[string]string{"DMLC_ROLE": role, "FPT_METRICS_ADDR": "127.0.0.1:0"}
 		for k, v := range env {
@@ -74,13 +73,7 @@ func TestMetricsMatchTraining(t *testing.T) {
 			mu.Lock()
 			addrs[name] = n.MetricsAddr()
 			mu.Unlock()
-			if w := n.Worker(); w != nil {
-				if err := train(ctx, w); err != nil {
-					n.Fail(err)
-					return err
-				}
-			}
-			return n.Finalize(ctx)
+			return n.Run(ctx, train)
 		}
 		done := make(chan error, 1)
 		go func() {
