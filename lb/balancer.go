@@ -210,11 +210,13 @@ type Balancer struct {
 	// oldest first), for MinIteration.
 	recent []time.Duration
 
-	// Drift: iteration times from driftFrom on.
-	driftFrom uint64
-	baseline  []time.Duration
-	run       int // iterations in a row above the baseline times DriftFactor
-	runSum    time.Duration
+	// Drift: iteration times from driftFrom on; the baseline is the
+	// median of the first baselineLen, which the guard also judges.
+	driftFrom   uint64
+	baseline    []time.Duration
+	baselineLen int
+	run         int // iterations in a row above the baseline times DriftFactor
+	runSum      time.Duration
 
 	// The guard: the LB's model can predict a split faster that measures
 	// slower than the even split over the servers, which it then undoes.
@@ -593,7 +595,7 @@ func (b *Balancer) forgetEven() {
 }
 
 // guard is the check, at step i, of a balanced split that has been in
-// force for baselineIterations timed iterations (the drift baseline):
+// force for baselineLen timed iterations (the drift baseline):
 // when its median time is more than guardMargin above the even split's,
 // the LB's model was wrong for this job, and it goes back to the even
 // split at once, for a back-off that doubles each time, so that it does
@@ -948,6 +950,10 @@ func (b *Balancer) enterBalanced(i, it uint64) {
 func (b *Balancer) resetDrift(it uint64) {
 	b.driftFrom = it + 1
 	b.baseline = b.baseline[:0]
+	b.baselineLen = baselineIterations
+	if _, one := b.hostLeader(); one && b.short() {
+		b.baselineLen *= shortDriftRun
+	}
 	b.run, b.runSum = 0, 0
 }
 
@@ -956,9 +962,9 @@ func (b *Balancer) resetDrift(it uint64) {
 func (b *Balancer) balanced(i, prev uint64, wall time.Duration) Directive {
 	_, oneHost := b.hostLeader()
 	if i >= b.driftFrom && wall > 0 {
-		if len(b.baseline) < baselineIterations {
+		if len(b.baseline) < b.baselineLen {
 			b.baseline = append(b.baseline, wall)
-			if len(b.baseline) == baselineIterations {
+			if len(b.baseline) == b.baselineLen {
 				if d, ok := b.guard(i, prev); ok {
 					return d
 				}

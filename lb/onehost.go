@@ -20,10 +20,14 @@ import (
 // tensors on few cores can make the slower of the two).
 
 // shortDriftRun: on one host, iterations shorter than MinIteration count
-// as drifted only after this many times DriftIterations in a row. Three
-// millisecond iterations in a row take 1.5 times the baseline from the
-// scheduling of shared cores alone, and each false drift costs the even
-// split's retiming, iterations slower than the leader's.
+// as drifted only after this many times DriftIterations in a row, and
+// the leader's split is timed (its drift baseline, which the guard
+// compares with the even split's) over this many times
+// baselineIterations. Three millisecond iterations in a row take 1.5
+// times the baseline from the scheduling of shared cores alone (or from
+// the job's start: the segment's first pages, the workers' first steps),
+// and each false drift or guard costs the even split's retiming, or
+// its back-off: iterations slower than the leader's.
 const shortDriftRun = 4
 
 // hostLeader returns the leader of the job's one local group: every

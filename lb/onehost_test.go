@@ -69,6 +69,21 @@ func TestBalancerOneHost(t *testing.T) {
 			onLeader: []uint64{5}, state: Balanced,
 		},
 		{
+			// The leader's first iterations, slow with the job's start
+			// (its segment's pages, the workers' first steps), against
+			// the even split's warm-up times: one report's worth of them
+			// is no measurement.
+			name: "short iterations, the leader's first four slow: still on the leader",
+			even: ms(2), ldr: ms(1), from: 16, slower: 3, burst: 4,
+			onLeader: []uint64{5}, state: Balanced,
+		},
+		{
+			name: "short iterations, the leader twice as slow: the guard, after 12 of them",
+			even: ms(1), ldr: ms(2), onLeader: []uint64{5, 88, 221}, guards: []uint64{38, 121, 254}, backoffs: []uint64{50, 100},
+			state:    Default,
+			guardMsg: "balanced split measured 2.0 ms, slower than the even split's 1.0 ms; back to the even split, next try of the leader's split after iteration 88",
+		},
+		{
 			name: "short iterations, a lasting slowdown: the even split after 12 iterations (at 111), then the leader again",
 			even: ms(2), ldr: ms(1), from: 100, slower: 2,
 			onLeader: []uint64{5, 127}, state: Balanced,
