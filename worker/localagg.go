@@ -84,9 +84,10 @@ type localAgg struct {
 	fail    func(error)
 	deliver func(h *frame.Header, data []byte)
 	send    func(m *frame.Message) error
-	// local adds a host sum to this worker's own aggregator: the
-	// leader's, for a partition it aggregates itself.
-	local   func(h *frame.Header, data []byte) error
+	// agg is this worker's own aggregator: the leader's host sums of the
+	// partitions it aggregates itself go to it, and a member's that its
+	// leader hands it through the segment.
+	agg     ownAggregator
 	metrics *metrics.Node // nil: none
 
 	// elastic: a lost worker leaves the job rather than ending it
@@ -156,6 +157,17 @@ type localAgg struct {
 	readers map[int]readers // result chunks being read
 }
 
+// ownAggregator is the worker's own aggregator (aggregator.Aggregator)
+// as its group's side uses it.
+type ownAggregator interface {
+	// AddLocal adds the contribution h, copying data.
+	AddLocal(h *frame.Header, data []byte) error
+	// PayloadBuffer is a buffer of the aggregator's for the contribution
+	// h, which HandlePush(h, buf, true) takes back.
+	PayloadBuffer(h *frame.Header) []byte
+	HandlePush(h *frame.Header, payload []byte, inPlace bool) error
+}
+
 type outNotice struct {
 	to int
 	b  [noticeLen]byte
@@ -173,11 +185,11 @@ type readers struct {
 // newLocalAgg is this worker's side of group g, which sums the
 // iterations from from on in the segment name, made for the decision of
 // the given version (0: the job's start): not formed yet (form).
-func newLocalAgg(n *cluster.Member, g localagg.Group, name string, from uint64, version uint32, deliver func(*frame.Header, []byte), local func(*frame.Header, []byte) error) *localAgg {
+func newLocalAgg(n *cluster.Member, g localagg.Group, name string, from uint64, version uint32, deliver func(*frame.Header, []byte), agg ownAggregator) *localAgg {
 	cfg := n.Config()
 	self := n.Self().ID
 	l := &localAgg{log: n.Logger(), self: self, group: g, idx: slices.Index(g.Workers, self), name: name, from: from, version: version,
-		fail: n.Fail, deliver: deliver, send: n.Van().Send, local: local, metrics: n.Metrics(), elastic: cfg.WorkersMayLeave(), survives: cfg.Survives, dropped: map[node.ID]bool{}, until: math.MaxUint64,
+		fail: n.Fail, deliver: deliver, send: n.Van().Send, agg: agg, metrics: n.Metrics(), elastic: cfg.WorkersMayLeave(), survives: cfg.Survives, dropped: map[node.ID]bool{}, until: math.MaxUint64,
 		dir: cfg.SegmentDir(), job: n.JobStamp(), layout: localagg.GroupLayout(len(g.Workers), cfg.PartitionBytes)}
 	l.cond = sync.NewCond(&l.mu)
 	for _, w := range g.Workers {
@@ -748,13 +760,13 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 	}
 	for _, sum := range eff.Sums {
 		if sum.First {
-			l.sums[s] = append(l.sumBuf(len(data)), data...)
+			l.sums[s] = l.firstSum(h, data)
 		} else if err := reduce.Add(h.DType, l.sums[s], data); err != nil {
 			l.mu.Unlock()
 			return fmt.Errorf("local aggregation: %w", err)
 		}
 	}
-	var out []*frame.Message
+	var out, own []*frame.Message
 	var shared []sharedSum
 	for _, snd := range eff.Sends {
 		hh := l.first[snd.Slot]
@@ -763,6 +775,10 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 		buf := l.sums[snd.Slot]
 		delete(l.first, snd.Slot)
 		delete(l.sums, snd.Slot)
+		if node.ID(hh.Recipient) == l.self {
+			own = append(own, &frame.Message{Header: hh, Payload: buf})
+			continue
+		}
 		if sh, ok := l.shareSum(hh, buf); ok {
 			shared = append(shared, sh)
 			continue
@@ -779,19 +795,18 @@ func (l *localAgg) arrive(m int, h *frame.Header, data []byte) error {
 			l.mu.Unlock()
 		}})
 	}
-	l.hostSums += len(out) + len(shared)
+	l.hostSums += len(out) + len(own) + len(shared)
 	l.mu.Unlock()
-	l.metrics.LocalSummed(len(eff.Sums), len(out)+len(shared))
+	l.metrics.LocalSummed(len(eff.Sums), len(out)+len(own)+len(shared))
+	for _, msg := range own {
+		l.addOwn(msg)
+	}
 	for _, sh := range shared {
 		if err := l.handOver(sh); err != nil {
 			return err
 		}
 	}
 	for _, msg := range out {
-		if node.ID(msg.Header.Recipient) == l.self {
-			l.addOwn(msg)
-			continue
-		}
 		if err := l.sendError(&msg.Header, l.send(msg)); err != nil {
 			return err
 		}
@@ -848,7 +863,7 @@ func (l *localAgg) addShared(h *frame.Header, chunk int) {
 	}
 	go func() {
 		defer l.busy.Done()
-		if err := l.local(h, l.seg.HostSum(chunk)[:h.Length]); err != nil {
+		if err := l.agg.AddLocal(h, l.seg.HostSum(chunk)[:h.Length]); err != nil {
 			l.fail(fmt.Errorf("worker: from %s through the segment: %s: %w", node.ID(h.Sender), h, err))
 			return
 		}
@@ -888,15 +903,34 @@ func (l *localAgg) sendError(h *frame.Header, err error) error {
 // to its aggregator, on a goroutine of its own: the sum may complete
 // there, and its result is handed to the group (publish), which may wait
 // for a result chunk that only the notice loop, perhaps the caller, frees.
+// The sum's buffer is the aggregator's (firstSum), which takes it over.
 func (l *localAgg) addOwn(msg *frame.Message) {
 	if !l.enter() {
 		return
 	}
 	go func() {
 		defer l.busy.Done()
-		err := l.local(&msg.Header, msg.Payload) // copies the payload
-		msg.Done(err)
+		err := l.agg.HandlePush(&msg.Header, msg.Payload, true)
+		if err = l.sendError(&msg.Header, err); err != nil {
+			l.fail(fmt.Errorf("worker: %w", err))
+		}
 	}()
+}
+
+// firstSum is a buffer for the host sum of slot h holding data, its
+// first contribution: the aggregator's own where the leader aggregates
+// the partition itself, so that the sum needs no copy there (addOwn), a
+// spare one otherwise. Called with l.mu held: the aggregator never calls
+// into the group under its lock.
+func (l *localAgg) firstSum(h *frame.Header, data []byte) []byte {
+	if node.ID(h.Recipient) != l.self {
+		return append(l.sumBuf(len(data)), data...)
+	}
+	hh := *h
+	hh.Length = uint64(len(data))
+	buf := l.agg.PayloadBuffer(&hh)
+	copy(buf, data)
+	return buf
 }
 
 // maxSpareSums bounds the host sums' buffers a leader keeps for reuse.

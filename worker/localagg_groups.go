@@ -24,7 +24,7 @@ import (
 type localGroups struct {
 	n       *cluster.Member
 	deliver func(*frame.Header, []byte)
-	local   func(*frame.Header, []byte) error
+	agg     ownAggregator
 
 	mu sync.Mutex
 	// group is this worker's group from the latest decision on (one
@@ -40,7 +40,7 @@ type localGroups struct {
 // startLocal sets up this worker's side of its host's groups, once the
 // cluster started; nil when it sums nothing locally (off). The group it
 // starts in, if of several workers, is formed before it returns.
-func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte), local func(*frame.Header, []byte) error) (*localGroups, error) {
+func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte), agg ownAggregator) (*localGroups, error) {
 	if !n.SumsLocally() {
 		return nil, nil
 	}
@@ -51,18 +51,18 @@ func startLocal(n *cluster.Member, deliver func(*frame.Header, []byte), local fu
 		// its host's group from its first iteration (regroup), as every
 		// node of the job does.
 		n.Logger().Info("local aggregation: joined a running job; the decision that admits it places it in its host's group", "host", n.HostOf(self))
-		return &localGroups{n: n, deliver: deliver, local: local}, nil
+		return &localGroups{n: n, deliver: deliver, agg: agg}, nil
 	}
 	groups, err := localagg.GroupsOver(n.Workers(), n.HostOf)
 	if err != nil {
 		return nil, fmt.Errorf("worker: local aggregation: %w", err)
 	}
-	g := &localGroups{n: n, deliver: deliver, local: local, group: localagg.GroupOf(groups, self)}
+	g := &localGroups{n: n, deliver: deliver, agg: agg, group: localagg.GroupOf(groups, self)}
 	if len(g.group.Workers) < 2 {
 		n.Logger().Info("local aggregation: alone on this host", "host", g.group.Host)
 		return g, nil
 	}
-	l := newLocalAgg(n, g.group, localagg.Name(n.JobStamp(), g.group.Host), 0, 0, deliver, local)
+	l := newLocalAgg(n, g.group, localagg.Name(n.JobStamp(), g.group.Host), 0, 0, deliver, agg)
 	if err := l.form(time.Now().Add(cfg.StartTimeout)); err != nil {
 		l.close()
 		return nil, fmt.Errorf("worker: local aggregation on host %q (FPT_LOCAL_AGGREGATION=%s; off sends every worker's push over the network): %w", g.group.Host, cfg.LocalAggregation, err)
@@ -118,7 +118,7 @@ func (g *localGroups) regroup(d lb.Directive, workersAt func(uint64) []node.ID) 
 		return
 	}
 	name := localagg.Name(g.n.JobStamp(), ch.New.Host) + "-v" + strconv.FormatUint(uint64(d.Decision.Version), 10)
-	l := newLocalAgg(g.n, ch.New, name, from, d.Decision.Version, g.deliver, g.local)
+	l := newLocalAgg(g.n, ch.New, name, from, d.Decision.Version, g.deliver, g.agg)
 	l.forming = true
 	g.aggs = append(g.aggs, l)
 	l.log.Info("local aggregation: group re-formed", "host", ch.New.Host, "group", ch.New.Workers, "leader", ch.New.Leader(), "from_iteration", from, "version", d.Decision.Version)

@@ -25,17 +25,48 @@ type shellGroup struct {
 	l    []*localAgg
 	mu   sync.Mutex
 	sent []frame.Header // frames any of them sent over the van
-	// added are the host sums each worker's aggregator was given.
-	added [][]frame.Header
-	data  [][][]byte
-	fails []error
+	// added are the host sums each worker's aggregator was given, and
+	// whether each came in a buffer the aggregator handed out (no copy).
+	added   [][]frame.Header
+	data    [][][]byte
+	adopted [][]bool
+	handed  map[*byte]bool // the aggregators' buffers handed out
+	fails   []error
+}
+
+// shellAgg is worker i's aggregator in a shellGroup: it records what
+// it is given.
+type shellAgg struct {
+	g *shellGroup
+	i int
+}
+
+func (a shellAgg) AddLocal(h *frame.Header, data []byte) error {
+	return a.HandlePush(h, data, false)
+}
+
+func (a shellAgg) PayloadBuffer(h *frame.Header) []byte {
+	b := make([]byte, h.Length)
+	a.g.mu.Lock()
+	defer a.g.mu.Unlock()
+	a.g.handed[&b[0]] = true
+	return b
+}
+
+func (a shellAgg) HandlePush(h *frame.Header, payload []byte, inPlace bool) error {
+	a.g.mu.Lock()
+	defer a.g.mu.Unlock()
+	a.g.added[a.i] = append(a.g.added[a.i], *h)
+	a.g.data[a.i] = append(a.g.data[a.i], bytes.Clone(payload))
+	a.g.adopted[a.i] = append(a.g.adopted[a.i], inPlace && a.g.handed[&payload[0]])
+	return nil
 }
 
 // newShellGroup starts the sides of a group of n workers (ranks 0 to
 // n-1, the first leading) whose partitions are at most partBytes.
 func newShellGroup(t *testing.T, n int, partBytes uint64) *shellGroup {
 	t.Helper()
-	g := &shellGroup{added: make([][]frame.Header, n), data: make([][][]byte, n)}
+	g := &shellGroup{added: make([][]frame.Header, n), data: make([][][]byte, n), adopted: make([][]bool, n), handed: map[*byte]bool{}}
 	var workers []node.ID
 	for i := range n {
 		workers = append(workers, node.WorkerID(i))
@@ -63,13 +94,7 @@ func newShellGroup(t *testing.T, n int, partBytes uint64) *shellGroup {
 			}
 			return nil
 		}
-		l.local = func(h *frame.Header, data []byte) error {
-			g.mu.Lock()
-			defer g.mu.Unlock()
-			g.added[i] = append(g.added[i], *h)
-			g.data[i] = append(g.data[i], bytes.Clone(data))
-			return nil
-		}
+		l.agg = shellAgg{g: g, i: i}
 		for _, w := range workers {
 			l.addrs = append(l.addrs, &net.UnixAddr{Name: fmt.Sprintf("@%s-%d-%s", name, os.Getpid(), w), Net: "unixgram"})
 		}
@@ -118,6 +143,27 @@ func (g *shellGroup) push(t *testing.T, i, part int, to node.ID) {
 	}
 }
 
+// settle waits, for 30 s at most, until done holds or a side failed,
+// which fails the test. It returns with g.mu held. done takes the locks
+// it needs: a leader holds its side's lock while it takes g.mu (its
+// aggregator's PayloadBuffer).
+func (g *shellGroup) settle(t *testing.T, done func() bool) {
+	t.Helper()
+	failed := func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.fails) > 0
+	}
+	for deadline := time.Now().Add(30 * time.Second); !failed() && !done() && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	g.mu.Lock()
+	if len(g.fails) > 0 {
+		g.mu.Unlock()
+		t.Fatalf("failed: %v", g.fails)
+	}
+}
+
 func float32Bytes(f float32) []byte {
 	return binary.LittleEndian.AppendUint32(nil, math.Float32bits(f))
 }
@@ -138,24 +184,18 @@ func TestLocalHostSumToMember(t *testing.T) {
 			g.push(t, i, part, to[part])
 		}
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	g.settle(t, func() bool {
 		g.mu.Lock()
-		done := len(g.added[1]) == 1 && len(g.added[2]) == 1 && len(g.sent) == 1
+		sums := len(g.added[1]) == 1 && len(g.added[2]) == 1 && len(g.sent) == 1
 		g.mu.Unlock()
-		g.l[0].mu.Lock()
-		free := len(g.l[0].free)
-		g.l[0].mu.Unlock()
-		if done && free == localChunks || time.Now().After(deadline) {
-			break
+		if !sums {
+			return false
 		}
-		time.Sleep(time.Millisecond)
-	}
-	g.mu.Lock()
+		g.l[0].mu.Lock()
+		defer g.l[0].mu.Unlock()
+		return len(g.l[0].free) == localChunks
+	})
 	defer g.mu.Unlock()
-	if len(g.fails) > 0 {
-		t.Fatalf("failed: %v", g.fails)
-	}
 	want := bytes.Repeat(float32Bytes(1+2+3), 16)
 	for _, m := range []int{1, 2} {
 		if len(g.added[m]) != 1 {
@@ -179,5 +219,38 @@ func TestLocalHostSumToMember(t *testing.T) {
 	defer g.l[0].mu.Unlock()
 	if len(g.l[0].free) != localChunks {
 		t.Errorf("the leader has %d result chunks free, want all %d", len(g.l[0].free), localChunks)
+	}
+}
+
+// TestLocalHostSumToLeader: the host sum of a partition the leader
+// aggregates itself reaches its own aggregator exact, in a buffer that
+// aggregator handed out (summed there: no copy on the way in), and never
+// crosses the van.
+func TestLocalHostSumToLeader(t *testing.T) {
+	const n = 3
+	g := newShellGroup(t, n, 64)
+	for i := n - 1; i >= 0; i-- {
+		g.push(t, i, 0, g.l[0].self)
+	}
+	g.settle(t, func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.added[0]) > 0
+	})
+	defer g.mu.Unlock()
+	if len(g.added[0]) != 1 {
+		t.Fatalf("the leader's aggregator was given %d host sums, want 1", len(g.added[0]))
+	}
+	if h := g.added[0][0]; node.ID(h.Sender) != g.l[0].self || h.Flags&frame.FlagHostSum == 0 {
+		t.Errorf("the leader's host sum %s", &h)
+	}
+	if want := bytes.Repeat(float32Bytes(1+2+3), 16); !bytes.Equal(g.data[0][0], want) {
+		t.Errorf("the leader's host sum %v, want %v", g.data[0][0], want)
+	}
+	if !g.adopted[0][0] {
+		t.Error("the leader's host sum came in a buffer of its own, which its aggregator copies, not in one the aggregator handed out")
+	}
+	if len(g.sent) != 0 || len(g.added[1])+len(g.added[2]) != 0 {
+		t.Errorf("sent over the van %v, given to members %v %v; want nothing", g.sent, g.added[1], g.added[2])
 	}
 }

@@ -114,7 +114,7 @@ func Start(ctx context.Context, n *cluster.Member) (*Worker, error) {
 		n.Close()
 		return nil, err
 	}
-	lagg, err := startLocal(n, w.deliverLocal, w.base.Agg.AddLocal)
+	lagg, err := startLocal(n, w.deliverLocal, w.base.Agg)
 	if err != nil {
 		w.base.Close()
 		n.Close()
