@@ -12,6 +12,7 @@
 package lbagent
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -229,7 +230,12 @@ func (a *Agent) send(r report) {
 		// node's other control messages.
 		err = a.node.PostScheduler(&control.Message{Command: control.Report, Body: body})
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, control.ErrClosed):
+		// The node is leaving: its plane closed as the program's last
+		// pushes went out, and nobody waits for their report.
+		a.node.Logger().Debug("lb: report not sent", "iteration", s.Iteration, "err", err)
+	case err != nil:
 		a.node.Logger().Warn("lb: report not sent", "iteration", s.Iteration, "err", err)
 	}
 }
