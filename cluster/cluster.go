@@ -808,6 +808,14 @@ func (n *Member) run(f func(c *core) ready) ready {
 	for _, rj := range r.rejects {
 		n.reject.Reject(rj.msg, rj.args...)
 	}
+	// Queued before any waiter wakes: a program that a failure wakes
+	// may close the node (and the plane) at once, and the scheduler
+	// must still hear why (NodeFailed), not a heartbeat's silence.
+	if n.plane != nil {
+		for _, m := range r.send {
+			_ = n.plane.Send(n.sched, m)
+		}
+	}
 	if r.fail != nil {
 		n.err = r.fail
 		close(n.failed)
@@ -815,11 +823,6 @@ func (n *Member) run(f func(c *core) ready) ready {
 	}
 	for _, ch := range release {
 		close(ch)
-	}
-	if n.plane != nil {
-		for _, m := range r.send {
-			_ = n.plane.Send(n.sched, m)
-		}
 	}
 	if r.terminated {
 		close(n.terminated)
