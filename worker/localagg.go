@@ -920,15 +920,14 @@ func (l *localAgg) addOwn(msg *frame.Message) {
 // firstSum is a buffer for the host sum of slot h holding data, its
 // first contribution: the aggregator's own where the leader aggregates
 // the partition itself, so that the sum needs no copy there (addOwn), a
-// spare one otherwise. Called with l.mu held: the aggregator never calls
-// into the group under its lock.
+// spare one otherwise. h.Length is len(data): a push's own, or a
+// member's contribution cut to it. Called with l.mu held: the aggregator
+// never calls into the group under its lock.
 func (l *localAgg) firstSum(h *frame.Header, data []byte) []byte {
 	if node.ID(h.Recipient) != l.self {
 		return append(l.sumBuf(len(data)), data...)
 	}
-	hh := *h
-	hh.Length = uint64(len(data))
-	buf := l.agg.PayloadBuffer(&hh)
+	buf := l.agg.PayloadBuffer(h)
 	copy(buf, data)
 	return buf
 }
