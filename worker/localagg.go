@@ -72,14 +72,6 @@ type localAgg struct {
 	from    uint64
 	version uint32
 	conn    *net.UnixConn
-	// peers are writer's sockets, each connected to a member's (by
-	// index), dialled on first use: a notice sent to an address from the
-	// unconnected conn finds the member's queue full often (it holds 10
-	// datagrams) and gets EAGAIN, and since the kernel only wakes a
-	// connected sender when that queue drains, the writer would retry
-	// at every wake-up of its own socket (most of its sends failed so).
-	// Guarded by mu; closed at close.
-	peers   map[int]*net.UnixConn
 	addrs   []*net.UnixAddr // by member index
 	fail    func(error)
 	deliver func(h *frame.Header, data []byte)
@@ -101,8 +93,12 @@ type localAgg struct {
 	survives func(node.ID) bool
 	dropped  map[node.ID]bool // aggregators whose host sums were dropped (logged once each)
 
-	mu   sync.Mutex
-	cond *sync.Cond
+	mu sync.Mutex
+	// cond is signalled when a chunk is freed or the side stops;
+	// outReady, writer's, when notices are queued for it or a send
+	// straight from notify ends, or the side closes (a chunk freed per
+	// notice read would wake writer for nothing).
+	cond, outReady *sync.Cond
 	// forming: the group is not formed yet (a re-formed one, formed on a
 	// goroutine of its own so that no directive waits for it); its pushes
 	// wait in pending, their Done not run, until it is.
@@ -130,6 +126,11 @@ type localAgg struct {
 	// on each other's full socket queue would wait for ever; a network
 	// namespace's queue holds 10 datagrams).
 	outbox []outNotice
+	// sending: notices are going out on sockets, a batch of the outbox
+	// (writer) or one straight from notify; only the goroutine that set
+	// it uses sockets, so that notices leave in the order made.
+	sending bool
+	sockets noticeSockets
 	// retired: every worker has the sums of every iteration the group
 	// summed (the LB's Done passed them), so nothing of it is needed
 	// again; its segment is unmapped (or being) and no call touches it.
@@ -191,7 +192,7 @@ func newLocalAgg(n *cluster.Member, g localagg.Group, name string, from uint64, 
 	l := &localAgg{log: n.Logger(), self: self, group: g, idx: slices.Index(g.Workers, self), name: name, from: from, version: version,
 		fail: n.Fail, deliver: deliver, send: n.Van().Send, agg: agg, metrics: n.Metrics(), elastic: cfg.WorkersMayLeave(), survives: cfg.Survives, dropped: map[node.ID]bool{}, until: math.MaxUint64,
 		dir: cfg.SegmentDir(), job: n.JobStamp(), layout: localagg.GroupLayout(len(g.Workers), cfg.PartitionBytes)}
-	l.cond = sync.NewCond(&l.mu)
+	l.initConds()
 	for _, w := range g.Workers {
 		l.addrs = append(l.addrs, &net.UnixAddr{Name: "@" + name + "-" + w.String(), Net: "unixgram"})
 	}
@@ -331,7 +332,12 @@ func (l *localAgg) join(name string, job uint64, layout localagg.Layout, deadlin
 	return l.notify(0, noticeHello, 0, nil)
 }
 
-// notify queues a notice to member m; writer sends it.
+// notify sends a notice to member m. Where nothing is queued or going
+// out it sends the notice itself, unless the member's queue is full:
+// handed to writer, the notice would wait for that goroutine's wake-up,
+// and where the caller is the program's thread, which goes back to C
+// holding its P, for sysmon to find the writer there. Otherwise, or if
+// that send fails, writer sends it (and handles the failure), in order.
 func (l *localAgg) notify(m int, kind byte, chunk int, h *frame.Header) error {
 	n := outNotice{to: m}
 	n.b[0] = kind
@@ -345,9 +351,44 @@ func (l *localAgg) notify(m int, kind byte, chunk int, h *frame.Header) error {
 	if l.closed {
 		return errors.New("local aggregation: closed")
 	}
-	l.outbox = append(l.outbox, n)
-	l.cond.Broadcast()
+	if l.sending || len(l.outbox) > 0 {
+		l.outbox = append(l.outbox, n)
+		if !l.sending {
+			l.outReady.Broadcast()
+		}
+		return nil
+	}
+	l.sending = true
+	l.mu.Unlock()
+	sent := l.sendNow(&n)
+	l.mu.Lock()
+	l.sending = false
+	if sent {
+		l.datagrams++
+	} else {
+		l.outbox = slices.Insert(l.outbox, 0, n)
+	}
+	if len(l.outbox) > 0 || l.closed {
+		l.outReady.Broadcast()
+	}
 	return nil
+}
+
+// sendNow sends notice n if it can without waiting. Called by the
+// goroutine that set sending.
+func (l *localAgg) sendNow(n *outNotice) bool {
+	fd, err := l.sockets.to(n.to, l.addrs[n.to])
+	if err != nil {
+		return false
+	}
+	_, err = unix.Write(fd, n.b[:])
+	return err == nil
+}
+
+// initConds makes the side's condition variables, on mu.
+func (l *localAgg) initConds() {
+	l.cond = sync.NewCond(&l.mu)
+	l.outReady = sync.NewCond(&l.mu)
 }
 
 // enter counts a user of the segment in, unless closed or retired.
@@ -367,37 +408,45 @@ func (l *localAgg) enterRetired() (ok, retired bool) {
 	return true, false
 }
 
-// writer sends the queued notices until close. Its buffers are reused
-// from batch to batch: the outbox it took last (notify fills the other)
-// and the datagrams (the kernel copies each as it is sent).
+// writer sends the queued notices until close, over the group's sockets
+// (noticeSockets), which it closes on its way out. Its buffers are
+// reused from batch to batch: the outbox it took last (notify fills the
+// other) and the datagrams (the kernel copies each as it is sent).
 func (l *localAgg) writer() {
 	defer l.socks.Done()
 	var spare []outNotice
 	var ds []datagram
 	for {
 		l.mu.Lock()
-		for len(l.outbox) == 0 && !l.closed {
-			l.cond.Wait()
+		for (len(l.outbox) == 0 || l.sending) && !l.closed {
+			l.outReady.Wait()
 		}
 		if l.closed {
+			for l.sending {
+				l.outReady.Wait()
+			}
+			l.sending = true // for good: no one sends once closed
 			l.mu.Unlock()
+			l.sockets.close()
 			return
 		}
 		out := l.outbox
 		l.outbox = spare[:0]
+		l.sending = true
 		l.mu.Unlock()
 		ds = packNotices(ds, out)
 		spare = out
 		for _, n := range ds {
-			c, err := l.peer(n.to)
+			fd, err := l.sockets.to(n.to, l.addrs[n.to])
 			if err == nil {
-				err = l.write(c, n.b)
+				err = l.write(fd, n.b)
 			}
 			if err != nil {
 				l.mu.Lock()
 				closed, retired := l.closed, l.retired
 				l.mu.Unlock()
 				if closed {
+					l.sockets.close() // sending stays set
 					return
 				}
 				if retired {
@@ -414,61 +463,91 @@ func (l *localAgg) writer() {
 					continue
 				}
 				l.fail(fmt.Errorf("worker: local aggregation: notice to %s: %w", l.group.Workers[n.to], err))
+				l.sockets.close() // sending stays set: no one sends on them again
 				return
 			}
 			l.mu.Lock()
 			l.datagrams++
 			l.mu.Unlock()
 		}
+		l.mu.Lock()
+		l.sending = false
+		l.mu.Unlock()
 	}
 }
 
-// peer is writer's socket connected to member m, dialled on first use.
-func (l *localAgg) peer(m int) (*net.UnixConn, error) {
-	l.mu.Lock()
-	c := l.peers[m]
-	l.mu.Unlock()
-	if c != nil {
-		return c, nil
+// noticeSockets are the sockets notices go out on, each connected to a
+// member's (by index), dialled on first use. A notice sent to an address from one
+// unconnected socket finds the member's queue full often (it holds 10
+// datagrams) and gets EAGAIN, and since the kernel only wakes a connected
+// sender when that queue drains, the writer would retry at every wake-up
+// (most of its sends failed so). They are plain non-blocking descriptors,
+// not the runtime poller's: the poller watches every descriptor for room
+// to write as well, edge-triggered, so each datagram a member read would
+// wake this process's poller for room no one waits for (a thread woken
+// per notice); writer waits for room itself (write). Only the goroutine
+// that set localAgg.sending uses them; writer closes them on its way out.
+type noticeSockets map[int]int
+
+// to is the socket connected to member m at addr.
+func (s *noticeSockets) to(m int, addr *net.UnixAddr) (int, error) {
+	if fd, ok := (*s)[m]; ok {
+		return fd, nil
 	}
-	c, err := net.DialUnix("unixgram", nil, l.addrs[m])
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, err
+		return -1, fmt.Errorf("notice socket: %w", err)
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		c.Close()
-		return nil, errors.New("local aggregation: closed")
+	if err := unix.Connect(fd, &unix.SockaddrUnix{Name: addr.Name}); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("connect to %s: %w", addr.Name, err)
 	}
-	if l.peers == nil {
-		l.peers = map[int]*net.UnixConn{}
+	if *s == nil {
+		*s = make(noticeSockets)
 	}
-	l.peers[m] = c
-	return c, nil
+	(*s)[m] = fd
+	return fd, nil
 }
 
-// write sends datagram b over c, waiting while the member's queue is
-// full, and counts the sends that found it full (sendFull).
-func (l *localAgg) write(c *net.UnixConn, b []byte) error {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return err
+func (s noticeSockets) close() {
+	for _, fd := range s {
+		unix.Close(fd)
 	}
-	var werr error
-	if err := rc.Write(func(fd uintptr) bool {
-		_, werr = unix.Write(int(fd), b)
-		if werr == unix.EAGAIN {
-			l.mu.Lock()
-			l.sendFull++
-			l.mu.Unlock()
-			return false // wait until the member's queue has room
+}
+
+// roomWait bounds one wait of write for room in a member's queue, so that
+// close ends the wait within it.
+const roomWait = 50 * time.Millisecond
+
+// write sends datagram b over fd, waiting while the member's queue is
+// full, and counts the datagrams that found it full (sendFull).
+func (l *localAgg) write(fd int, b []byte) error {
+	full := false
+	for {
+		_, err := unix.Write(fd, b)
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, unix.EINTR):
+			continue
+		case !errors.Is(err, unix.EAGAIN):
+			return err
 		}
-		return true
-	}); err != nil {
-		return err
+		l.mu.Lock()
+		if !full {
+			full = true
+			l.sendFull++
+		}
+		closed := l.closed
+		l.mu.Unlock()
+		if closed {
+			return errors.New("local aggregation: closed")
+		}
+		room := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLOUT}}
+		if _, err := unix.Poll(room, int(roomWait/time.Millisecond)); err != nil && !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("wait for room: %w", err)
+		}
 	}
-	return werr
 }
 
 // datagram is notices to one member, packed back to back.
@@ -1130,6 +1209,7 @@ func (l *localAgg) stop() {
 	l.mu.Lock()
 	l.closed = true
 	l.cond.Broadcast()
+	l.outReady.Broadcast()
 	l.mu.Unlock()
 }
 
@@ -1146,15 +1226,12 @@ func (l *localAgg) closeNow() {
 	l.mu.Lock()
 	l.closed = true
 	l.cond.Broadcast()
-	conn, pending, peers := l.conn, l.pending, l.peers
-	l.pending, l.peers = nil, nil
+	l.outReady.Broadcast()
+	conn, pending := l.conn, l.pending
+	l.pending = nil
 	l.mu.Unlock()
 	if conn != nil {
 		conn.Close()
-	}
-	// A write blocked on a member's full queue ends with its socket.
-	for _, c := range peers {
-		c.Close()
 	}
 	// Pushes that waited for a group never formed: dropped, as those of
 	// a dissolved group are (the retry that ended it sends them again).
@@ -1164,7 +1241,8 @@ func (l *localAgg) closeNow() {
 		}
 	}
 	// No one touches the segment once they are out (a pending socket
-	// call ends with the socket, a wait for a chunk with closed).
+	// call ends with the socket, a wait for a chunk or for room in a
+	// member's queue with closed).
 	l.busy.Wait()
 	l.socks.Wait()
 	if l.idx == 0 && l.core != nil {

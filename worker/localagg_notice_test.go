@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -114,16 +113,18 @@ func TestLocalNoticesPacked(t *testing.T) {
 	defer member.Close()
 	l := &localAgg{log: slog.New(slog.NewTextHandler(io.Discard, nil)), self: workers[0], group: localagg.Group{Host: "a", Workers: workers},
 		addrs: addrs, fail: func(err error) { t.Errorf("failed: %v", err) }}
-	l.cond = sync.NewCond(&l.mu)
+	l.initConds()
 	if l.conn, err = net.ListenUnixgram("unixgram", addrs[0]); err != nil {
 		t.Fatal(err)
 	}
-	// Queued before the writer runs, as while it sends earlier ones.
+	// Queued while earlier ones go out.
+	l.sending = true
 	for c := range queued {
 		if err := l.notify(1, noticeConsumed, c, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
+	l.sending = false
 	l.socks.Add(1)
 	go l.writer()
 
@@ -177,7 +178,7 @@ func TestLocalWriterWaitsForAFullMember(t *testing.T) {
 	}
 	l := &localAgg{log: slog.New(slog.NewTextHandler(io.Discard, nil)), self: workers[0], group: localagg.Group{Host: "a", Workers: workers},
 		addrs: addrs, fail: func(err error) { t.Errorf("failed: %v", err) }}
-	l.cond = sync.NewCond(&l.mu)
+	l.initConds()
 	var err error
 	if l.conn, err = net.ListenUnixgram("unixgram", addrs[0]); err != nil {
 		t.Fatal(err)
@@ -244,4 +245,77 @@ func TestLocalWriterWaitsForAFullMember(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("close did not end the writer waiting on a full member's queue")
 	}
+}
+
+// TestLocalNoticeSentByItsCaller: with nothing queued or going out, a
+// notice leaves from notify itself, with no writer running; once the
+// member's queue is full, notices wait for the writer, and every one
+// reaches the member once, in the order made.
+func TestLocalNoticeSentByItsCaller(t *testing.T) {
+	workers := []node.ID{node.WorkerID(0), node.WorkerID(1)}
+	var addrs []*net.UnixAddr
+	for _, w := range workers {
+		addrs = append(addrs, &net.UnixAddr{Name: fmt.Sprintf("@fpt-lagg-test-direct-%d-%d-%s", os.Getpid(), time.Now().UnixNano(), w), Net: "unixgram"})
+	}
+	member, err := net.ListenUnixgram("unixgram", addrs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer member.Close()
+	if err := member.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	l := &localAgg{log: slog.New(slog.NewTextHandler(io.Discard, nil)), self: workers[0], group: localagg.Group{Host: "a", Workers: workers},
+		addrs: addrs, fail: func(err error) { t.Errorf("failed: %v", err) }}
+	l.initConds()
+	buf := make([]byte, noticeLen*noticesPerDatagram)
+	var got []int // the chunks of the notices read, in order
+	read := func() {
+		n, err := member.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ns, err := splitNotices(buf[:n])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range ns {
+			got = append(got, int(b[3]))
+		}
+	}
+
+	if err := l.notify(1, noticeConsumed, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	read()
+	if !slices.Equal(got, []int{0}) || l.datagrams != 1 || len(l.outbox) != 0 {
+		t.Fatalf("read %v, %d datagrams sent, %d queued; want notice 0 sent by notify", got, l.datagrams, len(l.outbox))
+	}
+
+	// Fill the member's queue from notify alone; the notices after the
+	// first that did not fit queue behind it.
+	const made = 40
+	for c := 1; c < made; c++ {
+		if err := l.notify(1, noticeConsumed, c%localChunks, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	direct := l.datagrams - 1
+	if len(l.outbox) == 0 {
+		t.Fatalf("all %d notices went out at once; the member's queue never filled", made-1)
+	}
+	l.socks.Add(1)
+	go l.writer()
+	for len(got) < made {
+		read()
+	}
+	l.close()
+	want := make([]int, made)
+	for c := range want {
+		want[c] = c % localChunks
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("read %v, want %v", got, want)
+	}
+	t.Logf("%d notices sent by notify, the rest by the writer", direct)
 }

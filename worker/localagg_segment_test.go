@@ -79,7 +79,7 @@ func newShellGroup(t *testing.T, n int, partBytes uint64) *shellGroup {
 	for i := range n {
 		l := &localAgg{log: log, self: workers[i], group: localagg.Group{Host: "a", Workers: workers}, idx: i,
 			survives: cfg.Survives, dropped: map[node.ID]bool{}, until: math.MaxUint64, elastic: true}
-		l.cond = sync.NewCond(&l.mu)
+		l.initConds()
 		l.fail = func(err error) {
 			g.mu.Lock()
 			defer g.mu.Unlock()

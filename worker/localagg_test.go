@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"math"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/fptps/fpt/config"
@@ -26,7 +25,7 @@ func testLeader(t *testing.T, workers []node.ID, cfg *config.Config, send func(*
 	l := &localAgg{log: slog.New(slog.NewTextHandler(io.Discard, nil)), self: workers[0], group: localagg.Group{Host: "a", Workers: workers},
 		fail: fail, send: send, survives: cfg.Survives, dropped: map[node.ID]bool{}, until: math.MaxUint64,
 		core: core, first: map[localagg.Slot]frame.Header{}, sums: map[localagg.Slot][]byte{}, readers: map[int]readers{}}
-	l.cond = sync.NewCond(&l.mu)
+	l.initConds()
 	return l
 }
 
