@@ -1,5 +1,8 @@
+#include <linux/futex.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "shim.h"
 
@@ -64,21 +67,17 @@ extern int fpt_go_wait(int64_t ts, fpt_waiter* w);
 int fpt_wait(int64_t ts) {
   fpt_waiter w;
   memset(&w, 0, sizeof w);
-  pthread_mutex_init(&w.mu, NULL);
-  pthread_cond_init(&w.cv, NULL);
   int status = fpt_go_wait(ts, &w);
   if (status == FPT_WAIT_PENDING) {
-    pthread_mutex_lock(&w.mu);
-    while (!w.done) {
-      pthread_cond_wait(&w.cv, &w.mu);
+    while (__atomic_load_n(&w.done, __ATOMIC_ACQUIRE) == 0) {
+      /* Returns at once if done is no longer 0, on a signal, or
+       * spuriously: the loop looks again. */
+      syscall(SYS_futex, &w.done, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
     }
-    pthread_mutex_unlock(&w.mu);
     status = w.status;
     fpt_set_last_error(w.msg, w.n);
     free(w.msg);
   }
-  pthread_cond_destroy(&w.cv);
-  pthread_mutex_destroy(&w.mu);
   return status;
 }
 
@@ -92,13 +91,14 @@ void fpt_waiter_done(fpt_waiter* w, int status, const char* msg, size_t n) {
       n = 0;
     }
   }
-  /* Signalled under the lock: fpt_wait destroys w once it sees done, which
-   * it can only after this unlock. */
-  pthread_mutex_lock(&w->mu);
   w->status = status;
   w->msg = m;
   w->n = n;
-  w->done = 1;
-  pthread_cond_signal(&w->cv);
-  pthread_mutex_unlock(&w->mu);
+  int* done = &w->done;
+  __atomic_store_n(done, 1, __ATOMIC_RELEASE);
+  /* w may be gone once done is set (fpt_wait returned): the wake names
+   * only its address, still mapped on the waiter's stack, and a futex
+   * waiter that a wake meant for another finds its own word unchanged and
+   * waits again. */
+  syscall(SYS_futex, done, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }

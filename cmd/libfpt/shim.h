@@ -4,7 +4,6 @@
 #ifndef FPT_SHIM_H
 #define FPT_SHIM_H
 
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,13 +34,14 @@ __attribute__((visibility("hidden"))) int fpt_invoke_params(fpt_params_fn fn, ui
                                                             uint64_t key, void* dst, uint64_t bytes);
 
 /* A thread blocked in fpt_wait: the goroutine that releases the request
- * fills in its status and message and signals it (fpt_waiter_done), so
- * the thread wakes in C, never waiting for the Go scheduler to hand it
- * back its goroutine. It lives on fpt_wait's stack. */
+ * fills in its status and message, sets done and wakes it (a futex on
+ * done: fpt_waiter_done), so the thread wakes in C, never waiting for the
+ * Go scheduler to hand it back its goroutine, and no lock is taken on
+ * either side (a condition variable signalled under its mutex woke the
+ * waiter into that mutex, still held: a second wake-up). It lives on
+ * fpt_wait's stack. */
 typedef struct {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int done;
+  int done; /* set last, with release order; the futex word */
   int status;
   char* msg; /* malloc'd, or NULL */
   size_t n;
