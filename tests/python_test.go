@@ -355,9 +355,9 @@ func TestPythonTrainingMatchesSingleProcess(t *testing.T) {
 	}
 }
 
-// examples/pytorch/exchange.py runs fpt and gloo on the same exchange and
-// prints one JSON row per size, every value checked by the workers (a
-// wrong sum exits non-zero). fpt's workers sum on their host, as fptrun
+// examples/pytorch/exchange.py runs fpt, gloo and the floor (plain TCP
+// sockets to worker 0) on the same exchange and prints one JSON row per
+// size, every value checked by the workers (a wrong sum exits non-zero). fpt's workers sum on their host, as fptrun
 // runs a job on one machine; --network, which only sets fpt's
 // FPT_LOCAL_AGGREGATION=off, is not run: each run costs a minute here.
 func TestPythonExchangeAgainstGloo(t *testing.T) {
@@ -380,7 +380,8 @@ func TestPythonExchangeAgainstGloo(t *testing.T) {
 		t.Fatalf("exchange.py printed %d rows %v, want 4096 and 102400 bytes:\n%s", len(rows), rows, out)
 	}
 	for _, r := range rows {
-		for _, f := range []string{"workers", "fpt_median_ms", "fpt_p90_ms", "gloo_median_ms", "gloo_p90_ms", "fpt_over_gloo"} {
+		for _, f := range []string{"workers", "fpt_median_ms", "fpt_p90_ms", "gloo_median_ms", "gloo_p90_ms", "fpt_over_gloo",
+			"tcp_median_ms", "tcp_p90_ms", "fpt_over_tcp"} {
 			if v, _ := r[f].(float64); !(v > 0) {
 				t.Errorf("row %v: %s is not positive", r, f)
 			}

@@ -5,7 +5,10 @@ fpt.push_pull of every bucket, then a wait; gloo: an asynchronous
 torch.distributed.all_reduce per bucket, then a wait). Every value a worker
 gets back is checked exactly. For each size and worker count, one run of
 each system, alternated, prints the median and 90th percentile of a step's
-exchange time on worker 0:
+exchange time on worker 0, beside those of the floor: the same exchange
+through plain TCP sockets to worker 0, which sums with torch and sends the
+sums back (no library, one socket per worker: what the machine's cores and
+loopback allow a step in Python):
 
     python examples/pytorch/exchange.py [--sizes 4K,1M,25M,100M] [--workers 2,4] [--steps 30] [--warmup 20] [--json]
                                         [--network]
@@ -27,6 +30,7 @@ import glob
 import json
 import os
 import re
+import socket
 import statistics
 import shutil
 import subprocess
@@ -100,6 +104,9 @@ def worker(a):
             check(sums, workers, step)
         if a.trace_dir and rank == 0:
             write_steps(os.path.join(a.trace_dir, "steps-worker0.json"), fpt.my_id(), spans)
+    elif a.system == "tcp":
+        rank, workers = a.rank, a.workers
+        times = tcp_steps(a, rank, workers, grads, sums)
     else:
         import torch.distributed as dist
 
@@ -118,8 +125,72 @@ def worker(a):
         print("RESULT %s %s" % (a.system, ",".join("%.4f" % (1e3 * t) for t in times)), flush=True)
     if a.system == "fpt":
         fpt.finalize()
-    else:
+    elif a.system == "gloo":
         dist.destroy_process_group()
+
+
+def tcp_steps(a, rank, workers, grads, sums):
+    """The floor's steps: every other worker sends its buckets to worker 0
+    over a TCP socket of its own; worker 0 sums them into its sums with
+    torch and sends those back. Worker 0's times, in seconds."""
+    host, port = a.master.rsplit(":", 1)
+    view = lambda t: memoryview(t.numpy()).cast("B")  # noqa: E731
+    if rank == 0:
+        with socket.create_server((host, int(port))) as srv:
+            peers = [srv.accept()[0] for _ in range(workers - 1)]
+        inbox = [[torch.empty_like(g) for g in grads] for _ in peers]
+    else:
+        peers = [tcp_connect(host, int(port))]
+    for c in peers:
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    times = []
+    for step in range(a.warmup + a.steps):
+        for g in grads:
+            g.fill_(rank + 1 + step)
+        t = time.perf_counter()
+        if rank == 0:
+            for c, bufs in zip(peers, inbox):
+                for b in bufs:
+                    recv_all(c, view(b))
+            for i, (g, s) in enumerate(zip(grads, sums)):
+                torch.add(g, inbox[0][i], out=s)
+                for bufs in inbox[1:]:
+                    s.add_(bufs[i])
+            for c in peers:
+                for s in sums:
+                    c.sendall(view(s))
+        else:
+            for g in grads:
+                peers[0].sendall(view(g))
+            for s in sums:
+                recv_all(peers[0], view(s))
+        if step >= a.warmup:
+            times.append(time.perf_counter() - t)
+        check(sums, workers, step)
+    for c in peers:
+        c.close()
+    return times
+
+
+def tcp_connect(host, port, timeout=30):
+    """A connection to worker 0's listener, which may not be up yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return socket.create_connection((host, port))
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def recv_all(c, mv):
+    """Fills mv from c."""
+    while mv:
+        n = c.recv_into(mv)
+        if n == 0:
+            sys.exit("exchange.py: worker 0's peer closed its socket mid-step")
+        mv = mv[n:]
 
 
 def write_steps(path, node_id, spans):
@@ -156,9 +227,9 @@ RESULT = re.compile(r"RESULT (\w+) ([0-9.,]+)")
 
 def run(me, system, workers, flags, extra_env=None):
     """One run of system with workers workers: worker 0's times in ms."""
-    if system == "gloo":
+    if system in ("gloo", "tcp"):
         master = "127.0.0.1:%d" % free_port()
-        procs = [subprocess.Popen([sys.executable, me, "--system", "gloo", "--rank", str(r), "--workers",
+        procs = [subprocess.Popen([sys.executable, me, "--system", system, "--rank", str(r), "--workers",
                                    str(workers), "--master", master] + flags,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for r in range(workers)]
@@ -195,7 +266,7 @@ def main():
                         "instead of summing on their host")
     p.add_argument("--breakdown", action="store_true",
                    help="fpt only, traced: where worker 0's step time goes (fpt trace breakdown)")
-    p.add_argument("--system", choices=["fpt", "gloo"], help=argparse.SUPPRESS)
+    p.add_argument("--system", choices=["fpt", "gloo", "tcp"], help=argparse.SUPPRESS)
     p.add_argument("--bytes", type=parse_size, help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--master", help=argparse.SUPPRESS)
@@ -220,25 +291,30 @@ def main():
                     print(out, flush=True)
         return
     if not a.json:
-        print("worker 0's exchange of one step (ms), %d steps after %d warm-up, one run each, alternated"
-              % (a.steps, a.warmup))
-        print("%8s %12s %11s %9s %11s %9s %10s" % ("workers", "bytes", "fpt median", "fpt p90", "gloo median",
-                                                   "gloo p90", "fpt/gloo"))
+        print("worker 0's exchange of one step (ms), %d steps after %d warm-up, one run each, alternated; "
+              "tcp: the floor (plain sockets to worker 0)" % (a.steps, a.warmup))
+        print("%8s %12s %11s %9s %11s %9s %10s %9s %9s %8s" % (
+            "workers", "bytes", "fpt median", "fpt p90", "gloo median", "gloo p90", "tcp median", "tcp p90",
+            "fpt/gloo", "fpt/tcp"))
     for workers in counts:
         for nbytes in sizes:
             flags = ["--bytes", str(nbytes), "--steps", str(a.steps), "--warmup", str(a.warmup)]
+            tcp = run(me, "tcp", workers, flags)
             gloo = run(me, "gloo", workers, flags)
             fpt = run(me, "fpt", workers, flags, fpt_env)
-            row = {"workers": workers, "bytes": nbytes, "local_aggregation": fpt_env["FPT_LOCAL_AGGREGATION"],
-                   "fpt_median_ms": round(statistics.median(fpt), 3), "fpt_p90_ms": round(p90(fpt), 3),
-                   "gloo_median_ms": round(statistics.median(gloo), 3), "gloo_p90_ms": round(p90(gloo), 3)}
+            row = {"workers": workers, "bytes": nbytes, "local_aggregation": fpt_env["FPT_LOCAL_AGGREGATION"]}
+            for name, times in (("fpt", fpt), ("gloo", gloo), ("tcp", tcp)):
+                row[name + "_median_ms"] = round(statistics.median(times), 3)
+                row[name + "_p90_ms"] = round(p90(times), 3)
             row["fpt_over_gloo"] = round(row["fpt_median_ms"] / row["gloo_median_ms"], 3)
+            row["fpt_over_tcp"] = round(row["fpt_median_ms"] / row["tcp_median_ms"], 3)
             if a.json:
                 print(json.dumps(row), flush=True)
             else:
-                print("%8d %12d %11.2f %9.2f %11.2f %9.2f %10.2f" % (
+                print("%8d %12d %11.2f %9.2f %11.2f %9.2f %10.2f %9.2f %9.2f %8.2f" % (
                     workers, nbytes, row["fpt_median_ms"], row["fpt_p90_ms"], row["gloo_median_ms"],
-                    row["gloo_p90_ms"], row["fpt_over_gloo"]), flush=True)
+                    row["gloo_p90_ms"], row["tcp_median_ms"], row["tcp_p90_ms"], row["fpt_over_gloo"],
+                    row["fpt_over_tcp"]), flush=True)
 
 
 if __name__ == "__main__":
