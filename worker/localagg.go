@@ -131,6 +131,7 @@ type localAgg struct {
 	// it uses sockets, so that notices leave in the order made.
 	sending bool
 	sockets noticeSockets
+	direct  []datagram // post's, reused (by the goroutine that set sending)
 	// retired: every worker has the sums of every iteration the group
 	// summed (the LB's Done passed them), so nothing of it is needed
 	// again; its segment is unmapped (or being) and no call touches it.
@@ -332,13 +333,13 @@ func (l *localAgg) join(name string, job uint64, layout localagg.Layout, deadlin
 	return l.notify(0, noticeHello, 0, nil)
 }
 
-// notify sends a notice to member m. Where nothing is queued or going
-// out it sends the notice itself, unless the member's queue is full:
-// handed to writer, the notice would wait for that goroutine's wake-up,
-// and where the caller is the program's thread, which goes back to C
-// holding its P, for sysmon to find the writer there. Otherwise, or if
-// that send fails, writer sends it (and handles the failure), in order.
+// notify sends a notice to member m (post).
 func (l *localAgg) notify(m int, kind byte, chunk int, h *frame.Header) error {
+	return l.post(l.notice(m, kind, chunk, h))
+}
+
+// notice is a notice to member m from this side.
+func (l *localAgg) notice(m int, kind byte, chunk int, h *frame.Header) outNotice {
 	n := outNotice{to: m}
 	n.b[0] = kind
 	binary.LittleEndian.PutUint16(n.b[1:], uint16(l.idx))
@@ -346,13 +347,27 @@ func (l *localAgg) notify(m int, kind byte, chunk int, h *frame.Header) error {
 	if h != nil {
 		h.Encode(n.b[7:])
 	}
+	return n
+}
+
+// post sends notices ns, in order. Where nothing is queued or going out
+// and they fit one datagram (to one member), it sends them itself, unless
+// the member's queue is full: handed to writer, they would wait for that
+// goroutine's wake-up, and where the caller is the program's thread,
+// which goes back to C holding its P, for sysmon to find the writer
+// there. Otherwise, or if that send fails, writer sends them (and
+// handles the failure), in order.
+func (l *localAgg) post(ns ...outNotice) error {
+	if len(ns) == 0 {
+		return nil
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
 		return errors.New("local aggregation: closed")
 	}
 	if l.sending || len(l.outbox) > 0 {
-		l.outbox = append(l.outbox, n)
+		l.outbox = append(l.outbox, ns...)
 		if !l.sending {
 			l.outReady.Broadcast()
 		}
@@ -360,13 +375,14 @@ func (l *localAgg) notify(m int, kind byte, chunk int, h *frame.Header) error {
 	}
 	l.sending = true
 	l.mu.Unlock()
-	sent := l.sendNow(&n)
+	l.direct = packNotices(l.direct, ns)
+	sent := len(l.direct) == 1 && l.sendNow(l.direct[0])
 	l.mu.Lock()
 	l.sending = false
 	if sent {
 		l.datagrams++
 	} else {
-		l.outbox = slices.Insert(l.outbox, 0, n)
+		l.outbox = slices.Insert(l.outbox, 0, ns...)
 	}
 	if len(l.outbox) > 0 || l.closed {
 		l.outReady.Broadcast()
@@ -374,14 +390,14 @@ func (l *localAgg) notify(m int, kind byte, chunk int, h *frame.Header) error {
 	return nil
 }
 
-// sendNow sends notice n if it can without waiting. Called by the
+// sendNow sends datagram d if it can without waiting. Called by the
 // goroutine that set sending.
-func (l *localAgg) sendNow(n *outNotice) bool {
-	fd, err := l.sockets.to(n.to, l.addrs[n.to])
+func (l *localAgg) sendNow(d datagram) bool {
+	fd, err := l.sockets.to(d.to, l.addrs[d.to])
 	if err != nil {
 		return false
 	}
-	_, err = unix.Write(fd, n.b[:])
+	_, err = unix.Write(fd, d.b)
 	return err == nil
 }
 
@@ -761,6 +777,12 @@ func (l *localAgg) ours(h *frame.Header) bool {
 // take is intercept once the group formed.
 func (l *localAgg) take(sends []frame.Message) ([]frame.Message, error) {
 	rest := sends[:0:0]
+	// A member's contributions' notices, posted together, and then the
+	// Done of their pushes: a Done may hand this worker more pushes,
+	// whose contributions may wait for chunks that the leader frees only
+	// once it has these notices.
+	var unsent []outNotice
+	var contributed []func(error)
 	for i := range sends {
 		m := &sends[i]
 		l.mu.Lock()
@@ -770,32 +792,54 @@ func (l *localAgg) take(sends []frame.Message) ([]frame.Message, error) {
 			rest = append(rest, *m)
 			continue
 		}
-		var err error
-		if l.idx == 0 {
-			err = l.arrive(0, &m.Header, m.Payload)
-		} else {
-			err = l.contribute(m)
+		if l.idx > 0 {
+			if err := l.contribute(m, &unsent); err != nil {
+				return nil, err
+			}
+			if m.Done != nil {
+				contributed = append(contributed, m.Done)
+			}
+			continue
 		}
-		if err != nil {
+		if err := l.arrive(0, &m.Header, m.Payload); err != nil {
 			return nil, err
 		}
 		if m.Done != nil {
 			m.Done(nil)
 		}
 	}
+	if err := l.post(unsent...); err != nil {
+		return nil, err
+	}
+	for _, done := range contributed {
+		done(nil)
+	}
 	return rest, nil
 }
 
-// contribute writes a member's push into a free chunk and tells the
-// leader. A push of an iteration the group was dissolved from while it
-// waited for a chunk is dropped: the retry that dissolved it sent the
-// push again, over the network.
-func (l *localAgg) contribute(m *frame.Message) error {
+// contribute writes a member's push into a free chunk and adds the
+// notice that tells the leader to unsent, for the caller to post (take:
+// a call's together, packed). A push of an iteration the group was
+// dissolved from while it waited for a chunk is dropped: the retry that
+// dissolved it sent the push again, over the network. Before it waits
+// for a chunk, what is unsent goes out: the leader frees chunks for the
+// notices it gets.
+func (l *localAgg) contribute(m *frame.Message, unsent *[]outNotice) error {
 	if len(m.Payload) > len(l.seg.Contribution(l.idx, 0)) {
 		return fmt.Errorf("local aggregation: a %d-byte partition does not fit the segment's %d-byte slots", len(m.Payload), len(l.seg.Contribution(l.idx, 0)))
 	}
 	l.mu.Lock()
 	for len(l.free) == 0 && !l.closed && !l.retired && m.Header.Iteration < l.until {
+		if len(*unsent) > 0 {
+			l.mu.Unlock()
+			err := l.post(*unsent...)
+			*unsent = (*unsent)[:0]
+			if err != nil {
+				return err
+			}
+			l.mu.Lock()
+			continue
+		}
 		l.cond.Wait()
 	}
 	if l.closed {
@@ -810,7 +854,8 @@ func (l *localAgg) contribute(m *frame.Message) error {
 	l.free = l.free[:len(l.free)-1]
 	l.mu.Unlock()
 	copy(l.seg.Contribution(l.idx, chunk), m.Payload)
-	return l.notify(0, noticeContrib, chunk, &m.Header)
+	*unsent = append(*unsent, l.notice(0, noticeContrib, chunk, &m.Header))
+	return nil
 }
 
 // arrive is the leader's: member m's contribution h, data, is summed into

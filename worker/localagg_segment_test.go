@@ -254,3 +254,36 @@ func TestLocalHostSumToLeader(t *testing.T) {
 		t.Errorf("sent over the van %v, given to members %v %v; want nothing", g.sent, g.added[1], g.added[2])
 	}
 }
+
+// TestLocalContributionsPacked: a member's call that contributes several
+// partitions tells its leader in one datagram (each costs both sides a
+// system call, and the leader a wake-up), and the leader sums them all.
+func TestLocalContributionsPacked(t *testing.T) {
+	const parts = 4
+	g := newShellGroup(t, 2, 64)
+	var sends []frame.Message
+	for part := range parts {
+		data := bytes.Repeat(float32Bytes(2), 16)
+		h := frame.Header{Type: frame.Push, DType: frame.Float32, Sender: uint32(g.l[1].self), Recipient: uint32(g.l[0].self),
+			Key: 7, Iteration: 3, Partition: uint32(part), Offset: uint64(part * len(data)), Total: uint64(parts * len(data)), Length: uint64(len(data))}
+		sends = append(sends, frame.Message{Header: h, Payload: data})
+	}
+	if rest, err := g.l[1].intercept(sends); err != nil || len(rest) != 0 {
+		t.Fatalf("the member's push: left %d frames, %v", len(rest), err)
+	}
+	for part := range parts {
+		g.push(t, 0, part, g.l[0].self)
+	}
+	g.settle(t, func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return len(g.added[0]) == parts
+	})
+	g.mu.Unlock()
+	g.l[1].mu.Lock()
+	datagrams := g.l[1].datagrams
+	g.l[1].mu.Unlock()
+	if datagrams != 1 {
+		t.Errorf("the member sent its %d contributions' notices in %d datagrams, want 1", parts, datagrams)
+	}
+}
