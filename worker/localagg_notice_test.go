@@ -15,6 +15,36 @@ import (
 	"github.com/fptps/fpt/node"
 )
 
+// noticeLeader is the leader's side of a group of n workers (its notice
+// socket listening, its writer not started) and its members' sockets,
+// listening, for the tests of notices; name tells their addresses apart.
+func noticeLeader(t *testing.T, name string, n int) (*localAgg, []*net.UnixConn) {
+	t.Helper()
+	var workers []node.ID
+	var addrs []*net.UnixAddr
+	for i := range n {
+		workers = append(workers, node.WorkerID(i))
+		addrs = append(addrs, &net.UnixAddr{Name: fmt.Sprintf("@fpt-lagg-test-%s-%d-%d-%s", name, os.Getpid(), time.Now().UnixNano(), workers[i]), Net: "unixgram"})
+	}
+	var members []*net.UnixConn
+	for _, a := range addrs[1:] {
+		c, err := net.ListenUnixgram("unixgram", a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		members = append(members, c)
+	}
+	l := &localAgg{log: slog.New(slog.NewTextHandler(io.Discard, nil)), self: workers[0], group: localagg.Group{Host: "a", Workers: workers},
+		addrs: addrs, fail: func(err error) { t.Errorf("failed: %v", err) }}
+	l.initConds()
+	var err error
+	if l.conn, err = net.ListenUnixgram("unixgram", addrs[0]); err != nil {
+		t.Fatal(err)
+	}
+	return l, members
+}
+
 // notice is a notice of kind to member to, about chunk.
 func notice(to int, kind byte, chunk int) outNotice {
 	n := outNotice{to: to}
@@ -101,22 +131,8 @@ func TestSplitNoticesRefusesTornDatagrams(t *testing.T) {
 // queues only a few), in the order queued.
 func TestLocalNoticesPacked(t *testing.T) {
 	const queued = 5
-	workers := []node.ID{node.WorkerID(0), node.WorkerID(1)}
-	var addrs []*net.UnixAddr
-	for _, w := range workers {
-		addrs = append(addrs, &net.UnixAddr{Name: fmt.Sprintf("@fpt-lagg-test-packed-%d-%d-%s", os.Getpid(), time.Now().UnixNano(), w), Net: "unixgram"})
-	}
-	member, err := net.ListenUnixgram("unixgram", addrs[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer member.Close()
-	l := &localAgg{log: slog.New(slog.NewTextHandler(io.Discard, nil)), self: workers[0], group: localagg.Group{Host: "a", Workers: workers},
-		addrs: addrs, fail: func(err error) { t.Errorf("failed: %v", err) }}
-	l.initConds()
-	if l.conn, err = net.ListenUnixgram("unixgram", addrs[0]); err != nil {
-		t.Fatal(err)
-	}
+	l, members := noticeLeader(t, "packed", 2)
+	member := members[0]
 	// Queued while earlier ones go out.
 	l.sending = true
 	for c := range queued {
@@ -162,27 +178,7 @@ func TestLocalNoticesPacked(t *testing.T) {
 // that wait.
 func TestLocalWriterWaitsForAFullMember(t *testing.T) {
 	const early = 5 // datagrams member 2 reads once member 1 is full
-	workers := []node.ID{node.WorkerID(0), node.WorkerID(1), node.WorkerID(2)}
-	var addrs []*net.UnixAddr
-	for _, w := range workers {
-		addrs = append(addrs, &net.UnixAddr{Name: fmt.Sprintf("@fpt-lagg-test-full-%d-%d-%s", os.Getpid(), time.Now().UnixNano(), w), Net: "unixgram"})
-	}
-	var members []*net.UnixConn
-	for _, a := range addrs[1:] {
-		c, err := net.ListenUnixgram("unixgram", a)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		members = append(members, c)
-	}
-	l := &localAgg{log: slog.New(slog.NewTextHandler(io.Discard, nil)), self: workers[0], group: localagg.Group{Host: "a", Workers: workers},
-		addrs: addrs, fail: func(err error) { t.Errorf("failed: %v", err) }}
-	l.initConds()
-	var err error
-	if l.conn, err = net.ListenUnixgram("unixgram", addrs[0]); err != nil {
-		t.Fatal(err)
-	}
+	l, members := noticeLeader(t, "full", 3)
 	l.socks.Add(1)
 	go l.writer()
 	// sendOne queues a notice to member m and reports whether the writer
@@ -252,22 +248,11 @@ func TestLocalWriterWaitsForAFullMember(t *testing.T) {
 // member's queue is full, notices wait for the writer, and every one
 // reaches the member once, in the order made.
 func TestLocalNoticeSentByItsCaller(t *testing.T) {
-	workers := []node.ID{node.WorkerID(0), node.WorkerID(1)}
-	var addrs []*net.UnixAddr
-	for _, w := range workers {
-		addrs = append(addrs, &net.UnixAddr{Name: fmt.Sprintf("@fpt-lagg-test-direct-%d-%d-%s", os.Getpid(), time.Now().UnixNano(), w), Net: "unixgram"})
-	}
-	member, err := net.ListenUnixgram("unixgram", addrs[1])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer member.Close()
+	l, members := noticeLeader(t, "direct", 2)
+	member := members[0]
 	if err := member.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	l := &localAgg{log: slog.New(slog.NewTextHandler(io.Discard, nil)), self: workers[0], group: localagg.Group{Host: "a", Workers: workers},
-		addrs: addrs, fail: func(err error) { t.Errorf("failed: %v", err) }}
-	l.initConds()
 	buf := make([]byte, noticeLen*noticesPerDatagram)
 	var got []int // the chunks of the notices read, in order
 	read := func() {
