@@ -96,7 +96,7 @@ type localAgg struct {
 	mu sync.Mutex
 	// cond is signalled when a chunk is freed or the side stops;
 	// outReady, writer's, when notices are queued for it or a send
-	// straight from notify ends, or the side closes (a chunk freed per
+	// straight from post ends, or the side closes (a chunk freed per
 	// notice read would wake writer for nothing).
 	cond, outReady *sync.Cond
 	// forming: the group is not formed yet (a re-formed one, formed on a
@@ -127,8 +127,8 @@ type localAgg struct {
 	// namespace's queue holds 10 datagrams).
 	outbox []outNotice
 	// sending: notices are going out on sockets, a batch of the outbox
-	// (writer) or one straight from notify; only the goroutine that set
-	// it uses sockets, so that notices leave in the order made.
+	// (writer) or one straight from post; only the goroutine that set it
+	// uses sockets, so that notices leave in the order made.
 	sending bool
 	sockets noticeSockets
 	direct  []datagram // post's, reused (by the goroutine that set sending)
@@ -493,11 +493,11 @@ func (l *localAgg) writer() {
 }
 
 // noticeSockets are the sockets notices go out on, each connected to a
-// member's (by index), dialled on first use. A notice sent to an address from one
-// unconnected socket finds the member's queue full often (it holds 10
-// datagrams) and gets EAGAIN, and since the kernel only wakes a connected
-// sender when that queue drains, the writer would retry at every wake-up
-// (most of its sends failed so). They are plain non-blocking descriptors,
+// member's (by index), dialled on first use. A notice sent to an address
+// from one unconnected socket finds the member's queue full often (it
+// holds 10 datagrams) and gets EAGAIN, and since the kernel only wakes a
+// connected sender when that queue drains, the writer would retry at
+// every wake-up (most of its sends failed so). They are plain non-blocking descriptors,
 // not the runtime poller's: the poller watches every descriptor for room
 // to write as well, edge-triggered, so each datagram a member read would
 // wake this process's poller for room no one waits for (a thread woken

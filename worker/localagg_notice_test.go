@@ -45,6 +45,21 @@ func noticeLeader(t *testing.T, name string, n int) (*localAgg, []*net.UnixConn)
 	return l, members
 }
 
+// readNotices is the notices of the next datagram c reads.
+func readNotices(t *testing.T, c *net.UnixConn) [][]byte {
+	t.Helper()
+	buf := make([]byte, noticeLen*noticesPerDatagram)
+	n, err := c.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := splitNotices(buf[:n])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
 // notice is a notice of kind to member to, about chunk.
 func notice(to int, kind byte, chunk int) outNotice {
 	n := outNotice{to: to}
@@ -147,15 +162,7 @@ func TestLocalNoticesPacked(t *testing.T) {
 	if err := member.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, noticeLen*noticesPerDatagram)
-	n, err := member.Read(buf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns, err := splitNotices(buf[:n])
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := readNotices(t, member)
 	if len(ns) != queued {
 		t.Fatalf("the first datagram carried %d notices, want all %d queued", len(ns), queued)
 	}
@@ -253,18 +260,9 @@ func TestLocalNoticeSentByItsCaller(t *testing.T) {
 	if err := member.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, noticeLen*noticesPerDatagram)
 	var got []int // the chunks of the notices read, in order
 	read := func() {
-		n, err := member.Read(buf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ns, err := splitNotices(buf[:n])
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, b := range ns {
+		for _, b := range readNotices(t, member) {
 			got = append(got, int(b[3]))
 		}
 	}
