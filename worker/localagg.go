@@ -354,8 +354,8 @@ func (l *localAgg) notice(m int, kind byte, chunk int, h *frame.Header) outNotic
 // and they fit one datagram (to one member), it sends them itself, unless
 // the member's queue is full: handed to writer, they would wait for that
 // goroutine's wake-up, and where the caller is the program's thread,
-// which goes back to C holding its P, for sysmon to find the writer
-// there. Otherwise, or if that send fails, writer sends them (and
+// which goes back to C holding its P, perhaps for sysmon to find the
+// writer there. Otherwise, or if that send fails, writer sends them (and
 // handles the failure), in order.
 func (l *localAgg) post(ns ...outNotice) error {
 	if len(ns) == 0 {
@@ -430,6 +430,9 @@ func (l *localAgg) enterRetired() (ok, retired bool) {
 // other) and the datagrams (the kernel copies each as it is sent).
 func (l *localAgg) writer() {
 	defer l.socks.Done()
+	// Every return leaves sending set, for good: no one uses the
+	// sockets after. (Read at return: post may have dialled some.)
+	defer func() { l.sockets.close() }()
 	var spare []outNotice
 	var ds []datagram
 	for {
@@ -441,9 +444,8 @@ func (l *localAgg) writer() {
 			for l.sending {
 				l.outReady.Wait()
 			}
-			l.sending = true // for good: no one sends once closed
+			l.sending = true
 			l.mu.Unlock()
-			l.sockets.close()
 			return
 		}
 		out := l.outbox
@@ -462,7 +464,6 @@ func (l *localAgg) writer() {
 				closed, retired := l.closed, l.retired
 				l.mu.Unlock()
 				if closed {
-					l.sockets.close() // sending stays set
 					return
 				}
 				if retired {
@@ -479,7 +480,6 @@ func (l *localAgg) writer() {
 					continue
 				}
 				l.fail(fmt.Errorf("worker: local aggregation: notice to %s: %w", l.group.Workers[n.to], err))
-				l.sockets.close() // sending stays set: no one sends on them again
 				return
 			}
 			l.mu.Lock()

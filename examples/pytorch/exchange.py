@@ -134,7 +134,10 @@ def tcp_steps(a, rank, workers, grads, sums):
     over a TCP socket of its own; worker 0 sums them into its sums with
     torch and sends those back. Worker 0's times, in seconds."""
     host, port = a.master.rsplit(":", 1)
-    view = lambda t: memoryview(t.numpy()).cast("B")  # noqa: E731
+
+    def view(t):
+        return memoryview(t.numpy()).cast("B")
+
     if rank == 0:
         with socket.create_server((host, int(port))) as srv:
             peers = [srv.accept()[0] for _ in range(workers - 1)]
