@@ -111,3 +111,47 @@ func declaredCore(t *testing.T, workers []node.ID) *localagg.Core {
 	}
 	return core
 }
+
+func TestHandOutGroupFirst(t *testing.T) {
+	sum := bytes.Repeat([]byte{7}, 1<<10)
+	h := &frame.Header{Type: frame.Result, Key: 3, Length: uint64(len(sum))}
+	for _, tc := range []struct {
+		name    string
+		inPlace bool
+		fails   bool
+		wantOwn byte // what the landing holds after
+	}{
+		{name: "copied", wantOwn: 7},
+		{name: "read in place", inPlace: true, wantOwn: 0},
+		{name: "publish fails", fails: true, wantOwn: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			landing := make([]byte, len(sum))
+			own := landing
+			if tc.inPlace {
+				own = nil
+			}
+			sent := false
+			publish := func(ph *frame.Header, data []byte) error {
+				sent = true
+				if ph != h || !bytes.Equal(data, sum) {
+					t.Errorf("published %s with %d bytes, want the sum's header and bytes", ph, len(data))
+				}
+				if bytes.ContainsFunc(landing, func(r rune) bool { return r != 0 }) {
+					t.Error("the worker's own landing was written before its group was handed the sum")
+				}
+				if tc.fails {
+					return errors.New("segment gone")
+				}
+				return nil
+			}
+			err := handOut(h, sum, own, publish)
+			if (err != nil) != tc.fails || !sent {
+				t.Fatalf("handOut: %v, published %v", err, sent)
+			}
+			if !bytes.Equal(landing, bytes.Repeat([]byte{tc.wantOwn}, len(sum))) {
+				t.Fatalf("the landing holds %v..., want %d", landing[:4], tc.wantOwn)
+			}
+		})
+	}
+}

@@ -703,14 +703,27 @@ func (w *Worker) handleResult(h *frame.Header, payload []byte) error {
 	if err != nil {
 		return err
 	}
-	if !inPlace {
-		copy(l.span, payload)
+	own := l.span
+	if inPlace {
+		own = nil
 	}
-	if err := w.lagg.Load().publish(h, l.span); err != nil {
+	if err := handOut(h, payload, own, w.lagg.Load().publish); err != nil {
 		return err
 	}
 	w.update(func(c *core) effects { return c.land(l, h.Partition) })
 	w.trace.End(trace.Pull, h)
+	return nil
+}
+
+// handOut gives a partition's sum to this worker's group (publish: a
+// leader's, copied for its members) and then to its own landing, own (nil
+// where the sum was read there in place): the group first, so that the
+// members copy theirs out while this worker copies its own, not after.
+func handOut(h *frame.Header, sum, own []byte, publish func(*frame.Header, []byte) error) error {
+	if err := publish(h, sum); err != nil {
+		return err
+	}
+	copy(own, sum)
 	return nil
 }
 
@@ -732,10 +745,9 @@ func (w *Worker) deliverLocal(h *frame.Header, data []byte) {
 		return
 	}
 	w.trace.Begin(trace.Pull, h)
-	copy(l.span, data)
 	// A group's leader that aggregated the partition hands the sum to
 	// its group, as it does a sum it received.
-	if err := w.lagg.Load().publish(h, l.span); err != nil {
+	if err := handOut(h, data, l.span, w.lagg.Load().publish); err != nil {
 		w.node.Fail(fmt.Errorf("worker: own sum %s: %w", h, err))
 		return
 	}
