@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -224,6 +226,42 @@ func TestLibStartFailures(t *testing.T) {
 			}
 			if n := shutdowns.Load(); n != 1 {
 				t.Errorf("%d shutdowns, want 1", n)
+			}
+		})
+	}
+}
+
+// The library spares the runtime a P for the program's thread, which goes
+// back to C holding one, unless the program's environment sets
+// GOMAXPROCS, which it applies.
+func TestLibSparesAProc(t *testing.T) {
+	was := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() { runtime.GOMAXPROCS(was) })
+	runtime.SetDefaultGOMAXPROCS()
+	def := runtime.GOMAXPROCS(0)
+	for _, tc := range []struct {
+		name, env string // env: GOMAXPROCS, "" for unset
+		want      int
+	}{
+		{name: "default", want: def + 1},
+		{name: "set", env: strconv.Itoa(def + 3), want: def + 3},
+		{name: "set badly", env: "many", want: def},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runtime.SetDefaultGOMAXPROCS()
+			c := startLibsWith(t, 1, 1, func(_ string, vars map[string]string, _ *Lib) {
+				if tc.env != "" {
+					vars["GOMAXPROCS"] = tc.env
+				}
+			})
+			got := runtime.GOMAXPROCS(0)
+			for i, err := range c.finalize() {
+				if err != nil {
+					t.Errorf("node %d: Finalize: %v", i, err)
+				}
+			}
+			if got != tc.want {
+				t.Fatalf("GOMAXPROCS %d after the nodes started, want %d (the default is %d)", got, tc.want, def)
 			}
 		})
 	}
