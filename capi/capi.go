@@ -186,14 +186,14 @@ func (l *Lib) start(op string, first int) error {
 // spareProc gives the Go runtime one P (a processor for Go code) more
 // than its default, unless the program's environment sets GOMAXPROCS,
 // which it then applies (the runtime read the environment as the library
-// loaded, perhaps before the program set it). The
-// program's thread that calls the library goes back to C holding the P
-// it ran on, to the runtime a thread in a system call, while it waits for
-// a request or runs the program's own code: with the default, that leaves
-// the library's goroutines one P short, and sysmon takes it back, hands it
-// on and wakes a thread for it, step after step. With one to spare, a
-// small step wakes a quarter to a third fewer threads (docs/latency.md).
-// It is idempotent: each call starts from the default.
+// loaded, perhaps before the program set it). The program's thread that
+// calls the library goes back to C holding the P it ran on, to the
+// runtime a thread in a system call, while it waits for a request or runs
+// the program's own code: with the default, that leaves the library's
+// goroutines one P short, and sysmon takes it back, hands it on and wakes
+// a thread for it, step after step. With one to spare, a small step wakes
+// a quarter to a third fewer threads (docs/latency.md). It is idempotent:
+// each call starts from the default.
 func spareProc(lookup func(string) (string, bool)) {
 	if v, set := lookup("GOMAXPROCS"); set {
 		if n, err := strconv.Atoi(v); err == nil && n > 0 {
