@@ -357,9 +357,10 @@ func TestPythonTrainingMatchesSingleProcess(t *testing.T) {
 
 // examples/pytorch/exchange.py runs fpt, gloo and the floor (plain TCP
 // sockets to worker 0) on the same exchange and prints one JSON row per
-// size, every value checked by the workers (a wrong sum exits non-zero). fpt's workers sum on their host, as fptrun
-// runs a job on one machine; --network, which only sets fpt's
-// FPT_LOCAL_AGGREGATION=off, is not run: each run costs a minute here.
+// size, every value checked by the workers (a wrong sum exits non-zero).
+// fpt's workers sum on their host, as fptrun runs a job on one machine;
+// --network, which only sets fpt's FPT_LOCAL_AGGREGATION=off, is not run:
+// each run costs a minute here.
 func TestPythonExchangeAgainstGloo(t *testing.T) {
 	py := needPython(t)
 	cmd := exec.Command(py.python, "../examples/pytorch/exchange.py", "--sizes", "4K,100K", "--workers", "2",

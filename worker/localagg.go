@@ -497,12 +497,13 @@ func (l *localAgg) writer() {
 // from one unconnected socket finds the member's queue full often (it
 // holds 10 datagrams) and gets EAGAIN, and since the kernel only wakes a
 // connected sender when that queue drains, the writer would retry at
-// every wake-up (most of its sends failed so). They are plain non-blocking descriptors,
-// not the runtime poller's: the poller watches every descriptor for room
-// to write as well, edge-triggered, so each datagram a member read would
-// wake this process's poller for room no one waits for (a thread woken
-// per notice); writer waits for room itself (write). Only the goroutine
-// that set localAgg.sending uses them; writer closes them on its way out.
+// every wake-up (most of its sends failed so). They are plain
+// non-blocking descriptors, not the runtime poller's: the poller watches
+// every descriptor for room to write as well, edge-triggered, so each
+// datagram a member read would wake this process's poller for room no one
+// waits for (a thread woken per notice); writer waits for room itself
+// (write). Only the goroutine that set localAgg.sending uses them; writer
+// closes them on its way out.
 type noticeSockets map[int]int
 
 // to is the socket connected to member m at addr.
