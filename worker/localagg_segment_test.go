@@ -257,7 +257,7 @@ func TestLocalHostSumToLeader(t *testing.T) {
 
 // TestLocalContributionsPacked: a member's call that contributes several
 // partitions tells its leader in one datagram (each costs both sides a
-// system call, and the leader a wake-up), and the leader sums them all.
+// system call, and the leader a wake-up), and the leader sums each exactly.
 func TestLocalContributionsPacked(t *testing.T) {
 	const parts = 4
 	g := newShellGroup(t, 2, 64)
@@ -279,6 +279,12 @@ func TestLocalContributionsPacked(t *testing.T) {
 		defer g.mu.Unlock()
 		return len(g.added[0]) == parts
 	})
+	want := bytes.Repeat(float32Bytes(1+2), 16)
+	for k, got := range g.data[0] {
+		if !bytes.Equal(got, want) {
+			t.Errorf("host sum %s: %v, want %v", &g.added[0][k], got, want)
+		}
+	}
 	g.mu.Unlock()
 	g.l[1].mu.Lock()
 	datagrams := g.l[1].datagrams
