@@ -68,7 +68,8 @@ type Config struct {
 	Tolerance float64
 	// DriftFactor and DriftIterations: probe again when DriftIterations
 	// iterations in a row take DriftFactor times the baseline (defaults
-	// 1.5 and 3).
+	// 1.5 and 3). Iterations that one report completed count once:
+	// short ones share a single measurement.
 	DriftFactor     float64
 	DriftIterations int
 	// RetryAfter is how many iterations after a failed probe the next one
@@ -188,8 +189,13 @@ type Balancer struct {
 	held    bool
 	holdWhy string
 
-	lastStep time.Time // now at the latest step
-	stepped  bool
+	// Timing: timedAt is when iteration timedFrom−1 was done, as of the
+	// latest step that timed iterations (timed: there was one). Each
+	// worker's latest report that raised its seen came at reportedAt.
+	timedAt    time.Time
+	timedFrom  uint64
+	timed      bool
+	reportedAt map[node.ID]time.Time
 	// ahead is the lookahead of the latest grant (see Config.AheadFor).
 	ahead uint64
 
@@ -210,12 +216,13 @@ type Balancer struct {
 	// oldest first), for MinIteration.
 	recent []time.Duration
 
-	// Drift: iteration times from driftFrom on; the baseline is the
-	// median of the first baselineLen, which the guard also judges.
+	// Drift: iteration times from driftFrom on, one per report that
+	// completed iterations (step); the baseline is the median of the
+	// first baselineLen, which the guard also judges.
 	driftFrom   uint64
 	baseline    []time.Duration
 	baselineLen int
-	run         int // iterations in a row above the baseline times DriftFactor
+	run         int // times in a row above the baseline times DriftFactor
 	runSum      time.Duration
 
 	// The guard: the LB's model can predict a split faster that measures
@@ -252,15 +259,16 @@ func NewBalancer(cfg Config) (*Balancer, error) {
 		return nil, fmt.Errorf("lb: new balancer: %w", err)
 	}
 	b := &Balancer{
-		cfg:      cfg,
-		isWorker: make(map[node.ID]bool, len(cfg.Servers)+len(cfg.Workers)),
-		all:      slices.Concat(cfg.Servers, cfg.Workers),
-		seen:     make(map[node.ID]uint64, len(cfg.Servers)+len(cfg.Workers)),
-		horizon:  cfg.Lookahead,
-		ahead:    cfg.Lookahead,
-		current:  Even(0, 0, cfg.Servers),
-		probeAt:  cfg.Warmup,
-		probeWhy: fmt.Sprintf("warm-up done (%d iterations on the even split)", cfg.Warmup),
+		cfg:        cfg,
+		isWorker:   make(map[node.ID]bool, len(cfg.Servers)+len(cfg.Workers)),
+		all:        slices.Concat(cfg.Servers, cfg.Workers),
+		seen:       make(map[node.ID]uint64, len(cfg.Servers)+len(cfg.Workers)),
+		reportedAt: make(map[node.ID]time.Time, len(cfg.Workers)),
+		horizon:    cfg.Lookahead,
+		ahead:      cfg.Lookahead,
+		current:    Even(0, 0, cfg.Servers),
+		probeAt:    cfg.Warmup,
+		probeWhy:   fmt.Sprintf("warm-up done (%d iterations on the even split)", cfg.Warmup),
 		// The warm-up's rates count towards the first probe's: on the even
 		// split over the servers those carry the most and show their
 		// capacity best, while the probe loads them least.
@@ -395,8 +403,11 @@ func (b *Balancer) Observe(s Sample, now time.Time) []Directive {
 	if !known || s.Iteration > b.horizon {
 		return nil
 	}
-	if !worker || s.Version >= b.recutVersion || s.Iteration < b.recutFrom || b.joined[s.Node] {
-		b.seen[s.Node] = max(b.seen[s.Node], s.Iteration+1)
+	if (!worker || s.Version >= b.recutVersion || s.Iteration < b.recutFrom || b.joined[s.Node]) && s.Iteration+1 > b.seen[s.Node] {
+		b.seen[s.Node] = s.Iteration + 1
+		if worker {
+			b.reportedAt[s.Node] = now
+		}
 	}
 	if worker {
 		b.model = max(b.model, s.ModelBytes)
@@ -415,18 +426,53 @@ func (b *Balancer) Observe(s Sample, now time.Time) []Directive {
 		return nil
 	}
 	// Iterations that complete together share the time since the last
-	// step: giving all but the first a zero time would fake a speed-up.
-	k := doneTo - b.next
-	var wall time.Duration // 0: unknown
-	if b.stepped && now.After(b.lastStep) {
-		wall = now.Sub(b.lastStep) / time.Duration(k)
+	// timed step: giving all but the first a zero time would fake a
+	// speed-up.
+	var t timing
+	doneAt := b.doneAt(doneTo, now)
+	if b.timed && doneAt.After(b.timedAt) {
+		t = timing{from: b.timedFrom, wall: doneAt.Sub(b.timedAt) / time.Duration(doneTo-b.timedFrom)}
 	}
-	b.lastStep, b.stepped = now, true
-	out := make([]Directive, 0, k)
+	if !b.timed || t.wall > 0 {
+		b.timedAt, b.timedFrom, b.timed = doneAt, doneTo, true
+	}
+	out := make([]Directive, 0, doneTo-b.next)
 	for ; b.next < doneTo; b.next++ {
-		out = append(out, b.step(b.next, wall, now))
+		measured := timing{}
+		if b.next == doneTo-1 {
+			measured = t
+		}
+		out = append(out, b.step(b.next, t.wall, measured, now))
 	}
 	return out
+}
+
+// timing is one measurement of iteration times: iterations from from on,
+// through the step's, took wall each.
+type timing struct {
+	from uint64
+	wall time.Duration // 0: no measurement
+}
+
+// doneAt is when iteration doneTo−1 was done, as far as the workers'
+// reports tell: when the latest of the slowest workers reported it (a
+// worker reports an iteration as it begins the next). That is now when
+// this report completes it, but earlier when an earlier report of a
+// slower worker is what held doneTo back: reports of short iterations are
+// paced (lbagent.Pace), and two workers' reports paced apart would
+// otherwise time the iterations between them as alternately long and
+// almost free.
+func (b *Balancer) doneAt(doneTo uint64, now time.Time) time.Time {
+	var at time.Time
+	for _, id := range b.cfg.Workers {
+		if r, ok := b.reportedAt[id]; ok && b.seen[id] == doneTo && r.After(at) {
+			at = r
+		}
+	}
+	if at.IsZero() {
+		return now
+	}
+	return at
 }
 
 // Coalesce returns the directives of ds that nodes need, in order: those
@@ -466,8 +512,11 @@ func (b *Balancer) lookahead(wall time.Duration) uint64 {
 func usableRate(r float64) bool { return r >= 0 && r <= MaxCapacity } // false for NaN
 
 // step advances past iteration i, now done, which took wall (0: unknown),
-// and returns the directive for it.
-func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
+// and returns the directive for it. measured is the measurement that
+// ends with i, if any: the iterations one report completes share one,
+// which the even split's times and the drift baseline and runs count
+// once (one slow report of short iterations is one slow time, not tens).
+func (b *Balancer) step(i uint64, wall time.Duration, measured timing, now time.Time) Directive {
 	prev := b.horizon
 	b.ahead = b.lookahead(wall)
 	if b.state == Probe {
@@ -486,7 +535,7 @@ func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
 		b.horizon = max(prev, i+1+b.ahead)
 	}
 	b.land(i)
-	drift := b.timeEven(i, wall)
+	drift := b.timeEven(measured)
 	var d Directive
 	switch b.state {
 	case Default:
@@ -513,7 +562,7 @@ func (b *Balancer) step(i uint64, wall time.Duration, now time.Time) Directive {
 			d = b.finishProbe(i, prev)
 		}
 	case Balanced:
-		d = b.balanced(i, prev, wall)
+		d = b.balanced(i, prev, measured)
 	}
 	d.Horizon = b.horizon
 	d.Shaping = b.state != Probe
@@ -547,14 +596,15 @@ func (b *Balancer) isEven(d Decision) bool {
 	return d.SplitWithin(Even(0, 0, b.cfg.Servers), ShareTolerance)
 }
 
-// timeEven records iteration i's time, wall (0: unknown), when the even
-// split over the servers is in force, from its second iteration on: the
-// first may have begun under the split before. While the guard backs off
-// it returns why to probe when the even split's time drifts up (a link
+// timeEven records a measurement, t, when the even split over the
+// servers is in force, of iterations from its second on: the first may
+// have begun under the split before. While the guard backs off it
+// returns why to probe when the even split's time drifts up (a link
 // slowed since: the balanced split may then win), and keeps the times
 // that drifted out of the even split's.
-func (b *Balancer) timeEven(i uint64, wall time.Duration) string {
-	if wall <= 0 || !b.inForce.even || i <= b.inForce.from {
+func (b *Balancer) timeEven(t timing) string {
+	wall := t.wall
+	if wall <= 0 || !b.inForce.even || t.from <= b.inForce.from {
 		return ""
 	}
 	if b.backingOff && len(b.even) >= baselineIterations {
@@ -788,6 +838,7 @@ func (b *Balancer) Lose(id node.ID, why string) (Directive, error) {
 	b.all = slices.Concat(b.cfg.Servers, b.cfg.Workers)
 	delete(b.isWorker, id)
 	delete(b.seen, id)
+	delete(b.reportedAt, id)
 	delete(b.joinAt, id)
 	if worker {
 		b.recutVersion, b.recutFrom = dec.Version, dec.Iteration
@@ -958,10 +1009,11 @@ func (b *Balancer) resetDrift(it uint64) {
 }
 
 // balanced is a step in Balanced: drift and periodic probes first, then
-// refinements from the rates measured since.
-func (b *Balancer) balanced(i, prev uint64, wall time.Duration) Directive {
+// refinements from the rates measured since; measured is the measurement
+// ending with i (step).
+func (b *Balancer) balanced(i, prev uint64, measured timing) Directive {
 	_, oneHost := b.hostLeader()
-	if i >= b.driftFrom && wall > 0 {
+	if wall := measured.wall; measured.from >= b.driftFrom && wall > 0 {
 		if len(b.baseline) < b.baselineLen {
 			b.baseline = append(b.baseline, wall)
 			if len(b.baseline) == b.baselineLen {

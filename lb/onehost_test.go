@@ -203,3 +203,66 @@ func TestBalancerOneHostLoseLeader(t *testing.T) {
 		t.Fatalf("not on the next leader %s: %v", workers[1], decs)
 	}
 }
+
+// Short iterations on one host come to the Balancer tens to a report
+// (lbagent.ReportEvery), sharing its one measurement: one slow report is
+// one slow time, not a run of them, and retimes nothing; a lasting
+// slowdown still does. Two workers' reports paced apart time the
+// iterations as they took, from the slower worker's reports.
+func TestBalancerOneHostReportedTogether(t *testing.T) {
+	const perReport = 32 // 0.3 ms iterations, a report every ~10 ms
+	tests := []struct {
+		name      string
+		from, n   uint64  // iterations [from, from+n) on the leader's split
+		slower    float64 // take this many times longer (n 0: to the end)
+		stagger   uint64  // the second worker reports this many iterations after the first
+		retimings int     // back to the even split, to time both afresh
+	}{
+		{name: "steady", retimings: 0},
+		{name: "one report's iterations twice as slow", from: 1600, n: perReport, slower: 2, retimings: 0},
+		{name: "four reports' iterations twice as slow", from: 1600, n: 4 * perReport, slower: 2, retimings: 0},
+		{name: "a lasting slowdown", from: 1600, slower: 2, retimings: 1},
+		{name: "reports paced apart", stagger: perReport / 4, retimings: 0},
+		{name: "reports paced apart, a lasting slowdown", from: 1600, slower: 2, stagger: perReport / 4, retimings: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var s *sim
+			s = newTimedSim(t, oneHost, func(it uint64) time.Duration {
+				d := 300 * time.Microsecond
+				if s.sched.At(it).SplitWithin(Even(0, 0, s.servers), ShareTolerance) {
+					d = 600 * time.Microsecond
+				} else if it >= tt.from && (tt.n == 0 || it < tt.from+tt.n) && tt.slower > 0 {
+					d = time.Duration(float64(d) * tt.slower)
+				}
+				return d
+			})
+			// Each node reports every perReport-th iteration, and the
+			// one that reaches the horizon granted (as lbagent's Pace).
+			s.skip = func(id node.ID, it uint64) bool {
+				paced := it
+				if id == s.workers[1] {
+					paced += tt.stagger
+				}
+				return (paced+1)%perReport != 0 && it < s.granted
+			}
+			s.run(3999)
+			retimings, leader := 0, 0
+			for _, st := range s.decisions() {
+				switch {
+				case strings.HasSuffix(st.d.Reason, "to time both afresh"):
+					retimings++
+				case st.d.Decision.SplitWithin(Decision{Aggregators: []node.ID{slices.Min(s.workers)}, Shares: []float64{1}}, ShareTolerance):
+					leader++
+					if want := "the even split over the servers took 0.6 ms"; leader == 1 && !strings.Contains(st.d.Reason, want) {
+						t.Errorf("the leader's split: %q, want it to say %q", st.d.Reason, want)
+					}
+				}
+			}
+			if retimings != tt.retimings || leader != 1+tt.retimings || s.b.State() != Balanced {
+				t.Fatalf("%d retimings, %d decisions on the leader, state %v; want %d, %d, Balanced: %v",
+					retimings, leader, s.b.State(), tt.retimings, 1+tt.retimings, s.decisions())
+			}
+		})
+	}
+}
