@@ -10,7 +10,7 @@ through plain TCP sockets to worker 0, which sums with torch and sends the
 sums back (no library, one socket per worker: what the machine's cores and
 loopback allow a step in Python):
 
-    python examples/pytorch/exchange.py [--sizes 4K,1M,25M,100M] [--workers 2,4] [--steps 30] [--warmup 20] [--json]
+    python examples/pytorch/exchange.py [--sizes 4K,1M,25M,100M] [--workers 2,4] [--steps 30] [--warmup N] [--json]
                                         [--network]
 
 fpt runs as fptrun runs a job on one machine: its workers sum on their
@@ -256,13 +256,26 @@ def p90(xs):
     return xs[min(len(xs) - 1, int(0.9 * len(xs)))]
 
 
+def warmup_steps(warmup, nbytes):
+    """The untimed steps before a run's timed ones: warmup if set, else 20,
+    or for small steps as many as move 128 MiB a worker, at most 200. On
+    one host the LB times the even split over the servers over several of
+    its reports (a worker's are 10 ms apart) before it moves every
+    partition to the group's leader: 4 KiB steps take 40 to 110 of
+    them."""
+    if warmup is not None:
+        return warmup
+    return max(20, min(200, (128 << 20) // nbytes))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="4K,1M,25M,100M", help="a step's gradient bytes, comma-separated")
     p.add_argument("--workers", default="2,4", help="worker counts, comma-separated")
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=20,
-                   help="untimed steps first (default 20: the LB's first split takes effect within them)")
+    p.add_argument("--warmup", type=int,
+                   help="untimed steps first (default: 20, or as many as move 128 MiB a worker, at most 200: "
+                        "the LB's first split takes effect within them)")
     p.add_argument("--json", action="store_true", help="one JSON object per row instead of a table")
     p.add_argument("--network", action="store_true",
                    help="fpt's workers push over loopback to the servers (FPT_LOCAL_AGGREGATION=off) "
@@ -277,6 +290,7 @@ def main():
     a = p.parse_args()
     if a.system:
         a.workers = int(a.workers)
+        a.warmup = warmup_steps(a.warmup, a.bytes)
         return worker(a)
     me = os.path.abspath(__file__)
     sizes = [parse_size(s) for s in a.sizes.split(",")]
@@ -285,8 +299,9 @@ def main():
     if a.breakdown:
         for workers in counts:
             for nbytes in sizes:
-                flags = ["--bytes", str(nbytes), "--steps", str(a.steps), "--warmup", str(a.warmup)]
-                out = breakdown(me, workers, flags, a.warmup, a.json, fpt_env)
+                warmup = warmup_steps(a.warmup, nbytes)
+                flags = ["--bytes", str(nbytes), "--steps", str(a.steps), "--warmup", str(warmup)]
+                out = breakdown(me, workers, flags, warmup, a.json, fpt_env)
                 if a.json:
                     print(json.dumps(dict(json.loads(out), workers=workers, bytes=nbytes)), flush=True)
                 else:
@@ -294,14 +309,14 @@ def main():
                     print(out, flush=True)
         return
     if not a.json:
-        print("worker 0's exchange of one step (ms), %d steps after %d warm-up, one run each, alternated; "
-              "tcp: the floor (plain sockets to worker 0)" % (a.steps, a.warmup))
+        print("worker 0's exchange of one step (ms), %d steps after the warm-up, one run each, alternated; "
+              "tcp: the floor (plain sockets to worker 0)" % a.steps)
         print("%8s %12s %11s %9s %11s %9s %10s %9s %9s %8s" % (
             "workers", "bytes", "fpt median", "fpt p90", "gloo median", "gloo p90", "tcp median", "tcp p90",
             "fpt/gloo", "fpt/tcp"))
     for workers in counts:
         for nbytes in sizes:
-            flags = ["--bytes", str(nbytes), "--steps", str(a.steps), "--warmup", str(a.warmup)]
+            flags = ["--bytes", str(nbytes), "--steps", str(a.steps), "--warmup", str(warmup_steps(a.warmup, nbytes))]
             tcp = run(me, "tcp", workers, flags)
             gloo = run(me, "gloo", workers, flags)
             fpt = run(me, "fpt", workers, flags, fpt_env)
