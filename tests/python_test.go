@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/fptps/fpt/internal/localcluster"
+	"golang.org/x/sys/unix"
 )
 
 // Python and PyTorch over libfpt: the bindings (python/fpt), the launcher
@@ -473,6 +474,103 @@ func TestFptrunBlamesTheWorker(t *testing.T) {
 	}
 }
 
+// fptrun --bind-cores deals its cores out to the workers (run_checks.py
+// cores: the slices), and every thread of a worker, fpt's and the
+// program's, keeps to its slice; without it each has every core.
+func TestFptrunBindCores(t *testing.T) {
+	py := needPython(t)
+	cmd := exec.Command(py.python, "../python/tests/run_checks.py", "cores")
+	cmd.Env = append(os.Environ(), py.env...)
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "PASS") {
+		t.Fatalf("run_checks.py cores: %v\n%s", err, out)
+	}
+	// Under a cluster engine the engine binds: refused, clearly.
+	engine := exec.Command("../scripts/fptrun", "--bind-cores", "python", "train.py")
+	engine.Env = append(os.Environ(), "SLURM_PROCID=0")
+	if out, err := engine.CombinedOutput(); engine.ProcessState.ExitCode() != 2 ||
+		!strings.Contains(string(out), "--bind-cores under a cluster engine (SLURM_PROCID is set)") {
+		t.Errorf("fptrun --bind-cores under srun: %v\n%s", err, out)
+	}
+	var own unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &own); err != nil {
+		t.Fatal(err)
+	}
+	var cores []int
+	for c := range 1024 {
+		if own.IsSet(c) {
+			cores = append(cores, c)
+		}
+	}
+	all := cpuList(cores)
+	// Two workers: the first half of the cores (the larger, if odd) and
+	// the rest; one core: both on it.
+	half := (len(cores) + 1) / 2
+	bound := []string{cpuList(cores[:half]), cpuList(cores[half:])}
+	if len(cores) == 1 {
+		bound[1] = bound[0]
+	}
+	// Each worker prints the cpu lists of its threads, once fpt started
+	// its own.
+	script := `import os, fpt
+fpt.start()
+lists = {open("/proc/self/task/%s/status" % t).read().split("Cpus_allowed_list:")[1].split()[0]
+         for t in os.listdir("/proc/self/task")}
+print("threads %d cores %s" % (len(os.listdir("/proc/self/task")), ";".join(sorted(lists))), flush=True)
+fpt.finalize()`
+	re := regexp.MustCompile(`\[worker\d\] threads (\d+) cores (\S+)`)
+	for _, bind := range []bool{false, true} {
+		t.Run(fmt.Sprintf("bind=%v", bind), func(t *testing.T) {
+			args := []string{"-np", "2", "--servers", "1", "python", "-c", script}
+			if bind {
+				args = append([]string{"--bind-cores"}, args...)
+			}
+			r := startFptrun(t, py, nil, args...)
+			if code := r.wait(t, 2*time.Minute); code != 0 {
+				t.Fatalf("fptrun exited %d:\n%s", code, tail(r.out.String()))
+			}
+			out := r.out.String()
+			var got []string
+			for _, m := range re.FindAllStringSubmatch(out, -1) {
+				if n, _ := strconv.Atoi(m[1]); n < 3 {
+					t.Errorf("a worker with %s threads: fpt's own are missing", m[1])
+				}
+				got = append(got, m[2])
+			}
+			slices.Sort(got)
+			want := []string{all, all}
+			if bind {
+				want = slices.Clone(bound)
+				mustContain(t, "fptrun output", out, "workers bound to cores "+bound[0]+" | "+bound[1])
+			}
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				t.Fatalf("the workers' threads' cores %q, want %q:\n%s", got, want, tail(out))
+			}
+		})
+	}
+}
+
+// cpuList is cores, ascending, in the kernel's cpu-list form
+// (Cpus_allowed_list: 0-3,8).
+func cpuList(cores []int) string {
+	var runs [][2]int
+	for _, c := range cores {
+		if n := len(runs); n > 0 && runs[n-1][1] == c-1 {
+			runs[n-1][1] = c
+		} else {
+			runs = append(runs, [2]int{c, c})
+		}
+	}
+	parts := make([]string, len(runs))
+	for i, r := range runs {
+		parts[i] = strconv.Itoa(r[0])
+		if r[1] != r[0] {
+			parts[i] += "-" + strconv.Itoa(r[1])
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
 // A worker that raises: fptrun names it, stops the rest and exits non-zero
 // within the heartbeat timeout of the failure, leaving no process behind.
 func TestFptrunWorkerRaises(t *testing.T) {
@@ -558,19 +656,31 @@ func TestFptrunSumsOnTheHost(t *testing.T) {
 // secret for all, the scheduler on the first host, servers and workers
 // dealt round robin.
 func TestFptrunHosts(t *testing.T) {
-	cmd := exec.Command("../scripts/fptrun", "--hosts", "h1,h2,h3", "-np", "4", "--servers", "2", "--secret", "s3cret",
-		"python", "train.py", "--epochs", "1")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("fptrun --hosts: %v\n%s", err, out)
-	}
-	want := []string{
-		"h1: FPT_CLUSTER_SECRET=s3cret fptrun --root h1:9091 --scheduler -s 1 -w 2 -np 4 --servers 2 -- python train.py --epochs 1",
-		"h2: FPT_CLUSTER_SECRET=s3cret fptrun --root h1:9091 -s 1 -w 1 -np 4 --servers 2 -- python train.py --epochs 1",
-		"h3: FPT_CLUSTER_SECRET=s3cret fptrun --root h1:9091 -s 0 -w 1 -np 4 --servers 2 -- python train.py --epochs 1",
-	}
-	if got := strings.Split(strings.TrimSpace(string(out)), "\n"); strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Errorf("fptrun --hosts printed\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	for _, tt := range []struct {
+		flags []string
+		want  []string
+	}{
+		{nil, []string{
+			"h1: FPT_CLUSTER_SECRET=s3cret fptrun --root h1:9091 --scheduler -s 1 -w 2 -np 4 --servers 2 -- python train.py --epochs 1",
+			"h2: FPT_CLUSTER_SECRET=s3cret fptrun --root h1:9091 -s 1 -w 1 -np 4 --servers 2 -- python train.py --epochs 1",
+			"h3: FPT_CLUSTER_SECRET=s3cret fptrun --root h1:9091 -s 0 -w 1 -np 4 --servers 2 -- python train.py --epochs 1",
+		}},
+		// Each host binds its own workers.
+		{[]string{"--bind-cores"}, []string{
+			"h1: FPT_CLUSTER_SECRET=s3cret fptrun --root h1:9091 --scheduler -s 1 -w 2 -np 4 --servers 2 --bind-cores -- python train.py --epochs 1",
+			"h2: FPT_CLUSTER_SECRET=s3cret fptrun --root h1:9091 -s 1 -w 1 -np 4 --servers 2 --bind-cores -- python train.py --epochs 1",
+			"h3: FPT_CLUSTER_SECRET=s3cret fptrun --root h1:9091 -s 0 -w 1 -np 4 --servers 2 --bind-cores -- python train.py --epochs 1",
+		}},
+	} {
+		args := append(append([]string{"--hosts", "h1,h2,h3", "-np", "4", "--servers", "2", "--secret", "s3cret"}, tt.flags...),
+			"python", "train.py", "--epochs", "1")
+		out, err := exec.Command("../scripts/fptrun", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("fptrun %v: %v\n%s", tt.flags, err, out)
+		}
+		if got := strings.Split(strings.TrimSpace(string(out)), "\n"); strings.Join(got, "\n") != strings.Join(tt.want, "\n") {
+			t.Errorf("fptrun --hosts %v printed\n%s\nwant\n%s", tt.flags, strings.Join(got, "\n"), strings.Join(tt.want, "\n"))
+		}
 	}
 }
 

@@ -11,14 +11,17 @@ sums back (no library, one socket per worker: what the machine's cores and
 loopback allow a step in Python):
 
     python examples/pytorch/exchange.py [--sizes 4K,1M,25M,100M] [--workers 2,4] [--steps 30] [--warmup N] [--json]
-                                        [--network]
+                                        [--network] [--bind-cores]
 
 fpt runs as fptrun runs a job on one machine: its workers sum on their
 host (FPT_LOCAL_AGGREGATION=auto), and the LB sums every partition on the
 group's leader, in shared memory, while that measures no slower than the
 even split over the servers (docs/local-aggregation.md, "One host").
 With --network every worker's push goes over loopback to the servers
-instead (FPT_LOCAL_AGGREGATION=off), as between machines.
+instead (FPT_LOCAL_AGGREGATION=off), as between machines. With
+--bind-cores every system's workers are bound alike, each to its own
+slice of the cores (fptrun --bind-cores; gloo's and the floor's ranks to
+the same slices).
 
 With --breakdown, fpt runs alone, traced (FPT_TRACE_FILE, and worker 0's
 own step spans), and each size prints where worker 0's steps spent their
@@ -228,20 +231,30 @@ def breakdown(me, workers, flags, warmup, as_json, fpt_env):
 RESULT = re.compile(r"RESULT (\w+) ([0-9.,]+)")
 
 
-def run(me, system, workers, flags, extra_env=None):
-    """One run of system with workers workers: worker 0's times in ms."""
+def run(me, system, workers, flags, extra_env=None, bind_cores=False):
+    """One run of system with workers workers: worker 0's times in ms.
+    With bind_cores each worker is bound to its own slice of the cores, as
+    fptrun --bind-cores binds fpt's."""
     if system in ("gloo", "tcp"):
         master = "127.0.0.1:%d" % free_port()
+        cores = [None] * workers
+        if bind_cores:
+            sys.path.insert(0, os.path.join(REPO, "python"))
+            from fpt.run import core_slices
+
+            cores = core_slices(os.sched_getaffinity(0), workers)
         procs = [subprocess.Popen([sys.executable, me, "--system", system, "--rank", str(r), "--workers",
                                    str(workers), "--master", master] + flags,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  preexec_fn=(lambda c=cores[r]: os.sched_setaffinity(0, c)) if bind_cores else None)
                  for r in range(workers)]
         out = "".join(pr.communicate()[0] for pr in procs)
         failed = any(pr.returncode for pr in procs)
     else:
         env = dict(os.environ, FPT_PYTHON=sys.executable, PS_VERBOSE=os.environ.get("PS_VERBOSE", "0"),
                    **(extra_env or {}))
-        r = subprocess.run([os.path.join(REPO, "scripts", "fptrun"), "-np", str(workers), "--servers", str(workers),
+        r = subprocess.run([os.path.join(REPO, "scripts", "fptrun")] + (["--bind-cores"] if bind_cores else []) + [
+                            "-np", str(workers), "--servers", str(workers),
                             "python", me, "--system", "fpt", "--workers", str(workers)] + flags,
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         out, failed = r.stdout, r.returncode != 0
@@ -280,6 +293,8 @@ def main():
     p.add_argument("--network", action="store_true",
                    help="fpt's workers push over loopback to the servers (FPT_LOCAL_AGGREGATION=off) "
                         "instead of summing on their host")
+    p.add_argument("--bind-cores", action="store_true",
+                   help="bind each worker of every system to its own slice of the cores (fptrun --bind-cores)")
     p.add_argument("--breakdown", action="store_true",
                    help="fpt only, traced: where worker 0's step time goes (fpt trace breakdown)")
     p.add_argument("--system", choices=["fpt", "gloo", "tcp"], help=argparse.SUPPRESS)
@@ -317,10 +332,11 @@ def main():
     for workers in counts:
         for nbytes in sizes:
             flags = ["--bytes", str(nbytes), "--steps", str(a.steps), "--warmup", str(warmup_steps(a.warmup, nbytes))]
-            tcp = run(me, "tcp", workers, flags)
-            gloo = run(me, "gloo", workers, flags)
-            fpt = run(me, "fpt", workers, flags, fpt_env)
-            row = {"workers": workers, "bytes": nbytes, "local_aggregation": fpt_env["FPT_LOCAL_AGGREGATION"]}
+            tcp = run(me, "tcp", workers, flags, bind_cores=a.bind_cores)
+            gloo = run(me, "gloo", workers, flags, bind_cores=a.bind_cores)
+            fpt = run(me, "fpt", workers, flags, fpt_env, bind_cores=a.bind_cores)
+            row = {"workers": workers, "bytes": nbytes, "local_aggregation": fpt_env["FPT_LOCAL_AGGREGATION"],
+                   "bind_cores": a.bind_cores}
             for name, times in (("fpt", fpt), ("gloo", gloo), ("tcp", tcp)):
                 row[name + "_median_ms"] = round(statistics.median(times), 3)
                 row[name + "_p90_ms"] = round(p90(times), 3)

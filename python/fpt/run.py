@@ -35,9 +35,18 @@ FPT_CLUSTER_SECRET on every host, --scheduler on one, -s/-w this host's
 share, -np/--servers the whole job's sizes. --hosts h1,h2,... prints those
 commands, one per host.
 
+--bind-cores binds each worker started here to its own share of fptrun's
+cores (os.sched_getaffinity: what taskset or a cgroup left it), cut into
+as many contiguous slices as workers here, or one core each, dealt round
+robin, where the workers outnumber the cores. A worker's threads (fpt's
+and the program's) then wake each other on its own cores, and no other
+worker's take their place; processes the worker starts (a DataLoader's)
+inherit its share. The servers and the scheduler keep
+every core. Under a cluster engine the engine binds (srun --cpu-bind).
+
     fptrun [-np W] [--servers S] [--root HOST:PORT] [--scheduler] [-s N] [-w N]
            [--secret S | --secret-file F] [--hosts H1,H2,...] [--port P]
-           [--print-python] [--] command [args...]
+           [--bind-cores] [--print-python] [--] command [args...]
 """
 
 import argparse
@@ -196,6 +205,8 @@ def parse(argv):
     p.add_argument("--secret-file", help="a file holding the job's secret")
     p.add_argument("--hosts", help="comma-separated hosts: print each one's fptrun command and exit")
     p.add_argument("--port", type=int, default=9091, help="the scheduler's port with --hosts (default 9091)")
+    p.add_argument("--bind-cores", action="store_true",
+                   help="bind each worker here to its own slice of fptrun's cores (servers and scheduler keep all)")
     p.add_argument("--print-python", action="store_true",
                    help="print the interpreter python commands run; exit 3 if it cannot import torch")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the worker's command")
@@ -211,7 +222,39 @@ def parse(argv):
         p.error("-np and --servers must be at least 1")
     if not a.print_python and not a.command:
         p.error("no worker command given")
+    if a.bind_cores and not hasattr(os, "sched_setaffinity"):
+        p.error("--bind-cores needs os.sched_setaffinity (Linux)")
+    if a.bind_cores and not a.hosts and a.root is None and engine_task():
+        p.error("--bind-cores under a cluster engine (%s is set): the engine binds tasks (srun --cpu-bind)"
+                % engine_task())
     return a
+
+
+def core_slices(cores, n):
+    """The cores of each of n workers under --bind-cores: cores, sorted,
+    cut into n contiguous slices as even as can be (the first ones a core
+    larger), or one core each, dealt round robin, where n is larger."""
+    cores = sorted(cores)
+    if n > len(cores):
+        return [[cores[i % len(cores)]] for i in range(n)]
+    size, larger = divmod(len(cores), n)
+    out, at = [], 0
+    for i in range(n):
+        k = size + (1 if i < larger else 0)
+        out.append(cores[at:at + k])
+        at += k
+    return out
+
+
+def cpu_list(cores):
+    """cores in the kernel's cpu-list form: 0-3,8."""
+    runs = []
+    for c in sorted(cores):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(str(a) if a == b else "%d-%d" % (a, b) for a, b in runs)
 
 
 def hosts_plan(a, secret):
@@ -228,7 +271,8 @@ def hosts_plan(a, secret):
     lines = []
     for i, h in enumerate(hosts):
         args = ["fptrun", "--root", root] + (["--scheduler"] if i == 0 else []) + [
-            "-s", str(servers[i]), "-w", str(workers[i]), "-np", str(a.workers), "--servers", str(a.servers), "--"]
+            "-s", str(servers[i]), "-w", str(workers[i]), "-np", str(a.workers), "--servers", str(a.servers)] + (
+            ["--bind-cores"] if a.bind_cores else []) + ["--"]
         lines.append("%s: FPT_CLUSTER_SECRET=%s %s" % (h, secret, " ".join(shlex.quote(x) for x in args + a.command)))
     return lines
 
@@ -241,7 +285,7 @@ class Job:
         self.lock = threading.Lock()
         self.readers = {}  # pid -> the threads copying its output
 
-    def start(self, name, argv, env, rank_fd=False):
+    def start(self, name, argv, env, rank_fd=False, cores=None):
         env = dict(env)
         pass_fds = ()
         label = {"name": name, "fd": None}
@@ -252,7 +296,7 @@ class Job:
         try:
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, pass_fds=pass_fds, start_new_session=True,
-                                    preexec_fn=_die_with_parent)
+                                    preexec_fn=lambda: _in_child(cores))
         finally:
             if rank_fd:
                 os.close(wfd)
@@ -315,6 +359,14 @@ def _signal_group(p, sig):
         os.killpg(p.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _in_child(cores):
+    """In the child, before it runs its command: bound to cores (None:
+    left as it is), and killed with fptrun."""
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
+    _die_with_parent()
 
 
 def _die_with_parent():
@@ -383,17 +435,20 @@ def main(argv=None):
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    cores = core_slices(os.sched_getaffinity(0), here_w) if a.bind_cores and here_w else [None] * here_w
     print("fptrun: %d servers and %d workers, scheduler at %s:%s; here:%s %d servers, %d workers; "
-          "FPT_LOCAL_AGGREGATION=%s"
+          "FPT_LOCAL_AGGREGATION=%s%s"
           % (a.servers, a.workers, host, port, " scheduler," if run_sched else "", here_s, here_w,
-             env.get("FPT_LOCAL_AGGREGATION", "off")), flush=True)
+             env.get("FPT_LOCAL_AGGREGATION", "off"),
+             "; workers bound to cores " + " | ".join(cpu_list(c) for c in cores) if a.bind_cores and here_w else ""),
+          flush=True)
     try:
         if run_sched:
             job.start("scheduler", [fpt_bin], dict(env, DMLC_ROLE="scheduler"))
         for i in range(here_s):
             job.start("server%d" % i, [fpt_bin], dict(env, DMLC_ROLE="server"))
         for i in range(here_w):
-            job.start("worker.%d" % i, command, dict(env, DMLC_ROLE="worker"), rank_fd=True)
+            job.start("worker.%d" % i, command, dict(env, DMLC_ROLE="worker"), rank_fd=True, cores=cores[i])
     except OSError as e:
         job.stop()
         print("fptrun: cannot start %s: %s" % (command[0], e), file=sys.stderr)

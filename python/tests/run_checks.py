@@ -1,5 +1,6 @@
 """Checks of fptrun's own logic (fpt/run.py) with stand-in processes:
-which process a failure is blamed on. Run by tests/python_test.go."""
+which process a failure is blamed on; how --bind-cores deals the cores.
+Run by tests/python_test.go."""
 import sys
 import time
 
@@ -42,5 +43,27 @@ def culprit():
     print("PASS: %d cases" % len(cases))
 
 
+def cores():
+    cases = [
+        # (the launcher's cores, workers, each worker's slice, their cpu lists)
+        ({0, 1}, 2, [[0], [1]], ["0", "1"]),
+        ({0, 1}, 1, [[0, 1]], ["0-1"]),
+        ({0, 1}, 4, [[0], [1], [0], [1]], ["0", "1", "0", "1"]),
+        (set(range(16)), 3, [list(range(0, 6)), list(range(6, 11)), list(range(11, 16))], ["0-5", "6-10", "11-15"]),
+        ({8, 2, 3, 5}, 2, [[2, 3], [5, 8]], ["2-3", "5,8"]),
+        ({7}, 2, [[7], [7]], ["7", "7"]),
+    ]
+    failed = 0
+    for have, n, want, lists in cases:
+        got = run.core_slices(have, n)
+        shown = [run.cpu_list(c) for c in got]
+        if got != want or shown != lists:
+            print("FAIL core_slices(%s, %d) = %s (%s), want %s (%s)" % (sorted(have), n, got, shown, want, lists))
+            failed += 1
+    if failed:
+        sys.exit(1)
+    print("PASS: %d cases" % len(cases))
+
+
 if __name__ == "__main__":
-    {"culprit": culprit}[sys.argv[1]]()
+    {"culprit": culprit, "cores": cores}[sys.argv[1]]()
