@@ -3,6 +3,7 @@ package van_test
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -66,12 +67,17 @@ func TestEpollIdleReceiversHoldNoThread(t *testing.T) {
 		}
 	}
 	col.WaitFrames(t, vans-1)
-	most := 0
-	for range 50 {
-		most = max(most, threadsInEpollWait(t))
+	// A receiver waiting in an epoll_wait of its own is there in every
+	// sample; a thread of the runtime's passing through a non-blocking
+	// poll, on a loaded machine, only in some: the median tells them apart.
+	samples := make([]int, 50)
+	for i := range samples {
+		samples[i] = threadsInEpollWait(t)
 		time.Sleep(5 * time.Millisecond) // samples spread over a quarter second
 	}
-	if most > 1 {
-		t.Fatalf("%d threads in epoll_wait at once with %d idle epoll vans, want at most the runtime's poller", most, vans)
+	slices.Sort(samples)
+	if median := samples[len(samples)/2]; median > 1 {
+		t.Fatalf("a median of %d threads in epoll_wait at once (at most %d) with %d idle epoll vans, want at most the runtime's poller",
+			median, samples[len(samples)-1], vans)
 	}
 }
