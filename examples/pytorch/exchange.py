@@ -303,6 +303,8 @@ def main():
     p.add_argument("--master", help=argparse.SUPPRESS)
     p.add_argument("--trace-dir", help=argparse.SUPPRESS)
     a = p.parse_args()
+    if a.breakdown and a.bind_cores:
+        p.error("--bind-cores binds the comparison's workers; --breakdown runs fpt alone, unbound")
     if a.system:
         a.workers = int(a.workers)
         a.warmup = warmup_steps(a.warmup, a.bytes)
