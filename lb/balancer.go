@@ -190,11 +190,10 @@ type Balancer struct {
 	holdWhy string
 
 	// Timing: timedAt is when iteration timedFrom−1 was done, as of the
-	// latest step that timed iterations (timed: there was one). Each
-	// worker's latest report that raised its seen came at reportedAt.
+	// latest step that timed iterations (zero before the first step).
+	// Each worker's latest report that raised its seen came at reportedAt.
 	timedAt    time.Time
 	timedFrom  uint64
-	timed      bool
 	reportedAt map[node.ID]time.Time
 	// ahead is the lookahead of the latest grant (see Config.AheadFor).
 	ahead uint64
@@ -430,11 +429,12 @@ func (b *Balancer) Observe(s Sample, now time.Time) []Directive {
 	// speed-up.
 	var t timing
 	doneAt := b.doneAt(doneTo, now)
-	if b.timed && doneAt.After(b.timedAt) {
+	first := b.timedAt.IsZero()
+	if !first && doneAt.After(b.timedAt) {
 		t = timing{from: b.timedFrom, wall: doneAt.Sub(b.timedAt) / time.Duration(doneTo-b.timedFrom)}
 	}
-	if !b.timed || t.wall > 0 {
-		b.timedAt, b.timedFrom, b.timed = doneAt, doneTo, true
+	if first || t.wall > 0 {
+		b.timedAt, b.timedFrom = doneAt, doneTo
 	}
 	out := make([]Directive, 0, doneTo-b.next)
 	for ; b.next < doneTo; b.next++ {
@@ -614,8 +614,8 @@ func (b *Balancer) timeEven(t timing) string {
 				return ""
 			}
 			var sum time.Duration
-			for _, t := range b.evenRun {
-				sum += t
+			for _, d := range b.evenRun {
+				sum += d
 			}
 			return fmt.Sprintf("iteration time on the even split rose from %s to %s", ms(base), ms(sum/time.Duration(len(b.evenRun))))
 		}
