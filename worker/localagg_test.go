@@ -112,6 +112,9 @@ func declaredCore(t *testing.T, workers []node.ID) *localagg.Core {
 	return core
 }
 
+// handOut publishes a sum to the group before it writes the worker's own
+// landing (nothing there when publish runs), and writes none where the sum
+// was read in place or publishing failed.
 func TestHandOutGroupFirst(t *testing.T) {
 	sum := bytes.Repeat([]byte{7}, 1<<10)
 	h := &frame.Header{Type: frame.Result, Key: 3, Length: uint64(len(sum))}

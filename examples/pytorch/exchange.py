@@ -231,29 +231,23 @@ def breakdown(me, workers, flags, warmup, as_json, fpt_env):
 RESULT = re.compile(r"RESULT (\w+) ([0-9.,]+)")
 
 
-def run(me, system, workers, flags, extra_env=None, bind_cores=False):
+def run(me, system, workers, flags, extra_env=None, cores=None):
     """One run of system with workers workers: worker 0's times in ms.
-    With bind_cores each worker is bound to its own slice of the cores, as
-    fptrun --bind-cores binds fpt's."""
+    cores, if given, is each rank's slice of the cores (fpt's: fptrun
+    --bind-cores, which deals the same slices)."""
     if system in ("gloo", "tcp"):
         master = "127.0.0.1:%d" % free_port()
-        cores = [None] * workers
-        if bind_cores:
-            sys.path.insert(0, os.path.join(REPO, "python"))
-            from fpt.run import core_slices
-
-            cores = core_slices(os.sched_getaffinity(0), workers)
         procs = [subprocess.Popen([sys.executable, me, "--system", system, "--rank", str(r), "--workers",
                                    str(workers), "--master", master] + flags,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  preexec_fn=(lambda c=cores[r]: os.sched_setaffinity(0, c)) if bind_cores else None)
+                                  preexec_fn=(lambda c=cores[r]: os.sched_setaffinity(0, c)) if cores else None)
                  for r in range(workers)]
         out = "".join(pr.communicate()[0] for pr in procs)
         failed = any(pr.returncode for pr in procs)
     else:
         env = dict(os.environ, FPT_PYTHON=sys.executable, PS_VERBOSE=os.environ.get("PS_VERBOSE", "0"),
                    **(extra_env or {}))
-        r = subprocess.run([os.path.join(REPO, "scripts", "fptrun")] + (["--bind-cores"] if bind_cores else []) + [
+        r = subprocess.run([os.path.join(REPO, "scripts", "fptrun")] + (["--bind-cores"] if cores else []) + [
                             "-np", str(workers), "--servers", str(workers),
                             "python", me, "--system", "fpt", "--workers", str(workers)] + flags,
                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -331,12 +325,16 @@ def main():
         print("%8s %12s %11s %9s %11s %9s %10s %9s %9s %8s" % (
             "workers", "bytes", "fpt median", "fpt p90", "gloo median", "gloo p90", "tcp median", "tcp p90",
             "fpt/gloo", "fpt/tcp"))
+    if a.bind_cores:
+        sys.path.insert(0, os.path.join(REPO, "python"))
+        from fpt.run import core_slices
     for workers in counts:
+        cores = core_slices(os.sched_getaffinity(0), workers) if a.bind_cores else None
         for nbytes in sizes:
             flags = ["--bytes", str(nbytes), "--steps", str(a.steps), "--warmup", str(warmup_steps(a.warmup, nbytes))]
-            tcp = run(me, "tcp", workers, flags, bind_cores=a.bind_cores)
-            gloo = run(me, "gloo", workers, flags, bind_cores=a.bind_cores)
-            fpt = run(me, "fpt", workers, flags, fpt_env, bind_cores=a.bind_cores)
+            tcp = run(me, "tcp", workers, flags, cores=cores)
+            gloo = run(me, "gloo", workers, flags, cores=cores)
+            fpt = run(me, "fpt", workers, flags, fpt_env, cores=cores)
             row = {"workers": workers, "bytes": nbytes, "local_aggregation": fpt_env["FPT_LOCAL_AGGREGATION"],
                    "bind_cores": a.bind_cores}
             for name, times in (("fpt", fpt), ("gloo", gloo), ("tcp", tcp)):

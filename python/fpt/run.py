@@ -435,13 +435,14 @@ def main(argv=None):
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    cores = core_slices(os.sched_getaffinity(0), here_w) if a.bind_cores and here_w else [None] * here_w
+    cores, bound = [None] * here_w, ""
+    if a.bind_cores and here_w:
+        cores = core_slices(os.sched_getaffinity(0), here_w)
+        bound = "; workers bound to cores " + " | ".join(cpu_list(c) for c in cores)
     print("fptrun: %d servers and %d workers, scheduler at %s:%s; here:%s %d servers, %d workers; "
           "FPT_LOCAL_AGGREGATION=%s%s"
           % (a.servers, a.workers, host, port, " scheduler," if run_sched else "", here_s, here_w,
-             env.get("FPT_LOCAL_AGGREGATION", "off"),
-             "; workers bound to cores " + " | ".join(cpu_list(c) for c in cores) if a.bind_cores and here_w else ""),
-          flush=True)
+             env.get("FPT_LOCAL_AGGREGATION", "off"), bound), flush=True)
     try:
         if run_sched:
             job.start("scheduler", [fpt_bin], dict(env, DMLC_ROLE="scheduler"))
