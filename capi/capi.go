@@ -201,9 +201,17 @@ func spareProc(lookup func(string) (string, bool)) {
 		}
 		return
 	}
+	// Reading the default and adding one is two steps on a setting of the
+	// whole process: nodes starting at once would each add their one.
+	procMu.Lock()
+	defer procMu.Unlock()
 	runtime.SetDefaultGOMAXPROCS()
 	runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + 1)
 }
+
+// procMu serialises spareProc's changes to GOMAXPROCS, which belongs to
+// the process, not to a Lib.
+var procMu sync.Mutex
 
 // Finalize leaves the cluster: a worker waits for its outstanding requests
 // and their callbacks (the worker's Finalize does) and passes the final

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -228,6 +229,30 @@ func TestLibStartFailures(t *testing.T) {
 				t.Errorf("%d shutdowns, want 1", n)
 			}
 		})
+	}
+}
+
+// Nodes of one process start concurrently (a test's cluster, a program
+// starting a server beside its worker); the P to spare is still one.
+func TestSpareProcConcurrent(t *testing.T) {
+	was := runtime.GOMAXPROCS(0)
+	t.Cleanup(func() { runtime.GOMAXPROCS(was) })
+	runtime.SetDefaultGOMAXPROCS()
+	def := runtime.GOMAXPROCS(0)
+	unset := func(string) (string, bool) { return "", false }
+	for round := 0; round < 200; round++ {
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				spareProc(unset)
+			}()
+		}
+		wg.Wait()
+		if got := runtime.GOMAXPROCS(0); got != def+1 {
+			t.Fatalf("round %d: GOMAXPROCS %d after 4 concurrent starts, want %d", round, got, def+1)
+		}
 	}
 }
 
