@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -157,6 +158,18 @@ type localAgg struct {
 	// round and would otherwise allocate each.
 	spare   [][]byte
 	readers map[int]readers // result chunks being read
+	// waiting are results published while every result chunk was still
+	// being read, copied, in order: the notice loop publishes each as a
+	// member's read frees a chunk. Never a chunk free while one waits.
+	waiting []waitingResult
+}
+
+// waitingResult is a result for the group that waits for a result chunk,
+// and who will read it there.
+type waitingResult struct {
+	h       frame.Header
+	data    []byte
+	readers readers
 }
 
 // ownAggregator is the worker's own aggregator (aggregator.Aggregator)
@@ -638,6 +651,8 @@ func (l *localAgg) dissolve(from uint64) {
 			delete(l.sums, s)
 		}
 	}
+	// Every worker is sent its own sums of those iterations (publish).
+	l.waiting = slices.DeleteFunc(l.waiting, func(r waitingResult) bool { return !r.readers.init && r.h.Iteration >= from })
 	// A member waiting for a chunk its lost leader would never free
 	// drops its push (the retry sends it again).
 	l.cond.Broadcast()
@@ -667,6 +682,7 @@ func (l *localAgg) unmap() {
 		return
 	}
 	l.retired = true
+	l.waiting = nil // its members read nothing more
 	until := l.until
 	l.cond.Broadcast()
 	l.mu.Unlock()
@@ -978,24 +994,20 @@ func (l *localAgg) handOver(sh sharedSum) error {
 }
 
 // addShared is a member's: the host sum h its leader wrote into chunk
-// goes to its aggregator (which copies it), on a goroutine of its own, as
-// the leader's own does (addOwn): the sum may complete there, and its
-// sends must not hold up the notice loop; then the chunk is the leader's
-// again.
+// goes to its aggregator (which copies it), on the notice loop, as the
+// leader's own does (addOwn); then the chunk is the leader's again.
 func (l *localAgg) addShared(h *frame.Header, chunk int) {
 	if !l.enter() {
 		return
 	}
-	go func() {
-		defer l.busy.Done()
-		if err := l.agg.AddLocal(h, l.seg.HostSum(chunk)[:h.Length]); err != nil {
-			l.fail(fmt.Errorf("worker: from %s through the segment: %s: %w", node.ID(h.Sender), h, err))
-			return
-		}
-		if err := l.notify(0, noticeRead, chunk, h); err != nil {
-			l.log.Debug("local aggregation: host sum read after close", "err", err)
-		}
-	}()
+	defer l.busy.Done()
+	if err := l.agg.AddLocal(h, l.seg.HostSum(chunk)[:h.Length]); err != nil {
+		l.fail(fmt.Errorf("worker: from %s through the segment: %s: %w", node.ID(h.Sender), h, err))
+		return
+	}
+	if err := l.notify(0, noticeRead, chunk, h); err != nil {
+		l.log.Debug("local aggregation: host sum read after close", "err", err)
+	}
 }
 
 // sendError is what a host sum h that could not be sent (err) means for
@@ -1025,21 +1037,22 @@ func (l *localAgg) sendError(h *frame.Header, err error) error {
 }
 
 // addOwn adds the leader's host sum of a partition it aggregates itself
-// to its aggregator, on a goroutine of its own: the sum may complete
-// there, and its result is handed to the group (publish), which may wait
-// for a result chunk that only the notice loop, perhaps the caller, frees.
+// to its aggregator, on the goroutine that completed it: the notice loop,
+// or the caller whose push did. The sum may complete there and be handed
+// to the group (publish) and to this worker, all without waiting: the
+// aggregator forwards, never blocks, and publish leaves a result that
+// finds no chunk free for the loop. (A goroutine of its own per host sum
+// cost a small step a quarter of its thread wake-ups: docs/latency.md.)
 // The sum's buffer is the aggregator's (firstSum), which takes it over.
 func (l *localAgg) addOwn(msg *frame.Message) {
 	if !l.enter() {
 		return
 	}
-	go func() {
-		defer l.busy.Done()
-		err := l.agg.HandlePush(&msg.Header, msg.Payload, true)
-		if err = l.sendError(&msg.Header, err); err != nil {
-			l.fail(fmt.Errorf("worker: %w", err))
-		}
-	}()
+	defer l.busy.Done()
+	err := l.agg.HandlePush(&msg.Header, msg.Payload, true)
+	if err = l.sendError(&msg.Header, err); err != nil {
+		l.fail(fmt.Errorf("worker: %w", err))
+	}
 }
 
 // firstSum is a buffer for the host sum of slot h holding data, its
@@ -1095,23 +1108,30 @@ func (l *localAgg) publish(h *frame.Header, data []byte) error {
 			return err
 		}
 	}
-	// A lost member never reads its results: the retry its loss brings
-	// dissolves the group, and a result waiting for their chunks is
-	// every worker's own from then on.
-	for len(l.free) == 0 && !l.closed && !l.retired && (init || h.Iteration < l.until) {
-		l.cond.Wait()
+	if len(data) > len(l.seg.HostSum(0)) {
+		l.mu.Unlock()
+		return fmt.Errorf("local aggregation: a %d-byte result does not fit the segment's slots", len(data))
 	}
-	if l.closed || l.retired || !init && h.Iteration >= l.until {
+	r := readers{left: len(l.group.Workers) - 1, slot: s, init: init}
+	if len(l.free) == 0 {
+		// Every chunk is still being read. Waiting here for one would
+		// wait for ever on the notice loop, which frees them (a host sum
+		// it completed, addOwn); the result waits instead, copied, for
+		// the loop to publish it as a member's read frees one.
+		l.waiting = append(l.waiting, waitingResult{h: *h, data: bytes.Clone(data), readers: r})
 		l.mu.Unlock()
 		return nil
 	}
 	chunk := l.free[len(l.free)-1]
 	l.free = l.free[:len(l.free)-1]
-	l.readers[chunk] = readers{left: len(l.group.Workers) - 1, slot: s, init: init}
+	l.readers[chunk] = r
 	l.mu.Unlock()
-	if len(data) > len(l.seg.HostSum(chunk)) {
-		return fmt.Errorf("local aggregation: a %d-byte result does not fit the segment's slots", len(data))
-	}
+	return l.fill(chunk, h, data)
+}
+
+// fill writes the result h, data into chunk, which its readers hold, and
+// tells the members.
+func (l *localAgg) fill(chunk int, h *frame.Header, data []byte) error {
 	copy(l.seg.HostSum(chunk), data)
 	for m := 1; m < len(l.group.Workers); m++ {
 		hh := *h
@@ -1208,24 +1228,34 @@ func (l *localAgg) handle(b []byte) error {
 		return l.notify(m, noticeConsumed, chunk, nil)
 	case l.idx == 0 && kind == noticeRead && m > 0:
 		l.mu.Lock()
-		defer l.mu.Unlock()
 		r, ok := l.readers[chunk]
 		if !ok {
+			l.mu.Unlock()
 			return fmt.Errorf("local aggregation: %s read a result not published", l.group.Workers[m])
 		}
 		if !r.init && !r.hostSum {
 			if _, err := l.core.Read(l.group.Workers[m], r.slot); err != nil {
+				l.mu.Unlock()
 				return err
 			}
 		}
 		if r.left--; r.left > 0 {
 			l.readers[chunk] = r
+			l.mu.Unlock()
 			return nil
 		}
 		delete(l.readers, chunk)
-		l.free = append(l.free, chunk)
-		l.cond.Broadcast()
-		return nil
+		if len(l.waiting) == 0 {
+			l.free = append(l.free, chunk)
+			l.mu.Unlock()
+			return nil
+		}
+		next := l.waiting[0]
+		l.waiting[0] = waitingResult{}
+		l.waiting = l.waiting[1:]
+		l.readers[chunk] = next.readers
+		l.mu.Unlock()
+		return l.fill(chunk, &next.h, next.data)
 	case l.idx > 0 && kind == noticeConsumed && m == 0:
 		l.mu.Lock()
 		l.free = append(l.free, chunk)
