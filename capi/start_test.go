@@ -240,14 +240,10 @@ func TestSpareProcConcurrent(t *testing.T) {
 	runtime.SetDefaultGOMAXPROCS()
 	def := runtime.GOMAXPROCS(0)
 	unset := func(string) (string, bool) { return "", false }
-	for round := 0; round < 200; round++ {
+	for round := range 200 {
 		var wg sync.WaitGroup
 		for range 4 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				spareProc(unset)
-			}()
+			wg.Go(func() { spareProc(unset) })
 		}
 		wg.Wait()
 		if got := runtime.GOMAXPROCS(0); got != def+1 {
