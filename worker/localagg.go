@@ -1172,7 +1172,11 @@ func (l *localAgg) loop() {
 		if !ok {
 			return // closing
 		}
+		held := l.hold()
 		err = l.handleAll(buf[:n])
+		if held {
+			l.flush()
+		}
 		l.busy.Done()
 		if err != nil {
 			l.mu.Lock()
@@ -1183,6 +1187,65 @@ func (l *localAgg) loop() {
 			}
 			return
 		}
+	}
+}
+
+// hold has the notices posted while the loop takes a datagram queue,
+// for flush to send packed once it is done: a contribution whose sum
+// completes on the loop has the member told of the result (publish) and
+// of its chunk freed in one datagram, one wake-up, not two. It reports
+// whether it held them: not while another goroutine sends (which then
+// takes what queues) or once closed.
+func (l *localAgg) hold() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.sending || l.closed {
+		return false
+	}
+	l.sending = true
+	return true
+}
+
+// flush sends, packed, what was posted while the loop held the notices,
+// as far as it can without waiting (as post does), and leaves the rest,
+// in order, to writer. Only after hold reported true.
+func (l *localAgg) flush() {
+	l.mu.Lock()
+	out := l.outbox
+	l.outbox = nil
+	l.mu.Unlock()
+	l.direct = packNotices(l.direct, out)
+	sent := 0
+	for _, d := range l.direct {
+		if !l.sendNow(d) {
+			break
+		}
+		sent++
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.sending = false
+	l.datagrams += sent
+	if sent < len(l.direct) {
+		// Each member's notices fill its datagrams in order, so those
+		// sent are a prefix of its own: the rest go back ahead of any
+		// posted since.
+		left := make([]int, len(l.addrs)) // each member's notices sent
+		for _, d := range l.direct[:sent] {
+			left[d.to] += len(d.b) / noticeLen
+		}
+		rest := make([]outNotice, 0, len(out)+len(l.outbox))
+		for _, n := range out {
+			if left[n.to] > 0 {
+				left[n.to]--
+				continue
+			}
+			rest = append(rest, n)
+		}
+		l.outbox = append(rest, l.outbox...)
+	}
+	if len(l.outbox) > 0 || l.closed {
+		l.outReady.Broadcast()
 	}
 }
 

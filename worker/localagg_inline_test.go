@@ -182,3 +182,65 @@ func TestLocalResultWaitsForChunk(t *testing.T) {
 		t.Errorf("%d results waiting, %d chunks being read; want 0 and %d", len(leader.waiting), len(leader.readers), localChunks-2)
 	}
 }
+
+// publishAgg is the leader's aggregator in a shellGroup that completes
+// each host sum it is given at once and hands the sum to the group, as
+// the real one does through the worker's own landing.
+type publishAgg struct {
+	shellAgg
+	leader *localAgg
+}
+
+func (a publishAgg) HandlePush(h *frame.Header, payload []byte, inPlace bool) error {
+	if err := a.shellAgg.HandlePush(h, payload, inPlace); err != nil {
+		return err
+	}
+	r := *h
+	r.Type, r.Flags = frame.Result, h.Flags&^frame.FlagHostSum
+	return a.leader.publish(&r, payload)
+}
+
+// TestLocalSumCompletedOnLoopOneDatagram: a member's contribution that
+// completes a sum on the leader's notice loop has the member told of the
+// result and of its chunk freed in one datagram (one wake-up), and the
+// member has the exact sum.
+func TestLocalSumCompletedOnLoopOneDatagram(t *testing.T) {
+	g := newShellGroup(t, 2, 64)
+	leader, member := g.l[0], g.l[1]
+	leader.mu.Lock()
+	leader.agg = publishAgg{shellAgg: shellAgg{g: g, i: 0}, leader: leader}
+	leader.mu.Unlock()
+	var mu sync.Mutex
+	var got [][]byte
+	member.mu.Lock()
+	member.deliver = func(h *frame.Header, data []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, bytes.Clone(data))
+	}
+	member.mu.Unlock()
+
+	g.push(t, 0, 0, leader.self) // the leader's first: the member's completes the sum
+	g.push(t, 1, 0, leader.self)
+	g.settle(t, func() bool {
+		mu.Lock()
+		n := len(got)
+		mu.Unlock()
+		leader.mu.Lock()
+		defer leader.mu.Unlock()
+		member.mu.Lock()
+		defer member.mu.Unlock()
+		return n == 1 && len(leader.free) == localChunks && len(member.free) == localChunks
+	})
+	defer g.mu.Unlock()
+	mu.Lock()
+	if want := bytes.Repeat(float32Bytes(1+2), 16); !bytes.Equal(got[0], want) {
+		t.Errorf("the member's sum %v, want %v", got[0], want)
+	}
+	mu.Unlock()
+	leader.mu.Lock()
+	defer leader.mu.Unlock()
+	if leader.datagrams != 1 {
+		t.Errorf("the leader sent %d datagrams for the result and the freed chunk, want 1", leader.datagrams)
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fptps/fpt/localagg"
 	"github.com/fptps/fpt/node"
+	"golang.org/x/sys/unix"
 )
 
 // noticeLeader is the leader's side of a group of n workers (its notice
@@ -301,4 +302,73 @@ func TestLocalNoticeSentByItsCaller(t *testing.T) {
 		t.Fatalf("read %v, want %v", got, want)
 	}
 	t.Logf("%d notices sent by notify, the rest by the writer", direct)
+}
+
+// TestLocalFlushLeavesTheRestToWriter: what the notice loop held goes out
+// packed where each member's queue has room; a member whose queue is full
+// has its notices left to the writer, in the order made, and they reach
+// it once it reads.
+func TestLocalFlushLeavesTheRestToWriter(t *testing.T) {
+	l, members := noticeLeader(t, "flush", 3)
+	for _, m := range members {
+		if err := m.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Member 1's queue full.
+	fd, err := l.sockets.to(1, l.addrs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	filler := notice(1, noticeConsumed, 15)
+	fill := 0
+	for ; ; fill++ {
+		if _, err := unix.Write(fd, filler.b[:]); err != nil {
+			break
+		}
+	}
+	if !l.hold() {
+		t.Fatal("hold: nothing was going out, yet the loop did not hold the notices")
+	}
+	for _, n := range []struct{ to, chunk int }{{2, 0}, {1, 1}, {2, 2}, {1, 3}} {
+		if err := l.notify(n.to, noticeConsumed, n.chunk, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l.datagrams != 0 || len(l.outbox) != 4 {
+		t.Fatalf("%d datagrams sent, %d notices queued while held; want 0 and 4", l.datagrams, len(l.outbox))
+	}
+	l.flush()
+	var chunks []int
+	for _, b := range readNotices(t, members[1]) {
+		chunks = append(chunks, int(b[3]))
+	}
+	if !slices.Equal(chunks, []int{0, 2}) {
+		t.Errorf("member 2 read %v in its first datagram, want [0 2]", chunks)
+	}
+	l.mu.Lock()
+	left := slices.Clone(l.outbox)
+	sending, datagrams := l.sending, l.datagrams
+	l.mu.Unlock()
+	if sending || datagrams != 1 || len(left) != 2 || left[0].to != 1 || left[0].b[3] != 1 || left[1].b[3] != 3 {
+		t.Fatalf("after the flush: sending %v, %d datagrams sent, left %d notices; want false, 1, member 1's chunks 1 and 3", sending, datagrams, len(left))
+	}
+	buf := make([]byte, noticeLen*noticesPerDatagram)
+	for range fill {
+		if _, err := members[0].Read(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l.socks.Add(1)
+	go l.writer()
+	chunks = chunks[:0]
+	for len(chunks) < 2 {
+		for _, b := range readNotices(t, members[0]) {
+			chunks = append(chunks, int(b[3]))
+		}
+	}
+	l.close()
+	if !slices.Equal(chunks, []int{1, 3}) {
+		t.Errorf("member 1 read %v once it had room, want [1 3]", chunks)
+	}
 }
