@@ -1230,14 +1230,14 @@ func (l *localAgg) flush() {
 		// Each member's notices fill its datagrams in order, so those
 		// sent are a prefix of its own: the rest go back ahead of any
 		// posted since.
-		left := make([]int, len(l.addrs)) // each member's notices sent
+		sentTo := make([]int, len(l.addrs)) // by member, its notices sent
 		for _, d := range l.direct[:sent] {
-			left[d.to] += len(d.b) / noticeLen
+			sentTo[d.to] += len(d.b) / noticeLen
 		}
 		rest := make([]outNotice, 0, len(out)+len(l.outbox))
 		for _, n := range out {
-			if left[n.to] > 0 {
-				left[n.to]--
+			if sentTo[n.to] > 0 {
+				sentTo[n.to]--
 				continue
 			}
 			rest = append(rest, n)

@@ -96,6 +96,34 @@ func TestLocalHostSumAddedWhereCompleted(t *testing.T) {
 	}
 }
 
+// deliveries are the results a member of a shellGroup was given, copied.
+type deliveries struct {
+	mu   sync.Mutex
+	h    []frame.Header
+	data [][]byte
+}
+
+// recordDeliveries has member l's results recorded. Set under l's lock,
+// which its loop takes before a result's delivery.
+func recordDeliveries(l *localAgg) *deliveries {
+	d := &deliveries{}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.deliver = func(h *frame.Header, data []byte) {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.h = append(d.h, *h)
+		d.data = append(d.data, bytes.Clone(data))
+	}
+	return d
+}
+
+func (d *deliveries) len() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.h)
+}
+
 // TestLocalResultWaitsForChunk: a result published while every result
 // chunk is still being read does not wait for one (the notice loop, which
 // frees them, publishes results itself): it is kept, and goes out, exact
@@ -103,17 +131,7 @@ func TestLocalHostSumAddedWhereCompleted(t *testing.T) {
 func TestLocalResultWaitsForChunk(t *testing.T) {
 	g := newShellGroup(t, 2, 64)
 	leader, member := g.l[0], g.l[1]
-	var mu sync.Mutex
-	var got []frame.Header
-	var gotData [][]byte
-	member.mu.Lock()
-	member.deliver = func(h *frame.Header, data []byte) {
-		mu.Lock()
-		defer mu.Unlock()
-		got = append(got, *h)
-		gotData = append(gotData, bytes.Clone(data))
-	}
-	member.mu.Unlock()
+	got := recordDeliveries(member)
 	// Every chunk held by a read the member has not made yet.
 	leader.mu.Lock()
 	for _, c := range leader.free {
@@ -143,11 +161,9 @@ func TestLocalResultWaitsForChunk(t *testing.T) {
 	for i := range data {
 		clear(data[i])
 	}
-	mu.Lock()
-	if len(got) != 0 {
-		t.Errorf("the member was given %d results before a chunk was read", len(got))
+	if n := got.len(); n != 0 {
+		t.Errorf("the member was given %d results before a chunk was read", n)
 	}
-	mu.Unlock()
 
 	for _, c := range []int{5, 9} {
 		h := results[0] // any valid header: the chunk is what a read frees
@@ -156,24 +172,22 @@ func TestLocalResultWaitsForChunk(t *testing.T) {
 		}
 	}
 	g.settle(t, func() bool {
-		mu.Lock()
-		n := len(got)
-		mu.Unlock()
+		n := got.len()
 		leader.mu.Lock()
 		defer leader.mu.Unlock()
 		return n == 2 && len(leader.free) == 2 // its reads of the two came back
 	})
 	defer g.mu.Unlock()
-	mu.Lock()
-	defer mu.Unlock()
+	got.mu.Lock()
+	defer got.mu.Unlock()
 	for i := range results {
 		want := results[i]
 		want.Recipient = uint32(member.self)
-		if got[i] != want {
-			t.Errorf("result %d: %s, want %s", i, &got[i], &want)
+		if got.h[i] != want {
+			t.Errorf("result %d: %s, want %s", i, &got.h[i], &want)
 		}
-		if w := bytes.Repeat(float32Bytes(float32(10+i)), 16); !bytes.Equal(gotData[i], w) {
-			t.Errorf("result %d: %v, want %v", i, gotData[i], w)
+		if w := bytes.Repeat(float32Bytes(float32(10+i)), 16); !bytes.Equal(got.data[i], w) {
+			t.Errorf("result %d: %v, want %v", i, got.data[i], w)
 		}
 	}
 	leader.mu.Lock()
@@ -210,22 +224,12 @@ func TestLocalSumCompletedOnLoopOneDatagram(t *testing.T) {
 	leader.mu.Lock()
 	leader.agg = publishAgg{shellAgg: shellAgg{g: g, i: 0}, leader: leader}
 	leader.mu.Unlock()
-	var mu sync.Mutex
-	var got [][]byte
-	member.mu.Lock()
-	member.deliver = func(h *frame.Header, data []byte) {
-		mu.Lock()
-		defer mu.Unlock()
-		got = append(got, bytes.Clone(data))
-	}
-	member.mu.Unlock()
+	got := recordDeliveries(member)
 
 	g.push(t, 0, 0, leader.self) // the leader's first: the member's completes the sum
 	g.push(t, 1, 0, leader.self)
 	g.settle(t, func() bool {
-		mu.Lock()
-		n := len(got)
-		mu.Unlock()
+		n := got.len()
 		leader.mu.Lock()
 		defer leader.mu.Unlock()
 		member.mu.Lock()
@@ -233,11 +237,11 @@ func TestLocalSumCompletedOnLoopOneDatagram(t *testing.T) {
 		return n == 1 && len(leader.free) == localChunks && len(member.free) == localChunks
 	})
 	defer g.mu.Unlock()
-	mu.Lock()
-	if want := bytes.Repeat(float32Bytes(1+2), 16); !bytes.Equal(got[0], want) {
-		t.Errorf("the member's sum %v, want %v", got[0], want)
+	got.mu.Lock()
+	if want := bytes.Repeat(float32Bytes(1+2), 16); !bytes.Equal(got.data[0], want) {
+		t.Errorf("the member's sum %v, want %v", got.data[0], want)
 	}
-	mu.Unlock()
+	got.mu.Unlock()
 	leader.mu.Lock()
 	defer leader.mu.Unlock()
 	if leader.datagrams != 1 {
