@@ -133,6 +133,9 @@ type localAgg struct {
 	sending bool
 	sockets noticeSockets
 	direct  []datagram // post's, reused (by the goroutine that set sending)
+	// held is flush's spare outbox: the loop swaps it with outbox, as
+	// writer does its own, so that holding allocates nothing.
+	held []outNotice
 	// retired: every worker has the sums of every iteration the group
 	// summed (the LB's Done passed them), so nothing of it is needed
 	// again; its segment is unmapped (or being) and no call touches it.
@@ -1212,7 +1215,7 @@ func (l *localAgg) hold() bool {
 func (l *localAgg) flush() {
 	l.mu.Lock()
 	out := l.outbox
-	l.outbox = nil
+	l.outbox = l.held[:0]
 	l.mu.Unlock()
 	l.direct = packNotices(l.direct, out)
 	sent := 0
@@ -1226,6 +1229,7 @@ func (l *localAgg) flush() {
 	defer l.mu.Unlock()
 	l.sending = false
 	l.datagrams += sent
+	l.held = out[:0] // out's notices are sent, or copied into rest below
 	if sent < len(l.direct) {
 		// Each member's notices fill its datagrams in order, so those
 		// sent are a prefix of its own: the rest go back ahead of any
