@@ -89,6 +89,11 @@ func TestLibJoin(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := startLibsWith(t, 1, 2, func(_ string, vars map[string]string, _ *Lib) {
 				vars["FPT_ON_WORKER_LOSS"] = "continue" // a failed joiner leaves; the others go on
+				// The join lands 2 iterations past the latest done: with the
+				// timed lookahead it lands up to FPT_LB_AHEAD of iterations
+				// later, which may be past the job's end, and the others
+				// wait for the joiner before they finalize.
+				vars["FPT_LB_AHEAD"] = "0"
 			})
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()

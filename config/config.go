@@ -143,7 +143,7 @@ type Config struct {
 const (
 	DefaultHeartbeatInterval = time.Second
 	DefaultHeartbeatTimeout  = 10 * time.Second
-	DefaultLBAhead           = 20 * time.Millisecond
+	DefaultLBAhead           = 100 * time.Millisecond
 	DefaultStartTimeout      = 300 * time.Second
 	DefaultPartitionBytes    = 1 << 20
 	DefaultMaxFrameBytes     = 1 << 30

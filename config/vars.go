@@ -203,7 +203,7 @@ func Known() []Var {
 			}},
 		{Name: "FPT_LB_PROBE_EVERY", Meaning: "probe again after this many balanced iterations; 0: only when the measurements drift", Default: "0", Use: NodeVar,
 			read: func(p *parser, name string, c *Config) { c.LBProbeEvery = uint64(p.integer(name, 0, 0, 1<<40)) }},
-		{Name: "FPT_LB_AHEAD", Meaning: "seconds of iterations, at their latest pace, that workers may push ahead of the last one done (up to 64 iterations, at least 2, and 2 while a probe is on), so that short steps do not wait for the scheduler's grants; 0: 2 iterations", Default: seconds(DefaultLBAhead), Use: NodeVar,
+		{Name: "FPT_LB_AHEAD", Meaning: "seconds of iterations, at their latest pace, that workers may push ahead of the last one done (up to 1024 iterations, at least 2, and 2 while a probe is on), so that short steps do not wait for the scheduler's grants; a worker whose iterations are shorter reports to the LB once per half of it; 0: 2 iterations", Default: seconds(DefaultLBAhead), Use: NodeVar,
 			read: func(p *parser, name string, c *Config) {
 				if v, ok := p.optional(name); ok && v == "0" {
 					return

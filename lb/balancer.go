@@ -48,11 +48,14 @@ type Config struct {
 	Lookahead uint64
 	// AheadFor stretches the lookahead of short iterations: the horizon
 	// covers at least AheadFor at the pace of the latest iterations (up to
-	// maxTimedLookahead of them; default 20 ms). A grant is a round trip
+	// maxTimedLookahead of them; default 100 ms). A grant is a round trip
 	// through the scheduler: two iterations of a millisecond ahead, a
 	// worker would wait for it every step, while decisions would land no
-	// later than AheadFor. Negative: Lookahead only. While a probe is on
-	// the lookahead is Lookahead (see MinIteration).
+	// later than AheadFor. Short iterations are reported, and granted,
+	// once per half of it (lbagent.Pace): each report and grant is a
+	// control message beside the step's frames, which a longer AheadFor
+	// makes rarer and decisions later. Negative: Lookahead only. While a
+	// probe is on the lookahead is Lookahead (see MinIteration).
 	AheadFor time.Duration
 	// Warmup is how many iterations finish on the initial decision before
 	// the first probe (default 2).
@@ -118,10 +121,10 @@ const (
 	defaultDriftIterations = 3
 	defaultRetryAfter      = 10
 	defaultJoinSettle      = 500 * time.Millisecond
-	defaultAheadFor        = 20 * time.Millisecond
+	defaultAheadFor        = 100 * time.Millisecond
 	defaultMinIteration    = 20 * time.Millisecond
 	// maxTimedLookahead bounds the lookahead AheadFor asks for.
-	maxTimedLookahead = 64
+	maxTimedLookahead = 1024
 	// Sanity bounds: beyond these a setting is a mistake, not a choice.
 	maxLookahead       = 1 << 16
 	maxProbeIterations = 1 << 16

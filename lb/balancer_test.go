@@ -93,8 +93,16 @@ func (c *checker) check(t *testing.T, d Directive) {
 	c.granted = max(c.granted, d.Horizon)
 }
 
+// simAheadFor is the timed lookahead of a sim whose Config leaves it
+// unset: the iterations its tests expect decisions to land at are worked
+// out with it. TestBalancerAheadFor checks the default's.
+const simAheadFor = 20 * time.Millisecond
+
 func newSim(t *testing.T, cfg Config) *sim {
 	t.Helper()
+	if cfg.AheadFor == 0 {
+		cfg.AheadFor = simAheadFor
+	}
 	b, err := NewBalancer(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -637,7 +645,7 @@ func TestNewBalancer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Config{Servers: servers, Workers: workers, Lookahead: 2, Warmup: 2, ProbeIterations: 2, Tolerance: DefaultTolerance, DriftFactor: 1.5, DriftIterations: 3, RetryAfter: 10, JoinSettle: 500 * time.Millisecond, AheadFor: 20 * time.Millisecond, MinIteration: 20 * time.Millisecond}
+	want := Config{Servers: servers, Workers: workers, Lookahead: 2, Warmup: 2, ProbeIterations: 2, Tolerance: DefaultTolerance, DriftFactor: 1.5, DriftIterations: 3, RetryAfter: 10, JoinSettle: 500 * time.Millisecond, AheadFor: 100 * time.Millisecond, MinIteration: 20 * time.Millisecond}
 	if !reflect.DeepEqual(b.cfg, want) {
 		t.Fatalf("defaults %+v", b.cfg)
 	}
@@ -836,14 +844,16 @@ func TestBalancerAheadFor(t *testing.T) {
 		step     time.Duration // between the iterations' completions
 		want     uint64        // lookahead of the last grant
 	}{
-		{"long iterations keep Lookahead", 0, 100 * time.Millisecond, 2},
-		{"20 ms iterations keep Lookahead", 0, 20 * time.Millisecond, 2},
-		{"5 ms iterations: 4 ahead", 0, 5 * time.Millisecond, 4},
-		{"3 ms iterations: 7 ahead (rounded up)", 0, 3 * time.Millisecond, 7},
-		{"1 ms iterations: 20 ahead", 0, time.Millisecond, 20},
+		{"long iterations keep Lookahead", 0, 200 * time.Millisecond, 2},
+		{"100 ms iterations keep Lookahead", 0, 100 * time.Millisecond, 2},
+		{"20 ms iterations: 5 ahead", 0, 20 * time.Millisecond, 5},
+		{"3 ms iterations: 34 ahead (rounded up)", 0, 3 * time.Millisecond, 34},
+		{"1 ms iterations: 100 ahead", 0, time.Millisecond, 100},
 		{"10 µs iterations: capped", 0, 10 * time.Microsecond, maxTimedLookahead},
 		{"AheadFor off", -1, time.Millisecond, 2},
-		{"AheadFor 100 ms", 100 * time.Millisecond, 10 * time.Millisecond, 10},
+		{"AheadFor 20 ms, 20 ms iterations keep Lookahead", 20 * time.Millisecond, 20 * time.Millisecond, 2},
+		{"AheadFor 20 ms, 3 ms iterations: 7 ahead", 20 * time.Millisecond, 3 * time.Millisecond, 7},
+		{"AheadFor 20 ms, 1 ms iterations: 20 ahead", 20 * time.Millisecond, time.Millisecond, 20},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,7 +1,7 @@
 // Package lbagent is the load balancer's hand on every server and worker
 // (docs/design.md). It measures the node's send and receive rates from the
 // van's counters, reports them to the LB scheduler once per iteration (or
-// per ReportEvery, for shorter iterations: Pace), and
+// once per half of FPT_LB_AHEAD, for shorter iterations: Pace), and
 // applies the directives that come back: shaping off while probing, pool
 // weights that follow the decision, and (through the worker) new decisions
 // and the horizon of iterations the workers may push.
@@ -71,10 +71,13 @@ func New(n *cluster.Member, apply Apply) *Agent {
 	return a
 }
 
-// reportEvery is the pace of a node's reports under cfg: ReportEvery on a
-// worker, ServerReportEvery on a server, or every iteration under a retry
-// policy, where a worker's pull of an iteration may wait for the LB's Done
-// past it, which needs every worker's report of it at once.
+// reportEvery is the pace of a node's reports under cfg: on a worker, half
+// the time the LB grants short iterations ahead (FPT_LB_AHEAD), at least
+// ReportEvery; ServerReportEvery on a server; or every iteration under a
+// retry policy, where a worker's pull of an iteration may wait for the
+// LB's Done past it, which needs every worker's report of it at once.
+// A worker's report earns its grant, so a pace slower than half the
+// lookahead would only have Pace send at the horizon's half instead.
 func reportEvery(cfg config.Config) time.Duration {
 	switch {
 	case cfg.Retries():
@@ -82,7 +85,7 @@ func reportEvery(cfg config.Config) time.Duration {
 	case cfg.Role == node.Server:
 		return ServerReportEvery
 	}
-	return ReportEvery
+	return max(ReportEvery, cfg.LBAhead/2)
 }
 
 // report is one report's iteration begun and what goes with it.

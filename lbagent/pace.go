@@ -6,13 +6,14 @@ import (
 	"github.com/fptps/fpt/lb"
 )
 
-// ReportEvery is the least time between two reports of a node whose
-// iterations are shorter, outside a probe and away from its horizon. Its
-// rates change no faster than the meter's Tick, and the scheduler needs
-// its progress only to grant horizons, which cover FPT_LB_AHEAD (20 ms)
-// of iterations: a report per iteration of a millisecond would put a
-// control message to the scheduler, and a grant back to every worker,
-// beside every step's frames.
+// ReportEvery is the least time between two reports of a worker whose
+// iterations are shorter, outside a probe and away from its horizon; its
+// pace is half of FPT_LB_AHEAD (50 ms by default), never less than this.
+// Its rates change no faster than the meter's Tick, and the scheduler
+// needs its progress only to grant horizons, which cover FPT_LB_AHEAD of
+// iterations: a report per iteration of a millisecond would put a control
+// message to the scheduler, and a grant back to every worker, beside
+// every step's frames.
 const ReportEvery = 10 * time.Millisecond
 
 // ServerReportEvery is ReportEvery for a server. The LB needs a server's
