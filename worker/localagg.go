@@ -1097,39 +1097,45 @@ func (l *localAgg) publish(h *frame.Header, data []byte) error {
 		return nil
 	}
 	defer l.busy.Done()
+	chunk, ok, err := l.claim(h, data)
+	if err != nil || !ok {
+		return err
+	}
+	return l.fill(chunk, h, data)
+}
+
+// claim takes a free result chunk for the result h, data. ok is false
+// where there is nothing to fill: the group no longer sums h's iteration
+// (every worker is sent its own sums of it), or every chunk is still
+// being read. Waiting for one then would wait for ever on the notice
+// loop, which frees them (a host sum it completed, addOwn); the result
+// waits instead, copied, for the loop to fill it in as a member's read
+// frees one (read).
+func (l *localAgg) claim(h *frame.Header, data []byte) (chunk int, ok bool, err error) {
 	s := localagg.Slot{Key: h.Key, Part: int(h.Partition), Iter: h.Iteration}
 	init := h.Flags&frame.FlagInit != 0
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if h.Iteration >= l.until && !init {
-		// Every worker is sent its own sums of these iterations.
-		l.mu.Unlock()
-		return nil
+		return 0, false, nil
 	}
 	if !init {
 		if _, err := l.core.ResultIn(s); err != nil {
-			l.mu.Unlock()
-			return err
+			return 0, false, err
 		}
 	}
 	if len(data) > len(l.seg.HostSum(0)) {
-		l.mu.Unlock()
-		return fmt.Errorf("local aggregation: a %d-byte result does not fit the segment's slots", len(data))
+		return 0, false, fmt.Errorf("local aggregation: a %d-byte result does not fit the segment's slots", len(data))
 	}
 	r := readers{left: len(l.group.Workers) - 1, slot: s, init: init}
 	if len(l.free) == 0 {
-		// Every chunk is still being read. Waiting here for one would
-		// wait for ever on the notice loop, which frees them (a host sum
-		// it completed, addOwn); the result waits instead, copied, for
-		// the loop to publish it as a member's read frees one.
 		l.waiting = append(l.waiting, waitingResult{h: *h, data: bytes.Clone(data), readers: r})
-		l.mu.Unlock()
-		return nil
+		return 0, false, nil
 	}
-	chunk := l.free[len(l.free)-1]
+	chunk = l.free[len(l.free)-1]
 	l.free = l.free[:len(l.free)-1]
 	l.readers[chunk] = r
-	l.mu.Unlock()
-	return l.fill(chunk, h, data)
+	return chunk, true, nil
 }
 
 // fill writes the result h, data into chunk, which its readers hold, and
@@ -1253,6 +1259,37 @@ func (l *localAgg) flush() {
 	}
 }
 
+// read is the leader's: member m copied out the result in chunk. Once
+// every member has, the chunk is free, or holds the first result waiting
+// for one, which read returns for the caller to fill in.
+func (l *localAgg) read(m, chunk int) (*waitingResult, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r, ok := l.readers[chunk]
+	if !ok {
+		return nil, fmt.Errorf("local aggregation: %s read a result not published", l.group.Workers[m])
+	}
+	if !r.init && !r.hostSum {
+		if _, err := l.core.Read(l.group.Workers[m], r.slot); err != nil {
+			return nil, err
+		}
+	}
+	if r.left--; r.left > 0 {
+		l.readers[chunk] = r
+		return nil, nil
+	}
+	delete(l.readers, chunk)
+	if len(l.waiting) == 0 {
+		l.free = append(l.free, chunk)
+		return nil, nil
+	}
+	next := l.waiting[0]
+	l.waiting[0] = waitingResult{}
+	l.waiting = l.waiting[1:]
+	l.readers[chunk] = next.readers
+	return &next, nil
+}
+
 // handleAll takes a datagram's notices, in order.
 func (l *localAgg) handleAll(b []byte) error {
 	ns, err := splitNotices(b)
@@ -1294,34 +1331,10 @@ func (l *localAgg) handle(b []byte) error {
 		}
 		return l.notify(m, noticeConsumed, chunk, nil)
 	case l.idx == 0 && kind == noticeRead && m > 0:
-		l.mu.Lock()
-		r, ok := l.readers[chunk]
-		if !ok {
-			l.mu.Unlock()
-			return fmt.Errorf("local aggregation: %s read a result not published", l.group.Workers[m])
+		next, err := l.read(m, chunk)
+		if err != nil || next == nil {
+			return err
 		}
-		if !r.init && !r.hostSum {
-			if _, err := l.core.Read(l.group.Workers[m], r.slot); err != nil {
-				l.mu.Unlock()
-				return err
-			}
-		}
-		if r.left--; r.left > 0 {
-			l.readers[chunk] = r
-			l.mu.Unlock()
-			return nil
-		}
-		delete(l.readers, chunk)
-		if len(l.waiting) == 0 {
-			l.free = append(l.free, chunk)
-			l.mu.Unlock()
-			return nil
-		}
-		next := l.waiting[0]
-		l.waiting[0] = waitingResult{}
-		l.waiting = l.waiting[1:]
-		l.readers[chunk] = next.readers
-		l.mu.Unlock()
 		return l.fill(chunk, &next.h, next.data)
 	case l.idx > 0 && kind == noticeConsumed && m == 0:
 		l.mu.Lock()
