@@ -31,6 +31,11 @@ func TestPSLitePrograms(t *testing.T) {
 		{name: "multi-workers", prog: "pslite_multi_workers", args: []string{"-customers", "2", "-keys", "1000", "-repeat", "20"},
 			servers: 2, workers: 2, env: []string{"DMLC_NUM_WORKER=4"},
 			worker: []string{"customer 0: PASS", "customer 1: PASS", "from 2 worker processes", "worker: done"}, server: []string{"server: done"}},
+		// The servers make their KVServer, then set its handle, well
+		// after the workers' first pushes: those wait for the handle.
+		{name: "multi-workers-late-server", prog: "pslite_multi_workers", args: []string{"-customers", "2", "-keys", "100", "-repeat", "5", "-server-delay", "300"},
+			servers: 2, workers: 2, env: []string{"DMLC_NUM_WORKER=4"},
+			worker: []string{"customer 0: PASS", "customer 1: PASS", "from 2 worker processes", "worker: done"}, server: []string{"server: done"}},
 		{name: "multi-workers-one-process", prog: "pslite_multi_workers", args: []string{"-customers", "2", "-keys", "1000", "-repeat", "5"},
 			servers: 2, workers: 1, env: []string{"DMLC_NUM_WORKER=2"},
 			worker: []string{"worker 0 customer 0: PASS", "worker 0 customer 1: PASS", "from 1 worker processes", "worker: done"}, server: []string{"server: done"}},

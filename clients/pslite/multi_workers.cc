@@ -14,9 +14,15 @@
 // calls Finalize(c); customer 0's call finalizes the node once every
 // customer has.
 //
-//   multi_workers [-customers C] [-keys N] [-repeat R]
+// -server-delay MS has a server sleep MS after Start before it makes its
+// KVServer, and MS more before set_request_handle: the workers' first
+// pushes come before either, as they may in any ps-lite program, and must
+// wait for the handle.
+//
+//   multi_workers [-customers C] [-keys N] [-repeat R] [-server-delay MS]
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -31,7 +37,7 @@ using namespace ps;
 
 namespace {
 
-int g_customers = 2, g_keys = 1000, g_repeat = 20;
+int g_customers = 2, g_keys = 1000, g_repeat = 20, g_server_delay_ms = 0;
 
 // Started is a latch: each customer waits until all have called Start,
 // so that a barrier counts every customer of the process (a customer
@@ -101,13 +107,17 @@ int main(int argc, char* argv[]) {
     if (!std::strcmp(argv[i], "-customers")) g_customers = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "-keys")) g_keys = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "-repeat")) g_repeat = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "-server-delay")) g_server_delay_ms = std::atoi(argv[i + 1]);
   }
   CHECK_GT(g_customers, 0);
   if (!IsWorker()) {
     Start(0);
     KVServer<float>* server = nullptr;
     if (IsServer()) {
+      auto delay = std::chrono::milliseconds(g_server_delay_ms);
+      std::this_thread::sleep_for(delay);
       server = new KVServer<float>(0);
+      std::this_thread::sleep_for(delay);
       server->set_request_handle(KVServerDefaultHandle<float>());
     }
     Finalize(0, true);

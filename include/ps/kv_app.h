@@ -133,13 +133,11 @@ class KVWorker : public SimpleApp {
     slicer_ = [this](const KVPairs<Val>& send, const std::vector<Range>& ranges, SlicedKVs* sliced) {
       DefaultSlicer(send, ranges, sliced);
     };
-    obj_ = new Customer(app_id, customer_id, [this](const Message& msg) { Process(msg); });
+    Attach(app_id, customer_id);
+    Open();
   }
 
-  virtual ~KVWorker() {
-    delete obj_;
-    obj_ = nullptr;
-  }
+  virtual ~KVWorker() { Detach(); }
 
   /* Pushes a copy of keys and vals (lens: elements per key, optional). */
   int Push(const std::vector<Key>& keys, const std::vector<Val>& vals, const std::vector<int>& lens = {},
@@ -441,19 +439,18 @@ struct KVMeta {
 template <typename Val>
 class KVServer : public SimpleApp {
  public:
-  explicit KVServer(int app_id) : SimpleApp() {
-    obj_ = new Customer(app_id, app_id, [this](const Message& msg) { Process(msg); });
-  }
+  /* Requests that come before set_request_handle wait for it. */
+  explicit KVServer(int app_id) : SimpleApp() { Attach(app_id, app_id); }
 
-  virtual ~KVServer() {
-    delete obj_;
-    obj_ = nullptr;
-  }
+  virtual ~KVServer() { Detach(); }
 
   using ReqHandle = std::function<void(const KVMeta& req_meta, const KVPairs<Val>& req_data, KVServer* server)>;
+  /* Sets the handle and lets requests through to it; set it once: a
+   * request being handled meanwhile would race with a second call. */
   void set_request_handle(const ReqHandle& request_handle) {
     CHECK(request_handle) << "invalid request handle";
     request_handle_ = request_handle;
+    Open();
   }
 
   /* Answers request req with res (a pull's keys, vals and lens). */
@@ -658,7 +655,6 @@ void KVServer<Val>::Process(const Message& msg) {
       CHECK_EQ(data.lens.size(), data.keys.size()) << "KVServer: a request whose lens and keys differ in size";
     }
   }
-  CHECK(request_handle_) << "KVServer(" << obj_->app_id() << "): a request came before set_request_handle";
   request_handle_(meta, data, this);
 }
 

@@ -10,7 +10,11 @@
 #ifndef PS_SIMPLE_APP_H_
 #define PS_SIMPLE_APP_H_
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <string>
 
 #include "ps/internal/customer.h"
@@ -34,10 +38,7 @@ class SimpleApp {
    * app_id come to customer (app_id, app_id), as in ps-lite. */
   explicit SimpleApp(int app_id, int customer_id);
 
-  virtual ~SimpleApp() {
-    delete obj_;
-    obj_ = nullptr;
-  }
+  virtual ~SimpleApp() { Detach(); }
 
   /* Sends a request to every node of recv_id (a node id or a group of
    * servers and workers); returns its timestamp: Wait(ts) returns once
@@ -76,17 +77,77 @@ class SimpleApp {
   /* Handles one SimpleApp message. */
   virtual inline void Process(const Message& msg);
 
+  /* Registers obj_, the customer (app_id, customer_id). Its handler may
+   * run at once on libfpt's thread, before obj_ is set or the derived
+   * class is constructed (messages that came before the customer wait for
+   * it and are handed over when it registers): each message waits until
+   * the app is opened. */
+  inline void Attach(int app_id, int customer_id);
+  /* Lets messages through to Process: the app is ready for them. */
+  inline void Open();
+  /* Unregisters obj_ (a message waiting for Open then ends the program:
+   * it would never be answered); every destructor calls it first. */
+  inline void Detach();
+
   Customer* obj_;
 
  private:
+  /* Blocks the handler's thread until Open, warning while it waits. */
+  inline void AwaitOpen(const Message& msg);
+
   Handle request_handle_;
   Handle response_handle_;
+  std::atomic<bool> open_{false};
+  std::mutex open_mu_;
+  std::condition_variable open_cv_;
+  bool detaching_ = false;
 };
 
 ////////////////////////////////////////////////////////////////////////////
 
 inline SimpleApp::SimpleApp(int app_id, int customer_id) : SimpleApp() {
-  obj_ = new Customer(app_id, customer_id, [this](const Message& msg) { Process(msg); });
+  Attach(app_id, customer_id);
+  Open();
+}
+
+inline void SimpleApp::Attach(int app_id, int customer_id) {
+  obj_ = new Customer(app_id, customer_id, [this](const Message& msg) {
+    AwaitOpen(msg);
+    Process(msg);
+  });
+}
+
+inline void SimpleApp::Open() {
+  {
+    std::lock_guard<std::mutex> lk(open_mu_);
+    open_.store(true, std::memory_order_release);
+  }
+  open_cv_.notify_all();
+}
+
+inline void SimpleApp::Detach() {
+  {
+    std::lock_guard<std::mutex> lk(open_mu_);
+    detaching_ = true;
+  }
+  open_cv_.notify_all();
+  delete obj_;
+  obj_ = nullptr;
+}
+
+inline void SimpleApp::AwaitOpen(const Message& msg) {
+  if (open_.load(std::memory_order_acquire)) return;
+  std::unique_lock<std::mutex> lk(open_mu_);
+  int waited = 0;
+  while (!open_.load(std::memory_order_relaxed)) {
+    CHECK(!detaching_) << "app " << msg.meta.app_id << ": destroyed before it was ready for a message from node "
+                       << msg.meta.sender << " (a KVServer needs set_request_handle)";
+    if (open_cv_.wait_for(lk, std::chrono::seconds(10)) == std::cv_status::timeout) {
+      waited += 10;
+      LOG(WARNING) << "app " << msg.meta.app_id << ": a message from node " << msg.meta.sender << " has waited "
+                   << waited << " s for the app to be ready (a KVServer needs set_request_handle)";
+    }
+  }
 }
 
 inline int SimpleApp::Request(int req_head, const std::string& req_body, int recv_id) {
