@@ -171,6 +171,16 @@ func TestPSLiteHeadersSelftest(t *testing.T) {
 			if strings.Contains(string(out), "WARNING: ThreadSanitizer") {
 				t.Errorf("ThreadSanitizer reports:\n%s", out)
 			}
+			// Requests handed over the moment their app registers wait
+			// until it is ready.
+			out, err = exec.Command(exe, "late").CombinedOutput()
+			if err != nil {
+				t.Fatalf("selftest late: %v\n%s", err, out)
+			}
+			mustContain(t, "selftest late output", string(out), "selftest: late: PASS")
+			if strings.Contains(string(out), "WARNING: ThreadSanitizer") {
+				t.Errorf("ThreadSanitizer reports:\n%s", out)
+			}
 			// Wrong calls end the program with status 1 and a message
 			// naming the mistake, never a crash or a hang.
 			if variant.name == "plain" {
@@ -185,6 +195,8 @@ func TestPSLiteHeadersSelftest(t *testing.T) {
 					{"after-finalize", "KVWorker::ZPush after ps::Finalize"},
 					{"fptpull-undeclared", "key 42 was never pushed with FPTPush or declared with FPTDeclare"},
 					{"fptpush-redeclared", "key 3 was declared as 16 bytes, this call gives 12"},
+					{"never-handled", "waited FPT_START_TIMEOUT (0.5 s) for the app to be ready (a KVServer needs set_request_handle)"},
+					{"destroyed-unhandled", "destroyed before it was ready for a message from node 9"},
 				} {
 					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 					out, err := exec.CommandContext(ctx, exe, "bad", bad.name).CombinedOutput()

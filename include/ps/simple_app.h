@@ -10,9 +10,11 @@
 #ifndef PS_SIMPLE_APP_H_
 #define PS_SIMPLE_APP_H_
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -92,7 +94,8 @@ class SimpleApp {
   Customer* obj_;
 
  private:
-  /* Blocks the handler's thread until Open, warning while it waits. */
+  /* Blocks the handler's thread until Open, warning every 10 s while it
+   * waits; ends the program after FPT_START_TIMEOUT (default 300 s). */
   inline void AwaitOpen(const Message& msg);
 
   Handle request_handle_;
@@ -137,16 +140,29 @@ inline void SimpleApp::Detach() {
 
 inline void SimpleApp::AwaitOpen(const Message& msg) {
   if (open_.load(std::memory_order_acquire)) return;
+  // As long as libfpt holds a message for a customer not registered yet.
+  const char* limit_env = Environment::Get()->find("FPT_START_TIMEOUT");
+  double limit = limit_env ? std::atof(limit_env) : 0;
+  if (!(limit > 0)) limit = 300;
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit));
+  Clock::time_point warn = start + std::chrono::seconds(10);
   std::unique_lock<std::mutex> lk(open_mu_);
-  int waited = 0;
   while (!open_.load(std::memory_order_relaxed)) {
     CHECK(!detaching_) << "app " << msg.meta.app_id << ": destroyed before it was ready for a message from node "
                        << msg.meta.sender << " (a KVServer needs set_request_handle)";
-    if (open_cv_.wait_for(lk, std::chrono::seconds(10)) == std::cv_status::timeout) {
-      waited += 10;
+    Clock::time_point now = Clock::now();
+    CHECK(now < deadline) << "app " << msg.meta.app_id << ": a message from node " << msg.meta.sender
+                          << " waited FPT_START_TIMEOUT (" << limit
+                          << " s) for the app to be ready (a KVServer needs set_request_handle)";
+    if (now >= warn) {
       LOG(WARNING) << "app " << msg.meta.app_id << ": a message from node " << msg.meta.sender << " has waited "
-                   << waited << " s for the app to be ready (a KVServer needs set_request_handle)";
+                   << std::chrono::duration_cast<std::chrono::seconds>(now - start).count()
+                   << " s for the app to be ready (a KVServer needs set_request_handle)";
+      warn += std::chrono::seconds(10);
     }
+    open_cv_.wait_until(lk, std::min(deadline, warn));
   }
 }
 

@@ -1,6 +1,7 @@
 // selftest: include/ps/ against fake_fpt.cc (one process holding a server
 // customer and a worker customer): KV pushes and pulls with lens, key
-// slicing (one server), PushPull, SimpleApp round, callbacks before Wait.
+// slicing (one server), PushPull, SimpleApp round, callbacks before Wait;
+// requests that come before their app is ready ("late").
 //
 //   g++ -std=c++11 -Wall -Wextra -Werror -pthread -Iinclude -o /tmp/selftest
 //     clients/pslite/selftest/selftest.cc clients/pslite/selftest/fake_fpt.cc
@@ -8,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -73,6 +75,37 @@ int Fail() {
   return 0;
 }
 
+// "selftest late": requests sent before their app exists, as a ps-lite
+// worker may send them before a server has made its KVServer. The fake
+// hands them over as the customer registers, on its thread, at once: a
+// push must wait for the KVServer's set_request_handle and then be
+// summed, and a SimpleApp request for the app's constructor to return.
+int Late() {
+  Start(0);
+  KVWorker<float> kv(0, 1);
+  int push = kv.Push({1, 5}, {2, 3});
+  SimpleApp app(1, 2);
+  int responses = 0;
+  app.set_response_handle([&responses](const SimpleData& res, SimpleApp*) {
+    CHECK_EQ(res.body, std::string("")) << "the default handle's answer";
+    responses++;
+  });
+  int req = app.Request(7, "hi", kServerGroup);
+  KVServer<float> server(0);
+  SimpleApp srv(1, 1);
+  app.Wait(req);
+  CHECK_EQ(responses, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  server.set_request_handle(KVServerDefaultHandle<float>());
+  kv.Wait(push);
+  std::vector<float> got;
+  kv.Wait(kv.Pull({1, 5}, &got));
+  CHECK(got == std::vector<float>({2, 3}));
+  Finalize(0, false);
+  std::printf("selftest: late: PASS\n");
+  return 0;
+}
+
 // "selftest bad CASE": one wrong call; the program must end with a check
 // failure (status 1) whose message names the mistake. Every case but
 // before-start starts the node first.
@@ -82,6 +115,20 @@ int Bad(const std::string& what) {
   if (what == "before-start") {
     KVWorker<float> kv(0, 1);
     kv.Push(keys, vals, std::vector<int>{1, 2});
+    return 0;
+  }
+  if (what == "never-handled" || what == "destroyed-unhandled") {
+    // A push reaches a KVServer that never gets its handle.
+    setenv("FPT_START_TIMEOUT", "0.5", 1);
+    Start(0);
+    KVWorker<float> kv(0, 1);
+    int ts = kv.Push(keys, vals, std::vector<int>{1, 2});
+    {
+      KVServer<float> server(0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(what == "never-handled" ? 5000 : 100));
+    }
+    kv.Wait(ts);
+    std::printf("selftest: bad case %s was accepted\n", what.c_str());
     return 0;
   }
   KVServer<float> server(0);
@@ -197,6 +244,7 @@ int main(int argc, char* argv[]) {
   if (argc > 2 && !std::strcmp(argv[1], "bad")) return Bad(argv[2]);
   if (argc > 1 && !std::strcmp(argv[1], "fail")) return Fail();
   if (argc > 1 && !std::strcmp(argv[1], "customers")) return Customers();
+  if (argc > 1 && !std::strcmp(argv[1], "late")) return Late();
   // The server's customer is (0, 0); the worker's (0, 1).
   KVServer<float> server(0);
   KVServerDefaultHandle<float> handle;
