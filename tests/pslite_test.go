@@ -152,34 +152,27 @@ func TestPSLiteHeadersSelftest(t *testing.T) {
 				}
 				t.Fatalf("g++: %v\n%s", err, out)
 			}
-			cmd := exec.Command(exe)
-			out, err := cmd.CombinedOutput()
-			if err != nil {
-				t.Fatalf("selftest: %v\n%s", err, out)
-			}
-			mustContain(t, "selftest output", string(out), "selftest: PASS")
-			if strings.Contains(string(out), "WARNING: ThreadSanitizer") {
-				t.Errorf("ThreadSanitizer reports:\n%s", out)
-			}
-			// Several customers of one process: one node barrier per
-			// round of Barriers, one fpt_finalize after every Finalize.
-			out, err = exec.Command(exe, "customers").CombinedOutput()
-			if err != nil {
-				t.Fatalf("selftest customers: %v\n%s", err, out)
-			}
-			mustContain(t, "selftest customers output", string(out), "selftest: customers: PASS")
-			if strings.Contains(string(out), "WARNING: ThreadSanitizer") {
-				t.Errorf("ThreadSanitizer reports:\n%s", out)
-			}
-			// Requests handed over the moment their app registers wait
-			// until it is ready.
-			out, err = exec.Command(exe, "late").CombinedOutput()
-			if err != nil {
-				t.Fatalf("selftest late: %v\n%s", err, out)
-			}
-			mustContain(t, "selftest late output", string(out), "selftest: late: PASS")
-			if strings.Contains(string(out), "WARNING: ThreadSanitizer") {
-				t.Errorf("ThreadSanitizer reports:\n%s", out)
+			for _, run := range []struct{ arg, pass string }{
+				{"", "selftest: PASS"},
+				// Several customers of one process: one node barrier per
+				// round of Barriers, one fpt_finalize after every Finalize.
+				{"customers", "selftest: customers: PASS"},
+				// Requests handed over the moment their app registers
+				// wait until it is ready.
+				{"late", "selftest: late: PASS"},
+			} {
+				var args []string
+				if run.arg != "" {
+					args = []string{run.arg}
+				}
+				out, err := exec.Command(exe, args...).CombinedOutput()
+				if err != nil {
+					t.Fatalf("selftest %s: %v\n%s", run.arg, err, out)
+				}
+				mustContain(t, "selftest "+run.arg+" output", string(out), run.pass)
+				if strings.Contains(string(out), "WARNING: ThreadSanitizer") {
+					t.Errorf("selftest %s: ThreadSanitizer reports:\n%s", run.arg, out)
+				}
 			}
 			// Wrong calls end the program with status 1 and a message
 			// naming the mistake, never a crash or a hang.
@@ -212,7 +205,7 @@ func TestPSLiteHeadersSelftest(t *testing.T) {
 			// The cluster fails under a waiting pull: the program ends
 			// with status 1 and the reason, instead of waiting for ever.
 			fail := exec.Command(exe, "fail")
-			out, err = fail.CombinedOutput()
+			out, err := fail.CombinedOutput()
 			if fail.ProcessState == nil || fail.ProcessState.ExitCode() != 1 {
 				t.Fatalf("selftest fail: %v, want exit status 1\n%s", err, out)
 			}
