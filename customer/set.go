@@ -344,7 +344,7 @@ func (s *Set) expire(k Key, gen uint64) {
 		return
 	}
 	freeDropped(w.msgs)
-	s.n.Fail(fmt.Errorf("customer: %d message(s) for %s (the first from %s) waited %s for that customer to be registered on %s (FPT_START_TIMEOUT): does the program create it?",
+	s.n.Fail(fmt.Errorf("customer: %d message(s) for %s (the first from %s) waited %s for that customer to be registered on %s (FPT_START_TIMEOUT): does the program create it (a ps-lite KVServer registers at set_request_handle)?",
 		len(w.msgs), k, w.first, s.n.Config().StartTimeout, s.n.Self().ID))
 }
 

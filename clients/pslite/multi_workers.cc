@@ -17,9 +17,10 @@
 // -server-delay MS has a server sleep MS after Start before it makes its
 // KVServer, and MS more before set_request_handle: the workers' first
 // pushes come before either, as they may in any ps-lite program, and must
-// wait for the handle.
+// wait for the handle. -no-handle has a server never set it: the node fails
+// once the requests have waited FPT_START_TIMEOUT.
 //
-//   multi_workers [-customers C] [-keys N] [-repeat R] [-server-delay MS]
+//   multi_workers [-customers C] [-keys N] [-repeat R] [-server-delay MS] [-no-handle 1]
 
 #include <atomic>
 #include <chrono>
@@ -37,7 +38,7 @@ using namespace ps;
 
 namespace {
 
-int g_customers = 2, g_keys = 1000, g_repeat = 20, g_server_delay_ms = 0;
+int g_customers = 2, g_keys = 1000, g_repeat = 20, g_server_delay_ms = 0, g_no_handle = 0;
 
 // Started is a latch: each customer waits until all have called Start,
 // so that a barrier counts every customer of the process (a customer
@@ -108,6 +109,7 @@ int main(int argc, char* argv[]) {
     else if (!std::strcmp(argv[i], "-keys")) g_keys = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "-repeat")) g_repeat = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "-server-delay")) g_server_delay_ms = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "-no-handle")) g_no_handle = std::atoi(argv[i + 1]);
   }
   CHECK_GT(g_customers, 0);
   if (!IsWorker()) {
@@ -118,7 +120,7 @@ int main(int argc, char* argv[]) {
       std::this_thread::sleep_for(delay);
       server = new KVServer<float>(0);
       std::this_thread::sleep_for(delay);
-      server->set_request_handle(KVServerDefaultHandle<float>());
+      if (!g_no_handle) server->set_request_handle(KVServerDefaultHandle<float>());
     }
     Finalize(0, true);
     delete server;

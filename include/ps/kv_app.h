@@ -134,10 +134,13 @@ class KVWorker : public SimpleApp {
       DefaultSlicer(send, ranges, sliced);
     };
     Attach(app_id, customer_id);
-    Open();
+    obj_->Open();
   }
 
-  virtual ~KVWorker() { Detach(); }
+  virtual ~KVWorker() {
+    delete obj_;
+    obj_ = nullptr;
+  }
 
   /* Pushes a copy of keys and vals (lens: elements per key, optional). */
   int Push(const std::vector<Key>& keys, const std::vector<Val>& vals, const std::vector<int>& lens = {},
@@ -439,10 +442,14 @@ struct KVMeta {
 template <typename Val>
 class KVServer : public SimpleApp {
  public:
-  /* Requests that come before set_request_handle wait for it. */
+  /* Requests that come before set_request_handle wait for it (libfpt
+   * holds them, up to FPT_START_TIMEOUT). */
   explicit KVServer(int app_id) : SimpleApp() { Attach(app_id, app_id); }
 
-  virtual ~KVServer() { Detach(); }
+  virtual ~KVServer() {
+    delete obj_;
+    obj_ = nullptr;
+  }
 
   using ReqHandle = std::function<void(const KVMeta& req_meta, const KVPairs<Val>& req_data, KVServer* server)>;
   /* Sets the handle and lets requests through to it; set it once: a
@@ -450,7 +457,7 @@ class KVServer : public SimpleApp {
   void set_request_handle(const ReqHandle& request_handle) {
     CHECK(request_handle) << "invalid request handle";
     request_handle_ = request_handle;
-    Open();
+    obj_->Open();
   }
 
   /* Answers request req with res (a pull's keys, vals and lens). */

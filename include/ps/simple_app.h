@@ -10,13 +10,7 @@
 #ifndef PS_SIMPLE_APP_H_
 #define PS_SIMPLE_APP_H_
 
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <cstdlib>
 #include <functional>
-#include <mutex>
 #include <string>
 
 #include "ps/internal/customer.h"
@@ -40,7 +34,10 @@ class SimpleApp {
    * app_id come to customer (app_id, app_id), as in ps-lite. */
   explicit SimpleApp(int app_id, int customer_id);
 
-  virtual ~SimpleApp() { Detach(); }
+  virtual ~SimpleApp() {
+    delete obj_;
+    obj_ = nullptr;
+  }
 
   /* Sends a request to every node of recv_id (a node id or a group of
    * servers and workers); returns its timestamp: Wait(ts) returns once
@@ -79,91 +76,29 @@ class SimpleApp {
   /* Handles one SimpleApp message. */
   virtual inline void Process(const Message& msg);
 
-  /* Registers obj_, the customer (app_id, customer_id). Its handler may
-   * run at once on libfpt's thread, before obj_ is set or the derived
-   * class is constructed (messages that came before the customer wait for
-   * it and are handed over when it registers): each message waits until
-   * the app is opened. */
+  /* Makes obj_, the customer (app_id, customer_id), closed: libfpt holds
+   * its messages (those that came before it too) until obj_->Open(), which
+   * the constructor calls once the app is ready for them (a KVServer's
+   * set_request_handle), so that Process never runs before obj_ is set
+   * or the derived class is constructed. */
   inline void Attach(int app_id, int customer_id);
-  /* Lets messages through to Process: the app is ready for them. */
-  inline void Open();
-  /* Unregisters obj_ (a message waiting for Open then ends the program:
-   * it would never be answered); every destructor calls it first. */
-  inline void Detach();
 
   Customer* obj_;
 
  private:
-  /* Blocks the handler's thread until Open, warning every 10 s while it
-   * waits; ends the program after FPT_START_TIMEOUT (default 300 s). */
-  inline void AwaitOpen(const Message& msg);
-
   Handle request_handle_;
   Handle response_handle_;
-  std::atomic<bool> open_{false};
-  std::mutex open_mu_;
-  std::condition_variable open_cv_;
-  bool detaching_ = false;
 };
 
 ////////////////////////////////////////////////////////////////////////////
 
 inline SimpleApp::SimpleApp(int app_id, int customer_id) : SimpleApp() {
   Attach(app_id, customer_id);
-  Open();
+  obj_->Open();
 }
 
 inline void SimpleApp::Attach(int app_id, int customer_id) {
-  obj_ = new Customer(app_id, customer_id, [this](const Message& msg) {
-    AwaitOpen(msg);
-    Process(msg);
-  });
-}
-
-inline void SimpleApp::Open() {
-  {
-    std::lock_guard<std::mutex> lk(open_mu_);
-    open_.store(true, std::memory_order_release);
-  }
-  open_cv_.notify_all();
-}
-
-inline void SimpleApp::Detach() {
-  {
-    std::lock_guard<std::mutex> lk(open_mu_);
-    detaching_ = true;
-  }
-  open_cv_.notify_all();
-  delete obj_;
-  obj_ = nullptr;
-}
-
-inline void SimpleApp::AwaitOpen(const Message& msg) {
-  if (open_.load(std::memory_order_acquire)) return;
-  // As long as libfpt holds a message for a customer not registered yet.
-  const char* limit_env = Environment::Get()->find("FPT_START_TIMEOUT");
-  double limit = limit_env ? std::atof(limit_env) : 0;
-  if (!(limit > 0)) limit = 300;
-  using Clock = std::chrono::steady_clock;
-  const Clock::time_point start = Clock::now();
-  const Clock::time_point deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(limit));
-  Clock::time_point warn = start + std::chrono::seconds(10);
-  std::unique_lock<std::mutex> lk(open_mu_);
-  while (!open_.load(std::memory_order_relaxed)) {
-    CHECK(!detaching_) << "app " << msg.meta.app_id << ": destroyed before it was ready for a message from node "
-                       << msg.meta.sender << " (a KVServer needs set_request_handle)";
-    Clock::time_point now = Clock::now();
-    CHECK(now < deadline) << "app " << msg.meta.app_id << ": a message from node " << msg.meta.sender
-                          << " waited FPT_START_TIMEOUT (" << limit
-                          << " s) for the app to be ready (a KVServer needs set_request_handle)";
-    if (now >= warn) {
-      LOG(WARNING) << "app " << msg.meta.app_id << ": a message from node " << msg.meta.sender << " has waited "
-                   << std::chrono::duration_cast<std::chrono::seconds>(now - start).count()
-                   << " s for the app to be ready (a KVServer needs set_request_handle)";
-      warn += std::chrono::seconds(10);
-    }
-    open_cv_.wait_until(lk, std::min(deadline, warn));
-  }
+  obj_ = new Customer(app_id, customer_id, [this](const Message& msg) { Process(msg); }, false);
 }
 
 inline int SimpleApp::Request(int req_head, const std::string& req_body, int recv_id) {

@@ -3,7 +3,8 @@
  * under (app_id, customer_id), and the requests it has in flight.
  *
  * On fpt a Customer is an fpt_customer_add_keep registration (made when it
- * is constructed, or at ps::Start if it is constructed before). libfpt runs
+ * is constructed, or opened if it is made closed, or at ps::Start if that
+ * is before). libfpt runs
  * its handler on a thread of its own, one message at a time in arrival
  * order; the handler makes the message's segments SArrays that share the
  * block libfpt read the message into (no copy, as ps-lite's zero-copy
@@ -39,8 +40,13 @@ class Customer {
 
   /* Registers the customer (ps-lite's Postoffice::AddCustomer);
    * registering (app_id, customer_id) twice in a process is a check
-   * failure. */
-  Customer(int app_id, int customer_id, const RecvHandle& recv_handle);
+   * failure. Its handler gets messages once the node has started and the
+   * customer is open: one made closed (open false) gets none until Open,
+   * and libfpt holds what comes for it meanwhile, as for a customer not
+   * constructed yet (up to FPT_START_TIMEOUT). */
+  Customer(int app_id, int customer_id, const RecvHandle& recv_handle, bool open = true);
+  /* Opens a closed customer: what libfpt holds for it comes now. */
+  void Open();
   /* Unregisters it: when it returns, the handler is not running and will
    * not run again. */
   ~Customer();
@@ -83,6 +89,10 @@ class Customer {
   std::vector<std::pair<int, int>> tracker_;
   bool failed_ = false;
   std::string failure_;
+  /* Whether the handler may get messages (Postoffice's mu_ guards it). */
+  bool open_;
+
+  friend class Postoffice;
 
   Customer(const Customer&) = delete;
   Customer& operator=(const Customer&) = delete;

@@ -96,6 +96,9 @@ class Postoffice {
   void Finalize(const int customer_id, const bool do_barrier = true);
 
   void AddCustomer(Customer* customer);
+  /* Registers a closed customer with libfpt once the node has started
+   * (at once if it has). */
+  void OpenCustomer(Customer* customer);
   void RemoveCustomer(Customer* customer);
   /* The customer (app_id, customer_id) of this process, waiting up to
    * timeout seconds for it to be constructed; nullptr if there is none. */
@@ -256,7 +259,9 @@ inline void Postoffice::Start(int customer_id, const char* /*argv0*/, const bool
   if (node_started_) return;
   node_started_ = true;
   for (auto& app : customers_) {
-    for (auto& c : app.second) Register(c.second);
+    for (auto& c : app.second) {
+      if (c.second->open_) Register(c.second);
+    }
   }
 }
 
@@ -294,7 +299,14 @@ inline void Postoffice::AddCustomer(Customer* customer) {
       << "customer (" << app_id << ", " << customer_id << ") already exists";
   CHECK(!finalizing_) << "ps::Customer(" << app_id << ", " << customer_id << ") constructed after ps::Finalize";
   customers_[app_id][customer_id] = customer;
-  if (node_started_) Register(customer);
+  if (node_started_ && customer->open_) Register(customer);
+}
+
+inline void Postoffice::OpenCustomer(Customer* customer) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (customer->open_) return;
+  customer->open_ = true;
+  if (node_started_ && !finalizing_) Register(customer);
 }
 
 inline void Postoffice::RemoveCustomer(Customer* customer) {
@@ -304,8 +316,9 @@ inline void Postoffice::RemoveCustomer(Customer* customer) {
   if (it == customers_.end() || !it->second.count(customer_id)) return;
   it->second.erase(customer_id);
   if (it->second.empty()) customers_.erase(it);
-  // After fpt_finalize the library holds no customer (and runs no handler).
-  if (node_started_ && !finalized_) {
+  // After fpt_finalize the library holds no customer (and runs no handler);
+  // a closed one it never held.
+  if (node_started_ && !finalized_ && customer->open_) {
     int st = fpt_customer_remove(app_id, customer_id);
     if (st != FPT_OK && !finalizing_) {
       LOG(WARNING) << "ps::Customer(" << app_id << ", " << customer_id
@@ -457,10 +470,12 @@ inline int Van::Send(const Message& msg) {
 ////////////////////////////////////////////////////////////////////////////
 // Customer
 
-inline Customer::Customer(int app_id, int customer_id, const RecvHandle& recv_handle)
-    : app_id_(app_id), customer_id_(customer_id), recv_handle_(recv_handle) {
+inline Customer::Customer(int app_id, int customer_id, const RecvHandle& recv_handle, bool open)
+    : app_id_(app_id), customer_id_(customer_id), recv_handle_(recv_handle), open_(open) {
   Postoffice::Get()->AddCustomer(this);
 }
+
+inline void Customer::Open() { Postoffice::Get()->OpenCustomer(this); }
 
 inline Customer::~Customer() { Postoffice::Get()->RemoveCustomer(this); }
 
