@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -240,6 +241,16 @@ func exits(cmd *exec.Cmd) func(t *testing.T, what string) {
 	}
 }
 
+// nsPids are the processes in namespace ns.
+func nsPids(t *testing.T, ns string) []int {
+	t.Helper()
+	out, err := exec.Command("ip", "netns", "pids", ns).Output()
+	if err != nil {
+		t.Fatalf("ip netns pids %s: %v", ns, err)
+	}
+	return parsePids(string(out))
+}
+
 // A network whose owner died (here: made by hand under the name of a
 // process that has exited) goes at the next New, with what ran in it.
 func TestNetemSweepsLeftovers(t *testing.T) {
@@ -269,6 +280,14 @@ func TestNetemSweepsLeftovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	ended := exits(orphan)
+	// ip netns exec enters the namespace after it starts: a sweep before
+	// that would not see it there.
+	for deadline := time.Now().Add(10 * time.Second); !slices.Contains(nsPids(t, stale.namespace(0)), orphan.Process.Pid); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the process never showed in %s", stale.namespace(0))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 
 	n, err := New(ctx, []HostSpec{{}})
 	if err != nil {
