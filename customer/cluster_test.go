@@ -3,6 +3,7 @@ package customer_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -321,6 +322,96 @@ func TestUnregisteredTimesOut(t *testing.T) {
 		if msgs, errs := g.snapshot(); len(msgs)+len(errs) != 1 {
 			t.Fatalf("customer %d called %d times", i, len(msgs)+len(errs))
 		}
+	}
+}
+
+// records is a slog.Handler that passes on the records at or above a
+// level, for a test to wait for.
+type records struct {
+	level slog.Level
+	ch    chan slog.Record
+}
+
+func (h records) Enabled(_ context.Context, l slog.Level) bool { return l >= h.level }
+func (h records) Handle(_ context.Context, r slog.Record) error {
+	h.ch <- r
+	return nil
+}
+func (h records) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h records) WithGroup(string) slog.Handler      { return h }
+
+// next waits for the next record whose message contains msg, skipping the
+// others.
+func (h records) next(t *testing.T, msg string) slog.Record {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case r := <-h.ch:
+			if strings.Contains(r.Message, msg) {
+				return r
+			}
+		case <-deadline:
+			t.Fatalf("no log record %q", msg)
+		}
+	}
+}
+
+func attr(r slog.Record, key string) string {
+	var v string
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == key {
+			v = a.Value.String()
+		}
+		return v == ""
+	})
+	return v
+}
+
+// A wait for a customer not registered yet is not silent: it is logged
+// while it lasts, naming the customer and counting its messages, and its
+// end is logged once the customer comes; the messages then reach it and
+// the node goes on.
+func TestUnregisteredWarns(t *testing.T) {
+	log := records{level: slog.LevelInfo, ch: make(chan slog.Record, 10000)}
+	c, err := memcluster.Start(context.Background(), memcluster.Options{Servers: 1, Workers: 1, Logger: slog.New(log),
+		Env: map[string]string{"FPT_LB": "off", "FPT_START_TIMEOUT": "30"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	customer.SetHeldWarnings(c.Customers(w0), 100*time.Millisecond, 200*time.Millisecond)
+	k := customer.Key{App: 6, Customer: 7}
+	for i := range int32(3) {
+		m := appmsg.Meta{App: k.App, Customer: k.Customer, Timestamp: i, Recipient: uint32(w0)}
+		if err := c.Customers(s0).Send(&m, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const waits = "messages wait for a customer"
+	for range 2 {
+		r := log.next(t, waits)
+		if r.Level != slog.LevelWarn || attr(r, "customer") != k.String() || attr(r, "messages") != "3" || attr(r, "first_from") != s0.String() {
+			t.Fatalf("warning: %s %q customer=%q messages=%q first_from=%q", r.Level, r.Message, attr(r, "customer"), attr(r, "messages"), attr(r, "first_from"))
+		}
+	}
+	g := add(t, c.Customers(w0), k)
+	if r := log.next(t, "customer registered"); attr(r, "messages") != "3" {
+		t.Fatalf("end of the wait: messages=%q", attr(r, "messages"))
+	}
+	g.wait(t, 3)
+	if msgs, errs := g.snapshot(); len(msgs) != 3 || len(errs) != 0 {
+		t.Fatalf("%d messages, %d failures", len(msgs), len(errs))
+	}
+	// No warning after the customer came.
+	time.Sleep(500 * time.Millisecond)
+	for len(log.ch) > 0 {
+		if r := <-log.ch; strings.Contains(r.Message, waits) {
+			t.Fatalf("a warning after registration: %q", r.Message)
+		}
+	}
+	if err := c.Finish(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }
 

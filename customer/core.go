@@ -3,6 +3,7 @@ package customer
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/fptps/fpt/appmsg"
 	"github.com/fptps/fpt/node"
@@ -156,6 +157,32 @@ func (c *core) expired(k Key, gen uint64) (w *waiting, ok bool) {
 	}
 	delete(c.pending, k)
 	return w, true
+}
+
+// heldNext is the schedule of a wait for a customer not registered yet,
+// looked at elapsed into it (zero: as it starts): expired when it has
+// lasted timeout, and the node fails; otherwise the time to the next look.
+// The first look is warnAfter in, the others warnEvery apart, and each
+// look before the timeout logs a warning, so that a program that never
+// registers the customer does not wait silently. The last look is at the
+// timeout itself.
+func heldNext(elapsed, timeout, warnAfter, warnEvery time.Duration) (next time.Duration, expired bool) {
+	switch {
+	case elapsed >= timeout:
+		return 0, true
+	case elapsed == 0:
+		return min(warnAfter, timeout), false
+	}
+	return min(warnEvery, timeout-elapsed), false
+}
+
+// held is what waits for customer k: how many messages, the first's
+// sender.
+func (c *core) held(k Key) (n int, first node.ID) {
+	if w := c.pending[k]; w != nil {
+		return len(w.msgs), w.first
+	}
+	return 0, 0
 }
 
 // fail records the node's failure: every customer's queue is replaced by

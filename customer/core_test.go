@@ -3,6 +3,7 @@ package customer
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/fptps/fpt/appmsg"
 	"github.com/fptps/fpt/node"
@@ -155,5 +156,32 @@ func TestCoreLifecycle(t *testing.T) {
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) { tt.run(t, newCore()) })
+	}
+}
+
+// A wait for a customer is looked at first after warnAfter, then every
+// warnEvery, and last at the timeout, never past it.
+func TestHeldNext(t *testing.T) {
+	const s = time.Second
+	for _, tt := range []struct {
+		name             string
+		elapsed, timeout time.Duration
+		next             time.Duration
+		expired          bool
+	}{
+		{"starts", 0, 300 * s, 10 * s, false},
+		{"a short timeout: no warning", 0, 5 * s, 5 * s, false},
+		{"first warning", 10 * s, 300 * s, 30 * s, false},
+		{"later warning", 250 * s, 300 * s, 30 * s, false},
+		{"last look at the timeout", 280 * s, 300 * s, 20 * s, false},
+		{"timeout", 300 * s, 300 * s, 0, true},
+		{"late timer", 301 * s, 300 * s, 0, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			next, expired := heldNext(tt.elapsed, tt.timeout, 10*s, 30*s)
+			if next != tt.next || expired != tt.expired {
+				t.Fatalf("heldNext(%s, %s) = %s, %v; want %s, %v", tt.elapsed, tt.timeout, next, expired, tt.next, tt.expired)
+			}
+		})
 	}
 }

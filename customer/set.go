@@ -18,7 +18,8 @@
 // A message for a customer that is not registered yet waits for it, up to
 // FPT_START_TIMEOUT from the first such message; then the node fails,
 // naming the app and customer (a program that never creates the KVServer
-// it is sent to would otherwise hang). A message for a customer that was
+// it is sent to would otherwise hang). A wait that lasts is logged, after
+// 10 s and then every 30 s, so that it is not silent until then. A message for a customer that was
 // removed is dropped with a warning. When the node fails, every customer's
 // queue is dropped and its handler is called once more with the failure
 // (appmsg.Failed in the flags, no segments); nothing is delivered after.
@@ -99,17 +100,35 @@ type Set struct {
 
 	mu     sync.Mutex
 	c      *core
-	timers map[Key]*time.Timer
+	timers map[Key]*heldWait
+	// warnAfter and warnEvery space the warnings of a wait (heldNext).
+	warnAfter, warnEvery time.Duration
 
 	quit    chan struct{}
 	watched chan struct{}
 	once    sync.Once
 }
 
+// The warnings of a wait for a customer not registered yet: messages
+// held for a moment while a program starts are usual, held for seconds
+// they are a program that may never register it.
+const (
+	heldWarnAfter = 10 * time.Second
+	heldWarnEvery = 30 * time.Second
+)
+
+// heldWait is the timer of a wait for a customer not registered yet.
+type heldWait struct {
+	t      *time.Timer
+	since  time.Time
+	warned bool // a warning was logged: its end is logged too
+}
+
 // New makes the customer set of n, which it watches for failure until
 // Close or n's close.
 func New(n Node) *Set {
-	s := &Set{n: n, c: newCore(), timers: map[Key]*time.Timer{}, quit: make(chan struct{}), watched: make(chan struct{})}
+	s := &Set{n: n, c: newCore(), timers: map[Key]*heldWait{}, warnAfter: heldWarnAfter, warnEvery: heldWarnEvery,
+		quit: make(chan struct{}), watched: make(chan struct{})}
 	if a, ok := n.(ControlApps); ok {
 		a.OnApp(func(from node.ID, priority int32, payload []byte) {
 			if err := s.deliver(from, priority, payload); err != nil {
@@ -157,18 +176,25 @@ func freeDropped(dropped []item) {
 // waited for k come first.
 func (s *Set) Add(k Key, h Handler) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	in, err := s.c.add(k, h)
 	if err != nil {
+		s.mu.Unlock()
 		return err
 	}
-	if t := s.timers[k]; t != nil {
-		t.Stop()
+	w := s.timers[k]
+	if w != nil {
+		w.t.Stop()
 		delete(s.timers, k)
 	}
+	held := len(in.q)
 	go s.run(k, in)
-	if len(in.q) > 0 {
+	if held > 0 {
 		in.wake <- struct{}{}
+	}
+	s.mu.Unlock()
+	if w != nil && w.warned {
+		s.n.Logger().Info("customer registered: the messages that waited for it go to it", "customer", k, "messages", held,
+			"waited", time.Since(w.since).Round(time.Millisecond))
 	}
 	return nil
 }
@@ -238,8 +264,8 @@ func (s *Set) wake(ins []*inbox) {
 }
 
 func (s *Set) stopTimers() {
-	for k, t := range s.timers {
-		t.Stop()
+	for k, w := range s.timers {
+		w.t.Stop()
 		delete(s.timers, k)
 	}
 }
@@ -313,7 +339,10 @@ func (s *Set) deliverOwned(from node.ID, priority int32, payload []byte, owner A
 	s.mu.Lock()
 	r, in, gen := s.c.deliver(k, &m, owner, from)
 	if r == routeFirst {
-		s.timers[k] = time.AfterFunc(s.n.Config().StartTimeout, func() { s.expire(k, gen) })
+		w := &heldWait{since: time.Now()}
+		next, _ := heldNext(0, s.n.Config().StartTimeout, s.warnAfter, s.warnEvery)
+		w.t = time.AfterFunc(next, func() { s.look(k, gen, w) })
+		s.timers[k] = w
 	}
 	s.mu.Unlock()
 	switch r {
@@ -332,20 +361,36 @@ func (s *Set) deliverOwned(from node.ID, priority int32, payload []byte, owner A
 	return nil
 }
 
-// expire fails the node when customer k's messages waited in vain.
-func (s *Set) expire(k Key, gen uint64) {
+// look is the timer of wait hw for customer k (its gen): while the
+// customer is not registered it warns, until FPT_START_TIMEOUT, when the
+// node fails.
+func (s *Set) look(k Key, gen uint64, hw *heldWait) {
+	timeout := s.n.Config().StartTimeout
 	s.mu.Lock()
-	w, ok := s.c.expired(k, gen)
-	if ok {
-		delete(s.timers, k)
+	if s.timers[k] != hw { // registered, or the node failed or closed
+		s.mu.Unlock()
+		return
 	}
+	waited := time.Since(hw.since)
+	next, expired := heldNext(waited, timeout, s.warnAfter, s.warnEvery)
+	if !expired {
+		held, first := s.c.held(k)
+		hw.warned = true
+		hw.t.Reset(next)
+		s.mu.Unlock()
+		s.n.Logger().Warn("messages wait for a customer that this node has not registered; the node fails if it is not registered within FPT_START_TIMEOUT (a ps-lite KVServer registers at set_request_handle)",
+			"customer", k, "messages", held, "first_from", first, "waited", waited.Round(time.Second), "timeout", timeout)
+		return
+	}
+	w, ok := s.c.expired(k, gen)
+	delete(s.timers, k)
 	s.mu.Unlock()
 	if !ok {
 		return
 	}
 	freeDropped(w.msgs)
 	s.n.Fail(fmt.Errorf("customer: %d message(s) for %s (the first from %s) waited %s for that customer to be registered on %s (FPT_START_TIMEOUT): does the program create it (a ps-lite KVServer registers at set_request_handle)?",
-		len(w.msgs), k, w.first, s.n.Config().StartTimeout, s.n.Self().ID))
+		len(w.msgs), k, w.first, timeout, s.n.Self().ID))
 }
 
 // Send sends a message to m.Recipient (a server or worker of the cluster;
