@@ -380,7 +380,8 @@ func TestUnregisteredWarns(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	customer.SetHeldWarnings(c.Customers(w0), 100*time.Millisecond, 200*time.Millisecond)
+	// The first warning a second in: the three messages are there by then.
+	customer.SetHeldWarnings(c.Customers(w0), time.Second, 200*time.Millisecond)
 	k := customer.Key{App: 6, Customer: 7}
 	for i := range int32(3) {
 		m := appmsg.Meta{App: k.App, Customer: k.Customer, Timestamp: i, Recipient: uint32(w0)}

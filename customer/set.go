@@ -19,10 +19,11 @@
 // FPT_START_TIMEOUT from the first such message; then the node fails,
 // naming the app and customer (a program that never creates the KVServer
 // it is sent to would otherwise hang). A wait that lasts is logged, after
-// 10 s and then every 30 s, so that it is not silent until then. A message for a customer that was
-// removed is dropped with a warning. When the node fails, every customer's
-// queue is dropped and its handler is called once more with the failure
-// (appmsg.Failed in the flags, no segments); nothing is delivered after.
+// 10 s and then every 30 s, so that it is not silent until then. A
+// message for a customer that was removed is dropped with a warning. When
+// the node fails, every customer's queue is dropped and its handler is
+// called once more with the failure (appmsg.Failed in the flags, no
+// segments); nothing is delivered after.
 //
 // A message to the node itself is delivered locally, without the van,
 // through the same decoding and queues as any other (ps-lite programs
