@@ -116,9 +116,12 @@ type Lib struct {
 
 	// wires are the compressed keys' wire types (fpt_declare_wire).
 	wires map[uint64]frame.DType
-	// staged are idle wire buffers by size, for the next compressed call.
-	stageMu sync.Mutex
-	staged  map[int][][]byte
+	// staged are idle wire buffers by size, for the next compressed call;
+	// stageMade counts the buffers made (all back when it equals the idle
+	// ones).
+	stageMu   sync.Mutex
+	staged    map[int][][]byte
+	stageMade int
 }
 
 // New returns a library that reads its configuration through lookup (the

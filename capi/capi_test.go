@@ -267,16 +267,30 @@ func (c *libCluster) finalize() []error {
 	return errs
 }
 
-// each runs f on every worker at once and returns the first error.
+// each runs f on every worker at once and returns the first error. Once
+// one worker has failed, the others may wait for ever for its next push:
+// each gives them a minute, then returns the error without them.
 func (c *libCluster) each(f func(rank int, l *Lib) error) error {
 	errs := make(chan error, len(c.workers))
 	for r, l := range c.workers {
-		go func() { errs <- f(r, l) }()
+		go func() {
+			err := f(r, l)
+			if err != nil {
+				err = fmt.Errorf("worker %d: %w", r, err)
+			}
+			errs <- err
+		}()
 	}
 	var first error
+	var giveUp <-chan time.Time
 	for range c.workers {
-		if err := <-errs; err != nil && first == nil {
-			first = err
+		select {
+		case err := <-errs:
+			if err != nil && first == nil {
+				first, giveUp = err, time.After(time.Minute)
+			}
+		case <-giveUp:
+			return fmt.Errorf("%w (the other workers did not return within a minute of it)", first)
 		}
 	}
 	return first

@@ -103,6 +103,7 @@ func (l *Lib) stageBuffer(n int) []byte {
 		l.staged[n] = free[:len(free)-1]
 		return b
 	}
+	l.stageMade++
 	return make([]byte, n)
 }
 

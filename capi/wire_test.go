@@ -67,12 +67,14 @@ func TestLibWire(t *testing.T) {
 					}
 				}
 				// The push's and the pull's wire buffers are back, and the
-				// next round takes them again rather than new ones.
+				// next round takes them again rather than new ones: two
+				// at most, or one where the push settled before the pull
+				// was made and the pull took its buffer.
 				l.stageMu.Lock()
-				idle := len(l.staged[2*n])
+				idle, made := len(l.staged[2*n]), l.stageMade
 				l.stageMu.Unlock()
-				if idle != 2 {
-					return fmt.Errorf("%s wire, round %d: %d idle wire buffers of %d bytes, want 2", wd, round, idle, 2*n)
+				if idle != made || made > 2 {
+					return fmt.Errorf("%s wire, round %d: %d idle wire buffers of %d bytes, %d made; want all idle, at most 2", wd, round, idle, 2*n, made)
 				}
 			}
 			// PushPull narrows the values, and widens the sums into its
