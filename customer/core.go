@@ -160,20 +160,20 @@ func (c *core) expired(k Key, gen uint64) (w *waiting, ok bool) {
 }
 
 // heldNext is the schedule of a wait for a customer not registered yet,
-// looked at elapsed into it (zero: as it starts): expired when it has
-// lasted timeout, and the node fails; otherwise the time to the next look.
-// The first look is warnAfter in, the others warnEvery apart, and each
-// look before the timeout logs a warning, so that a program that never
-// registers the customer does not wait silently. The last look is at the
-// timeout itself.
+// elapsed into it (as it starts, or at a look): expired when it has lasted
+// timeout, and the node fails; otherwise the time to the next look. The
+// looks are at warnAfter, then warnEvery apart, and the last at the
+// timeout itself; each before the timeout logs a warning, so that a
+// program that never registers the customer does not wait silently.
 func heldNext(elapsed, timeout, warnAfter, warnEvery time.Duration) (next time.Duration, expired bool) {
-	switch {
-	case elapsed >= timeout:
+	if elapsed >= timeout {
 		return 0, true
-	case elapsed == 0:
-		return min(warnAfter, timeout), false
 	}
-	return min(warnEvery, timeout-elapsed), false
+	next = warnEvery
+	if elapsed < warnAfter {
+		next = warnAfter - elapsed
+	}
+	return min(next, timeout-elapsed), false
 }
 
 // held is what waits for customer k: how many messages, the first's
