@@ -181,8 +181,8 @@ func TestPSLiteHeadersSelftest(t *testing.T) {
 				// Several customers of one process: one node barrier per
 				// round of Barriers, one fpt_finalize after every Finalize.
 				{"customers", "selftest: customers: PASS"},
-				// Requests handed over the moment their app registers
-				// wait until it is ready.
+				// Requests that come before their app is ready are held
+				// until it is (a KVServer's set_request_handle).
 				{"late", "selftest: late: PASS"},
 			} {
 				var args []string

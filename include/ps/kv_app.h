@@ -137,10 +137,7 @@ class KVWorker : public SimpleApp {
     obj_->Open();
   }
 
-  virtual ~KVWorker() {
-    delete obj_;
-    obj_ = nullptr;
-  }
+  virtual ~KVWorker() { Detach(); }
 
   /* Pushes a copy of keys and vals (lens: elements per key, optional). */
   int Push(const std::vector<Key>& keys, const std::vector<Val>& vals, const std::vector<int>& lens = {},
@@ -446,10 +443,7 @@ class KVServer : public SimpleApp {
    * holds them, up to FPT_START_TIMEOUT). */
   explicit KVServer(int app_id) : SimpleApp() { Attach(app_id, app_id); }
 
-  virtual ~KVServer() {
-    delete obj_;
-    obj_ = nullptr;
-  }
+  virtual ~KVServer() { Detach(); }
 
   using ReqHandle = std::function<void(const KVMeta& req_meta, const KVPairs<Val>& req_data, KVServer* server)>;
   /* Sets the handle and lets requests through to it; set it once: a

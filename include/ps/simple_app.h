@@ -34,10 +34,7 @@ class SimpleApp {
    * app_id come to customer (app_id, app_id), as in ps-lite. */
   explicit SimpleApp(int app_id, int customer_id);
 
-  virtual ~SimpleApp() {
-    delete obj_;
-    obj_ = nullptr;
-  }
+  virtual ~SimpleApp() { Detach(); }
 
   /* Sends a request to every node of recv_id (a node id or a group of
    * servers and workers); returns its timestamp: Wait(ts) returns once
@@ -82,6 +79,13 @@ class SimpleApp {
    * set_request_handle), so that Process never runs before obj_ is set
    * or the derived class is constructed. */
   inline void Attach(int app_id, int customer_id);
+  /* Unregisters obj_: when it returns, Process is not running and will not
+   * run again. Every destructor calls it first, before its class's members
+   * (the handle Process calls) are gone. */
+  void Detach() {
+    delete obj_;
+    obj_ = nullptr;
+  }
 
   Customer* obj_;
 

@@ -2,11 +2,10 @@
  * ps/internal/customer.h - ps::Customer: a handler of messages registered
  * under (app_id, customer_id), and the requests it has in flight.
  *
- * On fpt a Customer is an fpt_customer_add_keep registration (made when it
- * is constructed, or opened if it is made closed, or at ps::Start if that
- * is before). libfpt runs
- * its handler on a thread of its own, one message at a time in arrival
- * order; the handler makes the message's segments SArrays that share the
+ * On fpt a Customer is an fpt_customer_add_keep registration, made when
+ * it is constructed (or opened, if it is made closed), or at ps::Start if
+ * that is later. libfpt runs its handler on a thread of its own, one
+ * message at a time in arrival order; the handler makes the message's segments SArrays that share the
  * block libfpt read the message into (no copy, as ps-lite's zero-copy
  * receive; the last of them releases the block), calls the RecvHandle and
  * then, for a response, counts it for WaitRequest, as ps-lite's
